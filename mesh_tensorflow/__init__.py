@@ -1,0 +1,49 @@
+"""Mesh TensorFlow for TensorFlow 2: models over named dimensions, laid out on
+device meshes.
+
+    >>> import mesh_tensorflow as mtf
+    >>> graph = mtf.Graph()
+    >>> mesh = mtf.Mesh(graph, "mesh")
+"""
+
+from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
+from mesh_tensorflow.layout import (
+    LayoutRules, TensorLayout, convert_to_layout_rules, pnum_to_processor_coordinates,
+    processor_coordinates_to_pnum, processor_groups)
+from mesh_tensorflow.graph import Graph, Mesh, Operation, Tensor, name_scope
+from mesh_tensorflow.mesh_impl import LaidOutTensor, LazyAllreduceSum, MeshImpl
+from mesh_tensorflow.lowering import Lowering, pretty_print_counters
+from mesh_tensorflow.gradients import gradients
+from mesh_tensorflow import placement_mesh_impl
+from mesh_tensorflow.placement_mesh_impl import PlacementMeshImpl
+
+from mesh_tensorflow.ops.constant import (
+    constant, fill, import_fully_replicated, import_laid_out_tensor, import_tf_tensor,
+    ones, ones_like, zeros, zeros_like)
+from mesh_tensorflow.ops.elementwise import (
+    ElementwiseOperation, abs, add, add_n, cast, ceil, clip_by_value, cos, divide, elu,
+    equal, erf, exp, expm1, floor, floordiv, gelu, greater, greater_equal, identity,
+    is_finite, leaky_relu, less, less_equal, log, log1p, logical_and, logical_not,
+    logical_or, logical_xor, maximum, minimum, mod, multiply, negative, not_equal, pow,
+    reciprocal, relu, relu6, round, rsqrt, selu, sigmoid, sign, silu, sin, softplus, sqrt,
+    square, squared_difference, sub, subtract, swish, tanh, to_bfloat16, to_float,
+    to_int32, truediv, where)
+from mesh_tensorflow.ops.einsum import EinsumOperation, einsum, matmul
+from mesh_tensorflow.ops.reduction import (
+    ReduceOperation, log_softmax, reduce_all, reduce_any, reduce_logsumexp, reduce_max,
+    reduce_mean, reduce_min, reduce_sum, softmax)
+from mesh_tensorflow.ops.shape_ops import (
+    broadcast, rename_dimension, replace_dimensions, reshape, transpose)
+from mesh_tensorflow.ops.slicing import (
+    concat, mtf_slice, pad, shift, slice, split, stack, unstack)
+from mesh_tensorflow.ops.indexing import (
+    argmax, cumsum, gather, mtf_range, one_hot, range, sample_with_temperature, top_1,
+    top_k)
+from mesh_tensorflow.ops.random_ops import dropout, random_normal, random_uniform
+from mesh_tensorflow.ops.variables import (
+    Assign, Variable, VariableDType, assign, assign_add, assign_sub, get_variable,
+    read_variable)
+from mesh_tensorflow.ops.control import (
+    Print, custom_gradient, depend, recompute_grad, stop_gradient, while_loop)
+
+__version__ = "0.2.0"

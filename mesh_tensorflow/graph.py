@@ -1,0 +1,293 @@
+"""The mtf graph: meshes, tensors and operations over named dimensions.
+
+An mtf `Graph` is built in Python before any TensorFlow op exists; a
+`Lowering` later turns it into per-device TensorFlow ops.
+
+    >>> graph = Graph()
+    >>> mesh = Mesh(graph, "my_mesh")
+    >>> x = mtf.zeros(mesh, "batch:8;hidden:4")   # an mtf.Tensor
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import List, Optional, Sequence
+
+import tensorflow as tf
+
+from mesh_tensorflow.shapes import Shape, convert_to_shape
+
+
+class Graph:
+  """Holds the operations and variables of an mtf computation.
+
+  Example:
+    >>> graph = mtf.Graph()
+    >>> mesh = mtf.Mesh(graph, "mesh")
+  """
+
+  def __init__(self):
+    self.operations: List["Operation"] = []
+    self.name_to_variable = {}
+    self._names_in_use = {}
+    self._scope_stack: List[str] = []
+    self._lowered_into = set()
+    self.rng_seed = 0
+
+  @property
+  def all_variables(self):
+    return [op for op in self.operations if getattr(op, "is_variable", False)]
+
+  @property
+  def trainable_variables(self):
+    return [v for v in self.all_variables if v.trainable]
+
+  def _current_scope(self) -> str:
+    parts = [tf.get_current_name_scope()] + self._scope_stack
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+  def unique_name(self, name: str, mark_as_used: bool = True) -> str:
+    scope = self._current_scope()
+    full = f"{scope}/{name}" if scope else name
+    base = full
+    i = self._names_in_use.get(base, 0)
+    if i:
+      while f"{base}_{i}" in self._names_in_use:
+        i += 1
+      full = f"{base}_{i}"
+    if mark_as_used:
+      self._names_in_use[base] = i + 1
+      self._names_in_use.setdefault(full, 1)
+    return full
+
+  @contextlib.contextmanager
+  def name_scope(self, name: str):
+    """Prefixes the names of the mtf ops created inside with `name`."""
+    self._scope_stack.append(name)
+    try:
+      yield
+    finally:
+      self._scope_stack.pop()
+
+  def rewrite_stack_variables(self, *args, **kwargs):
+    """Kept for compatibility: slice variables are never stacked here."""
+    del args, kwargs
+
+  def mark_lowered_into(self, tf_graph_key) -> None:
+    if tf_graph_key in self._lowered_into:
+      raise ValueError(
+          "This mtf.Graph was already lowered into the current TensorFlow "
+          "function/graph. Lower it once per function and reuse that Lowering "
+          "(lowering.export_to_tf_tensor / lowered_operation), or build a new "
+          "tf.function.")
+    self._lowered_into.add(tf_graph_key)
+
+
+@contextlib.contextmanager
+def name_scope(graph_or_mesh, name: str):
+  """mtf name scope: `with mtf.name_scope(mesh, "block"): ...`."""
+  graph = graph_or_mesh.graph if isinstance(graph_or_mesh, Mesh) else graph_or_mesh
+  with graph.name_scope(name):
+    yield
+
+
+class Mesh:
+  """A named, logical device mesh in an mtf graph.
+
+  Its shape and devices are given only at lowering time, by a `MeshImpl`.
+
+  Example:
+    >>> mesh = mtf.Mesh(graph, "my_mesh")
+  """
+
+  def __init__(self, graph: Graph, name: str, variable_placer=None):
+    if not isinstance(graph, Graph):
+      raise TypeError(f"Mesh {name!r}: graph must be an mtf.Graph, got {graph!r}.")
+    self._graph = graph
+    self._name = name
+    self._variable_placer = variable_placer
+
+  @property
+  def graph(self) -> Graph:
+    return self._graph
+
+  @property
+  def name(self) -> str:
+    return self._name
+
+  def __repr__(self):
+    return f"Mesh({self._name!r})"
+
+
+class Tensor:
+  """A tensor over named dimensions, the output of an mtf `Operation`."""
+
+  def __init__(self, operation: "Operation", shape, dtype, name=None, index=0):
+    if not isinstance(dtype, tf.DType):
+      dtype = tf.as_dtype(dtype)
+    self._operation = operation
+    self._shape = convert_to_shape(shape)
+    self._dtype = dtype
+    self._name = name or f"{operation.name}:{index}"
+    self._index = index
+
+  operation = property(lambda self: self._operation)
+  shape = property(lambda self: self._shape)
+  dtype = property(lambda self: self._dtype)
+  name = property(lambda self: self._name)
+  mesh = property(lambda self: self._operation.mesh)
+  graph = property(lambda self: self._operation.mesh.graph)
+  size = property(lambda self: self._shape.size)
+
+  def __repr__(self):
+    return f"Tensor[{self._name}, {self._shape}, {self._dtype.name}]"
+
+  def to_string(self):
+    return repr(self)
+
+  # Operator overloads, broadcasting by dimension name.
+  def __add__(self, other):
+    from mesh_tensorflow.ops import elementwise
+    return elementwise.add(self, other)
+
+  def __radd__(self, other):
+    from mesh_tensorflow.ops import elementwise
+    return elementwise.add(other, self)
+
+  def __sub__(self, other):
+    from mesh_tensorflow.ops import elementwise
+    return elementwise.sub(self, other)
+
+  def __rsub__(self, other):
+    from mesh_tensorflow.ops import elementwise
+    return elementwise.sub(other, self)
+
+  def __mul__(self, other):
+    from mesh_tensorflow.ops import elementwise
+    return elementwise.multiply(self, other)
+
+  def __rmul__(self, other):
+    from mesh_tensorflow.ops import elementwise
+    return elementwise.multiply(other, self)
+
+  def __truediv__(self, other):
+    from mesh_tensorflow.ops import elementwise
+    return elementwise.divide(self, other)
+
+  def __rtruediv__(self, other):
+    from mesh_tensorflow.ops import elementwise
+    return elementwise.divide(other, self)
+
+  def __floordiv__(self, other):
+    from mesh_tensorflow.ops import elementwise
+    return elementwise.floordiv(self, other)
+
+  def __mod__(self, other):
+    from mesh_tensorflow.ops import elementwise
+    return elementwise.mod(self, other)
+
+  def __pow__(self, other):
+    from mesh_tensorflow.ops import elementwise
+    return elementwise.pow(self, other)
+
+  def __neg__(self):
+    from mesh_tensorflow.ops import elementwise
+    return elementwise.negative(self)
+
+  def __abs__(self):
+    from mesh_tensorflow.ops import elementwise
+    return elementwise.abs(self)
+
+  def __lt__(self, other):
+    from mesh_tensorflow.ops import elementwise
+    return elementwise.less(self, other)
+
+  def __le__(self, other):
+    from mesh_tensorflow.ops import elementwise
+    return elementwise.less_equal(self, other)
+
+  def __gt__(self, other):
+    from mesh_tensorflow.ops import elementwise
+    return elementwise.greater(self, other)
+
+  def __ge__(self, other):
+    from mesh_tensorflow.ops import elementwise
+    return elementwise.greater_equal(self, other)
+
+  __hash__ = object.__hash__
+
+  def __bool__(self):
+    raise TypeError(
+        f"{self!r} has no Python truth value: mtf tensors are symbolic. Use "
+        "mtf.where / mtf.logical_* for conditions.")
+
+
+class Operation:
+  """Base class of mtf operations.
+
+  Subclasses set `self._outputs` and implement `lower(lowering)`; those that are
+  differentiable implement `gradient(grad_ys)` returning one gradient (or None)
+  per input.
+  """
+
+  has_gradient = False
+
+  def __init__(self, inputs: Sequence[Tensor], mesh: Optional[Mesh] = None,
+               name: Optional[str] = None):
+    inputs = list(inputs)
+    if mesh is None:
+      if not inputs:
+        raise ValueError(f"Operation {name!r} needs a mesh or at least one input.")
+      mesh = inputs[0].mesh
+    for t in inputs:
+      if not isinstance(t, Tensor):
+        raise TypeError(
+            f"Operation {name or type(self).__name__!r}: input {t!r} is not an "
+            "mtf.Tensor; import TensorFlow values with mtf.import_tf_tensor or "
+            "mtf.constant.")
+      if t.mesh.graph is not mesh.graph:
+        raise ValueError(
+            f"Operation {name or type(self).__name__!r}: input {t.name!r} belongs "
+            "to a different mtf.Graph. Build all tensors of a computation in one "
+            "graph.")
+      if t.mesh is not mesh and not getattr(self, "allows_other_meshes", False):
+        raise ValueError(
+            f"Operation {name or type(self).__name__!r}: input {t.name!r} lives on "
+            f"mesh {t.mesh.name!r} but the operation runs on mesh {mesh.name!r}. "
+            "Build both on one mesh, or move the value between meshes by "
+            "exporting it to TensorFlow and importing it again.")
+    self._inputs = inputs
+    self._mesh = mesh
+    self._outputs: List[Tensor] = []
+    self._name = mesh.graph.unique_name(name or type(self).__name__)
+    mesh.graph.operations.append(self)
+
+  name = property(lambda self: self._name)
+  mesh = property(lambda self: self._mesh)
+  graph = property(lambda self: self._mesh.graph)
+  inputs = property(lambda self: list(self._inputs))
+  outputs = property(lambda self: list(self._outputs))
+
+  @property
+  def splittable_and_unsplittable_dims(self):
+    return [], []
+
+  def __repr__(self):
+    ins = ", ".join(t.name for t in self._inputs)
+    return f"{type(self).__name__}[{self._name}]({ins})"
+
+  def lower(self, lowering) -> None:
+    raise NotImplementedError(f"{type(self).__name__} cannot be lowered.")
+
+  def gradient(self, grad_ys):
+    raise ValueError(
+        f"Operation {self._name!r} ({type(self).__name__}) has no gradient; "
+        "wrap it in mtf.stop_gradient or use mtf.custom_gradient.")
+
+
+def check_same_mesh(tensors: Sequence[Tensor], op_name: str) -> Mesh:
+  meshes = {id(t.mesh): t.mesh for t in tensors}
+  if len(meshes) > 1:
+    names = ", ".join(f"{t.name}@{t.mesh.name}" for t in tensors)
+    raise ValueError(f"{op_name}: inputs live on different meshes ({names}).")
+  return tensors[0].mesh

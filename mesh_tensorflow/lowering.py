@@ -1,0 +1,197 @@
+"""Lowering: turns an mtf graph into TensorFlow ops, one mesh implementation
+per mesh, and counts what it emits.
+
+    >>> lowering = mtf.Lowering(graph, {mesh: mesh_impl})
+    >>> tf_loss = lowering.export_to_tf_tensor(loss)
+    >>> print(lowering.report())
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Dict, List
+
+import tensorflow as tf
+
+from mesh_tensorflow.graph import Graph, Mesh, Operation, Tensor
+from mesh_tensorflow.mesh_impl import CollectiveRecord, LaidOutTensor, MeshImpl, as_laid_out
+
+
+class Lowering:
+  """Lowers every operation of `graph` with the given mesh implementations.
+
+  Works eagerly, inside a `tf.function` (slice variables are created once, on
+  the first trace, and reused afterwards) and in a `tf.compat.v1` graph.
+
+  Args:
+    graph: the mtf.Graph.
+    mesh_to_impl: {mtf.Mesh: MeshImpl}.
+
+  Example:
+    >>> @tf.function
+    ... def step():
+    ...   lowering = mtf.Lowering(graph, {mesh: impl})
+    ...   return lowering.export_to_tf_tensor(loss)
+  """
+
+  def __init__(self, graph: Graph, mesh_to_impl: Dict[Mesh, MeshImpl],
+               autostack: bool = True, log_file=None):
+    del autostack, log_file  # accepted for compatibility
+    if not isinstance(graph, Graph):
+      raise TypeError(f"Lowering: graph must be an mtf.Graph, got {graph!r}.")
+    self.graph = graph
+    self.mesh_to_impl = dict(mesh_to_impl)
+    for mesh, impl in self.mesh_to_impl.items():
+      if not isinstance(mesh, Mesh) or not isinstance(impl, MeshImpl):
+        raise TypeError(
+            "Lowering: mesh_to_impl must map mtf.Mesh to a MeshImpl, got "
+            f"{mesh!r}: {impl!r}.")
+    for op in graph.operations:
+      if op.mesh not in self.mesh_to_impl:
+        raise ValueError(
+            f"Lowering: operation {op.name!r} runs on mesh {op.mesh.name!r}, which "
+            "has no mesh implementation. Pass {mesh: mesh_impl} for every mesh.")
+    if not tf.executing_eagerly():
+      graph.mark_lowered_into(tf.compat.v1.get_default_graph())
+    self.tensors: Dict[Tensor, object] = {}
+    self.operations: Dict[Operation, object] = {}
+    self.variables = {}
+    self.collective_records: List[CollectiveRecord] = []
+    self.flops: Dict[str, int] = collections.defaultdict(int)
+    self._random_keys = {}
+    self._current_op_name = None
+    for impl in self.mesh_to_impl.values():
+      impl.recorder = self
+    try:
+      self.lower_operations(graph.operations)
+    finally:
+      for impl in self.mesh_to_impl.values():
+        impl.recorder = None
+
+  def lower_operations(self, operations) -> None:
+    outer = self._current_op_name
+    for op in operations:
+      self._current_op_name = op.name
+      with tf.name_scope(_tf_scope_name(op.name)):
+        op.lower(self)
+    self._current_op_name = outer
+
+  # ---- accessors -----------------------------------------------------------
+  def mesh_impl(self, x) -> MeshImpl:
+    mesh = x if isinstance(x, Mesh) else x.mesh
+    try:
+      return self.mesh_to_impl[mesh]
+    except KeyError:
+      raise ValueError(f"No mesh implementation for mesh {mesh.name!r}.") from None
+
+  def set_tensor_lowering(self, mtf_tensor: Tensor, lowered) -> None:
+    self.tensors[mtf_tensor] = lowered
+
+  def laid_out(self, mtf_tensor: Tensor) -> LaidOutTensor:
+    """The slices of `mtf_tensor`, completing any pending allreduce."""
+    try:
+      value = self.tensors[mtf_tensor]
+    except KeyError:
+      raise ValueError(
+          f"Tensor {mtf_tensor.name!r} was not lowered; it may come from another "
+          "mtf.Graph or from inside a while_loop body.") from None
+    laid_out = as_laid_out(value)
+    self.tensors[mtf_tensor] = laid_out
+    return laid_out
+
+  def export_to_tf_tensor(self, x: Tensor) -> tf.Tensor:
+    """The full value of mtf tensor `x` as one TensorFlow tensor."""
+    if not isinstance(x, Tensor):
+      raise TypeError(f"export_to_tf_tensor expects an mtf.Tensor, got {x!r}.")
+    impl = self.mesh_impl(x)
+    self._current_op_name = "export/" + x.name
+    impl.recorder = self
+    try:
+      return impl.export_to_tf_tensor(self.laid_out(x), x.shape)
+    finally:
+      impl.recorder = None
+
+  def lowered_operation(self, op: Operation):
+    """The TensorFlow op that a stateful mtf op (e.g. assign) became."""
+    if op in self.operations:
+      return self.operations[op]
+    if isinstance(op, Tensor):
+      return self.export_to_tf_tensor(op)
+    raise ValueError(f"Operation {op.name!r} has no lowered TensorFlow operation.")
+
+  def copy_masters_to_slices(self):
+    """No-op kept for compatibility: variables exist only as slices."""
+    return tf.no_op()
+
+  def random_key(self, mesh_impl) -> tf.Tensor:
+    """A per-execution int64 key for layout-invariant random ops."""
+    if mesh_impl not in self._random_keys:
+      from mesh_tensorflow import rng
+      self._random_keys[mesh_impl] = rng.next_step_key(mesh_impl)
+    return self._random_keys[mesh_impl]
+
+  # ---- counters ------------------------------------------------------------
+  def record_collective(self, kind, mesh_axes, nbytes, group_size, num_groups):
+    self.collective_records.append(CollectiveRecord(
+        self._current_op_name, kind, tuple(mesh_axes), nbytes, group_size, num_groups))
+
+  def add_flops(self, n: int) -> None:
+    self.flops[self._current_op_name] += int(n)
+
+  @property
+  def counters(self):
+    """(key, value) pairs: 'collectives/<kind>', 'collective_bytes/<kind>'
+    (bytes per processor) and 'flops' (per processor)."""
+    out = []
+    for r in self.collective_records:
+      out.append((f"collectives/{r.kind}", 1))
+      out.append((f"collective_bytes/{r.kind}", r.bytes_per_processor))
+    out.append(("flops", sum(self.flops.values())))
+    return out
+
+  def collective_counts(self, op_name_prefix: str = ""):
+    """{kind: (number of collectives, bytes per processor)}."""
+    out = {}
+    for r in self.collective_records:
+      if r.op_name and r.op_name.startswith(op_name_prefix):
+        n, b = out.get(r.kind, (0, 0))
+        out[r.kind] = (n + 1, b + r.bytes_per_processor)
+    return out
+
+  def report(self) -> str:
+    """A table of per-op FLOPs and collectives, then totals."""
+    per_op = collections.OrderedDict()
+    for name, fl in self.flops.items():
+      per_op.setdefault(name, {"flops": 0, "comm": []})["flops"] += fl
+    for r in self.collective_records:
+      per_op.setdefault(r.op_name, {"flops": 0, "comm": []})["comm"].append(r)
+    lines = [f"{'operation':<48} {'flops/proc':>12}  collectives (bytes per processor)"]
+    for name, info in per_op.items():
+      comm = ", ".join(f"{r.kind}{list(r.mesh_axes)}:{r.bytes_per_processor}"
+                       for r in info["comm"])
+      lines.append(f"{name[:48]:<48} {info['flops']:>12}  {comm}")
+    lines.append(pretty_print_counters(self.counters))
+    return "\n".join(lines)
+
+
+def _tf_scope_name(name: str) -> str:
+  return "".join(c if c.isalnum() or c in "_-./" else "_" for c in name).strip("/") or "op"
+
+
+def pretty_print_counters(counters) -> str:
+  """Sums (key, value) counters over every '/'-prefix of their keys.
+
+  Example:
+    >>> print(mtf.pretty_print_counters(lowering.counters))
+  """
+  totals = collections.OrderedDict()
+  for key, value in counters:
+    parts = key.split("/")
+    for i in range(1, len(parts) + 1):
+      prefix = "/".join(parts[:i])
+      totals[prefix] = totals.get(prefix, 0) + value
+  lines = []
+  for key in sorted(totals):
+    depth = key.count("/")
+    lines.append(f"{'  ' * depth}{key.split('/')[-1]}: {totals[key]:,}")
+  return "\n".join(lines)

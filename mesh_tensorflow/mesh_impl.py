@@ -1,0 +1,271 @@
+"""The interface between mtf graphs and a concrete set of devices.
+
+A `MeshImpl` knows the mesh shape and the layout rules, and how to compute on
+slices and communicate between processors. `PlacementMeshImpl` (one op per
+device) implements it; other implementations (SIMD, one program per processor)
+share everything in this file.
+
+Slices of one mtf tensor on a mesh form a `LaidOutTensor`. Results of sums over
+split dimensions may stay pending as a `LazyAllreduceSum`, so that further local
+sums happen before the (single) allreduce.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable, List, Optional, Sequence
+
+import tensorflow as tf
+
+from mesh_tensorflow import layout as layout_lib
+from mesh_tensorflow.shapes import Shape, convert_to_shape
+
+CollectiveRecord = collections.namedtuple(
+    "CollectiveRecord",
+    ["op_name", "kind", "mesh_axes", "bytes_per_processor", "group_size", "num_groups"])
+
+
+class LaidOutTensor:
+  """The slices of one tensor, one per processor (in pnum order)."""
+
+  def __init__(self, tensor_list: Sequence[tf.Tensor]):
+    self.tensor_list = list(tensor_list)
+
+  @property
+  def all_slices(self):
+    return self.tensor_list
+
+  def to_laid_out_tensor(self):
+    return self
+
+  def __repr__(self):
+    return f"LaidOutTensor({self.tensor_list})"
+
+
+class LazyAllreduceSum:
+  """Per-processor partial sums whose allreduce over `mesh_axes` is deferred."""
+
+  def __init__(self, mesh_impl, laid_out_input: LaidOutTensor, mesh_axes):
+    self.mesh_impl = mesh_impl
+    self.laid_out_input = laid_out_input
+    self.mesh_axes = tuple(sorted(mesh_axes))
+    self._reduced = None
+
+  def to_laid_out_tensor(self) -> LaidOutTensor:
+    if self._reduced is None:
+      self._reduced = self.mesh_impl.allreduce(self.laid_out_input, self.mesh_axes, "SUM")
+    return self._reduced
+
+
+def as_laid_out(x):
+  return x.to_laid_out_tensor() if hasattr(x, "to_laid_out_tensor") else x
+
+
+class MeshImpl:
+  """Shape, layout rules and the operations every mesh implementation provides.
+
+  Args:
+    shape: the mesh shape, e.g. "rows:2;cols:4".
+    layout_rules: e.g. "batch:rows;hidden:cols".
+  """
+
+  def __init__(self, shape, layout_rules):
+    self._shape = convert_to_shape(shape)
+    if self._shape is None:
+      raise ValueError(f"Invalid mesh shape {shape!r}; write e.g. 'rows:2;cols:4'.")
+    self._layout_rules = layout_lib.convert_to_layout_rules(layout_rules)
+    self._layout_rules.check_mesh_shape(self._shape)
+    self._layout_cache = {}
+    self.recorder = None  # set by the Lowering while it lowers
+
+  shape = property(lambda self: self._shape)
+  ndims = property(lambda self: self._shape.ndims)
+  size = property(lambda self: self._shape.size)
+  layout_rules = property(lambda self: self._layout_rules)
+
+  def __repr__(self):
+    return (f"{type(self).__name__}(shape='{self._shape.to_string()}', "
+            f"layout='{self._layout_rules.to_string()}')")
+
+  # ---- layouts -------------------------------------------------------------
+  def tensor_dimension_to_mesh_axis(self, tensor_dimension) -> Optional[int]:
+    return self._layout_rules.tensor_dimension_to_mesh_axis(tensor_dimension, self._shape)
+
+  def tensor_layout(self, arg, tensor_name: str = "") -> layout_lib.TensorLayout:
+    shape = arg.shape if hasattr(arg, "operation") else convert_to_shape(arg)
+    if not tensor_name and hasattr(arg, "operation"):
+      tensor_name = arg.name
+    try:
+      return self._layout_cache[shape]
+    except KeyError:
+      pass
+    result = self._layout_rules.tensor_layout(shape, self._shape, tensor_name)
+    self._layout_cache[shape] = result
+    return result
+
+  def mesh_axis_size(self, mesh_axis: int) -> int:
+    return self._shape.dims[mesh_axis].size
+
+  def slice_shape(self, tensor_shape) -> List[int]:
+    tensor_shape = convert_to_shape(tensor_shape)
+    layout = self.tensor_layout(tensor_shape)
+    return [d.size if a is None else d.size // self._shape.dims[a].size
+            for d, a in zip(tensor_shape.dims, layout)]
+
+  def slice_begin(self, tensor_shape, pnum: int) -> List[int]:
+    tensor_shape = convert_to_shape(tensor_shape)
+    layout = self.tensor_layout(tensor_shape)
+    coords = self.pnum_to_processor_coordinates(pnum)
+    sizes = self.slice_shape(tensor_shape)
+    return [0 if a is None else coords[a] * s for a, s in zip(layout, sizes)]
+
+  def laid_out_size(self, tensor_shape) -> int:
+    """Number of elements per processor."""
+    n = 1
+    for s in self.slice_shape(tensor_shape):
+      n *= s
+    return n
+
+  def pnum_to_processor_coordinates(self, pnum: int) -> List[int]:
+    return layout_lib.pnum_to_processor_coordinates(self._shape, pnum)
+
+  def processor_coordinates_to_pnum(self, coords) -> int:
+    return layout_lib.processor_coordinates_to_pnum(self._shape, coords)
+
+  def processor_groups(self, mesh_axes) -> List[List[int]]:
+    return layout_lib.processor_groups(self._shape, mesh_axes)
+
+  # ---- counters ------------------------------------------------------------
+  def record_collective(self, kind: str, x: LaidOutTensor, mesh_axes) -> None:
+    if self.recorder is None:
+      return
+    mesh_axes = tuple(mesh_axes)
+    group_size = 1
+    for a in mesh_axes:
+      group_size *= self.mesh_axis_size(a)
+    t = x.tensor_list[0]
+    nbytes = t.shape.num_elements() * t.dtype.size if t.shape.is_fully_defined() else 0
+    self.recorder.record_collective(
+        kind, mesh_axes, nbytes, group_size, self.size // max(group_size, 1))
+
+  # ---- what every implementation provides ---------------------------------
+  def slicewise(self, fn: Callable, *inputs):
+    raise NotImplementedError
+
+  def allreduce(self, x: LaidOutTensor, mesh_axes, reduction_fn_string: str) -> LaidOutTensor:
+    raise NotImplementedError
+
+  def allconcat(self, x: LaidOutTensor, mesh_axis: int, concat_axis: int) -> LaidOutTensor:
+    raise NotImplementedError
+
+  def alltoall(self, x: LaidOutTensor, mesh_axis: int, split_axis: int,
+               concat_axis: int) -> LaidOutTensor:
+    raise NotImplementedError
+
+  def receive(self, x: LaidOutTensor, mesh_axis: int, source_pcoord) -> LaidOutTensor:
+    """Each processor receives the slice of the processor at coordinate
+    `source_pcoord[c]` along `mesh_axis` (its own coordinate being `c`), or
+    zeros where that is None."""
+    raise NotImplementedError
+
+  def slice_along(self, x: LaidOutTensor, mesh_axis: int, tensor_axis: int) -> LaidOutTensor:
+    """Splits (locally, no communication) an unsplit tensor axis over mesh_axis."""
+    raise NotImplementedError
+
+  def import_tf_tensor(self, x: tf.Tensor, shape) -> LaidOutTensor:
+    raise NotImplementedError
+
+  def export_to_tf_tensor(self, x: LaidOutTensor, shape) -> tf.Tensor:
+    raise NotImplementedError
+
+  def make_slices(self, fn: Callable[[int, List[int]], tf.Tensor], shape) -> LaidOutTensor:
+    """Builds a laid-out tensor from fn(pnum, slice_begin) on each processor."""
+    raise NotImplementedError
+
+  def variable_device(self, pnum: int):
+    raise NotImplementedError
+
+  # ---- derived operations --------------------------------------------------
+  def broadcast_impl(self, old_slices, old_shape, new_shape):
+    """Broadcasts slices of old_shape to slices of new_shape (local)."""
+    old_shape = convert_to_shape(old_shape)
+    new_shape = convert_to_shape(new_shape)
+    new_slice_shape = self.slice_shape(new_shape)
+
+    def fn(x):
+      return expand_to_shape(x, old_shape, new_shape, new_slice_shape)
+    return self.slicewise(fn, old_slices)
+
+  def relayout(self, x: LaidOutTensor, shape, old_layout, new_layout) -> LaidOutTensor:
+    """Moves a tensor from one layout to another with the fewest collectives."""
+    old_layout, new_layout = tuple(old_layout), tuple(new_layout)
+    if old_layout == new_layout:
+      return x
+    for mesh_axis in range(self.ndims):
+      old_t = _tensor_axis_of(old_layout, mesh_axis)
+      new_t = _tensor_axis_of(new_layout, mesh_axis)
+      if old_t == new_t:
+        continue
+      if old_t is not None and new_t is not None:
+        x = self.alltoall(x, mesh_axis, split_axis=new_t, concat_axis=old_t)
+      elif old_t is not None:
+        x = self.allconcat(x, mesh_axis, old_t)
+    for mesh_axis in range(self.ndims):
+      old_t = _tensor_axis_of(old_layout, mesh_axis)
+      new_t = _tensor_axis_of(new_layout, mesh_axis)
+      if old_t is None and new_t is not None:
+        x = self.slice_along(x, mesh_axis, new_t)
+    return x
+
+  def gather_dims(self, x, shape, dim_names) -> LaidOutTensor:
+    """Un-splits the named dimensions of a laid-out tensor (allconcat)."""
+    shape = convert_to_shape(shape)
+    layout = self.tensor_layout(shape)
+    new_layout = [None if d.name in dim_names else a for d, a in zip(shape.dims, layout)]
+    return self.relayout(as_laid_out(x), shape, layout, new_layout)
+
+  def split_to_layout(self, x, shape, current_layout) -> LaidOutTensor:
+    """Splits a tensor currently in `current_layout` into its rules' layout."""
+    return self.relayout(x, shape, current_layout, self.tensor_layout(shape))
+
+
+def _tensor_axis_of(layout, mesh_axis):
+  for t, m in enumerate(layout):
+    if m == mesh_axis:
+      return t
+  return None
+
+
+def expand_to_shape(x: tf.Tensor, old_shape: Shape, new_shape: Shape,
+                    new_slice_shape=None) -> tf.Tensor:
+  """Transposes and broadcasts a slice of old_shape to a slice of new_shape.
+
+  Every dimension of old_shape must be in new_shape. With new_slice_shape
+  given, the result is broadcast to it; otherwise missing dims have size 1.
+  """
+  old_names = old_shape.dimension_names
+  new_names = new_shape.dimension_names
+  for n in old_names:
+    if n not in new_names:
+      raise ValueError(f"Cannot broadcast {old_shape} to {new_shape}: {n!r} missing.")
+  order = sorted(range(len(old_names)), key=lambda i: new_names.index(old_names[i]))
+  if order != list(range(len(order))):
+    x = tf.transpose(x, order)
+  if len(old_names) != len(new_names):
+    idx = {n: i for i, n in enumerate(new_names)}
+    present = {old_names[i] for i in order}
+    # Insert size-1 axes where new_shape has dims that old_shape lacks.
+    target = []
+    src_dims = tf.shape(x) if not x.shape.is_fully_defined() else x.shape.as_list()
+    j = 0
+    for n in new_names:
+      if n in present:
+        target.append(src_dims[j])
+        j += 1
+      else:
+        target.append(1)
+    del idx
+    x = tf.reshape(x, target)
+  if new_slice_shape is not None and x.shape.as_list() != list(new_slice_shape):
+    x = tf.broadcast_to(x, new_slice_shape)
+  return x

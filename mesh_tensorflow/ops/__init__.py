@@ -1,0 +1,1 @@
+"""mtf operations, one module per family. Everything is re-exported as `mtf.*`."""

@@ -1,0 +1,257 @@
+"""Gradient and control-flow operations: stop_gradient, depend, while_loop,
+custom_gradient, recompute_grad, Print.
+
+    >>> y = mtf.stop_gradient(x)
+    >>> outs = mtf.while_loop(cond_fn, body_fn, [i, total])
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Sequence
+
+import tensorflow as tf
+
+from mesh_tensorflow.graph import Operation, Tensor
+from mesh_tensorflow.mesh_impl import LaidOutTensor
+
+
+class _IdentityLike(Operation):
+  def __init__(self, inputs, num_outputs, name, grad=None, control_inputs=()):
+    super().__init__(inputs, name=name)
+    self._control = list(control_inputs)
+    self._grad = grad
+    self.has_gradient = True
+    self._outputs = [Tensor(self, t.shape, t.dtype, index=i)
+                     for i, t in enumerate(inputs[:num_outputs])]
+
+  def gradient(self, grad_ys):
+    if self._grad is None:
+      return [None] * len(self.inputs)
+    return self._grad(self, grad_ys)
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    deps = [lowering.laid_out(t) for t in self.inputs[len(self.outputs):]]
+    deps_ops = [lowering.operations[o] for o in self._control if o in lowering.operations]
+    for i, out in enumerate(self.outputs):
+      laid = lowering.laid_out(self.inputs[i])
+      if not deps and not deps_ops:
+        lowering.set_tensor_lowering(out, laid)
+        continue
+      results = []
+      for pnum, t in enumerate(laid.tensor_list):
+        ctrl = [d.tensor_list[pnum] for d in deps] + deps_ops
+        with tf.control_dependencies(ctrl):
+          results.append(tf.identity(t))
+      lowering.set_tensor_lowering(out, LaidOutTensor(results))
+
+
+def stop_gradient(x: Tensor, name=None) -> Tensor:
+  """Identity whose gradient is zero."""
+  return _IdentityLike([x], 1, name or "stop_gradient").outputs[0]
+
+
+def depend(x: Tensor, dependencies, name=None) -> Tensor:
+  """x, computed only after `dependencies` (Tensors or ops such as assign).
+
+  Example:
+    >>> y = mtf.depend(x, [update_op])
+  """
+  if not isinstance(dependencies, (list, tuple)):
+    dependencies = [dependencies]
+  tensors = [d for d in dependencies if isinstance(d, Tensor)]
+  ops = [d for d in dependencies if isinstance(d, Operation)]
+  return _IdentityLike([x] + tensors, 1, name or "depend",
+                       grad=lambda op, g: [g[0]] + [None] * len(tensors),
+                       control_inputs=ops).outputs[0]
+
+
+def Print(x: Tensor, data, message: str, summarize: int = 3, name=None) -> Tensor:  # pylint: disable=invalid-name
+  """Identity that prints `message` and the full values of `data` when run."""
+  del summarize
+
+  class _PrintOp(_IdentityLike):
+    def lower(self, lowering):
+      values = [lowering.export_to_tf_tensor(t) for t in data]
+      with tf.control_dependencies([tf.print(message, *values)]):
+        laid = lowering.laid_out(x)
+        lowering.set_tensor_lowering(self.outputs[0], LaidOutTensor(
+            [tf.identity(t) for t in laid.tensor_list]))
+  return _PrintOp([x] + list(data), 1, name or "Print",
+                  grad=lambda op, g: [g[0]] + [None] * len(data)).outputs[0]
+
+
+class _Placeholder(Operation):
+  """Stands for a loop variable inside a while_loop body."""
+
+  def __init__(self, mesh, shape, dtype, name):
+    super().__init__([], mesh=mesh, name=name)
+    self._outputs = [Tensor(self, shape, dtype)]
+
+  def lower(self, lowering):
+    if self.outputs[0] not in lowering.tensors:
+      raise ValueError(f"{self.name} is only defined inside its while_loop.")
+
+
+class WhileLoopOperation(Operation):
+  """Runs body_fn while cond_fn holds, as one tf.while_loop over the slices."""
+
+  def __init__(self, cond_fn, body_fn, inputs, num_loop_vars=None, name=None):
+    inputs = list(inputs)
+    if not inputs:
+      raise ValueError("mtf.while_loop needs at least one loop variable.")
+    n = len(inputs) if num_loop_vars is None else num_loop_vars
+    mesh = inputs[0].mesh
+    graph = mesh.graph
+    start = len(graph.operations)
+    self._placeholders = [_Placeholder(mesh, t.shape, t.dtype, "while_loop/var").outputs[0]
+                          for t in inputs[:n]]
+    cond = cond_fn(*self._placeholders)
+    body = body_fn(*self._placeholders)
+    body = list(body) if isinstance(body, (list, tuple)) else [body]
+    if len(body) != n:
+      raise ValueError(f"mtf.while_loop: body_fn returned {len(body)} tensors for "
+                       f"{n} loop variables.")
+    for t, b in zip(inputs[:n], body):
+      if t.shape != b.shape or t.dtype != b.dtype:
+        raise ValueError(
+            f"mtf.while_loop: body_fn changes loop variable {t.name} from {t.shape} "
+            f"{t.dtype.name} to {b.shape} {b.dtype.name}; shapes and dtypes must stay.")
+    if cond.shape.ndims != 0 or cond.dtype != tf.bool:
+      raise ValueError("mtf.while_loop: cond_fn must return a scalar boolean mtf.Tensor.")
+    self._body_ops = graph.operations[start:]
+    del graph.operations[start:]
+    for op in self._body_ops:
+      if getattr(op, "is_variable", False):
+        raise ValueError("mtf.while_loop: create variables outside the loop body.")
+    self._cond, self._body = cond, body
+    super().__init__(inputs[:n], mesh=mesh, name=name or "while_loop")
+    self._outputs = [Tensor(self, t.shape, t.dtype, index=i) for i, t in enumerate(inputs[:n])]
+
+  def gradient(self, grad_ys):
+    raise ValueError(
+        f"{self.name}: mtf.while_loop has no gradient (its trip count is data "
+        "dependent). Unroll the loop in Python, or stop_gradient its outputs.")
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    n = len(self.inputs)
+    init = [lowering.laid_out(t).tensor_list for t in self.inputs]
+    flat = [s for slices in init for s in slices]
+
+    def unflatten(values):
+      return [LaidOutTensor(list(values[i * impl.size:(i + 1) * impl.size])) for i in range(n)]
+
+    def run_body(values, targets):
+      for ph, laid in zip(self._placeholders, unflatten(values)):
+        lowering.set_tensor_lowering(ph, laid)
+      lowering.lower_operations(self._body_ops)
+      return [lowering.laid_out(t) for t in targets]
+
+    def cond(*values):
+      return run_body(values, [self._cond])[0].tensor_list[0]
+
+    def body(*values):
+      outs = run_body(values, self._body)
+      return [s for laid in outs for s in laid.tensor_list]
+    results = tf.while_loop(cond, body, flat)
+    for out, laid in zip(self.outputs, unflatten(results)):
+      lowering.set_tensor_lowering(out, laid)
+
+
+def while_loop(cond_fn: Callable, body_fn: Callable, inputs: Sequence[Tensor],
+               num_loop_vars=None, name=None, **kwargs) -> List[Tensor]:
+  """Repeats body_fn(*vars) while cond_fn(*vars) is true; returns the vars.
+
+  Example:
+    >>> i, total = mtf.while_loop(lambda i, t: mtf.less(i, 10),
+    ...                           lambda i, t: [i + 1, t + x], [i0, t0])
+  """
+  return WhileLoopOperation(cond_fn, body_fn, inputs, num_loop_vars, name=name).outputs
+
+
+class CustomGradientOperation(Operation):
+  """Identity on fn's outputs whose gradient is given by grad_fn."""
+
+  def __init__(self, explicit_inputs, captured, fn_outputs, grad_fn, name=None):
+    super().__init__(list(explicit_inputs) + list(captured) + list(fn_outputs),
+                     name=name or "custom_gradient")
+    self._n_explicit = len(explicit_inputs)
+    self._n_captured = len(captured)
+    self._grad_fn = grad_fn
+    self.has_gradient = True
+    self._outputs = [Tensor(self, t.shape, t.dtype, index=i) for i, t in enumerate(fn_outputs)]
+
+  def gradient(self, grad_ys):
+    k = self._n_explicit + self._n_captured
+    explicit = self.inputs[:self._n_explicit]
+    captured = self.inputs[self._n_explicit:k]
+    grads = list(self._grad_fn(explicit, captured, self.outputs, grad_ys))
+    if len(grads) == self._n_explicit:
+      grads += [None] * self._n_captured
+    if len(grads) != k:
+      raise ValueError(f"{self.name}: grad_fn returned {len(grads)} gradients for "
+                       f"{k} inputs.")
+    return grads + [None] * len(self.outputs)
+
+  def lower(self, lowering):
+    k = self._n_explicit + self._n_captured
+    for out, t in zip(self.outputs, self.inputs[k:]):
+      lowering.set_tensor_lowering(out, lowering.laid_out(t))
+
+
+def _run_and_capture(fn, explicit_inputs):
+  graph = explicit_inputs[0].graph
+  start = len(graph.operations)
+  outputs = fn(*explicit_inputs)
+  single = isinstance(outputs, Tensor)
+  outputs = [outputs] if single else list(outputs)
+  created = graph.operations[start:]
+  created_tensors = {t for op in created for t in op.outputs}
+  explicit = set(explicit_inputs)
+  captured = []
+  for op in created:
+    for t in op.inputs:
+      if t not in created_tensors and t not in explicit and t not in captured:
+        captured.append(t)
+  return outputs, single, captured
+
+
+def custom_gradient(fn: Callable, grad_fn: Callable, inputs: Sequence[Tensor], name=None):
+  """Computes fn(*inputs) but differentiates it with grad_fn.
+
+  grad_fn(inputs, captured, outputs, output_grads) returns one gradient per
+  input (optionally followed by one per captured tensor, i.e. each tensor such
+  as a variable that fn used without it being in `inputs`).
+
+  Example:
+    >>> y = mtf.custom_gradient(lambda x: x * 2.0,
+    ...                         lambda xs, cap, ys, gs: [gs[0] * 2.0], [x])
+  """
+  inputs = list(inputs)
+  outputs, single, captured = _run_and_capture(fn, inputs)
+  op = CustomGradientOperation(inputs, captured, outputs, grad_fn, name=name)
+  return op.outputs[0] if single else op.outputs
+
+
+def recompute_grad(fn: Callable, explicit_inputs: Sequence[Tensor], name=None):
+  """Calls fn(*explicit_inputs) and recomputes it during backprop instead of
+  keeping its activations (variables fn uses get their gradients too).
+
+  Example:
+    >>> y = mtf.recompute_grad(lambda x: block(x), [x])
+  """
+  from mesh_tensorflow.gradients import gradients
+  explicit_inputs = list(explicit_inputs)
+
+  def grad_fn(xs, captured, ys, dys):
+    dys_real = [d for d in dys if d is not None]
+    # Recompute only once the output gradients exist (to free the memory).
+    xs2 = [depend(x, dys_real) for x in xs]
+    outs = fn(*xs2)
+    outs = [outs] if isinstance(outs, Tensor) else list(outs)
+    pairs = [(o, d) for o, d in zip(outs, dys) if d is not None]
+    grads = gradients([o for o, _ in pairs], xs2 + list(captured),
+                      grad_ys=[d for _, d in pairs])
+    return grads
+  return custom_gradient(fn, grad_fn, explicit_inputs, name=name or "recompute_grad")

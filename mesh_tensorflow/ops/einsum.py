@@ -1,0 +1,155 @@
+"""einsum over named dimensions, and matmul.
+
+Dimensions are matched by name. Summing a split dimension sums the local
+products and then allreduces (lazily) over the mesh dimensions that split it.
+
+    >>> h = mtf.einsum([x, w], output_shape=[batch, hidden])
+    >>> h = mtf.einsum(x, w, output_shape=[batch, hidden])   # same
+"""
+
+from __future__ import annotations
+
+import string
+from typing import List, Sequence
+
+import tensorflow as tf
+
+from mesh_tensorflow.graph import Operation, Tensor
+from mesh_tensorflow.mesh_impl import LazyAllreduceSum
+from mesh_tensorflow.shapes import Shape, convert_to_shape, shape_union
+
+
+class EinsumOperation(Operation):
+  """Sum over dims absent from output_shape of the product of the inputs."""
+
+  def __init__(self, inputs: Sequence[Tensor], output_shape, name=None):
+    output_shape = convert_to_shape(output_shape)
+    names = ", ".join(f"{t.name} {t.shape}" for t in inputs)
+    try:
+      all_dims = shape_union([t.shape for t in inputs])
+    except ValueError as e:
+      raise ValueError(f"mtf.einsum({names}): {e}") from None
+    for d in output_shape.dims:
+      if d.name not in all_dims.dimension_names:
+        raise ValueError(
+            f"mtf.einsum({names}): output dimension {d.name!r} is in no input. "
+            "Every output dimension must come from an input; use mtf.broadcast "
+            "to add one.")
+      if d not in all_dims.dims:
+        raise ValueError(
+            f"mtf.einsum({names}): output dimension {d} has another size in the "
+            f"inputs ({all_dims.get_dim_by_name(d.name)}).")
+    dtypes = {t.dtype for t in inputs}
+    if len(dtypes) > 1:
+      raise TypeError(f"mtf.einsum({names}): inputs have different dtypes "
+                      f"{sorted(d.name for d in dtypes)}; cast them to one.")
+    super().__init__(inputs, name=name or "einsum")
+    self.has_gradient = inputs[0].dtype.is_floating
+    self._outputs = [Tensor(self, output_shape, inputs[0].dtype)]
+
+  def gradient(self, grad_ys):
+    from mesh_tensorflow.ops.shape_ops import broadcast
+    g = grad_ys[0]
+    grads = []
+    for i, x in enumerate(self.inputs):
+      others = [g] + [t for j, t in enumerate(self.inputs) if j != i]
+      available = shape_union([t.shape for t in others])
+      target = Shape([d for d in x.shape.dims if d in available.dims])
+      gx = einsum(others, output_shape=target)
+      grads.append(broadcast(gx, x.shape) if target != x.shape else gx)
+    return grads
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    out = self.outputs[0]
+    # Each mesh axis may split only one dimension across the whole einsum:
+    # keep the output's choice (or the first input's) and gather the others.
+    owner = {}
+    for t in [out] + self.inputs:
+      for d, a in zip(t.shape.dims, impl.tensor_layout(t.shape)):
+        if a is not None:
+          owner.setdefault(a, d.name)
+    slices = []
+    for t in self.inputs:
+      layout = impl.tensor_layout(t.shape)
+      conflicts = {d.name for d, a in zip(t.shape.dims, layout)
+                   if a is not None and owner[a] != d.name}
+      slices.append(impl.gather_dims(lowering.laid_out(t), t.shape, conflicts))
+    letters = {}
+    for t in [out] + self.inputs:
+      for d in t.shape.dims:
+        letters.setdefault(d.name, _LETTERS[len(letters)])
+    eq = ",".join("".join(letters[d.name] for d in t.shape.dims) for t in self.inputs)
+    eq += "->" + "".join(letters[d.name] for d in out.shape.dims)
+    result = impl.slicewise(lambda *xs: tf.einsum(eq, *xs), *slices)
+    # Local FLOPs: 2 * product of all (local) dimension sizes.
+    local = {}
+    for t, laid in zip(self.inputs, slices):
+      for d, s in zip(t.shape.dims, laid.tensor_list[0].shape.as_list()):
+        local[d.name] = s
+    flops = 2
+    for s in local.values():
+      flops *= s or 1
+    lowering.add_flops(flops)
+    reduced_axes = set()
+    for t in self.inputs:
+      for d, a in zip(t.shape.dims, impl.tensor_layout(t.shape)):
+        if a is not None and owner[a] == d.name and d.name not in out.shape.dimension_names:
+          reduced_axes.add(a)
+    if reduced_axes:
+      result = LazyAllreduceSum(impl, result, sorted(reduced_axes))
+    lowering.set_tensor_lowering(out, result)
+
+
+_LETTERS = string.ascii_letters
+
+
+def _infer_output_shape(xs, reduced_dims):
+  if reduced_dims is not None:
+    reduced = {d.name if not isinstance(d, str) else d for d in reduced_dims}
+    return Shape([d for d in shape_union([x.shape for x in xs]).dims if d.name not in reduced])
+  counts = {}
+  for x in xs:
+    for d in x.shape.dims:
+      counts[d] = counts.get(d, 0) + 1
+  return Shape([d for d in shape_union([x.shape for x in xs]).dims if counts[d] == 1])
+
+
+def einsum(*args, output_shape=None, reduced_dims=None, name=None) -> Tensor:
+  """Generalized product-and-sum over named dimensions.
+
+  Call as `einsum([a, b, ...], output_shape=...)` or `einsum(a, b, ...,
+  output_shape=...)`. Without output_shape, the output keeps the dimensions in
+  exactly one input (or, with reduced_dims, all but those).
+
+  Example:
+    >>> y = mtf.einsum([x, w], output_shape=[batch, d_ff])
+  """
+  args = list(args)
+  if args and isinstance(args[0], (list, tuple)):
+    xs = list(args[0])
+    rest = args[1:]
+  else:
+    xs = []
+    while args and isinstance(args[0], Tensor):
+      xs.append(args.pop(0))
+    rest = args
+  if rest:
+    if output_shape is not None or len(rest) > 2:
+      raise TypeError("mtf.einsum: too many positional arguments.")
+    output_shape = rest[0]
+    if len(rest) == 2:
+      name = rest[1] if isinstance(rest[1], str) and ":" not in rest[1] else name
+  if not xs:
+    raise ValueError("mtf.einsum needs at least one input tensor.")
+  for x in xs:
+    if not isinstance(x, Tensor):
+      raise TypeError(f"mtf.einsum: {x!r} is not an mtf.Tensor.")
+  if output_shape is None:
+    output_shape = _infer_output_shape(xs, reduced_dims)
+  return EinsumOperation(xs, output_shape, name=name).outputs[0]
+
+
+def matmul(a: Tensor, b: Tensor, output_shape=None, reduced_dims=None, name=None) -> Tensor:
+  """einsum of two tensors; by default sums the dimensions they share."""
+  return einsum([a, b], output_shape=output_shape, reduced_dims=reduced_dims, name=name)

@@ -1,0 +1,336 @@
+"""Elementwise operations: unary math, binary arithmetic with broadcasting by
+dimension name, comparisons, logic and casts.
+
+Broadcasting is by name: `x[batch, hidden] + y[hidden]` adds y to every row;
+the output has the dimensions of x followed by those of y that x lacks.
+
+    >>> z = mtf.add(x, y)            # or x + y
+    >>> w = mtf.relu(mtf.cast(z, tf.float32))
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Callable, Optional, Sequence
+
+import tensorflow as tf
+
+from mesh_tensorflow.graph import Operation, Tensor
+from mesh_tensorflow.mesh_impl import LazyAllreduceSum, expand_to_shape
+from mesh_tensorflow.ops._common import first_tensor, num_elements, to_tensor
+from mesh_tensorflow.shapes import Shape, convert_to_shape, shape_union
+
+
+class ElementwiseOperation(Operation):
+  """Applies tf_fn to slices broadcast to the output shape.
+
+  Args:
+    tf_fn: function of one TensorFlow slice per input.
+    inputs: mtf Tensors.
+    output_shape: defaults to the union of the input shapes.
+    output_dtype: defaults to the first input's dtype.
+    grad_fn: function(op, dy) -> list of input gradients, or None if the op is
+      not differentiable (its inputs then get no gradient).
+  """
+
+  def __init__(self, tf_fn: Callable, inputs: Sequence[Tensor], output_shape=None,
+               output_dtype=None, grad_fn=None, name=None, zero_gradient=False):
+    op_name = name or getattr(tf_fn, "__name__", "elementwise")
+    shape = shape_union_checked([t.shape for t in inputs], inputs, op_name)
+    if output_shape is not None:
+      output_shape = convert_to_shape(output_shape)
+      missing = [d for d in shape.dims if d not in output_shape.dims]
+      if missing:
+        raise ValueError(
+            f"{op_name}: output_shape {output_shape} lacks {missing} that the "
+            "inputs have; reduce them first (mtf.reduce_sum).")
+      shape = output_shape
+    super().__init__(inputs, name=op_name)
+    self._tf_fn = tf_fn
+    self._grad_fn = grad_fn
+    self._zero_gradient = zero_gradient
+    self.has_gradient = grad_fn is not None or zero_gradient
+    self._outputs = [Tensor(self, shape, output_dtype or inputs[0].dtype)]
+
+  def gradient(self, grad_ys):
+    if self._zero_gradient or grad_ys[0] is None:
+      return [None] * len(self._inputs)
+    return self._grad_fn(self, grad_ys[0])
+
+  def lower(self, lowering):
+    out = self._outputs[0]
+    impl = lowering.mesh_impl(self)
+    slice_shape = impl.slice_shape(out.shape)
+    in_shapes = [t.shape for t in self._inputs]
+    fn = self._tf_fn
+
+    def slice_fn(*slices):
+      expanded = [expand_to_shape(s, sh, out.shape) for s, sh in zip(slices, in_shapes)]
+      y = fn(*expanded)
+      if y.shape.as_list() != slice_shape:
+        y = tf.broadcast_to(y, slice_shape)
+      return y
+    result = impl.slicewise(slice_fn, *[lowering.laid_out(t) for t in self._inputs])
+    lowering.add_flops(num_elements(result.tensor_list[0]))
+    lowering.set_tensor_lowering(out, result)
+
+
+def shape_union_checked(shapes, inputs, op_name) -> Shape:
+  try:
+    return shape_union(shapes)
+  except ValueError as e:
+    names = ", ".join(f"{t.name} {t.shape}" for t in inputs)
+    raise ValueError(f"{op_name}: incompatible input shapes ({names}): {e}") from None
+
+
+def reduce_to_shape(g: Tensor, shape: Shape) -> Tensor:
+  """Sums g over the dimensions that `shape` lacks (gradient of broadcasting)."""
+  from mesh_tensorflow.ops.reduction import reduce_sum
+  if g.shape == shape:
+    return g
+  if all(d in shape.dims for d in g.shape.dims):
+    from mesh_tensorflow.ops.shape_ops import transpose
+    return transpose(g, shape)
+  return reduce_sum(g, output_shape=shape)
+
+
+# ---------------------------------------------------------------- unary ops
+def _unary(tf_fn, name, grad=None, zero_gradient=False, output_dtype=None):
+  """Makes an mtf unary op; grad(x, y, dy) -> dx expressed with mtf ops."""
+
+  def op(x: Tensor, name: Optional[str] = None) -> Tensor:
+    if not isinstance(x, Tensor):
+      raise TypeError(f"mtf.{op_name} expects an mtf.Tensor, got {x!r}.")
+    grad_fn = None
+    if grad is not None:
+      grad_fn = lambda o, dy: [grad(o.inputs[0], o.outputs[0], dy)]
+    return ElementwiseOperation(
+        tf_fn, [x], output_dtype=output_dtype, grad_fn=grad_fn,
+        zero_gradient=zero_gradient or (grad is None and not x.dtype.is_floating),
+        name=name or op_name).outputs[0]
+  op_name = name
+  op.__name__ = name
+  op.__doc__ = f"Elementwise {name} of an mtf Tensor (`tf.{name}` on every slice)."
+  return op
+
+
+def _const_like(x, v):
+  return v
+
+
+exp = _unary(tf.exp, "exp", lambda x, y, dy: dy * y)
+expm1 = _unary(tf.math.expm1, "expm1", lambda x, y, dy: dy * (y + 1.0))
+log = _unary(tf.math.log, "log", lambda x, y, dy: dy / x)
+log1p = _unary(tf.math.log1p, "log1p", lambda x, y, dy: dy / (x + 1.0))
+sqrt = _unary(tf.sqrt, "sqrt", lambda x, y, dy: dy * 0.5 / y)
+rsqrt = _unary(tf.math.rsqrt, "rsqrt", lambda x, y, dy: dy * -0.5 * y * y * y)
+square = _unary(tf.square, "square", lambda x, y, dy: dy * 2.0 * x)
+reciprocal = _unary(tf.math.reciprocal, "reciprocal", lambda x, y, dy: -dy * y * y)
+sigmoid = _unary(tf.sigmoid, "sigmoid", lambda x, y, dy: dy * y * (1.0 - y))
+tanh = _unary(tf.tanh, "tanh", lambda x, y, dy: dy * (1.0 - y * y))
+sin = _unary(tf.sin, "sin", lambda x, y, dy: dy * cos(x))
+cos = _unary(tf.cos, "cos", lambda x, y, dy: -dy * sin(x))
+softplus = _unary(tf.math.softplus, "softplus", lambda x, y, dy: dy * sigmoid(x))
+erf = _unary(tf.math.erf, "erf",
+             lambda x, y, dy: dy * (2.0 / math.sqrt(math.pi)) * exp(-square(x)))
+relu = _unary(tf.nn.relu, "relu",
+              lambda x, y, dy: dy * cast(greater(x, 0.0), dy.dtype))
+relu6 = _unary(tf.nn.relu6, "relu6", lambda x, y, dy: dy * cast(
+    logical_and(greater(x, 0.0), less(x, 6.0)), dy.dtype))
+negative = _unary(tf.negative, "negative", lambda x, y, dy: -dy)
+abs = _unary(tf.abs, "abs", lambda x, y, dy: dy * sign(x))  # pylint: disable=redefined-builtin
+sign = _unary(tf.sign, "sign", zero_gradient=True)
+floor = _unary(tf.floor, "floor", zero_gradient=True)
+ceil = _unary(tf.math.ceil, "ceil", zero_gradient=True)
+round = _unary(tf.round, "round", zero_gradient=True)  # pylint: disable=redefined-builtin
+logical_not = _unary(tf.logical_not, "logical_not", zero_gradient=True)
+is_finite = _unary(tf.math.is_finite, "is_finite", zero_gradient=True, output_dtype=tf.bool)
+identity = _unary(tf.identity, "identity", lambda x, y, dy: dy)
+
+
+def gelu(x: Tensor, name=None) -> Tensor:
+  """Gaussian error linear unit, tanh approximation (as the original mtf)."""
+  c = math.sqrt(2.0 / math.pi)
+  return x * 0.5 * (1.0 + tanh(c * (x + 0.044715 * x * x * x)))
+
+
+def swish(x: Tensor, name=None) -> Tensor:
+  """x * sigmoid(x), also known as SiLU."""
+  return x * sigmoid(x)
+
+
+silu = swish
+
+
+def elu(x: Tensor, name=None) -> Tensor:
+  return where(greater(x, 0.0), x, expm1(minimum(x, 0.0)))
+
+
+def selu(x: Tensor, name=None) -> Tensor:
+  alpha, scale = 1.6732632423543772, 1.0507009873554805
+  return scale * where(greater(x, 0.0), x, alpha * expm1(minimum(x, 0.0)))
+
+
+def leaky_relu(x: Tensor, alpha: float = 0.2, name=None) -> Tensor:
+  return where(greater(x, 0.0), x, x * alpha)
+
+
+def cast(x: Tensor, dtype, name=None) -> Tensor:
+  """Casts x to dtype; the gradient is cast back."""
+  dtype = tf.as_dtype(dtype)
+  if x.dtype == dtype:
+    return x
+  differentiable = x.dtype.is_floating and dtype.is_floating
+  return ElementwiseOperation(
+      lambda t: tf.cast(t, dtype), [x], output_dtype=dtype,
+      grad_fn=(lambda o, dy: [cast(dy, o.inputs[0].dtype)]) if differentiable else None,
+      zero_gradient=not differentiable, name=name or "cast").outputs[0]
+
+
+def to_float(x, name=None):
+  return cast(x, tf.float32, name=name)
+
+
+def to_int32(x, name=None):
+  return cast(x, tf.int32, name=name)
+
+
+def to_bfloat16(x, name=None):
+  return cast(x, tf.bfloat16, name=name)
+
+
+# ---------------------------------------------------------------- binary ops
+def _binary_inputs(x, y, op_name):
+  t = first_tensor(x, y)
+  x = to_tensor(t.mesh, x, t.dtype)
+  y = to_tensor(t.mesh, y, t.dtype)
+  if x.dtype != y.dtype:
+    raise TypeError(
+        f"mtf.{op_name}: {x.name} is {x.dtype.name} but {y.name} is "
+        f"{y.dtype.name}; cast one of them with mtf.cast.")
+  return x, y
+
+
+def _binary(tf_fn, name, grad=None, output_dtype=None, zero_gradient=False):
+  """grad(x, y, z, dz) -> (dx, dy) in the broadcast (output) shape."""
+
+  def op(x, y, output_shape=None, name=None) -> Tensor:
+    x, y = _binary_inputs(x, y, op_name)
+    grad_fn = None
+    if grad is not None and x.dtype.is_floating:
+      def grad_fn(o, dz):
+        gx, gy = grad(o.inputs[0], o.inputs[1], o.outputs[0], dz)
+        return [None if gx is None else reduce_to_shape(gx, o.inputs[0].shape),
+                None if gy is None else reduce_to_shape(gy, o.inputs[1].shape)]
+    return ElementwiseOperation(
+        tf_fn, [x, y], output_shape=output_shape, output_dtype=output_dtype,
+        grad_fn=grad_fn, zero_gradient=grad_fn is None,
+        name=name or op_name).outputs[0]
+  op_name = name
+  op.__name__ = name
+  op.__doc__ = (f"Elementwise {name} with broadcasting by dimension name; Python "
+                "numbers are accepted for either argument.")
+  return op
+
+
+def _add_lower(x, y, output_shape=None, name=None):
+  return _add_base(x, y, output_shape=output_shape, name=name)
+
+
+_add_base = _binary(tf.add, "add", lambda x, y, z, dz: (dz, dz))
+sub = _binary(tf.subtract, "sub", lambda x, y, z, dz: (dz, -dz))
+subtract = sub
+multiply = _binary(tf.multiply, "multiply", lambda x, y, z, dz: (dz * y, dz * x))
+divide = _binary(tf.math.truediv, "divide",
+                 lambda x, y, z, dz: (dz / y, -dz * z / y))
+truediv = divide
+minimum = _binary(tf.minimum, "minimum", lambda x, y, z, dz: (
+    dz * cast(less_equal(x, y), dz.dtype), dz * cast(greater(x, y), dz.dtype)))
+maximum = _binary(tf.maximum, "maximum", lambda x, y, z, dz: (
+    dz * cast(greater_equal(x, y), dz.dtype), dz * cast(less(x, y), dz.dtype)))
+pow = _binary(tf.pow, "pow", lambda x, y, z, dz: (  # pylint: disable=redefined-builtin
+    dz * y * (z / x), dz * z * log(x)))
+floordiv = _binary(tf.math.floordiv, "floordiv", zero_gradient=True)
+mod = _binary(tf.math.floormod, "mod", zero_gradient=True)
+squared_difference = _binary(tf.math.squared_difference, "squared_difference",
+                             lambda x, y, z, dz: (dz * 2.0 * (x - y), dz * -2.0 * (x - y)))
+
+equal = _binary(tf.equal, "equal", output_dtype=tf.bool)
+not_equal = _binary(tf.not_equal, "not_equal", output_dtype=tf.bool)
+less = _binary(tf.less, "less", output_dtype=tf.bool)
+less_equal = _binary(tf.less_equal, "less_equal", output_dtype=tf.bool)
+greater = _binary(tf.greater, "greater", output_dtype=tf.bool)
+greater_equal = _binary(tf.greater_equal, "greater_equal", output_dtype=tf.bool)
+logical_and = _binary(tf.logical_and, "logical_and", output_dtype=tf.bool)
+logical_or = _binary(tf.logical_or, "logical_or", output_dtype=tf.bool)
+logical_xor = _binary(tf.math.logical_xor, "logical_xor", output_dtype=tf.bool)
+
+
+class _LazyAwareAdd(ElementwiseOperation):
+  """add/sub that keeps two pending allreduces (same mesh axes) pending."""
+
+  def lower(self, lowering):
+    a, b = (lowering.tensors.get(t) for t in self._inputs)
+    if (isinstance(a, LazyAllreduceSum) and isinstance(b, LazyAllreduceSum)
+        and a.mesh_axes == b.mesh_axes
+        and self._inputs[0].shape == self._inputs[1].shape == self.outputs[0].shape):
+      impl = lowering.mesh_impl(self)
+      summed = impl.slicewise(self._tf_fn, a.laid_out_input, b.laid_out_input)
+      lowering.set_tensor_lowering(self.outputs[0],
+                                   LazyAllreduceSum(impl, summed, a.mesh_axes))
+      return
+    super().lower(lowering)
+
+
+def add(x, y, output_shape=None, name=None) -> Tensor:
+  """x + y with broadcasting by dimension name.
+
+  Example:
+    >>> z = mtf.add(x, bias)   # bias's dims must be a subset or disjoint
+  """
+  x, y = _binary_inputs(x, y, "add")
+  if not x.dtype.is_floating:
+    return _add_base(x, y, output_shape=output_shape, name=name)
+  return _LazyAwareAdd(
+      tf.add, [x, y], output_shape=output_shape, name=name or "add",
+      grad_fn=lambda o, dz: [reduce_to_shape(dz, o.inputs[0].shape),
+                             reduce_to_shape(dz, o.inputs[1].shape)]).outputs[0]
+
+
+def add_n(xs: Sequence[Tensor], name=None) -> Tensor:
+  """Sum of a list of tensors (broadcasting by name)."""
+  xs = list(xs)
+  if not xs:
+    raise ValueError("mtf.add_n needs at least one tensor.")
+  total = xs[0]
+  for x in xs[1:]:
+    total = add(total, x)
+  return total
+
+
+def where(condition: Tensor, x, y, output_shape=None, name=None) -> Tensor:
+  """Elementwise x where condition is true, else y (broadcasting by name)."""
+  t = first_tensor(x, y)
+  x = to_tensor(t.mesh, x, t.dtype)
+  y = to_tensor(t.mesh, y, t.dtype)
+  if condition.dtype != tf.bool:
+    condition = cast(condition, tf.bool)
+
+  def grad_fn(o, dz):
+    zero = zeros_like_fn(dz)
+    return [None, reduce_to_shape(where(o.inputs[0], dz, zero), o.inputs[1].shape),
+            reduce_to_shape(where(o.inputs[0], zero, dz), o.inputs[2].shape)]
+  return ElementwiseOperation(
+      tf.where, [condition, x, y], output_shape=output_shape, output_dtype=x.dtype,
+      grad_fn=grad_fn if x.dtype.is_floating else None,
+      zero_gradient=not x.dtype.is_floating, name=name or "where").outputs[0]
+
+
+def zeros_like_fn(x):
+  from mesh_tensorflow.ops.constant import zeros_like
+  return zeros_like(x)
+
+
+def clip_by_value(x, clip_value_min, clip_value_max, name=None) -> Tensor:
+  return minimum(maximum(x, clip_value_min), clip_value_max)

@@ -1,0 +1,323 @@
+"""Index-based operations: one_hot, range, gather, cumsum, top_k, top_1,
+argmax, sample_with_temperature.
+
+    >>> labels_1h = mtf.one_hot(labels, classes_dim, dtype=tf.float32)
+    >>> emb = mtf.gather(embedding_table, ids, vocab_dim)
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from mesh_tensorflow.graph import Operation, Tensor
+from mesh_tensorflow.mesh_impl import LazyAllreduceSum, LaidOutTensor, expand_to_shape
+from mesh_tensorflow.ops import elementwise as ew
+from mesh_tensorflow.ops.shape_ops import lower_with_unsplit
+from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
+
+
+def _dim_named(x: Tensor, dim):
+  name = dim if isinstance(dim, str) else convert_to_dimension(dim).name
+  return x.shape.get_dim_by_name(name)
+
+
+def _slice_offsets(impl, shape, axis) -> LaidOutTensor:
+  """Per-processor offset (in the full tensor) of the slice along `axis`."""
+  return impl.make_slices(
+      lambda pnum, begin: tf.constant(begin[axis], tf.int32), shape)
+
+
+class OneHotOperation(Operation):
+  def __init__(self, indices: Tensor, output_dim, on_value, off_value, dtype, name=None):
+    output_dim = convert_to_dimension(output_dim)
+    if indices.dtype.is_floating or indices.dtype == tf.bool:
+      raise TypeError(f"mtf.one_hot: indices {indices.name} must be integers, "
+                      f"got {indices.dtype.name}.")
+    if indices.shape.has_dim_name(output_dim.name):
+      raise ValueError(f"mtf.one_hot: {indices.name} already has {output_dim.name!r}.")
+    super().__init__([indices], name=name or "one_hot")
+    self._values = (on_value, off_value)
+    self._outputs = [Tensor(self, indices.shape + [output_dim], dtype)]
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    out = self.outputs[0]
+    depth = impl.slice_shape(out.shape)[-1]
+    on, off = self._values
+    dtype = out.dtype
+
+    def fn(idx, offset):
+      return tf.one_hot(tf.cast(idx, tf.int32) - offset, depth, on_value=tf.cast(on, dtype),
+                        off_value=tf.cast(off, dtype), dtype=dtype)
+    laid = impl.slicewise(fn, lowering.laid_out(self.inputs[0]),
+                          _slice_offsets(impl, out.shape, out.shape.ndims - 1))
+    # indices are replicated along output_dim's mesh axis but not split: fine.
+    lowering.set_tensor_lowering(out, laid)
+
+
+def one_hot(indices: Tensor, output_dim, on_value=1.0, off_value=0.0, dtype=tf.float32,
+            name=None) -> Tensor:
+  """One-hot encoding; the output has indices' dims plus output_dim (last)."""
+  return OneHotOperation(indices, output_dim, on_value, off_value, dtype, name=name).outputs[0]
+
+
+class RangeOperation(Operation):
+  def __init__(self, mesh, dim, dtype, name=None):
+    super().__init__([], mesh=mesh, name=name or "range")
+    self._outputs = [Tensor(self, Shape([convert_to_dimension(dim)]), dtype)]
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    out = self.outputs[0]
+    size = impl.slice_shape(out.shape)[0]
+    dtype = out.dtype
+    lowering.set_tensor_lowering(out, impl.make_slices(
+        lambda pnum, begin: tf.cast(tf.range(size) + begin[0], dtype), out.shape))
+
+
+def range(mesh, dim, dtype=tf.int32, name=None) -> Tensor:  # pylint: disable=redefined-builtin
+  """[0, 1, ..., dim.size - 1] along dim."""
+  return RangeOperation(mesh, dim, dtype, name=name).outputs[0]
+
+
+mtf_range = range
+
+
+class GatherOperation(Operation):
+  """weights[indices] along dim; output = indices dims + other weights dims."""
+
+  def __init__(self, weights: Tensor, indices: Tensor, dim, output_shape=None, name=None):
+    dim = _dim_named(weights, dim)
+    if indices.dtype.is_floating:
+      raise TypeError(f"mtf.gather: indices {indices.name} must be integers.")
+    shape = indices.shape + (weights.shape - [dim])
+    if output_shape is not None:
+      output_shape = convert_to_shape(output_shape)
+      if sorted(output_shape.dims) != sorted(shape.dims):
+        raise ValueError(f"mtf.gather: output_shape {output_shape} must be a "
+                         f"permutation of {shape}.")
+      shape = output_shape
+    super().__init__([weights, indices], name=name or "gather")
+    self._dim = dim
+    self.has_gradient = weights.dtype.is_floating
+    self._outputs = [Tensor(self, shape, weights.dtype)]
+
+  def gradient(self, grad_ys):
+    return [scatter_add_grad(grad_ys[0], self.inputs[1], self.inputs[0].shape, self._dim),
+            None]
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    weights, indices = self.inputs
+    out = self.outputs[0]
+    dim = self._dim
+    mesh_axis = impl.tensor_dimension_to_mesh_axis(dim)
+    w_laid = lowering.laid_out(weights)
+    if mesh_axis is not None and any(
+        impl.tensor_dimension_to_mesh_axis(d) == mesh_axis for d in indices.shape.dims):
+      w_laid = impl.gather_dims(w_laid, weights.shape, {dim.name})
+      mesh_axis = None
+    axis = weights.shape.index_of(dim.name)
+    w_dims = weights.shape.dims
+    gathered_shape = Shape(w_dims[:axis] + indices.shape.dims + w_dims[axis + 1:])
+    local_size = dim.size // (1 if mesh_axis is None else impl.mesh_axis_size(mesh_axis))
+
+    def fn(w, idx, offset):
+      local = tf.cast(idx, tf.int32) - offset
+      valid = tf.logical_and(local >= 0, local < local_size)
+      g = tf.gather(w, tf.clip_by_value(local, 0, local_size - 1), axis=axis)
+      if mesh_axis is not None:
+        mask = expand_to_shape(tf.cast(valid, g.dtype), indices.shape, gathered_shape)
+        g = g * mask
+      return expand_to_shape(g, gathered_shape, out.shape)
+    offsets = (_slice_offsets(impl, weights.shape, axis) if mesh_axis is not None
+               else 0)
+    result = impl.slicewise(fn, w_laid, lowering.laid_out(indices), offsets)
+    if mesh_axis is not None:
+      result = LazyAllreduceSum(impl, result, [mesh_axis])
+    lowering.set_tensor_lowering(out, result)
+
+
+def gather(weights: Tensor, indices: Tensor, dim, output_shape=None, name=None) -> Tensor:
+  """Looks up entries of `weights` along `dim` (like an embedding lookup).
+
+  The output has the dimensions of indices, then those of weights except dim.
+
+  Example:
+    >>> vectors = mtf.gather(table, ids, vocab_dim)   # [batch, length, d_model]
+  """
+  return GatherOperation(weights, indices, dim, output_shape=output_shape, name=name).outputs[0]
+
+
+class ScatterAddGradOperation(Operation):
+  """The gradient of gather: sums rows of g into a tensor of weights_shape."""
+
+  has_gradient = True
+
+  def __init__(self, g: Tensor, indices: Tensor, weights_shape, dim, name=None):
+    super().__init__([g, indices], name=name or "gather_grad")
+    self._dim = dim
+    self._outputs = [Tensor(self, convert_to_shape(weights_shape), g.dtype)]
+
+  def gradient(self, grad_ys):
+    return [gather(grad_ys[0], self.inputs[1], self._dim, output_shape=self.inputs[0].shape),
+            None]
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    g, indices = self.inputs
+    out = self.outputs[0]
+    dim = self._dim
+    mesh_axis = impl.tensor_dimension_to_mesh_axis(dim)
+    g_laid = lowering.laid_out(g)
+    idx_axes = {impl.tensor_dimension_to_mesh_axis(d) for d in indices.shape.dims} - {None}
+    gather_out = mesh_axis is not None and mesh_axis in idx_axes
+    out_layout = impl.tensor_layout(out.shape)
+    cur_layout = [None if (gather_out and d.name == dim.name) else a
+                  for d, a in zip(out.shape.dims, out_layout)]
+    local_size = dim.size if gather_out or mesh_axis is None else (
+        dim.size // impl.mesh_axis_size(mesh_axis))
+    others = [d for d in out.shape.dims if d.name != dim.name]
+    src_shape = Shape(indices.shape.dims + others)
+    dest_shape = Shape([dim] + others)
+    n_idx = indices.shape.ndims
+
+    def fn(gs, idx, offset):
+      gs = expand_to_shape(gs, g.shape, src_shape)
+      local = tf.cast(idx, tf.int32) - offset
+      valid = tf.logical_and(local >= 0, local < local_size)
+      seg = tf.reshape(tf.where(valid, local, -tf.ones_like(local)), [-1])
+      flat = tf.reshape(gs, [-1] + gs.shape.as_list()[n_idx:])
+      summed = tf.math.unsorted_segment_sum(flat, seg, local_size)
+      return expand_to_shape(summed, dest_shape, out.shape)
+    use_offsets = mesh_axis is not None and not gather_out
+    offsets = (_slice_offsets(impl, out.shape, out.shape.index_of(dim.name))
+               if use_offsets else 0)
+    result = impl.slicewise(fn, g_laid, lowering.laid_out(indices), offsets)
+    if gather_out:
+      result = impl.relayout(result, out.shape, cur_layout, out_layout)
+    # Index dims that are split were summed locally: allreduce over their axes.
+    reduce_axes = sorted(idx_axes - {a for a in out_layout if a is not None})
+    if reduce_axes:
+      result = LazyAllreduceSum(impl, result, reduce_axes)
+    lowering.set_tensor_lowering(out, result)
+
+
+def scatter_add_grad(g, indices, weights_shape, dim):
+  return ScatterAddGradOperation(g, indices, weights_shape, dim).outputs[0]
+
+
+class CumsumOperation(Operation):
+  has_gradient = True
+
+  def __init__(self, x: Tensor, dim, exclusive=False, reverse=False, name=None):
+    super().__init__([x], name=name or "cumsum")
+    self._dim = _dim_named(x, dim)
+    self._exclusive, self._reverse = exclusive, reverse
+    self._outputs = [Tensor(self, x.shape, x.dtype)]
+
+  def gradient(self, grad_ys):
+    return [CumsumOperation(grad_ys[0], self._dim, self._exclusive,
+                            not self._reverse).outputs[0]]
+
+  def lower(self, lowering):
+    axis = self.inputs[0].shape.index_of(self._dim.name)
+    lower_with_unsplit(lowering, self, [self._dim.name], lambda t: tf.cumsum(
+        t, axis=axis, exclusive=self._exclusive, reverse=self._reverse))
+
+
+def cumsum(x: Tensor, dim, exclusive: bool = False, name=None) -> Tensor:
+  """Cumulative sum along dim."""
+  return CumsumOperation(x, dim, exclusive=exclusive, name=name).outputs[0]
+
+
+class TopKOperation(Operation):
+  has_gradient = True
+
+  def __init__(self, x: Tensor, reduced_dim, k_dim, name=None):
+    reduced_dim = _dim_named(x, reduced_dim)
+    if k_dim.size > reduced_dim.size:
+      raise ValueError(f"mtf.top_k: k={k_dim.size} exceeds {reduced_dim} of {x.name}.")
+    super().__init__([x], name=name or "top_k")
+    self._reduced_dim, self._k_dim = reduced_dim, k_dim
+    shape = x.shape.dims
+    shape[x.shape.index_of(reduced_dim.name)] = k_dim
+    self._outputs = [Tensor(self, Shape(shape), x.dtype, index=0),
+                     Tensor(self, Shape(shape), tf.int32, index=1)]
+
+  def gradient(self, grad_ys):
+    g = grad_ys[0]
+    if g is None:
+      return [None]
+    from mesh_tensorflow.ops.einsum import einsum
+    onehot = one_hot(self.outputs[1], self._reduced_dim, dtype=g.dtype)
+    return [einsum([onehot, g], output_shape=self.inputs[0].shape)]
+
+  def lower(self, lowering):
+    x = self.inputs[0]
+    axis = x.shape.index_of(self._reduced_dim.name)
+    k = self._k_dim.size
+    rank = x.shape.ndims
+    perm = [i for i in list(builtin_range(rank)) if i != axis] + [axis]
+    inv = [perm.index(i) for i in builtin_range(rank)]
+
+    def fn(t):
+      v, i = tf.math.top_k(tf.transpose(t, perm), k=k)
+      return tf.transpose(v, inv), tf.transpose(i, inv)
+    lower_with_unsplit(lowering, self, [self._reduced_dim.name, self._k_dim.name], fn)
+
+
+builtin_range = __builtins__["range"] if isinstance(__builtins__, dict) else __builtins__.range
+
+
+def top_k(x: Tensor, reduced_dim, k_dim=None, k=None, name=None):
+  """The k largest values along reduced_dim and their indices.
+
+  Returns (values, indices), both with reduced_dim replaced by k_dim.
+  """
+  if k_dim is None:
+    if k is None:
+      raise ValueError("mtf.top_k: give k_dim (a Dimension) or k (an int).")
+    k_dim = Dimension(f"{_dim_named(x, reduced_dim).name}_top_k", k)
+  elif isinstance(k_dim, int):
+    k_dim = Dimension(f"{_dim_named(x, reduced_dim).name}_top_k", k_dim)
+  else:
+    k_dim = convert_to_dimension(k_dim)
+  op = TopKOperation(x, reduced_dim, k_dim, name=name)
+  return op.outputs[0], op.outputs[1]
+
+
+class ArgmaxOperation(Operation):
+  def __init__(self, x: Tensor, reduced_dim, dtype=tf.int32, name=None):
+    super().__init__([x], name=name or "argmax")
+    self._dim = _dim_named(x, reduced_dim)
+    self._outputs = [Tensor(self, x.shape - [self._dim], dtype)]
+
+  def lower(self, lowering):
+    axis = self.inputs[0].shape.index_of(self._dim.name)
+    dtype = self.outputs[0].dtype
+    lower_with_unsplit(lowering, self, [self._dim.name],
+                       lambda t: tf.argmax(t, axis=axis, output_type=dtype))
+
+
+def argmax(x: Tensor, reduced_dim, dtype=tf.int32, name=None) -> Tensor:
+  """Index of the maximum along reduced_dim (the first one on ties)."""
+  return ArgmaxOperation(x, reduced_dim, dtype=dtype, name=name).outputs[0]
+
+
+def top_1(x: Tensor, reduced_dim, dtype=tf.int32, name=None):
+  """(argmax, max) along reduced_dim."""
+  from mesh_tensorflow.ops.reduction import reduce_max
+  return argmax(x, reduced_dim, dtype=dtype), reduce_max(x, reduced_dim=_dim_named(x, reduced_dim))
+
+
+def sample_with_temperature(logits: Tensor, dim, temperature=1.0, name=None) -> Tensor:
+  """Samples an index along dim from softmax(logits / temperature) (Gumbel
+  max); temperature 0 gives argmax."""
+  from mesh_tensorflow.ops.random_ops import random_uniform
+  dim = _dim_named(logits, dim)
+  if isinstance(temperature, (int, float)) and temperature == 0.0:
+    return argmax(logits, dim)
+  u = random_uniform(logits.mesh, logits.shape, minval=1e-9, maxval=1.0, dtype=logits.dtype)
+  g = -ew.log(-ew.log(u))
+  return argmax(logits + g * temperature, dim)

@@ -1,0 +1,85 @@
+"""Layout-invariant random ops: random_uniform, random_normal, dropout.
+
+The full random tensor is the same under every layout and mesh (see
+mesh_tensorflow/rng.py); a new sample is drawn each time the lowered program
+runs.
+
+    >>> h = mtf.dropout(h, is_training=True, rate=0.1)
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from mesh_tensorflow import rng
+from mesh_tensorflow.graph import Operation, Tensor
+from mesh_tensorflow.ops import elementwise as ew
+from mesh_tensorflow.shapes import convert_to_shape
+
+
+class RandomOperation(Operation):
+  """Samples a tensor of `shape` from `distribution` ('uniform' or 'normal')."""
+
+  def __init__(self, mesh, shape, distribution, params, dtype, seed=None, name=None):
+    super().__init__([], mesh=mesh, name=name or f"random_{distribution}")
+    self._distribution, self._params = distribution, params
+    self._seed = rng.name_seed(self.name, seed)
+    self._outputs = [Tensor(self, convert_to_shape(shape), dtype)]
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    out = self.outputs[0]
+    full = out.shape.to_integer_list()
+    slice_shape = impl.slice_shape(out.shape)
+    key = lowering.random_key(impl)
+    seed, dtype, params = self._seed, out.dtype, self._params
+
+    def fn(pnum, begin):
+      index = rng.global_index(full, begin, slice_shape)
+      if self._distribution == "uniform":
+        u = rng.uniform(index, seed, key, tf.float32)
+        return tf.cast(params["minval"] + (params["maxval"] - params["minval"]) * u, dtype)
+      z = rng.normal(index, seed, key, tf.float32)
+      return tf.cast(params["mean"] + params["stddev"] * z, dtype)
+    lowering.set_tensor_lowering(out, impl.make_slices(fn, out.shape))
+
+
+def random_uniform(mesh, shape, minval=0.0, maxval=1.0, dtype=tf.float32, seed=None,
+                   name=None, **kwargs) -> Tensor:
+  """Uniform samples in [minval, maxval); identical under every layout."""
+  return RandomOperation(mesh, shape, "uniform", {"minval": minval, "maxval": maxval},
+                         dtype, seed=seed, name=name).outputs[0]
+
+
+def random_normal(mesh, shape, mean=0.0, stddev=1.0, dtype=tf.float32, seed=None,
+                  name=None, **kwargs) -> Tensor:
+  """Normal samples; identical under every layout."""
+  return RandomOperation(mesh, shape, "normal", {"mean": mean, "stddev": stddev},
+                         dtype, seed=seed, name=name).outputs[0]
+
+
+def dropout(x: Tensor, is_training: bool = True, keep_prob=None, rate=None,
+            noise_shape=None, name=None) -> Tensor:
+  """Zeros elements with probability `rate` (= 1 - keep_prob), scales the rest.
+
+  Called as the original `dropout(x, keep_prob, noise_shape=None)` too.
+
+  Example:
+    >>> h = mtf.dropout(h, is_training, rate=0.1)
+  """
+  if not isinstance(is_training, bool):
+    # Original call form: dropout(x, keep_prob, ...).
+    if keep_prob is None and rate is None:
+      keep_prob, is_training = is_training, True
+    else:
+      is_training = bool(is_training)
+  if rate is None:
+    rate = 0.0 if keep_prob is None else 1.0 - keep_prob
+  if not 0.0 <= rate < 1.0:
+    raise ValueError(f"mtf.dropout of {x.name}: rate must be in [0, 1), got {rate}.")
+  if not is_training or rate == 0.0:
+    return x
+  noise_shape = x.shape if noise_shape is None else convert_to_shape(noise_shape)
+  u = random_uniform(x.mesh, noise_shape, dtype=tf.float32, name=name or "dropout")
+  keep = ew.cast(ew.greater_equal(u, rate), x.dtype) * (1.0 / (1.0 - rate))
+  return x * keep

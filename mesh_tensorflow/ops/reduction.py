@@ -1,0 +1,192 @@
+"""Reductions over named dimensions, softmax and log_softmax.
+
+Reducing a split dimension sums locally, then allreduces over the mesh
+dimensions that split it. Sums stay pending (lazy) so that chains of sums cost
+one allreduce of the smallest tensor.
+
+    >>> total = mtf.reduce_sum(x, reduced_dim=hidden)
+    >>> probs = mtf.softmax(logits, vocab_dim)
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from mesh_tensorflow.graph import Operation, Tensor
+from mesh_tensorflow.mesh_impl import LazyAllreduceSum, expand_to_shape
+from mesh_tensorflow.ops import elementwise as ew
+from mesh_tensorflow.ops._common import num_elements
+from mesh_tensorflow.shapes import Shape, convert_to_dimension, convert_to_shape
+
+_TF_REDUCE = {"SUM": tf.reduce_sum, "MAX": tf.reduce_max, "MIN": tf.reduce_min}
+
+
+class ReduceOperation(Operation):
+  """Reduces x to output_shape (a subset of its dimensions)."""
+
+  def __init__(self, x: Tensor, output_shape, reduction_fn_string: str, name=None):
+    output_shape = convert_to_shape(output_shape)
+    extra = [d for d in output_shape.dims if d not in x.shape.dims]
+    if extra:
+      raise ValueError(
+          f"mtf.reduce_{reduction_fn_string.lower()}: output_shape {output_shape} "
+          f"has {extra}, which {x.name} {x.shape} does not have.")
+    super().__init__([x], name=name or f"reduce_{reduction_fn_string.lower()}")
+    self._reduction = reduction_fn_string
+    self.has_gradient = x.dtype.is_floating
+    self._outputs = [Tensor(self, output_shape, x.dtype)]
+
+  @property
+  def reduction_fn_string(self):
+    return self._reduction
+
+  def gradient(self, grad_ys):
+    from mesh_tensorflow.ops.shape_ops import broadcast
+    x, y = self.inputs[0], self.outputs[0]
+    g = broadcast(grad_ys[0], x.shape)
+    if self._reduction == "SUM":
+      return [g]
+    # MAX/MIN: the gradient goes to the elements equal to the result.
+    mask = ew.cast(ew.equal(x, broadcast(y, x.shape)), g.dtype)
+    return [g * mask]
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    x, out = self.inputs[0], self.outputs[0]
+    reduced = [d for d in x.shape.dims if d not in out.shape.dims]
+    axes = [x.shape.dims.index(d) for d in reduced]
+    kept_shape = Shape([d for d in x.shape.dims if d in out.shape.dims])
+    fn = _TF_REDUCE[self._reduction]
+
+    def local(t):
+      if x.dtype == tf.bool:
+        t2 = tf.reduce_any(t, axis=axes) if self._reduction in ("SUM", "MAX") else (
+            tf.reduce_all(t, axis=axes))
+      else:
+        t2 = fn(t, axis=axes) if axes else t
+      return expand_to_shape(t2, kept_shape, out.shape)
+    mesh_axes = [impl.tensor_dimension_to_mesh_axis(d) for d in reduced]
+    mesh_axes = [a for a in mesh_axes if a is not None]
+    value = lowering.tensors[x]
+    if (self._reduction == "SUM" and isinstance(value, LazyAllreduceSum)
+        and x.dtype != tf.bool):
+      partial = impl.slicewise(local, value.laid_out_input)
+      mesh_axes = sorted(set(mesh_axes) | set(value.mesh_axes))
+    else:
+      partial = impl.slicewise(local, lowering.laid_out(x))
+    lowering.add_flops(num_elements(lowering.laid_out(x).tensor_list[0])
+                       if not isinstance(value, LazyAllreduceSum) else 0)
+    if not mesh_axes:
+      result = partial
+    elif self._reduction == "SUM" and x.dtype != tf.bool:
+      result = LazyAllreduceSum(impl, partial, mesh_axes)
+    else:
+      op = self._reduction
+      if x.dtype == tf.bool:
+        op = "LOGICAL_OR" if op in ("SUM", "MAX") else "LOGICAL_AND"
+      result = impl.allreduce(partial, mesh_axes, op)
+    lowering.set_tensor_lowering(out, result)
+
+
+def _output_shape(x: Tensor, output_shape, reduced_dim, reduced_dims=None):
+  if output_shape is not None:
+    if reduced_dim is not None or reduced_dims:
+      raise ValueError("Give either output_shape or reduced_dim(s), not both.")
+    return convert_to_shape(output_shape)
+  dims = []
+  if reduced_dim is not None:
+    dims = reduced_dim if isinstance(reduced_dim, (list, Shape)) else [reduced_dim]
+  if reduced_dims is not None:
+    dims = list(dims) + list(reduced_dims)
+  if not dims:
+    return Shape([])
+  dims = [convert_to_dimension(d) if not isinstance(d, str) else x.shape.get_dim_by_name(d)
+          for d in dims]
+  for d in dims:
+    if d not in x.shape.dims:
+      raise ValueError(f"Cannot reduce {x.name} {x.shape} over {d}: no such dimension.")
+  return x.shape - dims
+
+
+def _check_keyword_only(disable_positional_args, fn_name):
+  if disable_positional_args is not None:
+    raise ValueError(
+        f"mtf.{fn_name}: pass output_shape/reduced_dim as keyword arguments.")
+
+
+def _reduce(kind):
+  def op(x: Tensor, disable_positional_args=None, output_shape=None,
+         reduced_dim=None, name=None, reduced_dims=None) -> Tensor:
+    _check_keyword_only(disable_positional_args, f"reduce_{kind.lower()}")
+    shape = _output_shape(x, output_shape, reduced_dim, reduced_dims)
+    if shape == x.shape:
+      return x
+    return ReduceOperation(x, shape, kind, name=name).outputs[0]
+  op.__name__ = f"reduce_{kind.lower()}"
+  op.__doc__ = (f"Reduces x by {kind.lower()} to output_shape, or over reduced_dim; "
+                "with neither, over all dimensions.\n\n  Example:\n    >>> "
+                f"mtf.reduce_{kind.lower()}(x, reduced_dim=hidden)")
+  return op
+
+
+reduce_sum = _reduce("SUM")
+reduce_max = _reduce("MAX")
+reduce_min = _reduce("MIN")
+
+
+def reduce_mean(x, disable_positional_args=None, output_shape=None, reduced_dim=None,
+                name=None, reduced_dims=None) -> Tensor:
+  """Mean over the reduced dimensions."""
+  _check_keyword_only(disable_positional_args, "reduce_mean")
+  shape = _output_shape(x, output_shape, reduced_dim, reduced_dims)
+  s = reduce_sum(x, output_shape=shape, name=name)
+  return s * (float(shape.size) / float(x.shape.size)) if x.shape.size else s
+
+
+def reduce_any(x, disable_positional_args=None, output_shape=None, reduced_dim=None,
+               name=None) -> Tensor:
+  _check_keyword_only(disable_positional_args, "reduce_any")
+  shape = _output_shape(x, output_shape, reduced_dim)
+  return ReduceOperation(ew.cast(x, tf.bool), shape, "MAX", name=name).outputs[0]
+
+
+def reduce_all(x, disable_positional_args=None, output_shape=None, reduced_dim=None,
+               name=None) -> Tensor:
+  _check_keyword_only(disable_positional_args, "reduce_all")
+  shape = _output_shape(x, output_shape, reduced_dim)
+  return ReduceOperation(ew.cast(x, tf.bool), shape, "MIN", name=name).outputs[0]
+
+
+def reduce_logsumexp(x, reduced_dim, extra_logit=None, name=None) -> Tensor:
+  """log(sum(exp(x))) over reduced_dim, computed stably."""
+  from mesh_tensorflow.ops.control import stop_gradient
+  reduced_dim = _dim_of(x, reduced_dim)
+  max_x = stop_gradient(reduce_max(x, reduced_dim=reduced_dim))
+  exp_x = ew.exp(x - max_x)
+  sum_exp = reduce_sum(exp_x, reduced_dim=reduced_dim)
+  if extra_logit is not None:
+    sum_exp = sum_exp + ew.exp(extra_logit - max_x)
+  return ew.log(sum_exp) + max_x
+
+
+def _dim_of(x, d):
+  if isinstance(d, str):
+    return x.shape.get_dim_by_name(d)
+  d = convert_to_dimension(d)
+  if d not in x.shape.dims:
+    raise ValueError(f"{x.name} {x.shape} has no dimension {d}.")
+  return d
+
+
+def log_softmax(x: Tensor, reduced_dim, extra_logit=None, name=None) -> Tensor:
+  """x - logsumexp(x) over reduced_dim."""
+  return x - reduce_logsumexp(x, reduced_dim, extra_logit=extra_logit)
+
+
+def softmax(x: Tensor, reduced_dim, extra_logit=None, name=None) -> Tensor:
+  """exp(log_softmax(x)) over reduced_dim.
+
+  Example:
+    >>> probs = mtf.softmax(logits, vocab_dim)
+  """
+  return ew.exp(log_softmax(x, reduced_dim, extra_logit=extra_logit))

@@ -1,0 +1,211 @@
+"""Shape-changing operations: reshape, transpose, rename/replace dimensions,
+broadcast.
+
+A reshape that keeps every split dimension in place (same size, same mesh
+dimension, same stride position) is local; otherwise the dimensions that move
+are gathered first and split again afterwards.
+
+    >>> y = mtf.reshape(x, "batch:8;rows:4;cols:16")
+    >>> z = mtf.rename_dimension(y, "rows", "rows_out")
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import tensorflow as tf
+
+from mesh_tensorflow.graph import Operation, Tensor
+from mesh_tensorflow.mesh_impl import expand_to_shape
+from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
+
+
+def lower_with_unsplit(lowering, op, unsplit_names, fn):
+  """Lowers `op` by computing fn on slices in which `unsplit_names` are whole.
+
+  Inputs are gathered along those dimensions, fn(*slices) is applied on every
+  processor, and the outputs (whole along `unsplit_names`, split elsewhere as
+  the layout says) are then split into their own layouts without
+  communication.
+  """
+  impl = lowering.mesh_impl(op)
+  unsplit = set(unsplit_names)
+  inputs = [impl.gather_dims(lowering.laid_out(t), t.shape, unsplit) for t in op.inputs]
+  result = impl.slicewise(fn, *inputs)
+  results = result if isinstance(result, tuple) else (result,)
+  for out, laid in zip(op.outputs, results):
+    layout = impl.tensor_layout(out.shape)
+    current = [None if d.name in unsplit else a for d, a in zip(out.shape.dims, layout)]
+    lowering.set_tensor_lowering(out, impl.relayout(laid, out.shape, current, layout))
+
+
+class ReshapeOperation(Operation):
+  """Reinterprets the elements (in row-major order) with a new shape."""
+
+  has_gradient = True
+
+  def __init__(self, x: Tensor, new_shape, name=None):
+    new_shape = convert_to_shape(new_shape)
+    if new_shape.size != x.shape.size:
+      raise ValueError(
+          f"mtf.reshape: cannot reshape {x.name} {x.shape} ({x.shape.size} elements) "
+          f"to {new_shape} ({new_shape.size} elements); the total size must stay "
+          "the same.")
+    super().__init__([x], name=name or "reshape")
+    self._outputs = [Tensor(self, new_shape, x.dtype)]
+
+  def gradient(self, grad_ys):
+    return [reshape(grad_ys[0], self.inputs[0].shape)]
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    x = self.inputs[0]
+    out = self.outputs[0]
+    in_layout = impl.tensor_layout(x.shape)
+    out_layout = impl.tensor_layout(out.shape)
+    in_strides = _prefix_products(x.shape)
+    out_strides = _prefix_products(out.shape)
+    # Mesh axes whose split stays aligned: same mesh axis, size, stride prefix.
+    kept_in, kept_out = set(), set()
+    for i, a in enumerate(in_layout):
+      if a is None:
+        continue
+      for j, b in enumerate(out_layout):
+        if (b == a and out.shape.dims[j].size == x.shape.dims[i].size
+            and out_strides[j] == in_strides[i]):
+          kept_in.add(i)
+          kept_out.add(j)
+    gather_names = {d.name for i, d in enumerate(x.shape.dims)
+                    if in_layout[i] is not None and i not in kept_in}
+    laid = impl.gather_dims(lowering.laid_out(x), x.shape, gather_names)
+    current = [a if j in kept_out else None for j, a in enumerate(out_layout)]
+    local_shape = [d.size // impl.mesh_axis_size(a) if a is not None else d.size
+                   for d, a in zip(out.shape.dims, current)]
+    laid = impl.slicewise(lambda t: tf.reshape(t, local_shape), laid)
+    lowering.set_tensor_lowering(out, impl.relayout(laid, out.shape, current, out_layout))
+
+
+def _prefix_products(shape: Shape):
+  return shape.cumprod()
+
+
+def reshape(x: Tensor, new_shape, name=None) -> Tensor:
+  """Reshape (row-major) to `new_shape`; returns x itself if unchanged.
+
+  Example:
+    >>> y = mtf.reshape(x, [batch, mtf.Dimension("pixels", 784)])
+  """
+  new_shape = convert_to_shape(new_shape)
+  if new_shape == x.shape:
+    return x
+  return ReshapeOperation(x, new_shape, name=name).outputs[0]
+
+
+class TransposeOperation(Operation):
+  """Reorders dimensions (same names); always local."""
+
+  has_gradient = True
+
+  def __init__(self, x: Tensor, new_shape, name=None):
+    new_shape = convert_to_shape(new_shape)
+    if sorted(new_shape.dims) != sorted(x.shape.dims):
+      raise ValueError(
+          f"mtf.transpose: {new_shape} is not a permutation of {x.name} {x.shape}.")
+    super().__init__([x], name=name or "transpose")
+    self._outputs = [Tensor(self, new_shape, x.dtype)]
+
+  def gradient(self, grad_ys):
+    return [transpose(grad_ys[0], self.inputs[0].shape)]
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    in_shape, out_shape = self.inputs[0].shape, self.outputs[0].shape
+    lowering.set_tensor_lowering(self.outputs[0], impl.slicewise(
+        lambda t: expand_to_shape(t, in_shape, out_shape),
+        lowering.laid_out(self.inputs[0])))
+
+
+def transpose(x: Tensor, new_shape, name=None) -> Tensor:
+  """Permutes the dimensions of x into the order of new_shape."""
+  new_shape = convert_to_shape(new_shape)
+  if new_shape == x.shape:
+    return x
+  return TransposeOperation(x, new_shape, name=name).outputs[0]
+
+
+def rename_dimension(x: Tensor, old_name: str, new_name: str, name=None) -> Tensor:
+  """Renames one dimension (data moves only if the layouts of the names differ).
+
+  Example:
+    >>> y = mtf.rename_dimension(x, "hidden", "hidden_out")
+  """
+  if old_name == new_name:
+    return x
+  return reshape(x, x.shape.rename_dimension(old_name, new_name), name=name or "rename")
+
+
+def replace_dimensions(tensor_or_shape, old_dim_or_dims, new_dim_or_dims):
+  """Replaces dimension(s) in a tensor (by reshape) or in a shape.
+
+  Example:
+    >>> y = mtf.replace_dimensions(x, hidden, [heads, d_head])
+  """
+  old = _as_dim_list(old_dim_or_dims)
+  new = _as_dim_list(new_dim_or_dims)
+  shape = tensor_or_shape.shape if isinstance(tensor_or_shape, Tensor) else convert_to_shape(tensor_or_shape)
+  names = shape.dimension_names
+  positions = []
+  for d in old:
+    if d.name not in names:
+      raise ValueError(f"replace_dimensions: {shape} has no dimension {d.name!r}.")
+    positions.append(names.index(d.name))
+  if positions != list(range(positions[0], positions[0] + len(positions))):
+    raise ValueError(
+        f"replace_dimensions: dimensions {[d.name for d in old]} must be adjacent "
+        f"and in order in {shape}.")
+  dims = shape.dims
+  new_shape = Shape(dims[:positions[0]] + new + dims[positions[-1] + 1:])
+  if isinstance(tensor_or_shape, Tensor):
+    return reshape(tensor_or_shape, new_shape)
+  return new_shape
+
+
+def _as_dim_list(x):
+  if isinstance(x, (Dimension, str)) or (isinstance(x, tuple) and len(x) == 2
+                                        and isinstance(x[0], str)):
+    return [convert_to_dimension(x)]
+  if isinstance(x, Shape):
+    return x.dims
+  return [convert_to_dimension(d) for d in x]
+
+
+class BroadcastOperation(Operation):
+  """Broadcasts x to a shape containing all its dims (local)."""
+
+  has_gradient = True
+
+  def __init__(self, x: Tensor, new_shape, name=None):
+    new_shape = convert_to_shape(new_shape)
+    missing = [d for d in x.shape.dims if d not in new_shape.dims]
+    if missing:
+      raise ValueError(
+          f"mtf.broadcast: {new_shape} lacks {missing} of {x.name} {x.shape}.")
+    super().__init__([x], name=name or "broadcast")
+    self._outputs = [Tensor(self, new_shape, x.dtype)]
+
+  def gradient(self, grad_ys):
+    from mesh_tensorflow.ops.elementwise import reduce_to_shape
+    return [reduce_to_shape(grad_ys[0], self.inputs[0].shape)]
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    lowering.set_tensor_lowering(self.outputs[0], impl.broadcast_impl(
+        lowering.laid_out(self.inputs[0]), self.inputs[0].shape, self.outputs[0].shape))
+
+
+def broadcast(x: Tensor, new_shape, name=None) -> Tensor:
+  """Broadcasts x to new_shape (which has all of x's dims, in any order)."""
+  new_shape = convert_to_shape(new_shape)
+  if new_shape == x.shape:
+    return x
+  return BroadcastOperation(x, new_shape, name=name).outputs[0]

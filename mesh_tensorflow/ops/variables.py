@@ -1,0 +1,256 @@
+"""Variables: each processor holds only its own slice.
+
+Slice variables are created once (lifted out of any tf.function) and stored in
+the mesh implementation, so retracing or re-lowering reuses them.
+
+    >>> w = mtf.get_variable(mesh, "w", [hidden, out_dim],
+    ...                      initializer=tf.random_normal_initializer(stddev=0.1))
+    >>> update = mtf.assign(w, w - 0.1 * grad)
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+from mesh_tensorflow import rng
+from mesh_tensorflow.graph import Mesh, Operation, Tensor
+from mesh_tensorflow.mesh_impl import LaidOutTensor
+from mesh_tensorflow.ops import elementwise as ew
+from mesh_tensorflow.shapes import convert_to_shape
+
+
+class VariableDType:
+  """Storage (slice), master and activation dtypes of a variable.
+
+  Example:
+    >>> VariableDType(tf.float32, tf.float32, tf.bfloat16)
+  """
+
+  def __init__(self, master_dtype=tf.float32, slice_dtype=None, activation_dtype=None):
+    self.master_dtype = tf.as_dtype(master_dtype)
+    self.slice_dtype = tf.as_dtype(slice_dtype or master_dtype)
+    self.activation_dtype = tf.as_dtype(activation_dtype or master_dtype)
+
+  def __repr__(self):
+    return (f"VariableDType(master={self.master_dtype.name}, "
+            f"slice={self.slice_dtype.name}, activation={self.activation_dtype.name})")
+
+
+def variable_store(mesh_impl) -> dict:
+  """The slice variables of `mesh_impl` that belong to the current TF program
+  (eager, or the tf.compat.v1 graph being built)."""
+  with tf.init_scope():
+    key = "eager" if tf.executing_eagerly() else id(tf.compat.v1.get_default_graph())
+  stores = mesh_impl.__dict__.setdefault("_variable_stores", {})
+  return stores.setdefault(key, {})
+
+
+class GlorotUniform:
+  """Layout-invariant default initializer: uniform(+-sqrt(6/(fan_in+fan_out)))
+  with fan_out the last dimension, keyed by the variable name."""
+
+  def slice_value(self, name, full_shape, begin, slice_shape, dtype):
+    fan_out = full_shape[-1] if full_shape else 1
+    fan_in = max(1, int(math.prod(full_shape)) // max(fan_out, 1))
+    limit = math.sqrt(6.0 / (fan_in + fan_out))
+    u = rng.uniform(rng.global_index(full_shape, begin, slice_shape),
+                    rng.name_seed(name, "init"), tf.constant(0, tf.int64))
+    return tf.cast((2.0 * u - 1.0) * limit, dtype)
+
+
+class Variable(Operation):
+  """An mtf variable; `outputs[0]` (also `.value`) is its current value."""
+
+  is_variable = True
+
+  def __init__(self, mesh: Mesh, name: str, shape, dtype: VariableDType, initializer,
+               trainable: bool = True, **kwargs):
+    super().__init__([], mesh=mesh, name="Variable")
+    self._name = name  # exactly the scoped variable name
+    self._shape = convert_to_shape(shape)
+    self._dtype = dtype
+    self._initializer = initializer
+    self._trainable = trainable
+    self._outputs = [Tensor(self, self._shape, dtype.activation_dtype, name=name)]
+
+  shape = property(lambda self: self._shape)
+  trainable = property(lambda self: self._trainable)
+  value = property(lambda self: self._outputs[0])
+  master_dtype = property(lambda self: self._dtype.master_dtype)
+  slice_dtype = property(lambda self: self._dtype.slice_dtype)
+  activation_dtype = property(lambda self: self._dtype.activation_dtype)
+  variable_dtype = property(lambda self: self._dtype)
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    slices = self._get_or_create_slices(impl)
+    lowering.variables[self] = LaidOutVariable(self, impl, slices)
+    act = self.activation_dtype
+
+    def read(v):
+      t = v.read_value() if hasattr(v, "read_value") else tf.identity(v)
+      return tf.cast(t, act) if t.dtype != act else t
+    lowering.set_tensor_lowering(self.outputs[0], impl.slicewise(read, LaidOutTensor(slices)))
+
+  def _get_or_create_slices(self, impl):
+    store = variable_store(impl)
+    slice_shape = impl.slice_shape(self._shape)
+    if self._name in store:
+      slices = store[self._name]
+      if slices[0].shape.as_list() != slice_shape or slices[0].dtype != self.slice_dtype:
+        raise ValueError(
+            f"Variable {self._name!r}: existing slices have shape "
+            f"{slices[0].shape.as_list()} {slices[0].dtype.name}, but this graph "
+            f"needs {slice_shape} {self.slice_dtype.name}. Use another name, or the "
+            "same shape, dtype and layout.")
+      return slices
+    full = self._shape.to_integer_list()
+    with tf.init_scope():
+      full_value = None
+      if not hasattr(self._initializer, "slice_value"):
+        with tf.device(impl.variable_device(0)):
+          full_value = _call_initializer(self._initializer, full, self.master_dtype, self._name)
+      slices = []
+      for pnum in range(impl.size):
+        begin = impl.slice_begin(self._shape, pnum)
+        with tf.device(impl.variable_device(pnum)):
+          if full_value is None:
+            init = self._initializer.slice_value(self._name, full, begin, slice_shape,
+                                                 self.master_dtype)
+          else:
+            init = tf.slice(full_value, begin, slice_shape)
+          slices.append(tf.Variable(tf.cast(init, self.slice_dtype), trainable=self._trainable,
+                                    name=f"{self._name}/slice_{pnum}"))
+    store[self._name] = slices
+    return slices
+
+
+def _call_initializer(initializer, shape, dtype, name):
+  try:
+    value = initializer(shape, dtype=dtype)
+  except TypeError:
+    value = initializer(shape)
+  value = tf.convert_to_tensor(value)
+  if value.shape.as_list() != shape:
+    raise ValueError(f"Variable {name!r}: initializer returned shape "
+                     f"{value.shape.as_list()}, expected {shape}.")
+  return tf.cast(value, dtype)
+
+
+class LaidOutVariable:
+  """The slice variables of one mtf Variable under one mesh implementation."""
+
+  def __init__(self, variable: Variable, mesh_impl, slices):
+    self.variable = variable
+    self.mesh_impl = mesh_impl
+    self.slices = slices
+
+  @property
+  def laid_out_tensor(self):
+    return LaidOutTensor(self.slices)
+
+  def assign_to_slices(self, assign_fn, values, assign_to_tensor_list=None):
+    ops = []
+    for v, t, device in zip(self.slices, values, _devices(self.mesh_impl)):
+      with tf.device(device):
+        ops.append(assign_fn(v, tf.cast(t, v.dtype)))
+    return tf.group(*ops)
+
+
+def _devices(impl):
+  return [impl.variable_device(p) for p in range(impl.size)]
+
+
+def get_variable(mesh: Mesh, name: str, shape, dtype=tf.float32, master_dtype=None,
+                 slice_dtype=None, activation_dtype=None, initializer=None,
+                 trainable=True, **kwargs) -> Tensor:
+  """Creates (or returns, by name) a variable and returns its value.
+
+  The name is prefixed with the current `tf.compat.v1.variable_scope`.
+  `dtype` may be a tf.DType or a VariableDType.
+
+  Example:
+    >>> w = mtf.get_variable(mesh, "w", "hidden:1024;classes:10")
+  """
+  if isinstance(dtype, VariableDType):
+    vdtype = dtype
+  else:
+    base = tf.as_dtype(dtype or tf.float32)
+    vdtype = VariableDType(master_dtype or base, slice_dtype or master_dtype or base,
+                           activation_dtype or base)
+  scope = tf.compat.v1.get_variable_scope().name
+  full_name = "/".join(p for p in [scope] + mesh.graph._scope_stack + [name] if p)
+  shape = convert_to_shape(shape)
+  existing = mesh.graph.name_to_variable.get(full_name)
+  if existing is not None:
+    if existing.shape != shape:
+      raise ValueError(
+          f"Variable {full_name!r} already exists with shape {existing.shape}; "
+          f"cannot get it with shape {shape}. Use another name or variable_scope.")
+    return existing.outputs[0]
+  var = Variable(mesh, full_name, shape, vdtype, initializer or GlorotUniform(),
+                 trainable=trainable, **kwargs)
+  mesh.graph.name_to_variable[full_name] = var
+  return var.outputs[0]
+
+
+def read_variable(var) -> Tensor:
+  """The value of a variable (a Variable op or its output)."""
+  return _as_variable(var).outputs[0]
+
+
+def _as_variable(var) -> Variable:
+  if isinstance(var, Variable):
+    return var
+  if isinstance(var, Tensor) and isinstance(var.operation, Variable):
+    return var.operation
+  raise TypeError(
+      f"Expected an mtf variable (from mtf.get_variable), got {var!r}. Only "
+      "variables can be assigned to.")
+
+
+class Assign(Operation):
+  """Assigns (or adds, subtracts) new values to variables; no outputs."""
+
+  def __init__(self, variables, new_values, assign_fn=None, name=None):
+    variables = [_as_variable(v) for v in variables]
+    new_values = list(new_values)
+    for v, t in zip(variables, new_values):
+      if not isinstance(t, Tensor):
+        raise TypeError(f"assign to {v.name!r}: new value must be an mtf.Tensor.")
+      if t.shape != v.shape:
+        raise ValueError(
+            f"assign to {v.name!r}: value {t.name} has shape {t.shape}, the "
+            f"variable has {v.shape}.")
+    super().__init__(new_values, mesh=variables[0].mesh, name=name or "assign")
+    self._variables = variables
+    self._assign_fn = assign_fn or (lambda var, val: var.assign(val))
+
+  @property
+  def assigned_variables(self):
+    return list(self._variables)
+
+  def lower(self, lowering):
+    ops = []
+    for var, value in zip(self._variables, self.inputs):
+      laid_var = lowering.variables[var]
+      ops.append(laid_var.assign_to_slices(
+          self._assign_fn, lowering.laid_out(value).tensor_list))
+    lowering.operations[self] = tf.group(*ops)
+
+
+def assign(var, new_val, assign_fn=None, name=None) -> Operation:
+  """Returns an op that sets var to new_val (lowered: lowering.lowered_operation)."""
+  return Assign([var], [new_val], assign_fn=assign_fn, name=name)
+
+
+def assign_add(var, delta, name=None) -> Operation:
+  return Assign([var], [delta], assign_fn=lambda v, d: v.assign_add(d),
+                name=name or "assign_add")
+
+
+def assign_sub(var, delta, name=None) -> Operation:
+  return Assign([var], [delta], assign_fn=lambda v, d: v.assign_sub(d),
+                name=name or "assign_sub")

@@ -1,0 +1,18 @@
+"""Install with `pip install -e .` (see README.md)."""
+from setuptools import find_packages, setup
+
+setup(
+    name="mesh-tensorflow",
+    version="0.2.0",
+    description="Mesh TensorFlow for TensorFlow 2: distributed models over named dimensions",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    packages=find_packages(include=["mesh_tensorflow", "mesh_tensorflow.*"]),
+    python_requires=">=3.9",
+    install_requires=["tensorflow>=2.16", "numpy", "gin-config", "absl-py"],
+    extras_require={
+        "test": ["pytest", "hypothesis", "scikit-learn"],
+        "examples": ["scikit-learn"],
+    },
+)
