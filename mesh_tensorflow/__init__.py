@@ -15,6 +15,7 @@ from mesh_tensorflow.mesh_impl import LaidOutTensor, LazyAllreduceSum, MeshImpl
 from mesh_tensorflow.lowering import Lowering, pretty_print_counters
 from mesh_tensorflow.gradients import gradients
 from mesh_tensorflow import placement_mesh_impl
+from mesh_tensorflow import optimize
 from mesh_tensorflow.placement_mesh_impl import PlacementMeshImpl
 
 from mesh_tensorflow.ops.constant import (

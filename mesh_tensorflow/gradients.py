@@ -37,9 +37,12 @@ def gradients(ys: Sequence[Tensor], xs: Sequence[Tensor],
     operations = list(graph.operations)
   if grad_ys is None:
     grad_ys = [ones_like(y) for y in ys]
-  # Tensors that depend on some x (only those need gradients).
+  # Tensors that depend on some x (only those need gradients). Nothing
+  # depends differentiably on x through an op that stops gradients.
   downstream = set(xs)
   for op in operations:
+    if getattr(op, "stops_gradient", False):
+      continue
     if any(t in downstream for t in op.inputs):
       downstream.update(op.outputs)
   pending = {}

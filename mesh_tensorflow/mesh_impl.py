@@ -13,6 +13,7 @@ sums happen before the (single) allreduce.
 from __future__ import annotations
 
 import collections
+import contextlib
 from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
@@ -136,17 +137,32 @@ class MeshImpl:
     return layout_lib.processor_groups(self._shape, mesh_axes)
 
   # ---- counters ------------------------------------------------------------
-  def record_collective(self, kind: str, x: LaidOutTensor, mesh_axes) -> None:
+  def record_collective(self, kind: str, x, mesh_axes) -> None:
+    """Records a collective on the current Lowering; x is the LaidOutTensor
+    sent (or its per-processor size in bytes)."""
     if self.recorder is None:
       return
     mesh_axes = tuple(mesh_axes)
     group_size = 1
     for a in mesh_axes:
       group_size *= self.mesh_axis_size(a)
-    t = x.tensor_list[0]
-    nbytes = t.shape.num_elements() * t.dtype.size if t.shape.is_fully_defined() else 0
+    if isinstance(x, int):
+      nbytes = x
+    else:
+      t = x.tensor_list[0]
+      nbytes = t.shape.num_elements() * t.dtype.size if t.shape.is_fully_defined() else 0
     self.recorder.record_collective(
         kind, mesh_axes, nbytes, group_size, self.size // max(group_size, 1))
+
+  @contextlib.contextmanager
+  def unrecorded(self):
+    """Collectives inside are not counted (used where an implementation
+    realizes one logical collective with other data movement)."""
+    recorder, self.recorder = self.recorder, None
+    try:
+      yield
+    finally:
+      self.recorder = recorder
 
   # ---- what every implementation provides ---------------------------------
   def slicewise(self, fn: Callable, *inputs):
@@ -167,6 +183,33 @@ class MeshImpl:
     `source_pcoord[c]` along `mesh_axis` (its own coordinate being `c`), or
     zeros where that is None."""
     raise NotImplementedError
+
+  def allgather(self, x: LaidOutTensor, mesh_axis: int, concat_axis: int) -> LaidOutTensor:
+    """Alias of allconcat."""
+    return self.allconcat(x, mesh_axis, concat_axis)
+
+  def permute(self, x: LaidOutTensor, mesh_axis: int, source_pcoord) -> LaidOutTensor:
+    """Alias of receive: a permutation of slices along one mesh dimension."""
+    return self.receive(x, mesh_axis, source_pcoord)
+
+  def random(self, shape, distribution: str, seed: int, key, dtype, **params) -> LaidOutTensor:
+    """Layout-invariant random slices (see rng.py): 'uniform' with minval and
+    maxval, or 'normal' with mean and stddev."""
+    from mesh_tensorflow import rng
+    shape = convert_to_shape(shape)
+    full = shape.to_integer_list()
+    slice_shape = self.slice_shape(shape)
+
+    def fn(pnum, begin):
+      index = rng.global_index(full, begin, slice_shape)
+      if distribution == "uniform":
+        u = rng.uniform(index, seed, key, tf.float32)
+        return tf.cast(params["minval"] + (params["maxval"] - params["minval"]) * u, dtype)
+      if distribution == "normal":
+        z = rng.normal(index, seed, key, tf.float32)
+        return tf.cast(params["mean"] + params["stddev"] * z, dtype)
+      raise ValueError(f"Unknown distribution {distribution!r}; use 'uniform' or 'normal'.")
+    return self.make_slices(fn, shape)
 
   def slice_along(self, x: LaidOutTensor, mesh_axis: int, tensor_axis: int) -> LaidOutTensor:
     """Splits (locally, no communication) an unsplit tensor axis over mesh_axis."""
@@ -236,6 +279,27 @@ def _tensor_axis_of(layout, mesh_axis):
   return None
 
 
+_CONSTANTS = {}
+
+
+def int_constant(values) -> tf.Tensor:
+  """An int32 constant (a shape, axis list or slice bound), created once per
+  TensorFlow graph and shared by every device's ops: lowering a large mesh
+  would otherwise spend much of its time creating identical constants."""
+  if tf.executing_eagerly():
+    return tf.constant(values, tf.int32)
+  graph = tf.compat.v1.get_default_graph()
+  key = (id(graph), tuple(values) if isinstance(values, (list, tuple)) else values)
+  cached = _CONSTANTS.get(key)
+  if cached is None or cached.graph is not graph:
+    with tf.device(None), tf.name_scope("mtf_constants/"):
+      cached = tf.constant(values, tf.int32)
+    if len(_CONSTANTS) > 100000:
+      _CONSTANTS.clear()
+    _CONSTANTS[key] = cached
+  return cached
+
+
 def expand_to_shape(x: tf.Tensor, old_shape: Shape, new_shape: Shape,
                     new_slice_shape=None) -> tf.Tensor:
   """Transposes and broadcasts a slice of old_shape to a slice of new_shape.
@@ -250,7 +314,7 @@ def expand_to_shape(x: tf.Tensor, old_shape: Shape, new_shape: Shape,
       raise ValueError(f"Cannot broadcast {old_shape} to {new_shape}: {n!r} missing.")
   order = sorted(range(len(old_names)), key=lambda i: new_names.index(old_names[i]))
   if order != list(range(len(order))):
-    x = tf.transpose(x, order)
+    x = tf.transpose(x, int_constant(order))
   if len(old_names) != len(new_names):
     idx = {n: i for i, n in enumerate(new_names)}
     present = {old_names[i] for i in order}
@@ -265,7 +329,8 @@ def expand_to_shape(x: tf.Tensor, old_shape: Shape, new_shape: Shape,
       else:
         target.append(1)
     del idx
-    x = tf.reshape(x, target)
+    x = tf.reshape(x, int_constant(target) if all(
+        isinstance(v, int) for v in target) else target)
   if new_slice_shape is not None and x.shape.as_list() != list(new_slice_shape):
-    x = tf.broadcast_to(x, new_slice_shape)
+    x = tf.broadcast_to(x, int_constant(list(new_slice_shape)))
   return x

@@ -18,7 +18,7 @@ from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
-from mesh_tensorflow.mesh_impl import LaidOutTensor, MeshImpl, as_laid_out
+from mesh_tensorflow.mesh_impl import LaidOutTensor, MeshImpl, as_laid_out, int_constant
 
 _COLLECTIVE_CHOICES = ("auto", "direct", "collective")
 
@@ -57,13 +57,19 @@ class PlacementMeshImpl(MeshImpl):
       the devices; "collective" uses TensorFlow collective ops for allreduce
       (NCCL on GPU); "auto" picks "collective" when all devices are GPUs and
       "direct" otherwise (measured fastest on CPU, see benchmarks/).
+    share_replicas: when all devices share one memory (CPU devices of one
+      process), processors holding identical slices (replicated along some mesh
+      dimension) share one TensorFlow tensor or variable instead of each
+      computing and storing a copy. Same results, less work and memory. "auto"
+      enables it exactly in that case.
 
   Example:
     >>> impl = mtf.placement_mesh_impl.PlacementMeshImpl(
     ...     "all:8", "batch:all", ["cpu:%d" % i for i in range(8)])
   """
 
-  def __init__(self, shape, layout, devices: Sequence[str], collectives: str = "auto"):
+  def __init__(self, shape, layout, devices: Sequence[str], collectives: str = "auto",
+               share_replicas="auto"):
     super().__init__(shape, layout)
     devices = list(devices)
     if len(devices) != self.size:
@@ -83,10 +89,13 @@ class PlacementMeshImpl(MeshImpl):
           for d in self._devices)
       collectives = "collective" if all_gpu and self.size > 1 else "direct"
     self._collectives = collectives
-    self.variable_store = {}
+    if share_replicas == "auto":
+      share_replicas = _all_cpus_of_one_process(self._devices)
+    self._share = bool(share_replicas) and collectives == "direct"
 
   devices = property(lambda self: list(self._devices))
   collectives = property(lambda self: self._collectives)
+  shares_replicas = property(lambda self: self._share)
 
   def variable_device(self, pnum: int) -> str:
     return self._devices[pnum]
@@ -104,19 +113,35 @@ class PlacementMeshImpl(MeshImpl):
     """
     inputs = [as_laid_out(x) for x in inputs]
     results = []
+    memo = {}
     for pnum, device in enumerate(self._devices):
       args = [x.tensor_list[pnum] if isinstance(x, LaidOutTensor) else x for x in inputs]
+      if self._share:
+        key = tuple(id(a) for a in args)
+        if key in memo:
+          results.append(memo[key])
+          continue
       with tf.device(device):
         results.append(fn(*args))
+      if self._share:
+        memo[key] = results[-1]
     if isinstance(results[0], (tuple, list)):
       return tuple(LaidOutTensor(list(r)) for r in zip(*results))
     return LaidOutTensor(results)
 
   def make_slices(self, fn, shape) -> LaidOutTensor:
+    """fn(pnum, slice_begin) on each device; with shared replicas, fn must
+    depend on pnum only through slice_begin."""
     out = []
+    memo = {}
     for pnum, device in enumerate(self._devices):
+      begin = self.slice_begin(shape, pnum)
+      if self._share and tuple(begin) in memo:
+        out.append(memo[tuple(begin)])
+        continue
       with tf.device(device):
-        out.append(fn(pnum, self.slice_begin(shape, pnum)))
+        out.append(fn(pnum, begin))
+      memo[tuple(begin)] = out[-1]
     return LaidOutTensor(out)
 
   # ---- collectives ---------------------------------------------------------
@@ -142,8 +167,7 @@ class PlacementMeshImpl(MeshImpl):
         with tf.device(self._devices[group[0]]):
           total = _reduce_n(slices, reduction_fn_string)
         for p in group:
-          with tf.device(self._devices[p]):
-            out[p] = tf.identity(total)
+          out[p] = total if self._share else _identity_on(self._devices[p], total)
     return LaidOutTensor(out)
 
   def allconcat(self, x, mesh_axis: int, concat_axis: int) -> LaidOutTensor:
@@ -156,8 +180,7 @@ class PlacementMeshImpl(MeshImpl):
       with tf.device(self._devices[group[0]]):
         full = tf.concat([x.tensor_list[p] for p in group], axis=concat_axis)
       for p in group:
-        with tf.device(self._devices[p]):
-          out[p] = tf.identity(full)
+        out[p] = full if self._share else _identity_on(self._devices[p], full)
     return LaidOutTensor(out)
 
   def alltoall(self, x, mesh_axis: int, split_axis: int, concat_axis: int) -> LaidOutTensor:
@@ -184,12 +207,13 @@ class PlacementMeshImpl(MeshImpl):
     for pnum, device in enumerate(self._devices):
       coords = self.pnum_to_processor_coordinates(pnum)
       src = source_pcoord[coords[mesh_axis]]
-      with tf.device(device):
-        if src is None:
+      if src is None:
+        with tf.device(device):
           out.append(tf.zeros_like(x.tensor_list[pnum]))
-        else:
-          coords[mesh_axis] = src
-          out.append(tf.identity(x.tensor_list[self.processor_coordinates_to_pnum(coords)]))
+      else:
+        coords[mesh_axis] = src
+        t = x.tensor_list[self.processor_coordinates_to_pnum(coords)]
+        out.append(t if self._share else _identity_on(device, t))
     return LaidOutTensor(out)
 
   def slice_along(self, x, mesh_axis: int, tensor_axis: int) -> LaidOutTensor:
@@ -198,11 +222,17 @@ class PlacementMeshImpl(MeshImpl):
     if n == 1:
       return x
     out = []
+    memo = {}
     for pnum, device in enumerate(self._devices):
       c = self.pnum_to_processor_coordinates(pnum)[mesh_axis]
       t = x.tensor_list[pnum]
+      key = (id(t), c)
+      if self._share and key in memo:
+        out.append(memo[key])
+        continue
       with tf.device(device):
         out.append(_take_block(t, tensor_axis, c, n))
+      memo[key] = out[-1]
     return LaidOutTensor(out)
 
   # ---- import / export -----------------------------------------------------
@@ -211,7 +241,10 @@ class PlacementMeshImpl(MeshImpl):
     full = list(convert_shape_sizes(shape))
     if slice_shape == full:
       return self.slicewise(tf.identity, LaidOutTensor([x] * self.size))
-    return self.make_slices(lambda pnum, begin: tf.slice(x, begin, slice_shape), shape)
+    if self._share:
+      # Slice on the host once; processors with the same slice share it.
+      return self.make_slices(lambda pnum, begin: _slice(x, begin, slice_shape), shape)
+    return self.make_slices(lambda pnum, begin: _slice(x, begin, slice_shape), shape)
 
   def export_to_tf_tensor(self, x, shape) -> tf.Tensor:
     x = as_laid_out(x)
@@ -246,6 +279,27 @@ class PlacementMeshImpl(MeshImpl):
       return tf.identity(result)
 
 
+def _all_cpus_of_one_process(devices) -> bool:
+  specs = [tf.DeviceSpec.from_string(d) for d in devices]
+  if not specs or any((s.device_type or "").upper() != "CPU" for s in specs):
+    return False
+  return len({(s.job, s.replica, s.task) for s in specs}) == 1
+
+
+def _identity_on(device, t):
+  with tf.device(device):
+    return tf.identity(t)
+
+
+def _unique(tensors):
+  seen, out = set(), []
+  for t in tensors:
+    if id(t) not in seen:
+      seen.add(id(t))
+      out.append(t)
+  return out
+
+
 def convert_shape_sizes(shape):
   from mesh_tensorflow.shapes import convert_to_shape
   return convert_to_shape(shape).to_integer_list()
@@ -257,10 +311,23 @@ def _take_block(t: tf.Tensor, axis: int, index: int, num_blocks: int) -> tf.Tens
   sizes = [-1] * t.shape.rank
   begin[axis] = index * size
   sizes[axis] = size
-  return tf.slice(t, begin, sizes)
+  return _slice(t, begin, sizes)
+
+
+def _slice(t, begin, sizes):
+  return tf.slice(t, int_constant(list(begin)), int_constant(list(sizes)))
 
 
 def _reduce_n(tensors, reduction_fn_string: str) -> tf.Tensor:
+  """Reduces a list of tensors. A tensor shared by k processors counts k
+  times in a sum (and once in a max, min or logical reduction)."""
+  unique = _unique(tensors)
+  if len(unique) < len(tensors):
+    if reduction_fn_string == "SUM" and tensors[0].dtype != tf.bool:
+      counts = [sum(1 for t in tensors if t is u) for u in unique]
+      scaled = [u if c == 1 else u * tf.cast(c, u.dtype) for u, c in zip(unique, counts)]
+      return tf.add_n(scaled) if len(scaled) > 1 else scaled[0]
+    tensors = unique
   if len(tensors) == 1:
     return tf.identity(tensors[0])
   if reduction_fn_string == "SUM":

@@ -67,9 +67,14 @@ def uniform(index, seed: int, key, dtype=tf.float32, stream: int = 0) -> tf.Tens
 
 
 def normal(index, seed: int, key, dtype=tf.float32) -> tf.Tensor:
-  """Standard normal values (Box-Muller on two independent streams)."""
-  u1 = 1.0 - uniform(index, seed, key, tf.float32, stream=1)
-  u2 = uniform(index, seed, key, tf.float32, stream=2)
+  """Standard normal values (Box-Muller on two independent streams).
+
+  Computed in float64: float32 log/cos differ in the last bit between
+  TensorFlow's vectorized and scalar kernels, i.e. with the slice shape, and
+  the full tensor must not depend on the layout.
+  """
+  u1 = 1.0 - uniform(index, seed, key, tf.float64, stream=1)
+  u2 = uniform(index, seed, key, tf.float64, stream=2)
   z = tf.sqrt(-2.0 * tf.math.log(u1)) * tf.cos((2.0 * math.pi) * u2)
   return tf.cast(z, dtype)
 

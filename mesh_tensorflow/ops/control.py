@@ -21,6 +21,8 @@ class _IdentityLike(Operation):
     self._control = list(control_inputs)
     self._grad = grad
     self.has_gradient = True
+    # Without a gradient function (stop_gradient) no gradient flows through.
+    self.stops_gradient = grad is None
     self._outputs = [Tensor(self, t.shape, t.dtype, index=i)
                      for i, t in enumerate(inputs[:num_outputs])]
 
@@ -246,12 +248,17 @@ def recompute_grad(fn: Callable, explicit_inputs: Sequence[Tensor], name=None):
 
   def grad_fn(xs, captured, ys, dys):
     dys_real = [d for d in dys if d is not None]
+    graph = xs[0].graph
+    start = len(graph.operations)
     # Recompute only once the output gradients exist (to free the memory).
     xs2 = [depend(x, dys_real) for x in xs]
     outs = fn(*xs2)
     outs = [outs] if isinstance(outs, Tensor) else list(outs)
     pairs = [(o, d) for o, d in zip(outs, dys) if d is not None]
+    # Differentiate the recomputation only: a captured tensor may also be
+    # upstream of xs, and that path is the outer gradient pass's business.
     grads = gradients([o for o, _ in pairs], xs2 + list(captured),
-                      grad_ys=[d for _, d in pairs])
+                      grad_ys=[d for _, d in pairs],
+                      operations=graph.operations[start:])
     return grads
   return custom_gradient(fn, grad_fn, explicit_inputs, name=name or "recompute_grad")

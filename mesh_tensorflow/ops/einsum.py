@@ -62,6 +62,7 @@ class EinsumOperation(Operation):
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     out = self.outputs[0]
+    out_names = set(out.shape.dimension_names)
     # Each mesh axis may split only one dimension across the whole einsum:
     # keep the output's choice (or the first input's) and gather the others.
     owner = {}
@@ -69,12 +70,34 @@ class EinsumOperation(Operation):
       for d, a in zip(t.shape.dims, impl.tensor_layout(t.shape)):
         if a is not None:
           owner.setdefault(a, d.name)
-    slices = []
+    gather = []          # per input: names of dims to un-split first
+    reduced_axes = set()  # mesh axes of split dims that the einsum sums over
+    local_bytes = 0      # per-processor bytes of the operands after gathering
     for t in self.inputs:
-      layout = impl.tensor_layout(t.shape)
-      conflicts = {d.name for d, a in zip(t.shape.dims, layout)
-                   if a is not None and owner[a] != d.name}
-      slices.append(impl.gather_dims(lowering.laid_out(t), t.shape, conflicts))
+      names = set()
+      size = t.dtype.size
+      for d, a in zip(t.shape.dims, impl.tensor_layout(t.shape)):
+        if a is not None and owner[a] != d.name:
+          names.add(d.name)
+        elif a is not None and d.name not in out_names:
+          reduced_axes.add(a)
+        size *= d.size if (a is None or d.name in names) else d.size // impl.mesh_axis_size(a)
+      gather.append(names)
+      local_bytes += size
+    fuse = bool(reduced_axes) and _fuse_allreduce(impl, local_bytes, out)
+    if fuse:
+      # Shared memory: sum the partial products by gathering the (smaller)
+      # operands along the summed dimensions and multiplying once per group.
+      # Counted as the allreduce that the layout implies.
+      impl.record_collective(
+          "allreduce", impl.laid_out_size(out.shape) * out.dtype.size, sorted(reduced_axes))
+      summed = {d.name for t in self.inputs for d in t.shape.dims if d.name not in out_names}
+      with impl.unrecorded():
+        slices = [impl.gather_dims(lowering.laid_out(t), t.shape, names | summed)
+                  for t, names in zip(self.inputs, gather)]
+    else:
+      slices = [impl.gather_dims(lowering.laid_out(t), t.shape, names)
+                for t, names in zip(self.inputs, gather)]
     letters = {}
     for t in [out] + self.inputs:
       for d in t.shape.dims:
@@ -82,7 +105,7 @@ class EinsumOperation(Operation):
     eq = ",".join("".join(letters[d.name] for d in t.shape.dims) for t in self.inputs)
     eq += "->" + "".join(letters[d.name] for d in out.shape.dims)
     result = impl.slicewise(lambda *xs: tf.einsum(eq, *xs), *slices)
-    # Local FLOPs: 2 * product of all (local) dimension sizes.
+    # FLOPs per processor: 2 * product of the local sizes of all dimensions.
     local = {}
     for t, laid in zip(self.inputs, slices):
       for d, s in zip(t.shape.dims, laid.tensor_list[0].shape.as_list()):
@@ -91,17 +114,21 @@ class EinsumOperation(Operation):
     for s in local.values():
       flops *= s or 1
     lowering.add_flops(flops)
-    reduced_axes = set()
-    for t in self.inputs:
-      for d, a in zip(t.shape.dims, impl.tensor_layout(t.shape)):
-        if a is not None and owner[a] == d.name and d.name not in out.shape.dimension_names:
-          reduced_axes.add(a)
-    if reduced_axes:
+    if reduced_axes and not fuse:
       result = LazyAllreduceSum(impl, result, sorted(reduced_axes))
     lowering.set_tensor_lowering(out, result)
 
 
 _LETTERS = string.ascii_letters
+
+
+def _fuse_allreduce(impl, operand_bytes: int, out) -> bool:
+  """Whether to realize einsum + allreduce by gathering operands instead: only
+  where processors share memory and the operands are smaller than the
+  partial results."""
+  if not getattr(impl, "shares_replicas", False):
+    return False
+  return operand_bytes < impl.laid_out_size(out.shape) * out.dtype.size
 
 
 def _infer_output_shape(xs, reduced_dims):

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.graph import Operation, Tensor
 from mesh_tensorflow.mesh_impl import LazyAllreduceSum, expand_to_shape
-from mesh_tensorflow.ops._common import first_tensor, num_elements, to_tensor
+from mesh_tensorflow.ops._common import first_tensor, is_scalar_value, num_elements, to_tensor
 from mesh_tensorflow.shapes import Shape, convert_to_shape, shape_union
 
 
@@ -113,10 +113,6 @@ def _unary(tf_fn, name, grad=None, zero_gradient=False, output_dtype=None):
   op.__name__ = name
   op.__doc__ = f"Elementwise {name} of an mtf Tensor (`tf.{name}` on every slice)."
   return op
-
-
-def _const_like(x, v):
-  return v
 
 
 exp = _unary(tf.exp, "exp", lambda x, y, dy: dy * y)
@@ -216,6 +212,9 @@ def _binary(tf_fn, name, grad=None, output_dtype=None, zero_gradient=False):
   """grad(x, y, z, dz) -> (dx, dy) in the broadcast (output) shape."""
 
   def op(x, y, output_shape=None, name=None) -> Tensor:
+    if is_scalar_value(x) or is_scalar_value(y):
+      return _binary_with_scalar(tf_fn, x, y, grad, output_dtype, output_shape,
+                                 name or op_name)
     x, y = _binary_inputs(x, y, op_name)
     grad_fn = None
     if grad is not None and x.dtype.is_floating:
@@ -234,8 +233,51 @@ def _binary(tf_fn, name, grad=None, output_dtype=None, zero_gradient=False):
   return op
 
 
-def _add_lower(x, y, output_shape=None, name=None):
-  return _add_base(x, y, output_shape=output_shape, name=name)
+class _ScalarOperandOperation(ElementwiseOperation):
+  """A binary op with one Python-number operand, folded into the op (one
+  constant per op rather than an mtf constant tensor per processor)."""
+
+  def __init__(self, tf_fn, tensor, scalar, scalar_first, **kwargs):
+    self._scalar, self._scalar_first = scalar, scalar_first
+    self._binary_fn = tf_fn
+    super().__init__(tf_fn, [tensor], **kwargs)
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    x = self.inputs[0]
+    out = self.outputs[0]
+    c = tf.constant(self._scalar, dtype=x.dtype)
+    fn = self._binary_fn
+    first = self._scalar_first
+    in_shape = x.shape
+
+    def slice_fn(t, c):
+      t = expand_to_shape(t, in_shape, out.shape, impl.slice_shape(out.shape))
+      return fn(c, t) if first else fn(t, c)
+    result = impl.slicewise(slice_fn, lowering.laid_out(x), c)
+    lowering.add_flops(num_elements(result.tensor_list[0]))
+    lowering.set_tensor_lowering(out, result)
+
+
+def _binary_with_scalar(tf_fn, x, y, grad, output_dtype, output_shape, name):
+  if is_scalar_value(x) and is_scalar_value(y):
+    raise TypeError(f"mtf.{name}: at least one argument must be an mtf.Tensor.")
+  scalar_first = is_scalar_value(x)
+  tensor, scalar = (y, x) if scalar_first else (x, y)
+  if not isinstance(tensor, Tensor):
+    raise TypeError(f"mtf.{name}: expected an mtf.Tensor, got {tensor!r}.")
+  grad_fn = None
+  if grad is not None and tensor.dtype.is_floating:
+    def grad_fn(o, dz):
+      t = o.inputs[0]
+      gx, gy = grad(scalar, t, o.outputs[0], dz) if scalar_first else grad(
+          t, scalar, o.outputs[0], dz)
+      g = gy if scalar_first else gx
+      return [None if g is None else reduce_to_shape(g, t.shape)]
+  return _ScalarOperandOperation(
+      tf_fn, tensor, scalar, scalar_first, output_shape=output_shape,
+      output_dtype=output_dtype, grad_fn=grad_fn, zero_gradient=grad_fn is None,
+      name=name).outputs[0]
 
 
 _add_base = _binary(tf.add, "add", lambda x, y, z, dz: (dz, dz))
@@ -289,6 +331,8 @@ def add(x, y, output_shape=None, name=None) -> Tensor:
   Example:
     >>> z = mtf.add(x, bias)   # bias's dims must be a subset or disjoint
   """
+  if is_scalar_value(x) or is_scalar_value(y):
+    return _add_base(x, y, output_shape=output_shape, name=name)
   x, y = _binary_inputs(x, y, "add")
   if not x.dtype.is_floating:
     return _add_base(x, y, output_shape=output_shape, name=name)

@@ -195,11 +195,15 @@ class ScatterAddGradOperation(Operation):
                if use_offsets else 0)
     result = impl.slicewise(fn, g_laid, lowering.laid_out(indices), offsets)
     if gather_out:
+      # Each processor summed its own indices into all of `dim`: add up those
+      # partial sums before splitting `dim` again.
+      result = impl.allreduce(result, sorted(idx_axes), "SUM")
       result = impl.relayout(result, out.shape, cur_layout, out_layout)
-    # Index dims that are split were summed locally: allreduce over their axes.
-    reduce_axes = sorted(idx_axes - {a for a in out_layout if a is not None})
-    if reduce_axes:
-      result = LazyAllreduceSum(impl, result, reduce_axes)
+    else:
+      # Index dims that are split were summed locally: allreduce over their axes.
+      reduce_axes = sorted(idx_axes - {a for a in out_layout if a is not None})
+      if reduce_axes:
+        result = LazyAllreduceSum(impl, result, reduce_axes)
     lowering.set_tensor_lowering(out, result)
 
 

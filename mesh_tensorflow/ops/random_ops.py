@@ -29,19 +29,9 @@ class RandomOperation(Operation):
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     out = self.outputs[0]
-    full = out.shape.to_integer_list()
-    slice_shape = impl.slice_shape(out.shape)
-    key = lowering.random_key(impl)
-    seed, dtype, params = self._seed, out.dtype, self._params
-
-    def fn(pnum, begin):
-      index = rng.global_index(full, begin, slice_shape)
-      if self._distribution == "uniform":
-        u = rng.uniform(index, seed, key, tf.float32)
-        return tf.cast(params["minval"] + (params["maxval"] - params["minval"]) * u, dtype)
-      z = rng.normal(index, seed, key, tf.float32)
-      return tf.cast(params["mean"] + params["stddev"] * z, dtype)
-    lowering.set_tensor_lowering(out, impl.make_slices(fn, out.shape))
+    lowering.set_tensor_lowering(out, impl.random(
+        out.shape, self._distribution, self._seed, lowering.random_key(impl), out.dtype,
+        **self._params))
 
 
 def random_uniform(mesh, shape, minval=0.0, maxval=1.0, dtype=tf.float32, seed=None,

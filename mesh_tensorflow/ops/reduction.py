@@ -13,7 +13,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from mesh_tensorflow.graph import Operation, Tensor
-from mesh_tensorflow.mesh_impl import LazyAllreduceSum, expand_to_shape
+from mesh_tensorflow.mesh_impl import LazyAllreduceSum, expand_to_shape, int_constant
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops._common import num_elements
 from mesh_tensorflow.shapes import Shape, convert_to_dimension, convert_to_shape
@@ -60,10 +60,10 @@ class ReduceOperation(Operation):
 
     def local(t):
       if x.dtype == tf.bool:
-        t2 = tf.reduce_any(t, axis=axes) if self._reduction in ("SUM", "MAX") else (
-            tf.reduce_all(t, axis=axes))
+        t2 = tf.reduce_any(t, axis=int_constant(axes)) if self._reduction in (
+            "SUM", "MAX") else tf.reduce_all(t, axis=int_constant(axes))
       else:
-        t2 = fn(t, axis=axes) if axes else t
+        t2 = fn(t, axis=int_constant(axes)) if axes else t
       return expand_to_shape(t2, kept_shape, out.shape)
     mesh_axes = [impl.tensor_dimension_to_mesh_axis(d) for d in reduced]
     mesh_axes = [a for a in mesh_axes if a is not None]

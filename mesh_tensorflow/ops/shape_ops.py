@@ -16,7 +16,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from mesh_tensorflow.graph import Operation, Tensor
-from mesh_tensorflow.mesh_impl import expand_to_shape
+from mesh_tensorflow.mesh_impl import expand_to_shape, int_constant
 from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
 
@@ -81,7 +81,7 @@ class ReshapeOperation(Operation):
     current = [a if j in kept_out else None for j, a in enumerate(out_layout)]
     local_shape = [d.size // impl.mesh_axis_size(a) if a is not None else d.size
                    for d, a in zip(out.shape.dims, current)]
-    laid = impl.slicewise(lambda t: tf.reshape(t, local_shape), laid)
+    laid = impl.slicewise(lambda t: tf.reshape(t, int_constant(local_shape)), laid)
     lowering.set_tensor_lowering(out, impl.relayout(laid, out.shape, current, out_layout))
 
 

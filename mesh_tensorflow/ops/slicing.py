@@ -15,6 +15,7 @@ from typing import List, Sequence
 import tensorflow as tf
 
 from mesh_tensorflow.graph import Operation, Tensor
+from mesh_tensorflow.mesh_impl import int_constant
 from mesh_tensorflow.ops.shape_ops import lower_with_unsplit
 from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension
 
@@ -51,7 +52,7 @@ class SliceOperation(Operation):
       b = [0] * t.shape.rank
       s = [-1] * t.shape.rank
       b[axis], s[axis] = begin, size
-      return tf.slice(t, b, s)
+      return tf.slice(t, int_constant(b), int_constant(s))
     lower_with_unsplit(lowering, self, [self._dim.name], fn)
 
 
@@ -255,7 +256,7 @@ def _take(t, axis, begin, size):
   b = [0] * t.shape.rank
   s = [-1] * t.shape.rank
   b[axis], s[axis] = begin, size
-  return tf.slice(t, b, s)
+  return tf.slice(t, int_constant(b), int_constant(s))
 
 
 def _local_shift(t, offset, axis, wrap):

@@ -113,16 +113,25 @@ class Variable(Operation):
         with tf.device(impl.variable_device(0)):
           full_value = _call_initializer(self._initializer, full, self.master_dtype, self._name)
       slices = []
+      by_begin = {}
+      shared = getattr(impl, "shares_replicas", False)
       for pnum in range(impl.size):
         begin = impl.slice_begin(self._shape, pnum)
+        if shared and tuple(begin) in by_begin:
+          # Replicas in one shared memory: one variable serves them all.
+          slices.append(by_begin[tuple(begin)])
+          continue
         with tf.device(impl.variable_device(pnum)):
           if full_value is None:
             init = self._initializer.slice_value(self._name, full, begin, slice_shape,
                                                  self.master_dtype)
+          elif slice_shape == full:
+            init = full_value
           else:
             init = tf.slice(full_value, begin, slice_shape)
           slices.append(tf.Variable(tf.cast(init, self.slice_dtype), trainable=self._trainable,
                                     name=f"{self._name}/slice_{pnum}"))
+        by_begin[tuple(begin)] = slices[-1]
     store[self._name] = slices
     return slices
 
@@ -153,7 +162,11 @@ class LaidOutVariable:
 
   def assign_to_slices(self, assign_fn, values, assign_to_tensor_list=None):
     ops = []
+    done = set()
     for v, t, device in zip(self.slices, values, _devices(self.mesh_impl)):
+      if id(v) in done:  # a variable shared by replicas is assigned once
+        continue
+      done.add(id(v))
       with tf.device(device):
         ops.append(assign_fn(v, tf.cast(t, v.dtype)))
     return tf.group(*ops)

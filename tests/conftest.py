@@ -1,0 +1,36 @@
+"""Shared pytest setup: eight logical CPU devices, before TF initializes.
+
+The logical device split must happen before anything makes TensorFlow
+initialize its devices, so it is the first thing this file does.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+_CPU = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    _CPU, [tf.config.LogicalDeviceConfiguration()] * 8)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import pytest  # pylint: disable=g-import-not-at-top
+
+import mtf_test_utils  # pylint: disable=g-import-not-at-top
+
+
+@pytest.fixture
+def devices():
+  """The eight logical CPU devices, in pnum order."""
+  return list(mtf_test_utils.DEVICES)
+
+
+@pytest.fixture
+def graph_and_mesh():
+  """A fresh mtf graph and a mesh named "mesh" on it."""
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  graph = mtf.Graph()
+  return graph, mtf.Mesh(graph, "mesh")

@@ -1,0 +1,371 @@
+"""Exact communication costs, read from the Lowering's counters.
+
+Each test lowers a small graph and checks which collectives the lowering
+recorded (kind, mesh axes, bytes per processor), that the values are right,
+and, for the TensorFlow collective ops mode, which ops were emitted.
+"""
+
+import inspect
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mesh_tensorflow as mtf
+
+import mtf_test_utils
+from mtf_test_utils import DEVICES, lower_and_run
+
+F32 = 4  # bytes
+
+_HAS_SHARE_OPTION = "share_replicas" in inspect.signature(
+    mtf.placement_mesh_impl.PlacementMeshImpl).parameters
+# Every count must hold whether or not replicas share tensors on CPU.
+IMPL_VARIANTS = [{}] + ([{"share_replicas": False}] if _HAS_SHARE_OPTION else [])
+
+
+def _records(lowering, kind=None):
+  return [r for r in lowering.collective_records if kind is None or r.kind == kind]
+
+
+def _kinds(lowering):
+  return sorted({r.kind for r in lowering.collective_records})
+
+
+# ----------------------------------------------------------- data parallel
+def _mlp(train: bool):
+  xv = np.random.default_rng(0).normal(size=(8, 16)).astype(np.float32)
+
+  def builder(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "batch:8;hidden:16")
+    w1 = mtf.get_variable(mesh, "w1", "hidden:16;mid:8")
+    w2 = mtf.get_variable(mesh, "w2", "mid:8;out:4")
+    h = mtf.relu(mtf.einsum([x, w1], output_shape="batch:8;mid:8"))
+    y = mtf.einsum([h, w2], output_shape="batch:8;out:4")
+    loss = mtf.reduce_sum(mtf.square(y))
+    g1, g2 = mtf.gradients([loss], [w1, w2])
+    if train:
+      updates = [mtf.assign(w1, w1 - 0.01 * g1), mtf.assign(w2, w2 - 0.01 * g2)]
+      return {"loss": mtf.depend(loss, updates)}
+    return {"g1": g1, "g2": g2, "loss": loss}
+  return builder
+
+
+@pytest.mark.parametrize("impl_kwargs", IMPL_VARIANTS)
+@pytest.mark.parametrize("mesh_shape,layout,axis,group", [
+    ("all:8", "batch:all", 0, 8),
+    ("rows:2;cols:4", "batch:rows", 0, 2),
+    ("rows:2;cols:4", "batch:cols", 1, 4),
+    ("a:2;b:2;c:2", "batch:c", 2, 2),
+])
+def test_data_parallel_gradients_one_allreduce_per_weight(mesh_shape, layout, axis, group,
+                                                          impl_kwargs):
+  got, lowering = lower_and_run(_mlp(train=False), mesh_shape, layout,
+                                return_lowering=True, **impl_kwargs)
+  assert _kinds(lowering) == ["allreduce"], lowering.report()
+  allreduces = _records(lowering, "allreduce")
+  # One per weight gradient (full weight: 16*8 and 8*4 floats) plus the loss.
+  assert sorted(r.bytes_per_processor for r in allreduces) == sorted(
+      [16 * 8 * F32, 8 * 4 * F32, F32]), lowering.report()
+  for r in allreduces:
+    assert r.mesh_axes == (axis,)
+    assert r.group_size == group
+    assert r.num_groups == 8 // group
+  assert lowering.collective_counts() == {"allreduce": (3, (16 * 8 + 8 * 4 + 1) * F32)}
+  reference = lower_and_run(_mlp(train=False), "all:8", "")
+  for key in reference:
+    np.testing.assert_allclose(got[key], reference[key], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl_kwargs", IMPL_VARIANTS)
+def test_data_parallel_training_step_one_allreduce_per_weight(impl_kwargs):
+  _, lowering = lower_and_run(_mlp(train=True), "all:8", "batch:all",
+                              return_lowering=True, **impl_kwargs)
+  allreduces = _records(lowering, "allreduce")
+  assert _kinds(lowering) == ["allreduce"], lowering.report()
+  assert sorted(r.bytes_per_processor for r in allreduces) == sorted(
+      [16 * 8 * F32, 8 * 4 * F32, F32])
+
+
+def test_replicated_layout_has_no_collectives():
+  _, lowering = lower_and_run(_mlp(train=False), "all:8", "", return_lowering=True)
+  assert lowering.collective_records == []
+  assert not [k for k, _ in lowering.counters if k.startswith("collective")]
+
+
+# ----------------------------------------------------------- model parallel
+def _einsum_builder(hidden=16, reduce_to=None, two_products=False):
+  rng = np.random.default_rng(1)
+  xv = rng.normal(size=(8, hidden)).astype(np.float32)
+  wv = rng.normal(size=(hidden, 4)).astype(np.float32)
+
+  def builder(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(xv), f"batch:8;hidden:{hidden}")
+    w = mtf.import_tf_tensor(mesh, tf.constant(wv), f"hidden:{hidden};out:4")
+    y = mtf.einsum([x, w], output_shape="batch:8;out:4")
+    if two_products:
+      y = y + mtf.einsum([x * 2.0, w], output_shape="batch:8;out:4")
+    if reduce_to is not None:
+      y = mtf.reduce_sum(y, output_shape=reduce_to)
+    return {"y": y}
+  scale = 3.0 if two_products else 1.0
+  y = scale * (xv @ wv)
+  if reduce_to == "batch:8":
+    y = y.sum(axis=1)
+  elif reduce_to == "":
+    y = y.sum()
+  return builder, y
+
+
+@pytest.mark.parametrize("impl_kwargs", IMPL_VARIANTS)
+@pytest.mark.parametrize("mesh_shape,layout,axis,out_bytes", [
+    ("all:8", "hidden:all", 0, 8 * 4 * F32),
+    ("rows:2;cols:4", "hidden:cols;batch:rows", 1, 4 * 4 * F32),
+    ("rows:2;cols:4", "hidden:rows;out:cols", 0, 8 * 1 * F32),
+    ("a:2;b:2;c:2", "hidden:b", 1, 8 * 4 * F32),
+])
+def test_einsum_reducing_split_dim_costs_one_allreduce(mesh_shape, layout, axis, out_bytes,
+                                                       impl_kwargs):
+  builder, expected = _einsum_builder()
+  got, lowering = lower_and_run(builder, mesh_shape, layout, return_lowering=True,
+                                **impl_kwargs)
+  np.testing.assert_allclose(got["y"], expected, rtol=1e-5, atol=1e-5)
+  [r] = lowering.collective_records
+  assert (r.kind, r.mesh_axes, r.bytes_per_processor) == ("allreduce", (axis,), out_bytes)
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [
+    ("all:8", "batch:all"),
+    ("rows:2;cols:4", "batch:rows;out:cols"),
+    ("a:2;b:2;c:2", "batch:a;out:b"),
+])
+def test_einsum_not_reducing_split_dims_costs_nothing(mesh_shape, layout):
+  builder, expected = _einsum_builder()
+  got, lowering = lower_and_run(builder, mesh_shape, layout, return_lowering=True)
+  np.testing.assert_allclose(got["y"], expected, rtol=1e-5, atol=1e-5)
+  assert lowering.collective_records == []
+  # Local FLOPs of the einsum: 2 * (local batch) * hidden * (local out).
+  mesh = mtf.convert_to_shape(mesh_shape)
+  rules = mtf.convert_to_layout_rules(layout)
+  local = {"batch": 8, "hidden": 16, "out": 4}
+  for name in local:
+    m = rules.mesh_dimension_name(name)
+    if m:
+      local[name] //= mesh.get_dim_by_name(m).size
+  einsum_flops = [v for k, v in lowering.flops.items() if k.startswith("einsum")]
+  assert einsum_flops == [2 * local["batch"] * local["hidden"] * local["out"]]
+
+
+@pytest.mark.parametrize("impl_kwargs", IMPL_VARIANTS)
+@pytest.mark.parametrize("reduce_to,nbytes", [("batch:8", 8 * F32), ("", F32)])
+@pytest.mark.parametrize("two_products", [False, True])
+def test_reduce_of_einsum_allreduces_the_smaller_tensor(reduce_to, nbytes, two_products,
+                                                        impl_kwargs):
+  """The einsum's allreduce stays pending through the sum (and through adding
+  a second pending product), so only the reduced tensor is communicated. The
+  operands (8x64 and 64x4) are larger than the product, so no implementation
+  has a reason to communicate them instead."""
+  builder, expected = _einsum_builder(hidden=64, reduce_to=reduce_to,
+                                      two_products=two_products)
+  got, lowering = lower_and_run(builder, "all:8", "hidden:all", return_lowering=True,
+                                **impl_kwargs)
+  np.testing.assert_allclose(got["y"], expected, rtol=1e-4, atol=1e-4)
+  [r] = lowering.collective_records
+  assert (r.kind, r.bytes_per_processor, r.group_size) == ("allreduce", nbytes, 8)
+
+
+# ----------------------------------------------------------- shift / reshape
+def _shift_builder(offset, wrap, dim="length"):
+  xv = np.arange(16 * 4, dtype=np.float32).reshape(16, 4)
+
+  def builder(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "length:16;d:4")
+    return {"y": mtf.shift(x, offset, dim, wrap)}
+  axis = 0 if dim == "length" else 1
+  if wrap:
+    ref = np.roll(xv, offset, axis)
+  else:
+    ref = np.zeros_like(xv)
+    src = [slice(None)] * 2
+    dst = [slice(None)] * 2
+    if offset > 0:
+      dst[axis], src[axis] = slice(offset, None), slice(None, -offset)
+    else:
+      dst[axis], src[axis] = slice(None, offset), slice(-offset, None)
+    ref[tuple(dst)] = xv[tuple(src)]
+  return builder, ref
+
+
+@pytest.mark.parametrize("offset", [1, -1, 2, -2])
+@pytest.mark.parametrize("wrap", [False, True])
+def test_shift_across_split_dim_uses_one_permute(offset, wrap):
+  builder, ref = _shift_builder(offset, wrap)
+  got, lowering = lower_and_run(builder, "all:8", "length:all", return_lowering=True)
+  np.testing.assert_array_equal(got["y"], ref)
+  [r] = lowering.collective_records
+  # Each processor receives its neighbour's whole slice (2 x 4 floats).
+  assert (r.kind, r.mesh_axes, r.bytes_per_processor) == ("permute", (0,), 2 * 4 * F32)
+
+
+def test_shift_farther_than_a_slice_gathers_the_dimension():
+  builder, ref = _shift_builder(3, False)
+  got, lowering = lower_and_run(builder, "all:8", "length:all", return_lowering=True)
+  np.testing.assert_array_equal(got["y"], ref)
+  assert _kinds(lowering) == ["allgather"]
+  assert len(lowering.collective_records) == 1
+
+
+def test_shift_along_unsplit_dim_is_local():
+  builder, ref = _shift_builder(1, True, dim="d")
+  got, lowering = lower_and_run(builder, "rows:2;cols:4", "length:cols", return_lowering=True)
+  np.testing.assert_array_equal(got["y"], ref)
+  assert lowering.collective_records == []
+
+
+@pytest.mark.parametrize("new_shape,layout,moved", [
+    ("ab:32", "a:all", 1),                 # merging away the split dim
+    ("a2:8;b:4", "a:all", 1),              # renaming it to an unsplit name
+    ("b:4;a:8", "a:all", 1),               # the split dim moves to another place
+    ("a:8;b1:2;b2:2", "a:all", 0),         # the split dim stays in place
+    ("a2:8;b:4", "a:all;a2:all", 0),       # renamed, but split the same way
+])
+def test_reshape_communicates_only_when_a_split_dim_moves(new_shape, layout, moved):
+  xv = np.arange(32, dtype=np.float32).reshape(8, 4)
+
+  def builder(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "a:8;b:4")
+    return {"y": mtf.reshape(x, new_shape)}
+  got, lowering = lower_and_run(builder, "all:8", layout, return_lowering=True)
+  np.testing.assert_array_equal(got["y"].reshape(-1), xv.reshape(-1))
+  counts = lowering.collective_counts()
+  assert set(counts) <= {"allgather", "alltoall"}, counts
+  assert sum(n for n, _ in counts.values()) == moved, counts
+  for r in lowering.collective_records:
+    assert r.bytes_per_processor == 1 * 4 * F32  # one row of x per processor
+
+
+def test_rename_dimension_moving_split_uses_allgather():
+  xv = np.arange(32, dtype=np.float32).reshape(8, 4)
+
+  def builder(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "a:8;b:4")
+    return {"y": mtf.rename_dimension(x, "a", "c")}
+  got, lowering = lower_and_run(builder, "rows:2;cols:4", "a:rows;b:cols",
+                                return_lowering=True)
+  np.testing.assert_array_equal(got["y"], xv)
+  [r] = lowering.collective_records
+  assert r.kind in ("allgather", "alltoall") and r.mesh_axes == (0,)
+
+
+# ----------------------------------------------------------- local ops
+def test_fully_local_ops_emit_no_collectives():
+  rng = np.random.default_rng(2)
+  xv = rng.normal(size=(8, 16)).astype(np.float32)
+  bv = rng.normal(size=(16,)).astype(np.float32)
+
+  def builder(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "batch:8;hidden:16")
+    b = mtf.import_tf_tensor(mesh, tf.constant(bv), "hidden:16")
+    w = mtf.get_variable(mesh, "w", "hidden:16;out:4")
+    y = mtf.relu(x + b) * 2.0 - mtf.exp(mtf.tanh(x))
+    y = mtf.transpose(y, "hidden:16;batch:8")
+    z = mtf.einsum([y, w], output_shape="batch:8;hidden:16;out:4")
+    z = mtf.reduce_sum(z, reduced_dim=mtf.Dimension("out", 4))
+    s = mtf.softmax(mtf.broadcast(x, "batch:8;hidden:16;out:4"), mtf.Dimension("out", 4))
+    r = mtf.cast(mtf.range(mesh, mtf.Dimension("hidden", 16), tf.int32), tf.float32)
+    oh = mtf.one_hot(mtf.range(mesh, mtf.Dimension("batch", 8), tf.int32),
+                     mtf.Dimension("out", 4))
+    d = mtf.dropout(x, rate=0.5)
+    u = mtf.random_uniform(mesh, "batch:8;hidden:16")
+    c = mtf.where(mtf.greater(u, 0.5), d, mtf.stop_gradient(x))
+    upd = mtf.assign(w, w * 0.5)
+    total = mtf.depend(z + r + c, [upd])
+    return {"total": total, "s": s, "oh": oh}
+  for mesh_shape, layout in [("rows:2;cols:4", "batch:rows;hidden:cols"),
+                             ("all:8", "hidden:all"), ("a:2;b:2;c:2", "batch:a;hidden:c")]:
+    _, lowering = lower_and_run(builder, mesh_shape, layout, return_lowering=True)
+    assert lowering.collective_records == [], lowering.report()
+    assert lowering.collective_counts() == {}
+    assert dict(lowering.counters)["flops"] > 0
+
+
+# ----------------------------------------------------------- counters API
+def test_counters_report_and_pretty_print():
+  builder, _ = _einsum_builder()
+  _, lowering = lower_and_run(builder, "rows:2;cols:4", "hidden:cols;batch:rows",
+                              return_lowering=True)
+  counters = dict()
+  for key, value in lowering.counters:
+    counters[key] = counters.get(key, 0) + value
+  assert counters["collectives/allreduce"] == 1
+  assert counters["collective_bytes/allreduce"] == 4 * 4 * F32
+  assert counters["flops"] == 2 * 4 * 4 * 4  # local batch 4, hidden 4, out 4
+  assert lowering.collective_counts("export/") == {"allreduce": (1, 4 * 4 * F32)}
+  assert lowering.collective_counts("no_such_op") == {}
+  report = lowering.report()
+  assert "allreduce[1]:64" in report
+  assert "flops: 128" in report
+  printed = mtf.pretty_print_counters(
+      [("collectives/allreduce", 1), ("collectives/allgather", 1),
+       ("collectives/allreduce", 1), ("collective_bytes/allreduce", 1024), ("flops", 5)])
+  assert printed.splitlines() == [
+      "collective_bytes: 1,024",
+      "  allreduce: 1,024",
+      "collectives: 3",
+      "  allgather: 1",
+      "  allreduce: 2",
+      "flops: 5",
+  ]
+
+
+# ----------------------------------------------------------- collective ops
+def _lower_in_function(builder, mesh_shape, layout, collectives):
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  outputs = builder(mesh)
+  impl = mtf_test_utils.make_impl(mesh_shape, layout, collectives=collectives)
+  keys = sorted(outputs)
+  holder = {}
+
+  @tf.function
+  def run():
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    holder["lowering"] = lowering
+    return [lowering.export_to_tf_tensor(outputs[k]) for k in keys]
+  concrete = run.get_concrete_function()
+  op_types = [op.type for op in concrete.graph.get_operations()]
+  values = {k: v.numpy() for k, v in zip(keys, concrete())}
+  return values, holder["lowering"], op_types
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [
+    ("all:8", "batch:all"),
+    ("rows:2;cols:4", "batch:rows;mid:cols"),
+    ("a:2;b:2;c:2", "batch:a;hidden:b;out:c"),
+])
+def test_collective_ops_mode_matches_direct(mesh_shape, layout):
+  direct, low_d, types_d = _lower_in_function(_mlp(False), mesh_shape, layout, "direct")
+  coll, low_c, types_c = _lower_in_function(_mlp(False), mesh_shape, layout, "collective")
+  for key in direct:
+    np.testing.assert_allclose(coll[key], direct[key], rtol=1e-5, atol=1e-5)
+  assert "CollectiveReduce" not in types_d
+  # Every processor takes part in each recorded allreduce with one op.
+  n_allreduce = len(_records(low_c, "allreduce"))
+  assert n_allreduce >= 1
+  assert types_c.count("CollectiveReduce") == 8 * n_allreduce
+  # Same logical collectives either way.
+  def summary(lowering):
+    return sorted((r.kind, r.mesh_axes, r.bytes_per_processor)
+                  for r in lowering.collective_records)
+  assert summary(low_c) == summary(low_d)
+
+
+def test_collective_mode_subgroups_reduce_independently():
+  """Allreduce over one axis of a 2-D mesh: two independent groups of four."""
+  builder, expected = _einsum_builder()
+  values, lowering, types = _lower_in_function(builder, "rows:2;cols:4",
+                                               "hidden:cols;batch:rows", "collective")
+  np.testing.assert_allclose(values["y"], expected, rtol=1e-5, atol=1e-5)
+  [r] = lowering.collective_records
+  assert (r.group_size, r.num_groups) == (4, 2)
+  assert types.count("CollectiveReduce") == 8

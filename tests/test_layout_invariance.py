@@ -1,0 +1,233 @@
+"""Layout invariance: every layout of every mesh computes the same values and
+gradients as a NumPy reference.
+
+Random programs come from tests/graph_generator.py (also used by
+oss_scripts/stress_layouts.py for long runs); hand-written cases below pin
+down the trickiest lowerings (shift across slice boundaries, random ops).
+"""
+
+import random
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mesh_tensorflow as mtf
+
+import graph_generator as gg
+import mtf_test_utils
+from mtf_test_utils import DEVICES
+
+_SETTINGS = dict(deadline=None, derandomize=True,
+                 suppress_health_check=[HealthCheck.too_slow])
+
+
+# ----------------------------------------------------------- random programs
+@pytest.mark.parametrize("mesh_shape", gg.MESH_SHAPES)
+@settings(max_examples=100, **_SETTINGS)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_random_graph_matches_numpy(mesh_shape, seed):
+  case = gg.generate_case(seed)
+  result = gg.check_case(case, random.Random(seed), DEVICES, mesh_shapes=[mesh_shape],
+                         layouts_per_mesh=2, unconstrained_layouts=1)
+  assert not result.problems, case.describe() + "\n" + "\n".join(result.problems)
+  assert result.lowerings >= 2
+
+
+@settings(max_examples=6, **_SETTINGS)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_random_graph_in_tf_function(seed):
+  """The same programs lowered inside a tf.function (the slower path)."""
+  case = gg.generate_case(seed, num_ops=6)
+  result = gg.check_case(case, random.Random(seed), DEVICES,
+                         mesh_shapes=["rows:2;cols:4"], mode="function")
+  assert not result.problems, case.describe() + "\n" + "\n".join(result.problems)
+
+
+@settings(max_examples=30, **_SETTINGS)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_longer_random_graphs(seed):
+  """Longer programs (deeper chains of relayouts), one layout per mesh."""
+  case = gg.generate_case(seed, num_ops=18)
+  result = gg.check_case(case, random.Random(seed), DEVICES)
+  assert not result.problems, case.describe() + "\n" + "\n".join(result.problems)
+
+
+def test_generator_covers_every_op_family():
+  """Guards the generator itself: over a few hundred seeds every op family the
+  tests promise shows up, and layouts do split dimensions."""
+  seen = set()
+  for seed in range(400):
+    for step in gg.generate_case(seed).steps:
+      seen.add(step.name.split("(")[0].split("[")[0])
+  expected = {
+      "input", "tanh", "exp", "relu", "add", "sub", "multiply", "divide", "maximum",
+      "add_operator", "einsum", "reduce_sum", "reduce_max", "reduce_mean",
+      "reduce_logsumexp", "softmax", "log_softmax", "reshape", "transpose",
+      "broadcast", "slice", "pad", "concat", "split", "stack", "unstack", "shift",
+      "one_hot", "range", "gather", "where", "cumsum", "top_k", "argmax", "cast",
+      "dropout", "random_uniform", "random_normal", "while_loop", "custom_gradient",
+      "recompute_grad", "stop_gradient", "greater", "less", "add_n"}
+  assert expected <= seen, sorted(expected - seen)
+
+
+def test_random_layouts_split_dimensions():
+  rnd = random.Random(0)
+  shapes = [mtf.convert_to_shape("x:8;y:4"), mtf.convert_to_shape("y:4;z:2")]
+  for mesh_shape in gg.MESH_SHAPES:
+    drawn = [gg.random_layout(rnd, shapes, mesh_shape) for _ in range(30)]
+    assert all(gg.layout_is_legal(shapes, r, mesh_shape) for r in drawn)
+    if mesh_shape == "all:8":  # only x (size 8) can be split 8 ways
+      assert {tuple(r) for r in drawn} == {(), (("x", "all"),)}, drawn
+    else:
+      assert any(len(r) == 3 for r in drawn), drawn
+
+
+def test_generator_is_deterministic():
+  a, b = gg.generate_case(1234), gg.generate_case(1234)
+  assert a.describe() == b.describe()
+  for key, value in a.reference().items():
+    np.testing.assert_array_equal(value, b.reference()[key])
+
+
+# ----------------------------------------------------------- shift
+_SHIFT_LAYOUTS = [
+    ("all:8", ""), ("all:8", "x:all"), ("rows:2;cols:4", "x:cols;y:rows"),
+    ("rows:2;cols:4", "x:rows"), ("a:2;b:2;c:2", "x:b;y:c"), ("single:1", ""),
+]
+
+
+@pytest.mark.parametrize("mesh_shape,layout", _SHIFT_LAYOUTS)
+def test_shift_values_and_gradients(mesh_shape, layout):
+  """Offsets smaller and larger than a slice (x has 8 elements, slices have 1,
+  2 or 4), zero-filled and wrapping, against numpy."""
+  xv = np.random.default_rng(0).normal(size=(8, 2)).astype(np.float32)
+  wv = np.random.default_rng(1).normal(size=(8, 2)).astype(np.float32)
+  offsets = [-9, -8, -5, -3, -2, -1, 1, 2, 3, 4, 5, 7, 8, 9]
+  cases = [(o, w) for o in offsets for w in (False, True)]
+
+  def builder(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "x:8;y:2")
+    w = mtf.import_tf_tensor(mesh, tf.constant(wv), "x:8;y:2")
+    out = {}
+    total = []
+    for o, wrap in cases:
+      s = mtf.shift(x, o, "x", wrap)
+      out[f"{o}/{wrap}"] = s
+      total.append(mtf.reduce_sum(s * w))
+    [g] = mtf.gradients([mtf.add_n(total)], [x])
+    out["grad"] = g
+    return out
+  got = mtf_test_utils.lower_and_run(builder, mesh_shape, layout, mode="eager")
+  expected_grad = np.zeros_like(xv)
+  for o, wrap in cases:
+    if wrap:
+      ref = np.roll(xv, o, axis=0)
+      expected_grad += np.roll(wv, -o, axis=0)
+    else:
+      ref = np.zeros_like(xv)
+      gref = np.zeros_like(wv)
+      if 0 < o < 8:
+        ref[o:] = xv[:-o]
+        gref[:-o] = wv[o:]
+      elif -8 < o < 0:
+        ref[:o] = xv[-o:]
+        gref[-o:] = wv[:o]
+      expected_grad += gref
+    np.testing.assert_allclose(got[f"{o}/{wrap}"], ref, err_msg=f"offset={o} wrap={wrap}")
+  np.testing.assert_allclose(got["grad"], expected_grad, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------- randomness
+def _dropout_builder(x_value, rate):
+  def builder(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(x_value), "batch:8;hidden:4")
+    c = mtf.import_tf_tensor(mesh, tf.constant(np.arange(32, dtype=np.float32)
+                                               .reshape(8, 4)), "batch:8;hidden:4")
+    d = mtf.dropout(x, rate=rate)
+    u = mtf.random_uniform(mesh, "batch:8;hidden:4;out:2")
+    n = mtf.random_normal(mesh, "hidden:4;out:2", mean=1.0, stddev=2.0)
+    [g] = mtf.gradients([mtf.reduce_sum(d * c)], [x])
+    return {"d": d, "u": u, "n": n, "g": g}
+  return builder
+
+
+def test_random_ops_are_layout_invariant():
+  xv = np.ones((8, 4), np.float32) * 3.0
+  rate = 0.5
+  runs = []
+  for mesh_shape, layout in [
+      ("single:1", ""), ("all:8", ""), ("all:8", "batch:all"),
+      ("rows:2;cols:4", "batch:rows;hidden:cols"), ("rows:2;cols:4", "out:rows;batch:cols"),
+      ("a:2;b:2;c:2", "batch:a;hidden:b;out:c"), ("a:2;b:2;c:2", "hidden:c")]:
+    runs.append(mtf_test_utils.lower_and_run(
+        _dropout_builder(xv, rate), mesh_shape, layout, mode="eager"))
+  first = runs[0]
+  for run in runs[1:]:
+    for key in first:
+      np.testing.assert_array_equal(run[key], first[key], err_msg=key)
+  d = first["d"]
+  kept = d != 0
+  np.testing.assert_allclose(d[kept], 6.0)  # 3 / (1 - rate)
+  assert 0 < kept.sum() < kept.size, "a mask keeping all or nothing is implausible"
+  # d(sum(dropout(x) * c))/dx = c * mask / keep_prob
+  c = np.arange(32, dtype=np.float32).reshape(8, 4)
+  np.testing.assert_allclose(first["g"], c * kept / (1 - rate))
+  assert np.all((first["u"] >= 0) & (first["u"] < 1))
+  assert first["u"].std() > 0.1 and abs(first["n"].mean() - 1.0) < 2.0
+
+
+def test_random_ops_layout_invariant_in_tf_function():
+  xv = np.ones((8, 4), np.float32)
+  eager = mtf_test_utils.lower_and_run(_dropout_builder(xv, 0.25), "all:8", "", mode="eager")
+  for mesh_shape, layout in [("rows:2;cols:4", "batch:cols;hidden:rows"),
+                             ("a:2;b:2;c:2", "hidden:a;out:b;batch:c")]:
+    got = mtf_test_utils.lower_and_run(_dropout_builder(xv, 0.25), mesh_shape, layout)
+    for key in eager:
+      np.testing.assert_array_equal(got[key], eager[key], err_msg=key)
+
+
+# ----------------------------------------------------------- a small MLP
+@pytest.mark.parametrize("mesh_shape,layout", [
+    (m, l) for m, ls in mtf_test_utils.MESHES.items() for l in ls])
+def test_mlp_values_and_gradients(mesh_shape, layout):
+  """A two-layer MLP with softmax cross-entropy, against numpy by hand."""
+  rng = np.random.default_rng(5)
+  xv = rng.normal(size=(8, 16)).astype(np.float32)
+  w1v = (rng.normal(size=(16, 8)) * 0.3).astype(np.float32)
+  w2v = (rng.normal(size=(8, 4)) * 0.3).astype(np.float32)
+  labels = rng.integers(0, 4, size=8).astype(np.int32)
+
+  def builder(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "batch:8;hidden:16")
+    y = mtf.import_tf_tensor(mesh, tf.constant(labels), "batch:8")
+    w1 = mtf.get_variable(mesh, "w1", "hidden:16;mid:8",
+                          initializer=lambda shape, dtype=None: tf.constant(w1v))
+    w2 = mtf.get_variable(mesh, "w2", "mid:8;out:4",
+                          initializer=lambda shape, dtype=None: tf.constant(w2v))
+    h = mtf.tanh(mtf.einsum([x, w1], output_shape="batch:8;mid:8"))
+    logits = mtf.einsum([h, w2], output_shape="batch:8;out:4")
+    out_dim = logits.shape.get_dim_by_name("out")
+    xent = -mtf.reduce_sum(mtf.log_softmax(logits, out_dim) * mtf.one_hot(y, out_dim),
+                           reduced_dim=out_dim)
+    loss = mtf.reduce_mean(xent)
+    g1, g2 = mtf.gradients([loss], [w1, w2])
+    return {"loss": loss, "g1": g1, "g2": g2, "logits": logits}
+  got = mtf_test_utils.lower_and_run(builder, mesh_shape, layout, mode="eager")
+  # numpy forward and backward
+  a = xv @ w1v
+  h = np.tanh(a)
+  logits = h @ w2v
+  z = logits - logits.max(axis=1, keepdims=True)
+  p = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+  onehot = np.eye(4)[labels]
+  loss = -(np.log(p) * onehot).sum(axis=1).mean()
+  dlogits = (p - onehot) / 8
+  g2 = h.T @ dlogits
+  g1 = xv.T @ ((dlogits @ w2v.T) * (1 - h * h))
+  np.testing.assert_allclose(got["logits"], logits, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(got["loss"], loss, rtol=1e-5)
+  np.testing.assert_allclose(got["g1"], g1, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(got["g2"], g2, rtol=1e-4, atol=1e-6)
