@@ -10,7 +10,7 @@ setup(
     license="Apache-2.0",
     packages=find_packages(include=["mesh_tensorflow", "mesh_tensorflow.*"]),
     python_requires=">=3.9",
-    install_requires=["tensorflow>=2.16", "numpy", "gin-config", "absl-py"],
+    install_requires=["tensorflow>=2.16", "numpy", "gin-config", "absl-py", "tensorboard"],
     extras_require={
         "test": ["pytest", "hypothesis", "scikit-learn"],
         "examples": ["scikit-learn"],

@@ -16,7 +16,12 @@ from mesh_tensorflow.lowering import Lowering, pretty_print_counters
 from mesh_tensorflow.gradients import gradients
 from mesh_tensorflow import placement_mesh_impl
 from mesh_tensorflow import optimize
+from mesh_tensorflow import initializers
+from mesh_tensorflow import layers
 from mesh_tensorflow.placement_mesh_impl import PlacementMeshImpl
+from mesh_tensorflow import checkpoint
+from mesh_tensorflow import training
+from mesh_tensorflow.training import scalar_summary
 
 from mesh_tensorflow.ops.constant import (
     constant, fill, import_fully_replicated, import_laid_out_tensor, import_tf_tensor,

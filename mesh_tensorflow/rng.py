@@ -91,12 +91,6 @@ def truncated_normal(index, seed: int, key, dtype=tf.float32) -> tf.Tensor:
 def next_step_key(mesh_impl) -> tf.Tensor:
   """Increments and returns a per-mesh step counter, so random ops (dropout)
   differ from one execution of the lowered program to the next."""
-  from mesh_tensorflow.ops import variables
-  store = variables.variable_store(mesh_impl)
-  counter = store.get("__mtf_rng_step__")
-  if counter is None:
-    with tf.init_scope(), tf.device(mesh_impl.variable_device(0)):
-      counter = tf.Variable(tf.constant(0, tf.int64), trainable=False,
-                            name="mtf_rng_step")
-    store["__mtf_rng_step__"] = counter
+  from mesh_tensorflow import slice_variables
+  counter = slice_variables.scalar_state(mesh_impl, "__mtf_rng_step__", tf.int64)
   return counter.assign_add(1)

@@ -201,8 +201,8 @@ def test_slots_share_their_variables_layout():
   store = variable_ops.variable_store(impl)
   for name, slice_shape in [("w", [HIDDEN // 8, OUT]), ("b", [OUT])]:
     for key in (name, f"{name}/momentum"):
-      assert [s.shape.as_list() for s in store[key]] == [slice_shape] * 8, key
-  assert not any(s.trainable for s in store["w/momentum"])
+      assert [s.shape.as_list() for s in store[key].slices] == [slice_shape] * 8, key
+  assert not any(s.trainable for s in store["w/momentum"].slices)
 
 
 def test_slots_add_no_communication():

@@ -15,6 +15,8 @@ import math
 import tensorflow as tf
 
 from mesh_tensorflow import rng
+from mesh_tensorflow import slice_variables
+from mesh_tensorflow.slice_variables import variable_store  # noqa: F401 (public)
 from mesh_tensorflow.graph import Mesh, Operation, Tensor
 from mesh_tensorflow.mesh_impl import LaidOutTensor
 from mesh_tensorflow.ops import elementwise as ew
@@ -36,15 +38,6 @@ class VariableDType:
   def __repr__(self):
     return (f"VariableDType(master={self.master_dtype.name}, "
             f"slice={self.slice_dtype.name}, activation={self.activation_dtype.name})")
-
-
-def variable_store(mesh_impl) -> dict:
-  """The slice variables of `mesh_impl` that belong to the current TF program
-  (eager, or the tf.compat.v1 graph being built)."""
-  with tf.init_scope():
-    key = "eager" if tf.executing_eagerly() else id(tf.compat.v1.get_default_graph())
-  stores = mesh_impl.__dict__.setdefault("_variable_stores", {})
-  return stores.setdefault(key, {})
 
 
 class GlorotUniform:
@@ -95,45 +88,23 @@ class Variable(Operation):
     lowering.set_tensor_lowering(self.outputs[0], impl.slicewise(read, LaidOutTensor(slices)))
 
   def _get_or_create_slices(self, impl):
-    store = variable_store(impl)
-    slice_shape = impl.slice_shape(self._shape)
-    if self._name in store:
-      slices = store[self._name]
-      if slices[0].shape.as_list() != slice_shape or slices[0].dtype != self.slice_dtype:
-        raise ValueError(
-            f"Variable {self._name!r}: existing slices have shape "
-            f"{slices[0].shape.as_list()} {slices[0].dtype.name}, but this graph "
-            f"needs {slice_shape} {self.slice_dtype.name}. Use another name, or the "
-            "same shape, dtype and layout.")
-      return slices
     full = self._shape.to_integer_list()
-    with tf.init_scope():
-      full_value = None
-      if not hasattr(self._initializer, "slice_value"):
+    full_value = []  # computed at most once, for TF initializers
+
+    def init_fn(begin, slice_shape):
+      if hasattr(self._initializer, "slice_value"):
+        return self._initializer.slice_value(self._name, full, begin, slice_shape,
+                                             self.master_dtype)
+      if not full_value:
         with tf.device(impl.variable_device(0)):
-          full_value = _call_initializer(self._initializer, full, self.master_dtype, self._name)
-      slices = []
-      by_begin = {}
-      shared = getattr(impl, "shares_replicas", False)
-      for pnum in range(impl.size):
-        begin = impl.slice_begin(self._shape, pnum)
-        if shared and tuple(begin) in by_begin:
-          # Replicas in one shared memory: one variable serves them all.
-          slices.append(by_begin[tuple(begin)])
-          continue
-        with tf.device(impl.variable_device(pnum)):
-          if full_value is None:
-            init = self._initializer.slice_value(self._name, full, begin, slice_shape,
-                                                 self.master_dtype)
-          elif slice_shape == full:
-            init = full_value
-          else:
-            init = tf.slice(full_value, begin, slice_shape)
-          slices.append(tf.Variable(tf.cast(init, self.slice_dtype), trainable=self._trainable,
-                                    name=f"{self._name}/slice_{pnum}"))
-        by_begin[tuple(begin)] = slices[-1]
-    store[self._name] = slices
-    return slices
+          full_value.append(_call_initializer(self._initializer, full, self.master_dtype,
+                                              self._name))
+      if slice_shape == full:
+        return full_value[0]
+      return tf.slice(full_value[0], begin, slice_shape)
+    return slice_variables.get_or_create(
+        impl, self._name, self._shape, self.master_dtype, self.slice_dtype, self._trainable,
+        init_fn).slices
 
 
 def _call_initializer(initializer, shape, dtype, name):

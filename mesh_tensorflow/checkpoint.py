@@ -1,0 +1,148 @@
+"""Layout-independent checkpoints of mtf variables.
+
+Every mtf variable (and optimizer slot) is saved as one logical full-shape
+tensor, written as the slices the processors hold; restoring reads exactly the
+slices the new mesh and layout need. So a run saved on a [2, 4] mesh with
+"batch:rows;hidden:cols" restores on [8] with "hidden:all", or on one device.
+
+Saving uses `tf.train.Checkpoint` and `tf.train.CheckpointManager`: the
+checkpoint state file is replaced atomically after the data files are complete,
+so a run killed during a save leaves the previous checkpoint usable.
+
+    >>> manager = mtf.checkpoint.CheckpointManager(mesh_impl, "/tmp/model")
+    >>> manager.restore_or_initialize()   # before or after the first trace
+    >>> manager.save(step)
+
+List a checkpoint's variables with their logical shapes:
+
+    python -m mesh_tensorflow.inspect_checkpoint /tmp/model
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import tensorflow as tf
+
+from mesh_tensorflow import slice_variables
+
+
+class _Variables(tf.Module):
+  def __init__(self):
+    super().__init__()
+    self.variables_by_name = {}
+
+
+class CheckpointManager:
+  """Saves and restores the mtf variables of one or more mesh implementations.
+
+  Args:
+    mesh_impls: a MeshImpl or a list of them (one per mesh of the model).
+    directory: where checkpoints go.
+    max_to_keep: how many recent checkpoints to keep.
+    checkpoint_name: file prefix inside `directory`.
+
+  Example:
+    >>> manager = CheckpointManager(impl, model_dir)
+    >>> restored = manager.restore_or_initialize()
+    >>> for step in ...: train_step(); manager.save(step)
+  """
+
+  def __init__(self, mesh_impls, directory: str, max_to_keep: int = 5,
+               checkpoint_name: str = "ckpt"):
+    if not isinstance(mesh_impls, (list, tuple)):
+      mesh_impls = [mesh_impls]
+    self._impls = list(mesh_impls)
+    self._directory = directory
+    self._root = _Variables()
+    self._checkpoint = tf.train.Checkpoint(model=self._root)
+    self._manager = tf.train.CheckpointManager(
+        self._checkpoint, directory, max_to_keep=max_to_keep,
+        checkpoint_name=checkpoint_name)
+
+  @property
+  def directory(self) -> str:
+    return self._directory
+
+  @property
+  def latest_checkpoint(self) -> Optional[str]:
+    return self._manager.latest_checkpoint
+
+  @property
+  def checkpoints(self) -> List[str]:
+    return list(self._manager.checkpoints)
+
+  def _variables(self) -> Dict[str, slice_variables.SlicedVariable]:
+    out = {}
+    for impl in self._impls:
+      for name, var in slice_variables.variable_store(impl).items():
+        if name in out:
+          raise ValueError(f"Variable {name!r} exists on two meshes; names must be unique.")
+        out[name] = var
+    return out
+
+  def save(self, step: int) -> str:
+    """Writes checkpoint number `step` (eagerly); returns its path prefix."""
+    variables = self._variables()
+    if not variables:
+      raise ValueError(
+          "CheckpointManager.save: no mtf variables exist yet. Trace or run the "
+          "lowered step function once before saving.")
+    self._root.variables_by_name.update(variables)
+    return self._manager.save(checkpoint_number=int(step))
+
+  def restore(self, checkpoint_path: Optional[str] = None, allow_missing: bool = False) -> str:
+    """Restores existing variables from a checkpoint (default: the latest) and
+    makes variables created later start from it.
+
+    Raises:
+      ValueError: if there is no checkpoint, or a variable is missing from it
+        (unless allow_missing) or has another shape.
+    """
+    path = checkpoint_path or self.latest_checkpoint
+    if not path:
+      raise ValueError(f"No checkpoint found in {self._directory!r}.")
+    shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    for name, var in self._variables().items():
+      key = slice_variables.checkpoint_key(name)
+      if key not in shapes:
+        if allow_missing:
+          continue
+        raise ValueError(
+            f"Checkpoint {path} has no variable {name!r}. Pass allow_missing=True to "
+            "keep its initial value.")
+      if list(shapes[key]) != var.full_shape:
+        raise ValueError(
+            f"Checkpoint {path} has variable {name!r} with shape {list(shapes[key])}; "
+            f"the model needs {var.full_shape}.")
+      var.restore_from(path, key)
+    for impl in self._impls:
+      slice_variables.set_pending_checkpoint(impl, path)
+    return path
+
+  def restore_or_initialize(self) -> Optional[str]:
+    """Restores the latest checkpoint if there is one; returns its path."""
+    if self.latest_checkpoint:
+      return self.restore()
+    return None
+
+
+def list_variables(checkpoint: str) -> List[Tuple[str, List[int], str]]:
+  """[(mtf variable name, logical shape, dtype)] of a checkpoint (a path prefix
+  or a directory, meaning its latest checkpoint)."""
+  path = checkpoint
+  if os.path.isdir(checkpoint):
+    path = tf.train.latest_checkpoint(checkpoint)
+    if path is None:
+      raise ValueError(f"No checkpoint in directory {checkpoint!r}.")
+  reader = tf.train.load_checkpoint(path)
+  dtypes = reader.get_variable_to_dtype_map()
+  prefix, suffix = "model/variables_by_name/", "/.ATTRIBUTES/value"
+  out = []
+  for key, shape in sorted(reader.get_variable_to_shape_map().items()):
+    if key.startswith(prefix) and key.endswith(suffix):
+      escaped = key[len(prefix):-len(suffix)]
+      name = escaped.replace(".S", "/").replace("..", ".")
+      out.append((name, list(shape), dtypes[key].name))
+  return out

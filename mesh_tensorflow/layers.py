@@ -1,0 +1,51 @@
+"""mtf.layers: neural-network layers over named dimensions.
+
+The layers live in three modules and are all exported here, so models use
+`mtf.layers.<name>`:
+
+* layers_core.py: `dense`, `dense_product`, `dense_relu_dense`,
+  `layer_norm`, `rms_norm`, `batch_norm`, `dropout`, `embedding`,
+  `embedding_weights`.
+* layers_attention.py: `dot_product_attention`, `multihead_attention`,
+  `masked_local_attention_1d`, `attention_mask_ignore_padding`,
+  `attention_mask_autoregressive`, `attention_mask_same_segment`,
+  `attention_bias_local_block`, `multihead_attention_params`.
+* layers_losses.py: `softmax_cross_entropy_with_logits` (with z-loss and
+  label smoothing), `smoothed_targets`, `sigmoid_cross_entropy_with_logits`,
+  `weights_nonzero`.
+
+Layout-invariant initializers (`VarianceScalingInitializer`,
+`glorot_uniform`, `he_normal`, `lecun_normal`, ...) come from
+mesh_tensorflow/initializers.py and are exported here too, as the original
+had `mtf.layers.VarianceScalingInitializer`.
+
+    >>> h = mtf.layers.dense(x, d_ff, reduced_dims=[d_model], activation="relu")
+    >>> h = mtf.layers.layer_norm(h, d_ff)
+    >>> loss = mtf.layers.softmax_cross_entropy_with_logits(logits, ids, vocab)
+"""
+
+# pylint: disable=unused-import
+from mesh_tensorflow.initializers import (
+    Constant, Initializer, RandomNormal, RandomUniform, TruncatedNormal,
+    VarianceScalingInitializer, glorot_normal, glorot_uniform, he_normal, he_uniform,
+    lecun_normal, lecun_uniform, variance_scaling)
+from mesh_tensorflow.layers_attention import (
+    attention_bias_local_block, attention_mask_autoregressive, attention_mask_ignore_padding,
+    attention_mask_same_segment, dot_product_attention, masked_local_attention_1d,
+    memory_name, multihead_attention, multihead_attention_params, multihead_attention_vars,
+    rename_length_to_memory_length)
+from mesh_tensorflow.layers_core import (
+    batch_norm, dense, dense_product, dense_relu_dense, dropout, embedding, embedding_weights,
+    get_dense_kernel_weights, layer_norm, layer_scope, rms_norm, unique_layer_name)
+from mesh_tensorflow.layers_losses import (
+    sigmoid_cross_entropy_with_logits, smoothed_targets, softmax_cross_entropy_with_logits,
+    weights_nonzero)
+
+# ---------------------------------------------------------------------------
+# TODO(lead): convolution and pooling layers.
+# mesh_tensorflow/conv_layers.py (another helper's work) provides conv1d,
+# conv2d, conv3d, conv2d_transpose, conv3d_transpose, conv2d_with_blocks,
+# max_pool2d, avg_pool2d, ... Once it exists, re-export it here, e.g.
+#     from mesh_tensorflow.conv_layers import *  # pylint: disable=wildcard-import
+# (unconditionally; not wrapped in try/except ImportError).
+# ---------------------------------------------------------------------------

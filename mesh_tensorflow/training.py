@@ -1,0 +1,274 @@
+"""A TF2 training loop for mtf models: compiled train and eval steps, inputs
+from tf.data split by the layout, gradient accumulation, checkpoints that
+resume (on any mesh), TensorBoard summaries and progress on the terminal.
+
+    >>> def model_fn(mesh, features, mode):
+    ...   logits = ...                    # build the model from mtf features
+    ...   loss = ...
+    ...   return loss, {"accuracy": accuracy}
+    >>> trainer = mtf.training.Trainer(
+    ...     model_fn, {"image": "batch:128;pixels:64", "label": "batch:128"},
+    ...     mesh_impl, mtf.optimize.SgdOptimizer(0.1), model_dir="/tmp/run")
+    >>> trainer.train(dataset, steps=1000)
+    >>> trainer.evaluate(eval_dataset)
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Callable, Dict, Iterable, Optional, Tuple, Union
+
+import tensorflow as tf
+
+from mesh_tensorflow import checkpoint as checkpoint_lib
+from mesh_tensorflow import slice_variables
+from mesh_tensorflow.gradients import gradients
+from mesh_tensorflow.graph import Graph, Mesh, Tensor
+from mesh_tensorflow.lowering import Lowering
+from mesh_tensorflow.ops import constant as const_ops
+from mesh_tensorflow.ops import elementwise as ew
+from mesh_tensorflow.ops import variables as var_ops
+from mesh_tensorflow.shapes import Shape, convert_to_shape
+
+TRAIN, EVAL = "train", "eval"
+
+
+def scalar_summary(name: str, value: Tensor) -> None:
+  """Records an mtf scalar to be written to TensorBoard by the Trainer.
+
+  Example:
+    >>> mtf.scalar_summary("z_loss", z_loss)
+  """
+  if not isinstance(value, Tensor) or value.shape.ndims != 0:
+    raise ValueError(f"scalar_summary {name!r}: expected a scalar mtf.Tensor, got {value!r}.")
+  value.graph.__dict__.setdefault("summaries", []).append((name, value))
+
+
+def _as_loss_and_metrics(result, mode):
+  if isinstance(result, Tensor):
+    return result, {}
+  if isinstance(result, (tuple, list)) and len(result) == 2:
+    loss, metrics = result
+    return loss, dict(metrics or {})
+  raise TypeError(f"model_fn({mode!r}) must return a loss tensor or (loss, metrics dict); "
+                  f"got {result!r}.")
+
+
+class Trainer:
+  """Turns an mtf model function into compiled TF2 train and eval steps.
+
+  Args:
+    model_fn: model_fn(mesh, features, mode) -> loss or (loss, {name: scalar}),
+      where features maps names to mtf Tensors and mode is "train" or "eval".
+      The loss must be a scalar mtf Tensor.
+    feature_shapes: {name: mtf shape} of one batch (e.g. "batch:128;pixels:64").
+      Each batch from tf.data is imported with these shapes, so every processor
+      receives only its slice.
+    mesh_impl: the mesh implementation (mesh shape, layout and devices).
+    optimizer: an mtf.optimize.Optimizer, or a function of the global step (a
+      float mtf scalar) returning one (for learning-rate schedules).
+    model_dir: where checkpoints and TensorBoard events go (None: neither).
+    grad_accum_steps: micro-batches whose gradients are summed per update.
+    checkpoint_every: save every this many steps (and at the end of train).
+    keep_checkpoints: how many checkpoints to keep.
+    log_every: print progress every this many steps (0: never).
+    log_fn: where progress lines go (default: print to stdout).
+
+  Example:
+    >>> trainer = Trainer(model_fn, shapes, impl, mtf.optimize.SgdOptimizer(0.1))
+    >>> history = trainer.train(dataset, steps=500)
+  """
+
+  def __init__(self, model_fn: Callable, feature_shapes: Dict[str, object], mesh_impl,
+               optimizer, model_dir: Optional[str] = None, grad_accum_steps: int = 1,
+               checkpoint_every: Optional[int] = 1000, keep_checkpoints: int = 3,
+               log_every: int = 100, log_fn: Optional[Callable[[str], None]] = None):
+    if grad_accum_steps < 1:
+      raise ValueError(f"Trainer: grad_accum_steps must be >= 1, got {grad_accum_steps}.")
+    self._model_fn = model_fn
+    self._shapes = {k: convert_to_shape(v) for k, v in feature_shapes.items()}
+    self._impl = mesh_impl
+    self._optimizer = optimizer
+    self._model_dir = model_dir
+    self._accum = grad_accum_steps
+    self._checkpoint_every = checkpoint_every
+    self._log_every = log_every
+    self._log = log_fn or (lambda line: print(line, flush=True))
+    self._functions = {}
+    self._manager = None
+    self._writer = None
+    if model_dir:
+      self._manager = checkpoint_lib.CheckpointManager(mesh_impl, model_dir,
+                                                        max_to_keep=keep_checkpoints)
+      restored = self._manager.restore_or_initialize()
+      if restored:
+        self._log(f"restored {restored}")
+      self._writer = tf.summary.create_file_writer(model_dir)
+
+  # ---- state ---------------------------------------------------------------
+  def _step_variable(self) -> tf.Variable:
+    return slice_variables.scalar_state(self._impl, "global_step", tf.int64)
+
+  @property
+  def global_step(self) -> int:
+    """Number of optimizer updates applied so far (restored from checkpoints)."""
+    return int(self._step_variable().numpy())
+
+  @property
+  def checkpoint_manager(self) -> Optional[checkpoint_lib.CheckpointManager]:
+    return self._manager
+
+  def save(self) -> Optional[str]:
+    """Writes a checkpoint now (if there is a model_dir); returns its path."""
+    if self._manager is None:
+      return None
+    return self._manager.save(self.global_step)
+
+  # ---- graph building ------------------------------------------------------
+  def _build(self, batch: Dict[str, tf.Tensor], mode: str, apply_update: bool):
+    graph = Graph()
+    mesh = Mesh(graph, "mesh")
+    step_var = self._step_variable()
+    features = {}
+    for name, shape in self._shapes.items():
+      if name not in batch:
+        raise ValueError(f"Trainer: the batch has no feature {name!r} (it has "
+                         f"{sorted(batch)}); check feature_shapes.")
+      features[name] = const_ops.import_tf_tensor(mesh, batch[name], shape, name=name)
+    loss, metrics = _as_loss_and_metrics(self._model_fn(mesh, features, mode), mode)
+    if not isinstance(loss, Tensor) or loss.shape.ndims != 0:
+      raise ValueError(f"model_fn must return a scalar mtf loss, got {loss!r}.")
+    updates = []
+    if mode == TRAIN:
+      variables = graph.trainable_variables
+      grads = gradients([loss], [v.outputs[0] for v in variables])
+      if self._accum > 1:
+        accums = [var_ops.get_variable(
+            mesh, f"grad_accumulator/{v.name}", v.shape, dtype=v.master_dtype,
+            initializer=tf.zeros_initializer(), trainable=False) for v in variables]
+        if not apply_update:
+          updates = [var_ops.assign_add(a, ew.cast(g, a.dtype))
+                     for a, g in zip(accums, grads) if g is not None]
+        else:
+          totals = [None if g is None else (a + ew.cast(g, a.dtype)) * (1.0 / self._accum)
+                    for a, g in zip(accums, grads)]
+          updates = self._optimizer_for(mesh, step_var).apply_grads(totals, variables)
+          updates += [var_ops.assign(a, const_ops.zeros_like(a)) for a in accums]
+      else:
+        updates = self._optimizer_for(mesh, step_var).apply_grads(grads, variables)
+    lowering = Lowering(graph, {mesh: self._impl})
+    outputs = {"loss": lowering.export_to_tf_tensor(loss)}
+    for name, value in metrics.items():
+      outputs[name] = lowering.export_to_tf_tensor(value)
+    for name, value in getattr(graph, "summaries", []):
+      outputs[f"summary/{name}"] = lowering.export_to_tf_tensor(value)
+    update_ops = [lowering.lowered_operation(u) for u in updates]
+    with tf.control_dependencies(update_ops + list(outputs.values())):
+      if mode == TRAIN and apply_update:
+        update_ops.append(step_var.assign_add(1))
+      done = tf.group(*update_ops)
+    with tf.control_dependencies([done]):
+      return {k: tf.identity(v) for k, v in outputs.items()}
+
+  def _optimizer_for(self, mesh, step_var):
+    if callable(self._optimizer) and not hasattr(self._optimizer, "apply_grads"):
+      step = const_ops.import_fully_replicated(
+          mesh, tf.cast(step_var.read_value(), tf.float32), Shape([]), name="global_step")
+      return self._optimizer(step)
+    return self._optimizer
+
+  def _function(self, mode: str, apply_update: bool, element_spec):
+    key = (mode, apply_update)
+    if key not in self._functions:
+      spec = {k: element_spec[k] for k in self._shapes}
+
+      def step_fn(batch):
+        return self._build(batch, mode, apply_update)
+      self._functions[key] = tf.function(step_fn, input_signature=[spec], autograph=False)
+    return self._functions[key]
+
+  # ---- loops ---------------------------------------------------------------
+  def train(self, dataset: tf.data.Dataset, steps: int) -> Dict[str, list]:
+    """Trains until the global step reaches `steps` (resuming where a previous
+    run stopped: the batches it consumed are skipped, so a deterministic
+    dataset gives the same sequence as an uninterrupted run).
+
+    Returns:
+      {"step": [...], "loss": [...], metric: [...]} for the steps run now.
+    """
+    start = self.global_step
+    if start >= steps:
+      self._log(f"already at step {start} >= {steps}; nothing to train")
+      return {"step": [], "loss": []}
+    spec = dataset.element_spec
+    accumulate = self._function(TRAIN, False, spec) if self._accum > 1 else None
+    apply = self._function(TRAIN, True, spec)
+    batches = iter(dataset.skip(start * self._accum))
+    history = {"step": [], "loss": []}
+    t0, last_t, last_step = time.perf_counter(), time.perf_counter(), start
+    for step in range(start + 1, steps + 1):
+      losses = []
+      for micro in range(self._accum):
+        try:
+          batch = next(batches)
+        except StopIteration:
+          raise ValueError(
+              f"Trainer.train: the dataset ran out at step {step}; repeat() it.") from None
+        out = (apply if micro == self._accum - 1 else accumulate)(
+            {k: batch[k] for k in self._shapes})
+        losses.append(float(out["loss"]))
+      out = {k: float(v) for k, v in out.items()}
+      out["loss"] = sum(losses) / len(losses)
+      history["step"].append(step)
+      for k, v in out.items():
+        history.setdefault(k, []).append(v)
+      if self._writer is not None:
+        with self._writer.as_default(step=step):
+          for k, v in out.items():
+            tf.summary.scalar(k.replace("summary/", ""), v)
+      if self._log_every and (step % self._log_every == 0 or step == steps):
+        now = time.perf_counter()
+        rate = (step - last_step) / max(now - last_t, 1e-9)
+        eta = (steps - step) / rate if rate > 0 else float("inf")
+        extra = " ".join(f"{k}={v:.4f}" for k, v in out.items() if k != "loss")
+        self._log(f"step {step}/{steps} loss={out['loss']:.4f} {extra} "
+                  f"{rate:.1f} steps/s eta {_format_seconds(eta)}".replace("  ", " "))
+        last_t, last_step = now, step
+      if self._manager and self._checkpoint_every and step % self._checkpoint_every == 0:
+        self._manager.save(step)
+    if self._manager and (not self._checkpoint_every or steps % self._checkpoint_every):
+      self._manager.save(steps)
+    if self._writer is not None:
+      self._writer.flush()
+    self._log(f"trained steps {start + 1}..{steps} in {time.perf_counter() - t0:.1f} s")
+    return history
+
+  def evaluate(self, dataset: Iterable, steps: Optional[int] = None) -> Dict[str, float]:
+    """Mean loss and metrics over the dataset (or its first `steps` batches)."""
+    fn = self._function(EVAL, False, dataset.element_spec)
+    totals, n = {}, 0
+    for batch in dataset:
+      out = fn({k: batch[k] for k in self._shapes})
+      for k, v in out.items():
+        totals[k] = totals.get(k, 0.0) + float(v)
+      n += 1
+      if steps is not None and n >= steps:
+        break
+    if n == 0:
+      raise ValueError("Trainer.evaluate: the dataset is empty.")
+    result = {k: v / n for k, v in totals.items()}
+    if self._writer is not None:
+      with self._writer.as_default(step=self.global_step):
+        for k, v in result.items():
+          tf.summary.scalar(f"eval/{k}", v)
+      self._writer.flush()
+    return result
+
+
+def _format_seconds(s: float) -> str:
+  if not math.isfinite(s):
+    return "?"
+  s = int(s)
+  return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
