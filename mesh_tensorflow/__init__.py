@@ -15,6 +15,7 @@ from mesh_tensorflow.mesh_impl import LaidOutTensor, LazyAllreduceSum, MeshImpl
 from mesh_tensorflow.lowering import Lowering, pretty_print_counters
 from mesh_tensorflow.gradients import gradients
 from mesh_tensorflow import placement_mesh_impl
+from mesh_tensorflow import learning_rate_schedules
 from mesh_tensorflow import optimize
 from mesh_tensorflow import initializers
 from mesh_tensorflow import layers
@@ -49,6 +50,7 @@ from mesh_tensorflow.ops.random_ops import dropout, random_normal, random_unifor
 from mesh_tensorflow.ops.variables import (
     Assign, Variable, VariableDType, assign, assign_add, assign_sub, get_variable,
     read_variable)
+from mesh_tensorflow.ops.conv import (avg_pool2d, avg_pool3d, conv2d, conv2d_backprop_filter, conv2d_backprop_input, conv2d_transpose, conv2d_transpose_backprop_filter, conv2d_transpose_backprop_input, conv2d_with_blocks, conv3d, conv3d_backprop_filter, conv3d_backprop_input, conv3d_transpose, conv3d_transpose_backprop_filter, conv3d_transpose_backprop_input, conv3d_with_blocks, halo_exchange, max_pool2d, max_pool3d)  # pylint: disable=line-too-long
 from mesh_tensorflow.ops.control import (
     Print, custom_gradient, depend, recompute_grad, stop_gradient, while_loop)
 

@@ -9,6 +9,12 @@ Saving uses `tf.train.Checkpoint` and `tf.train.CheckpointManager`: the
 checkpoint state file is replaced atomically after the data files are complete,
 so a run killed during a save leaves the previous checkpoint usable.
 
+Restoring checks every variable against the checkpoint: a trainable variable
+the checkpoint lacks, or one saved with another logical shape, is a ValueError
+(pass allow_missing=True to start missing ones from their initializers).
+Missing non-trainable state (optimizer slots, gradient accumulators, step
+counters) starts from its initial value, so a run may switch optimizers.
+
     >>> manager = mtf.checkpoint.CheckpointManager(mesh_impl, "/tmp/model")
     >>> manager.restore_or_initialize()   # before or after the first trace
     >>> manager.save(step)
@@ -20,8 +26,10 @@ List a checkpoint's variables with their logical shapes:
 
 from __future__ import annotations
 
+import copy
 import os
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+import re
+from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -42,6 +50,9 @@ class CheckpointManager:
     directory: where checkpoints go.
     max_to_keep: how many recent checkpoints to keep.
     checkpoint_name: file prefix inside `directory`.
+    options: tf.train.CheckpointOptions for every save (e.g. write callbacks,
+      which run after the data files are written and before the checkpoint
+      state file names them).
 
   Example:
     >>> manager = CheckpointManager(impl, model_dir)
@@ -50,11 +61,13 @@ class CheckpointManager:
   """
 
   def __init__(self, mesh_impls, directory: str, max_to_keep: int = 5,
-               checkpoint_name: str = "ckpt"):
+               checkpoint_name: str = "ckpt",
+               options: Optional[tf.train.CheckpointOptions] = None):
     if not isinstance(mesh_impls, (list, tuple)):
       mesh_impls = [mesh_impls]
     self._impls = list(mesh_impls)
     self._directory = directory
+    self._options = options
     self._root = _Variables()
     self._checkpoint = tf.train.Checkpoint(model=self._root)
     self._manager = tf.train.CheckpointManager(
@@ -73,6 +86,15 @@ class CheckpointManager:
   def checkpoints(self) -> List[str]:
     return list(self._manager.checkpoints)
 
+  def variables(self) -> Dict[str, slice_variables.SlicedVariable]:
+    """{name: SlicedVariable} of every mtf variable created so far, all meshes.
+
+    Example:
+      >>> manager.variables()["w1"].numpy().shape
+      (64, 256)
+    """
+    return self._variables()
+
   def _variables(self) -> Dict[str, slice_variables.SlicedVariable]:
     out = {}
     for impl in self._impls:
@@ -90,35 +112,65 @@ class CheckpointManager:
           "CheckpointManager.save: no mtf variables exist yet. Trace or run the "
           "lowered step function once before saving.")
     self._root.variables_by_name.update(variables)
-    return self._manager.save(checkpoint_number=int(step))
+    options = None
+    if self._options is not None:
+      # tf.train.CheckpointManager appends its own callback to the options'
+      # callback list: give it a fresh list each time.
+      options = copy.copy(self._options)
+      options.experimental_write_callbacks = list(
+          self._options.experimental_write_callbacks or [])
+    return self._manager.save(checkpoint_number=int(step), options=options)
 
   def restore(self, checkpoint_path: Optional[str] = None, allow_missing: bool = False) -> str:
     """Restores existing variables from a checkpoint (default: the latest) and
     makes variables created later start from it.
 
+    Args:
+      checkpoint_path: a checkpoint path prefix (e.g. ".../ckpt-100"); None for
+        the latest in the directory.
+      allow_missing: let trainable variables that the checkpoint lacks keep (or
+        start from) their initial values instead of raising.
+
+    Returns:
+      The checkpoint path restored.
+
     Raises:
-      ValueError: if there is no checkpoint, or a variable is missing from it
-        (unless allow_missing) or has another shape.
+      ValueError: if there is no checkpoint, or a trainable variable is missing
+        from it (unless allow_missing), or a variable has another shape. For
+        variables created later, the error comes when they are created (when
+        the step function is first traced).
+
+    Example:
+      >>> manager.restore()                     # latest, before or after tracing
+      >>> manager.restore(".../ckpt-100", allow_missing=True)
     """
     path = checkpoint_path or self.latest_checkpoint
     if not path:
       raise ValueError(f"No checkpoint found in {self._directory!r}.")
-    shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-    for name, var in self._variables().items():
+    try:
+      pending = slice_variables.PendingCheckpoint(path, allow_missing)
+    except (tf.errors.NotFoundError, tf.errors.DataLossError) as e:
+      raise ValueError(f"Cannot read checkpoint {path!r}: {e}") from e
+    variables = self._variables()
+    for name, var in variables.items():  # Check everything before assigning anything.
       key = slice_variables.checkpoint_key(name)
-      if key not in shapes:
-        if allow_missing:
+      if key not in pending.shapes:
+        if allow_missing or not var.trainable:
           continue
         raise ValueError(
             f"Checkpoint {path} has no variable {name!r}. Pass allow_missing=True to "
-            "keep its initial value.")
-      if list(shapes[key]) != var.full_shape:
+            "keep its initial value, or list the checkpoint's variables with "
+            f"python -m mesh_tensorflow.inspect_checkpoint {path}.")
+      if pending.shapes[key] != var.full_shape:
         raise ValueError(
-            f"Checkpoint {path} has variable {name!r} with shape {list(shapes[key])}; "
+            f"Checkpoint {path} has variable {name!r} with shape {pending.shapes[key]}; "
             f"the model needs {var.full_shape}.")
-      var.restore_from(path, key)
+    for name, var in variables.items():
+      key = slice_variables.checkpoint_key(name)
+      if key in pending.shapes:
+        var.restore_from(path, key, pending.dtypes[key])
     for impl in self._impls:
-      slice_variables.set_pending_checkpoint(impl, path)
+      slice_variables.set_pending_checkpoint(impl, path, allow_missing)
     return path
 
   def restore_or_initialize(self) -> Optional[str]:
@@ -128,21 +180,33 @@ class CheckpointManager:
     return None
 
 
+def _unescape(escaped: str) -> str:
+  """Inverse of the checkpoint key escaping ("." -> "..", "/" -> ".S")."""
+  return re.sub(r"\.(.)", lambda m: "/" if m.group(1) == "S" else m.group(1), escaped)
+
+
 def list_variables(checkpoint: str) -> List[Tuple[str, List[int], str]]:
   """[(mtf variable name, logical shape, dtype)] of a checkpoint (a path prefix
-  or a directory, meaning its latest checkpoint)."""
+  or a directory, meaning its latest checkpoint).
+
+  Example:
+    >>> list_variables("/tmp/run")
+    [('b1', [1024], 'float32'), ('global_step', [], 'int64'), ('w1', [8, 8, 1024], ...)]
+  """
   path = checkpoint
   if os.path.isdir(checkpoint):
     path = tf.train.latest_checkpoint(checkpoint)
     if path is None:
       raise ValueError(f"No checkpoint in directory {checkpoint!r}.")
-  reader = tf.train.load_checkpoint(path)
+  try:
+    reader = tf.train.load_checkpoint(path)
+  except (tf.errors.NotFoundError, tf.errors.DataLossError, ValueError) as e:
+    raise ValueError(f"Cannot read checkpoint {path!r}: {e}") from e
   dtypes = reader.get_variable_to_dtype_map()
   prefix, suffix = "model/variables_by_name/", "/.ATTRIBUTES/value"
   out = []
-  for key, shape in sorted(reader.get_variable_to_shape_map().items()):
+  for key, shape in reader.get_variable_to_shape_map().items():
     if key.startswith(prefix) and key.endswith(suffix):
-      escaped = key[len(prefix):-len(suffix)]
-      name = escaped.replace(".S", "/").replace("..", ".")
+      name = _unescape(key[len(prefix):-len(suffix)])
       out.append((name, list(shape), dtypes[key].name))
-  return out
+  return sorted(out)

@@ -79,6 +79,13 @@ class Initializer:
 
   def slice_value(self, name: str, full_shape: Sequence[int], begin: Sequence,
                   slice_shape: Sequence[int], dtype) -> tf.Tensor:
+    """The values of the slice [begin, begin + slice_shape) of the variable
+    `name` of `full_shape`; must not depend on how the variable is split.
+
+    Example:
+      >>> zeros().slice_value("w", [8, 4], [4, 0], [4, 4], tf.float32).shape
+      TensorShape([4, 4])
+    """
     raise NotImplementedError
 
   def __call__(self, shape, dtype=tf.float32, name: str = "initializer", **kwargs):
@@ -285,14 +292,24 @@ class VarianceScalingInitializer(Initializer):
     return super().__call__(shape_or_reduced_dims, new_dims_or_dtype, **kwargs)
 
   def fans(self, full_shape: Sequence[int]):
-    """(fan_in, fan_out) for a variable of `full_shape`."""
+    """(fan_in, fan_out) for a variable of `full_shape`.
+
+    Example:
+      >>> VarianceScalingInitializer(fan_in_dims=[d_model]).fans([512, 2048])
+      (512, 2048)
+    """
     fan_in, fan_out = default_fans(full_shape)
     explicit_in, explicit_out = _product(self.fan_in_dims), _product(self.fan_out_dims)
     return (fan_in if explicit_in is None else explicit_in,
             fan_out if explicit_out is None else explicit_out)
 
   def stddev(self, full_shape: Sequence[int]) -> float:
-    """The standard deviation of the values for a variable of `full_shape`."""
+    """The standard deviation of the values for a variable of `full_shape`.
+
+    Example:
+      >>> he_normal().stddev([512, 2048])   # sqrt(2 / 512)
+      0.0625
+    """
     fan_in, fan_out = self.fans(full_shape)
     n = {"fan_in": fan_in, "fan_out": fan_out, "fan_avg": (fan_in + fan_out) / 2.0}[self.mode]
     return math.sqrt(self.scale / max(1.0, float(n)))
@@ -389,6 +406,23 @@ def lecun_uniform(fan_in_dims: DimsLike = None, seed=None) -> VarianceScalingIni
     >>> w = mtf.get_variable(mesh, "w", [d_model, d_ff], initializer=lecun_uniform())
   """
   return VarianceScalingInitializer(1.0, "fan_in", "uniform", fan_in_dims, None, seed)
+
+
+class DenseInitializer:
+  """Base class of the original API's dense initializers: `dense` calls
+  `init(reduced_dims, new_dims)` and uses the initializer it returns.
+
+  Example:
+    >>> class ScaledNormal(DenseInitializer):
+    ...   def __call__(self, reduced_dims, new_dims):
+    ...     return random_normal(stddev=0.5 * _product(reduced_dims) ** -0.5)
+    >>> y = mtf.layers.dense(x, d_ff, [d_model], kernel_initializer=ScaledNormal())
+  """
+
+  is_dense_initializer = True
+
+  def __call__(self, reduced_dims, new_dims):
+    raise NotImplementedError
 
 
 def bind_fans(initializer, fan_in_dims: DimsLike, fan_out_dims: DimsLike):

@@ -24,9 +24,8 @@ had `mtf.layers.VarianceScalingInitializer`.
     >>> loss = mtf.layers.softmax_cross_entropy_with_logits(logits, ids, vocab)
 """
 
-# pylint: disable=unused-import
 from mesh_tensorflow.initializers import (
-    Constant, Initializer, RandomNormal, RandomUniform, TruncatedNormal,
+    Constant, DenseInitializer, Initializer, RandomNormal, RandomUniform, TruncatedNormal,
     VarianceScalingInitializer, glorot_normal, glorot_uniform, he_normal, he_uniform,
     lecun_normal, lecun_uniform, variance_scaling)
 from mesh_tensorflow.layers_attention import (
@@ -41,11 +40,56 @@ from mesh_tensorflow.layers_losses import (
     sigmoid_cross_entropy_with_logits, smoothed_targets, softmax_cross_entropy_with_logits,
     weights_nonzero)
 
+__all__ = [
+    "Constant",
+    "DenseInitializer",
+    "Initializer",
+    "RandomNormal",
+    "RandomUniform",
+    "TruncatedNormal",
+    "VarianceScalingInitializer",
+    "attention_bias_local_block",
+    "attention_mask_autoregressive",
+    "attention_mask_ignore_padding",
+    "attention_mask_same_segment",
+    "batch_norm",
+    "dense",
+    "dense_product",
+    "dense_relu_dense",
+    "dot_product_attention",
+    "dropout",
+    "embedding",
+    "embedding_weights",
+    "get_dense_kernel_weights",
+    "glorot_normal",
+    "glorot_uniform",
+    "he_normal",
+    "he_uniform",
+    "layer_norm",
+    "layer_scope",
+    "lecun_normal",
+    "lecun_uniform",
+    "masked_local_attention_1d",
+    "memory_name",
+    "multihead_attention",
+    "multihead_attention_params",
+    "multihead_attention_vars",
+    "rename_length_to_memory_length",
+    "rms_norm",
+    "sigmoid_cross_entropy_with_logits",
+    "smoothed_targets",
+    "softmax_cross_entropy_with_logits",
+    "unique_layer_name",
+    "variance_scaling",
+    "weights_nonzero",
+]
+
 # ---------------------------------------------------------------------------
 # TODO(lead): convolution and pooling layers.
 # mesh_tensorflow/conv_layers.py (another helper's work) provides conv1d,
 # conv2d, conv3d, conv2d_transpose, conv3d_transpose, conv2d_with_blocks,
 # max_pool2d, avg_pool2d, ... Once it exists, re-export it here, e.g.
 #     from mesh_tensorflow.conv_layers import *  # pylint: disable=wildcard-import
-# (unconditionally; not wrapped in try/except ImportError).
+# (unconditionally; not wrapped in try/except ImportError), and extend
+# __all__ with its public names.
 # ---------------------------------------------------------------------------

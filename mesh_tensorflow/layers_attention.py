@@ -65,7 +65,10 @@ def _bias(condition: Tensor, dtype) -> Tensor:
 
 
 def _to_memory(x: Tensor) -> Tensor:
+  """x with its last dimension renamed to its memory name (unless it has one)."""
   name = x.shape.dims[-1].name
+  if name.startswith("memory_"):
+    return x
   return rename_dimension(x, name, memory_name(name))
 
 
@@ -73,11 +76,12 @@ def attention_mask_ignore_padding(inputs: Tensor, dtype=tf.float32) -> Tensor:
   """Bias that hides padding (id 0) memory positions.
 
   Args:
-    inputs: integer ids [..., length]; 0 is padding.
+    inputs: integer ids [..., length] (the last dimension is renamed
+      "memory_" + its name) or already [..., memory_length]; 0 is padding.
     dtype: bias dtype.
 
   Returns:
-    a bias [..., memory_length] (the last dimension renamed).
+    a bias [..., memory_length].
 
   Example:
     >>> mask = attention_mask_ignore_padding(ids)   # [batch, memory_length]
@@ -119,8 +123,7 @@ def attention_mask_same_segment(query_segment: Tensor, memory_segment: Optional[
   """
   if memory_segment is None:
     memory_segment = query_segment
-  if not memory_segment.shape.dims[-1].name.startswith("memory_"):
-    memory_segment = _to_memory(memory_segment)
+  memory_segment = _to_memory(memory_segment)
   return _bias(ew.not_equal(query_segment, memory_segment), dtype)
 
 
@@ -146,7 +149,7 @@ def attention_bias_local_block(mesh: Mesh, block_length: Dimension, memory_lengt
   memory = Dimension(memory_length.name, 2 * block_length.size)
   qpos = mtf_range(mesh, block_length, tf.int32)
   mpos = mtf_range(mesh, memory, tf.int32)
-  return _bias(ew.greater(mpos - block_length.size, qpos), dtype)
+  return _bias(ew.less(qpos, mpos - block_length.size), dtype)
 
 
 # ---------------------------------------------------------------- parameters

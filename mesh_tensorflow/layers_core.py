@@ -35,7 +35,8 @@ Activation = Union[None, str, Callable[[Tensor], Tensor]]
 # ---------------------------------------------------------------- scopes
 def _scope_prefix(mesh: Mesh) -> str:
   tf_scope = tf.compat.v1.get_variable_scope().name
-  return "/".join(p for p in [tf_scope] + mesh.graph._scope_stack if p)  # pylint: disable=protected-access
+  stack = mesh.graph._scope_stack  # pylint: disable=protected-access
+  return "/".join(p for p in [tf_scope] + stack if p)
 
 
 def unique_layer_name(mesh: Mesh, name: Optional[str], default_name: str) -> str:
@@ -334,7 +335,7 @@ def batch_norm(x: Tensor, is_training: bool, momentum: float = 0.99, epsilon: fl
   `lowering.lowered_operation(op)`); otherwise normalizes with the moving
   averages and returns no ops. Scale (ones, or zeros with init_zero) and bias
   (zeros) have the remaining dimensions, as do the non-trainable
-  "moving_mean" (zeros) and "moving_variance" (ones).
+  "bn_moving_mean" (zeros) and "bn_moving_variance" (ones).
 
   Returns:
     (normalized x, list of update operations).
@@ -352,8 +353,8 @@ def batch_norm(x: Tensor, is_training: bool, momentum: float = 0.99, epsilon: fl
     scale = _norm_variable(x, "batch_norm_scale", kept,
                            initializers.zeros() if init_zero else initializers.ones())
     bias = _norm_variable(x, "batch_norm_bias", kept, initializers.zeros())
-    moving_mean = _norm_variable(x, "moving_mean", kept, initializers.zeros(), trainable=False)
-    moving_variance = _norm_variable(x, "moving_variance", kept, initializers.ones(),
+    moving_mean = _norm_variable(x, "bn_moving_mean", kept, initializers.zeros(), trainable=False)
+    moving_variance = _norm_variable(x, "bn_moving_variance", kept, initializers.ones(),
                                      trainable=False)
     updates = []
     if is_training:

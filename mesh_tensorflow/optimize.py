@@ -1,30 +1,237 @@
 """Optimizers that update mtf variables in place, slice by slice.
 
 An optimizer turns gradients into mtf assign operations. Its per-variable
-state (momentum, Adam moments) lives in "slot" variables created with
-`mtf.get_variable`: a slot has its variable's shape, hence its layout, so every
-update is local to each processor and costs no communication.
+state (momentum, Adam moments, Adafactor's second-moment statistics) lives in
+"slot" variables created with `mtf.get_variable`. A slot has its variable's
+dimensions (Adafactor's factored slots a subset of them), so the layout rules
+lay it out like its variable and every elementwise update is local to each
+processor.
 
     >>> variables = graph.trainable_variables
     >>> grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
-    >>> optimizer = mtf.optimize.AdamWeightDecayOptimizer(learning_rate=1e-3)
+    >>> optimizer = mtf.optimize.AdafactorOptimizer()
     >>> update_ops = optimizer.apply_grads(grads, variables)
     >>> # inside a tf.function: tf.group(*[lowering.lowered_operation(op)
     >>> #                                  for op in update_ops])
+
+Dtypes. A variable has a master dtype (the precision of its updates), a slice
+dtype (how each processor stores it) and an activation dtype (what the model
+reads). Optimizers read the stored slices, compute the update in the master
+dtype and store the result in the slice dtype; they never round the weights
+through the activation dtype. So a model with bfloat16 activations and float32
+master weights accumulates small updates exactly as a float32 model does.
+
+The step. Learning rates and hyperparameters may be Python numbers, scalar mtf
+or TensorFlow tensors, or functions of the step (see
+`mesh_tensorflow.learning_rate_schedules`). The step is the number of updates
+applied before the current one (0 for the first). `apply_grads(..., step=s)`
+takes it from the caller (a Python number, a TensorFlow scalar or a scalar mtf
+tensor); without `step`, it comes from the step counter `step_counter(mesh)`, a
+non-trainable int64 mtf variable named "optimizer_step". That counter is
+created only if something reads it, is checkpointed with the other variables,
+and is advanced once per mtf graph (i.e. per training step) by `apply_grads`.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
-from typing import List, Optional, Sequence, Union
+import weakref
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import tensorflow as tf
 
-from mesh_tensorflow.graph import Operation, Tensor
+from mesh_tensorflow import learning_rate_schedules as lrs
+from mesh_tensorflow.graph import Graph, Mesh, Operation, Tensor
+from mesh_tensorflow.ops import constant as constant_ops
 from mesh_tensorflow.ops import elementwise as ew
+from mesh_tensorflow.ops import reduction
 from mesh_tensorflow.ops import variables as var_ops
+from mesh_tensorflow.shapes import Dimension, Shape
 
-LearningRate = Union[float, Tensor]
+# A hyperparameter: a number, a scalar (mtf or TensorFlow) tensor, or a
+# function of the step (a float32 scalar mtf Tensor) returning one of those.
+Hyperparameter = Union[float, Tensor, tf.Tensor, tf.Variable, Callable[[Tensor], object]]
+LearningRate = Hyperparameter
+StepLike = Union[int, float, Tensor, tf.Tensor, tf.Variable]
+
+STEP_COUNTER_NAME = "optimizer_step"
+
+# mtf.Graph -> {counter Variable operation: whether apply_grads advanced it}.
+_STEP_COUNTERS: "weakref.WeakKeyDictionary[Graph, Dict[Operation, bool]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def step_counter(mesh: Mesh, name: str = STEP_COUNTER_NAME) -> Tensor:
+  """The optimizer step counter of `mesh`'s graph: a scalar int64 mtf Tensor.
+
+  Its value is the number of updates applied so far. The counter is an mtf
+  variable (replicated, non-trainable, checkpointed like any other) created on
+  first use; `Optimizer.apply_grads` called without `step` advances it once per
+  mtf graph. Use it to build schedules that the optimizer does not see, e.g.
+  a learning rate passed as an mtf Tensor, or to export the step for logging.
+
+  Args:
+    mesh: the mesh to hold the counter.
+    name: the variable name.
+
+  Returns:
+    The counter's value before this step's update.
+
+  Example:
+    >>> step = mtf.cast(mtf.optimize.step_counter(mesh), tf.float32)
+    >>> lr = mtf.learning_rate_schedules.rsqrt_decay(step, warmup_steps=100)
+    >>> ops = mtf.optimize.SgdOptimizer(lr).apply_grads(grads, variables)
+  """
+  value = var_ops.get_variable(mesh, name, Shape([]), dtype=tf.int64,
+                               initializer=tf.zeros_initializer(), trainable=False)
+  counters = _STEP_COUNTERS.setdefault(mesh.graph, {})
+  counters.setdefault(value.operation, False)
+  return value
+
+
+def _advance_step_counters(graph: Graph) -> List[Operation]:
+  """Assignments that add one to each step counter of `graph` not yet advanced."""
+  ops = []
+  counters = _STEP_COUNTERS.get(graph, {})
+  for counter, advanced in list(counters.items()):
+    if not advanced:
+      ops.append(var_ops.assign(counter, counter.outputs[0] + 1,
+                                name="advance_step_counter"))
+      counters[counter] = True
+  return ops
+
+
+def reduce_rms(x: Tensor) -> Tensor:
+  """Root mean square of all elements of `x`, a scalar mtf Tensor.
+
+  Example:
+    >>> scale = mtf.optimize.reduce_rms(weights)
+  """
+  return ew.sqrt(reduction.reduce_mean(ew.square(x)))
+
+
+def clip_by_global_norm(grads: Sequence[Optional[Tensor]],
+                        clip_norm: Union[float, Tensor],
+                        use_norm: Optional[Tensor] = None
+                        ) -> Tuple[List[Optional[Tensor]], Tensor]:
+  """Scales gradients so that their joint L2 norm is at most `clip_norm`.
+
+  With global_norm = sqrt(sum of all squared elements of all gradients), each
+  gradient becomes `g * clip_norm / max(global_norm, clip_norm)`: unchanged
+  when the norm is within bounds, scaled down together otherwise (as
+  `tf.clip_by_global_norm`). The norm is computed in float32 (float64 if a
+  gradient is float64), whatever the gradients' dtype; a split gradient adds
+  only the allreduce of one scalar.
+
+  Args:
+    grads: mtf Tensors on one mesh; None entries are passed through.
+    clip_norm: the maximum norm, a positive Python number or a scalar mtf Tensor.
+    use_norm: the global norm if already computed (a scalar mtf Tensor).
+
+  Returns:
+    (clipped gradients, in the order given, None where the input was None;
+     the global norm before clipping, a scalar mtf Tensor).
+
+  Example:
+    >>> grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+    >>> grads, norm = mtf.optimize.clip_by_global_norm(grads, 1.0)
+  """
+  grads = list(grads)
+  present = [g for g in grads if g is not None]
+  if not present:
+    raise ValueError("clip_by_global_norm: every gradient is None.")
+  for g in present:
+    if not isinstance(g, Tensor):
+      raise TypeError(f"clip_by_global_norm: expected mtf Tensors, got {g!r}.")
+    if g.mesh is not present[0].mesh:
+      raise ValueError(
+          f"clip_by_global_norm: gradients {present[0].name} and {g.name} live on "
+          f"different meshes ({present[0].mesh.name!r}, {g.mesh.name!r}); clip each "
+          "mesh's gradients separately.")
+  if isinstance(clip_norm, (numbers.Number, np.number)) and not clip_norm > 0:
+    raise ValueError(f"clip_by_global_norm: clip_norm must be positive, got {clip_norm}.")
+  norm_dtype = tf.float64 if any(g.dtype == tf.float64 for g in present) else tf.float32
+  if use_norm is None:
+    squares = [reduction.reduce_sum(ew.square(ew.cast(g, norm_dtype))) for g in present]
+    global_norm = ew.sqrt(ew.add_n(squares))
+  else:
+    global_norm = ew.cast(use_norm, norm_dtype)
+  if isinstance(clip_norm, Tensor):
+    clip_norm = ew.cast(clip_norm, norm_dtype)
+  scale = clip_norm / ew.maximum(global_norm, clip_norm)
+  clipped = [None if g is None else g * ew.cast(scale, g.dtype) for g in grads]
+  return clipped, global_norm
+
+
+class _ReadInMasterDtype(Operation):
+  """A variable's value read from its slices in the master dtype (instead of
+  the activation dtype of `var.outputs[0]`)."""
+
+  def __init__(self, var: var_ops.Variable):
+    super().__init__([var.outputs[0]], mesh=var.mesh, name="read_master_value")
+    self._variable = var
+    self._outputs = [Tensor(self, var.shape, var.master_dtype)]
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    dtype = self._variable.master_dtype
+
+    def read(v):
+      return tf.cast(v.read_value(), dtype)
+    slices = lowering.variables[self._variable].laid_out_tensor
+    lowering.set_tensor_lowering(self.outputs[0], impl.slicewise(read, slices))
+
+
+def _master_value(var: var_ops.Variable) -> Tensor:
+  """The variable's current value in its master dtype."""
+  if var.activation_dtype == var.master_dtype:
+    return var.outputs[0]
+  return _ReadInMasterDtype(var).outputs[0]
+
+
+def _master(t: Tensor, var: var_ops.Variable) -> Tensor:
+  """`t` in the variable's master dtype (where updates are computed)."""
+  return ew.cast(t, var.master_dtype)
+
+
+def _slot(var: var_ops.Variable, slot_name: str, shape: Optional[Shape] = None) -> Tensor:
+  """A zero-initialized, non-trainable variable in the master dtype, over the
+  variable's dimensions (or the subset `shape`), hence laid out like it."""
+  return var_ops.get_variable(
+      var.mesh, f"{var.name}/{slot_name}", var.shape if shape is None else shape,
+      dtype=var.master_dtype, initializer=tf.zeros_initializer(), trainable=False)
+
+
+def _to_mtf_scalar(value, mesh: Mesh, dtype: tf.DType, what: str) -> Tensor:
+  """A Python number, TF scalar or mtf scalar as a scalar mtf Tensor of dtype."""
+  if isinstance(value, Tensor):
+    if value.shape.ndims:
+      raise ValueError(f"{what} must be a scalar; got {value.name} with shape {value.shape}.")
+    if value.mesh is not mesh:
+      raise ValueError(
+          f"{what} ({value.name}) lives on mesh {value.mesh.name!r}, but the variables "
+          f"it updates live on {mesh.name!r}.")
+    return ew.cast(value, dtype)
+  if isinstance(value, (numbers.Number, np.number)):
+    return constant_ops.constant(mesh, value, Shape([]), dtype=dtype)
+  if isinstance(value, (tf.Tensor, tf.Variable)):
+    if value.shape.rank:
+      raise ValueError(f"{what} must be a scalar; got a TensorFlow tensor of shape "
+                       f"{value.shape}.")
+    return constant_ops.import_fully_replicated(mesh, tf.cast(value, dtype), Shape([]))
+  raise TypeError(f"{what} must be a number, a scalar TensorFlow or mtf tensor, or a "
+                  f"function of the step; got {value!r}.")
+
+
+class _StepScope:
+  """What one apply_grads call resolved: the step and step-dependent scalars."""
+
+  def __init__(self, step: Optional[StepLike]):
+    self.step = step
+    self.cache: Dict[tuple, object] = {}
 
 
 class Optimizer:
@@ -34,14 +241,29 @@ class Optimizer:
   variable (`<variable name>/<slot>`), so building the same model again (for
   instance once per traced `tf.function`) finds the same slots.
 
+  Args:
+    clip_gradients_by_global_norm: if set, `apply_grads` first scales the
+      gradients so that their global L2 norm is at most this value (see
+      `clip_by_global_norm`).
+
   Example:
     >>> class HalfStep(mtf.optimize.Optimizer):
     ...   def apply_grad(self, grad, var):
     ...     return [mtf.assign_sub(var, 0.5 * grad)]
   """
 
-  def apply_grads(self, grads: Sequence[Optional[Tensor]],
-                  variables: Sequence) -> List[Operation]:
+  clip_gradients_by_global_norm: Optional[float] = None
+  _step_scope: Optional[_StepScope] = None
+
+  def __init__(self, clip_gradients_by_global_norm: Optional[float] = None):
+    if clip_gradients_by_global_norm is not None and not clip_gradients_by_global_norm > 0:
+      raise ValueError(
+          f"{type(self).__name__}: clip_gradients_by_global_norm must be positive or "
+          f"None, got {clip_gradients_by_global_norm}.")
+    self.clip_gradients_by_global_norm = clip_gradients_by_global_norm
+
+  def apply_grads(self, grads: Sequence[Optional[Tensor]], variables: Sequence,
+                  step: Optional[StepLike] = None) -> List[Operation]:
     """Returns the assign operations that apply `grads` to `variables`.
 
     Args:
@@ -49,6 +271,11 @@ class Optimizer:
         result of `mtf.gradients([loss], [v.outputs[0] for v in variables])`.
       variables: mtf `Variable` operations (e.g. `graph.trainable_variables`)
         or their value tensors.
+      step: the number of updates applied so far, for step-dependent
+        hyperparameters: a Python number, a TensorFlow scalar or a scalar mtf
+        Tensor. Without it the optimizer uses `step_counter(mesh)` where it
+        needs a step, and advances every step counter of the graph (once per
+        graph, however many optimizers run in it).
 
     Returns:
       A list of mtf operations; lower each with `lowering.lowered_operation`.
@@ -61,7 +288,7 @@ class Optimizer:
       raise ValueError(
           f"{type(self).__name__}.apply_grads: got {len(grads)} gradients for "
           f"{len(variables)} variables; pass one gradient (or None) per variable.")
-    ops = []
+    pairs = []
     for grad, var in zip(grads, variables):
       var = var_ops._as_variable(var)  # pylint: disable=protected-access
       if grad is None:
@@ -70,11 +297,30 @@ class Optimizer:
         raise ValueError(
             f"{type(self).__name__}: gradient {grad.name} has shape {grad.shape} "
             f"but variable {var.name!r} has shape {var.shape}.")
-      ops.extend(self.apply_grad(grad, var))
+      pairs.append((grad, var))
+    if not pairs:
+      return []
+    if self.clip_gradients_by_global_norm is not None:
+      clipped, _ = clip_by_global_norm([g for g, _ in pairs],
+                                       self.clip_gradients_by_global_norm)
+      pairs = [(g, v) for g, (_, v) in zip(clipped, pairs)]
+    outer = self._step_scope
+    self._step_scope = _StepScope(step)
+    try:
+      ops = []
+      for grad, var in pairs:
+        ops.extend(self.apply_grad(grad, var))
+      if step is None:
+        ops.extend(_advance_step_counters(pairs[0][1].graph))
+    finally:
+      self._step_scope = outer
     return ops
 
   def apply_grad(self, grad: Tensor, var) -> List[Operation]:
     """Returns the assign operations that apply one gradient to one variable.
+
+    Call `apply_grads` rather than this: it also clips gradients and advances
+    the step counter.
 
     Args:
       grad: the gradient, an mtf Tensor of the variable's shape.
@@ -85,30 +331,75 @@ class Optimizer:
     """
     raise NotImplementedError(f"{type(self).__name__} does not implement apply_grad.")
 
+  def current_step(self, mesh: Mesh) -> Tensor:
+    """The step of the update being built, as a float32 scalar mtf Tensor.
 
-def _master(t: Tensor, var) -> Tensor:
-  """`t` in the variable's master dtype (where updates are computed)."""
-  return ew.cast(t, var.master_dtype)
+    It is the `step` given to `apply_grads`, or else the value of
+    `step_counter(mesh)`: the number of updates applied before this one.
 
+    Args:
+      mesh: the mesh of the variables being updated.
 
-def _slot(var, slot_name: str) -> Tensor:
-  """A zero-initialized, non-trainable variable shaped (and laid out) like var."""
-  return var_ops.get_variable(
-      var.mesh, f"{var.name}/{slot_name}", var.shape, dtype=var.master_dtype,
-      initializer=tf.zeros_initializer(), trainable=False)
+    Example:
+      >>> lr = mtf.minimum(0.01, mtf.rsqrt(self.current_step(var.mesh) + 1.0))
+    """
+    scope = self._step_scope or _StepScope(None)
+    key = ("step", mesh)
+    if key not in scope.cache:
+      if scope.step is None:
+        value = ew.cast(step_counter(mesh), tf.float32)
+      else:
+        value = _to_mtf_scalar(scope.step, mesh, tf.float32, "step")
+      scope.cache[key] = value
+    return scope.cache[key]
+
+  def hyperparameter(self, value: Hyperparameter, mesh: Mesh, dtype: tf.DType,
+                     what: str = "hyperparameter") -> Union[float, Tensor]:
+    """Resolves a hyperparameter for an update on `mesh` in `dtype`.
+
+    Python numbers are returned as floats (folded into the ops that use them);
+    functions are called with `current_step(mesh)` (once per `apply_grads`);
+    TensorFlow and mtf scalars become scalar mtf Tensors of `dtype`.
+
+    Args:
+      value: a number, a scalar mtf or TensorFlow tensor, or a function of the
+        step returning one of those.
+      mesh: the mesh of the variable being updated.
+      dtype: the variable's master dtype.
+      what: a name for error messages.
+
+    Example:
+      >>> lr = self.hyperparameter(self.learning_rate, var.mesh, var.master_dtype)
+    """
+    if isinstance(value, (numbers.Number, np.number)) and not isinstance(value, bool):
+      return float(value)
+    scope = self._step_scope or _StepScope(None)
+    key = (what, id(value), mesh, dtype)
+    if key not in scope.cache:
+      resolved = value(self.current_step(mesh)) if callable(value) else value
+      if isinstance(resolved, (numbers.Number, np.number)):
+        resolved = float(resolved)
+      else:
+        resolved = _to_mtf_scalar(resolved, mesh, dtype, what)
+      scope.cache[key] = (value, resolved)  # keeps `value` alive while id() is a key
+    return scope.cache[key][1]
 
 
 class SgdOptimizer(Optimizer):
   """Plain gradient descent: `var <- var - lr * grad`.
 
   Args:
-    lr: learning rate, a Python float or a scalar mtf Tensor.
+    lr: learning rate: a number, a scalar mtf or TensorFlow tensor, or a
+      function of the step (see `mesh_tensorflow.learning_rate_schedules`).
+    clip_gradients_by_global_norm: see `Optimizer`.
 
   Example:
     >>> ops = mtf.optimize.SgdOptimizer(0.1).apply_grads(grads, variables)
   """
 
-  def __init__(self, lr: LearningRate):
+  def __init__(self, lr: LearningRate,
+               clip_gradients_by_global_norm: Optional[float] = None):
+    super().__init__(clip_gradients_by_global_norm)
     self._lr = lr
 
   @property
@@ -116,8 +407,9 @@ class SgdOptimizer(Optimizer):
     return self._lr
 
   def apply_grad(self, grad: Tensor, var) -> List[Operation]:
-    value = _master(var.outputs[0], var)
-    return [var_ops.assign(var, value - self._lr * _master(grad, var))]
+    lr = self.hyperparameter(self._lr, var.mesh, var.master_dtype, "learning rate")
+    value = _master_value(var)
+    return [var_ops.assign(var, value - lr * _master(grad, var))]
 
 
 class MomentumOptimizer(Optimizer):
@@ -127,15 +419,19 @@ class MomentumOptimizer(Optimizer):
   `v <- momentum * v - lr * grad; var <- var + v`.
 
   Args:
-    lr: learning rate, a Python float or a scalar mtf Tensor.
+    lr: learning rate: a number, a scalar mtf or TensorFlow tensor, or a
+      function of the step.
     momentum: decay of the velocity, e.g. 0.9.
+    clip_gradients_by_global_norm: see `Optimizer`.
 
   Example:
     >>> opt = mtf.optimize.MomentumOptimizer(0.1, momentum=0.9)
     >>> ops = opt.apply_grads(grads, variables)
   """
 
-  def __init__(self, lr: LearningRate, momentum: float):
+  def __init__(self, lr: LearningRate, momentum: float,
+               clip_gradients_by_global_norm: Optional[float] = None):
+    super().__init__(clip_gradients_by_global_norm)
     self._lr = lr
     self._momentum = momentum
 
@@ -143,10 +439,11 @@ class MomentumOptimizer(Optimizer):
   momentum = property(lambda self: self._momentum)
 
   def apply_grad(self, grad: Tensor, var) -> List[Operation]:
+    lr = self.hyperparameter(self._lr, var.mesh, var.master_dtype, "learning rate")
     velocity = _slot(var, "momentum")
-    new_velocity = velocity * self._momentum - self._lr * _master(grad, var)
+    new_velocity = velocity * self._momentum - lr * _master(grad, var)
     return [var_ops.assign(velocity, new_velocity),
-            var_ops.assign(var, _master(var.outputs[0], var) + new_velocity)]
+            var_ops.assign(var, _master_value(var) + new_velocity)]
 
 
 class AdamWeightDecayOptimizer(Optimizer):
@@ -163,13 +460,15 @@ class AdamWeightDecayOptimizer(Optimizer):
   one of `exclude_from_weight_decay`.
 
   Args:
-    learning_rate: a Python float or a scalar mtf Tensor.
+    learning_rate: a number, a scalar mtf or TensorFlow tensor, or a function
+      of the step.
     weight_decay_rate: decoupled weight decay coefficient.
     beta_1: decay of the first-moment estimate.
     beta_2: decay of the second-moment estimate.
     epsilon: added to the denominator.
     exclude_from_weight_decay: regular expressions of variable names that get
       no weight decay, e.g. ["bias", "layer_norm"].
+    clip_gradients_by_global_norm: see `Optimizer`.
 
   Example:
     >>> opt = mtf.optimize.AdamWeightDecayOptimizer(
@@ -180,7 +479,9 @@ class AdamWeightDecayOptimizer(Optimizer):
 
   def __init__(self, learning_rate: LearningRate, weight_decay_rate: float = 0.0,
                beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-6,
-               exclude_from_weight_decay: Optional[Sequence[str]] = None):
+               exclude_from_weight_decay: Optional[Sequence[str]] = None,
+               clip_gradients_by_global_norm: Optional[float] = None):
+    super().__init__(clip_gradients_by_global_norm)
     self.learning_rate = learning_rate
     self.weight_decay_rate = weight_decay_rate
     self.beta_1 = beta_1
@@ -189,8 +490,10 @@ class AdamWeightDecayOptimizer(Optimizer):
     self.exclude_from_weight_decay = list(exclude_from_weight_decay or [])
 
   def apply_grad(self, grad: Tensor, var) -> List[Operation]:
+    lr = self.hyperparameter(self.learning_rate, var.mesh, var.master_dtype,
+                             "learning rate")
     grad = _master(grad, var)
-    value = _master(var.outputs[0], var)
+    value = _master_value(var)
     m = _slot(var, "adam_m")
     v = _slot(var, "adam_v")
     next_m = self.beta_1 * m + (1.0 - self.beta_1) * grad
@@ -200,9 +503,227 @@ class AdamWeightDecayOptimizer(Optimizer):
       update = update + self.weight_decay_rate * value
     return [var_ops.assign(m, next_m),
             var_ops.assign(v, next_v),
-            var_ops.assign(var, value - self.learning_rate * update)]
+            var_ops.assign(var, value - lr * update)]
 
   def _do_use_weight_decay(self, param_name: str) -> bool:
     if not self.weight_decay_rate:
       return False
     return not any(re.search(p, param_name) for p in self.exclude_from_weight_decay)
+
+
+def adafactor_decay_rate_pow(exponent: float = 0.8) -> lrs.Schedule:
+  """Adafactor's second-moment decay `1 - (step + 1) ** -exponent`.
+
+  The averaging window grows like step**exponent; the first update (step 0)
+  uses the squared gradient alone.
+
+  Args:
+    exponent: in (0, 1]; the paper uses 0.8.
+
+  Returns:
+    A function of the step (Python, TensorFlow or mtf scalar) giving the rate.
+
+  Example:
+    >>> opt = mtf.optimize.AdafactorOptimizer(
+    ...     decay_rate=mtf.optimize.adafactor_decay_rate_pow(0.5))
+    >>> mtf.optimize.adafactor_decay_rate_pow(1.0)(3)
+    0.75
+  """
+  if not 0 < exponent <= 1:
+    raise ValueError(f"adafactor_decay_rate_pow: exponent must be in (0, 1], got {exponent}.")
+
+  def decay_rate(step: lrs.Step) -> lrs.Value:
+    ops, s = lrs._math_for(step)  # pylint: disable=protected-access
+    return 1.0 - ops.exp(-exponent * ops.log(s + 1.0))
+  return decay_rate
+
+
+def adafactor_decay_rate_adam(beta2: float) -> lrs.Schedule:
+  """Adam's second-moment decay with its bias correction folded in.
+
+  `beta2 * (1 - beta2 ** t) / (1 - beta2 ** (t + 1))` at step t (0 at the
+  first update, approaching beta2 later): an exponential average of squared
+  gradients that needs no separate correction.
+
+  Args:
+    beta2: Adam's beta_2, in (0, 1).
+
+  Returns:
+    A function of the step (Python, TensorFlow or mtf scalar) giving the rate.
+
+  Example:
+    >>> opt = mtf.optimize.AdafactorOptimizer(
+    ...     decay_rate=mtf.optimize.adafactor_decay_rate_adam(0.999))
+  """
+  if not 0 < beta2 < 1:
+    raise ValueError(f"adafactor_decay_rate_adam: beta2 must be in (0, 1), got {beta2}.")
+  log_beta2 = math.log(beta2)
+
+  def decay_rate(step: lrs.Step) -> lrs.Value:
+    ops, s = lrs._math_for(step)  # pylint: disable=protected-access
+    power = ops.exp(s * log_beta2)  # beta2 ** step
+    return beta2 * (1.0 - power) / (1.0 - power * beta2)
+  return decay_rate
+
+
+def _adafactor_relative_step_size(step: lrs.Step) -> lrs.Value:
+  """min(0.01, 1 / sqrt(step + 1)): Adafactor's default relative step size."""
+  ops, s = lrs._math_for(step)  # pylint: disable=protected-access
+  return ops.minimum(1.0 / ops.sqrt(s + 1.0), 0.01)
+
+
+def _adafactor_absolute_step_size(step: lrs.Step) -> lrs.Value:
+  """The default step size without parameter scaling: 0.05 times the relative one."""
+  return 0.05 * _adafactor_relative_step_size(step)
+
+
+class AdafactorOptimizer(Optimizer):
+  """Adafactor (Shazeer and Stern, 2018): Adam-like updates with factored
+  second moments, update clipping and relative step sizes.
+
+  For a gradient g of a variable x, at step t (updates applied so far):
+
+      decay = decay_rate(t)                  # default 1 - (t + 1) ** -0.8
+      s = g**2 + epsilon1
+      if factored (d0, d1 the two largest dims, both >= min_dim_size_to_factor):
+        vr <- decay * vr + (1 - decay) * mean(s over d1)   # keeps d0
+        vc <- decay * vc + (1 - decay) * mean(s over d0)   # keeps d1
+        v = vr * vc / mean(vr over d0)
+      else:
+        v <- decay * v + (1 - decay) * s
+      u = g / sqrt(v)
+      u = u / max(1, rms(u) / clipping_threshold)      # if clipping_threshold
+      step_size = learning_rate(t)                     # default min(0.01, 1/sqrt(t+1))
+      if multiply_by_parameter_scale:
+        step_size = step_size * max(epsilon2, rms(x))
+      delta = step_size * u
+      if beta1: m <- beta1 * m + (1 - beta1) * delta; delta = m
+      x <- x - delta
+
+  rms is over all elements of a tensor. Dimensions other than d0 and d1 are
+  batch dimensions of the factorization (each [d0, d1] matrix is factored on
+  its own). Factored slots (`<var>/adafactor_vr` over the variable's
+  dimensions without d1, `<var>/adafactor_vc` without d0) need memory of order
+  d0 + d1 instead of d0 * d1 per matrix; they are ordinary mtf variables, so
+  the layout rules lay them out like their variable. A split d0 or d1 costs one
+  allreduce of a slot-sized tensor; the rms values cost scalar allreduces.
+
+  Steps come from `apply_grads(..., step=)` or the step counter (see the
+  module docstring), so the defaults need no global TensorFlow state.
+
+  Args:
+    multiply_by_parameter_scale: scale the step size by the parameter's rms
+      (a relative step size).
+    learning_rate: the (relative) step size: a number, a scalar mtf or
+      TensorFlow tensor, or a function of the step. Default: min(0.01,
+      1/sqrt(step + 1)), times 0.05 when multiply_by_parameter_scale is False.
+    decay_rate: second-moment decay: a number, a scalar tensor, or a function
+      of the step. Default: `adafactor_decay_rate_pow(0.8)`.
+    beta1: first-moment (momentum) decay of the scaled update; 0 keeps no
+      first moment (and no `adafactor_m` slot).
+    clipping_threshold: the largest rms an update may have, or None for no
+      update clipping.
+    factored: whether to factor second moments of variables with two large
+      enough dimensions.
+    epsilon1: added to squared gradients.
+    epsilon2: lower bound of the parameter scale, so that zero-initialized
+      variables still move.
+    min_dim_size_to_factor: factor only when the second largest dimension has
+      at least this size.
+    clip_gradients_by_global_norm: see `Optimizer`.
+
+  Example:
+    >>> opt = mtf.optimize.AdafactorOptimizer(beta1=0.9, min_dim_size_to_factor=32)
+    >>> ops = opt.apply_grads(grads, graph.trainable_variables)
+  """
+
+  def __init__(self, multiply_by_parameter_scale: bool = True,
+               learning_rate: Optional[Hyperparameter] = None,
+               decay_rate: Optional[Hyperparameter] = None,
+               beta1: float = 0.0,
+               clipping_threshold: Optional[float] = 1.0,
+               factored: bool = True,
+               epsilon1: float = 1e-30,
+               epsilon2: float = 1e-3,
+               min_dim_size_to_factor: int = 128,
+               clip_gradients_by_global_norm: Optional[float] = None):
+    super().__init__(clip_gradients_by_global_norm)
+    if not 0.0 <= beta1 < 1.0:
+      raise ValueError(f"AdafactorOptimizer: beta1 must be in [0, 1), got {beta1}.")
+    if clipping_threshold is not None and not clipping_threshold > 0:
+      raise ValueError(
+          "AdafactorOptimizer: clipping_threshold must be positive or None, got "
+          f"{clipping_threshold}.")
+    if min_dim_size_to_factor < 1:
+      raise ValueError(
+          "AdafactorOptimizer: min_dim_size_to_factor must be >= 1, got "
+          f"{min_dim_size_to_factor}.")
+    self.multiply_by_parameter_scale = multiply_by_parameter_scale
+    if learning_rate is None:
+      learning_rate = (_adafactor_relative_step_size if multiply_by_parameter_scale
+                       else _adafactor_absolute_step_size)
+    self.learning_rate = learning_rate
+    self.decay_rate = adafactor_decay_rate_pow(0.8) if decay_rate is None else decay_rate
+    self.beta1 = beta1
+    self.clipping_threshold = clipping_threshold
+    self.factored = factored
+    self.epsilon1 = epsilon1
+    self.epsilon2 = epsilon2
+    self.min_dim_size_to_factor = min_dim_size_to_factor
+
+  def factored_dims(self, shape: Shape) -> Optional[Tuple[Dimension, Dimension]]:
+    """The two dimensions (largest first) to factor over, or None.
+
+    Ties in size keep the shape's order.
+
+    Args:
+      shape: the variable's mtf Shape.
+
+    Example:
+      >>> AdafactorOptimizer(min_dim_size_to_factor=2).factored_dims(
+      ...     mtf.convert_to_shape("a:2;b:8;c:4"))
+      (Dimension(name='b', size=8), Dimension(name='c', size=4))
+    """
+    if not self.factored or shape.ndims < 2:
+      return None
+    largest = sorted(shape.dims, key=lambda d: -d.size)[:2]
+    if largest[1].size < self.min_dim_size_to_factor:
+      return None
+    return largest[0], largest[1]
+
+  def apply_grad(self, grad: Tensor, var) -> List[Operation]:
+    mesh, dtype = var.mesh, var.master_dtype
+    lr = self.hyperparameter(self.learning_rate, mesh, dtype, "learning rate")
+    decay = self.hyperparameter(self.decay_rate, mesh, dtype, "decay rate")
+    grad = _master(grad, var)
+    value = _master_value(var)
+    squared = ew.square(grad) + self.epsilon1
+    ops = []
+    dims = self.factored_dims(var.shape)
+    if dims is not None:
+      d0, d1 = dims
+      vr = _slot(var, "adafactor_vr", var.shape - [d1])
+      vc = _slot(var, "adafactor_vc", var.shape - [d0])
+      new_vr = decay * vr + (1.0 - decay) * reduction.reduce_mean(squared, reduced_dim=d1)
+      new_vc = decay * vc + (1.0 - decay) * reduction.reduce_mean(squared, reduced_dim=d0)
+      ops += [var_ops.assign(vr, new_vr), var_ops.assign(vc, new_vc)]
+      row_factor = ew.rsqrt(new_vr / reduction.reduce_mean(new_vr, reduced_dim=d0))
+      update = grad * row_factor * ew.rsqrt(new_vc)
+    else:
+      v = _slot(var, "adafactor_v")
+      new_v = decay * v + (1.0 - decay) * squared
+      ops.append(var_ops.assign(v, new_v))
+      update = grad * ew.rsqrt(new_v)
+    if self.clipping_threshold is not None:
+      update = update / ew.maximum(reduce_rms(update) * (1.0 / self.clipping_threshold),
+                                   1.0)
+    step_size = lr
+    if self.multiply_by_parameter_scale:
+      step_size = lr * ew.maximum(reduce_rms(value), self.epsilon2)
+    delta = update * step_size
+    if self.beta1:
+      m = _slot(var, "adafactor_m")
+      delta = self.beta1 * m + (1.0 - self.beta1) * delta
+      ops.append(var_ops.assign(m, delta))
+    ops.append(var_ops.assign(var, value - delta))
+    return ops

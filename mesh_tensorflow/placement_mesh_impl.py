@@ -55,7 +55,8 @@ class PlacementMeshImpl(MeshImpl):
       ["/job:worker/task:1/device:CPU:0", ...]. "" means TensorFlow's default.
     collectives: "direct" combines slices with ordinary ops (add_n, concat) on
       the devices; "collective" uses TensorFlow collective ops for allreduce
-      (NCCL on GPU); "auto" picks "collective" when all devices are GPUs and
+      (NCCL on GPU) when lowering into a graph (a tf.function), and combines
+      directly when lowering eagerly; "auto" picks "collective" when all devices are GPUs and
       "direct" otherwise (measured fastest on CPU, see benchmarks/).
     share_replicas: when all devices share one memory (CPU devices of one
       process), processors holding identical slices (replicated along some mesh
@@ -154,15 +155,24 @@ class PlacementMeshImpl(MeshImpl):
     out = [None] * self.size
     for group in self.processor_groups(mesh_axes):
       slices = [x.tensor_list[p] for p in group]
-      if self._collectives == "collective" and reduction_fn_string in ("SUM", "MAX", "MIN"):
+      # Collective ops run only in graphs (tf.function, tf.compat.v1): eagerly,
+      # each member would wait for the others forever.
+      if (self._collectives == "collective" and reduction_fn_string in ("SUM", "MAX", "MIN")
+          and not tf.executing_eagerly()):
         merge = {"SUM": "Add", "MAX": "Max", "MIN": "Min"}[reduction_fn_string]
         gkey = _group_key([self._devices[p] for p in group])
         ikey = next(_instance_counter)
+        reduced = []
         for p, s in zip(group, slices):
           with tf.device(self._devices[p]):
-            out[p] = tf.raw_ops.CollectiveReduce(
+            reduced.append(tf.raw_ops.CollectiveReduce(
                 input=s, group_size=len(group), group_key=gkey, instance_key=ikey,
-                merge_op=merge, final_op="Id", subdiv_offsets=[0])
+                merge_op=merge, final_op="Id", subdiv_offsets=[0]))
+        # Every member must run, or those that do wait forever: using any one
+        # result (e.g. only processor 0's, when exporting) runs the group.
+        for p, r in zip(group, reduced):
+          with tf.device(self._devices[p]), tf.control_dependencies(reduced):
+            out[p] = tf.identity(r)
       else:
         with tf.device(self._devices[group[0]]):
           total = _reduce_n(slices, reduction_fn_string)

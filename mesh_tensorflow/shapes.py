@@ -50,10 +50,19 @@ def convert_to_dimension(d) -> Optional[Dimension]:
     return d
   if isinstance(d, str):
     name, size = _split_pair(d, "dimension")
-    return Dimension(name, int(size))
+    return Dimension(name, _parse_size(name, size, d))
   if isinstance(d, (tuple, list)) and len(d) == 2:
     return Dimension(d[0], d[1])
   raise TypeError(f"Cannot convert {d!r} to a Dimension; use Dimension(name, size).")
+
+
+def _parse_size(name: str, size: str, text: str) -> int:
+  try:
+    return int(size)
+  except ValueError:
+    raise ValueError(
+        f"Cannot parse {text!r}: the size of dimension {name!r} must be an "
+        f"integer, got {size!r}.") from None
 
 
 def _split_pair(s: str, what: str):
@@ -206,7 +215,7 @@ def convert_to_shape(x) -> Optional[Shape]:
   if x is None or isinstance(x, Shape):
     return x
   if isinstance(x, str):
-    return Shape([Dimension(n, int(v)) for n, v in parse_pairs(x, "shape")])
+    return Shape([Dimension(n, _parse_size(n, v, x)) for n, v in parse_pairs(x, "shape")])
   if isinstance(x, Dimension):
     return Shape([x])
   if isinstance(x, (list, tuple)):

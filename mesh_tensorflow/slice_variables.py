@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Callable, List, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow.shapes import Shape, convert_to_shape
@@ -48,26 +49,51 @@ class SlicedVariable(tf.Module):
   def __init__(self, var_name: str, full_shape, master_dtype, begins, slices):
     super().__init__()
     self.var_name = var_name
-    self.full_shape = list(full_shape)
     self.master_dtype = tf.as_dtype(master_dtype)
-    # Kept behind a function so tf.Module does not track (and save) each slice.
-    self._state = lambda: (list(begins), list(slices))
+    # Kept behind a function so tf.Module does not track (and save) each slice,
+    # nor wrap the lists.
+    full_shape, begins, slices = list(full_shape), list(begins), list(slices)
+    self._state = lambda: (begins, slices, full_shape)
+
+  @property
+  def full_shape(self) -> List[int]:
+    return list(self._state()[2])
 
   @property
   def slices(self) -> List[tf.Variable]:
-    return self._state()[1]
+    return list(self._state()[1])
 
   @property
   def begins(self) -> List[List[int]]:
-    return self._state()[0]
+    return list(self._state()[0])
 
   def unique_slices(self):
     """[(begin, size, tf.Variable)] with each distinct slice once."""
     seen, out = set(), []
-    for begin, v in zip(*self._state()):
+    begins, slices, _ = self._state()
+    for begin, v in zip(begins, slices):
       if id(v) not in seen:
         seen.add(id(v))
         out.append((begin, v.shape.as_list(), v))
+    return out
+
+  @property
+  def trainable(self) -> bool:
+    return bool(self.slices[0].trainable)
+
+  def numpy(self) -> np.ndarray:
+    """The full logical value, assembled from the slices (in the slice dtype).
+
+    Example:
+      >>> variable_store(mesh_impl)["w1"].numpy().shape
+      (64, 256)
+    """
+    out = None
+    for begin, size, v in self.unique_slices():
+      value = v.numpy()
+      if out is None:
+        out = np.zeros(self.full_shape, dtype=value.dtype)
+      out[tuple(slice(b, b + n) for b, n in zip(begin, size))] = value
     return out
 
   def _serialize_to_tensors(self):
@@ -83,16 +109,26 @@ class SlicedVariable(tf.Module):
         "Restore mtf variables with mesh_tensorflow.checkpoint.CheckpointManager, "
         "which reads exactly the slices each processor needs.")
 
-  def restore_from(self, prefix: str, key: str):
-    """Assigns every slice from checkpoint `prefix`, tensor `key`."""
+  def restore_from(self, prefix: str, key: str, saved_dtype=None):
+    """Assigns every slice from checkpoint `prefix`, tensor `key` (saved as
+    `saved_dtype`, default the master dtype; values are cast to the slice dtype)."""
+    saved_dtype = tf.as_dtype(saved_dtype or self.master_dtype)
     ops = []
     for begin, size, v in self.unique_slices():
       ops.append(v.assign(tf.cast(read_slice(prefix, key, self.full_shape, begin, size,
-                                             self.master_dtype), v.dtype)))
+                                             saved_dtype), v.dtype)))
     return ops
 
 
-def read_slice(prefix, key, full_shape, begin, size, dtype) -> tf.Tensor:
+def read_slice(prefix: str, key: str, full_shape: Sequence[int], begin: Sequence[int],
+               size: Sequence[int], dtype) -> tf.Tensor:
+  """Reads slice [begin, begin + size) of checkpoint tensor `key` (of logical
+  shape `full_shape`, saved as `dtype`), whatever slices it was saved as.
+
+  Example:
+    >>> read_slice("/tmp/run/ckpt-10", checkpoint_key("w1"), [64, 256], [0, 128],
+    ...            [64, 128], tf.float32)
+  """
   (value,) = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[key],
                                   shape_and_slices=[slice_spec(full_shape, begin, size)],
                                   dtypes=[tf.as_dtype(dtype)])
@@ -105,25 +141,57 @@ def checkpoint_key(name: str) -> str:
   return f"model/variables_by_name/{escaped}/.ATTRIBUTES/value"
 
 
-def set_pending_checkpoint(mesh_impl, prefix: Optional[str]) -> None:
-  """Variables created later on `mesh_impl` start from checkpoint `prefix`."""
-  mesh_impl.__dict__[_META_KEY] = prefix
+class PendingCheckpoint:
+  """A checkpoint that variables created later start from.
+
+  Attributes:
+    prefix: the checkpoint path prefix.
+    shapes: {checkpoint key: logical shape} of the checkpoint.
+    dtypes: {checkpoint key: saved dtype}.
+    allow_missing: whether a trainable variable that the checkpoint lacks may
+      start from its initializer (non-trainable state, such as optimizer slots,
+      gradient accumulators and step counters, always may).
+  """
+
+  def __init__(self, prefix: str, allow_missing: bool = False):
+    reader = tf.train.load_checkpoint(prefix)
+    self.prefix = prefix
+    self.shapes = {k: list(v) for k, v in reader.get_variable_to_shape_map().items()}
+    self.dtypes = dict(reader.get_variable_to_dtype_map())
+    self.allow_missing = allow_missing
 
 
-def _pending_value(mesh_impl, name, full_shape, begin, size, dtype):
-  prefix = mesh_impl.__dict__.get(_META_KEY)
-  if not prefix:
+def set_pending_checkpoint(mesh_impl, prefix: Optional[str],
+                           allow_missing: bool = False) -> None:
+  """Variables created later on `mesh_impl` start from checkpoint `prefix`
+  (None: from their initializers).
+
+  Example:
+    >>> set_pending_checkpoint(mesh_impl, "/tmp/run/ckpt-100")
+  """
+  mesh_impl.__dict__[_META_KEY] = (PendingCheckpoint(prefix, allow_missing)
+                                   if prefix else None)
+
+
+def _pending_value(mesh_impl, name, full_shape, begin, size, trainable):
+  pending = mesh_impl.__dict__.get(_META_KEY)
+  if pending is None:
     return None
-  reader = tf.train.load_checkpoint(prefix)
   key = checkpoint_key(name)
-  if not reader.has_tensor(key):
+  if key not in pending.shapes:
+    if trainable and not pending.allow_missing:
+      raise ValueError(
+          f"Checkpoint {pending.prefix} has no variable {name!r}, which the model "
+          "creates. Restore with allow_missing=True to start it from its initializer, "
+          "or check the variable names (python -m mesh_tensorflow.inspect_checkpoint "
+          f"{pending.prefix}).")
     return None
-  saved = reader.get_variable_to_shape_map()[key]
-  if list(saved) != list(full_shape):
+  saved = pending.shapes[key]
+  if saved != list(full_shape):
     raise ValueError(
-        f"Checkpoint {prefix} has variable {name!r} with shape {list(saved)}, but the "
+        f"Checkpoint {pending.prefix} has variable {name!r} with shape {saved}, but the "
         f"model needs {list(full_shape)}.")
-  return read_slice(prefix, key, full_shape, begin, size, dtype)
+  return read_slice(pending.prefix, key, full_shape, begin, size, pending.dtypes[key])
 
 
 def get_or_create(mesh_impl, name: str, shape, master_dtype, slice_dtype,
@@ -132,7 +200,7 @@ def get_or_create(mesh_impl, name: str, shape, master_dtype, slice_dtype,
   first use.
 
   init_fn(begin, slice_shape) gives a slice's initial value (in master dtype)
-  unless a pending checkpoint has the variable. Creation is lifted out of any
+  unless a pending checkpoint has the variable (set_pending_checkpoint). Creation is lifted out of any
   tf.function (tf.init_scope), so it happens once.
   """
   shape = convert_to_shape(shape)
@@ -160,7 +228,7 @@ def get_or_create(mesh_impl, name: str, shape, master_dtype, slice_dtype,
         slices.append(by_begin[tuple(begin)])
         continue
       with tf.device(mesh_impl.variable_device(pnum)):
-        value = _pending_value(mesh_impl, name, full_shape, begin, slice_shape, master_dtype)
+        value = _pending_value(mesh_impl, name, full_shape, begin, slice_shape, trainable)
         if value is None:
           value = init_fn(begin, slice_shape)
         v = tf.Variable(tf.cast(value, slice_dtype), trainable=trainable,

@@ -16,9 +16,8 @@ resume (on any mesh), TensorBoard summaries and progress on the terminal.
 from __future__ import annotations
 
 import math
-import sys
 import time
-from typing import Callable, Dict, Iterable, Optional, Tuple, Union
+from typing import Callable, Dict, Optional, Sequence
 
 import tensorflow as tf
 
@@ -69,12 +68,19 @@ class Trainer:
     mesh_impl: the mesh implementation (mesh shape, layout and devices).
     optimizer: an mtf.optimize.Optimizer, or a function of the global step (a
       float mtf scalar) returning one (for learning-rate schedules).
-    model_dir: where checkpoints and TensorBoard events go (None: neither).
-    grad_accum_steps: micro-batches whose gradients are summed per update.
+    model_dir: where checkpoints and TensorBoard events go (None: neither). If
+      it holds a checkpoint, the Trainer resumes from it (on any mesh/layout).
+    grad_accum_steps: micro-batches whose gradients are averaged per update;
+      each dataset element is one micro-batch, so an update sees
+      grad_accum_steps * batch examples and equals one step on the
+      concatenated batch (up to float rounding).
     checkpoint_every: save every this many steps (and at the end of train).
     keep_checkpoints: how many checkpoints to keep.
     log_every: print progress every this many steps (0: never).
     log_fn: where progress lines go (default: print to stdout).
+    eval_feature_shapes: feature shapes of evaluation batches, if they differ
+      from feature_shapes (e.g. a larger batch, or an extra "weight" feature).
+    checkpoint_options: tf.train.CheckpointOptions for every save.
 
   Example:
     >>> trainer = Trainer(model_fn, shapes, impl, mtf.optimize.SgdOptimizer(0.1))
@@ -84,11 +90,15 @@ class Trainer:
   def __init__(self, model_fn: Callable, feature_shapes: Dict[str, object], mesh_impl,
                optimizer, model_dir: Optional[str] = None, grad_accum_steps: int = 1,
                checkpoint_every: Optional[int] = 1000, keep_checkpoints: int = 3,
-               log_every: int = 100, log_fn: Optional[Callable[[str], None]] = None):
+               log_every: int = 100, log_fn: Optional[Callable[[str], None]] = None,
+               eval_feature_shapes: Optional[Dict[str, object]] = None,
+               checkpoint_options: Optional[tf.train.CheckpointOptions] = None):
     if grad_accum_steps < 1:
       raise ValueError(f"Trainer: grad_accum_steps must be >= 1, got {grad_accum_steps}.")
     self._model_fn = model_fn
     self._shapes = {k: convert_to_shape(v) for k, v in feature_shapes.items()}
+    self._eval_shapes = ({k: convert_to_shape(v) for k, v in eval_feature_shapes.items()}
+                         if eval_feature_shapes is not None else self._shapes)
     self._impl = mesh_impl
     self._optimizer = optimizer
     self._model_dir = model_dir
@@ -100,11 +110,11 @@ class Trainer:
     self._manager = None
     self._writer = None
     if model_dir:
-      self._manager = checkpoint_lib.CheckpointManager(mesh_impl, model_dir,
-                                                        max_to_keep=keep_checkpoints)
+      self._manager = checkpoint_lib.CheckpointManager(
+          mesh_impl, model_dir, max_to_keep=keep_checkpoints, options=checkpoint_options)
       restored = self._manager.restore_or_initialize()
       if restored:
-        self._log(f"restored {restored}")
+        self._log(f"restored checkpoint {restored} (step {self.global_step})")
       self._writer = tf.summary.create_file_writer(model_dir)
 
   # ---- state ---------------------------------------------------------------
@@ -124,19 +134,17 @@ class Trainer:
     """Writes a checkpoint now (if there is a model_dir); returns its path."""
     if self._manager is None:
       return None
-    return self._manager.save(self.global_step)
+    path = self._manager.save(self.global_step)
+    self._log(f"saved checkpoint {path}")
+    return path
 
   # ---- graph building ------------------------------------------------------
   def _build(self, batch: Dict[str, tf.Tensor], mode: str, apply_update: bool):
     graph = Graph()
     mesh = Mesh(graph, "mesh")
     step_var = self._step_variable()
-    features = {}
-    for name, shape in self._shapes.items():
-      if name not in batch:
-        raise ValueError(f"Trainer: the batch has no feature {name!r} (it has "
-                         f"{sorted(batch)}); check feature_shapes.")
-      features[name] = const_ops.import_tf_tensor(mesh, batch[name], shape, name=name)
+    features = {name: const_ops.import_tf_tensor(mesh, batch[name], shape, name=name)
+                for name, shape in self._shapes_for(mode).items()}
     loss, metrics = _as_loss_and_metrics(self._model_fn(mesh, features, mode), mode)
     if not isinstance(loss, Tensor) or loss.shape.ndims != 0:
       raise ValueError(f"model_fn must return a scalar mtf loss, got {loss!r}.")
@@ -179,24 +187,85 @@ class Trainer:
       return self._optimizer(step)
     return self._optimizer
 
+  def _shapes_for(self, mode: str) -> Dict[str, Shape]:
+    return self._eval_shapes if mode == EVAL else self._shapes
+
+  def _signature(self, mode: str, element_spec) -> Dict[str, tf.TensorSpec]:
+    """The step function's input signature: the feature shapes, checked
+    against the dataset's element_spec."""
+    what = "eval_feature_shapes" if mode == EVAL and self._eval_shapes is not self._shapes \
+        else "feature_shapes"
+    if not isinstance(element_spec, dict):
+      raise ValueError(
+          f"Trainer: dataset elements must be dicts of features {sorted(self._shapes_for(mode))}"
+          f", got {element_spec}. Map tuples to dicts, e.g. "
+          "dataset.map(lambda x, y: {'image': x, 'label': y}).")
+    signature = {}
+    for name, shape in self._shapes_for(mode).items():
+      if name not in element_spec:
+        raise ValueError(
+            f"Trainer: the dataset has no feature {name!r} (it has {sorted(element_spec)}); "
+            f"check {what}.")
+      spec = element_spec[name]
+      dims = shape.to_integer_list()
+      if not spec.shape.is_compatible_with(dims):
+        raise ValueError(
+            f"Trainer: feature {name!r} has shape {spec.shape} in the dataset but {what} "
+            f"gives {shape} ({dims}). Batch with drop_remainder=True so every batch has "
+            "the same size.")
+      signature[name] = tf.TensorSpec(dims, spec.dtype, name=name)
+    return signature
+
+  def _features(self, batch, mode: str, where: str) -> Dict[str, tf.Tensor]:
+    """The batch's features for `mode`, checked against the feature shapes
+    (datasets whose element_spec leaves the batch size open may still yield a
+    short last batch)."""
+    out = {}
+    for name, shape in self._shapes_for(mode).items():
+      value = batch[name]
+      if value.shape.as_list() != shape.to_integer_list():
+        raise ValueError(
+            f"{where}: feature {name!r} of a batch has shape {value.shape}, but the "
+            f"feature shapes give {shape} ({shape.to_integer_list()}). Batch with "
+            "drop_remainder=True so every batch has the same size.")
+      out[name] = value
+    return out
+
   def _function(self, mode: str, apply_update: bool, element_spec):
     key = (mode, apply_update)
+    signature = self._signature(mode, element_spec)
     if key not in self._functions:
-      spec = {k: element_spec[k] for k in self._shapes}
-
       def step_fn(batch):
         return self._build(batch, mode, apply_update)
-      self._functions[key] = tf.function(step_fn, input_signature=[spec], autograph=False)
+      self._functions[key] = tf.function(step_fn, input_signature=[signature],
+                                         autograph=False)
     return self._functions[key]
 
   # ---- loops ---------------------------------------------------------------
-  def train(self, dataset: tf.data.Dataset, steps: int) -> Dict[str, list]:
-    """Trains until the global step reaches `steps` (resuming where a previous
-    run stopped: the batches it consumed are skipped, so a deterministic
-    dataset gives the same sequence as an uninterrupted run).
+  def train(self, dataset: tf.data.Dataset, steps: int,
+            hooks: Sequence[Callable[[int, Dict[str, float]], None]] = ()) -> Dict[str, list]:
+    """Trains until the global step reaches `steps`.
+
+    Resuming where a previous run stopped, the batches it consumed are skipped,
+    so a deterministic dataset gives the same sequence as an uninterrupted run.
+
+    Args:
+      dataset: a tf.data.Dataset of feature dicts, one (micro-)batch per
+        element; repeat() it so it does not run out.
+      steps: the global step to train to (not a number of steps to add).
+      hooks: functions hook(step, outputs) called after every update, with the
+        step's loss, metrics and summaries as floats (e.g. to evaluate every N
+        steps).
 
     Returns:
       {"step": [...], "loss": [...], metric: [...]} for the steps run now.
+
+    Raises:
+      ValueError: if the dataset lacks a feature, has other shapes, or runs out.
+
+    Example:
+      >>> history = trainer.train(dataset.repeat(), steps=1000)
+      >>> history["loss"][-1]
     """
     start = self.global_step
     if start >= steps:
@@ -215,9 +284,11 @@ class Trainer:
           batch = next(batches)
         except StopIteration:
           raise ValueError(
-              f"Trainer.train: the dataset ran out at step {step}; repeat() it.") from None
+              f"Trainer.train: the dataset ran out at step {step} (it must provide "
+              f"{steps * self._accum} batches, counting the {start * self._accum} skipped "
+              "when resuming); repeat() it.") from None
         out = (apply if micro == self._accum - 1 else accumulate)(
-            {k: batch[k] for k in self._shapes})
+            self._features(batch, TRAIN, f"Trainer.train (step {step})"))
         losses.append(float(out["loss"]))
       out = {k: float(v) for k, v in out.items()}
       out["loss"] = sum(losses) / len(losses)
@@ -232,25 +303,36 @@ class Trainer:
         now = time.perf_counter()
         rate = (step - last_step) / max(now - last_t, 1e-9)
         eta = (steps - step) / rate if rate > 0 else float("inf")
-        extra = " ".join(f"{k}={v:.4f}" for k, v in out.items() if k != "loss")
-        self._log(f"step {step}/{steps} loss={out['loss']:.4f} {extra} "
-                  f"{rate:.1f} steps/s eta {_format_seconds(eta)}".replace("  ", " "))
+        extra = "".join(f" {k}={v:.4f}" for k, v in out.items() if k != "loss")
+        self._log(f"step {step}/{steps} loss={out['loss']:.4f}{extra} "
+                  f"{rate:.1f} steps/s eta {_format_seconds(eta)}")
         last_t, last_step = now, step
+      for hook in hooks:
+        hook(step, out)
       if self._manager and self._checkpoint_every and step % self._checkpoint_every == 0:
-        self._manager.save(step)
+        self.save()
     if self._manager and (not self._checkpoint_every or steps % self._checkpoint_every):
-      self._manager.save(steps)
+      self.save()
     if self._writer is not None:
       self._writer.flush()
     self._log(f"trained steps {start + 1}..{steps} in {time.perf_counter() - t0:.1f} s")
     return history
 
-  def evaluate(self, dataset: Iterable, steps: Optional[int] = None) -> Dict[str, float]:
-    """Mean loss and metrics over the dataset (or its first `steps` batches)."""
+  def evaluate(self, dataset: tf.data.Dataset,
+               steps: Optional[int] = None) -> Dict[str, float]:
+    """Mean loss and metrics over the dataset (or its first `steps` batches).
+
+    Each batch counts equally; for exact metrics over a set that the batch
+    size does not divide, pad it and weight the padding out in model_fn (see
+    eval_feature_shapes). Written to TensorBoard as "eval/<name>".
+
+    Example:
+      >>> trainer.evaluate(test_dataset)["accuracy"]
+    """
     fn = self._function(EVAL, False, dataset.element_spec)
     totals, n = {}, 0
     for batch in dataset:
-      out = fn({k: batch[k] for k in self._shapes})
+      out = fn(self._features(batch, EVAL, "Trainer.evaluate"))
       for k, v in out.items():
         totals[k] = totals.get(k, 0.0) + float(v)
       n += 1

@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 _TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
 

@@ -580,8 +580,6 @@ class _Generator:
       c = self.r.choice([0.0, 0.5, -0.3])
       if _min_abs(x.value - c) < _MARGIN * _scale(x.value):
         return None
-      f = {"greater": np.greater, "less": np.less, "greater_equal": np.greater_equal,
-           "less_equal": np.less_equal}[name]
       return self.add(f"{name}(x, {c})", [x], [(x.dims, "b")],
                       lambda mesh, ins: [getattr(mtf, name)(ins[0], c)],
                       lambda b, ins: [getattr(b.xp, name)(ins[0], c)])

@@ -14,7 +14,7 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 
 import mtf_test_utils
-from mtf_test_utils import DEVICES, lower_and_run
+from mtf_test_utils import lower_and_run
 
 F32 = 4  # bytes
 
@@ -319,11 +319,11 @@ def test_counters_report_and_pretty_print():
 
 
 # ----------------------------------------------------------- collective ops
-def _lower_in_function(builder, mesh_shape, layout, collectives):
+def _lower_in_function(builder, mesh_shape, layout, collectives, **impl_kwargs):
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
   outputs = builder(mesh)
-  impl = mtf_test_utils.make_impl(mesh_shape, layout, collectives=collectives)
+  impl = mtf_test_utils.make_impl(mesh_shape, layout, collectives=collectives, **impl_kwargs)
   keys = sorted(outputs)
   holder = {}
 
@@ -344,7 +344,10 @@ def _lower_in_function(builder, mesh_shape, layout, collectives):
     ("a:2;b:2;c:2", "batch:a;hidden:b;out:c"),
 ])
 def test_collective_ops_mode_matches_direct(mesh_shape, layout):
-  direct, low_d, types_d = _lower_in_function(_mlp(False), mesh_shape, layout, "direct")
+  # Direct combination without shared replicas emits the same allreduces as
+  # collective ops do (shared replicas may realize some differently).
+  direct, low_d, types_d = _lower_in_function(_mlp(False), mesh_shape, layout, "direct",
+                                              **IMPL_VARIANTS[-1])
   coll, low_c, types_c = _lower_in_function(_mlp(False), mesh_shape, layout, "collective")
   for key in direct:
     np.testing.assert_allclose(coll[key], direct[key], rtol=1e-5, atol=1e-5)
@@ -369,3 +372,29 @@ def test_collective_mode_subgroups_reduce_independently():
   [r] = lowering.collective_records
   assert (r.group_size, r.num_groups) == (4, 2)
   assert types.count("CollectiveReduce") == 8
+
+
+def test_collective_mode_lowered_eagerly_combines_directly():
+  """Eagerly, collective ops would wait for each other forever: the same
+  allreduce is then done by combining the slices."""
+  builder, expected = _einsum_builder()
+  got, lowering = lower_and_run(builder, "rows:2;cols:4", "hidden:cols;batch:rows",
+                                mode="eager", return_lowering=True, collectives="collective")
+  np.testing.assert_allclose(got["y"], expected, rtol=1e-5, atol=1e-5)
+  [r] = lowering.collective_records
+  assert r.kind == "allreduce"
+
+
+def test_collective_mode_in_v1_graph_session():
+  builder, expected = _einsum_builder()
+  with tf.Graph().as_default() as tf_graph:
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    y = builder(mesh)["y"]
+    impl = mtf_test_utils.make_impl("all:8", "hidden:all", collectives="collective")
+    y_t = mtf.Lowering(graph, {mesh: impl}).export_to_tf_tensor(y)
+    types = [op.type for op in tf_graph.get_operations()]
+    with tf.compat.v1.Session(graph=tf_graph) as sess:
+      value = sess.run(y_t)
+  assert types.count("CollectiveReduce") == 8
+  np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-5)

@@ -20,7 +20,7 @@ import graph_generator as gg
 import mtf_test_utils
 from mtf_test_utils import DEVICES
 
-_SETTINGS = dict(deadline=None, derandomize=True,
+_SETTINGS = dict(deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -20,15 +20,16 @@ class ConstantOperation(Operation):
   """A constant; each processor builds only its own slice."""
 
   def __init__(self, mesh: Mesh, value, shape, dtype, name=None):
-    super().__init__([], mesh=mesh, name=name or "constant")
+    # Validate before joining the graph: a failed constructor leaves no op.
     shape = convert_to_shape(shape)
     dtype = tf.as_dtype(dtype)
     arr = np.asarray(value)
     if arr.ndim and list(arr.shape) != shape.to_integer_list():
       raise ValueError(
-          f"mtf.constant {self.name!r}: value has shape {list(arr.shape)} but the "
-          f"mtf shape {shape} needs {shape.to_integer_list()}; pass a scalar or an "
+          f"mtf.constant {name or 'constant'!r}: value has shape {list(arr.shape)} but "
+          f"the mtf shape {shape} needs {shape.to_integer_list()}; pass a scalar or an "
           "array of the full shape.")
+    super().__init__([], mesh=mesh, name=name or "constant")
     self._value = arr.astype(dtype.as_numpy_dtype) if arr.ndim else value
     self._outputs = [Tensor(self, shape, dtype)]
 
@@ -90,16 +91,17 @@ class ImportOperation(Operation):
   has_gradient = False
 
   def __init__(self, mesh: Mesh, tf_tensor, shape, name=None):
-    super().__init__([], mesh=mesh, name=name or "import")
+    # Validate before joining the graph: a failed constructor leaves no op.
     shape = convert_to_shape(shape)
     tf_tensor = tf.convert_to_tensor(tf_tensor)
     static = tf_tensor.shape
     if static.rank is not None and (static.rank != shape.ndims or any(
         s is not None and s != d.size for s, d in zip(static.as_list(), shape.dims))):
       raise ValueError(
-          f"import_tf_tensor {self.name!r}: TensorFlow tensor has shape "
+          f"import_tf_tensor {name or 'import'!r}: TensorFlow tensor has shape "
           f"{static.as_list()} but the mtf shape {shape} needs "
           f"{shape.to_integer_list()}.")
+    super().__init__([], mesh=mesh, name=name or "import")
     if static.rank is not None and not static.is_fully_defined():
       tf_tensor = tf.ensure_shape(tf_tensor, shape.to_integer_list())
     self._tf_tensor = tf_tensor

@@ -88,8 +88,14 @@ def conv_output_size(in_size: int, filter_size: int, stride: int, padding: str) 
 
 def conv_transpose_output_size(in_size: int, filter_size: int, stride: int,
                                padding: str) -> int:
-  """Spatial output size of a transposed convolution (the largest-free choice:
-  SAME gives in_size * stride, VALID (in_size - 1) * stride + filter_size)."""
+  """Spatial output size of a transposed convolution: in_size * stride for
+  SAME, (in_size - 1) * stride + filter_size for VALID (the sizes whose
+  convolution gives back in_size; TensorFlow also accepts a few others).
+
+  Example:
+    >>> conv_transpose_output_size(4, 3, 2, "SAME"), conv_transpose_output_size(4, 3, 2, "VALID")
+    (8, 9)
+  """
   if padding == "SAME":
     return in_size * stride
   return (in_size - 1) * stride + filter_size
@@ -463,3 +469,589 @@ def _check_channel(x: Tensor, channel: Dimension, what: str, conv_filter: Tensor
     raise ValueError(
         f"{what}: the filter {conv_filter.name} {conv_filter.shape} convolves channel "
         f"dimension {channel}, which {x.name} {x.shape} does not have.")
+
+
+# ---- halo exchange --------------------------------------------------------------
+def _halo_exchange(x: Tensor, blocks_dim: Dimension, block_size_dim: Dimension,
+                   before: int, after: int, wrap: bool) -> Tensor:
+  """Prepends the last `before` rows of the preceding blocks and appends the
+  first `after` rows of the following ones, along block_size_dim."""
+  from mesh_tensorflow.ops.slicing import concat, shift
+  from mesh_tensorflow.ops.slicing import slice as mtf_slice
+  size = block_size_dim.size
+  # Halos longer than a block come from blocks further away: shift by one
+  # block at a time (each a permute between neighbours), slicing only the
+  # partial block at the end so that no more than the halo travels there.
+  left, right = [], []
+  for sign, amount, out in ((1, before, left), (-1, after, right)):
+    current, remaining = x, amount
+    while remaining > 0:
+      take = min(size, remaining)
+      if take < size:
+        begin = size - take if sign > 0 else 0
+        current = mtf_slice(current, begin, take, block_size_dim.name)
+      current = shift(current, sign, blocks_dim.name, wrap)
+      out.append(current)
+      remaining -= take
+  left.reverse()
+  if not left and not right:
+    return x
+  return concat(left + [x] + right, block_size_dim.name)
+
+
+def halo_exchange(x: Tensor, blocks_dim: DimLike, block_size_dim: DimLike, halo_size: int,
+                  wrap: bool = False) -> Tensor:
+  """Pads every block with `halo_size` elements of its neighbouring blocks.
+
+  `x` holds a long dimension cut into blocks: global position
+  `b * block_size + i` is at `[blocks_dim=b, block_size_dim=i]`. The result
+  has block_size_dim grown by `2 * halo_size`: each block is preceded by the
+  last `halo_size` elements before it and followed by the first `halo_size`
+  elements after it (zeros past the ends, or the other end's with `wrap`).
+  With blocks_dim split over a mesh dimension, this lowers to permutes between
+  neighbouring processors; halos longer than a block reach further blocks.
+
+  Args:
+    x: an mtf.Tensor with both dimensions.
+    blocks_dim: the dimension (or its name) numbering the blocks.
+    block_size_dim: the dimension (or its name) within a block.
+    halo_size: number of elements taken from each side (>= 0).
+    wrap: whether the first and last blocks are neighbours.
+
+  Returns:
+    An mtf.Tensor like x with block_size_dim of size block_size + 2 * halo_size.
+
+  Example:
+    >>> # x: [batch, h_blocks:4, h:8, w, channels], h_blocks split over a mesh.
+    >>> padded = mtf.halo_exchange(x, "h_blocks", "h", 1)   # h is now 10
+  """
+  if halo_size < 0:
+    raise ValueError(f"mtf.halo_exchange: halo_size must be >= 0, got {halo_size}.")
+  blocks = _dim_of(x.shape, blocks_dim, "mtf.halo_exchange")
+  block = _dim_of(x.shape, block_size_dim, "mtf.halo_exchange")
+  return _halo_exchange(x, blocks, block, int(halo_size), int(halo_size), bool(wrap))
+
+
+# ---- convolution functions -------------------------------------------------------
+def _conv(n: int, x: Tensor, conv_filter: Tensor, strides, padding,
+          blocks_dims: Sequence[DimLike], name) -> Tensor:
+  what = f"mtf.conv{n}d"
+  _check_filter(conv_filter, n, what)
+  strides = _normalize_ints(strides, n, f"{what} strides")
+  padding = _normalize_padding(padding, what)
+  c1 = conv_filter.shape.dims[n]
+  _check_channel(x, c1, what, conv_filter)
+  blocks = [_dim_of(x.shape, b, what) for b in blocks_dims]
+  spatial = _spatial_dims(x.shape, n, [c1.name] + [b.name for b in blocks if b is not None],
+                          what)
+  if any(b is not None for b in blocks):
+    if padding != "SAME":
+      raise ValueError(
+          f"{what}: convolution over blocks needs padding='SAME' (each block then "
+          "gives its own part of the output); got 'VALID'.")
+    for i, (b, sd) in enumerate(zip(blocks, spatial)):
+      k, s = conv_filter.shape.dims[i].size, strides[i]
+      before, after = _same_padding(sd.size, k, s)
+      if b is None:
+        if before or after:
+          from mesh_tensorflow.ops.slicing import pad
+          x = pad(x, [before, after], sd.name)
+        continue
+      if sd.size % s:
+        raise ValueError(
+            f"{what}: the block size {sd.size} of {sd.name!r} must be a multiple of "
+            f"its stride {s}.")
+      x = _halo_exchange(x, b, sd, before, after, wrap=False)
+    padding = "VALID"
+  return ConvOperation(x, conv_filter, strides, padding, [d.name for d in spatial],
+                       name=name).outputs[0]
+
+
+def conv2d(x: Tensor, conv_filter: Tensor, strides: IntOrInts = (1, 1),
+           padding: str = "SAME", h_blocks_dim: DimLike = None,
+           w_blocks_dim: DimLike = None, name: Optional[str] = None) -> Tensor:
+  """2D convolution, like tf.nn.conv2d, over named dimensions.
+
+  The filter is `[fh, fw, in_channels, out_channels]`; `x` must have the
+  filter's in_channels dimension. The spatial dimensions are the last two
+  other dimensions of x (blocks dimensions excluded), so both
+  `[batch, h, w, channels]` and `[batch, channels, h, w]` work. The output is
+  x with h and w resized (names kept) and in_channels replaced by
+  out_channels.
+
+  Spatial partitioning: give `h_blocks_dim` (and/or `w_blocks_dim`), a
+  dimension of x that numbers blocks of the image along h (w); the image row
+  is then `h_blocks * h.size + h`. Each block gets the rows its filter window
+  needs from its neighbours (`halo_exchange`) and is convolved locally, so
+  the result equals the SAME convolution of the whole image, block by block.
+  Needs padding "SAME" and block sizes divisible by the strides.
+
+  Args:
+    x: the input image.
+    conv_filter: the filter [fh, fw, in_channels, out_channels].
+    strides: an int, (stride_h, stride_w), or [1, stride_h, stride_w, 1].
+    padding: "SAME" or "VALID".
+    h_blocks_dim: optional blocks dimension (or name) of x along h.
+    w_blocks_dim: optional blocks dimension (or name) of x along w.
+    name: optional op name.
+
+  Returns:
+    The output image, an mtf.Tensor.
+
+  Example:
+    >>> kernel = mtf.get_variable(mesh, "k", [fh, fw, channels, filters])
+    >>> y = mtf.conv2d(x, kernel, strides=(1, 1), padding="SAME")
+  """
+  return _conv(2, x, conv_filter, strides, padding, [h_blocks_dim, w_blocks_dim], name)
+
+
+def conv3d(x: Tensor, conv_filter: Tensor, strides: IntOrInts = (1, 1, 1),
+           padding: str = "SAME", d_blocks_dim: DimLike = None,
+           h_blocks_dim: DimLike = None, w_blocks_dim: DimLike = None,
+           name: Optional[str] = None) -> Tensor:
+  """3D convolution, like tf.nn.conv3d, over named dimensions.
+
+  As `conv2d`, with a filter `[fd, fh, fw, in_channels, out_channels]`, three
+  spatial dimensions (the last three of x other than in_channels and blocks
+  dimensions) and optional blocks dimensions for each of them.
+
+  Example:
+    >>> kernel = mtf.get_variable(mesh, "k", [fd, fh, fw, channels, filters])
+    >>> y = mtf.conv3d(x, kernel, strides=(1, 1, 1), padding="SAME")
+  """
+  return _conv(3, x, conv_filter, strides, padding,
+               [d_blocks_dim, h_blocks_dim, w_blocks_dim], name)
+
+
+def conv2d_with_blocks(conv_input: Tensor, conv_filter: Tensor, strides: IntOrInts,
+                       padding: str, h_blocks_dim: DimLike = None,
+                       w_blocks_dim: DimLike = None, name: Optional[str] = None) -> Tensor:
+  """`conv2d` over blocks (the original op's name and argument order).
+
+  Example:
+    >>> y = mtf.conv2d_with_blocks(x, kernel, (1, 1), "SAME", h_blocks_dim=hb)
+  """
+  return conv2d(conv_input, conv_filter, strides, padding, h_blocks_dim, w_blocks_dim,
+                name)
+
+
+def conv3d_with_blocks(conv_input: Tensor, conv_filter: Tensor, strides: IntOrInts,
+                       padding: str, d_blocks_dim: DimLike = None,
+                       h_blocks_dim: DimLike = None, w_blocks_dim: DimLike = None,
+                       name: Optional[str] = None) -> Tensor:
+  """`conv3d` over blocks (the original op's name and argument order).
+
+  Example:
+    >>> y = mtf.conv3d_with_blocks(x, kernel, (1, 1, 1), "SAME", d_blocks_dim=db)
+  """
+  return conv3d(conv_input, conv_filter, strides, padding, d_blocks_dim, h_blocks_dim,
+                w_blocks_dim, name)
+
+
+def _backprop_input(n, input_shape, conv_filter, dy, strides, padding, name):
+  what = f"mtf.conv{n}d_backprop_input"
+  _check_filter(conv_filter, n, what)
+  input_shape = convert_to_shape(input_shape)
+  spatial = _spatial_dims(input_shape, n, [conv_filter.shape.dims[n].name], what)
+  return ConvBackpropInputOperation(dy, conv_filter, input_shape, strides, padding,
+                                    [d.name for d in spatial], name=name).outputs[0]
+
+
+def _backprop_filter(n, conv_input, filter_shape, dy, strides, padding, name):
+  what = f"mtf.conv{n}d_backprop_filter"
+  filter_shape = convert_to_shape(filter_shape)
+  if filter_shape.ndims != n + 2:
+    raise ValueError(f"{what}: filter shape {filter_shape} must have {n + 2} dimensions.")
+  spatial = _spatial_dims(conv_input.shape, n, [filter_shape.dims[n].name], what)
+  return ConvBackpropFilterOperation(conv_input, dy, filter_shape, strides, padding,
+                                     [d.name for d in spatial], name=name).outputs[0]
+
+
+def conv2d_backprop_input(input_shape, conv_filter: Tensor, dy: Tensor, strides: IntOrInts,
+                          padding: str, name: Optional[str] = None) -> Tensor:
+  """Gradient of `conv2d` with respect to its input, given the output's `dy`.
+
+  Example:
+    >>> dx = mtf.conv2d_backprop_input(x.shape, kernel, dy, (1, 1), "SAME")
+  """
+  return _backprop_input(2, input_shape, conv_filter, dy, strides, padding, name)
+
+
+def conv2d_backprop_filter(conv_input: Tensor, filter_shape, dy: Tensor, strides: IntOrInts,
+                           padding: str, name: Optional[str] = None) -> Tensor:
+  """Gradient of `conv2d` with respect to its filter, given the output's `dy`.
+
+  Example:
+    >>> dk = mtf.conv2d_backprop_filter(x, kernel.shape, dy, (1, 1), "SAME")
+  """
+  return _backprop_filter(2, conv_input, filter_shape, dy, strides, padding, name)
+
+
+def conv3d_backprop_input(input_shape, conv_filter: Tensor, dy: Tensor, strides: IntOrInts,
+                          padding: str, name: Optional[str] = None) -> Tensor:
+  """Gradient of `conv3d` with respect to its input, given the output's `dy`.
+
+  Example:
+    >>> dx = mtf.conv3d_backprop_input(x.shape, kernel, dy, (1, 1, 1), "SAME")
+  """
+  return _backprop_input(3, input_shape, conv_filter, dy, strides, padding, name)
+
+
+def conv3d_backprop_filter(conv_input: Tensor, filter_shape, dy: Tensor, strides: IntOrInts,
+                           padding: str, name: Optional[str] = None) -> Tensor:
+  """Gradient of `conv3d` with respect to its filter, given the output's `dy`.
+
+  Example:
+    >>> dk = mtf.conv3d_backprop_filter(x, kernel.shape, dy, (1, 1, 1), "SAME")
+  """
+  return _backprop_filter(3, conv_input, filter_shape, dy, strides, padding, name)
+
+
+def _conv_transpose(n, x, conv_filter, strides, padding, name):
+  what = f"mtf.conv{n}d_transpose"
+  _check_filter(conv_filter, n, what)
+  strides = _normalize_ints(strides, n, f"{what} strides")
+  padding = _normalize_padding(padding, what)
+  c_out, c_in = conv_filter.shape.dims[n], conv_filter.shape.dims[n + 1]
+  _check_channel(x, c_in, what, conv_filter)
+  spatial = _spatial_dims(x.shape, n, [c_in.name], what)
+  names = [d.name for d in spatial]
+  dims = []
+  for d in x.shape.dims:
+    if d.name in names:
+      i = names.index(d.name)
+      dims.append(Dimension(d.name, conv_transpose_output_size(
+          d.size, conv_filter.shape.dims[i].size, strides[i], padding)))
+    elif d == c_in:
+      dims.append(c_out)
+    else:
+      dims.append(d)
+  return ConvBackpropInputOperation(x, conv_filter, Shape(dims), strides, padding, names,
+                                    name=name or f"conv{n}d_transpose").outputs[0]
+
+
+def conv2d_transpose(x: Tensor, conv_filter: Tensor, strides: IntOrInts = (2, 2),
+                     padding: str = "SAME", name: Optional[str] = None) -> Tensor:
+  """2D transposed convolution, like tf.nn.conv2d_transpose.
+
+  The filter is `[fh, fw, out_channels, in_channels]` (TensorFlow's order for
+  transposed convolutions); x must have its in_channels dimension. Spatial
+  sizes grow to `size * stride` (SAME) or `(size - 1) * stride + f` (VALID).
+  Split in_channels is summed and allreduced; spatial splits are gathered.
+
+  Args:
+    x: the input image.
+    conv_filter: the filter [fh, fw, out_channels, in_channels].
+    strides: an int, (stride_h, stride_w), or [1, stride_h, stride_w, 1].
+    padding: "SAME" or "VALID".
+    name: optional op name.
+
+  Returns:
+    The output image, an mtf.Tensor.
+
+  Example:
+    >>> kernel = mtf.get_variable(mesh, "k", [fh, fw, filters, channels])
+    >>> up = mtf.conv2d_transpose(x, kernel, strides=(2, 2), padding="SAME")
+  """
+  return _conv_transpose(2, x, conv_filter, strides, padding, name)
+
+
+def conv3d_transpose(x: Tensor, conv_filter: Tensor, strides: IntOrInts = (2, 2, 2),
+                     padding: str = "SAME", name: Optional[str] = None) -> Tensor:
+  """3D transposed convolution, like tf.nn.conv3d_transpose (see
+  `conv2d_transpose`); the filter is [fd, fh, fw, out_channels, in_channels].
+
+  Example:
+    >>> up = mtf.conv3d_transpose(x, kernel, strides=(2, 2, 2), padding="SAME")
+  """
+  return _conv_transpose(3, x, conv_filter, strides, padding, name)
+
+
+def _transpose_backprop_input(n, input_shape, conv_filter, dy, strides, padding, name):
+  what = f"mtf.conv{n}d_transpose_backprop_input"
+  _check_filter(conv_filter, n, what)
+  spatial = _spatial_dims(dy.shape, n, [conv_filter.shape.dims[n].name], what)
+  out = ConvOperation(dy, conv_filter, strides, padding, [d.name for d in spatial],
+                      name=name or f"conv{n}d_transpose_backprop_input").outputs[0]
+  if out.shape != convert_to_shape(input_shape):
+    raise ValueError(f"{what}: the gradient has shape {out.shape}, not {input_shape}.")
+  return out
+
+
+def _transpose_backprop_filter(n, conv_input, filter_shape, dy, strides, padding, name):
+  what = f"mtf.conv{n}d_transpose_backprop_filter"
+  filter_shape = convert_to_shape(filter_shape)
+  if filter_shape.ndims != n + 2:
+    raise ValueError(f"{what}: filter shape {filter_shape} must have {n + 2} dimensions.")
+  spatial = _spatial_dims(dy.shape, n, [filter_shape.dims[n].name], what)
+  return ConvBackpropFilterOperation(
+      dy, conv_input, filter_shape, strides, padding, [d.name for d in spatial],
+      name=name or f"conv{n}d_transpose_backprop_filter").outputs[0]
+
+
+def conv2d_transpose_backprop_input(input_shape, conv_filter: Tensor, dy: Tensor,
+                                    strides: IntOrInts, padding: str,
+                                    name: Optional[str] = None) -> Tensor:
+  """Gradient of `conv2d_transpose` with respect to its input (a conv2d).
+
+  Example:
+    >>> dx = mtf.conv2d_transpose_backprop_input(x.shape, kernel, dy, (2, 2), "SAME")
+  """
+  return _transpose_backprop_input(2, input_shape, conv_filter, dy, strides, padding, name)
+
+
+def conv2d_transpose_backprop_filter(conv_input: Tensor, filter_shape, dy: Tensor,
+                                     strides: IntOrInts, padding: str,
+                                     name: Optional[str] = None) -> Tensor:
+  """Gradient of `conv2d_transpose` with respect to its filter.
+
+  Example:
+    >>> dk = mtf.conv2d_transpose_backprop_filter(x, kernel.shape, dy, (2, 2), "SAME")
+  """
+  return _transpose_backprop_filter(2, conv_input, filter_shape, dy, strides, padding, name)
+
+
+def conv3d_transpose_backprop_input(input_shape, conv_filter: Tensor, dy: Tensor,
+                                    strides: IntOrInts, padding: str,
+                                    name: Optional[str] = None) -> Tensor:
+  """Gradient of `conv3d_transpose` with respect to its input (a conv3d).
+
+  Example:
+    >>> dx = mtf.conv3d_transpose_backprop_input(x.shape, k, dy, (2, 2, 2), "SAME")
+  """
+  return _transpose_backprop_input(3, input_shape, conv_filter, dy, strides, padding, name)
+
+
+def conv3d_transpose_backprop_filter(conv_input: Tensor, filter_shape, dy: Tensor,
+                                     strides: IntOrInts, padding: str,
+                                     name: Optional[str] = None) -> Tensor:
+  """Gradient of `conv3d_transpose` with respect to its filter.
+
+  Example:
+    >>> dk = mtf.conv3d_transpose_backprop_filter(x, k.shape, dy, (2, 2, 2), "SAME")
+  """
+  return _transpose_backprop_filter(3, conv_input, filter_shape, dy, strides, padding, name)
+
+
+# ---- pooling ----------------------------------------------------------------------
+class _PoolBase(Operation):
+  """Window, strides, padding and spatial dimensions of a pooling op."""
+
+  def _setup(self, n, ksize, strides, padding, spatial, x_shape: Shape):
+    self._n = n
+    self._ksize = tuple(ksize)
+    self._strides = tuple(strides)
+    self._padding = padding
+    self._spatial = list(spatial)
+    last = x_shape.dims[-1].name
+    self._channel = None if last in self._spatial else last
+    self._others = [d.name for d in x_shape.dims
+                    if d.name not in self._spatial and d.name != self._channel]
+
+  @property
+  def splittable_and_unsplittable_dims(self):
+    names = set()
+    for t in self.inputs + self.outputs:
+      names.update(t.shape.dimension_names)
+    return sorted(names - set(self._spatial)), sorted(set(self._spatial) & names)
+
+  def _window(self):
+    return [1] + list(self._ksize) + [1], [1] + list(self._strides) + [1]
+
+  def _args(self):
+    return (self._ksize, self._strides, self._padding, self._spatial)
+
+  def _canon(self, t, shape: Shape):
+    return _to_canonical(t, shape.dimension_names, self._spatial, self._channel,
+                         others=self._others)
+
+  def _restore(self, t, sizes, shape: Shape):
+    return _from_canonical(t, self._others, sizes, self._spatial, self._channel,
+                           shape.dimension_names)
+
+
+class PoolOperation(_PoolBase):
+  """Max or average pooling over N spatial dimensions (N = 2 or 3)."""
+
+  def __init__(self, x: Tensor, kind: str, ksize, strides, padding,
+               spatial_dim_names: Sequence[str], name=None):
+    n = len(spatial_dim_names)
+    if kind not in ("max", "avg"):
+      raise ValueError(f"PoolOperation: kind must be 'max' or 'avg', got {kind!r}.")
+    super().__init__([x], name=name or f"{kind}_pool{n}d")
+    self._kind = kind
+    self._setup(n, ksize, strides, padding, spatial_dim_names, x.shape)
+    dims = []
+    for d in x.shape.dims:
+      if d.name in self._spatial:
+        i = self._spatial.index(d.name)
+        dims.append(Dimension(d.name, conv_output_size(
+            d.size, self._ksize[i], self._strides[i], self._padding)))
+      else:
+        dims.append(d)
+    self.has_gradient = x.dtype.is_floating
+    self._outputs = [Tensor(self, Shape(dims), x.dtype)]
+
+  def gradient(self, grad_ys):
+    x, y, dy = self.inputs[0], self.outputs[0], grad_ys[0]
+    if self._kind == "max":
+      return [PoolBackpropOperation("max", [x, y, dy], x.shape, *self._args()).outputs[0]]
+    return [PoolBackpropOperation("avg", [dy], x.shape, *self._args()).outputs[0]]
+
+  def lower(self, lowering):
+    x, out = self.inputs[0], self.outputs[0]
+    pool_fn = _POOL_FNS[(self._kind, self._n)]
+    ksize, strides = self._window()
+    padding = self._padding
+
+    def fn(t):
+      c, _, sizes = self._canon(t, x.shape)
+      return self._restore(pool_fn(c, ksize, strides, padding), sizes, out.shape)
+    _lower_local(lowering, self, set(self._spatial), set(self._spatial), fn)
+
+
+class PoolBackpropOperation(_PoolBase):
+  """Gradients of pooling, each linear in its last input.
+
+  kind "max": (x, y, dy) -> dx, of x's shape; "max_gradgrad": (x, y, g) -> the
+  adjoint of "max" in dy, of y's shape; "avg": (dy,) -> dx of `input_shape`.
+  """
+
+  def __init__(self, kind: str, inputs: Sequence[Tensor], input_shape, ksize, strides,
+               padding, spatial_dim_names: Sequence[str], name=None):
+    n = len(spatial_dim_names)
+    if kind not in ("max", "max_gradgrad", "avg"):
+      raise ValueError(f"PoolBackpropOperation: unknown kind {kind!r}.")
+    super().__init__(list(inputs), name=name or f"{kind}_pool{n}d_backprop")
+    self._kind = kind
+    input_shape = convert_to_shape(input_shape)
+    self._setup(n, ksize, strides, padding, spatial_dim_names, input_shape)
+    self._input_shape = input_shape
+    out_shape = inputs[1].shape if kind == "max_gradgrad" else input_shape
+    self.has_gradient = inputs[-1].dtype.is_floating
+    self._outputs = [Tensor(self, out_shape, inputs[-1].dtype)]
+
+  def gradient(self, grad_ys):
+    g = grad_ys[0]
+    if self._kind == "avg":
+      return [PoolOperation(g, "avg", *self._args()).outputs[0]]
+    x, y, _ = self.inputs
+    other = "max_gradgrad" if self._kind == "max" else "max"
+    return [None, None, PoolBackpropOperation(other, [x, y, g], x.shape,
+                                              *self._args()).outputs[0]]
+
+  def lower(self, lowering):
+    ksize, strides = self._window()
+    padding, n, kind = self._padding, self._n, self._kind
+    shapes = [t.shape for t in self.inputs]
+    out_shape = self.outputs[0].shape
+    in_spatial = [self._input_shape.get_dim_by_name(s).size for s in self._spatial]
+
+    def fn(*ts):
+      canon = [self._canon(t, s) for t, s in zip(ts, shapes)]
+      sizes = canon[-1][2]
+      c = [ct[0] for ct in canon]
+      if kind == "avg":
+        orig = [c[0].shape[0]] + in_spatial + [c[0].shape[-1]]
+        grad_fn = tf.raw_ops.AvgPoolGrad if n == 2 else tf.raw_ops.AvgPool3DGrad
+        r = grad_fn(orig_input_shape=int_constant(orig), grad=c[0], ksize=ksize,
+                    strides=strides, padding=padding)
+      else:
+        if kind == "max":
+          grad_fn = tf.raw_ops.MaxPoolGrad if n == 2 else tf.raw_ops.MaxPool3DGrad
+        else:
+          grad_fn = tf.raw_ops.MaxPoolGradGrad if n == 2 else tf.raw_ops.MaxPool3DGradGrad
+        r = grad_fn(orig_input=c[0], orig_output=c[1], grad=c[2], ksize=ksize,
+                    strides=strides, padding=padding)
+      return self._restore(r, sizes, out_shape)
+    _lower_local(lowering, self, set(self._spatial), set(self._spatial), fn)
+
+
+def _pool(kind: str, n: int, x: Tensor, ksize, strides, padding,
+          blocks_dims: Sequence[DimLike], name) -> Tensor:
+  what = f"mtf.{kind}_pool{n}d"
+  if not isinstance(x, Tensor):
+    raise TypeError(f"{what}: x must be an mtf.Tensor, got {x!r}.")
+  ksize = _normalize_ints(ksize, n, f"{what} ksize")
+  strides = ksize if strides is None else _normalize_ints(strides, n, f"{what} strides")
+  padding = _normalize_padding(padding, what)
+  blocks = [_dim_of(x.shape, b, what) for b in blocks_dims]
+  exclude = [x.shape.dims[-1].name] + [b.name for b in blocks if b is not None]
+  spatial = _spatial_dims(x.shape, n, exclude, what)
+  for b, d, k, s in zip(blocks, spatial, ksize, strides):
+    if b is not None and (k > s or d.size % s):
+      raise ValueError(
+          f"{what}: pooling over blocks of {d.name!r} (size {d.size}) needs windows "
+          f"that stay inside a block: ksize <= stride and a block size divisible by "
+          f"the stride; got ksize {k}, stride {s}.")
+  return PoolOperation(x, kind, ksize, strides, padding, [d.name for d in spatial],
+                       name=name).outputs[0]
+
+
+def max_pool2d(x: Tensor, ksize: IntOrInts = (2, 2), strides: Optional[IntOrInts] = None,
+               padding: str = "VALID", h_blocks_dim: DimLike = None,
+               w_blocks_dim: DimLike = None, name: Optional[str] = None) -> Tensor:
+  """2D max pooling of x [..., h, w, channels], like tf.nn.max_pool2d.
+
+  The spatial dimensions are the two before the last (channels) dimension,
+  skipping blocks dimensions. Strides default to ksize. With blocks
+  dimensions, each block is pooled on its own, which equals pooling the whole
+  image when windows never cross blocks (ksize <= stride, block size divisible
+  by the stride); other cases raise.
+
+  Args:
+    x: the input image.
+    ksize: an int or (window_h, window_w).
+    strides: an int, (stride_h, stride_w), or None for ksize.
+    padding: "SAME" or "VALID".
+    h_blocks_dim: optional blocks dimension (or name) along h.
+    w_blocks_dim: optional blocks dimension (or name) along w.
+    name: optional op name.
+
+  Returns:
+    The pooled mtf.Tensor (h and w resized, names kept).
+
+  Example:
+    >>> y = mtf.max_pool2d(x, ksize=(2, 2))
+  """
+  return _pool("max", 2, x, ksize, strides, padding, [h_blocks_dim, w_blocks_dim], name)
+
+
+def avg_pool2d(x: Tensor, ksize: IntOrInts = (2, 2), strides: Optional[IntOrInts] = None,
+               padding: str = "VALID", h_blocks_dim: DimLike = None,
+               w_blocks_dim: DimLike = None, name: Optional[str] = None) -> Tensor:
+  """2D average pooling of x [..., h, w, channels], like tf.nn.avg_pool2d
+  (see `max_pool2d` for the arguments).
+
+  Example:
+    >>> y = mtf.avg_pool2d(x, ksize=(2, 2))
+  """
+  return _pool("avg", 2, x, ksize, strides, padding, [h_blocks_dim, w_blocks_dim], name)
+
+
+def max_pool3d(x: Tensor, ksize: IntOrInts = (2, 2, 2), strides: Optional[IntOrInts] = None,
+               padding: str = "VALID", d_blocks_dim: DimLike = None,
+               h_blocks_dim: DimLike = None, w_blocks_dim: DimLike = None,
+               name: Optional[str] = None) -> Tensor:
+  """3D max pooling of x [..., d, h, w, channels], like tf.nn.max_pool3d
+  (see `max_pool2d`).
+
+  Example:
+    >>> y = mtf.max_pool3d(x, ksize=(2, 2, 2))
+  """
+  return _pool("max", 3, x, ksize, strides, padding,
+               [d_blocks_dim, h_blocks_dim, w_blocks_dim], name)
+
+
+def avg_pool3d(x: Tensor, ksize: IntOrInts = (2, 2, 2), strides: Optional[IntOrInts] = None,
+               padding: str = "VALID", d_blocks_dim: DimLike = None,
+               h_blocks_dim: DimLike = None, w_blocks_dim: DimLike = None,
+               name: Optional[str] = None) -> Tensor:
+  """3D average pooling of x [..., d, h, w, channels], like tf.nn.avg_pool3d
+  (see `max_pool2d`).
+
+  Example:
+    >>> y = mtf.avg_pool3d(x, ksize=(2, 2, 2))
+  """
+  return _pool("avg", 3, x, ksize, strides, padding,
+               [d_blocks_dim, h_blocks_dim, w_blocks_dim], name)

@@ -215,8 +215,9 @@ class CumsumOperation(Operation):
   has_gradient = True
 
   def __init__(self, x: Tensor, dim, exclusive=False, reverse=False, name=None):
+    dim = _dim_named(x, dim)  # before joining the graph, which it may reject
     super().__init__([x], name=name or "cumsum")
-    self._dim = _dim_named(x, dim)
+    self._dim = dim
     self._exclusive, self._reverse = exclusive, reverse
     self._outputs = [Tensor(self, x.shape, x.dtype)]
 
@@ -293,8 +294,9 @@ def top_k(x: Tensor, reduced_dim, k_dim=None, k=None, name=None):
 
 class ArgmaxOperation(Operation):
   def __init__(self, x: Tensor, reduced_dim, dtype=tf.int32, name=None):
+    reduced_dim = _dim_named(x, reduced_dim)  # before joining the graph
     super().__init__([x], name=name or "argmax")
-    self._dim = _dim_named(x, reduced_dim)
+    self._dim = reduced_dim
     self._outputs = [Tensor(self, x.shape - [self._dim], dtype)]
 
   def lower(self, lowering):

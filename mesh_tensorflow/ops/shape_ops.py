@@ -1,8 +1,10 @@
 """Shape-changing operations: reshape, transpose, rename/replace dimensions,
 broadcast.
 
-A reshape that keeps every split dimension in place (same size, same mesh
-dimension, same stride position) is local; otherwise the dimensions that move
+A reshape that keeps every split dimension in place (same mesh dimension,
+same stride position; the size may change when the dimension is cut into
+[outer, inner] parts with the outer part split, or merged with the dimensions
+after it) is local; otherwise the dimensions that move
 are gathered first and split again afterwards.
 
     >>> y = mtf.reshape(x, "batch:8;rows:4;cols:16")
@@ -65,13 +67,17 @@ class ReshapeOperation(Operation):
     out_layout = impl.tensor_layout(out.shape)
     in_strides = _prefix_products(x.shape)
     out_strides = _prefix_products(out.shape)
-    # Mesh axes whose split stays aligned: same mesh axis, size, stride prefix.
+    # Mesh axes whose split stays aligned: same mesh axis and stride prefix
+    # (product of the dimensions before). The sizes may differ, e.g. when the
+    # split dimension is cut into [blocks, block] with blocks split, or
+    # merged with the dimensions after it: each processor's contiguous chunk
+    # of the span starting at that prefix is then the same in both shapes.
     kept_in, kept_out = set(), set()
     for i, a in enumerate(in_layout):
       if a is None:
         continue
       for j, b in enumerate(out_layout):
-        if (b == a and out.shape.dims[j].size == x.shape.dims[i].size
+        if (b == a and out.shape.dims[j].size % impl.mesh_axis_size(a) == 0
             and out_strides[j] == in_strides[i]):
           kept_in.add(i)
           kept_out.add(j)

@@ -1,0 +1,296 @@
+"""Convolution and pooling layers: each creates its filter variable and calls
+the ops of `mesh_tensorflow.ops.conv`.
+
+The filter of a layer is the variable `<name>/kernel`, with dimensions
+`fh`, `fw` (and `fd`) for the window, the input's channel dimension (its last
+dimension) and `output_dim`. Without a name, a layer takes its default name
+("conv2d", "conv2d_1", ...) in order of creation, so building the same model
+again (e.g. in another traced function) finds the same variables.
+
+    >>> h = mtf.layers.conv2d(images, mtf.Dimension("filters", 32))
+    >>> h = mtf.layers.conv2d_with_blocks(blocked, filters, h_blocks_dim=h_blocks)
+    >>> p = mtf.layers.max_pool2d(h, ksize=(2, 2))
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Optional, Sequence, Union
+
+import tensorflow as tf
+
+from mesh_tensorflow.graph import Tensor
+from mesh_tensorflow.ops import conv as conv_ops
+from mesh_tensorflow.ops.shape_ops import reshape
+from mesh_tensorflow.ops.variables import VariableDType, get_variable
+from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension
+
+IntOrInts = Union[int, Sequence[int]]
+
+
+@contextlib.contextmanager
+def _layer_scope(x: Tensor, name: Optional[str], default_name: str):
+  """An mtf name scope for a layer's variables; unnamed layers get
+  default_name, default_name_1, ... in the order they are built."""
+  graph = x.mesh.graph
+  if name is None:
+    name = graph.unique_name(default_name).rsplit("/", 1)[-1]
+  with graph.name_scope(name):
+    yield
+
+
+def _kernel(x: Tensor, dims, filter_initializer, variable_dtype) -> Tensor:
+  if variable_dtype is None:
+    variable_dtype = VariableDType(tf.float32, activation_dtype=x.dtype)
+  return get_variable(x.mesh, "kernel", dims, initializer=filter_initializer,
+                      dtype=variable_dtype)
+
+
+def _window_dims(sizes: Sequence[int], names: Sequence[str]):
+  return [Dimension(n, int(s)) for n, s in zip(names, sizes)]
+
+
+def _as_tuple(value: IntOrInts, n: int, what: str):
+  if isinstance(value, int):
+    return (value,) * n
+  value = tuple(int(v) for v in value)
+  if len(value) != n:
+    raise ValueError(f"{what}: expected {n} integers, got {value!r}.")
+  return value
+
+
+def conv2d(x: Tensor, output_dim: Dimension, filter_size: IntOrInts = (3, 3),
+           strides: IntOrInts = (1, 1), padding: str = "SAME", filter_initializer=None,
+           variable_dtype: Optional[VariableDType] = None,
+           name: Optional[str] = None) -> Tensor:
+  """2D convolution layer over x [..., h, w, in_channels].
+
+  Creates the variable `<name>/kernel` [fh, fw, in_channels, output_dim]
+  (in_channels is x's last dimension) and returns `mtf.conv2d(x, kernel)`.
+
+  Args:
+    x: the input image; its last dimension is the input channels.
+    output_dim: the output channel dimension.
+    filter_size: (filter_height, filter_width), or an int for both.
+    strides: (stride_height, stride_width), or an int for both.
+    padding: "SAME" or "VALID".
+    filter_initializer: initializer of the kernel (default: layout-invariant
+      Glorot uniform).
+    variable_dtype: an mtf.VariableDType (default: float32 master, x's dtype
+      for the activations).
+    name: the layer's name (default "conv2d", made unique).
+
+  Returns:
+    An mtf.Tensor [..., h', w', output_dim].
+
+  Example:
+    >>> y = mtf.layers.conv2d(x, mtf.Dimension("filters", 32), filter_size=(3, 3))
+  """
+  return conv2d_with_blocks(x, output_dim, filter_size, strides, padding, None, None,
+                            filter_initializer, variable_dtype, name)
+
+
+def conv2d_with_blocks(x: Tensor, output_dim: Dimension, filter_size: IntOrInts = (3, 3),
+                       strides: IntOrInts = (1, 1), padding: str = "SAME",
+                       h_blocks_dim=None, w_blocks_dim=None, filter_initializer=None,
+                       variable_dtype: Optional[VariableDType] = None,
+                       name: Optional[str] = None) -> Tensor:
+  """2D convolution layer over an image cut into blocks (spatial partitioning).
+
+  x is e.g. [batch, h_blocks, h, w_blocks, w, in_channels] (or
+  [batch, h_blocks, w_blocks, h, w, in_channels]): image row
+  `h_blocks * h.size + h`, column `w_blocks * w.size + w`. Splitting the
+  blocks dimensions over the mesh splits the image; each block receives from
+  its neighbours the halo its filter window needs (`mtf.halo_exchange`), and
+  the result equals a SAME convolution of the whole image. Needs padding
+  "SAME" and block sizes divisible by the strides. Without blocks dimensions
+  this is `conv2d`; the kernel variable is the same (`conv2d/kernel` by
+  default), so a model can switch between the two.
+
+  Args:
+    x: the input image; its last dimension is the input channels.
+    output_dim: the output channel dimension.
+    filter_size: (filter_height, filter_width), or an int for both.
+    strides: (stride_height, stride_width), or an int for both.
+    padding: "SAME" (required with blocks) or "VALID".
+    h_blocks_dim: optional dimension of x numbering blocks along h.
+    w_blocks_dim: optional dimension of x numbering blocks along w.
+    filter_initializer: initializer of the kernel.
+    variable_dtype: an mtf.VariableDType.
+    name: the layer's name (default "conv2d", made unique).
+
+  Returns:
+    An mtf.Tensor like x with per-block spatial sizes divided by the strides
+    and in_channels replaced by output_dim.
+
+  Example:
+    >>> h_blocks = mtf.Dimension("h_blocks", 4)
+    >>> y = mtf.layers.conv2d_with_blocks(x, filters, (3, 3), (1, 1), "SAME",
+    ...                                   h_blocks_dim=h_blocks)
+  """
+  filter_size = _as_tuple(filter_size, 2, "conv2d filter_size")
+  output_dim = convert_to_dimension(output_dim)
+  with _layer_scope(x, name, "conv2d"):
+    kernel = _kernel(x, _window_dims(filter_size, ["fh", "fw"]) + [x.shape[-1], output_dim],
+                     filter_initializer, variable_dtype)
+    return conv_ops.conv2d(x, kernel, strides, padding, h_blocks_dim, w_blocks_dim)
+
+
+def conv1d(x: Tensor, output_dim: Dimension, filter_size: int = 3, stride: int = 1,
+           padding: str = "SAME", filter_initializer=None,
+           variable_dtype: Optional[VariableDType] = None,
+           name: Optional[str] = None) -> Tensor:
+  """1D convolution layer over x [..., length, in_channels].
+
+  A 2D convolution with a window of height 1: the kernel variable is
+  `<name>/kernel` [fh:1, fw:filter_size, in_channels, output_dim].
+
+  Args:
+    x: the input; its last dimension is the channels, the one before the length.
+    output_dim: the output channel dimension.
+    filter_size: the window length.
+    stride: the stride along the length.
+    padding: "SAME" or "VALID".
+    filter_initializer: initializer of the kernel.
+    variable_dtype: an mtf.VariableDType.
+    name: the layer's name (default "conv1d", made unique).
+
+  Returns:
+    An mtf.Tensor [..., length', output_dim].
+
+  Example:
+    >>> y = mtf.layers.conv1d(tokens, mtf.Dimension("d_out", 64), filter_size=3)
+  """
+  if x.shape.ndims < 2:
+    raise ValueError(f"conv1d: {x.name} {x.shape} needs a length and a channel dimension.")
+  output_dim = convert_to_dimension(output_dim)
+  one = Dimension("conv1d_height", 1)
+  dims = x.shape.dims
+  x2 = reshape(x, Shape(dims[:-2] + [one] + dims[-2:]))
+  with _layer_scope(x, name, "conv1d"):
+    kernel = _kernel(x2, _window_dims((1, filter_size), ["fh", "fw"])
+                     + [dims[-1], output_dim], filter_initializer, variable_dtype)
+    y = conv_ops.conv2d(x2, kernel, (1, int(stride)), padding)
+  return reshape(y, y.shape - [one])
+
+
+def conv3d(x: Tensor, output_dim: Dimension, filter_size: IntOrInts = (3, 3, 3),
+           strides: IntOrInts = (1, 1, 1), padding: str = "SAME", filter_initializer=None,
+           variable_dtype: Optional[VariableDType] = None,
+           name: Optional[str] = None) -> Tensor:
+  """3D convolution layer over x [..., d, h, w, in_channels].
+
+  Creates `<name>/kernel` [fd, fh, fw, in_channels, output_dim].
+
+  Example:
+    >>> y = mtf.layers.conv3d(volume, mtf.Dimension("filters", 16))
+  """
+  return conv3d_with_blocks(x, output_dim, filter_size, strides, padding, None, None, None,
+                            filter_initializer, variable_dtype, name)
+
+
+def conv3d_with_blocks(x: Tensor, output_dim: Dimension, filter_size: IntOrInts = (3, 3, 3),
+                       strides: IntOrInts = (1, 1, 1), padding: str = "SAME",
+                       d_blocks_dim=None, h_blocks_dim=None, w_blocks_dim=None,
+                       filter_initializer=None,
+                       variable_dtype: Optional[VariableDType] = None,
+                       name: Optional[str] = None) -> Tensor:
+  """3D convolution layer over a volume cut into blocks along d, h and/or w
+  (see `conv2d_with_blocks`); the kernel is `<name>/kernel` (default
+  `conv3d/kernel`).
+
+  Example:
+    >>> y = mtf.layers.conv3d_with_blocks(x, filters, d_blocks_dim=d_blocks)
+  """
+  filter_size = _as_tuple(filter_size, 3, "conv3d filter_size")
+  output_dim = convert_to_dimension(output_dim)
+  with _layer_scope(x, name, "conv3d"):
+    kernel = _kernel(x, _window_dims(filter_size, ["fd", "fh", "fw"])
+                     + [x.shape[-1], output_dim], filter_initializer, variable_dtype)
+    return conv_ops.conv3d(x, kernel, strides, padding, d_blocks_dim, h_blocks_dim,
+                           w_blocks_dim)
+
+
+def conv2d_transpose(x: Tensor, output_dim: Dimension, filter_size: IntOrInts = (2, 2),
+                     strides: IntOrInts = (2, 2), padding: str = "SAME",
+                     filter_initializer=None, variable_dtype: Optional[VariableDType] = None,
+                     name: Optional[str] = None) -> Tensor:
+  """2D transposed convolution layer (upsampling) over x [..., h, w, in_channels].
+
+  Creates `<name>/kernel` [fh, fw, output_dim, in_channels] (TensorFlow's
+  order for transposed filters). With SAME padding, h and w grow by the
+  strides.
+
+  Example:
+    >>> up = mtf.layers.conv2d_transpose(x, mtf.Dimension("filters", 16))
+  """
+  filter_size = _as_tuple(filter_size, 2, "conv2d_transpose filter_size")
+  output_dim = convert_to_dimension(output_dim)
+  with _layer_scope(x, name, "conv2d_transpose"):
+    kernel = _kernel(x, _window_dims(filter_size, ["fh", "fw"]) + [output_dim, x.shape[-1]],
+                     filter_initializer, variable_dtype)
+    return conv_ops.conv2d_transpose(x, kernel, strides, padding)
+
+
+def conv3d_transpose(x: Tensor, output_dim: Dimension, filter_size: IntOrInts = (2, 2, 2),
+                     strides: IntOrInts = (2, 2, 2), padding: str = "SAME",
+                     filter_initializer=None, variable_dtype: Optional[VariableDType] = None,
+                     name: Optional[str] = None) -> Tensor:
+  """3D transposed convolution layer over x [..., d, h, w, in_channels]; the
+  kernel is `<name>/kernel` [fd, fh, fw, output_dim, in_channels].
+
+  Example:
+    >>> up = mtf.layers.conv3d_transpose(x, mtf.Dimension("filters", 8))
+  """
+  filter_size = _as_tuple(filter_size, 3, "conv3d_transpose filter_size")
+  output_dim = convert_to_dimension(output_dim)
+  with _layer_scope(x, name, "conv3d_transpose"):
+    kernel = _kernel(x, _window_dims(filter_size, ["fd", "fh", "fw"])
+                     + [output_dim, x.shape[-1]], filter_initializer, variable_dtype)
+    return conv_ops.conv3d_transpose(x, kernel, strides, padding)
+
+
+def max_pool2d(x: Tensor, ksize: IntOrInts = (2, 2), strides: Optional[IntOrInts] = None,
+               padding: str = "VALID", h_blocks_dim=None, w_blocks_dim=None,
+               name: str = "max_pool2d") -> Tensor:
+  """2D max pooling over x [..., h, w, channels] (strides default to ksize).
+
+  With blocks dimensions, pools each block (windows must not cross blocks).
+
+  Example:
+    >>> y = mtf.layers.max_pool2d(x, ksize=(2, 2))
+  """
+  return conv_ops.max_pool2d(x, ksize, strides, padding, h_blocks_dim, w_blocks_dim,
+                             name=name)
+
+
+def avg_pool2d(x: Tensor, ksize: IntOrInts = (2, 2), strides: Optional[IntOrInts] = None,
+               padding: str = "VALID", h_blocks_dim=None, w_blocks_dim=None,
+               name: str = "avg_pool2d") -> Tensor:
+  """2D average pooling over x [..., h, w, channels] (strides default to ksize).
+
+  Example:
+    >>> y = mtf.layers.avg_pool2d(x, ksize=(2, 2))
+  """
+  return conv_ops.avg_pool2d(x, ksize, strides, padding, h_blocks_dim, w_blocks_dim,
+                             name=name)
+
+
+def max_pool3d(x: Tensor, ksize: IntOrInts = (2, 2, 2), strides: Optional[IntOrInts] = None,
+               padding: str = "VALID", name: str = "max_pool3d") -> Tensor:
+  """3D max pooling over x [..., d, h, w, channels] (strides default to ksize).
+
+  Example:
+    >>> y = mtf.layers.max_pool3d(x, ksize=(2, 2, 2))
+  """
+  return conv_ops.max_pool3d(x, ksize, strides, padding, name=name)
+
+
+def avg_pool3d(x: Tensor, ksize: IntOrInts = (2, 2, 2), strides: Optional[IntOrInts] = None,
+               padding: str = "VALID", name: str = "avg_pool3d") -> Tensor:
+  """3D average pooling over x [..., d, h, w, channels] (strides default to ksize).
+
+  Example:
+    >>> y = mtf.layers.avg_pool3d(x, ksize=(2, 2, 2))
+  """
+  return conv_ops.avg_pool3d(x, ksize, strides, padding, name=name)
