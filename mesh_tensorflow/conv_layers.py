@@ -14,12 +14,12 @@ again (e.g. in another traced function) finds the same variables.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
 from mesh_tensorflow.graph import Tensor
+from mesh_tensorflow.layers_core import layer_scope
 from mesh_tensorflow.ops import conv as conv_ops
 from mesh_tensorflow.ops.shape_ops import reshape
 from mesh_tensorflow.ops.variables import VariableDType, get_variable
@@ -27,16 +27,16 @@ from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension
 
 IntOrInts = Union[int, Sequence[int]]
 
+__all__ = [
+    "avg_pool2d", "avg_pool3d", "conv1d", "conv2d", "conv2d_transpose",
+    "conv2d_with_blocks", "conv3d", "conv3d_transpose", "conv3d_with_blocks",
+    "max_pool2d", "max_pool3d",
+]
 
-@contextlib.contextmanager
+
 def _layer_scope(x: Tensor, name: Optional[str], default_name: str):
-  """An mtf name scope for a layer's variables; unnamed layers get
-  default_name, default_name_1, ... in the order they are built."""
-  graph = x.mesh.graph
-  if name is None:
-    name = graph.unique_name(default_name).rsplit("/", 1)[-1]
-  with graph.name_scope(name):
-    yield
+  """The layer's variable scope, named as every mtf.layers layer is."""
+  return layer_scope(x.mesh, name, default_name)
 
 
 def _kernel(x: Tensor, dims, filter_initializer, variable_dtype) -> Tensor:

@@ -84,12 +84,8 @@ __all__ = [
     "weights_nonzero",
 ]
 
-# ---------------------------------------------------------------------------
-# TODO(lead): convolution and pooling layers.
-# mesh_tensorflow/conv_layers.py (another helper's work) provides conv1d,
-# conv2d, conv3d, conv2d_transpose, conv3d_transpose, conv2d_with_blocks,
-# max_pool2d, avg_pool2d, ... Once it exists, re-export it here, e.g.
-#     from mesh_tensorflow.conv_layers import *  # pylint: disable=wildcard-import
-# (unconditionally; not wrapped in try/except ImportError), and extend
-# __all__ with its public names.
-# ---------------------------------------------------------------------------
+# Convolution and pooling layers live in conv_layers.py.
+from mesh_tensorflow import conv_layers as _conv_layers  # noqa: E402
+from mesh_tensorflow.conv_layers import *  # noqa: E402,F401,F403  pylint: disable=wildcard-import
+
+__all__ += list(_conv_layers.__all__)

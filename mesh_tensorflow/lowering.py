@@ -130,6 +130,11 @@ class Lowering:
       self._random_keys[mesh_impl] = rng.next_step_key(mesh_impl)
     return self._random_keys[mesh_impl]
 
+  def set_random_key(self, mesh_impl, key: tf.Tensor) -> None:
+    """Makes random ops lowered from now on use `key` (a while_loop gives
+    each iteration its own)."""
+    self._random_keys[mesh_impl] = key
+
   # ---- counters ------------------------------------------------------------
   def record_collective(self, kind, mesh_axes, nbytes, group_size, num_groups):
     self.collective_records.append(CollectiveRecord(

@@ -63,6 +63,8 @@ class PlacementMeshImpl(MeshImpl):
       dimension) share one TensorFlow tensor or variable instead of each
       computing and storing a copy. Same results, less work and memory. "auto"
       enables it exactly in that case.
+    collective_timeout: seconds after which a collective op whose peers never
+      arrive fails with an error instead of waiting forever.
 
   Example:
     >>> impl = mtf.placement_mesh_impl.PlacementMeshImpl(
@@ -70,7 +72,7 @@ class PlacementMeshImpl(MeshImpl):
   """
 
   def __init__(self, shape, layout, devices: Sequence[str], collectives: str = "auto",
-               share_replicas="auto"):
+               share_replicas="auto", collective_timeout: float = 600.0):
     super().__init__(shape, layout)
     devices = list(devices)
     if len(devices) != self.size:
@@ -90,6 +92,8 @@ class PlacementMeshImpl(MeshImpl):
           for d in self._devices)
       collectives = "collective" if all_gpu and self.size > 1 else "direct"
     self._collectives = collectives
+    self._collective_timeout = float(collective_timeout)
+    self._collective_chain = {}
     if share_replicas == "auto":
       share_replicas = _all_cpus_of_one_process(self._devices)
     self._share = bool(share_replicas) and collectives == "direct"
@@ -164,10 +168,15 @@ class PlacementMeshImpl(MeshImpl):
         ikey = next(_instance_counter)
         reduced = []
         for p, s in zip(group, slices):
-          with tf.device(self._devices[p]):
+          # Each device launches its collectives in one global order, so no two
+          # devices can wait on each other's later collective.
+          previous = self._last_collective(p)
+          with tf.device(self._devices[p]), tf.control_dependencies(previous):
             reduced.append(tf.raw_ops.CollectiveReduce(
                 input=s, group_size=len(group), group_key=gkey, instance_key=ikey,
-                merge_op=merge, final_op="Id", subdiv_offsets=[0]))
+                merge_op=merge, final_op="Id", subdiv_offsets=[0],
+                timeout_seconds=self._collective_timeout))
+          self._set_last_collective(p, reduced[-1])
         # Every member must run, or those that do wait forever: using any one
         # result (e.g. only processor 0's, when exporting) runs the group.
         for p, r in zip(group, reduced):
@@ -179,6 +188,14 @@ class PlacementMeshImpl(MeshImpl):
         for p in group:
           out[p] = total if self._share else _identity_on(self._devices[p], total)
     return LaidOutTensor(out)
+
+  def _last_collective(self, pnum: int):
+    graph = tf.compat.v1.get_default_graph()
+    last = self._collective_chain.get((id(graph), pnum))
+    return [last] if last is not None and last.graph is graph else []
+
+  def _set_last_collective(self, pnum: int, op) -> None:
+    self._collective_chain[(id(tf.compat.v1.get_default_graph()), pnum)] = op
 
   def allconcat(self, x, mesh_axis: int, concat_axis: int) -> LaidOutTensor:
     x = as_laid_out(x)

@@ -162,10 +162,12 @@ class Trainer:
         else:
           totals = [None if g is None else (a + ew.cast(g, a.dtype)) * (1.0 / self._accum)
                     for a, g in zip(accums, grads)]
-          updates = self._optimizer_for(mesh, step_var).apply_grads(totals, variables)
+          optimizer, step = self._optimizer_for(mesh, step_var)
+          updates = optimizer.apply_grads(totals, variables, step=step)
           updates += [var_ops.assign(a, const_ops.zeros_like(a)) for a in accums]
       else:
-        updates = self._optimizer_for(mesh, step_var).apply_grads(grads, variables)
+        optimizer, step = self._optimizer_for(mesh, step_var)
+        updates = optimizer.apply_grads(grads, variables, step=step)
     lowering = Lowering(graph, {mesh: self._impl})
     outputs = {"loss": lowering.export_to_tf_tensor(loss)}
     for name, value in metrics.items():
@@ -181,11 +183,13 @@ class Trainer:
       return {k: tf.identity(v) for k, v in outputs.items()}
 
   def _optimizer_for(self, mesh, step_var):
+    """(optimizer, global step as a float mtf scalar): the optimizer and any
+    schedule count updates with the Trainer's checkpointed global step."""
+    step = const_ops.import_fully_replicated(
+        mesh, tf.cast(step_var.read_value(), tf.float32), Shape([]), name="global_step")
     if callable(self._optimizer) and not hasattr(self._optimizer, "apply_grads"):
-      step = const_ops.import_fully_replicated(
-          mesh, tf.cast(step_var.read_value(), tf.float32), Shape([]), name="global_step")
-      return self._optimizer(step)
-    return self._optimizer
+      return self._optimizer(step), step
+    return self._optimizer, step
 
   def _shapes_for(self, mode: str) -> Dict[str, Shape]:
     return self._eval_shapes if mode == EVAL else self._shapes

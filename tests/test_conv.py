@@ -446,6 +446,19 @@ def test_conv_layers_shapes_and_layout_invariance():
   U.assert_allclose(c["conv"], a["conv"])
 
 
+def test_unnamed_layers_get_their_own_kernels():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.zeros(mesh, _dims("batch:2;h:4;w:4;c:3"))
+  y = conv_layers.conv2d(x, mtf.Dimension("f1", 4))
+  conv_layers.conv2d(y, mtf.Dimension("f2", 4), filter_size=1)
+  conv_layers.conv2d_transpose(y, mtf.Dimension("f3", 2), name="up")
+  shapes = {v.name: v.shape.to_string() for v in graph.all_variables}
+  assert shapes == {"conv2d/kernel": "fh:3;fw:3;c:3;f1:4",
+                    "conv2d_1/kernel": "fh:1;fw:1;f1:4;f2:4",
+                    "up/kernel": "fh:2;fw:2;f3:2;f1:4"}
+
+
 # ---- the example ---------------------------------------------------------------------
 def test_conv_spatial_example_layouts_agree():
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")

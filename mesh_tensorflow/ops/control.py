@@ -138,27 +138,63 @@ class WhileLoopOperation(Operation):
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     n = len(self.inputs)
+    body_ops = set(self._body_ops)
+    # Complete pending allreduces of the outer tensors the body reads here,
+    # outside the loop: completed inside, they would belong to the loop's graph.
+    for op in self._body_ops:
+      for t in op.inputs:
+        if t.operation not in body_ops and t not in self._placeholders:
+          lowering.laid_out(t)
+    cond_ops = _ancestors_within([self._cond], self._body_ops)
+    # Random ops in the loop get a key per iteration (made outside the loop).
+    from mesh_tensorflow.ops.random_ops import RandomOperation
+    has_random = any(isinstance(op, RandomOperation) for op in self._body_ops)
+    base_key = lowering.random_key(impl) if has_random else None
     init = [lowering.laid_out(t).tensor_list for t in self.inputs]
     flat = [s for slices in init for s in slices]
 
     def unflatten(values):
       return [LaidOutTensor(list(values[i * impl.size:(i + 1) * impl.size])) for i in range(n)]
 
-    def run_body(values, targets):
+    def run_ops(values, iteration, ops, targets):
       for ph, laid in zip(self._placeholders, unflatten(values)):
         lowering.set_tensor_lowering(ph, laid)
-      lowering.lower_operations(self._body_ops)
+      if base_key is not None:
+        lowering.set_random_key(impl, base_key + (iteration + 1) * _ITERATION_KEY_STRIDE)
+      try:
+        lowering.lower_operations(ops)
+      finally:
+        if base_key is not None:
+          lowering.set_random_key(impl, base_key)
       return [lowering.laid_out(t) for t in targets]
 
-    def cond(*values):
-      return run_body(values, [self._cond])[0].tensor_list[0]
+    def cond(iteration, *values):
+      return run_ops(values, iteration, cond_ops, [self._cond])[0].tensor_list[0]
 
-    def body(*values):
-      outs = run_body(values, self._body)
-      return [s for laid in outs for s in laid.tensor_list]
-    results = tf.while_loop(cond, body, flat)
+    def body(iteration, *values):
+      outs = run_ops(values, iteration, self._body_ops, self._body)
+      return [iteration + 1] + [s for laid in outs for s in laid.tensor_list]
+    results = tf.while_loop(cond, body, [tf.constant(0, tf.int64)] + flat)[1:]
     for out, laid in zip(self.outputs, unflatten(results)):
       lowering.set_tensor_lowering(out, laid)
+
+
+# Odd multiplier that spreads iteration numbers over the random key's 32 bits.
+_ITERATION_KEY_STRIDE = 0x9E3779B1
+
+
+def _ancestors_within(targets, ops):
+  """The operations of `ops` (in order) that `targets` depend on."""
+  members = set(ops)
+  needed = set()
+  stack = [t.operation for t in targets]
+  while stack:
+    op = stack.pop()
+    if op in needed or op not in members:
+      continue
+    needed.add(op)
+    stack.extend(t.operation for t in op.inputs)
+  return [op for op in ops if op in needed]
 
 
 def while_loop(cond_fn: Callable, body_fn: Callable, inputs: Sequence[Tensor],
@@ -257,7 +293,9 @@ def recompute_grad(fn: Callable, explicit_inputs: Sequence[Tensor], name=None):
     pairs = [(o, d) for o, d in zip(outs, dys) if d is not None]
     # Differentiate the recomputation only: a captured tensor may also be
     # upstream of xs, and that path is the outer gradient pass's business.
-    grads = gradients([o for o, _ in pairs], xs2 + list(captured),
+    # Differentiating with respect to xs (not xs2) also counts the uses of xs
+    # that fn makes through its closure rather than through its arguments.
+    grads = gradients([o for o, _ in pairs], list(xs) + list(captured),
                       grad_ys=[d for _, d in pairs],
                       operations=graph.operations[start:])
     return grads

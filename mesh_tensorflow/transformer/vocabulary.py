@@ -1,0 +1,274 @@
+"""Vocabularies: text <-> token ids, in Python and inside tf.data.
+
+Every vocabulary keeps two ids fixed, because the models and the data pipeline
+rely on them: 0 is padding (and "no token yet" at the start of decoding) and 1
+is end-of-sequence.
+
+    >>> vocab = ByteVocabulary()
+    >>> vocab.encode("hi")
+    [107, 108]
+    >>> vocab.decode([107, 108, 1, 50])
+    'hi'
+    >>> vocab.vocab_size
+    259
+
+`ByteVocabulary` needs no files and is the default. `SentencePieceVocabulary`
+loads a trained SentencePiece model when the `sentencepiece` package is
+installed.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Iterable, List, Optional, Sequence, Union
+
+import numpy as np
+import tensorflow as tf
+
+try:
+  import gin
+except ImportError:  # pragma: no cover - gin-config is a dependency.
+  gin = None
+
+PAD_ID = 0
+EOS_ID = 1
+
+
+def _configurable(cls):
+  return gin.configurable(cls) if gin is not None else cls
+
+
+class Vocabulary(abc.ABC):
+  """Maps text to integer ids and back.
+
+  Subclasses implement `vocab_size`, `encode`, `decode`, `encode_tf` and
+  `decode_tf`. Ids 0 (`pad_id`) and 1 (`eos_id`) are reserved.
+
+  Example:
+    >>> ids = vocab.encode("text")
+    >>> vocab.decode(ids + [vocab.eos_id])
+    'text'
+  """
+
+  @property
+  def pad_id(self) -> int:
+    """The padding id (0)."""
+    return PAD_ID
+
+  @property
+  def eos_id(self) -> int:
+    """The end-of-sequence id (1)."""
+    return EOS_ID
+
+  @property
+  @abc.abstractmethod
+  def vocab_size(self) -> int:
+    """Number of ids, special ones included (ids are 0..vocab_size-1)."""
+
+  @abc.abstractmethod
+  def encode(self, text: str) -> List[int]:
+    """The ids of `text` (no end-of-sequence id added)."""
+
+  @abc.abstractmethod
+  def decode(self, ids: Iterable[int]) -> str:
+    """The text of `ids`, stopping at the first end-of-sequence id.
+
+    Padding and ids the vocabulary does not know are skipped.
+    """
+
+  @abc.abstractmethod
+  def encode_tf(self, text: tf.Tensor) -> Union[tf.Tensor, tf.RaggedTensor]:
+    """encode() as TensorFlow ops: a string scalar gives an int32 vector, a
+    string tensor of rank >= 1 gives a ragged int32 tensor with one more
+    dimension."""
+
+  @abc.abstractmethod
+  def decode_tf(self, ids: tf.Tensor) -> tf.Tensor:
+    """decode() as TensorFlow ops: int ids [..., length] give strings [...]."""
+
+  def decode_batch(self, ids: Union[np.ndarray, Sequence[Sequence[int]]]) -> List[str]:
+    """decode() of every row of a 2-D array.
+
+    Example:
+      >>> vocab.decode_batch([[107, 108, 1], [108, 0, 0]])
+      ['hi', 'i']
+    """
+    return [self.decode(row) for row in np.asarray(ids).tolist()]
+
+  def _ids_before_eos(self, ids: Iterable[int]) -> List[int]:
+    out = []
+    for i in ids:
+      i = int(i)
+      if i == self.eos_id:
+        break
+      out.append(i)
+    return out
+
+
+@_configurable
+class ByteVocabulary(Vocabulary):
+  """UTF-8 bytes as tokens: id = byte + 3, after pad (0), EOS (1) and UNK (2).
+
+  Needs no files, covers every string, and makes a model's vocabulary small
+  (259 ids). Decoding turns invalid UTF-8 into U+FFFD.
+
+  Args:
+    extra_ids: more ids after the 256 bytes (e.g. sentinels); they decode to
+      nothing.
+
+  Example:
+    >>> vocab = ByteVocabulary()
+    >>> vocab.encode("é")
+    [198, 172]
+    >>> vocab.decode(vocab.encode("naïve"))
+    'naïve'
+  """
+
+  OFFSET = 3
+  UNK_ID = 2
+
+  def __init__(self, extra_ids: int = 0):
+    if extra_ids < 0:
+      raise ValueError(f"ByteVocabulary: extra_ids must be >= 0, got {extra_ids}.")
+    self._extra_ids = extra_ids
+
+  @property
+  def vocab_size(self) -> int:
+    return self.OFFSET + 256 + self._extra_ids
+
+  def encode(self, text: str) -> List[int]:
+    return [b + self.OFFSET for b in text.encode("utf-8")]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    data = bytes(i - self.OFFSET for i in self._ids_before_eos(ids)
+                 if self.OFFSET <= i < self.OFFSET + 256)
+    return data.decode("utf-8", errors="replace")
+
+  def encode_tf(self, text: tf.Tensor) -> Union[tf.Tensor, tf.RaggedTensor]:
+    text = tf.convert_to_tensor(text, tf.string)
+    pieces = tf.strings.bytes_split(text)  # one-byte strings, ragged if rank >= 1
+
+    def to_ids(flat_pieces):
+      raw = tf.io.decode_raw(flat_pieces, tf.uint8, fixed_length=1)
+      return tf.cast(tf.reshape(raw, [-1]), tf.int32) + self.OFFSET
+
+    if isinstance(pieces, tf.RaggedTensor):
+      return tf.ragged.map_flat_values(to_ids, pieces)
+    return to_ids(pieces)
+
+  def decode_tf(self, ids: tf.Tensor) -> tf.Tensor:
+    ids = tf.cast(tf.convert_to_tensor(ids), tf.int32)
+    # Everything from the first EOS on is dropped: mark it as id 0.
+    after_eos = tf.cumsum(tf.cast(tf.equal(ids, self.eos_id), tf.int32), axis=-1) > 0
+    ids = tf.where(after_eos, tf.zeros_like(ids), ids)
+    # One string per id: the byte for byte ids, "" for special or unknown ids.
+    table = tf.constant([b""] * self.OFFSET + [bytes([b]) for b in range(256)] + [b""])
+    in_range = (ids >= self.OFFSET) & (ids < self.OFFSET + 256)
+    index = tf.where(in_range, ids, tf.fill(tf.shape(ids), self.OFFSET + 256))
+    joined = tf.strings.reduce_join(tf.gather(table, index), axis=-1)
+    # Invalid UTF-8 becomes U+FFFD, as in decode().
+    return tf.strings.unicode_transcode(joined, "UTF-8", "UTF-8", errors="replace")
+
+
+@_configurable
+class SentencePieceVocabulary(Vocabulary):
+  """A trained SentencePiece model (needs `pip install sentencepiece`).
+
+  The model must use the ids this library reserves: pad 0, EOS 1 (and
+  typically UNK 2, no BOS), as T5's models do. Train one with
+
+      spm_train --input=text.txt --model_prefix=spm --vocab_size=8000 \\
+          --pad_id=0 --eos_id=1 --unk_id=2 --bos_id=-1
+
+  Args:
+    sentencepiece_model_file: path of the `.model` file.
+    extra_ids: more ids after the model's pieces (they decode to nothing).
+
+  Example:
+    >>> vocab = SentencePieceVocabulary("/data/spm.model")
+    >>> vocab.decode(vocab.encode("hello world"))
+    'hello world'
+  """
+
+  def __init__(self, sentencepiece_model_file: str, extra_ids: int = 0):
+    try:
+      import sentencepiece  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+      raise ImportError(
+          "SentencePieceVocabulary needs the sentencepiece package: "
+          "`pip install sentencepiece` (or use ByteVocabulary, which needs no files)."
+      ) from e
+    if not tf.io.gfile.exists(sentencepiece_model_file):
+      raise ValueError(
+          f"SentencePieceVocabulary: no model file {sentencepiece_model_file!r}.")
+    with tf.io.gfile.GFile(sentencepiece_model_file, "rb") as f:
+      self._model_proto = f.read()
+    self._sp = sentencepiece.SentencePieceProcessor()
+    self._sp.LoadFromSerializedProto(self._model_proto)
+    if self._sp.pad_id() != PAD_ID or self._sp.eos_id() != EOS_ID:
+      raise ValueError(
+          f"SentencePieceVocabulary: {sentencepiece_model_file!r} has pad id "
+          f"{self._sp.pad_id()} and EOS id {self._sp.eos_id()}; this library needs pad 0 "
+          "and EOS 1. Train the model with --pad_id=0 --eos_id=1 --unk_id=2 --bos_id=-1.")
+    self._extra_ids = extra_ids
+    self._file = sentencepiece_model_file
+
+  @property
+  def vocab_size(self) -> int:
+    return self._sp.GetPieceSize() + self._extra_ids
+
+  def encode(self, text: str) -> List[int]:
+    return list(self._sp.EncodeAsIds(text))
+
+  def decode(self, ids: Iterable[int]) -> str:
+    pieces = self._sp.GetPieceSize()
+    return self._sp.DecodeIds([i for i in self._ids_before_eos(ids)
+                               if 0 < i < pieces and i != self.eos_id])
+
+  def encode_tf(self, text: tf.Tensor) -> Union[tf.Tensor, tf.RaggedTensor]:
+    text = tf.convert_to_tensor(text, tf.string)
+
+    def encode_one(s):
+      ids = tf.numpy_function(lambda b: np.asarray(self.encode(b.decode("utf-8")), np.int32),
+                              [s], tf.int32, stateful=False)
+      return tf.reshape(ids, [-1])
+
+    if text.shape.rank == 0:
+      return encode_one(text)
+    if text.shape.rank != 1:
+      raise ValueError("SentencePieceVocabulary.encode_tf takes a string scalar or vector, "
+                       f"got shape {text.shape}.")
+    return tf.map_fn(encode_one, text,
+                     fn_output_signature=tf.RaggedTensorSpec([None], tf.int32))
+
+  def decode_tf(self, ids: tf.Tensor) -> tf.Tensor:
+    ids = tf.cast(tf.convert_to_tensor(ids), tf.int32)
+    if ids.shape.rank is None or ids.shape.rank < 1:
+      raise ValueError(f"decode_tf takes ids of rank >= 1, got shape {ids.shape}.")
+
+    def decode_rows(array):
+      rows = array.reshape([-1, array.shape[-1]])
+      out = np.asarray([self.decode(r).encode("utf-8") for r in rows.tolist()], dtype=object)
+      return out.reshape(array.shape[:-1])
+
+    out = tf.numpy_function(decode_rows, [ids], tf.string, stateful=False)
+    out.set_shape(ids.shape[:-1])
+    return out
+
+  def __reduce__(self):
+    return (SentencePieceVocabulary, (self._file, self._extra_ids))
+
+
+def get_vocabulary(name: Optional[str] = None, **kwargs) -> Vocabulary:
+  """A vocabulary by name: "byte" (default) or "sentencepiece".
+
+  Example:
+    >>> get_vocabulary("byte").vocab_size
+    259
+  """
+  name = (name or "byte").lower()
+  if name == "byte":
+    return ByteVocabulary(**kwargs)
+  if name in ("sentencepiece", "spm"):
+    return SentencePieceVocabulary(**kwargs)
+  raise ValueError(f"Unknown vocabulary {name!r}; choose 'byte' or 'sentencepiece'.")
