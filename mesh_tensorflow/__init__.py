@@ -54,4 +54,6 @@ from mesh_tensorflow.ops.conv import (avg_pool2d, avg_pool3d, conv2d, conv2d_bac
 from mesh_tensorflow.ops.control import (
     Print, custom_gradient, depend, recompute_grad, stop_gradient, while_loop)
 
+from mesh_tensorflow import beam_search
+
 __version__ = "0.2.0"

@@ -24,7 +24,6 @@ def gradients(ys: Sequence[Tensor], xs: Sequence[Tensor],
   Example:
     >>> [dw] = mtf.gradients([loss], [w])
   """
-  from mesh_tensorflow.ops import elementwise as ew
   from mesh_tensorflow.ops.constant import ones_like
   ys, xs = list(ys), list(xs)
   if not ys:

@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
-from mesh_tensorflow.shapes import Shape, convert_to_shape
+from mesh_tensorflow.shapes import convert_to_shape
 
 
 class Graph:

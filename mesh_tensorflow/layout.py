@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-from mesh_tensorflow.shapes import Shape, convert_to_shape, parse_pairs
+from mesh_tensorflow.shapes import convert_to_shape, parse_pairs
 
 
 class LayoutRules:

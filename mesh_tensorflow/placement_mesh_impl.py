@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Sequence
 
 import tensorflow as tf
 

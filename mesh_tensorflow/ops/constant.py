@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
 
 import numpy as np
 import tensorflow as tf

@@ -32,7 +32,6 @@ class _IdentityLike(Operation):
     return self._grad(self, grad_ys)
 
   def lower(self, lowering):
-    impl = lowering.mesh_impl(self)
     deps = [lowering.laid_out(t) for t in self.inputs[len(self.outputs):]]
     deps_ops = [lowering.operations[o] for o in self._control if o in lowering.operations]
     for i, out in enumerate(self.outputs):

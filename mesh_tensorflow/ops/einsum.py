@@ -10,7 +10,7 @@ products and then allreduces (lazily) over the mesh dimensions that split it.
 from __future__ import annotations
 
 import string
-from typing import List, Sequence
+from typing import Sequence
 
 import tensorflow as tf
 

@@ -10,7 +10,6 @@ the output has the dimensions of x followed by those of y that x lacks.
 
 from __future__ import annotations
 
-import builtins
 import math
 from typing import Callable, Optional, Sequence
 

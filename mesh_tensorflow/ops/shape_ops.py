@@ -13,7 +13,6 @@ are gathered first and split again afterwards.
 
 from __future__ import annotations
 
-from typing import Sequence
 
 import tensorflow as tf
 

@@ -19,7 +19,6 @@ from mesh_tensorflow import slice_variables
 from mesh_tensorflow.slice_variables import variable_store  # noqa: F401 (public)
 from mesh_tensorflow.graph import Mesh, Operation, Tensor
 from mesh_tensorflow.mesh_impl import LaidOutTensor
-from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.shapes import convert_to_shape
 
 
