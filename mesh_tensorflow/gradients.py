@@ -64,7 +64,8 @@ def gradients(ys: Sequence[Tensor], xs: Sequence[Tensor],
       continue
     for t, g in zip(op.outputs, out_grads):
       pending[t] = [g] if g is not None else []
-    in_grads = op.gradient(out_grads)
+    in_grads = op.gradient_for(
+        out_grads, [t in downstream and t.dtype.is_floating for t in op.inputs])
     for t, g in zip(op.inputs, in_grads):
       if g is not None and t in downstream and t.dtype.is_floating:
         if g.shape != t.shape:

@@ -284,6 +284,12 @@ class Operation:
         f"Operation {self._name!r} ({type(self).__name__}) has no gradient; "
         "wrap it in mtf.stop_gradient or use mtf.custom_gradient.")
 
+  def gradient_for(self, grad_ys, needed: Sequence[bool]):
+    """Like gradient(), but ops may skip building gradients of inputs whose
+    `needed` entry is False (mtf.gradients calls this)."""
+    del needed
+    return self.gradient(grad_ys)
+
 
 def check_same_mesh(tensors: Sequence[Tensor], op_name: str) -> Mesh:
   meshes = {id(t.mesh): t.mesh for t in tensors}

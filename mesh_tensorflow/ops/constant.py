@@ -92,8 +92,9 @@ class ImportOperation(Operation):
   def __init__(self, mesh: Mesh, tf_tensor, shape, name=None):
     # Validate before joining the graph: a failed constructor leaves no op.
     shape = convert_to_shape(shape)
-    tf_tensor = tf.convert_to_tensor(tf_tensor)
-    static = tf_tensor.shape
+    # A tf.Variable is read when the graph is lowered (every step), not now.
+    source = tf_tensor if isinstance(tf_tensor, tf.Variable) else tf.convert_to_tensor(tf_tensor)
+    static = source.shape
     if static.rank is not None and (static.rank != shape.ndims or any(
         s is not None and s != d.size for s, d in zip(static.as_list(), shape.dims))):
       raise ValueError(
@@ -101,15 +102,16 @@ class ImportOperation(Operation):
           f"{static.as_list()} but the mtf shape {shape} needs "
           f"{shape.to_integer_list()}.")
     super().__init__([], mesh=mesh, name=name or "import")
-    if static.rank is not None and not static.is_fully_defined():
-      tf_tensor = tf.ensure_shape(tf_tensor, shape.to_integer_list())
-    self._tf_tensor = tf_tensor
-    self._outputs = [Tensor(self, shape, tf_tensor.dtype)]
+    self._source = source
+    self._outputs = [Tensor(self, shape, source.dtype)]
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
-    lowering.set_tensor_lowering(
-        self.outputs[0], impl.import_tf_tensor(self._tf_tensor, self.outputs[0].shape))
+    shape = self.outputs[0].shape
+    value = tf.convert_to_tensor(self._source)
+    if not value.shape.is_fully_defined():
+      value = tf.ensure_shape(value, shape.to_integer_list())
+    lowering.set_tensor_lowering(self.outputs[0], impl.import_tf_tensor(value, shape))
 
 
 def import_tf_tensor(mesh: Mesh, tf_tensor, shape=None, name=None) -> Tensor:
@@ -141,8 +143,6 @@ class ImportLaidOutOperation(Operation):
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     laid = self._laid_out
-    if callable(laid) and not isinstance(laid, LaidOutTensor):
-      laid = laid()
     if not isinstance(laid, LaidOutTensor):
       laid = LaidOutTensor(list(laid))
     if len(laid.tensor_list) != impl.size:
@@ -162,9 +162,9 @@ class ImportLaidOutOperation(Operation):
 def _first_slice(laid):
   if isinstance(laid, LaidOutTensor):
     return laid.tensor_list[0]
-  if callable(laid):
+  if not isinstance(laid, (list, tuple)) or not laid:
     raise TypeError("import_laid_out_tensor: pass a LaidOutTensor or a list of slices.")
-  return list(laid)[0]
+  return laid[0]
 
 
 def import_laid_out_tensor(mesh: Mesh, laid_out_tensor, shape, name=None) -> Tensor:

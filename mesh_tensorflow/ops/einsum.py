@@ -48,10 +48,16 @@ class EinsumOperation(Operation):
     self._outputs = [Tensor(self, output_shape, inputs[0].dtype)]
 
   def gradient(self, grad_ys):
+    return self.gradient_for(grad_ys, [True] * len(self.inputs))
+
+  def gradient_for(self, grad_ys, needed):
     from mesh_tensorflow.ops.shape_ops import broadcast
     g = grad_ys[0]
     grads = []
     for i, x in enumerate(self.inputs):
+      if not needed[i]:
+        grads.append(None)
+        continue
       others = [g] + [t for j, t in enumerate(self.inputs) if j != i]
       available = shape_union([t.shape for t in others])
       target = Shape([d for d in x.shape.dims if d in available.dims])
