@@ -110,15 +110,23 @@ class EinsumOperation(Operation):
         letters.setdefault(d.name, _LETTERS[len(letters)])
     eq = ",".join("".join(letters[d.name] for d in t.shape.dims) for t in self.inputs)
     eq += "->" + "".join(letters[d.name] for d in out.shape.dims)
+    batched_axis = None if reduced_axes else _batchable_axis(impl, self.inputs, slices, out)
+    if batched_axis is not None:
+      # Shared memory, and the processors' products differ only in the
+      # outermost (split) dimension of one operand: multiply once on the
+      # concatenated operand and take each processor's rows (no collective).
+      i, mesh_axis = batched_axis
+      with impl.unrecorded():
+        slices[i] = impl.allconcat(slices[i], mesh_axis, 0)
     result = impl.slicewise(lambda *xs: tf.einsum(eq, *xs), *slices)
-    # FLOPs per processor: 2 * product of the local sizes of all dimensions.
-    local = {}
-    for t, laid in zip(self.inputs, slices):
-      for d, s in zip(t.shape.dims, laid.tensor_list[0].shape.as_list()):
-        local[d.name] = s
+    if batched_axis is not None:
+      result = impl.slice_along(result, batched_axis[1], 0)
+    # FLOPs per processor under the layout: 2 * the product of the local
+    # sizes of all dimensions (however shared memory realizes the product).
     flops = 2
-    for s in local.values():
-      flops *= s or 1
+    for name, size in {d.name: d.size for t in self.inputs for d in t.shape.dims}.items():
+      axis = next((a for a, n in owner.items() if n == name), None)
+      flops *= size // impl.mesh_axis_size(axis) if axis is not None else size
     lowering.add_flops(flops)
     if reduced_axes and not fuse:
       result = LazyAllreduceSum(impl, result, sorted(reduced_axes))
@@ -126,6 +134,28 @@ class EinsumOperation(Operation):
 
 
 _LETTERS = string.ascii_letters
+
+
+def _batchable_axis(impl, inputs, slices, out):
+  """(input index, mesh axis) when, in shared memory, exactly one operand is
+  split, along one mesh axis, in its outermost dimension that is also the
+  output's outermost dimension, and every other operand is one tensor shared
+  by all processors; else None."""
+  if not getattr(impl, "shares_replicas", False) or not out.shape.ndims:
+    return None
+  candidate = None
+  for i, (t, laid) in enumerate(zip(inputs, slices)):
+    if len({id(s) for s in laid.tensor_list}) == 1:
+      continue
+    if candidate is not None or not t.shape.ndims:
+      return None
+    layout = impl.tensor_layout(t.shape)
+    split = [a for a in layout if a is not None]
+    if (len(split) != 1 or layout[0] is None or t.shape.dims[0] != out.shape.dims[0]
+        or laid.tensor_list[0].shape[0] == t.shape.dims[0].size):
+      return None
+    candidate = (i, layout[0])
+  return candidate
 
 
 def _fuse_allreduce(impl, operand_bytes: int, out) -> bool:
