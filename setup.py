@@ -9,10 +9,18 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     packages=find_packages(include=["mesh_tensorflow", "mesh_tensorflow.*"]),
+    # The transformer's gin configs (models/, layouts/, learning_rate_schedules/).
+    package_data={"mesh_tensorflow.transformer": ["gin/*.gin", "gin/*/*.gin"]},
+    include_package_data=True,
     python_requires=">=3.9",
     install_requires=["tensorflow>=2.16", "numpy", "gin-config", "absl-py", "tensorboard"],
     extras_require={
         "test": ["pytest", "hypothesis", "scikit-learn"],
         "examples": ["scikit-learn"],
+        "sentencepiece": ["sentencepiece"],
+        "tfds": ["tensorflow-datasets"],
+    },
+    entry_points={
+        "console_scripts": ["mtf-transformer = mesh_tensorflow.transformer.main:console_main"],
     },
 )

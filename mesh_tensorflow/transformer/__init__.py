@@ -7,3 +7,11 @@ Import the modules you need, e.g.
 `python -m mesh_tensorflow.transformer.main` trains, evaluates and decodes the
 models from gin configs (see `utils.run`).
 """
+
+# The model library (plain Python, no gin): imported here so that
+# `mesh_tensorflow.transformer.transformer.Unitransformer` etc. resolve.
+from mesh_tensorflow.transformer import attention  # noqa: F401
+from mesh_tensorflow.transformer import layer_stack  # noqa: F401
+from mesh_tensorflow.transformer import moe  # noqa: F401
+from mesh_tensorflow.transformer import transformer  # noqa: F401
+from mesh_tensorflow.transformer import transformer_layers  # noqa: F401

@@ -1,0 +1,345 @@
+"""Mixture-of-experts feed-forward layers with top-2 gating (GShard /
+Switch style), for `transformer.LayerStack`.
+
+Tokens are cut into groups; within a group a learned gate sends each token
+to its two most likely experts, each expert taking at most `capacity`
+tokens per group. Dispatch and combine are einsums with an "experts"
+dimension, so a layout that splits "experts" (expert parallelism, e.g.
+"experts:all") keeps each expert's weights and work on its own processors
+and the lowering adds the collectives that moving tokens to and from the
+experts needs.
+
+Capacity and dropped tokens: within a group, tokens claim slots of their
+first-choice expert in order of position, then (after all first choices)
+slots of their second-choice expert, also in order. A choice that finds its
+expert's `capacity` slots taken is dropped: its combine weight is 0. A token
+whose two choices are both dropped gets an all-zero layer output, so the
+residual connection of the layer stack passes it on unchanged. Gate weights
+are normalized over the two choices before dropping and not renormalized
+after.
+
+Groups: the tokens of a batch are cut into groups of at most `group_size`
+consecutive tokens, the number of groups being a multiple of the number of
+processors that split "batch" (when the model is given its layout and mesh
+shape) or else of the batch size, so that groups never straddle processors.
+During incremental decoding a step has one token per sequence, so groups
+are small and routing (what is dropped) can differ from a pass over the
+whole sequence.
+
+Balancing loss: with f_e the fraction of a group's (non-padding) tokens whose
+first choice is expert e and P_e the mean gate probability of e over the
+group, loss = num_experts * sum_e f_e * P_e, averaged over groups, times
+`loss_coef`, added to the context's losses. When every expert receives the
+same fraction of tokens the loss is exactly 1 (times loss_coef) whatever the
+gate probabilities; routing concentrated on experts with high mean gate
+probability makes it larger.
+
+    >>> layer = MoE1D(num_experts=8, hidden_size=256, capacity_factor_train=1.25)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import tensorflow as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import transformer
+
+_POLICIES = ("all", "none", "threshold", "random")
+
+
+def split_into_groups(num_tokens: int, max_group_size: int, multiple: int) -> Tuple[int, int]:
+  """(num_groups, group_size): the largest group size <= max_group_size that
+  divides num_tokens into a number of groups divisible by `multiple`.
+
+  Example:
+    >>> split_into_groups(512, 100, 8)
+    (8, 64)
+  """
+  if num_tokens % multiple:
+    raise ValueError(f"MoE: {num_tokens} tokens cannot form a multiple of {multiple} groups.")
+  for size in range(min(max_group_size, num_tokens // multiple), 0, -1):
+    if num_tokens % size == 0 and (num_tokens // size) % multiple == 0:
+      return num_tokens // size, size
+  return num_tokens, 1
+
+
+def expert_capacity(group_size: int, num_experts: int, capacity_factor: float,
+                    min_capacity: int = 4) -> int:
+  """Slots per expert and group: ceil(group_size * capacity_factor /
+  num_experts), at least min_capacity, at most group_size.
+
+  Example:
+    >>> expert_capacity(64, 8, 1.25)
+    10
+  """
+  c = math.ceil(group_size * capacity_factor / num_experts)
+  return max(1, min(group_size, max(min_capacity, c)))
+
+
+class MoE1D(transformer.TransformerLayer):
+  """Mixture of experts replacing DenseReluDense (see the module docstring).
+
+  Each expert is a feed-forward block d_model -> hidden (activation) ->
+  d_model with weights "wi/kernel" [experts, d_model, d_ff] and "wo/kernel"
+  [experts, d_ff, d_model]; the gate is "gate/kernel" [d_model, experts].
+
+  Args:
+    num_experts: size of the "experts" dimension.
+    loss_coef: weight of the balancing loss.
+    hidden_size: experts' hidden size (dimension named hidden_dim_name).
+    group_size: the largest number of tokens in a group.
+    capacity_factor_train: capacity = group_size * factor / num_experts.
+    capacity_factor_eval: the same outside training.
+    expert_capacity: a fixed capacity (overrides the factors).
+    min_expert_capacity: the smallest capacity the factors give.
+    use_second_place_loss: not supported (must be False).
+    second_policy_train: whether a token also goes to its second expert:
+      "all", "none", "threshold" (if its normalized gate exceeds the
+      threshold) or "random" (with probability gate / threshold).
+    second_policy_eval: the same outside training.
+    second_threshold_train: the threshold of those policies.
+    second_threshold_eval: the same outside training.
+    activation: the experts' activation (an mtf function name or callable).
+    dropout_rate: dropout on the experts' hidden activations (training).
+    hidden_dim_name: name of the experts' hidden dimension ("d_ff", so the
+      layout rule of the feed-forward layers applies to experts too).
+
+  Example:
+    >>> layer = MoE1D(num_experts=16, hidden_size=1024, group_size=512)
+  """
+
+  def __init__(self, num_experts: int = 16, loss_coef: float = 1e-2, hidden_size: int = 4096,
+               group_size: int = 1024, capacity_factor_train: float = 1.25,
+               capacity_factor_eval: float = 2.0, expert_capacity: Optional[int] = None,
+               min_expert_capacity: int = 4, use_second_place_loss: bool = False,
+               second_policy_train: str = "random", second_policy_eval: str = "random",
+               second_threshold_train: float = 0.2, second_threshold_eval: float = 0.2,
+               activation="relu", dropout_rate: float = 0.0, hidden_dim_name: str = "d_ff"):
+    if use_second_place_loss:
+      raise NotImplementedError("MoE1D: use_second_place_loss is not supported.")
+    for p in (second_policy_train, second_policy_eval):
+      if p not in _POLICIES:
+        raise ValueError(f"MoE1D: second policy must be one of {_POLICIES}, got {p!r}.")
+    if num_experts < 2:
+      raise ValueError(f"MoE1D: top-2 gating needs num_experts >= 2, got {num_experts}.")
+    self.num_experts = num_experts
+    self.loss_coef = loss_coef
+    self.hidden_size = hidden_size
+    self.group_size = group_size
+    self.capacity_factor_train = capacity_factor_train
+    self.capacity_factor_eval = capacity_factor_eval
+    self.expert_capacity = expert_capacity
+    self.min_expert_capacity = min_expert_capacity
+    self.second_policy_train = second_policy_train
+    self.second_policy_eval = second_policy_eval
+    self.second_threshold_train = second_threshold_train
+    self.second_threshold_eval = second_threshold_eval
+    self.activation = activation
+    self.dropout_rate = dropout_rate
+    self.hidden_dim_name = hidden_dim_name
+
+  def _group_multiple(self, context: transformer.Context, x: mtf.Tensor) -> int:
+    """Number of groups must be a multiple of this, so the "batch"-named groups
+    split like the batch (the mesh dimension's size when the model knows its
+    layout, else the batch size)."""
+    model = context.model
+    if model.layout is not None and model.mesh_shape is not None:
+      rules = mtf.convert_to_layout_rules(model.layout)
+      mesh_shape = mtf.convert_to_shape(model.mesh_shape)
+      axis = rules.tensor_dimension_to_mesh_axis(mtf.Dimension("batch", 1), mesh_shape)
+      return 1 if axis is None else mesh_shape.dims[axis].size
+    return x.shape.dims[0].size
+
+  def call(self, context: transformer.Context, x: mtf.Tensor) -> mtf.Tensor:
+    d_model = context.model.model_dim
+    token_dims = [d for d in x.shape.dims if d != d_model]
+    num_tokens = mtf.Shape(token_dims).size
+    num_groups, group_size = split_into_groups(num_tokens, self.group_size,
+                                               self._group_multiple(context, x))
+    groups_dim = mtf.Dimension("batch", num_groups)
+    group_dim = mtf.Dimension("group", group_size)
+    xg = mtf.reshape(x, mtf.Shape([groups_dim, group_dim, d_model]))
+    nonpadding = context.nonpadding
+    if nonpadding is not None and not context.incremental:
+      nonpadding = mtf.broadcast(nonpadding, mtf.Shape(token_dims))
+      nonpadding = mtf.reshape(nonpadding, mtf.Shape([groups_dim, group_dim]))
+    else:
+      nonpadding = None
+    factor = self.capacity_factor_train if context.train else self.capacity_factor_eval
+    capacity = self.expert_capacity or expert_capacity(
+        group_size, self.num_experts, factor, self.min_expert_capacity)
+    capacity = min(capacity, group_size)
+    experts_unsplit = mtf.Dimension("experts_unsplit", self.num_experts)
+    capacity_dim = mtf.Dimension("expert_capacity", capacity)
+    dispatch, combine, loss = top_2_gating(
+        xg, experts_unsplit, capacity_dim, context.variable_dtype, train=context.train,
+        policy=self.second_policy_train if context.train else self.second_policy_eval,
+        threshold=(self.second_threshold_train if context.train
+                   else self.second_threshold_eval),
+        nonpadding=nonpadding)
+    y = self._experts(context, xg, dispatch, combine, groups_dim, capacity_dim)
+    if context.losses is not None:
+      context.losses.append(loss * self.loss_coef)
+    return mtf.reshape(y, x.shape)
+
+  def _experts(self, context, xg, dispatch, combine, groups_dim, capacity_dim):
+    """Dispatch -> expert feed-forward -> combine; [groups, group, d_model]."""
+    d_model = context.model.model_dim
+    experts_unsplit = dispatch.shape.get_dim_by_name("experts_unsplit")
+    experts = mtf.Dimension("experts", self.num_experts)
+    groups_unsplit = mtf.Dimension("batch_unsplit", groups_dim.size)
+    hidden = mtf.Dimension(self.hidden_dim_name, self.hidden_size)
+    dispatch = mtf.cast(dispatch, xg.dtype)
+    # [experts_unsplit, groups, capacity, d_model]: split like the batch ...
+    expert_in = mtf.einsum([xg, dispatch], output_shape=mtf.Shape(
+        [experts_unsplit, groups_dim, capacity_dim, d_model]))
+    # ... then moved so that "experts" is split instead (all-to-all).
+    expert_in = mtf.reshape(expert_in, mtf.Shape([experts, groups_unsplit, capacity_dim, d_model]))
+    h = mtf.layers.dense(expert_in, hidden, reduced_dims=[d_model], expert_dims=[experts],
+                         activation=self.activation, use_bias=False,
+                         variable_dtype=context.variable_dtype, name="wi")
+    if context.train and self.dropout_rate > 0.0:
+      h = mtf.dropout(h, True, rate=self.dropout_rate)
+    expert_out = mtf.layers.dense(h, d_model, reduced_dims=[hidden], expert_dims=[experts],
+                                  use_bias=False, variable_dtype=context.variable_dtype,
+                                  name="wo")
+    expert_out = mtf.reshape(expert_out, mtf.Shape(
+        [experts_unsplit, groups_dim, capacity_dim, d_model]))
+    return mtf.einsum([expert_out, mtf.cast(combine, xg.dtype)],
+                      output_shape=xg.shape)
+
+
+class MoE2D(MoE1D):
+  """Kept for compatibility: a one-level mixture of expert_x * expert_y
+  experts (the original's two-level routing is not implemented).
+
+  Example:
+    >>> layer = MoE2D(expert_x=4, expert_y=4, hidden_size=1024)
+  """
+
+  def __init__(self, expert_x: int = 8, expert_y: int = 8, capacity_factor_second_level=None,
+               **kwargs):
+    del capacity_factor_second_level
+    super().__init__(num_experts=expert_x * expert_y, **kwargs)
+
+  @property
+  def scope_name(self) -> str:
+    return "MoE2D"
+
+
+def top_2_gating(x: mtf.Tensor, experts_dim: mtf.Dimension, capacity_dim: mtf.Dimension,
+                 variable_dtype: mtf.VariableDType, train: bool = True, policy: str = "all",
+                 threshold: float = 0.2, nonpadding: Optional[mtf.Tensor] = None):
+  """The learned gate "gate/kernel" [d_model, experts] and `top_2_routing`.
+
+  Args:
+    x: [groups, group, d_model].
+    experts_dim: the experts dimension of the gate.
+    capacity_dim: slots per expert and group.
+    variable_dtype: dtype of the gate variable.
+    train: whether training.
+    policy: second-choice policy ("all", "none", "threshold", "random").
+    threshold: of the "threshold" and "random" policies.
+    nonpadding: optional float [groups, group], 0 at padding (not routed).
+
+  Returns:
+    (dispatch, combine, balancing loss), see `top_2_routing`.
+
+  Example:
+    >>> dispatch, combine, loss = top_2_gating(xg, experts, capacity, vdtype)
+  """
+  del train
+  d_model = x.shape.dims[2]
+  gate_logits = mtf.layers.dense(x, experts_dim, reduced_dims=[d_model], use_bias=False,
+                                 variable_dtype=variable_dtype, name="gate")
+  return top_2_routing(gate_logits, capacity_dim, policy, threshold, nonpadding)
+
+
+def top_2_routing(gate_logits: mtf.Tensor, capacity_dim: mtf.Dimension, policy: str = "all",
+                  threshold: float = 0.2, nonpadding: Optional[mtf.Tensor] = None):
+  """Top-2 routing of grouped tokens given their gate logits (see the module
+  docstring for the order in which slots are taken and what is dropped).
+
+  Args:
+    gate_logits: [groups, group, experts].
+    capacity_dim: slots per expert and group.
+    policy: second-choice policy ("all", "none", "threshold", "random").
+    threshold: of the "threshold" and "random" policies.
+    nonpadding: optional float [groups, group], 0 at padding (not routed).
+
+  Returns:
+    (dispatch, combine, balancing loss): dispatch is 0/1 and combine holds
+    the normalized gate weights, both float32 [groups, group, experts,
+    capacity]; a token's row of combine is all zero when both its choices
+    were dropped.
+
+  Example:
+    >>> dispatch, combine, loss = top_2_routing(logits, mtf.Dimension("expert_capacity", 4))
+  """
+  group_dim, experts_dim = gate_logits.shape.dims[1], gate_logits.shape.dims[2]
+  raw = mtf.softmax(mtf.to_float(gate_logits), experts_dim)
+  choice1 = mtf.one_hot(mtf.argmax(raw, experts_dim), experts_dim, dtype=tf.float32)
+  gate1 = mtf.reduce_sum(raw * choice1, reduced_dim=experts_dim)
+  choice2 = mtf.one_hot(mtf.argmax(raw * (1.0 - choice1), experts_dim), experts_dim,
+                        dtype=tf.float32)
+  gate2 = mtf.reduce_sum(raw * choice2, reduced_dim=experts_dim)
+  mask1, mask2 = choice1, choice2
+  if nonpadding is not None:
+    mask1 = mask1 * nonpadding
+    mask2 = mask2 * nonpadding
+  loss = balancing_loss(raw, mask1, group_dim, experts_dim, nonpadding)
+  total = gate1 + gate2 + 1e-9
+  gate1, gate2 = gate1 / total, gate2 / total
+  if policy == "none":
+    mask2 = mask2 * 0.0
+  elif policy == "threshold":
+    mask2 = mask2 * mtf.to_float(mtf.greater(gate2, threshold))
+  elif policy == "random":
+    u = mtf.random_uniform(gate_logits.mesh, gate2.shape, dtype=tf.float32,
+                           name="second_expert_noise")
+    mask2 = mask2 * mtf.to_float(mtf.less(u, gate2 / max(threshold, 1e-9)))
+  capacity = capacity_dim.size
+  # Slot of each choice in its expert's queue, first choices before second.
+  pos1 = mtf.cumsum(mask1, group_dim, exclusive=True) * mask1
+  mask1 = mask1 * mtf.to_float(mtf.less(pos1, float(capacity)))
+  taken1 = mtf.reduce_sum(mask1, reduced_dim=group_dim)
+  pos2 = (mtf.cumsum(mask2, group_dim, exclusive=True) + taken1) * mask2
+  mask2 = mask2 * mtf.to_float(mtf.less(pos2, float(capacity)))
+  slot1 = mtf.one_hot(mtf.to_int32(mtf.reduce_sum(pos1 * mask1, reduced_dim=experts_dim)),
+                      capacity_dim, dtype=tf.float32)
+  slot2 = mtf.one_hot(mtf.to_int32(mtf.reduce_sum(pos2 * mask2, reduced_dim=experts_dim)),
+                      capacity_dim, dtype=tf.float32)
+  dispatch1 = mask1 * slot1
+  dispatch2 = mask2 * slot2
+  dispatch = dispatch1 + dispatch2
+  combine = gate1 * dispatch1 + gate2 * dispatch2
+  return dispatch, combine, loss
+
+
+def balancing_loss(gates: mtf.Tensor, first_choice: mtf.Tensor, group_dim: mtf.Dimension,
+                   experts_dim: mtf.Dimension,
+                   nonpadding: Optional[mtf.Tensor] = None) -> mtf.Tensor:
+  """num_experts * sum_e f_e * P_e averaged over groups (module docstring).
+
+  Args:
+    gates: softmax gate probabilities [groups, group, experts].
+    first_choice: one-hot first choices (0 at padding) [groups, group, experts].
+    group_dim: the tokens of a group.
+    experts_dim: the experts.
+    nonpadding: optional [groups, group] 0/1 weights of the tokens.
+
+  Example:
+    >>> loss = balancing_loss(gates, choice1, group, experts)
+  """
+  if nonpadding is None:
+    count = float(group_dim.size)
+    mean_gate = mtf.reduce_sum(gates, reduced_dim=group_dim) / count
+  else:
+    count = mtf.maximum(mtf.reduce_sum(nonpadding, reduced_dim=group_dim), 1.0)
+    mean_gate = mtf.reduce_sum(gates * nonpadding, reduced_dim=group_dim) / count
+  fraction = mtf.reduce_sum(first_choice, reduced_dim=group_dim) / count
+  per_group = mtf.reduce_sum(fraction * mean_gate, reduced_dim=experts_dim)
+  return mtf.reduce_mean(per_group) * float(experts_dim.size)

@@ -1,0 +1,700 @@
+"""Transformer models over named dimensions: the layer stack, the decoder-only
+`Unitransformer` and the encoder-decoder `Bitransformer`.
+
+A model is a `LayerStack` of `TransformerLayer` instances (attention,
+feed-forward, mixture of experts; see transformer_layers.py and moe.py)
+wrapped by a `Unitransformer`, which adds the vocabulary embedding, positions
+and the output softmax. Layers get a `Context` with everything else they need
+(mode, positions, packing ids, decoding caches, the list of auxiliary losses).
+
+Dimension names are fixed so that layout rules can refer to them: "batch",
+"length", "memory_length", "d_model", "heads", "d_kv", "d_ff", "vocab",
+"experts" (e.g. "batch:rows;heads:cols;d_ff:cols;vocab:cols").
+
+    >>> stack = make_layer_stack(
+    ...     [transformer_layers.SelfAttention(num_heads=8, key_value_size=64),
+    ...      transformer_layers.DenseReluDense(hidden_size=2048)], num_layers=6)
+    >>> model = Unitransformer(stack, d_model=512, input_vocab_size=256,
+    ...                        output_vocab_size=256, autoregressive=True,
+    ...                        max_length=512)
+    >>> logits, loss = model.call_simple(inputs, targets, compute_loss=True)
+    >>> samples = model.sample_autoregressive(prompts, temperature=0.0)
+
+The stack's pieces (`TransformerLayer`, `Context`, `LayerStack`,
+`make_layer_stack`, `ModeKeys`) live in layer_stack.py and are re-exported
+here, so `transformer.LayerStack` works as in the original.
+
+Decoding is incremental: a "first_part" pass over the known prefix fills
+per-layer caches of keys and values, then an `mtf.while_loop` runs one
+position at a time ("incremental" mode), each step reading and updating the
+caches, so a step costs O(length) rather than a full recomputation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import numpy as np
+import tensorflow as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow import beam_search as beam_search_lib
+from mesh_tensorflow.transformer.layer_stack import (  # noqa: F401 (re-exported)
+    Context, LayerStack, ModeKeys, TransformerLayer, make_layer_stack)
+
+EOS_ID = 1
+_NEG_INF = -1e9
+
+
+def _round_up(n: int, divisor: int) -> int:
+  return n if not divisor else -(-n // divisor) * divisor
+
+
+def _positional_embedding_kind(value) -> Optional[str]:
+  if value is True or value == "learned":
+    return "learned"
+  if value is False or value is None or value == "none":
+    return None
+  if value == "sinusoidal":
+    return "sinusoidal"
+  raise ValueError(f"positional_embedding must be 'learned', 'sinusoidal', 'none' or a "
+                   f"boolean, got {value!r}.")
+
+
+def sinusoidal_position_embedding(position: mtf.Tensor, model_dim: mtf.Dimension,
+                                  dtype=tf.float32, max_timescale: float = 1.0e4) -> mtf.Tensor:
+  """The fixed sine/cosine position signal of "Attention is all you need".
+
+  Channel 2i is sin(p / max_timescale^(2i/d)) and channel 2i+1 the matching
+  cosine; computed from the (integer) positions, so it works for any shape
+  of `position`, including the single position of a decoding step.
+
+  Example:
+    >>> emb = sinusoidal_position_embedding(mtf.range(mesh, length), d_model)
+  """
+  d = model_dim.size
+  channel = np.arange(d)
+  inv_freq = np.power(max_timescale, -(2.0 * (channel // 2)) / d).astype(np.float32)
+  phase = np.where(channel % 2 == 0, 0.0, math.pi / 2.0).astype(np.float32)
+  freq = mtf.constant(position.mesh, inv_freq, mtf.Shape([model_dim]), dtype=tf.float32)
+  shift = mtf.constant(position.mesh, phase, mtf.Shape([model_dim]), dtype=tf.float32)
+  return mtf.cast(mtf.sin(mtf.cast(position, tf.float32) * freq + shift), dtype)
+
+
+def inputs_prefix_mask(targets: mtf.Tensor) -> mtf.Tensor:
+  """For "[inputs] EOS [targets] EOS" examples: true up to the first EOS.
+
+  Example:
+    >>> mask = inputs_prefix_mask(targets)   # bool [batch, length]
+  """
+  length_dim = targets.shape.dims[-1]
+  eos_before = mtf.cumsum(mtf.to_int32(mtf.equal(targets, EOS_ID)), length_dim, exclusive=True)
+  return mtf.equal(eos_before, 0)
+
+
+text2self_inputs_mask = inputs_prefix_mask
+
+
+def _one_position(ids: mtf.Tensor, position: mtf.Tensor, length_dim: mtf.Dimension) -> mtf.Tensor:
+  """ids[..., position] (0 where position is outside [0, length))."""
+  pick = mtf.one_hot(position, length_dim, dtype=ids.dtype)
+  return mtf.reduce_sum(ids * pick, reduced_dim=length_dim)
+
+
+class Unitransformer:
+  """A Transformer with one layer stack: a language model or an encoder, or
+  (inside a Bitransformer) the encoder or decoder.
+
+  Args:
+    layer_stack: a LayerStack.
+    d_model: the model dimension.
+    input_vocab_size: size of the input vocabulary (rounded up to a multiple
+      of vocab_divisor).
+    output_vocab_size: size of the output vocabulary, or None for an encoder
+      that returns its final activations instead of logits.
+    autoregressive: causal self-attention (position q sees memory m <= q).
+    max_length: the largest position a learned position embedding covers.
+    shared_embedding_and_softmax_weights: the softmax reuses the embedding
+      table (scaled by d_model^-0.5).
+    label_smoothing: mixes the targets with the uniform distribution.
+    z_loss: weight of log(Z)^2 in the training loss (helps bfloat16).
+    name: the variable scope ("transformer", "encoder", "decoder").
+    layout: optional layout rules, for layers that adapt to them (MoE1D
+      sizes its token groups so they split like the batch).
+    mesh_shape: optional mesh shape, with layout.
+    vocab_divisor: vocabulary sizes are rounded up to a multiple of this, so
+      that a layout can split "vocab".
+    loss_fn: optional loss_fn(context, logits, targets, vocab_dim) -> scalar
+      replacing the cross-entropy below.
+    positional_embedding: "learned" (or True), "sinusoidal", or "none"
+      (False/None; e.g. with relative attention bias).
+    input_full_attention: for "[inputs] EOS [targets]" language models: the
+      inputs part attends to all of itself.
+    loss_on_targets_only: for the same: no loss on the inputs part.
+    loss_denominator: divide the summed token losses by this number instead
+      of the number of non-padding target tokens.
+
+  The loss is the mean (over non-padding target tokens) of the softmax
+  cross-entropy, plus z_loss * log(Z)^2 in training, plus the auxiliary
+  losses layers add to the context (e.g. mixture-of-experts balancing).
+
+  Example:
+    >>> model = Unitransformer(stack, d_model=64, input_vocab_size=256,
+    ...                        output_vocab_size=256, autoregressive=True,
+    ...                        max_length=128)
+  """
+
+  def __init__(self, layer_stack: LayerStack, d_model: int = 1024,
+               input_vocab_size: Optional[int] = None,
+               output_vocab_size: Optional[int] = None, autoregressive: bool = True,
+               max_length: int = 512, shared_embedding_and_softmax_weights: bool = False,
+               label_smoothing: float = 0.0, z_loss: float = 1e-4, name: str = "transformer",
+               layout=None, mesh_shape=None, vocab_divisor: int = 128, loss_fn=None,
+               positional_embedding: Union[str, bool, None] = "learned",
+               input_full_attention: bool = False, loss_on_targets_only: bool = False,
+               loss_denominator: Optional[float] = None):
+    if input_vocab_size is None:
+      raise ValueError("Unitransformer: input_vocab_size is required.")
+    if autoregressive and not output_vocab_size:
+      raise ValueError("Unitransformer: an autoregressive model needs output_vocab_size.")
+    if input_full_attention and not autoregressive:
+      raise ValueError("Unitransformer: input_full_attention needs autoregressive=True.")
+    self.layer_stack = layer_stack
+    self.model_dim = mtf.Dimension("d_model", d_model)
+    self.input_vocab_dim = mtf.Dimension("vocab", _round_up(input_vocab_size, vocab_divisor))
+    self.output_vocab_dim = (mtf.Dimension("vocab", _round_up(output_vocab_size, vocab_divisor))
+                             if output_vocab_size else None)
+    self.autoregressive = autoregressive
+    self.max_length_dim = mtf.Dimension("max_length", max_length)
+    self.shared_embedding_and_softmax_weights = shared_embedding_and_softmax_weights
+    self.label_smoothing = label_smoothing
+    self.z_loss = z_loss
+    self.name = name
+    self.layout = layout
+    self.mesh_shape = mesh_shape
+    self.positional_embedding = _positional_embedding_kind(positional_embedding)
+    self.input_full_attention = input_full_attention
+    self.loss_on_targets_only = loss_on_targets_only
+    self.loss_denominator = loss_denominator
+    self._loss_fn = loss_fn
+
+  @property
+  def fully_autoregressive(self) -> bool:
+    return self.autoregressive and not self.input_full_attention
+
+  # ---- the network -----------------------------------------------------------
+  def _embedding_weights(self, context: Context) -> mtf.Tensor:
+    if "embedding" in context.shared_params:
+      return context.shared_params["embedding"]
+    return mtf.layers.embedding_weights(context.mesh, self.input_vocab_dim, self.model_dim,
+                                        context.variable_dtype, name="embedding")
+
+  def _position_embedding(self, context: Context, x: mtf.Tensor) -> Optional[mtf.Tensor]:
+    kind = self.positional_embedding
+    if kind is None:
+      return None
+    position = context.position
+    if kind == "sinusoidal":
+      if position is None:
+        position = mtf.range(context.mesh, context.length_dim, tf.int32)
+      return sinusoidal_position_embedding(position, self.model_dim, x.dtype)
+    if "positional_embedding" in context.shared_params:
+      table = context.shared_params["positional_embedding"]
+    else:
+      table = mtf.layers.embedding_weights(context.mesh, self.max_length_dim, self.model_dim,
+                                           context.variable_dtype, name="positional_embedding")
+    if context.length_dim.size > self.max_length_dim.size:
+      raise ValueError(f"Unitransformer {self.name!r}: sequences of length "
+                       f"{context.length_dim.size} exceed max_length={self.max_length_dim.size}"
+                       " of the learned position embedding.")
+    if context.position_is_default and not context.incremental:
+      part = mtf.slice(table, 0, context.length_dim.size, self.max_length_dim.name)
+      return mtf.rename_dimension(part, self.max_length_dim.name, context.length_dim.name)
+    position = mtf.minimum(position, self.max_length_dim.size - 1)
+    return mtf.gather(table, position, self.max_length_dim)
+
+  def _call_internal(self, context: Context, inputs: mtf.Tensor,
+                     targets: Optional[mtf.Tensor] = None) -> mtf.Tensor:
+    """Logits [batch..., (length,) vocab] (or activations for an encoder)."""
+    embedding = self._embedding_weights(context)
+    x = mtf.gather(embedding, inputs, self.input_vocab_dim)
+    pos = self._position_embedding(context, x)
+    if pos is not None:
+      x = x + pos
+    self._shared_layer_params(context)
+    x = self.layer_stack.call(context, x)
+    if self.output_vocab_dim is None:
+      return x
+    if self.shared_embedding_and_softmax_weights:
+      logits = mtf.einsum([x * (self.model_dim.size ** -0.5), embedding],
+                          output_shape=(x.shape - [self.model_dim]) + [self.output_vocab_dim])
+    else:
+      logits = mtf.layers.dense(x, self.output_vocab_dim, reduced_dims=[self.model_dim],
+                                use_bias=False, variable_dtype=context.variable_dtype,
+                                name="logits")
+    if targets is not None and context.losses is not None:
+      context.losses.append(self._compute_loss(context, logits, targets, self.output_vocab_dim))
+    return logits
+
+  def _shared_layer_params(self, context: Context) -> None:
+    """Variables that several layers of the stack share (relative attention
+    biases of type "bias_shared"), created once at the model scope."""
+    for layer in self.layer_stack.layers:
+      make = getattr(layer, "make_shared_params", None)
+      if make is not None:
+        make(context)
+
+  def _compute_loss(self, context: Context, logits: mtf.Tensor, targets: mtf.Tensor,
+                    vocab_dim: mtf.Dimension) -> mtf.Tensor:
+    if self._loss_fn is not None:
+      return self._loss_fn(context, logits, targets, vocab_dim)
+    dtype = logits.dtype
+    loss = mtf.layers.softmax_cross_entropy_with_logits(
+        logits, targets, vocab_dim, z_loss=self.z_loss if context.train else 0.0,
+        label_smoothing=self.label_smoothing)
+    weights = mtf.layers.weights_nonzero(targets, dtype=dtype)
+    if self.loss_on_targets_only:
+      weights = weights * mtf.cast(mtf.logical_not(inputs_prefix_mask(targets)), dtype)
+    total = mtf.reduce_sum(loss * weights)
+    if self.loss_denominator is not None:
+      return total * (1.0 / float(self.loss_denominator))
+    return total / mtf.maximum(mtf.reduce_sum(weights), 1.0)
+
+  def _priorities(self, targets, length_range):
+    if self.input_full_attention and targets is not None:
+      region = inputs_prefix_mask(targets)
+      region = mtf.logical_or(region, mtf.shift(region, 1, targets.shape.dims[-1], wrap=False))
+      priority = length_range * mtf.to_int32(mtf.logical_not(region))
+      return priority, priority
+    if self.autoregressive:
+      return length_range, length_range
+    return None, None
+
+  def call_simple(self, inputs: mtf.Tensor, targets: Optional[mtf.Tensor],
+                  compute_loss: bool, mode: str = ModeKeys.TRAIN,
+                  variable_dtype: Optional[mtf.VariableDType] = None, sequence_id=None,
+                  subsequence_id=None, position=None, encoder_output=None,
+                  encoder_sequence_id=None, shared_params=None, layer_outputs=None,
+                  encoder_layer_outputs=None):
+    """Logits (and the loss) for all positions in parallel: training and eval.
+
+    Args:
+      inputs: int32 [batch..., length]; for a language model the targets
+        shifted right by one (mtf.shift(targets, 1, length, wrap=False)).
+      targets: int32 [batch..., length] or None (0 is padding).
+      compute_loss: whether to return the loss.
+      mode: ModeKeys.TRAIN, EVAL or PREDICT.
+      variable_dtype: an mtf.VariableDType (default float32).
+      sequence_id: int32 [batch..., length] segment ids of packed examples.
+      subsequence_id: accepted for compatibility.
+      position: int32 [batch..., length] positions within each segment.
+      encoder_output: for a decoder, the encoder's output with its length
+        renamed "memory_length".
+      encoder_sequence_id: the encoder's segment ids [batch..., memory_length].
+      shared_params: variables shared with another Unitransformer.
+      layer_outputs: an optional list collecting each layer's output.
+      encoder_layer_outputs: the encoder's layer outputs, for layers that
+        read them.
+
+    Returns:
+      (logits [batch..., length, vocab], scalar loss or None).
+
+    Example:
+      >>> logits, loss = model.call_simple(
+      ...     mtf.shift(targets, 1, length, wrap=False), targets, True)
+    """
+    variable_dtype = variable_dtype or mtf.VariableDType(tf.float32)
+    batch_dims = inputs.shape.dims[:-1]
+    length_dim = inputs.shape.dims[-1]
+    length_range = mtf.range(inputs.mesh, length_dim, tf.int32)
+    position_is_default = position is None
+    if position is None:
+      position = length_range
+    read_priority, write_priority = self._priorities(targets, length_range)
+    context = Context(
+        model=self, mesh=inputs.mesh, batch_dims=batch_dims, length_dim=length_dim,
+        variable_dtype=variable_dtype, mode=mode, losses=[] if compute_loss else None,
+        sequence_id=sequence_id, subsequence_id=subsequence_id, position=position,
+        position_is_default=position_is_default, encoder_output=encoder_output,
+        encoder_sequence_id=encoder_sequence_id, shared_params=shared_params,
+        layer_outputs=layer_outputs, encoder_layer_outputs=encoder_layer_outputs,
+        write_priority=write_priority, read_priority=read_priority)
+    with mtf.name_scope(inputs.mesh, self.name):
+      logits = self._call_internal(context, inputs, targets)
+    loss = mtf.add_n(context.losses) if compute_loss and context.losses else None
+    return logits, loss
+
+  # ---- decoding --------------------------------------------------------------
+  def first_part(self, inputs, batch_dims, length_dim, variable_dtype, encoder_output=None,
+                 encoder_sequence_id=None, shared_params=None, encoder_layer_outputs=None,
+                 initial_position=None, beam_dim=None):
+    """The prefix pass before decoding ("first_part" mode).
+
+    Runs the known prefix (inputs, shifted right) through the stack and
+    returns (states, constant_states): the per-layer caches and the values
+    computed once (e.g. encoder keys) that `incremental_logits_fn` needs.
+
+    Example:
+      >>> states, constants = model.first_part(ids, [batch], length, vdtype)
+    """
+    length_range = mtf.range(inputs.mesh, length_dim, tf.int32)
+    priority = self._decode_priority(length_range, initial_position)
+    context = Context(
+        model=self, mesh=inputs.mesh, batch_dims=batch_dims, length_dim=length_dim,
+        variable_dtype=variable_dtype, beam_dim=beam_dim, mode=ModeKeys.FIRST_PART,
+        position=length_range, position_is_default=True, new_states=[],
+        initial_position=initial_position, sequence_id=None,
+        encoder_output=encoder_output, encoder_sequence_id=encoder_sequence_id,
+        constant_states=[], shared_params=shared_params,
+        encoder_layer_outputs=encoder_layer_outputs, write_priority=priority,
+        read_priority=priority)
+    shifted = mtf.shift(inputs, offset=1, dim=length_dim, wrap=False)
+    with mtf.name_scope(inputs.mesh, self.name):
+      self._call_internal(context, shifted)
+    return context.new_states, context.constant_states
+
+  def _decode_priority(self, length_range, initial_position):
+    """Write priorities while decoding: with input_full_attention the prefix
+    (up to initial_position) is visible from everywhere."""
+    if self.input_full_attention and initial_position is not None:
+      return length_range * mtf.to_int32(mtf.greater(length_range, initial_position))
+    return length_range
+
+  def incremental_logits_fn(self, batch_dims, length_dim, variable_dtype, constant_states,
+                            encoder_output=None, encoder_sequence_id=None, shared_params=None,
+                            encoder_layer_outputs=None, beam_dim=None, never_end_token=None,
+                            initial_position=None):
+    """logits_fn(step, ids, states) -> (logits, new_states): one incremental
+    decoding step, in the form mtf.beam_search's decoders take.
+
+    step is the position decoded (a scalar or [batch...]); the token read
+    is ids at step - 1. The logits of id 0 (padding), and of never_end_token
+    if given, are -1e9: decoding never produces them.
+
+    Example:
+      >>> fn = model.incremental_logits_fn([batch], length, vdtype, constants)
+      >>> logits, states = fn(step, ids, states)
+    """
+
+    def logits_fn(step, ids, states):
+      context = Context(
+          model=self, mesh=ids.mesh, batch_dims=batch_dims, length_dim=length_dim,
+          variable_dtype=variable_dtype, beam_dim=beam_dim, mode=ModeKeys.INCREMENTAL,
+          position=step, states=list(states), new_states=[], sequence_id=None,
+          encoder_output=encoder_output, encoder_sequence_id=encoder_sequence_id,
+          constant_states=constant_states, shared_params=shared_params,
+          encoder_layer_outputs=encoder_layer_outputs,
+          write_priority=self._decode_priority(mtf.range(ids.mesh, length_dim, tf.int32),
+                                               initial_position),
+          read_priority=step)
+      token = _one_position(ids, step - 1, length_dim)
+      with mtf.name_scope(ids.mesh, self.name):
+        logits = self._call_internal(context, token)
+      banned = [0] + ([never_end_token] if never_end_token is not None else [])
+      logits = logits + mtf.constant(
+          ids.mesh, np.isin(np.arange(self.output_vocab_dim.size), banned) * _NEG_INF,
+          mtf.Shape([self.output_vocab_dim]), dtype=logits.dtype)
+      return logits, context.new_states
+    return logits_fn
+
+  def sample_autoregressive(self, partial_sequences: mtf.Tensor, stop_at_token: Optional[int] = 1,
+                            max_steps=None, temperature: float = 0.0,
+                            variable_dtype: Optional[mtf.VariableDType] = None,
+                            encoder_output=None, encoder_sequence_id=None,
+                            shared_params=None, has_partial_sequences: bool = True,
+                            encoder_layer_outputs=None, never_end: bool = False,
+                            remove_partial_sequences: bool = False,
+                            top_k: Optional[int] = None,
+                            sampling_keep_top_k: Optional[int] = None) -> mtf.Tensor:
+    """Continues sequences one token at a time with cached keys and values.
+
+    Each sequence's known prefix is its leading nonzero tokens; decoding fills
+    the zeros after it, stopping (per sequence) after `stop_at_token`, after
+    max_steps new tokens or at the end of the length dimension. Positions
+    after a sequence ends stay 0; decoding never produces id 0 itself.
+
+    Args:
+      partial_sequences: int32 [batch..., length]: prefixes, then zeros.
+      stop_at_token: the end-of-sequence id (None: never stop early).
+      max_steps: an int or int32 mtf scalar: at most this many new tokens.
+      temperature: 0.0 is greedy (argmax); 1.0 samples from the model.
+      variable_dtype: an mtf.VariableDType.
+      encoder_output: for a decoder, the encoder output ("memory_length").
+      encoder_sequence_id: the encoder's segment ids ("memory_length").
+      shared_params: variables shared with the encoder.
+      has_partial_sequences: False if all inputs are zeros (saves the
+        prefix pass over the whole length).
+      encoder_layer_outputs: the encoder's layer outputs.
+      never_end: never produce stop_at_token.
+      remove_partial_sequences: shift each output left so it starts with
+        the first new token.
+      top_k: sample only among the k most likely tokens.
+      sampling_keep_top_k: the original's name for top_k.
+
+    Returns:
+      int32 [batch..., length]: the prefixes followed by the new tokens.
+
+    Example:
+      >>> out = model.sample_autoregressive(prompts, temperature=0.0, max_steps=20)
+    """
+    if not self.autoregressive:
+      raise ValueError("sample_autoregressive needs an autoregressive Unitransformer.")
+    variable_dtype = variable_dtype or mtf.VariableDType(tf.float32)
+    if top_k is None and sampling_keep_top_k is not None and sampling_keep_top_k > 0:
+      top_k = sampling_keep_top_k
+    inputs = partial_sequences
+    batch_dims = inputs.shape.dims[:-1]
+    length_dim = inputs.shape.dims[-1]
+    initial_position = mtf.reduce_sum(mtf.to_int32(mtf.not_equal(inputs, 0)),
+                                      reduced_dim=length_dim)
+    states, constant_states = self.first_part(
+        inputs, batch_dims, length_dim, variable_dtype, encoder_output, encoder_sequence_id,
+        shared_params, encoder_layer_outputs, initial_position)
+    if not has_partial_sequences:
+      states = [mtf.zeros_like(s) for s in states]
+    logits_fn = self.incremental_logits_fn(
+        batch_dims, length_dim, variable_dtype, constant_states, encoder_output,
+        encoder_sequence_id, shared_params, encoder_layer_outputs,
+        never_end_token=stop_at_token if never_end else None,
+        initial_position=initial_position)
+    outputs = beam_search_lib.greedy_decode(
+        logits_fn, inputs, temperature=temperature, initial_states=states,
+        eos_id=stop_at_token, max_steps=max_steps, top_k=top_k,
+        initial_position=initial_position)
+    if remove_partial_sequences and has_partial_sequences:
+      outputs = _shift_left(outputs, initial_position, length_dim)
+    return outputs
+
+  def beam_search(self, inputs: mtf.Tensor, decode_length=None,
+                  variable_dtype: Optional[mtf.VariableDType] = None, encoder_output=None,
+                  encoder_sequence_id=None, alpha: float = 0.6, shared_params=None,
+                  encoder_layer_outputs=None, stop_at_token: int = 1,
+                  return_all_beams: bool = False):
+    """Beam search from position 0 (see `mtf.beam_search.beam_search`).
+
+    Args:
+      inputs: int32 zeros [batch, beam, length]; the beam dimension's size is
+        the beam width.
+      decode_length: int or int32 mtf scalar: at most this many tokens.
+      variable_dtype: an mtf.VariableDType.
+      encoder_output: for a decoder, the encoder output ("memory_length").
+      encoder_sequence_id: the encoder's segment ids.
+      alpha: length penalty exponent: scores are log P / ((5 + n) / 6)^alpha.
+      shared_params: variables shared with the encoder.
+      encoder_layer_outputs: the encoder's layer outputs.
+      stop_at_token: end-of-sequence id.
+      return_all_beams: return ([batch, beam, length], scores [batch, beam])
+        instead of the best sequence [batch, length].
+
+    Example:
+      >>> best = model.beam_search(mtf.zeros(mesh, "batch:4;beam:4;length:32",
+      ...                                    dtype=tf.int32), alpha=0.6)
+    """
+    if not self.autoregressive:
+      raise ValueError("beam_search needs an autoregressive Unitransformer.")
+    variable_dtype = variable_dtype or mtf.VariableDType(tf.float32)
+    batch_dims = inputs.shape.dims[:-2]
+    beam_dim, length_dim = inputs.shape.dims[-2:]
+    states, constant_states = self.first_part(
+        inputs, batch_dims + [beam_dim], length_dim, variable_dtype, encoder_output,
+        encoder_sequence_id, shared_params, encoder_layer_outputs, beam_dim=beam_dim)
+    states = [mtf.zeros_like(s) for s in states]
+    logits_fn = self.incremental_logits_fn(
+        batch_dims + [beam_dim], length_dim, variable_dtype, constant_states, encoder_output,
+        encoder_sequence_id, shared_params, encoder_layer_outputs, beam_dim=beam_dim)
+    beams, scores = beam_search_lib.beam_search(
+        logits_fn, inputs, alpha, states=states, eos_id=stop_at_token,
+        decode_length=decode_length, dtype=tf.float32)
+    if return_all_beams:
+      return beams, scores
+    return beam_search_lib.best_beam(beams)
+
+
+def _shift_left(ids: mtf.Tensor, amount: mtf.Tensor, length_dim: mtf.Dimension) -> mtf.Tensor:
+  """ids[..., i + amount] at position i (0 past the end); amount per row."""
+  memory = mtf.Dimension("shift_source", length_dim.size)
+  src = mtf.range(ids.mesh, memory, tf.int32)
+  dst = mtf.range(ids.mesh, length_dim, tf.int32)
+  move = mtf.to_int32(mtf.equal(src, dst + amount))  # [batch..., length, shift_source]
+  return mtf.einsum([mtf.rename_dimension(ids, length_dim.name, memory.name), move],
+                    output_shape=ids.shape)
+
+
+class Bitransformer:
+  """An encoder-decoder Transformer: two Unitransformers.
+
+  The decoder's self-attention is causal and each decoder layer may attend
+  to the encoder output (EncDecAttention layers). With shared_embedding the
+  two share one embedding table (and learned position table), created under
+  "shared/".
+
+  Args:
+    encoder: a Unitransformer with output_vocab_size None (name "encoder").
+    decoder: an autoregressive Unitransformer (name "decoder").
+    shared_embedding: share the input embeddings.
+
+  Example:
+    >>> model = Bitransformer(encoder, decoder)
+    >>> logits, loss = model.call_simple(inputs, targets, compute_loss=True)
+    >>> outputs = model.decode(inputs, beam_size=4, alpha=0.6)
+  """
+
+  def __init__(self, encoder: Unitransformer, decoder: Unitransformer,
+               shared_embedding: bool = True):
+    if not decoder.autoregressive:
+      raise ValueError("Bitransformer: the decoder must be autoregressive.")
+    if encoder.name == decoder.name:
+      raise ValueError(f"Bitransformer: encoder and decoder need different names "
+                       f"(both are {encoder.name!r}).")
+    self.encoder = encoder
+    self.decoder = decoder
+    self.shared_embedding = shared_embedding
+
+  @property
+  def output_vocab_dim(self) -> mtf.Dimension:
+    return self.decoder.output_vocab_dim
+
+  @property
+  def z_loss(self) -> float:
+    return self.decoder.z_loss
+
+  def _shared_params(self, mesh: mtf.Mesh, variable_dtype: mtf.VariableDType):
+    params = {}
+    if not self.shared_embedding:
+      return params
+    enc, dec = self.encoder, self.decoder
+    if (enc.model_dim != dec.model_dim or enc.input_vocab_dim != dec.input_vocab_dim):
+      raise ValueError("Bitransformer: shared_embedding needs the same d_model and input "
+                       f"vocabulary in encoder ({enc.model_dim}, {enc.input_vocab_dim}) and "
+                       f"decoder ({dec.model_dim}, {dec.input_vocab_dim}).")
+    with mtf.name_scope(mesh, "shared"):
+      params["embedding"] = mtf.layers.embedding_weights(
+          mesh, enc.input_vocab_dim, enc.model_dim, variable_dtype, name="embedding")
+      if (enc.positional_embedding == dec.positional_embedding == "learned"
+          and enc.max_length_dim == dec.max_length_dim):
+        params["positional_embedding"] = mtf.layers.embedding_weights(
+            mesh, enc.max_length_dim, enc.model_dim, variable_dtype,
+            name="positional_embedding")
+    return params
+
+  def _encode(self, inputs, mode, variable_dtype, encoder_sequence_id, encoder_position,
+              shared_params, compute_loss=False):
+    if encoder_sequence_id is None:
+      encoder_sequence_id = mtf.minimum(inputs, 1)
+    layer_outputs = []
+    output, loss = self.encoder.call_simple(
+        inputs, None, compute_loss, mode=mode, variable_dtype=variable_dtype,
+        sequence_id=encoder_sequence_id, position=encoder_position,
+        shared_params=shared_params, layer_outputs=layer_outputs)
+    output = mtf.layers.rename_length_to_memory_length(output)
+    encoder_sequence_id = mtf.layers.rename_length_to_memory_length(encoder_sequence_id)
+    return output, encoder_sequence_id, layer_outputs, loss
+
+  def call_simple(self, inputs: mtf.Tensor, targets: mtf.Tensor, compute_loss: bool,
+                  mode: str = ModeKeys.TRAIN,
+                  variable_dtype: Optional[mtf.VariableDType] = None,
+                  encoder_sequence_id=None, decoder_sequence_id=None,
+                  decoder_subsequence_id=None, encoder_position=None, decoder_position=None):
+    """Logits and loss with teacher forcing (training and eval).
+
+    Args:
+      inputs: int32 [batch..., length] encoder tokens (0 is padding).
+      targets: int32 [batch..., length] decoder targets; the decoder reads
+        them shifted right by one (within each packed segment).
+      compute_loss: whether to return the loss.
+      mode: ModeKeys.TRAIN, EVAL or PREDICT.
+      variable_dtype: an mtf.VariableDType.
+      encoder_sequence_id: segment ids of packed inputs (default: 1 at
+        tokens, 0 at padding).
+      decoder_sequence_id: segment ids of packed targets.
+      decoder_subsequence_id: accepted for compatibility.
+      encoder_position: positions of packed inputs.
+      decoder_position: positions of packed targets.
+
+    Returns:
+      (logits [batch..., length, vocab], loss or None).
+
+    Example:
+      >>> logits, loss = model.call_simple(inputs, targets, compute_loss=True)
+    """
+    variable_dtype = variable_dtype or mtf.VariableDType(tf.float32)
+    shared_params = self._shared_params(inputs.mesh, variable_dtype)
+    encoder_output, encoder_sequence_id, encoder_layer_outputs, encoder_loss = self._encode(
+        inputs, mode, variable_dtype, encoder_sequence_id, encoder_position, shared_params,
+        compute_loss)
+    length_dim = targets.shape.dims[-1]
+    shifted = mtf.shift(targets, offset=1, dim=length_dim, wrap=False)
+    if decoder_sequence_id is not None:
+      same = mtf.equal(decoder_sequence_id,
+                       mtf.shift(decoder_sequence_id, offset=1, dim=length_dim, wrap=False))
+      shifted = shifted * mtf.to_int32(same)
+    logits, loss = self.decoder.call_simple(
+        shifted, targets, compute_loss, mode=mode, variable_dtype=variable_dtype,
+        sequence_id=decoder_sequence_id, subsequence_id=decoder_subsequence_id,
+        encoder_output=encoder_output, encoder_sequence_id=encoder_sequence_id,
+        position=decoder_position, shared_params=shared_params,
+        encoder_layer_outputs=encoder_layer_outputs)
+    if loss is not None and encoder_loss is not None:
+      loss = loss + encoder_loss
+    return logits, loss
+
+  def decode(self, inputs: mtf.Tensor, variable_dtype: Optional[mtf.VariableDType] = None,
+             beam_size: int = 1, alpha: float = 0.6, temperature: float = 0.0,
+             decode_length_multiplier: float = 1.5, decode_length_constant: float = 10,
+             max_decode_length: Optional[int] = None, top_k: Optional[int] = None,
+             stop_at_token: int = 1) -> mtf.Tensor:
+    """Decodes targets for `inputs`: greedy/sampling (beam_size 1) or beam
+    search.
+
+    At most max_input_length * decode_length_multiplier +
+    decode_length_constant tokens are produced (capped by the length
+    dimension), where max_input_length is the longest non-padding input of
+    the batch.
+
+    Args:
+      inputs: int32 [batch..., length] encoder tokens.
+      variable_dtype: an mtf.VariableDType.
+      beam_size: 1 for greedy decoding or sampling, more for beam search.
+      alpha: beam search length penalty exponent.
+      temperature: sampling temperature (0.0: greedy; must be 0 with beams).
+      decode_length_multiplier: see above.
+      decode_length_constant: see above.
+      max_decode_length: the output length (default: the input length).
+      top_k: sample among the k most likely tokens only.
+      stop_at_token: end-of-sequence id.
+
+    Returns:
+      int32 [batch..., length] decoded targets (the best beam).
+
+    Example:
+      >>> outputs = model.decode(inputs, beam_size=4, alpha=0.6)
+    """
+    variable_dtype = variable_dtype or mtf.VariableDType(tf.float32)
+    mesh = inputs.mesh
+    shared_params = self._shared_params(mesh, variable_dtype)
+    encoder_output, encoder_sequence_id, encoder_layer_outputs, _ = self._encode(
+        inputs, ModeKeys.PREDICT, variable_dtype, None, None, shared_params)
+    batch_dims = inputs.shape.dims[:-1]
+    length_dim = inputs.shape.dims[-1]
+    out_length = (length_dim if max_decode_length is None
+                  else mtf.Dimension(length_dim.name, max_decode_length))
+    input_length = mtf.reduce_sum(mtf.to_float(mtf.not_equal(inputs, 0)), reduced_dim=length_dim)
+    decode_length = mtf.to_int32(mtf.reduce_max(input_length) * decode_length_multiplier
+                                 + float(decode_length_constant))
+    if beam_size == 1:
+      partial = mtf.zeros(mesh, mtf.Shape(batch_dims + [out_length]), dtype=tf.int32)
+      return self.decoder.sample_autoregressive(
+          partial, stop_at_token=stop_at_token, max_steps=decode_length,
+          temperature=temperature, variable_dtype=variable_dtype,
+          encoder_output=encoder_output, encoder_sequence_id=encoder_sequence_id,
+          shared_params=shared_params, has_partial_sequences=False,
+          encoder_layer_outputs=encoder_layer_outputs, top_k=top_k)
+    if temperature != 0.0:
+      raise ValueError("Bitransformer.decode: beam search needs temperature 0.0.")
+    beam_dim = mtf.Dimension("beam", beam_size)
+    partial = mtf.zeros(mesh, mtf.Shape(batch_dims + [beam_dim, out_length]), dtype=tf.int32)
+    return self.decoder.beam_search(
+        partial, decode_length, variable_dtype=variable_dtype, encoder_output=encoder_output,
+        encoder_sequence_id=encoder_sequence_id, alpha=alpha, shared_params=shared_params,
+        encoder_layer_outputs=encoder_layer_outputs, stop_at_token=stop_at_token)

@@ -1,0 +1,301 @@
+"""Layers for `transformer.LayerStack`: self-attention (with an optional
+T5-style relative position bias), encoder-decoder attention, local
+self-attention and the feed-forward block (with gated variants).
+
+Every layer works in all modes: training and eval (whole sequences),
+"first_part" (the prefix pass before decoding, which records caches) and
+"incremental" (one position per sequence, reading and updating the caches).
+
+    >>> layers = [SelfAttention(num_heads=8, key_value_size=64,
+    ...                         relative_attention_type="bias"),
+    ...           EncDecAttention(num_heads=8, key_value_size=64),
+    ...           DenseReluDense(hidden_size=2048, activation=["gelu", "linear"])]
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import tensorflow as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import attention
+from mesh_tensorflow.transformer import transformer
+
+_RELATIVE_TYPES = (None, "bias", "bias_shared")
+
+
+class SelfAttention(transformer.TransformerLayer):
+  """Multi-head self-attention.
+
+  Causal when the model is autoregressive (through the context's read/write
+  priorities); packed examples (sequence_id) attend only within their
+  segment. In "first_part" and "incremental" modes the keys and values of
+  every position are kept in caches [batch..., heads, memory_length, d_kv]
+  (two decoding states); a step writes its own position and attends to the
+  positions up to it.
+
+  Args:
+    num_heads: number of heads ("heads" dimension).
+    num_memory_heads: 0 (one key/value head per query head) or 1
+      (multi-query attention: keys and values without a heads dimension).
+    key_value_size: size of "d_kv".
+    shared_kv: one projection for keys and values.
+    dropout_rate: dropout on the attention weights (training).
+    relative_attention_type: None, "bias" (a learned bias per head and
+      relative-position bucket, for each layer) or "bias_shared" (one bias
+      for all such layers of the model).
+    relative_attention_num_buckets: number of buckets (T5: 32).
+    relative_attention_max_distance: distances beyond share the last bucket.
+
+  Example:
+    >>> layer = SelfAttention(num_heads=8, key_value_size=64,
+    ...                       relative_attention_type="bias")
+  """
+
+  def __init__(self, num_heads: int = 8, num_memory_heads: int = 0,
+               key_value_size: int = 128, shared_kv: bool = False,
+               dropout_rate: float = 0.0, relative_attention_type: Optional[str] = None,
+               relative_attention_num_buckets: int = 32,
+               relative_attention_max_distance: int = 128, attention_kwargs=None):
+    del attention_kwargs  # accepted for compatibility
+    if num_memory_heads not in (0, 1, num_heads):
+      raise ValueError(f"{type(self).__name__}: num_memory_heads must be 0, 1 or "
+                       f"num_heads={num_heads}, got {num_memory_heads}.")
+    if relative_attention_type not in _RELATIVE_TYPES:
+      raise ValueError(f"{type(self).__name__}: relative_attention_type must be one of "
+                       f"{_RELATIVE_TYPES}, got {relative_attention_type!r}.")
+    self.num_heads = num_heads
+    self.num_memory_heads = num_memory_heads
+    self.key_value_size = key_value_size
+    self.shared_kv = shared_kv
+    self.dropout_rate = dropout_rate
+    self.relative_attention_type = relative_attention_type
+    self.relative_attention_num_buckets = relative_attention_num_buckets
+    self.relative_attention_max_distance = relative_attention_max_distance
+
+  @property
+  def heads_dim(self) -> mtf.Dimension:
+    return mtf.Dimension("heads", self.num_heads)
+
+  @property
+  def kv_dim(self) -> mtf.Dimension:
+    return mtf.Dimension("d_kv", self.key_value_size)
+
+  def make_params(self, context: transformer.Context) -> attention.AttentionParams:
+    return attention.AttentionParams(
+        context.mesh, context.model.model_dim, self.heads_dim, self.kv_dim,
+        context.variable_dtype, single_memory_head=self.num_memory_heads == 1,
+        shared_kv=self.shared_kv)
+
+  # ---- relative position bias ------------------------------------------------
+  def _buckets_dim(self) -> mtf.Dimension:
+    return mtf.Dimension("buckets", self.relative_attention_num_buckets)
+
+  def make_shared_params(self, context: transformer.Context) -> None:
+    """Creates the model-wide bias of "bias_shared" (called by the model)."""
+    if self.relative_attention_type != "bias_shared":
+      return
+    key = "relative_attention_bias_shared"
+    if key not in context.cache:
+      context.cache[key] = self._bias_variable(context, key)
+
+  def _bias_variable(self, context, name):
+    return mtf.get_variable(
+        context.mesh, name, mtf.Shape([self.heads_dim, self._buckets_dim()]),
+        initializer=mtf.initializers.random_normal(stddev=0.5),
+        dtype=context.variable_dtype)
+
+  def _relative_bias(self, context: transformer.Context, query_position,
+                     memory_dim: mtf.Dimension) -> Optional[mtf.Tensor]:
+    kind = self.relative_attention_type
+    if kind is None:
+      return None
+    if kind == "bias_shared":
+      weights = context.cache["relative_attention_bias_shared"]
+    else:
+      weights = self._bias_variable(context, "relative_attention_bias")
+    return attention.relative_position_bias(
+        weights, query_position, memory_dim,
+        bidirectional=not context.model.fully_autoregressive,
+        max_distance=self.relative_attention_max_distance)
+
+  # ---- masks -----------------------------------------------------------------
+  def _extra_hidden(self, query_position, memory_position):
+    """Memory positions hidden beyond the causal/segment masks (None here)."""
+    return None
+
+  def _full_bias(self, context: transformer.Context, dtype) -> Optional[mtf.Tensor]:
+    """Bias [batch..., length, memory_length] for whole-sequence modes."""
+    bias = None
+    if context.read_priority is not None:
+      hidden = mtf.less(context.read_priority, attention.to_memory(context.write_priority))
+      bias = attention.bias_where(hidden, dtype)
+    if isinstance(context.sequence_id, mtf.Tensor):
+      hidden = mtf.not_equal(context.sequence_id, attention.to_memory(context.sequence_id))
+      bias = attention.add_bias(bias, attention.bias_where(hidden, dtype))
+    query_pos = mtf.range(context.mesh, context.length_dim, tf.int32)
+    memory_pos = mtf.range(context.mesh, context.memory_length_dim, tf.int32)
+    extra = self._extra_hidden(query_pos, memory_pos)
+    if extra is not None:
+      bias = attention.add_bias(bias, attention.bias_where(extra, dtype))
+    return attention.add_bias(bias, self._relative_bias(context, query_pos,
+                                                         context.memory_length_dim))
+
+  def _step_bias(self, context: transformer.Context, dtype) -> mtf.Tensor:
+    """Bias [batch..., memory_length] for one decoding step at context.position."""
+    memory_pos = mtf.range(context.mesh, context.memory_length_dim, tf.int32)
+    if context.write_priority is None:
+      hidden = mtf.greater(memory_pos, context.position)
+    else:
+      hidden = mtf.greater(attention.to_memory(context.write_priority), context.position)
+    extra = self._extra_hidden(context.position, memory_pos)
+    if extra is not None:
+      hidden = mtf.logical_or(hidden, extra)
+    bias = attention.bias_where(hidden, dtype)
+    return attention.add_bias(bias, self._relative_bias(context, context.position,
+                                                         context.memory_length_dim))
+
+  # ---- call ------------------------------------------------------------------
+  def call(self, context: transformer.Context, x: mtf.Tensor) -> mtf.Tensor:
+    params = self.make_params(context)
+    memory_dim = context.memory_length_dim
+    q = params.compute_q(x)
+    if context.incremental:
+      k_new, v_new = params.compute_k(x), params.compute_v(x)
+      k_cache, v_cache = context.get_states(2)
+      at = mtf.one_hot(context.position, memory_dim, dtype=x.dtype)
+      k = k_cache * (1.0 - at) + k_new * at
+      v = v_cache * (1.0 - at) + v_new * at
+      context.record_new_states([k, v])
+      bias = self._step_bias(context, x.dtype)
+    else:
+      memory = attention.to_memory(x, context.length_dim.name)
+      k, v = params.compute_k(memory), params.compute_v(memory)
+      if context.mode == transformer.ModeKeys.FIRST_PART:
+        context.record_new_states([k, v])
+      bias = self._full_bias(context, x.dtype)
+    o = attention.attend(q, k, v, memory_dim, params.key_dim, bias, self.dropout_rate,
+                         context.train)
+    return params.compute_output(o, x.shape)
+
+
+class LocalSelfAttention(SelfAttention):
+  """Self-attention limited to a window: memory position m is visible from
+  query position q iff |q - m| <= radius (and m <= q when causal).
+
+  The scores are computed for all pairs and masked (memory O(length^2));
+  decoding uses the same caches as SelfAttention.
+
+  Args:
+    radius: how far each position looks.
+    **kwargs: SelfAttention's arguments.
+
+  Example:
+    >>> layer = LocalSelfAttention(radius=64, num_heads=8, key_value_size=64)
+  """
+
+  def __init__(self, radius: int = 128, **kwargs):
+    if radius < 0:
+      raise ValueError(f"LocalSelfAttention: radius must be >= 0, got {radius}.")
+    super().__init__(**kwargs)
+    self.radius = radius
+
+  def _extra_hidden(self, query_position, memory_position):
+    return mtf.logical_or(mtf.less(memory_position, query_position - self.radius),
+                          mtf.greater(memory_position, query_position + self.radius))
+
+
+class EncDecAttention(SelfAttention):
+  """Attention from the decoder to the encoder output (context.encoder_output).
+
+  Memory positions of encoder padding are hidden (encoder_sequence_id 0); with
+  packed examples each target segment sees only its own input segment
+  (decoder sequence_id == encoder sequence_id). The encoder keys and values
+  are computed once per decode (constant states).
+
+  Example:
+    >>> layer = EncDecAttention(num_heads=8, key_value_size=64)
+  """
+
+  def __init__(self, **kwargs):
+    kwargs.setdefault("relative_attention_type", None)
+    super().__init__(**kwargs)
+
+  def call(self, context: transformer.Context, x: mtf.Tensor) -> mtf.Tensor:
+    memory = context.encoder_output
+    if memory is None:
+      raise ValueError("EncDecAttention needs context.encoder_output (use it in a "
+                       "Bitransformer's decoder).")
+    params = self.make_params(context)
+    memory_dim = memory.shape.get_dim_by_name("memory_length")
+    q = params.compute_q(x)
+    if context.incremental:
+      k, v = context.get_constant_state()
+    else:
+      k, v = params.compute_k(memory), params.compute_v(memory)
+      if context.mode == transformer.ModeKeys.FIRST_PART:
+        context.record_constant_state((k, v))
+    bias = None
+    enc_ids = context.encoder_sequence_id
+    if isinstance(enc_ids, mtf.Tensor):
+      if isinstance(context.sequence_id, mtf.Tensor) and not context.incremental:
+        hidden = mtf.not_equal(context.sequence_id, enc_ids)
+      else:
+        hidden = mtf.equal(enc_ids, 0)
+      bias = attention.bias_where(hidden, x.dtype)
+    o = attention.attend(q, k, v, memory_dim, params.key_dim, bias, self.dropout_rate,
+                         context.train)
+    return params.compute_output(o, x.shape)
+
+
+Activation = Union[str, None, Sequence[Union[str, None]]]
+
+
+class DenseReluDense(transformer.TransformerLayer):
+  """The feed-forward block: d_model -> d_ff (activation) -> d_model.
+
+  With a list of activations the hidden layer is the product of one
+  projection per activation: ["gelu", "linear"] is GEGLU, ["swish",
+  "linear"] SwiGLU, ["linear", "sigmoid"] a GLU. Variables "wi/kernel" (or
+  "wi_0/kernel", "wi_1/kernel", ...) [d_model, d_ff] and "wo/kernel"
+  [d_ff, d_model]; no biases by default.
+
+  Args:
+    hidden_size: size of "d_ff".
+    dropout_rate: dropout on the hidden activations (training).
+    activation: an mtf function name ("relu", "gelu", ...), "linear"/None,
+      a callable, or a list of them (gated).
+    use_bias: add biases.
+
+  Example:
+    >>> layer = DenseReluDense(hidden_size=2048, activation=["gelu", "linear"])
+  """
+
+  def __init__(self, hidden_size: int = 4096, dropout_rate: float = 0.0,
+               activation: Activation = "relu", use_bias: bool = False):
+    self.hidden_size = hidden_size
+    self.dropout_rate = dropout_rate
+    self.activation = activation
+    self.use_bias = use_bias
+
+  def call(self, context: transformer.Context, x: mtf.Tensor) -> mtf.Tensor:
+    d_model = context.model.model_dim
+    d_ff = mtf.Dimension("d_ff", self.hidden_size)
+    activations = (list(self.activation) if isinstance(self.activation, (list, tuple))
+                   else [self.activation])
+    if len(activations) == 1:
+      h = mtf.layers.dense(x, d_ff, reduced_dims=[d_model], activation=activations[0],
+                           use_bias=self.use_bias, variable_dtype=context.variable_dtype,
+                           name="wi")
+    else:
+      h = None
+      for i, a in enumerate(activations):
+        part = mtf.layers.dense(x, d_ff, reduced_dims=[d_model], activation=a,
+                                use_bias=self.use_bias, variable_dtype=context.variable_dtype,
+                                name=f"wi_{i}")
+        h = part if h is None else h * part
+    if context.train and self.dropout_rate > 0.0:
+      h = mtf.dropout(h, True, rate=self.dropout_rate)
+    return mtf.layers.dense(h, d_model, reduced_dims=[d_ff], use_bias=self.use_bias,
+                            variable_dtype=context.variable_dtype, name="wo")
