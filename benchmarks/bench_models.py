@@ -56,10 +56,7 @@ def build_mtf_mlp(images, labels):
 
 
 def _xent(logits, labels, vocab_dim):
-  logz = mtf.reduce_logsumexp(logits, vocab_dim)
-  target = mtf.reduce_sum(logits * mtf.one_hot(labels, vocab_dim, dtype=logits.dtype),
-                          reduced_dim=vocab_dim)
-  return mtf.reduce_sum(logz - target)
+  return mtf.reduce_sum(mtf.layers.softmax_cross_entropy_with_logits(logits, labels, vocab_dim))
 
 
 def _sgd(graph, loss):

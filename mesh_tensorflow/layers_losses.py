@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from mesh_tensorflow.graph import Tensor
+from mesh_tensorflow.graph import Operation, Tensor
+from mesh_tensorflow.mesh_impl import expand_to_shape
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops.indexing import one_hot
 from mesh_tensorflow.ops.reduction import reduce_logsumexp, reduce_sum
@@ -87,6 +88,13 @@ def softmax_cross_entropy_with_logits(logits: Tensor, targets: Tensor, vocab_dim
         f"softmax_cross_entropy_with_logits: {kind} targets {targets.name} "
         f"{targets.shape} must have the dimensions {sorted(d.name for d in expected)} "
         f"of logits {logits.shape}{'' if kind == 'soft' else ' other than vocab_dim'}.")
+  if targets.dtype.is_integer and not label_smoothing:
+    # Integer targets: one fused op (one pass over the logits per processor).
+    op = SparseSoftmaxCrossEntropyOperation(logits, targets, vocab_dim)
+    loss, log_z = op.outputs
+    if z_loss:
+      loss = loss + z_loss * ew.square(log_z)
+    return loss
   targets = smoothed_targets(targets, vocab_dim, label_smoothing, dtype=logits.dtype)
   if targets.dtype != logits.dtype:
     targets = ew.cast(targets, logits.dtype)
@@ -98,6 +106,84 @@ def softmax_cross_entropy_with_logits(logits: Tensor, targets: Tensor, vocab_dim
   if z_loss:
     loss = loss + z_loss * ew.square(log_z)
   return loss
+
+
+class SparseSoftmaxCrossEntropyOperation(Operation):
+  """Cross-entropy of softmax(logits) over vocab_dim against integer ids.
+
+  Outputs (loss, log_z), both with logits' dimensions minus vocab_dim. With
+  vocab_dim whole on each processor this is TensorFlow's fused kernel; split,
+  each processor works on its part of the vocabulary and three small
+  allreduces (max, sum of exponentials, target logit) combine them.
+  """
+
+  def __init__(self, logits: Tensor, ids: Tensor, vocab_dim: Dimension, name=None):
+    super().__init__([logits, ids], name=name or "softmax_cross_entropy")
+    self._vocab_dim = vocab_dim
+    self.has_gradient = True
+    out_shape = logits.shape - [vocab_dim]
+    self._outputs = [Tensor(self, out_shape, logits.dtype, index=0),
+                     Tensor(self, out_shape, logits.dtype, index=1)]
+
+  def gradient(self, grad_ys):
+    from mesh_tensorflow.ops.reduction import softmax  # pylint: disable=import-outside-toplevel
+    logits, ids = self.inputs
+    g_loss, g_log_z = grad_ys
+    probs = softmax(logits, self._vocab_dim)
+    grad = None
+    if g_loss is not None:
+      grad = (probs - one_hot(ids, self._vocab_dim, dtype=logits.dtype)) * g_loss
+    if g_log_z is not None:
+      grad = probs * g_log_z if grad is None else grad + probs * g_log_z
+    return [grad, None]
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    logits, ids = self.inputs
+    out_shape = self.outputs[0].shape
+    vocab = self._vocab_dim
+    vocab_axis = impl.tensor_dimension_to_mesh_axis(vocab)
+    # Logits with vocab last, ids in the same order as the other dimensions.
+    ordered = out_shape + [vocab]
+    dtype = logits.dtype
+
+    def prepare(lg, i):
+      return expand_to_shape(lg, logits.shape, ordered), expand_to_shape(i, ids.shape, out_shape)
+    lg, idx = impl.slicewise(prepare, lowering.laid_out(logits), lowering.laid_out(ids))
+    if vocab_axis is None:
+      def fused(lg, idx):
+        lg32 = tf.cast(lg, tf.float32)
+        loss = tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=tf.cast(idx, tf.int32), logits=lg32)
+        log_z = tf.reduce_logsumexp(lg32, axis=-1)
+        return tf.cast(loss, dtype), tf.cast(log_z, dtype)
+      loss, log_z = impl.slicewise(fused, lg, idx)
+    else:
+      local_vocab = vocab.size // impl.mesh_axis_size(vocab_axis)
+      offsets = impl.make_slices(
+          lambda pnum, begin: tf.constant(begin[-1], tf.int32), ordered)
+      maxes = impl.allreduce(impl.slicewise(
+          lambda t: tf.stop_gradient(tf.reduce_max(tf.cast(t, tf.float32), axis=-1)), lg),
+          [vocab_axis], "MAX")
+
+      def partial(lg, idx, m, offset):
+        lg32 = tf.cast(lg, tf.float32)
+        sum_exp = tf.reduce_sum(tf.exp(lg32 - m[..., None]), axis=-1)
+        local = tf.cast(idx, tf.int32) - offset
+        inside = tf.logical_and(local >= 0, local < local_vocab)
+        target = tf.gather(lg32, tf.clip_by_value(local, 0, local_vocab - 1),
+                           axis=-1, batch_dims=len(out_shape))
+        return sum_exp, tf.where(inside, target, tf.zeros_like(target))
+      sum_exp, target = impl.slicewise(partial, lg, idx, maxes, offsets)
+      sum_exp = impl.allreduce(sum_exp, [vocab_axis], "SUM")
+      target = impl.allreduce(target, [vocab_axis], "SUM")
+
+      def finish(m, s, t):
+        log_z = tf.math.log(s) + m
+        return tf.cast(log_z - t, dtype), tf.cast(log_z, dtype)
+      loss, log_z = impl.slicewise(finish, maxes, sum_exp, target)
+    lowering.set_tensor_lowering(self.outputs[0], loss)
+    lowering.set_tensor_lowering(self.outputs[1], log_z)
 
 
 def sigmoid_cross_entropy_with_logits(logits: Tensor, targets: Tensor) -> Tensor:
