@@ -91,7 +91,7 @@ def softmax_cross_entropy_with_logits(logits: Tensor, targets: Tensor, vocab_dim
   if targets.dtype.is_integer and not label_smoothing:
     # Integer targets: one fused op (one pass over the logits per processor).
     op = SparseSoftmaxCrossEntropyOperation(logits, targets, vocab_dim)
-    loss, log_z = op.outputs
+    loss, log_z, _ = op.outputs
     if z_loss:
       loss = loss + z_loss * ew.square(log_z)
     return loss
@@ -111,9 +111,11 @@ def softmax_cross_entropy_with_logits(logits: Tensor, targets: Tensor, vocab_dim
 class SparseSoftmaxCrossEntropyOperation(Operation):
   """Cross-entropy of softmax(logits) over vocab_dim against integer ids.
 
-  Outputs (loss, log_z), both with logits' dimensions minus vocab_dim. With
-  vocab_dim whole on each processor this is TensorFlow's fused kernel; split,
-  each processor works on its part of the vocabulary and three small
+  Outputs (loss, log_z), both with logits' dimensions minus vocab_dim, and
+  the gradient of the loss with respect to the logits (softmax - one_hot,
+  logits' shape), computed in the same pass as TensorFlow's own kernel does.
+  With vocab_dim whole on each processor this is TensorFlow's fused kernel;
+  split, each processor works on its part of the vocabulary and three small
   allreduces (max, sum of exponentials, target logit) combine them.
   """
 
@@ -123,17 +125,20 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
     self.has_gradient = True
     out_shape = logits.shape - [vocab_dim]
     self._outputs = [Tensor(self, out_shape, logits.dtype, index=0),
-                     Tensor(self, out_shape, logits.dtype, index=1)]
+                     Tensor(self, out_shape, logits.dtype, index=1),
+                     Tensor(self, logits.shape, logits.dtype, index=2)]
 
   def gradient(self, grad_ys):
-    from mesh_tensorflow.ops.reduction import softmax  # pylint: disable=import-outside-toplevel
     logits, ids = self.inputs
-    g_loss, g_log_z = grad_ys
-    probs = softmax(logits, self._vocab_dim)
+    g_loss, g_log_z, g_backprop = grad_ys
+    if g_backprop is not None:
+      raise ValueError(f"{self.name}: its backprop output is not differentiable.")
+    backprop = self.outputs[2]  # softmax(logits) - one_hot(ids)
     grad = None
     if g_loss is not None:
-      grad = (probs - one_hot(ids, self._vocab_dim, dtype=logits.dtype)) * g_loss
+      grad = backprop * g_loss
     if g_log_z is not None:
+      probs = backprop + one_hot(ids, self._vocab_dim, dtype=logits.dtype)
       grad = probs * g_log_z if grad is None else grad + probs * g_log_z
     return [grad, None]
 
@@ -153,11 +158,16 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
     if vocab_axis is None:
       def fused(lg, idx):
         lg32 = tf.cast(lg, tf.float32)
-        loss = tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=tf.cast(idx, tf.int32), logits=lg32)
+        shape = lg32.shape.as_list()
+        # The kernel takes [examples, classes]: flatten the other dimensions.
+        loss, backprop = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(
+            features=tf.reshape(lg32, [-1, shape[-1]]),
+            labels=tf.reshape(tf.cast(idx, tf.int32), [-1]))
+        loss = tf.reshape(loss, shape[:-1])
+        backprop = tf.reshape(backprop, shape)
         log_z = tf.reduce_logsumexp(lg32, axis=-1)
-        return tf.cast(loss, dtype), tf.cast(log_z, dtype)
-      loss, log_z = impl.slicewise(fused, lg, idx)
+        return tf.cast(loss, dtype), tf.cast(log_z, dtype), tf.cast(backprop, dtype)
+      loss, log_z, backprop = impl.slicewise(fused, lg, idx)
     else:
       local_vocab = vocab.size // impl.mesh_axis_size(vocab_axis)
       offsets = impl.make_slices(
@@ -178,12 +188,18 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
       sum_exp = impl.allreduce(sum_exp, [vocab_axis], "SUM")
       target = impl.allreduce(target, [vocab_axis], "SUM")
 
-      def finish(m, s, t):
+      def finish(lg, idx, m, s, t, offset):
         log_z = tf.math.log(s) + m
-        return tf.cast(log_z - t, dtype), tf.cast(log_z, dtype)
-      loss, log_z = impl.slicewise(finish, maxes, sum_exp, target)
+        probs = tf.exp(tf.cast(lg, tf.float32) - log_z[..., None])
+        onehot = tf.one_hot(tf.cast(idx, tf.int32) - offset, local_vocab, dtype=tf.float32)
+        return (tf.cast(log_z - t, dtype), tf.cast(log_z, dtype),
+                tf.cast(probs - onehot, dtype))
+      loss, log_z, backprop = impl.slicewise(finish, lg, idx, maxes, sum_exp, target, offsets)
     lowering.set_tensor_lowering(self.outputs[0], loss)
     lowering.set_tensor_lowering(self.outputs[1], log_z)
+    # The backprop is computed in `ordered` (vocab last): put it in logits' order.
+    lowering.set_tensor_lowering(self.outputs[2], impl.slicewise(
+        lambda b: expand_to_shape(b, ordered, logits.shape), backprop))
 
 
 def sigmoid_cross_entropy_with_logits(logits: Tensor, targets: Tensor) -> Tensor:

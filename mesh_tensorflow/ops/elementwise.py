@@ -129,8 +129,17 @@ cos = _unary(tf.cos, "cos", lambda x, y, dy: -dy * sin(x))
 softplus = _unary(tf.math.softplus, "softplus", lambda x, y, dy: dy * sigmoid(x))
 erf = _unary(tf.math.erf, "erf",
              lambda x, y, dy: dy * (2.0 / math.sqrt(math.pi)) * exp(-square(x)))
-relu = _unary(tf.nn.relu, "relu",
-              lambda x, y, dy: dy * cast(greater(x, 0.0), dy.dtype))
+def _relu_grad(x, y, dy):
+  """dy where x > 0, else 0: TensorFlow's fused ReluGrad kernel; its own
+  gradient is the same mask applied to the incoming gradient."""
+  return ElementwiseOperation(
+      lambda g, f: tf.raw_ops.ReluGrad(gradients=g, features=f), [dy, x],
+      output_shape=dy.shape if x.shape == dy.shape else None,
+      grad_fn=lambda o, ddy: [_relu_grad(o.inputs[1], None, ddy), None],
+      name="relu_grad").outputs[0]
+
+
+relu = _unary(tf.nn.relu, "relu", _relu_grad)
 relu6 = _unary(tf.nn.relu6, "relu6", lambda x, y, dy: dy * cast(
     logical_and(greater(x, 0.0), less(x, 6.0)), dy.dtype))
 negative = _unary(tf.negative, "negative", lambda x, y, dy: -dy)
