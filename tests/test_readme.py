@@ -17,10 +17,10 @@ def _python_blocks():
 def test_readme_starts_with_the_two_commands():
   first_block = re.search(r"```bash\n(.*?)```", README, flags=re.S).group(1)
   lines = [l.split("#")[0].strip() for l in first_block.strip().splitlines()]
-  assert "python examples/mnist.py" in lines[0]
+  assert "python -m mesh_tensorflow.transformer.main" in lines[0]
   assert lines[1] == "bash oss_scripts/oss_tests.sh"
   assert "oss_tests.sh" in (ROOT / ".ci" / "run").read_text()
-  assert (ROOT / "examples" / "mnist.py").exists()
+  assert (ROOT / "mesh_tensorflow" / "transformer" / "main.py").exists()
 
 
 def test_readme_tf2_example_is_quickstart_and_trains(tmp_path):

@@ -40,6 +40,16 @@ def _final(stdout):
   return {k: float(v) for k, v in (item.split("=") for item in match.group(1).split())}
 
 
+def _scalar_tags(model_dir):
+  """The tags of the TensorBoard events files in model_dir."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tags = set()
+  for path in glob.glob(str(model_dir / "events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      tags.update(v.tag for v in event.summary.value)
+  return tags
+
+
 def test_language_model_train_resume_eval_infer_score(tmp_path):
   model_dir = tmp_path / "lm"
   lm = ["run.sequence_length = {'inputs': 32, 'targets': 32}"]
@@ -49,8 +59,8 @@ def test_language_model_train_resume_eval_infer_score(tmp_path):
   assert final["step"] == 4 and 2.0 < final["unigram_entropy"] < 5.6
   assert final["eval_cross_entropy"] < 5.6  # below log(vocab) after a few steps
   assert "step 4/4 loss=" in out and "--- sample (prompt 'def ')" in out
-  assert glob.glob(str(model_dir / "ckpt-4*")) and glob.glob(str(model_dir / "events.*"))
-  assert glob.glob(str(model_dir / "eval" / "events.*"))
+  assert glob.glob(str(model_dir / "ckpt-4*"))
+  assert _scalar_tags(model_dir) >= {"loss", "cross_entropy", "eval/loss", "eval/perplexity"}
 
   # Run again with more steps on another layout: it resumes at step 4.
   out = _main("--gin_file=models/tiny_lm.gin", "--gin_file=layouts/data_parallel.gin",
@@ -80,10 +90,16 @@ def test_language_model_train_resume_eval_infer_score(tmp_path):
   scores = [float(s) for s in scores_file.read_text().split()]
   assert len(scores) == 3 and all(s < 0 for s in scores)
 
+  # --fresh deletes the checkpoints and starts over.
+  out = _main("--fresh", "--gin_file=models/tiny_lm.gin", model_dir=model_dir,
+              params=lm + ["run.train_steps = 2", "run.num_samples = 0"])
+  assert "trained steps 1..2" in out and not glob.glob(str(model_dir / "ckpt-6*"))
+
 
 def test_encoder_decoder_train_and_infer(tmp_path):
   model_dir = tmp_path / "bi"
-  bi = ["run.sequence_length = {'inputs': 32, 'targets': 32}"]
+  bi = ["run.sequence_length = {'inputs': 32, 'targets': 32}",
+        "dataset_fn.corpus_bytes = 3000000"]
   out = _main("--gin_file=models/tiny_bi.gin", "--gin_file=layouts/2x4.gin",
               model_dir=model_dir, params=bi + ["run.train_steps = 3"])
   assert _final(out)["step"] == 3 and "reference:" in out

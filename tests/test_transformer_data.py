@@ -62,7 +62,7 @@ def test_sentencepiece_round_trip(tmp_path):
   corpus.write_text("\n".join(f"the quick brown fox {i} jumps over the lazy dog"
                               for i in range(200)))
   spm.SentencePieceTrainer.train(
-      input=str(corpus), model_prefix=str(tmp_path / "spm"), vocab_size=60, pad_id=0,
+      input=str(corpus), model_prefix=str(tmp_path / "spm"), vocab_size=40, pad_id=0,
       eos_id=1, unk_id=2, bos_id=-1)
   vocab = vocabulary.SentencePieceVocabulary(str(tmp_path / "spm.model"))
   ids = vocab.encode("the lazy fox")

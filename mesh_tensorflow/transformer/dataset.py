@@ -13,7 +13,7 @@ Packed rows carry, per token, the number of the example it belongs to
 (`<key>_segmentation`: 1, 2, ... within the row, 0 for padding) and its
 position inside that example (`<key>_position`), so a model keeps the examples
 apart (attention masks, position embeddings), as in the original Mesh
-TensorFlow. An encoder-decoder pipeline reads tab-separated "input<TAB>target"
+TensorFlow (see packing.py). An encoder-decoder pipeline reads tab-separated "input<TAB>target"
 lines and packs `inputs` and `targets` together (`pairs_dataset`).
 
 Every pipeline is deterministic for a given seed: the same files give the same
@@ -21,112 +21,25 @@ batches in the same order, run after run.
 
 The default corpus needs no download: the Python standard library's own
 source files (code, comments and docstrings), a fixed sorted list of them, with
-every tenth file held out for evaluation (`stdlib_files`). TensorFlow Datasets
+every tenth file held out for evaluation (corpus.py). TensorFlow Datasets
 can be used instead when it is installed and its data is reachable
 (`tfds_text`).
 """
 
 from __future__ import annotations
 
-import ast
-import glob
-import os
-import sysconfig
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import List, Mapping, Optional, Sequence, Tuple, Union
 
+import gin
 import tensorflow as tf
 
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
+from mesh_tensorflow.transformer.corpus import (  # noqa: F401 (re-exported)
+    DEFAULT_CORPUS_BYTES, HOLDOUT_EVERY, TRAIN, VALIDATION, stdlib_docstring_pairs,
+    stdlib_files)
+from mesh_tensorflow.transformer.packing import (  # noqa: F401 (re-exported)
+    Lengths, as_lengths, pack, pad_unpacked)
 
-try:
-  import gin
-except ImportError:  # pragma: no cover - gin-config is a dependency.
-  gin = None
-
-TRAIN, VALIDATION = "train", "validation"
-HOLDOUT_EVERY = 10  # every tenth file of the stdlib corpus is held out
-DEFAULT_CORPUS_BYTES = 3_000_000
-Lengths = Union[int, Mapping[str, int]]
-
-
-def _configurable(fn):
-  return gin.configurable(fn) if gin is not None else fn
-
-
-# ---------------------------------------------------------------- the corpus
-def stdlib_files(split: str = TRAIN, max_bytes: int = DEFAULT_CORPUS_BYTES,
-                 stdlib_dir: Optional[str] = None) -> List[str]:
-  """The embedded default corpus: Python standard library source files.
-
-  The top-level `*.py` files of the standard library, sorted by name; the
-  first files whose sizes add up to `max_bytes` are used, and of those every
-  tenth (the 10th, 20th, ...) is held out as the validation split. The list
-  depends only on the Python installation, never on a seed.
-
-  Args:
-    split: "train" or "validation".
-    max_bytes: size limit of the corpus (both splits together).
-    stdlib_dir: the standard library directory (default: this Python's).
-
-  Returns:
-    Sorted file paths.
-
-  Example:
-    >>> files = stdlib_files("validation")
-    >>> os.path.basename(files[0])
-    'argparse.py'
-  """
-  if split not in (TRAIN, VALIDATION):
-    raise ValueError(f"stdlib_files: split must be 'train' or 'validation', got {split!r}.")
-  stdlib_dir = stdlib_dir or sysconfig.get_paths()["stdlib"]
-  paths = sorted(glob.glob(os.path.join(glob.escape(stdlib_dir), "*.py")))
-  if not paths:
-    raise ValueError(f"No Python files in {stdlib_dir!r}: cannot build the stdlib corpus.")
-  chosen, total = [], 0
-  for path in paths:
-    size = os.path.getsize(path)
-    if chosen and total + size > max_bytes:
-      break
-    chosen.append(path)
-    total += size
-  holdout = [p for i, p in enumerate(chosen) if i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1]
-  if split == VALIDATION:
-    return holdout
-  return [p for p in chosen if p not in set(holdout)]
-
-
-def stdlib_docstring_pairs(split: str = TRAIN, max_bytes: int = DEFAULT_CORPUS_BYTES,
-                           max_pairs: Optional[int] = None) -> List[Tuple[str, str]]:
-  """(signature, docstring summary) pairs of the stdlib corpus's functions.
-
-  A real sequence-to-sequence task that needs no download: the input is a
-  function's `def name(args):` line, the target the first line of its
-  docstring. Same split as `stdlib_files`.
-
-  Example:
-    >>> stdlib_docstring_pairs()[0]
-    ('def __init__(self, message, argument):', 'Error from creating or using an argument.')
-  """
-  pairs = []
-  for path in stdlib_files(split, max_bytes):
-    with open(path, encoding="utf-8", errors="replace") as f:
-      source = f.read()
-    try:
-      tree = ast.parse(source)
-    except SyntaxError:
-      continue
-    for node in ast.walk(tree):
-      if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        continue
-      doc = ast.get_docstring(node)
-      if not doc or not doc.strip():
-        continue
-      summary = doc.strip().splitlines()[0].strip()
-      signature = f"def {node.name}({ast.unparse(node.args)}):"
-      pairs.append((signature, summary))
-      if max_pairs is not None and len(pairs) >= max_pairs:
-        return pairs
-  return pairs
 
 
 # ------------------------------------------------------------- text sources
@@ -278,126 +191,6 @@ def trim(ds: tf.data.Dataset, lengths: Mapping[str, int],
   return ds.map(cut)
 
 
-def _as_lengths(lengths: Lengths, keys: Sequence[str]) -> Dict[str, int]:
-  if isinstance(lengths, int):
-    return {k: lengths for k in keys}
-  missing = [k for k in keys if k not in lengths]
-  if missing:
-    raise ValueError(f"No sequence length for {missing}; got {dict(lengths)}.")
-  return {k: int(lengths[k]) for k in keys}
-
-
-def pack(ds: tf.data.Dataset, lengths: Lengths,
-         keys: Sequence[str] = ("targets",)) -> tf.data.Dataset:
-  """Packs consecutive examples into fixed-length rows ("next fit").
-
-  Examples are appended to the current row while every feature in `keys`
-  still fits; otherwise the row is emitted and a new one starts. Each feature
-  `k` of an output row comes with `k_segmentation` (1, 2, ... for the examples
-  of the row, 0 for padding) and `k_position` (0, 1, ... inside each
-  example). Examples must already fit (see `split_tokens` and `trim`); empty
-  ones are dropped.
-
-  Args:
-    ds: a dataset of {key: int32 vector}.
-    lengths: the row length, one for all keys or {key: length}.
-    keys: the features to pack (others are dropped).
-
-  Returns:
-    A dataset of {k, k_segmentation, k_position: int32 [length]}.
-
-  Example:
-    >>> # [5, 6, 1] and [7, 1] packed to length 6:
-    >>> # targets [5, 6, 1, 7, 1, 0], targets_segmentation [1, 1, 1, 2, 2, 0],
-    >>> # targets_position [0, 1, 2, 0, 1, 0]
-    >>> ds = pack(ds, 6)
-  """
-  keys = list(keys)
-  lengths = _as_lengths(lengths, keys)
-  ds = ds.map(lambda ex: {k: tf.cast(ex[k], tf.int32) for k in keys})
-  ds = ds.filter(lambda ex: tf.reduce_any([tf.size(ex[k]) > 0 for k in keys]))
-
-  def too_long(ex):
-    return tf.reduce_any([tf.size(ex[k]) > lengths[k] for k in keys])
-
-  def check(ex):
-    message = "pack: an example is longer than its row; split_tokens() or trim() it first"
-    assertion = tf.debugging.Assert(tf.logical_not(too_long(ex)), [message])
-    with tf.control_dependencies([assertion]):
-      return {k: tf.identity(v) for k, v in ex.items()}
-
-  ds = ds.map(check)
-  # A final marker flushes the last, partial row.
-  examples = ds.map(lambda ex: (ex, tf.constant(False)))
-  marker = tf.data.Dataset.from_tensors(
-      ({k: tf.zeros([0], tf.int32) for k in keys}, tf.constant(True)))
-  examples = examples.concatenate(marker)
-
-  def empty_row():
-    row = {}
-    for k in keys:
-      for suffix in ("", "_segmentation", "_position"):
-        row[k + suffix] = tf.zeros([lengths[k]], tf.int32)
-      row[k + "_fill"] = tf.constant(0, tf.int32)
-    row["_count"] = tf.constant(0, tf.int32)
-    return row
-
-  def append(row, ex):
-    out = dict(row)
-    count = row["_count"] + 1
-    for k in keys:
-      n = tf.size(ex[k])
-      start = row[k + "_fill"]
-      padding = [[start, lengths[k] - start - n]]
-      out[k] = row[k] + tf.pad(ex[k], padding)
-      out[k + "_segmentation"] = row[k + "_segmentation"] + tf.pad(tf.fill([n], count), padding)
-      out[k + "_position"] = row[k + "_position"] + tf.pad(tf.range(n), padding)
-      out[k + "_fill"] = start + n
-    out["_count"] = count
-    return out
-
-  def step(row, item):
-    ex, is_marker = item
-    fits = tf.logical_and(
-        tf.logical_not(is_marker),
-        tf.reduce_all([row[k + "_fill"] + tf.size(ex[k]) <= lengths[k] for k in keys]))
-    emit = tf.logical_and(tf.logical_not(fits), row["_count"] > 0)
-    base = tf.nest.map_structure(lambda a, b: tf.where(fits, a, b), row, empty_row())
-    new_row = tf.cond(is_marker, lambda: base, lambda: append(base, ex))
-    return new_row, (emit, row)
-
-  packed = examples.scan(empty_row(), step)
-  packed = packed.filter(lambda emit, row: emit)
-  outputs = [k + suffix for k in keys for suffix in ("", "_segmentation", "_position")]
-  return packed.map(lambda emit, row: {name: row[name] for name in outputs})
-
-
-def pad_unpacked(ds: tf.data.Dataset, lengths: Lengths,
-                 keys: Sequence[str] = ("targets",)) -> tf.data.Dataset:
-  """One example per row, padded to `lengths`, with the same features as
-  `pack` (segmentation 1 on tokens, positions 0, 1, ...).
-
-  Example:
-    >>> ds = pad_unpacked(ds, 128)
-  """
-  keys = list(keys)
-  lengths = _as_lengths(lengths, keys)
-
-  def pad(ex):
-    out = {}
-    for k in keys:
-      ids = tf.cast(ex[k][:lengths[k]], tf.int32)
-      padding = [[0, lengths[k] - tf.size(ids)]]
-      out[k] = tf.pad(ids, padding)
-      out[k + "_segmentation"] = tf.pad(tf.ones_like(ids), padding)
-      out[k + "_position"] = tf.pad(tf.range(tf.size(ids)), padding)
-      for suffix in ("", "_segmentation", "_position"):
-        out[k + suffix].set_shape([lengths[k]])
-    return out
-
-  return ds.map(pad)
-
-
 def finish(ds: tf.data.Dataset, batch_size: int, repeat: bool) -> tf.data.Dataset:
   """Repeats (if asked), batches rows (dropping a short last batch) and
   prefetches. Examples are shuffled before packing, not here."""
@@ -470,7 +263,7 @@ def pairs_dataset(pairs: Union[Sequence[str], tf.data.Dataset],
     ...                    {"inputs": 64, "targets": 32}, batch_size=16)
   """
   keys = ["inputs", "targets"]
-  lengths = _as_lengths(sequence_length, keys)
+  lengths = as_lengths(sequence_length, keys)
   ds = pairs if isinstance(pairs, tf.data.Dataset) else tsv_dataset(pairs)
   ds = tokenize(ds, vocabulary, keys)
   ds = trim(ds, lengths)
@@ -490,7 +283,7 @@ def pairs_from_list(pairs: Sequence[Tuple[str, str]]) -> tf.data.Dataset:
   return tf.data.Dataset.from_tensor_slices({"inputs": inputs, "targets": targets})
 
 
-@_configurable
+@gin.configurable
 def dataset_fn(split: str, vocabulary: vocabulary_lib.Vocabulary,
                sequence_length: Mapping[str, int], batch_size: int, seed: Optional[int],
                repeat: bool, model_type: str = "lm",

@@ -30,14 +30,14 @@ GIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gin")
 # Filled by register_configurables(): gin-aware versions of the model
 # classes, to be called instead of the classes themselves.
 CONFIGURABLES: Dict[str, object] = {}
+_SEARCH_PATH_ADDED: List[bool] = []
 
 # (module of this package, gin module, names).
 _MODEL_NAMES = [
     ("transformer", "transformer",
      ["Unitransformer", "Bitransformer", "LayerStack", "make_layer_stack"]),
     ("transformer_layers", "transformer_layers",
-     ["SelfAttention", "EncDecAttention", "LocalSelfAttention", "DenseReluDense",
-      "DenseReluDenseGated", "GatedDenseReluDense"]),
+     ["SelfAttention", "EncDecAttention", "LocalSelfAttention", "DenseReluDense"]),
     ("moe", "moe", ["MoE1D", "MoE2D"]),
 ]
 
@@ -133,7 +133,9 @@ def parse(files: Sequence[str] = (), bindings: Sequence[str] = (),
   register_configurables()
   if clear:
     gin.clear_config()
-  gin.add_config_file_search_path(GIN_DIR)
+  if not _SEARCH_PATH_ADDED:
+    gin.add_config_file_search_path(GIN_DIR)  # for `include "models/..."` in gin files
+    _SEARCH_PATH_ADDED.append(True)
   paths = ([os.path.join(GIN_DIR, "defaults.gin")] if defaults else [])
   paths += [resolve(f) for f in files]
   gin.parse_config_files_and_bindings(paths, list(bindings), finalize_config=False)

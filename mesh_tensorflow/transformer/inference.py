@@ -4,10 +4,10 @@
 Each call builds a fresh mtf graph inside a `tf.function`, lowers it with the
 run's mesh implementation and returns NumPy arrays. Variables are found in the
 mesh implementation's store by name, so a model that was just trained (or
-restored from a checkpoint) is used as it is.
+restored from a checkpoint, see `restore`) is used as it is.
 
-    >>> ids = lm_sample(mesh_impl, build_model, vocab, ["def "], length=128)
-    >>> vocab.decode(ids[0])
+    >>> lm_decode(setup, ["def ", "class "], decode_length=64, temperature=0.0)
+    ['__init__(self):...', ...]
 
 Texts in files are one per line; a newline inside a text is written as the
 two characters backslash and n (see `escape`), so multi-line samples of code
@@ -16,17 +16,21 @@ stay one line each.
 
 from __future__ import annotations
 
-import inspect
 import math
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+import time
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import modeling
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 
-BATCH, LENGTH = "batch", "length"
+
+def log(line: str) -> None:
+  """Prints a progress line (flushed, so it shows when piped)."""
+  print(line, flush=True)
 
 
 # ---------------------------------------------------------------- text files
@@ -155,56 +159,192 @@ def encode_batch(vocabulary: vocabulary_lib.Vocabulary, texts: Sequence[str], le
   return ids, lengths
 
 
-def call_with_supported(fn: Callable, *args, **kwargs):
-  """Calls fn with the keyword arguments it accepts (others are dropped),
-  so decoding options reach models whose signatures differ.
+# --------------------------------------------------------- infer and score
+def restore(mesh_impl, model_dir: str) -> str:
+  """Makes the variables of `mesh_impl` start from model_dir's latest
+  checkpoint; returns its path.
+
+  Raises:
+    ValueError: if model_dir has no checkpoint.
 
   Example:
-    >>> call_with_supported(lambda a, b=1: a + b, 1, b=2, c=3)
-    3
+    >>> restore(setup.mesh_impl, "/tmp/lm")
+    '/tmp/lm/ckpt-600'
   """
-  params = inspect.signature(fn).parameters
-  if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-    return fn(*args, **kwargs)
-  return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
+  manager = mtf.checkpoint.CheckpointManager(mesh_impl, model_dir)
+  restored = manager.restore_or_initialize()
+  if not restored:
+    raise ValueError(f"No checkpoint in {model_dir!r}: train first (--mode=train).")
+  log(f"restored {restored}")
+  return restored
 
 
-def log_likelihoods(logits: mtf.Tensor, targets: mtf.Tensor) -> mtf.Tensor:
-  """Per-row sum of log p(target) over the non-padding target tokens.
+def _chunks(items: Sequence, size: int) -> Iterator[Sequence]:
+  for i in range(0, len(items), size):
+    yield items[i:i + size]
+
+
+def _top_k(top_k: Optional[int]) -> Optional[int]:
+  return top_k if top_k and top_k > 0 else None
+
+
+def lm_decode(setup: modeling.Setup, prompts: Sequence[str], decode_length: int,
+              temperature: float = 0.0, top_k: Optional[int] = None) -> List[str]:
+  """Continuations of `prompts` by a language model (incremental decoding).
 
   Args:
-    logits: [batch, length, vocab] mtf Tensor.
-    targets: [batch, length] int mtf Tensor (0 is padding).
+    setup: the run's Setup (model_type "lm").
+    prompts: texts to continue ("" starts from nothing).
+    decode_length: at most this many new tokens (and at most the targets
+      length minus the prompt).
+    temperature: 0.0 for greedy decoding, else sampling temperature.
+    top_k: sample among the k most likely tokens (None or 0: all).
 
   Returns:
-    A [batch] float32 mtf Tensor.
+    The new text after each prompt (up to the end-of-sequence token).
 
   Example:
-    >>> scores = log_likelihoods(logits, features["targets"])
+    >>> lm_decode(setup, ["import "], decode_length=20)
+    ['os']
   """
-  vocab_dim = logits.shape.dims[-1]
-  length_dim = targets.shape.dims[-1]
-  logits = mtf.cast(logits, tf.float32)
-  log_probs = mtf.log_softmax(logits, vocab_dim)
-  picked = mtf.reduce_sum(log_probs * mtf.one_hot(targets, vocab_dim, dtype=tf.float32),
-                          reduced_dim=vocab_dim)
-  weights = mtf.cast(mtf.not_equal(targets, 0), tf.float32)
-  return mtf.reduce_sum(picked * weights, reduced_dim=length_dim)
+  length = setup.sequence_length["targets"]
+  batch = padded_batch_size(min(len(prompts), setup.batch_size), setup.batch_split)
+  cache, outputs = {}, []
+  for chunk in _chunks(list(prompts), batch):
+    ids, lengths = encode_batch(setup.vocabulary, chunk, length, batch, append_eos=False)
+
+    def build(mesh, features):
+      del mesh
+      out = modeling.call_with_supported(
+          setup.new_model().sample_autoregressive, features["ids"],
+          temperature=temperature, top_k=_top_k(top_k), variable_dtype=setup.variable_dtype,
+          max_steps=min(decode_length, length), stop_at_token=setup.vocabulary.eos_id)
+      return {"ids": out}
+
+    out = run_mtf(setup.mesh_impl, {"ids": ids}, {"ids": f"batch:{batch};length:{length}"},
+                  build, cache, "lm")
+    for row, n in zip(out["ids"], lengths):
+      outputs.append(setup.vocabulary.decode(row[n:]))
+  return outputs
 
 
-def token_cross_entropy(logits: mtf.Tensor, targets: mtf.Tensor) -> Tuple[mtf.Tensor, mtf.Tensor]:
-  """Mean cross-entropy (nats per token) and accuracy over non-padding tokens.
+def bi_decode(setup: modeling.Setup, sources: Sequence[str], temperature: float = 0.0,
+              top_k: Optional[int] = None, beam_size: int = 1,
+              alpha: float = 0.6) -> List[str]:
+  """Outputs of an encoder-decoder for `sources`.
+
+  Args:
+    setup: the run's Setup (model_type "bitransformer").
+    sources: the inputs.
+    temperature: 0.0 for greedy decoding, else sampling temperature (beam
+      search is always greedy).
+    top_k: sample among the k most likely tokens (None or 0: all).
+    beam_size: 1, or the beam search width.
+    alpha: beam search length penalty.
 
   Example:
-    >>> xent, accuracy = token_cross_entropy(logits, features["targets"])
+    >>> bi_decode(setup, ["def add(a, b):"], beam_size=4)
+    ['Return a + b.']
   """
-  vocab_dim = logits.shape.dims[-1]
-  logits = mtf.cast(logits, tf.float32)
-  one_hot = mtf.one_hot(targets, vocab_dim, dtype=tf.float32)
-  per_token = (mtf.reduce_logsumexp(logits, vocab_dim)
-               - mtf.reduce_sum(logits * one_hot, reduced_dim=vocab_dim))
-  weights = mtf.cast(mtf.not_equal(targets, 0), tf.float32)
-  total = mtf.maximum(mtf.reduce_sum(weights), 1.0)
-  correct = mtf.cast(mtf.equal(mtf.argmax(logits, vocab_dim), targets), tf.float32)
-  return (mtf.reduce_sum(per_token * weights) / total,
-          mtf.reduce_sum(correct * weights) / total)
+  in_length = setup.sequence_length["inputs"]
+  batch = padded_batch_size(min(len(sources), setup.batch_size), setup.batch_split)
+  cache, outputs = {}, []
+  for chunk in _chunks(list(sources), batch):
+    ids, _ = encode_batch(setup.vocabulary, chunk, in_length, batch, append_eos=True)
+
+    def build(mesh, features):
+      del mesh
+      out = modeling.call_with_supported(
+          setup.new_model().decode, features["inputs"], variable_dtype=setup.variable_dtype,
+          beam_size=beam_size, temperature=temperature if beam_size == 1 else 0.0,
+          alpha=alpha, top_k=_top_k(top_k), max_decode_length=setup.sequence_length["targets"])
+      return {"ids": out}
+
+    out = run_mtf(setup.mesh_impl, {"inputs": ids},
+                  {"inputs": f"batch:{batch};length:{in_length}"}, build, cache, "bi")
+    outputs.extend(setup.vocabulary.decode(row) for row in out["ids"][:len(chunk)])
+  return outputs
+
+
+def infer(setup: modeling.Setup, input_file: Optional[str], output_file: Optional[str],
+          decode_length: int, temperature: float, top_k: Optional[int], beam_size: int,
+          alpha: float) -> Dict[str, float]:
+  """Decodes every line of input_file (prompts for "lm", inputs for
+  "bitransformer") and writes one output per line to output_file (default
+  input_file + ".outputs").
+
+  Example:
+    >>> infer(setup, "prompts.txt", None, 64, 0.0, None, 1, 0.6)
+    {'examples': 2.0}
+  """
+  if not input_file:
+    raise ValueError("mode 'infer' needs input_file (one input per line).")
+  output_file = output_file or input_file + ".outputs"
+  lines = read_lines(input_file)
+  start = time.perf_counter()
+  if setup.model_type == "lm":
+    outputs = lm_decode(setup, lines, decode_length, temperature, top_k)
+  else:
+    outputs = bi_decode(setup, lines, temperature, top_k, beam_size, alpha)
+  write_lines(output_file, outputs)
+  for line, out in list(zip(lines, outputs))[:3]:
+    log(f"{line!r} -> {out!r}")
+  log(f"decoded {len(lines)} inputs to {output_file} in {time.perf_counter() - start:.1f} s")
+  return {"examples": float(len(lines))}
+
+
+def _score_features(setup: modeling.Setup, lines: Sequence[str],
+                    batch: int) -> Dict[str, np.ndarray]:
+  """One unpacked batch: every line is one example (segmentation 1)."""
+  features = {}
+  for key in setup.feature_keys:
+    if setup.model_type == "lm":
+      texts = list(lines)
+    else:
+      parts = [line.split("\t", 1) + [""] for line in lines]
+      texts = [p[0] if key == "inputs" else p[1] for p in parts]
+    ids, _ = encode_batch(setup.vocabulary, texts, setup.sequence_length[key], batch,
+                          append_eos=True)
+    positions = np.broadcast_to(np.arange(ids.shape[1], dtype=np.int32), ids.shape)
+    features[key] = ids
+    features[key + "_segmentation"] = (ids != 0).astype(np.int32)
+    features[key + "_position"] = np.where(ids != 0, positions, 0).astype(np.int32)
+  return features
+
+
+def score(setup: modeling.Setup, input_file: Optional[str],
+          output_file: Optional[str]) -> Dict[str, float]:
+  """Writes the log-likelihood (nats) of every line of input_file, a text
+  for "lm" or "input<TAB>target" for "bitransformer" (the target's), one per
+  line to output_file (default input_file + ".scores"). Texts longer than the
+  sequence length are cut.
+
+  Example:
+    >>> score(setup, "texts.txt", None)
+    {'examples': 3.0, 'mean_score': -41.2}
+  """
+  if not input_file:
+    raise ValueError("mode 'score' needs input_file (one text, or input<TAB>target, per "
+                     "line).")
+  output_file = output_file or input_file + ".scores"
+  lines = read_lines(input_file)
+  batch = padded_batch_size(setup.batch_size, setup.batch_split)
+  cache, scores = {}, []
+  for chunk in _chunks(lines, batch):
+
+    def build(mesh, features):
+      del mesh
+      logits, _ = modeling.call_model(setup, setup.new_model(), features, "eval",
+                                      compute_loss=False)
+      return {"score": modeling.log_likelihoods(logits, features["targets"])}
+
+    out = run_mtf(setup.mesh_impl, _score_features(setup, chunk, batch),
+                  setup.feature_shapes(batch), build, cache, "score")
+    scores.extend(float(s) for s in out["score"][:len(chunk)])
+  with tf.io.gfile.GFile(output_file, "w") as f:
+    for s in scores:
+      f.write(f"{s:.6f}\n")
+  mean = float(np.mean(scores)) if scores else float("nan")
+  log(f"scored {len(lines)} examples to {output_file} (log-likelihood in nats; mean "
+      f"{mean:.4f})")
+  return {"examples": float(len(lines)), "mean_score": mean}

@@ -22,20 +22,12 @@ from __future__ import annotations
 import abc
 from typing import Iterable, List, Optional, Sequence, Union
 
+import gin
 import numpy as np
 import tensorflow as tf
 
-try:
-  import gin
-except ImportError:  # pragma: no cover - gin-config is a dependency.
-  gin = None
-
 PAD_ID = 0
 EOS_ID = 1
-
-
-def _configurable(cls):
-  return gin.configurable(cls) if gin is not None else cls
 
 
 class Vocabulary(abc.ABC):
@@ -105,7 +97,7 @@ class Vocabulary(abc.ABC):
     return out
 
 
-@_configurable
+@gin.configurable
 class ByteVocabulary(Vocabulary):
   """UTF-8 bytes as tokens: id = byte + 3, after pad (0), EOS (1) and UNK (2).
 
@@ -170,7 +162,7 @@ class ByteVocabulary(Vocabulary):
     return tf.strings.unicode_transcode(joined, "UTF-8", "UTF-8", errors="replace")
 
 
-@_configurable
+@gin.configurable
 class SentencePieceVocabulary(Vocabulary):
   """A trained SentencePiece model (needs `pip install sentencepiece`).
 
@@ -228,9 +220,12 @@ class SentencePieceVocabulary(Vocabulary):
   def encode_tf(self, text: tf.Tensor) -> Union[tf.Tensor, tf.RaggedTensor]:
     text = tf.convert_to_tensor(text, tf.string)
 
+    def encode_bytes(b):
+      b = b.item() if isinstance(b, np.ndarray) else b
+      return np.asarray(self.encode(b.decode("utf-8")), np.int32)
+
     def encode_one(s):
-      ids = tf.numpy_function(lambda b: np.asarray(self.encode(b.decode("utf-8")), np.int32),
-                              [s], tf.int32, stateful=False)
+      ids = tf.numpy_function(encode_bytes, [s], tf.int32, stateful=False)
       return tf.reshape(ids, [-1])
 
     if text.shape.rank == 0:
