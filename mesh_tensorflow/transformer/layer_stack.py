@@ -20,7 +20,7 @@ import mesh_tensorflow as mtf
 
 
 class ModeKeys:
-  """Model modes (the values of the former `tf.estimator.ModeKeys`), plus the
+  """Model modes (the mode names estimators used), plus the
   two decoding modes that layers see."""
   TRAIN = "train"
   EVAL = "eval"
