@@ -42,7 +42,7 @@ from mesh_tensorflow.ops.reduction import (
 from mesh_tensorflow.ops.shape_ops import (
     broadcast, rename_dimension, replace_dimensions, reshape, transpose)
 from mesh_tensorflow.ops.slicing import (
-    concat, mtf_slice, pad, shift, slice, split, stack, unstack)
+    concat, dynamic_shift, mtf_slice, pad, shift, slice, split, stack, unstack)
 from mesh_tensorflow.ops.indexing import (
     argmax, cumsum, gather, mtf_range, one_hot, range, sample_with_temperature, top_1,
     top_k)

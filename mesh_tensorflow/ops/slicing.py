@@ -279,3 +279,35 @@ def shift(x: Tensor, offset: int, dim, wrap: bool, name=None) -> Tensor:
     >>> prev_token = mtf.shift(tokens, 1, length_dim, wrap=False)
   """
   return ShiftOperation(x, offset, dim, wrap, name=name).outputs[0]
+
+
+def dynamic_shift(x: Tensor, offset: Tensor, dim, wrap: bool, name=None) -> Tensor:
+  """Shifts x along dim by a per-element integer offset: out[i] = x[i - offset].
+
+  `offset` is an integer mtf Tensor whose dimensions are a subset of x's other
+  dimensions (so different rows may shift by different amounts). Positions
+  shifted in from outside are zero unless wrap. Built from one_hot and einsum,
+  so it works under every layout and is differentiable in x; it costs
+  O(size(dim)^2) per row, so prefer mtf.shift for a fixed offset.
+
+  Example:
+    >>> y = mtf.dynamic_shift(x, offsets, length_dim, wrap=False)
+  """
+  from mesh_tensorflow.ops import elementwise as ew  # pylint: disable=import-outside-toplevel
+  from mesh_tensorflow.ops.einsum import einsum  # pylint: disable=import-outside-toplevel
+  from mesh_tensorflow.ops.indexing import mtf_range, one_hot  # pylint: disable=import-outside-toplevel
+  from mesh_tensorflow.ops.shape_ops import rename_dimension  # pylint: disable=import-outside-toplevel
+  dim = _dim_named(x, dim)
+  if offset.dtype.is_floating or offset.dtype == tf.bool:
+    raise TypeError(f"mtf.dynamic_shift: offset {offset.name} must be integer.")
+  if dim in offset.shape.dims or any(d not in x.shape.dims for d in offset.shape.dims):
+    raise ValueError(
+        f"mtf.dynamic_shift: offset {offset.name} {offset.shape} must have only "
+        f"dimensions of {x.name} {x.shape} other than {dim.name!r}.")
+  source_dim = Dimension(dim.name + "_dynamic_shift_source", dim.size)
+  source = mtf_range(x.mesh, dim, offset.dtype) - offset  # [offset dims..., dim]
+  if wrap:
+    source = ew.mod(source, dim.size)
+  selector = one_hot(source, source_dim, dtype=x.dtype)  # zero rows when out of range
+  return einsum([rename_dimension(x, dim.name, source_dim.name), selector],
+                output_shape=x.shape, name=name or "dynamic_shift")
