@@ -289,11 +289,3 @@ class Operation:
     `needed` entry is False (mtf.gradients calls this)."""
     del needed
     return self.gradient(grad_ys)
-
-
-def check_same_mesh(tensors: Sequence[Tensor], op_name: str) -> Mesh:
-  meshes = {id(t.mesh): t.mesh for t in tensors}
-  if len(meshes) > 1:
-    names = ", ".join(f"{t.name}@{t.mesh.name}" for t in tensors)
-    raise ValueError(f"{op_name}: inputs live on different meshes ({names}).")
-  return tensors[0].mesh

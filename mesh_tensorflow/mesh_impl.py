@@ -267,9 +267,6 @@ class MeshImpl:
     new_layout = [None if d.name in dim_names else a for d, a in zip(shape.dims, layout)]
     return self.relayout(as_laid_out(x), shape, layout, new_layout)
 
-  def split_to_layout(self, x, shape, current_layout) -> LaidOutTensor:
-    """Splits a tensor currently in `current_layout` into its rules' layout."""
-    return self.relayout(x, shape, current_layout, self.tensor_layout(shape))
 
 
 def _tensor_axis_of(layout, mesh_axis):

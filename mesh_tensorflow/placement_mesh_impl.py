@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 from mesh_tensorflow.mesh_impl import LaidOutTensor, MeshImpl, as_laid_out, int_constant
+from mesh_tensorflow.shapes import convert_to_shape
 
 _COLLECTIVE_CHOICES = ("auto", "direct", "collective")
 
@@ -265,7 +266,7 @@ class PlacementMeshImpl(MeshImpl):
   # ---- import / export -----------------------------------------------------
   def import_tf_tensor(self, x, shape) -> LaidOutTensor:
     slice_shape = self.slice_shape(shape)
-    full = list(convert_shape_sizes(shape))
+    full = convert_to_shape(shape).to_integer_list()
     if slice_shape == full:
       return self.slicewise(tf.identity, LaidOutTensor([x] * self.size))
     if self._share:
@@ -325,11 +326,6 @@ def _unique(tensors):
       seen.add(id(t))
       out.append(t)
   return out
-
-
-def convert_shape_sizes(shape):
-  from mesh_tensorflow.shapes import convert_to_shape
-  return convert_to_shape(shape).to_integer_list()
 
 
 def _take_block(t: tf.Tensor, axis: int, index: int, num_blocks: int) -> tf.Tensor:

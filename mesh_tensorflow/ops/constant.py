@@ -42,12 +42,8 @@ class ConstantOperation(Operation):
       fn = lambda pnum, begin: tf.fill(slice_shape, tf.constant(value, dtype))
     else:
       fn = lambda pnum, begin: tf.constant(value[tuple(
-          builtins_slice(b, b + s) for b, s in zip(begin, slice_shape))], dtype)
+          slice(b, b + s) for b, s in zip(begin, slice_shape))], dtype)
     lowering.set_tensor_lowering(self.outputs[0], impl.make_slices(fn, shape))
-
-
-def builtins_slice(a, b):
-  return slice(a, b)
 
 
 def constant(mesh: Mesh, value, shape=None, dtype=tf.float32, name=None) -> Tensor:
