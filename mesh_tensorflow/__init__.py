@@ -22,6 +22,10 @@ from mesh_tensorflow import layers
 from mesh_tensorflow.placement_mesh_impl import PlacementMeshImpl
 from mesh_tensorflow import checkpoint
 from mesh_tensorflow import training
+from mesh_tensorflow import zero
+from mesh_tensorflow import offload
+from mesh_tensorflow import mixed_precision
+from mesh_tensorflow import adascale
 from mesh_tensorflow.training import scalar_summary
 
 from mesh_tensorflow.ops.constant import (

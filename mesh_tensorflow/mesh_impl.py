@@ -267,6 +267,18 @@ class MeshImpl:
     new_layout = [None if d.name in dim_names else a for d, a in zip(shape.dims, layout)]
     return self.relayout(as_laid_out(x), shape, layout, new_layout)
 
+  def reduce_scatter(self, x: LaidOutTensor, mesh_axis: int, split_axis: int) -> LaidOutTensor:
+    """Sums partial slices over `mesh_axis` and leaves each processor the
+    block of tensor axis `split_axis` at its coordinate: one collective,
+    counted as kind "reduce_scatter" (bytes: the partial slice sent).
+    Implementations may override; this one sums, then slices locally."""
+    x = as_laid_out(x)
+    if self.mesh_axis_size(mesh_axis) == 1:
+      return x
+    self.record_collective("reduce_scatter", x, [mesh_axis])
+    with self.unrecorded():
+      return self.slice_along(self.allreduce(x, [mesh_axis], "SUM"), mesh_axis, split_axis)
+
 
 
 def _tensor_axis_of(layout, mesh_axis):

@@ -44,6 +44,8 @@ import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow import learning_rate_schedules as lrs
+from mesh_tensorflow import offload
+from mesh_tensorflow import zero
 from mesh_tensorflow.graph import Graph, Mesh, Operation, Tensor
 from mesh_tensorflow.ops import constant as constant_ops
 from mesh_tensorflow.ops import elementwise as ew
@@ -168,12 +170,13 @@ def clip_by_global_norm(grads: Sequence[Optional[Tensor]],
 
 class _ReadInMasterDtype(Operation):
   """A variable's value read from its slices in the master dtype (instead of
-  the activation dtype of `var.outputs[0]`)."""
+  the activation dtype of `var.outputs[0]`), in its storage shape (its
+  shape, or its ZeRO stage-3 sharded twin, read without a gather)."""
 
   def __init__(self, var: var_ops.Variable):
     super().__init__([var.outputs[0]], mesh=var.mesh, name="read_master_value")
     self._variable = var
-    self._outputs = [Tensor(self, var.shape, var.master_dtype)]
+    self._outputs = [Tensor(self, var.storage_shape, var.master_dtype)]
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
@@ -185,11 +188,64 @@ class _ReadInMasterDtype(Operation):
     lowering.set_tensor_lowering(self.outputs[0], impl.slicewise(read, slices))
 
 
-def _master_value(var: var_ops.Variable) -> Tensor:
-  """The variable's current value in its master dtype."""
-  if var.activation_dtype == var.master_dtype:
+def _master_value(var) -> Tensor:
+  """The variable's (or update target's) current value in its master dtype."""
+  if isinstance(var, _UpdateTarget):
+    return var.value()
+  if var.activation_dtype == var.master_dtype and var.storage_shape == var.shape:
     return var.outputs[0]
-  return _ReadInMasterDtype(var).outputs[0]
+  return zero.relayout(_ReadInMasterDtype(var).outputs[0], var.shape)
+
+
+class _UpdateTarget:
+  """What `apply_grad` updates in place of a variable: the variable itself,
+  its ZeRO-sharded twin (slots and the update then have the twin shape) or
+  its host-side copy (offloaded slots). It has the attributes optimizers use
+  (`name`, `shape`, `mesh`, `master_dtype`, `graph`); read it with
+  `_master_value` and write it with `Optimizer.assign`."""
+
+  def __init__(self, var: var_ops.Variable, shape: Shape, mesh: Mesh,
+               reduce_scatter: bool):
+    self.variable = var
+    self._reduce_scatter = reduce_scatter
+    self.name = var.name
+    self.shape = shape
+    self.mesh = mesh
+    self.master_dtype = var.master_dtype
+    self.graph = var.graph
+    self._value = None
+
+  def gradient(self, grad: Tensor) -> Tensor:
+    """The gradient in this target's shape, on its mesh."""
+    grad = zero.relayout(grad, self.shape, reduce_scatter=self._reduce_scatter)
+    return offload.to_mesh(grad, self.mesh)
+
+  def value(self) -> Tensor:
+    if self._value is None:
+      var = self.variable
+      if var.storage_shape == self.shape and var.storage_shape != var.shape:
+        value = _ReadInMasterDtype(var).outputs[0]  # stage 3: the stored blocks
+      else:
+        value = zero.relayout(_master_value(var), self.shape)
+      self._value = offload.to_mesh(value, self.mesh)
+    return self._value
+
+  def assign(self, value: Tensor) -> Operation:
+    var = self.variable
+    value = offload.to_mesh(value, var.mesh)
+    if value.shape != var.storage_shape:
+      value = zero.relayout(value, var.shape)  # stages 1, 2: allgather the blocks
+    return var_ops.assign(var, value)
+
+
+def _update_target(var: var_ops.Variable, offload_slots: bool):
+  """The variable, or an _UpdateTarget if ZeRO or offload change its update."""
+  plan = zero.plan_for(var.graph)
+  shape = plan.shapes[var] if plan is not None and plan.shards_slots(var) else var.shape
+  mesh = offload.host_mesh(var.mesh) if offload_slots else var.mesh
+  if shape == var.shape and mesh is var.mesh:
+    return var
+  return _UpdateTarget(var, shape, mesh, plan is not None and plan.shards_gradient(var))
 
 
 def _master(t: Tensor, var: var_ops.Variable) -> Tensor:
@@ -210,11 +266,11 @@ def _to_mtf_scalar(value, mesh: Mesh, dtype: tf.DType, what: str) -> Tensor:
   if isinstance(value, Tensor):
     if value.shape.ndims:
       raise ValueError(f"{what} must be a scalar; got {value.name} with shape {value.shape}.")
-    if value.mesh is not mesh:
+    if value.mesh.graph is not mesh.graph:
       raise ValueError(
           f"{what} ({value.name}) lives on mesh {value.mesh.name!r}, but the variables "
           f"it updates live on {mesh.name!r}.")
-    return ew.cast(value, dtype)
+    return ew.cast(offload.to_mesh(value, mesh), dtype)
   if isinstance(value, (numbers.Number, np.number)):
     return constant_ops.constant(mesh, value, Shape([]), dtype=dtype)
   if isinstance(value, (tf.Tensor, tf.Variable)):
@@ -229,9 +285,13 @@ def _to_mtf_scalar(value, mesh: Mesh, dtype: tf.DType, what: str) -> Tensor:
 class _StepScope:
   """What one apply_grads call resolved: the step and step-dependent scalars."""
 
-  def __init__(self, step: Optional[StepLike]):
+  def __init__(self, step: Optional[StepLike], apply_if: Optional[Tensor] = None,
+               lr_multiplier: Optional[Tensor] = None):
     self.step = step
+    self.apply_if = apply_if
+    self.lr_multiplier = lr_multiplier
     self.cache: Dict[tuple, object] = {}
+    self.assigns: set = set()
 
 
 class Optimizer:
@@ -241,29 +301,42 @@ class Optimizer:
   variable (`<variable name>/<slot>`), so building the same model again (for
   instance once per traced `tf.function`) finds the same slots.
 
+  Read the variable with `_master_value(var)` and write it and its slots with
+  `self.assign(target, value)`: under ZeRO (`mtf.zero`), CPU offload or a
+  conditional update (`apply_if`), `var` may be an update target standing for
+  the variable (its sharded twin or host copy; same `name`, `mesh`, `shape`,
+  `master_dtype` attributes), which `mtf.assign` does not accept.
+
   Args:
     clip_gradients_by_global_norm: if set, `apply_grads` first scales the
       gradients so that their global L2 norm is at most this value (see
       `clip_by_global_norm`).
+    offload_slots: keep slot variables, and compute the update, on each
+      processor's host CPU (see `mesh_tensorflow.offload`); lower with
+      `mtf.offload.lowering_map` (the Trainer does).
 
   Example:
     >>> class HalfStep(mtf.optimize.Optimizer):
     ...   def apply_grad(self, grad, var):
-    ...     return [mtf.assign_sub(var, 0.5 * grad)]
+    ...     return [self.assign(var, _master_value(var) - 0.5 * grad)]
   """
 
   clip_gradients_by_global_norm: Optional[float] = None
+  offload_slots: bool = False
   _step_scope: Optional[_StepScope] = None
 
-  def __init__(self, clip_gradients_by_global_norm: Optional[float] = None):
+  def __init__(self, clip_gradients_by_global_norm: Optional[float] = None,
+               offload_slots: bool = False):
     if clip_gradients_by_global_norm is not None and not clip_gradients_by_global_norm > 0:
       raise ValueError(
           f"{type(self).__name__}: clip_gradients_by_global_norm must be positive or "
           f"None, got {clip_gradients_by_global_norm}.")
     self.clip_gradients_by_global_norm = clip_gradients_by_global_norm
+    self.offload_slots = bool(offload_slots)
 
   def apply_grads(self, grads: Sequence[Optional[Tensor]], variables: Sequence,
-                  step: Optional[StepLike] = None) -> List[Operation]:
+                  step: Optional[StepLike] = None, apply_if: Optional[Tensor] = None,
+                  lr_multiplier: Optional[Union[float, Tensor]] = None) -> List[Operation]:
     """Returns the assign operations that apply `grads` to `variables`.
 
     Args:
@@ -276,6 +349,13 @@ class Optimizer:
         Tensor. Without it the optimizer uses `step_counter(mesh)` where it
         needs a step, and advances every step counter of the graph (once per
         graph, however many optimizers run in it).
+      apply_if: a scalar mtf bool: where it is false, every variable and slot
+        keeps its value (e.g. a step with non-finite gradients under loss
+        scaling); step counters advance either way.
+      lr_multiplier: multiplies every learning rate (e.g. AdaScale's gain).
+
+    Gradients may also have the ZeRO sharded shape of their variable
+    (`mtf.zero.shard_gradients`).
 
     Returns:
       A list of mtf operations; lower each with `lowering.lowered_operation`.
@@ -293,7 +373,8 @@ class Optimizer:
       var = var_ops._as_variable(var)  # pylint: disable=protected-access
       if grad is None:
         continue
-      if grad.shape != var.shape:
+      plan = zero.plan_for(var.graph)
+      if grad.shape != var.shape and not (plan and plan.shapes.get(var) == grad.shape):
         raise ValueError(
             f"{type(self).__name__}: gradient {grad.name} has shape {grad.shape} "
             f"but variable {var.name!r} has shape {var.shape}.")
@@ -304,12 +385,23 @@ class Optimizer:
       clipped, _ = clip_by_global_norm([g for g, _ in pairs],
                                        self.clip_gradients_by_global_norm)
       pairs = [(g, v) for g, (_, v) in zip(clipped, pairs)]
+    if apply_if is not None and (not isinstance(apply_if, Tensor) or apply_if.shape.ndims):
+      raise ValueError(f"{type(self).__name__}.apply_grads: apply_if must be a scalar mtf "
+                       f"bool Tensor, got {apply_if!r}.")
     outer = self._step_scope
-    self._step_scope = _StepScope(step)
+    self._step_scope = _StepScope(step, apply_if, lr_multiplier)
     try:
       ops = []
       for grad, var in pairs:
-        ops.extend(self.apply_grad(grad, var))
+        target = _update_target(var, self.offload_slots)
+        if isinstance(target, _UpdateTarget):
+          grad = target.gradient(grad)
+        elif grad.shape != var.shape:
+          grad = zero.relayout(grad, var.shape)
+        new_ops = self.apply_grad(grad, target)
+        if target is not var or apply_if is not None:
+          self._check_assigns(new_ops, var)
+        ops.extend(new_ops)
       if step is None:
         ops.extend(_advance_step_counters(pairs[0][1].graph))
     finally:
@@ -331,6 +423,40 @@ class Optimizer:
     """
     raise NotImplementedError(f"{type(self).__name__} does not implement apply_grad.")
 
+  def assign(self, target, value: Tensor) -> Operation:
+    """Returns an op that sets a variable, update target or slot to `value`.
+
+    Use it (not `mtf.assign`) in `apply_grad`: it writes a ZeRO-sharded or
+    offloaded variable through its update target, and keeps the old value
+    where `apply_grads(apply_if=...)` is false.
+
+    Example:
+      >>> ops = [self.assign(velocity, new_velocity),
+      ...        self.assign(var, _master_value(var) + new_velocity)]
+    """
+    scope = self._step_scope or _StepScope(None)
+    if isinstance(target, _UpdateTarget):
+      old, write = target.value, target.assign
+    else:
+      variable = var_ops._as_variable(target)  # pylint: disable=protected-access
+      old = lambda: _master_value(variable)  # noqa: E731
+      write = lambda v: var_ops.assign(variable, v)  # noqa: E731
+    if scope.apply_if is not None:
+      condition = offload.to_mesh(scope.apply_if, value.mesh)
+      value = ew.where(condition, value, ew.cast(old(), value.dtype))
+    op = write(value)
+    scope.assigns.add(op)
+    return op
+
+  def _check_assigns(self, ops: Sequence[Operation], var) -> None:
+    scope = self._step_scope
+    for op in ops:
+      if op not in scope.assigns:
+        raise ValueError(
+            f"{type(self).__name__}.apply_grad returned {op.name!r} for variable "
+            f"{var.name!r}, not made with self.assign; under ZeRO, offload_slots or "
+            "apply_if, write variables and slots with self.assign(target, value).")
+
   def current_step(self, mesh: Mesh) -> Tensor:
     """The step of the update being built, as a float32 scalar mtf Tensor.
 
@@ -347,7 +473,8 @@ class Optimizer:
     key = ("step", mesh)
     if key not in scope.cache:
       if scope.step is None:
-        value = ew.cast(step_counter(mesh), tf.float32)
+        counter_mesh = offload.device_mesh_of(mesh) or mesh
+        value = offload.to_mesh(ew.cast(step_counter(counter_mesh), tf.float32), mesh)
       else:
         value = _to_mtf_scalar(scope.step, mesh, tf.float32, "step")
       scope.cache[key] = value
@@ -371,9 +498,10 @@ class Optimizer:
     Example:
       >>> lr = self.hyperparameter(self.learning_rate, var.mesh, var.master_dtype)
     """
-    if isinstance(value, (numbers.Number, np.number)) and not isinstance(value, bool):
-      return float(value)
     scope = self._step_scope or _StepScope(None)
+    if (isinstance(value, (numbers.Number, np.number)) and not isinstance(value, bool)
+        and (what != "learning rate" or scope.lr_multiplier is None)):
+      return float(value)
     key = (what, id(value), mesh, dtype)
     if key not in scope.cache:
       resolved = value(self.current_step(mesh)) if callable(value) else value
@@ -381,6 +509,11 @@ class Optimizer:
         resolved = float(resolved)
       else:
         resolved = _to_mtf_scalar(resolved, mesh, dtype, what)
+      if what == "learning rate" and scope.lr_multiplier is not None:
+        multiplier = scope.lr_multiplier
+        if not isinstance(multiplier, (numbers.Number, np.number)):
+          multiplier = _to_mtf_scalar(multiplier, mesh, dtype, "lr_multiplier")
+        resolved = resolved * multiplier
       scope.cache[key] = (value, resolved)  # keeps `value` alive while id() is a key
     return scope.cache[key][1]
 
@@ -392,14 +525,16 @@ class SgdOptimizer(Optimizer):
     lr: learning rate: a number, a scalar mtf or TensorFlow tensor, or a
       function of the step (see `mesh_tensorflow.learning_rate_schedules`).
     clip_gradients_by_global_norm: see `Optimizer`.
+    offload_slots: see `Optimizer`.
 
   Example:
     >>> ops = mtf.optimize.SgdOptimizer(0.1).apply_grads(grads, variables)
   """
 
   def __init__(self, lr: LearningRate,
-               clip_gradients_by_global_norm: Optional[float] = None):
-    super().__init__(clip_gradients_by_global_norm)
+               clip_gradients_by_global_norm: Optional[float] = None,
+               offload_slots: bool = False):
+    super().__init__(clip_gradients_by_global_norm, offload_slots)
     self._lr = lr
 
   @property
@@ -409,7 +544,7 @@ class SgdOptimizer(Optimizer):
   def apply_grad(self, grad: Tensor, var) -> List[Operation]:
     lr = self.hyperparameter(self._lr, var.mesh, var.master_dtype, "learning rate")
     value = _master_value(var)
-    return [var_ops.assign(var, value - lr * _master(grad, var))]
+    return [self.assign(var, value - lr * _master(grad, var))]
 
 
 class MomentumOptimizer(Optimizer):
@@ -423,6 +558,7 @@ class MomentumOptimizer(Optimizer):
       function of the step.
     momentum: decay of the velocity, e.g. 0.9.
     clip_gradients_by_global_norm: see `Optimizer`.
+    offload_slots: see `Optimizer`.
 
   Example:
     >>> opt = mtf.optimize.MomentumOptimizer(0.1, momentum=0.9)
@@ -430,8 +566,9 @@ class MomentumOptimizer(Optimizer):
   """
 
   def __init__(self, lr: LearningRate, momentum: float,
-               clip_gradients_by_global_norm: Optional[float] = None):
-    super().__init__(clip_gradients_by_global_norm)
+               clip_gradients_by_global_norm: Optional[float] = None,
+               offload_slots: bool = False):
+    super().__init__(clip_gradients_by_global_norm, offload_slots)
     self._lr = lr
     self._momentum = momentum
 
@@ -442,8 +579,8 @@ class MomentumOptimizer(Optimizer):
     lr = self.hyperparameter(self._lr, var.mesh, var.master_dtype, "learning rate")
     velocity = _slot(var, "momentum")
     new_velocity = velocity * self._momentum - lr * _master(grad, var)
-    return [var_ops.assign(velocity, new_velocity),
-            var_ops.assign(var, _master_value(var) + new_velocity)]
+    return [self.assign(velocity, new_velocity),
+            self.assign(var, _master_value(var) + new_velocity)]
 
 
 class AdamWeightDecayOptimizer(Optimizer):
@@ -469,6 +606,7 @@ class AdamWeightDecayOptimizer(Optimizer):
     exclude_from_weight_decay: regular expressions of variable names that get
       no weight decay, e.g. ["bias", "layer_norm"].
     clip_gradients_by_global_norm: see `Optimizer`.
+    offload_slots: see `Optimizer`.
 
   Example:
     >>> opt = mtf.optimize.AdamWeightDecayOptimizer(
@@ -480,8 +618,9 @@ class AdamWeightDecayOptimizer(Optimizer):
   def __init__(self, learning_rate: LearningRate, weight_decay_rate: float = 0.0,
                beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-6,
                exclude_from_weight_decay: Optional[Sequence[str]] = None,
-               clip_gradients_by_global_norm: Optional[float] = None):
-    super().__init__(clip_gradients_by_global_norm)
+               clip_gradients_by_global_norm: Optional[float] = None,
+               offload_slots: bool = False):
+    super().__init__(clip_gradients_by_global_norm, offload_slots)
     self.learning_rate = learning_rate
     self.weight_decay_rate = weight_decay_rate
     self.beta_1 = beta_1
@@ -501,9 +640,9 @@ class AdamWeightDecayOptimizer(Optimizer):
     update = next_m / (ew.sqrt(next_v) + self.epsilon)
     if self._do_use_weight_decay(var.name):
       update = update + self.weight_decay_rate * value
-    return [var_ops.assign(m, next_m),
-            var_ops.assign(v, next_v),
-            var_ops.assign(var, value - lr * update)]
+    return [self.assign(m, next_m),
+            self.assign(v, next_v),
+            self.assign(var, value - lr * update)]
 
   def _do_use_weight_decay(self, param_name: str) -> bool:
     if not self.weight_decay_rate:
@@ -631,6 +770,7 @@ class AdafactorOptimizer(Optimizer):
     min_dim_size_to_factor: factor only when the second largest dimension has
       at least this size.
     clip_gradients_by_global_norm: see `Optimizer`.
+    offload_slots: see `Optimizer`.
 
   Example:
     >>> opt = mtf.optimize.AdafactorOptimizer(beta1=0.9, min_dim_size_to_factor=32)
@@ -646,8 +786,9 @@ class AdafactorOptimizer(Optimizer):
                epsilon1: float = 1e-30,
                epsilon2: float = 1e-3,
                min_dim_size_to_factor: int = 128,
-               clip_gradients_by_global_norm: Optional[float] = None):
-    super().__init__(clip_gradients_by_global_norm)
+               clip_gradients_by_global_norm: Optional[float] = None,
+               offload_slots: bool = False):
+    super().__init__(clip_gradients_by_global_norm, offload_slots)
     if not 0.0 <= beta1 < 1.0:
       raise ValueError(f"AdafactorOptimizer: beta1 must be in [0, 1), got {beta1}.")
     if clipping_threshold is not None and not clipping_threshold > 0:
@@ -706,13 +847,13 @@ class AdafactorOptimizer(Optimizer):
       vc = _slot(var, "adafactor_vc", var.shape - [d0])
       new_vr = decay * vr + (1.0 - decay) * reduction.reduce_mean(squared, reduced_dim=d1)
       new_vc = decay * vc + (1.0 - decay) * reduction.reduce_mean(squared, reduced_dim=d0)
-      ops += [var_ops.assign(vr, new_vr), var_ops.assign(vc, new_vc)]
+      ops += [self.assign(vr, new_vr), self.assign(vc, new_vc)]
       row_factor = ew.rsqrt(new_vr / reduction.reduce_mean(new_vr, reduced_dim=d0))
       update = grad * row_factor * ew.rsqrt(new_vc)
     else:
       v = _slot(var, "adafactor_v")
       new_v = decay * v + (1.0 - decay) * squared
-      ops.append(var_ops.assign(v, new_v))
+      ops.append(self.assign(v, new_v))
       update = grad * ew.rsqrt(new_v)
     if self.clipping_threshold is not None:
       update = update / ew.maximum(reduce_rms(update) * (1.0 / self.clipping_threshold),
@@ -724,6 +865,6 @@ class AdafactorOptimizer(Optimizer):
     if self.beta1:
       m = _slot(var, "adafactor_m")
       delta = self.beta1 * m + (1.0 - self.beta1) * delta
-      ops.append(var_ops.assign(m, delta))
-    ops.append(var_ops.assign(var, value - delta))
+      ops.append(self.assign(m, delta))
+    ops.append(self.assign(var, value - delta))
     return ops

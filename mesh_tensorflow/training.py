@@ -20,9 +20,12 @@ import time
 from typing import Callable, Dict, Optional, Sequence
 
 import tensorflow as tf
+from absl import logging
 
 from mesh_tensorflow import checkpoint as checkpoint_lib
+from mesh_tensorflow import offload
 from mesh_tensorflow import slice_variables
+from mesh_tensorflow import zero
 from mesh_tensorflow.gradients import gradients
 from mesh_tensorflow.graph import Graph, Mesh, Tensor
 from mesh_tensorflow.lowering import Lowering
@@ -81,6 +84,17 @@ class Trainer:
     eval_feature_shapes: feature shapes of evaluation batches, if they differ
       from feature_shapes (e.g. a larger batch, or an extra "weight" feature).
     checkpoint_options: tf.train.CheckpointOptions for every save.
+    zero_stage: ZeRO stage 0 to 3 (see `mesh_tensorflow.zero`): shard
+      optimizer slots (1), then gradients (2), then the variables (3) over
+      the data-parallel mesh dimension. Checkpoints do not depend on it.
+    zero_mesh_dim: the mesh dimension to shard over (default: the one
+      splitting "batch").
+    loss_scale: a `mtf.mixed_precision.DynamicLossScale` for float16
+      training: steps with non-finite gradients are skipped (variables and
+      slots unchanged; the global step still advances) and logged.
+
+  An `mtf.adascale.AdaScale` optimizer takes its gradient samples from the
+  micro-batches: give grad_accum_steps equal to its scale.
 
   Example:
     >>> trainer = Trainer(model_fn, shapes, impl, mtf.optimize.SgdOptimizer(0.1))
@@ -92,9 +106,22 @@ class Trainer:
                checkpoint_every: Optional[int] = 1000, keep_checkpoints: int = 3,
                log_every: int = 100, log_fn: Optional[Callable[[str], None]] = None,
                eval_feature_shapes: Optional[Dict[str, object]] = None,
-               checkpoint_options: Optional[tf.train.CheckpointOptions] = None):
+               checkpoint_options: Optional[tf.train.CheckpointOptions] = None,
+               zero_stage: int = 0, zero_mesh_dim: Optional[str] = None,
+               loss_scale=None):
     if grad_accum_steps < 1:
       raise ValueError(f"Trainer: grad_accum_steps must be >= 1, got {grad_accum_steps}.")
+    if zero_stage not in zero.STAGES:
+      raise ValueError(f"Trainer: zero_stage must be one of {zero.STAGES}, got {zero_stage!r}.")
+    scale = getattr(optimizer, "scale", None)
+    if hasattr(optimizer, "sample_ops") and scale != grad_accum_steps:
+      raise ValueError(
+          f"Trainer: the AdaScale optimizer has scale={scale}, but grad_accum_steps="
+          f"{grad_accum_steps}; its gradient samples are the micro-batches, so set "
+          "grad_accum_steps to its scale.")
+    self._zero_stage = zero_stage
+    self._zero_mesh_dim = zero_mesh_dim
+    self._loss_scale = loss_scale
     self._model_fn = model_fn
     self._shapes = {k: convert_to_shape(v) for k, v in feature_shapes.items()}
     self._eval_shapes = ({k: convert_to_shape(v) for k, v in eval_feature_shapes.items()}
@@ -148,27 +175,12 @@ class Trainer:
     loss, metrics = _as_loss_and_metrics(self._model_fn(mesh, features, mode), mode)
     if not isinstance(loss, Tensor) or loss.shape.ndims != 0:
       raise ValueError(f"model_fn must return a scalar mtf loss, got {loss!r}.")
+    plan = zero.shard_training_state(graph, self._impl, self._zero_stage,
+                                     self._zero_mesh_dim)
     updates = []
     if mode == TRAIN:
-      variables = graph.trainable_variables
-      grads = gradients([loss], [v.outputs[0] for v in variables])
-      if self._accum > 1:
-        accums = [var_ops.get_variable(
-            mesh, f"grad_accumulator/{v.name}", v.shape, dtype=v.master_dtype,
-            initializer=tf.zeros_initializer(), trainable=False) for v in variables]
-        if not apply_update:
-          updates = [var_ops.assign_add(a, ew.cast(g, a.dtype))
-                     for a, g in zip(accums, grads) if g is not None]
-        else:
-          totals = [None if g is None else (a + ew.cast(g, a.dtype)) * (1.0 / self._accum)
-                    for a, g in zip(accums, grads)]
-          optimizer, step = self._optimizer_for(mesh, step_var)
-          updates = optimizer.apply_grads(totals, variables, step=step)
-          updates += [var_ops.assign(a, const_ops.zeros_like(a)) for a in accums]
-      else:
-        optimizer, step = self._optimizer_for(mesh, step_var)
-        updates = optimizer.apply_grads(grads, variables, step=step)
-    lowering = Lowering(graph, {mesh: self._impl})
+      updates = self._train_updates(graph, mesh, loss, plan, step_var, apply_update)
+    lowering = Lowering(graph, offload.lowering_map(graph, {mesh: self._impl}))
     outputs = {"loss": lowering.export_to_tf_tensor(loss)}
     for name, value in metrics.items():
       outputs[name] = lowering.export_to_tf_tensor(value)
@@ -181,6 +193,39 @@ class Trainer:
       done = tf.group(*update_ops)
     with tf.control_dependencies([done]):
       return {k: tf.identity(v) for k, v in outputs.items()}
+
+  def _train_updates(self, graph, mesh, loss, plan, step_var, apply_update):
+    """The update (or, for a micro-batch, accumulation) ops of one step."""
+    variables = graph.trainable_variables
+    scaler = self._loss_scale
+    if scaler is not None:
+      loss = scaler.scale_loss(loss)
+    grads = gradients([loss], [v.outputs[0] for v in variables])
+    finite = None
+    if scaler is not None:
+      grads, finite = scaler.unscale(grads)
+    grads = zero.shard_gradients(grads, variables)  # stages 2, 3: reduce-scattered
+    optimizer, step = self._optimizer_for(mesh, step_var)
+    sampled = hasattr(optimizer, "sample_ops")  # AdaScale
+    if self._accum == 1:
+      updates = optimizer.apply_grads(grads, variables, step=step, apply_if=finite)
+    else:
+      accums = [var_ops.get_variable(
+          mesh, f"grad_accumulator/{v.name}", plan.shapes[v] if plan.shards_gradient(v)
+          else v.shape, dtype=v.master_dtype, initializer=tf.zeros_initializer(),
+          trainable=False) for v in variables]
+      if not apply_update:
+        updates = [var_ops.assign_add(a, ew.cast(g, a.dtype))
+                   for a, g in zip(accums, grads) if g is not None]
+        return updates + (optimizer.sample_ops(grads) if sampled else [])
+      totals = [None if g is None else (a + ew.cast(g, a.dtype)) * (1.0 / self._accum)
+                for a, g in zip(accums, grads)]
+      extra = {"last_sample": grads} if sampled else {}
+      updates = optimizer.apply_grads(totals, variables, step=step, apply_if=finite, **extra)
+      updates += [var_ops.assign(a, const_ops.zeros_like(a)) for a in accums]
+    if scaler is not None:
+      updates += scaler.update(finite)
+    return updates
 
   def _optimizer_for(self, mesh, step_var):
     """(optimizer, global step as a float mtf scalar): the optimizer and any
@@ -241,8 +286,14 @@ class Trainer:
     if key not in self._functions:
       def step_fn(batch):
         return self._build(batch, mode, apply_update)
-      self._functions[key] = tf.function(step_fn, input_signature=[signature],
-                                         autograph=False)
+      if hasattr(self._impl, "run_all"):
+        # A SIMD mesh implementation runs the step as its own program on every
+        # processor (it traces step_fn once, and eagerly calls it per device).
+        impl = self._impl
+        self._functions[key] = lambda batch: impl.run(step_fn, batch)
+      else:
+        self._functions[key] = tf.function(step_fn, input_signature=[signature],
+                                           autograph=False)
     return self._functions[key]
 
   # ---- loops ---------------------------------------------------------------
@@ -296,6 +347,12 @@ class Trainer:
         losses.append(float(out["loss"]))
       out = {k: float(v) for k, v in out.items()}
       out["loss"] = sum(losses) / len(losses)
+      if out.get("summary/loss_scale/finite", 1.0) == 0.0:
+        message = (f"step {step}: non-finite gradients, update skipped; loss scale "
+                   f"{out['summary/loss_scale/scale']:g} -> "
+                   f"{self._loss_scale.scale_after_overflow(out['summary/loss_scale/scale']):g}")
+        logging.warning(message)
+        self._log(message)
       history["step"].append(step)
       for k, v in out.items():
         history.setdefault(k, []).append(v)

@@ -66,6 +66,9 @@ class Variable(Operation):
     self._initializer = initializer
     self._trainable = trainable
     self._outputs = [Tensor(self, self._shape, dtype.activation_dtype, name=name)]
+    # The shape the slices are stored in: same sizes, possibly renamed dims so
+    # that the layout splits it further (ZeRO stage 3, mesh_tensorflow/zero.py).
+    self.storage_shape = self._shape
 
   shape = property(lambda self: self._shape)
   trainable = property(lambda self: self._trainable)
@@ -77,6 +80,8 @@ class Variable(Operation):
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
+    if self.storage_shape == self._shape:  # stored sharded on impl by an earlier graph?
+      self.storage_shape = impl.__dict__.get("_zero_storage", {}).get(self._name, self._shape)
     slices = self._get_or_create_slices(impl)
     lowering.variables[self] = LaidOutVariable(self, impl, slices)
     act = self.activation_dtype
@@ -84,7 +89,11 @@ class Variable(Operation):
     def read(v):
       t = v.read_value() if hasattr(v, "read_value") else tf.identity(v)
       return tf.cast(t, act) if t.dtype != act else t
-    lowering.set_tensor_lowering(self.outputs[0], impl.slicewise(read, LaidOutTensor(slices)))
+    value = impl.slicewise(read, LaidOutTensor(slices))
+    if self.storage_shape != self._shape:  # gathered just before use
+      value = impl.relayout(value, self._shape, impl.tensor_layout(self.storage_shape),
+                            impl.tensor_layout(self._shape))
+    lowering.set_tensor_lowering(self.outputs[0], value)
 
   def _get_or_create_slices(self, impl):
     full = self._shape.to_integer_list()
@@ -102,8 +111,8 @@ class Variable(Operation):
         return full_value[0]
       return tf.slice(full_value[0], begin, slice_shape)
     return slice_variables.get_or_create(
-        impl, self._name, self._shape, self.master_dtype, self.slice_dtype, self._trainable,
-        init_fn).slices
+        impl, self._name, self.storage_shape, self.master_dtype, self.slice_dtype,
+        self._trainable, init_fn).slices
 
 
 def _call_initializer(initializer, shape, dtype, name):
@@ -203,7 +212,7 @@ class Assign(Operation):
     for v, t in zip(variables, new_values):
       if not isinstance(t, Tensor):
         raise TypeError(f"assign to {v.name!r}: new value must be an mtf.Tensor.")
-      if t.shape != v.shape:
+      if t.shape != v.shape and t.shape != v.storage_shape:
         raise ValueError(
             f"assign to {v.name!r}: value {t.name} has shape {t.shape}, the "
             f"variable has {v.shape}.")
@@ -219,8 +228,12 @@ class Assign(Operation):
     ops = []
     for var, value in zip(self._variables, self.inputs):
       laid_var = lowering.variables[var]
-      ops.append(laid_var.assign_to_slices(
-          self._assign_fn, lowering.laid_out(value).tensor_list))
+      laid = lowering.laid_out(value)
+      if value.shape != var.storage_shape:
+        impl = lowering.mesh_impl(self)
+        laid = impl.relayout(laid, value.shape, impl.tensor_layout(value.shape),
+                             impl.tensor_layout(var.storage_shape))
+      ops.append(laid_var.assign_to_slices(self._assign_fn, laid.tensor_list))
     lowering.operations[self] = tf.group(*ops)
 
 

@@ -46,6 +46,7 @@ MODES = ("train", "eval", "infer", "score")
 for _cls in (mtf.optimize.AdafactorOptimizer, mtf.optimize.AdamWeightDecayOptimizer,
              mtf.optimize.SgdOptimizer, mtf.optimize.MomentumOptimizer):
   gin.external_configurable(_cls, module="optimize")
+gin.external_configurable(mtf.mixed_precision.DynamicLossScale, module="mixed_precision")
 gin.external_configurable(vocabulary_lib.get_vocabulary, module="vocabulary")
 
 
@@ -195,6 +196,8 @@ def run(model_dir: Optional[str],
         seed: int = 1,
         vocab_divisor: int = 8,
         activation_dtype: str = "float32",
+        zero_stage: int = 0,
+        loss_scale=None,
         fresh: bool = False,
         input_file: Optional[str] = None,
         output_file: Optional[str] = None,
@@ -235,7 +238,12 @@ def run(model_dir: Optional[str],
     seed: data order (weights are initialized from their names).
     vocab_divisor: the model's vocabulary is the vocabulary's size rounded up
       to a multiple of this, so layouts can split it.
-    activation_dtype: "float32" or "bfloat16".
+    activation_dtype: "float32", "bfloat16" or "float16" (float32 master
+      weights either way; use float16 with loss_scale).
+    zero_stage: ZeRO stage 0-3 over the mesh dimension splitting "batch"
+      (mtf.zero): shard optimizer slots, gradients, variables.
+    loss_scale: dynamic loss scaling for float16 (gin:
+      @mixed_precision.DynamicLossScale()), or None.
     fresh: delete model_dir's checkpoints and events first (train only).
     input_file: infer/score: one text per line (escaped, see inference.escape).
     output_file: infer/score: where results go (default: input_file +
@@ -296,7 +304,8 @@ def run(model_dir: Optional[str],
       modeling.make_model_fn(setup), setup.feature_shapes(), mesh_impl,
       make_optimizer(optimizer, learning_rate_schedule), model_dir=model_dir or None,
       grad_accum_steps=grad_accum_steps, checkpoint_every=checkpoint_every,
-      keep_checkpoints=keep_checkpoints, log_every=log_every, log_fn=log)
+      keep_checkpoints=keep_checkpoints, log_every=log_every, log_fn=log,
+      zero_stage=zero_stage, loss_scale=loss_scale)
   eval_data = data(dataset_lib.VALIDATION, False, 0)
 
   def evaluate() -> Dict[str, float]:
