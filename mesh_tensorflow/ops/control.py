@@ -7,6 +7,7 @@ custom_gradient, recompute_grad, Print.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, List, Sequence
 
 import tensorflow as tf
@@ -153,7 +154,8 @@ class WhileLoopOperation(Operation):
     flat = [s for slices in init for s in slices]
 
     def unflatten(values):
-      return [LaidOutTensor(list(values[i * impl.size:(i + 1) * impl.size])) for i in range(n)]
+      k = impl.num_local_slices
+      return [LaidOutTensor(list(values[i * k:(i + 1) * k])) for i in range(n)]
 
     def run_ops(values, iteration, ops, targets):
       for ph, laid in zip(self._placeholders, unflatten(values)):
@@ -271,15 +273,56 @@ def custom_gradient(fn: Callable, grad_fn: Callable, inputs: Sequence[Tensor], n
   return op.outputs[0] if single else op.outputs
 
 
+class _ForwardScope:
+  """The naming state of the graph when recompute_grad's forward call ran.
+
+  `replay()` restores it while fn runs again in the backward pass, so that
+  `mtf.get_variable` finds the forward call's variables (same scopes, same
+  variable map, which a pipeline stage may have replaced) and the
+  recomputed operations get the forward ones' names, so random operations
+  (dropout), whose seeds derive from their names, draw the same numbers.
+  """
+
+  def __init__(self, graph):
+    self._graph = graph
+    self._scope_stack = list(graph._scope_stack)  # pylint: disable=protected-access
+    self._names_in_use = dict(graph._names_in_use)  # pylint: disable=protected-access
+    self._name_to_variable = graph.name_to_variable
+    self._variable_scope = tf.compat.v1.get_variable_scope()
+
+  @contextlib.contextmanager
+  def replay(self):
+    graph = self._graph
+    saved = (graph._scope_stack, graph._names_in_use, graph.name_to_variable)  # pylint: disable=protected-access
+    graph._scope_stack = list(self._scope_stack)  # pylint: disable=protected-access
+    graph._names_in_use = dict(self._names_in_use)  # pylint: disable=protected-access
+    graph.name_to_variable = self._name_to_variable
+    try:
+      if self._variable_scope.name != tf.compat.v1.get_variable_scope().name:
+        with tf.compat.v1.variable_scope(self._variable_scope, auxiliary_name_scope=False):
+          yield
+      else:
+        yield
+    finally:
+      graph._scope_stack, graph._names_in_use, graph.name_to_variable = saved  # pylint: disable=protected-access
+
+
 def recompute_grad(fn: Callable, explicit_inputs: Sequence[Tensor], name=None):
   """Calls fn(*explicit_inputs) and recomputes it during backprop instead of
   keeping its activations (variables fn uses get their gradients too).
+
+  The recomputation runs in the forward call's name scopes, so fn may
+  create its variables with `mtf.get_variable` (it finds them again), and
+  its random operations (dropout) repeat the forward pass's numbers.
 
   Example:
     >>> y = mtf.recompute_grad(lambda x: block(x), [x])
   """
   from mesh_tensorflow.gradients import gradients
   explicit_inputs = list(explicit_inputs)
+  if not explicit_inputs:
+    raise ValueError("mtf.recompute_grad needs at least one explicit input tensor.")
+  forward = _ForwardScope(explicit_inputs[0].graph)
 
   def grad_fn(xs, captured, ys, dys):
     dys_real = [d for d in dys if d is not None]
@@ -287,7 +330,8 @@ def recompute_grad(fn: Callable, explicit_inputs: Sequence[Tensor], name=None):
     start = len(graph.operations)
     # Recompute only once the output gradients exist (to free the memory).
     xs2 = [depend(x, dys_real) for x in xs]
-    outs = fn(*xs2)
+    with forward.replay():
+      outs = fn(*xs2)
     outs = [outs] if isinstance(outs, Tensor) else list(outs)
     pairs = [(o, d) for o, d in zip(outs, dys) if d is not None]
     # Differentiate the recomputation only: a captured tensor may also be

@@ -12,6 +12,7 @@ Import them from `transformer` (which re-exports them) or from here.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Dict, List, Optional, Sequence
 
 import tensorflow as tf
@@ -132,6 +133,9 @@ class Context:
     self.read_priority = read_priority
     self.layer_index = 0
     self.cache: Dict[Any, Any] = {}
+    # Set by LayerStack(recompute="selective"): recompute_attention(fn, inputs)
+    # computes fn(*inputs) and recomputes it in the backward pass.
+    self.recompute_attention = None
 
   @property
   def train(self) -> bool:
@@ -178,6 +182,9 @@ class Context:
     return mtf.cast(mtf.not_equal(self.sequence_id, 0), self.activation_dtype)
 
 
+RECOMPUTE_POLICIES = ("none", "layer", "selective")
+
+
 class LayerStack(TransformerLayer):
   """Layers with pre-normalization residual connections and a final norm.
 
@@ -187,21 +194,62 @@ class LayerStack(TransformerLayer):
   are zeroed before each norm and at the end. Layer i's variables live under
   "layer_%03d/<LayerClass>".
 
+  Activation recomputation (`recompute`, training only):
+
+  * "none": the backward pass reads the activations kept from the forward.
+  * "layer": each layer (norm, layer, dropout, residual) is wrapped in
+    `mtf.recompute_grad`: only its input is kept, and its forward runs again
+    in the backward pass.
+  * "selective": only the cheap parts are recomputed: the norms, and in
+    attention layers the scores, softmax and weighted sum (the
+    [batch, heads, length, memory_length] tensors, the largest activations
+    at long lengths); the outputs of the projections (matmuls with weights)
+    are kept.
+
+  Pipeline parallelism (`num_stages` > 1): the layers are cut into
+  num_stages stages of equal structure, whose variables are stacked along a
+  "stages" dimension (variables "pipeline/layer_%03d/..." of shape
+  [stages, ...], layer j of stage s being the unpipelined layer
+  s * layers_per_stage + j, initialized like it); lay the stages out with a
+  rule such as "stages:pp". In train, eval and infer modes the batch is cut
+  into num_microbatches micro-batches scheduled by `mtf.pipeline.pipeline`
+  (GPipe); with `pipeline_schedule="1f1b"` a model that supports it
+  (`Unitransformer`) computes the loss inside the schedule with
+  `mtf.pipeline.pipeline_loss`. Decoding ("first_part", "incremental") and
+  `layer_outputs` run the stages one after another on the whole batch.
+
+  After `call`, `recompute_ops` lists the `recompute_grad` operations the
+  stack created, as (policy, op) pairs: what a cost model reads to know
+  which activations are not kept for the backward pass (every tensor made
+  inside such an op's function, i.e. between its inputs and its outputs).
+
   Args:
     layers: TransformerLayer instances, called in order.
     dropout_rate: dropout on the embeddings, every residual branch and the
       output (training only).
     norm_epsilon: added to the mean square before the reciprocal root.
     norm_type: "rms" or "layer".
+    recompute: "none", "layer" or "selective" (see above).
+    num_stages: pipeline stages (1: no pipelining).
+    num_microbatches: micro-batches per batch when pipelining.
+    pipeline_schedule: "gpipe" or "1f1b".
+    stages_dim_name: the name of the stages dimension (for layout rules).
 
   Example:
     >>> stack = LayerStack([SelfAttention(), DenseReluDense()], dropout_rate=0.1)
+    >>> deep = make_layer_stack([SelfAttention, DenseReluDense], num_layers=4,
+    ...                         num_stages=4, num_microbatches=8, recompute="layer")
   """
 
   def __init__(self, layers: Sequence[TransformerLayer], dropout_rate: float = 0.0,
-               norm_epsilon: float = 1e-6, norm_type: str = "rms"):
+               norm_epsilon: float = 1e-6, norm_type: str = "rms", recompute: str = "none",
+               num_stages: int = 1, num_microbatches: int = 1,
+               pipeline_schedule: str = "gpipe", stages_dim_name: str = "stages"):
     if norm_type not in ("rms", "layer"):
       raise ValueError(f"LayerStack: norm_type must be 'rms' or 'layer', got {norm_type!r}.")
+    if recompute not in RECOMPUTE_POLICIES:
+      raise ValueError(f"LayerStack: recompute must be one of {RECOMPUTE_POLICIES}, got "
+                       f"{recompute!r}.")
     for layer in layers:
       if not hasattr(layer, "call"):
         raise TypeError(f"LayerStack: {layer!r} is not a TransformerLayer (no call method).")
@@ -209,6 +257,37 @@ class LayerStack(TransformerLayer):
     self._dropout_rate = dropout_rate
     self._norm_epsilon = norm_epsilon
     self._norm_type = norm_type
+    self.recompute = recompute
+    self.recompute_ops: List[Any] = []
+    self._check_pipeline(num_stages, num_microbatches, pipeline_schedule)
+    self.num_stages = num_stages
+    self.num_microbatches = num_microbatches
+    self.pipeline_schedule = pipeline_schedule
+    self.stages_dim_name = stages_dim_name
+    self.pipeline_stats: Optional[Dict[str, Any]] = None
+
+  def _check_pipeline(self, num_stages, num_microbatches, schedule):
+    if num_stages < 1 or num_microbatches < 1:
+      raise ValueError(f"LayerStack: num_stages ({num_stages}) and num_microbatches "
+                       f"({num_microbatches}) must be positive.")
+    if schedule not in mtf.pipeline.SCHEDULES:
+      raise ValueError(f"LayerStack: pipeline_schedule must be one of "
+                       f"{mtf.pipeline.SCHEDULES}, got {schedule!r}.")
+    if num_stages == 1:
+      return
+    n = len(self._layers)
+    if n % num_stages:
+      raise ValueError(f"LayerStack: num_stages={num_stages} must divide the number of "
+                       f"layers ({n}); change num_layers or num_stages.")
+    k = n // num_stages
+    for i, layer in enumerate(self._layers):
+      ref = self._layers[i % k]
+      if type(layer) is not type(ref) or vars(layer) != vars(ref):
+        raise ValueError(
+            f"LayerStack: pipeline stages must have the same layers; layer {i} "
+            f"({type(layer).__name__}) differs from layer {i % k} of stage 0 "
+            f"({type(ref).__name__}). Repeat one block of layers (make_layer_stack) "
+            "so that num_stages divides the number of blocks.")
 
   @property
   def layers(self) -> List[TransformerLayer]:
@@ -218,23 +297,35 @@ class LayerStack(TransformerLayer):
   def num_layers(self) -> int:
     return len(self._layers)
 
+  @property
+  def layers_per_stage(self) -> int:
+    return len(self._layers) // self.num_stages
+
+  def stages_dim(self) -> mtf.Dimension:
+    """The dimension the stage variables are stacked along."""
+    return mtf.Dimension(self.stages_dim_name, self.num_stages)
+
+  @property
+  def pipelined(self) -> bool:
+    return self.num_stages > 1
+
   def call(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
+    self.recompute_ops = []
     mask = context.nonpadding
     x = self._dropout(context, x)
     if context.layer_outputs is not None:
       context.layer_outputs.append(x)
-    for lnum, layer in enumerate(self._layers):
-      with mtf.name_scope(context.mesh, "layer_%03d" % lnum):
-        norm_x = self._norm(context, x if mask is None else x * mask)
-        with mtf.name_scope(context.mesh, getattr(layer, "scope_name", type(layer).__name__)):
-          y = layer.call(context, norm_x)
-        if y.shape != x.shape:
-          raise ValueError(f"LayerStack: layer {lnum} ({type(layer).__name__}) returned "
-                           f"shape {y.shape} for an input of shape {x.shape}.")
-        x = x + self._dropout(context, y)
-      if context.layer_outputs is not None and lnum != len(self._layers) - 1:
-        context.layer_outputs.append(x)
-      context.layer_index += 1
+    if not self.pipelined:
+      x = self._apply_layers(context, x, self._layers, 0, mask, collect=True)
+    elif self._runs_pipelined(context):
+      x = self._call_pipelined(context, x)
+    else:
+      x = self._call_stages_in_turn(context, x, mask)
+    return self.finish(context, x)
+
+  def finish(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
+    """The final norm, dropout and padding mask (after the last layer)."""
+    mask = context.nonpadding
     x = self._norm(context, x, name="final_layer_norm")
     x = self._dropout(context, x)
     if mask is not None:
@@ -243,6 +334,180 @@ class LayerStack(TransformerLayer):
       context.layer_outputs.append(x)
     return x
 
+  # ---- the layers ------------------------------------------------------------
+  def _apply_layers(self, context: Context, x: mtf.Tensor, layers, first: int, mask,
+                    collect: bool = False) -> mtf.Tensor:
+    """x through `layers` (scopes "layer_%03d" from `first`)."""
+    policy = self.recompute if context.train else "none"
+    if policy != "none":
+      self._check_recompute(context, layers)
+    for j, layer in enumerate(layers):
+      lnum = first + j
+
+      def block(x, layer=layer, lnum=lnum):
+        with mtf.name_scope(context.mesh, "layer_%03d" % lnum):
+          if policy == "selective":
+            norm_x = self._recompute(
+                lambda t: self._norm(context, t if mask is None else t * mask), [x], policy)
+          else:
+            norm_x = self._norm(context, x if mask is None else x * mask)
+          with mtf.name_scope(context.mesh, getattr(layer, "scope_name",
+                                                    type(layer).__name__)):
+            y = layer.call(context, norm_x)
+          if y.shape != x.shape:
+            raise ValueError(f"LayerStack: layer {lnum} ({type(layer).__name__}) returned "
+                             f"shape {y.shape} for an input of shape {x.shape}.")
+          return x + self._dropout(context, y)
+      if policy == "layer":
+        x = self._recompute(block, [x], policy)
+      else:
+        saved = context.recompute_attention
+        if policy == "selective":
+          context.recompute_attention = lambda fn, ins: self._recompute(fn, ins, policy)
+        try:
+          x = block(x)
+        finally:
+          context.recompute_attention = saved
+      if collect and context.layer_outputs is not None and lnum != len(self._layers) - 1:
+        context.layer_outputs.append(x)
+      context.layer_index += 1
+    return x
+
+  def _recompute(self, fn, inputs, policy):
+    out = mtf.recompute_grad(fn, inputs)
+    self.recompute_ops.append((policy, out.operation))
+    return out
+
+  def _check_recompute(self, context: Context, layers) -> None:
+    if context.losses is not None and any(hasattr(layer, "num_experts") for layer in layers):
+      raise ValueError(
+          f"LayerStack: recompute={self.recompute!r} does not support layers that add "
+          "auxiliary losses (mixture of experts); use recompute='none' for this stack.")
+
+  # ---- pipelining ------------------------------------------------------------
+  def _runs_pipelined(self, context: Context) -> bool:
+    return (context.mode in (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)
+            and context.layer_outputs is None)
+
+  def _stage_context(self, context: Context, h: mtf.Tensor, carried_names,
+                     carried_values) -> Context:
+    """The context layers see inside a stage: per-example tensors of the
+    stage's micro-batches, batch dimensions [stages, micro-batch]."""
+    sub = copy.copy(context)
+    for name, value in zip(carried_names, carried_values):
+      setattr(sub, name, value)
+    names = {b.name for b in context.batch_dims}
+    sub.batch_dims = [d for d in h.shape.dims if d.name in names | {self.stages_dim_name}]
+    sub.cache = dict(context.cache)
+    sub.losses = [] if context.losses is not None else None
+    return sub
+
+  def _carried(self, context: Context, batch_dim: mtf.Dimension):
+    """Context tensors with a batch dimension: moved through the pipeline
+    along with the activations."""
+    names, values = [], []
+    for name in _PER_EXAMPLE_CONTEXT:
+      value = getattr(context, name)
+      if isinstance(value, mtf.Tensor) and batch_dim in value.shape.dims:
+        names.append(name)
+        values.append(value)
+    if isinstance(context.encoder_output, mtf.Tensor):
+      raise ValueError(
+          "LayerStack: a pipelined stack cannot attend to an encoder output yet "
+          "(encoder-decoder decoders); pipeline the encoder or a decoder-only model, "
+          "or set num_stages=1 for this stack.")
+    return names, values
+
+  def _stage_fn(self, context: Context, names):
+    k = self.layers_per_stage
+    layers = self._layers[:k]
+
+    def stage_fn(h, *carried):
+      sub = self._stage_context(context, h, names, carried)
+      with mtf.name_scope(context.mesh, "pipeline"):
+        out = self._apply_layers(sub, h, layers, 0, sub.nonpadding)
+      if sub.losses:
+        raise ValueError(
+            "LayerStack: a pipelined stack's layers must not add auxiliary losses "
+            "(mixture of experts): they would be computed on the pipeline's idle "
+            "ticks too. Set num_stages=1 for this stack.")
+      return out
+    return stage_fn
+
+  def init_name_fn(self, context: Context):
+    """Maps a stacked variable's name and a stage to the unpipelined name of
+    that layer (its initial value)."""
+    k = self.layers_per_stage
+    scope = "pipeline/layer_"
+
+    def fn(name, stage):
+      i = name.find(scope)
+      if i < 0:
+        return f"{name}/stage_{stage}"
+      j = int(name[i + len(scope):i + len(scope) + 3])
+      return name[:i] + "layer_%03d" % (stage * k + j) + name[i + len(scope) + 3:]
+    return fn
+
+  def _call_pipelined(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
+    batch_dim = _batch_dim(context, x)
+    names, values = self._carried(context, batch_dim)
+    y, stats = mtf.pipeline.pipeline(
+        self._stage_fn(context, names), x, self.stages_dim(), self.num_microbatches,
+        carried=values, batch_dim=batch_dim, init_name_fn=self.init_name_fn(context),
+        return_stats=True)
+    self.pipeline_stats = stats
+    context.layer_index += len(self._layers)
+    return y
+
+  def pipeline_loss(self, context: Context, x: mtf.Tensor, loss_fn, loss_inputs=()):
+    """For `pipeline_schedule="1f1b"`: runs the stack and loss_fn on each
+    micro-batch inside the schedule and returns the summed loss.
+
+    loss_fn(context, y, *loss_inputs_mb) gets the stack's output y (after the
+    final norm) of one micro-batch and that micro-batch's rows of
+    loss_inputs; the returned scalars are summed over micro-batches, so a
+    mean over the batch must divide by the whole batch's count.
+    """
+    batch_dim = _batch_dim(context, x)
+    names, values = self._carried(context, batch_dim)
+    x = self._dropout(context, x)
+    sub_ctx = copy.copy(context)
+
+    def head(y, *ins):
+      n = len(names)
+      for name, value in zip(names, ins[:n]):
+        setattr(sub_ctx, name, value)
+      return loss_fn(sub_ctx, self.finish(sub_ctx, y), *ins[n:])
+    loss, stats = mtf.pipeline.pipeline_loss(
+        self._stage_fn(context, names), head, x, self.stages_dim(), self.num_microbatches,
+        schedule=self.pipeline_schedule, carried=values, head_inputs=values + list(loss_inputs),
+        batch_dim=batch_dim, init_name_fn=self.init_name_fn(context), return_stats=True)
+    self.pipeline_stats = stats
+    context.layer_index += len(self._layers)
+    return loss
+
+  def _call_stages_in_turn(self, context: Context, x: mtf.Tensor, mask) -> mtf.Tensor:
+    """Decoding with a pipelined stack: stage after stage, whole batch."""
+    k = self.layers_per_stage
+    layers = self._layers[:k]
+    sv = mtf.pipeline.StageVariables(context.mesh, self.stages_dim(),
+                                     self.init_name_fn(context))
+    probe = copy.copy(context)
+    probe.new_states, probe.constant_states = [], []
+    probe.losses = [] if context.losses is not None else None
+    probe.cache = dict(context.cache)
+    probe.next_constant_state = context.next_constant_state
+
+    def run(ctx, x):
+      with mtf.name_scope(context.mesh, "pipeline"):
+        return self._apply_layers(ctx, x, layers, 0, mask)
+    sv.discover(run, probe, x)
+    for s in range(self.num_stages):
+      with sv.stage(s):
+        x = run(context, x)
+    return x
+
+  # ---- pieces ----------------------------------------------------------------
   def _dropout(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
     if context.train and self._dropout_rate > 0.0:
       return mtf.dropout(x, True, rate=self._dropout_rate)
@@ -264,13 +529,30 @@ class LayerStack(TransformerLayer):
       return y + bias if self._norm_type == "layer" else y
 
 
+# Context attributes that may hold per-example tensors [batch..., length].
+_PER_EXAMPLE_CONTEXT = ("sequence_id", "position", "read_priority", "write_priority")
+
+
+def _batch_dim(context: Context, x: mtf.Tensor) -> mtf.Dimension:
+  for d in context.batch_dims:
+    if d in x.shape.dims:
+      return d
+  return x.shape.dims[0]
+
+
 def make_layer_stack(layers: Sequence[Any], num_layers: int = 6, dropout_rate: float = 0.0,
-                     norm_epsilon: float = 1e-6, norm_type: str = "rms") -> LayerStack:
+                     norm_epsilon: float = 1e-6, norm_type: str = "rms",
+                     recompute: str = "none", num_stages: int = 1, num_microbatches: int = 1,
+                     pipeline_schedule: str = "gpipe",
+                     stages_dim_name: str = "stages") -> LayerStack:
   """A LayerStack repeating the block `layers` num_layers times.
 
   Elements of `layers` may be TransformerLayer instances (reused: layers
   keep only hyperparameters, so each slot still gets its own variables) or
-  classes / factories called once per slot.
+  classes / factories called once per slot. recompute, num_stages,
+  num_microbatches, pipeline_schedule and stages_dim_name are LayerStack's
+  (activation recomputation and pipeline parallelism; gin:
+  `transformer.make_layer_stack.num_stages = 4`).
 
   Example:
     >>> stack = make_layer_stack(
@@ -283,4 +565,6 @@ def make_layer_stack(layers: Sequence[Any], num_layers: int = 6, dropout_rate: f
     for layer in layers:
       block.append(layer() if isinstance(layer, type) or not hasattr(layer, "call") else layer)
   return LayerStack(block, dropout_rate=dropout_rate, norm_epsilon=norm_epsilon,
-                    norm_type=norm_type)
+                    norm_type=norm_type, recompute=recompute, num_stages=num_stages,
+                    num_microbatches=num_microbatches, pipeline_schedule=pipeline_schedule,
+                    stages_dim_name=stages_dim_name)

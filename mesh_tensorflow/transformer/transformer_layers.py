@@ -175,9 +175,18 @@ class SelfAttention(transformer.TransformerLayer):
       if context.mode == transformer.ModeKeys.FIRST_PART:
         context.record_new_states([k, v])
       bias = self._full_bias(context, x.dtype)
-    o = attention.attend(q, k, v, memory_dim, params.key_dim, bias, self.dropout_rate,
-                         context.train)
+    o = _attend(context, q, k, v, memory_dim, params.key_dim, bias, self.dropout_rate)
     return params.compute_output(o, x.shape)
+
+
+def _attend(context, q, k, v, memory_dim, key_dim, bias, dropout_rate):
+  """attention.attend, recomputed in the backward pass when the layer stack
+  asks for it (LayerStack(recompute="selective") sets
+  context.recompute_attention)."""
+  def fn(q, k, v):
+    return attention.attend(q, k, v, memory_dim, key_dim, bias, dropout_rate, context.train)
+  recompute = getattr(context, "recompute_attention", None)
+  return recompute(fn, [q, k, v]) if recompute is not None else fn(q, k, v)
 
 
 class LocalSelfAttention(SelfAttention):
@@ -244,8 +253,7 @@ class EncDecAttention(SelfAttention):
       else:
         hidden = mtf.equal(enc_ids, 0)
       bias = attention.bias_where(hidden, x.dtype)
-    o = attention.attend(q, k, v, memory_dim, params.key_dim, bias, self.dropout_rate,
-                         context.train)
+    o = _attend(context, q, k, v, memory_dim, params.key_dim, bias, self.dropout_rate)
     return params.compute_output(o, x.shape)
 
 
