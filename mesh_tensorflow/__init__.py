@@ -59,6 +59,7 @@ from mesh_tensorflow.ops.control import (
     Print, custom_gradient, depend, recompute_grad, stop_gradient, while_loop)
 
 from mesh_tensorflow import beam_search
+from mesh_tensorflow import pipeline  # pipeline parallelism over a "stages" dimension
 from mesh_tensorflow import transformer  # the model library (its modules import mtf)
 
 __version__ = "0.2.0"
