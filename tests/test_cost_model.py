@@ -1,0 +1,217 @@
+"""The cost model agrees with the lowering's counters and the slice variables."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow import cost_model
+from mesh_tensorflow import slice_variables
+import mtf_test_utils as tu
+
+RNG = np.random.default_rng(0)
+
+
+def mlp_step(mesh, optimizer=None, batch=16, features=8, hidden=32, classes=4):
+  """A tiny MLP training step: returns (loss, updates)."""
+  b = mtf.Dimension("batch", batch)
+  f = mtf.Dimension("features", features)
+  h = mtf.Dimension("hidden", hidden)
+  c = mtf.Dimension("classes", classes)
+  x = mtf.import_tf_tensor(mesh, RNG.normal(size=(batch, features)).astype(np.float32), [b, f])
+  y = mtf.import_tf_tensor(mesh, RNG.integers(0, classes, batch).astype(np.int32), [b])
+  w1 = mtf.get_variable(mesh, "w1", [f, h])
+  w2 = mtf.get_variable(mesh, "w2", [h, c])
+  logits = mtf.einsum([mtf.relu(mtf.einsum([x, w1], output_shape=[b, h])), w2],
+                      output_shape=[b, c])
+  loss = mtf.reduce_mean(mtf.layers.softmax_cross_entropy_with_logits(logits, y, c))
+  variables = mesh.graph.trainable_variables
+  grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+  optimizer = optimizer or mtf.optimize.SgdOptimizer(0.1)
+  return loss, optimizer.apply_grads(grads, variables)
+
+
+def transformer_step(mesh, batch=4, length=8, d_model=16, heads=4, d_ff=32, vocab=16):
+  """One attention + feed-forward block with embedding and softmax, SGD."""
+  dims = {n: mtf.Dimension(n, s) for n, s in dict(
+      batch=batch, length=length, memory=length, d_model=d_model, heads=heads,
+      d_kv=d_model // heads, d_ff=d_ff, vocab=vocab).items()}
+  B, L, M, D, H, K, F, V = (dims[n] for n in (
+      "batch", "length", "memory", "d_model", "heads", "d_kv", "d_ff", "vocab"))
+  ids = mtf.import_tf_tensor(mesh, RNG.integers(0, vocab, (batch, length)).astype(np.int32), [B, L])
+  x = mtf.gather(mtf.get_variable(mesh, "emb", [V, D]), ids, V)
+  q = mtf.einsum([x, mtf.get_variable(mesh, "q", [D, H, K])], output_shape=[B, L, H, K])
+  mem = mtf.rename_dimension(x, "length", "memory")
+  k = mtf.einsum([mem, mtf.get_variable(mesh, "k", [D, H, K])], output_shape=[B, M, H, K])
+  v = mtf.einsum([mem, mtf.get_variable(mesh, "v", [D, H, K])], output_shape=[B, M, H, K])
+  w = mtf.softmax(mtf.einsum([q, k], output_shape=[B, H, L, M]), M)
+  att = mtf.einsum([w, v], output_shape=[B, L, H, K])
+  x = x + mtf.einsum([att, mtf.get_variable(mesh, "o", [H, K, D])], output_shape=[B, L, D])
+  hid = mtf.relu(mtf.einsum([x, mtf.get_variable(mesh, "wi", [D, F])], output_shape=[B, L, F]))
+  x = x + mtf.einsum([hid, mtf.get_variable(mesh, "wo", [F, D])], output_shape=[B, L, D])
+  logits = mtf.einsum([x, mtf.get_variable(mesh, "logits", [D, V])], output_shape=[B, L, V])
+  loss = mtf.reduce_mean(mtf.layers.softmax_cross_entropy_with_logits(logits, ids, V))
+  variables = mesh.graph.trainable_variables
+  grads = mtf.gradients([loss], [t.outputs[0] for t in variables])
+  return loss, mtf.optimize.SgdOptimizer(0.1).apply_grads(grads, variables)
+
+
+def lower(step_fn, mesh_shape, layout, **impl_kwargs):
+  """Builds and lowers a step in a tf.function and runs it once; returns
+  (graph, lowering, mesh_impl)."""
+  impl = tu.make_impl(mesh_shape, layout, **impl_kwargs)
+  holder = {}
+
+  @tf.function(autograph=False)
+  def run():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    loss, updates = step_fn(mesh)
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    holder.update(graph=graph, lowering=lowering)
+    with tf.control_dependencies([lowering.lowered_operation(u) for u in updates]):
+      return tf.identity(lowering.export_to_tf_tensor(loss))
+  assert np.isfinite(run().numpy())
+  return holder["graph"], holder["lowering"], impl
+
+
+def lowering_counts(lowering):
+  counts = {}
+  for r in lowering.collective_records:
+    if not r.op_name.startswith("export/"):
+      n, b = counts.get(r.kind, (0, 0))
+      counts[r.kind] = (n + 1, b + r.bytes_per_processor)
+  return counts
+
+
+@pytest.mark.parametrize("mesh_shape,layout,expected_kinds", [
+    ("all:8", "batch:all", {"allreduce"}),                         # data-parallel MLP
+    ("all:8", "hidden:all", {"allreduce"}),                        # model-parallel einsums
+    ("rows:2;cols:4", "batch:rows;hidden:cols", {"allreduce"}),
+    ("rows:2;cols:4", "features:rows;hidden:cols", {"allreduce"}),
+])
+def test_mlp_matches_lowering_counters(mesh_shape, layout, expected_kinds):
+  graph, lowering, _ = lower(mlp_step, mesh_shape, layout)
+  est = cost_model.estimate(graph, mesh_shape, layout)
+  assert est.collective_counts() == lowering_counts(lowering)
+  assert set(est.collective_counts()) == expected_kinds
+  assert est.flops == sum(lowering.flops.values())
+  assert not any(op.approximate for op in est.ops)
+  # Per operation too.
+  by_op = {}
+  for r in lowering.collective_records:
+    by_op.setdefault(r.op_name, []).append((r.kind, r.mesh_axes, r.bytes_per_processor))
+  for op in est.ops:
+    got = sorted((c.kind, c.mesh_axes, c.bytes_per_processor) for c in op.collectives)
+    assert got == sorted(by_op.get(op.name, [])), op.name
+
+
+def test_model_parallel_einsum_allreduce_bytes():
+  """x[batch, hidden] @ w[hidden, out] with hidden split 8 ways: one
+  allreduce of the [batch, out] result, 16 * 4 * 4 bytes per processor."""
+  b, h, o = mtf.Dimension("batch", 16), mtf.Dimension("hidden", 64), mtf.Dimension("out", 4)
+
+  def step(mesh):
+    x = mtf.import_tf_tensor(mesh, np.ones((16, 64), np.float32), [b, h])
+    w = mtf.get_variable(mesh, "w", [h, o])
+    return mtf.reduce_sum(mtf.square(mtf.einsum([x, w], output_shape=[b, o]))), []
+  graph, lowering, _ = lower(step, "all:8", "hidden:all")
+  est = cost_model.estimate(graph, "all:8", "hidden:all")
+  assert est.collective_counts() == {"allreduce": (1, 16 * 4 * 4)} == lowering_counts(lowering)
+  (c,) = est.collectives
+  assert c.mesh_axes == (0,) and c.group_size == 8 and c.num_groups == 1
+
+
+@pytest.mark.parametrize("layout,kinds", [
+    ("batch:rows;heads:cols;d_ff:cols;vocab:cols", {"allreduce"}),
+    ("batch:cols;d_model:rows", {"allreduce"}),
+    ("length:rows;memory:cols;d_ff:cols", {"allreduce", "allgather"}),
+    ("memory:rows;d_kv:cols;vocab:rows", {"allreduce", "allgather"}),
+])
+def test_transformer_2x4_matches_real_lowering(layout, kinds):
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  transformer_step(mesh)
+  est = cost_model.estimate(graph, "rows:2;cols:4", layout)
+  exact = cost_model.estimate(graph, "rows:2;cols:4", layout, exact=True)
+  assert exact.exact and not est.exact
+  assert est.collective_counts() == exact.collective_counts()
+  assert est.flops == exact.flops
+  assert set(est.collective_counts()) == kinds
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_memory_matches_slice_variables_and_slots(share):
+  """Variables + Adam slots per processor, against the tf.Variables that
+  processor 0 holds (one per processor without shared replicas)."""
+  layout = "batch:rows;hidden:cols"
+  graph, _, impl = lower(lambda m: mlp_step(m, mtf.optimize.AdamWeightDecayOptimizer(0.01)),
+                         "rows:2;cols:4", layout, share_replicas=share)
+  est = cost_model.estimate(graph, "rows:2;cols:4", layout)
+  store = slice_variables.variable_store(impl)
+  held = {name: sv.slices[0].shape.num_elements() * sv.slices[0].dtype.size
+          for name, sv in store.items()}
+  trainable = sum(b for n, b in held.items() if store[n].trainable)
+  state = sum(b for n, b in held.items() if not store[n].trainable)
+  assert state > trainable > 0  # Adam: two slots per variable, plus step counters
+  assert abs(est.memory.variables - trainable) <= 0.1 * trainable
+  assert abs(est.memory.slots - state) <= 0.1 * state
+  assert est.memory.per_variable.keys() == held.keys()
+  assert est.memory.activations > 0
+  assert est.memory.peak_bytes == est.memory.variables + est.memory.slots + est.memory.activations
+
+
+def test_splitting_reduces_memory_and_data_parallel_sends_gradients():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  mlp_step(mesh)
+  replicated = cost_model.estimate(graph, "all:8", "")
+  split = cost_model.estimate(graph, "all:8", "hidden:all")
+  data = cost_model.estimate(graph, "all:8", "batch:all")
+  assert replicated.collectives == []
+  assert split.memory.variables * 8 == replicated.memory.variables
+  # Data parallel: one allreduce per weight gradient, of the weight's size.
+  assert data.collective_counts()["allreduce"][1] >= (8 * 32 + 32 * 4) * 4
+
+
+def test_illegal_layout_error_names_tensor_and_dimension():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  mlp_step(mesh, batch=12)
+  with pytest.raises(ValueError, match=r"does not divide dimension 'batch'"):
+    cost_model.estimate(graph, "all:8", "batch:all")
+  with pytest.raises(ValueError, match=r"mesh dimension 'nope'"):
+    cost_model.estimate(graph, "all:8", "batch:nope")
+
+
+def test_device_params_defaults_json_and_errors(tmp_path):
+  for kind in ("cpu", "gpu", "tpu"):
+    p = cost_model.DeviceParams.default(kind)
+    assert p.flops_per_s > 0 and p.op_overhead_s > 0
+    assert cost_model.DeviceParams.from_json(p.to_json()) == p
+  path = tmp_path / "p.json"
+  path.write_text(cost_model.DeviceParams.default("gpu").to_json())
+  assert cost_model.as_device_params(str(path)).name == "gpu"
+  with pytest.raises(ValueError, match="unknown device kind 'fpga'"):
+    cost_model.DeviceParams.default("fpga")
+  with pytest.raises(ValueError, match=r"unknown fields \['speed'\]"):
+    cost_model.DeviceParams.from_json(json.dumps({"speed": 1}))
+  graph = mtf.Graph()
+  mlp_step(mtf.Mesh(graph, "mesh"))
+  gpu = cost_model.estimate(graph, "all:8", "batch:all", params="gpu")
+  cpu = cost_model.estimate(graph, "all:8", "batch:all")
+  assert gpu.step_time_s < cpu.step_time_s
+  assert "estimated step" in cpu.summary()
+
+
+def test_calibrate_measures_positive_parameters(capsys, tmp_path):
+  params = cost_model.calibrate(num_devices=8, repeats=1)
+  assert params.shares_memory and 1 <= params.parallel_processors <= 8
+  for field in ("flops_per_s", "memory_bytes_per_s", "collective_bytes_per_s",
+                "collective_latency_s", "op_overhead_s"):
+    assert getattr(params, field) > 0, field
+  # The command line without --calibrate prints the defaults as JSON.
+  assert cost_model.main([]) == 0
+  assert json.loads(capsys.readouterr().out)["cpu"]["parallel_processors"] >= 1
