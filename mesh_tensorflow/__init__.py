@@ -61,5 +61,8 @@ from mesh_tensorflow.ops.control import (
 from mesh_tensorflow import beam_search
 from mesh_tensorflow import pipeline  # pipeline parallelism over a "stages" dimension
 from mesh_tensorflow import transformer  # the model library (its modules import mtf)
+from mesh_tensorflow import cost_model
+from mesh_tensorflow import auto_mtf
+from mesh_tensorflow.layout_report import layout_report
 
 __version__ = "0.2.0"

@@ -326,3 +326,9 @@ def layout_report(graph, mesh_shape, layout, params=None, exact: bool = False,
   """
   est = cost_model.estimate(graph, mesh_shape, layout, params=params, exact=exact)
   return LayoutReport(graph, mesh_shape, layout, est, top_tensors=top_tensors, top_ops=top_ops)
+
+
+# `mtf.layout_report` is this function (the package imports it over the
+# module's name); its classes stay reachable from it.
+layout_report.LayoutReport = LayoutReport
+layout_report.TensorSplit = TensorSplit
