@@ -536,8 +536,10 @@ def pipeline_loss(stage_fn: Callable[..., Tensor], loss_fn: Callable[..., Tensor
 
   Args:
     stage_fn: as in `pipeline`.
-    loss_fn: loss_fn(y_m, *loss_inputs_m) -> scalar; may create variables
-      (e.g. a softmax layer), which get gradients too.
+    loss_fn: loss_fn(y_m, *loss_inputs_m) -> scalar, or (scalar, aux_m)
+      where aux_m is a per-example tensor with y_m's batch dimension (e.g.
+      the logits, for metrics); may create variables (e.g. a softmax
+      layer), which get gradients too.
     x: input activations with a batch dimension.
     stages_dim: the stages dimension (its size is S).
     num_microbatches: M.
@@ -551,7 +553,9 @@ def pipeline_loss(stage_fn: Callable[..., Tensor], loss_fn: Callable[..., Tensor
       schedule the graph executes}.
 
   Returns:
-    the scalar loss (and the stats dict if return_stats).
+    the scalar loss, or (loss, aux) with the aux tensors of all
+    micro-batches joined in batch order; followed by the stats dict if
+    return_stats.
 
   Example:
     >>> loss = mtf.pipeline.pipeline_loss(
@@ -569,12 +573,39 @@ def pipeline_loss(stage_fn: Callable[..., Tensor], loss_fn: Callable[..., Tensor
                  init_name_fn=init_name_fn)
     ys = _split_microbatches(y, batch_dim, m_count, "y")
     ins = [_split_microbatches(t, batch_dim, m_count, "loss input") for t in loss_inputs]
-    loss = ew.add_n([loss_fn(ys[m], *[i[m] for i in ins]) for m in range(m_count)])
-    return (loss, stats) if return_stats else loss
-  run = _OneFOneB(stage_fn, loss_fn, x, stages_dim, table, list(carried), list(loss_inputs),
-                  batch_dim, init_name_fn)
-  loss = run.build()
-  return (loss, stats) if return_stats else loss
+    heads = [_loss_and_aux(loss_fn(ys[m], *[i[m] for i in ins])) for m in range(m_count)]
+    loss = ew.add_n([h[0] for h in heads])
+    aux = [h[1] for h in heads]
+  else:
+    run = _OneFOneB(stage_fn, loss_fn, x, stages_dim, table, list(carried), list(loss_inputs),
+                    batch_dim, init_name_fn)
+    loss = run.build()
+    aux = run.aux
+  result = loss
+  if aux[0] is not None:
+    mb_dim = Dimension(batch_dim.name, batch_dim.size // m_count)
+    result = (loss, _join_microbatches(aux, batch_dim, mb_dim))
+  if return_stats:
+    return (result + (stats,)) if isinstance(result, tuple) else (result, stats)
+  return result
+
+
+def _loss_and_aux(result):
+  """loss_fn's result as (scalar loss, per-example tensor or None)."""
+  if isinstance(result, (tuple, list)):
+    if len(result) != 2:
+      raise ValueError("pipeline_loss: loss_fn must return a scalar or (scalar, tensor).")
+    loss, aux = result
+  else:
+    loss, aux = result, None
+  if not isinstance(loss, Tensor) or loss.shape.ndims != 0:
+    raise ValueError(f"pipeline_loss: loss_fn must return a scalar mtf.Tensor, got {loss!r}.")
+  return loss, aux
+
+
+def _first_row(h: Tensor) -> Tensor:
+  """h [stages, ...] -> [...] (a placeholder value of one stage's output)."""
+  return reduction.reduce_sum(h, reduced_dim=h.shape.dims[0])
 
 
 def _create_variables_only(graph, fn, *args):
@@ -611,6 +642,7 @@ class _OneFOneB:
     self.batch_dim = batch_dim
     self.mesh = x.mesh
     self.sv = StageVariables(self.mesh, stages_dim, init_name_fn)
+    self.aux: List[Optional[Tensor]] = [None]
 
   def _prepare(self):
     """Creates the stage's stacked variables and the loss's variables
@@ -626,7 +658,7 @@ class _OneFOneB:
     self.sv.discover(self.stage_fn, h, *c)
     ins = [_split_microbatches(t, self.batch_dim, m_count, "loss input")[0]
            for t in self.loss_inputs]
-    _create_variables_only(graph, self.loss_fn, xs[0], *ins)
+    _create_variables_only(graph, self.loss_fn, _first_row(h), *ins)
     graph.operations[start:] = [op for op in graph.operations[start:]
                                 if getattr(op, "is_variable", False)]
 
@@ -685,6 +717,7 @@ class _OneFOneB:
     f_in, f_out, recv_f = {}, {}, {}   # per slot: stage inputs / outputs / shifted outputs
     b_gx, recv_b = {}, {}              # per slot: input grads / shifted to stage - 1
     head_dy = {}                       # m -> dloss_m / dy_m
+    aux = [None] * m_count
     losses = []
     prev = []                          # the previous slot's results (ordering)
     for u, row in enumerate(self.table.table):
@@ -711,7 +744,8 @@ class _OneFOneB:
           m = fwd[s_count - 1]
           y = einsum_ops.einsum([h, last_f], output_shape=Shape(h.shape.dims[1:]))
           start = len(graph.operations)
-          loss_m = self.loss_fn(y, *[li[m] for li in ls])
+          loss_m, aux_m = _loss_and_aux(self.loss_fn(y, *[li[m] for li in ls]))
+          aux[m] = aux_m
           cap = captured(start, [y])
           grads = mtf_gradients([loss_m], [y] + cap, operations=graph.operations[start:])
           head_dy[m] = grads[0]
@@ -752,6 +786,7 @@ class _OneFOneB:
         x.shape)
     grads = dict(acc)
     grads[x] = dx_full
+    self.aux = aux
     return ew.add_n(losses), grads
 
   def _route(self, parts, recv_f, prev, first_b):

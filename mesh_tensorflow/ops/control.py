@@ -245,7 +245,9 @@ def _run_and_capture(fn, explicit_inputs):
   outputs = fn(*explicit_inputs)
   single = isinstance(outputs, Tensor)
   outputs = [outputs] if single else list(outputs)
-  created = graph.operations[start:]
+  # Variables fn creates on its first call are inputs like any other: they
+  # outlive fn and need gradients.
+  created = [op for op in graph.operations[start:] if not getattr(op, "is_variable", False)]
   created_tensors = {t for op in created for t in op.outputs}
   explicit = set(explicit_inputs)
   captured = []

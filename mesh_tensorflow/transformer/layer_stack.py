@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Dict, List, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
@@ -459,14 +460,57 @@ class LayerStack(TransformerLayer):
     context.layer_index += len(self._layers)
     return y
 
+  def schedules_loss(self, context: Context) -> bool:
+    """Whether the model should hand its loss to `logits_and_loss` (a
+    pipelined 1F1B stack in training)."""
+    return (self.pipelined and self.pipeline_schedule == "1f1b" and context.train
+            and context.layer_outputs is None and context.losses is not None)
+
+  def logits_and_loss(self, context: Context, x: mtf.Tensor, logits_fn, targets: mtf.Tensor):
+    """Logits and cross-entropy loss of a Unitransformer whose stack runs the
+    1F1B schedule: the stack, the final norm, logits_fn(y) -> logits and the
+    loss of each micro-batch run inside the schedule. The loss is the
+    model's: cross-entropy (label smoothing, z-loss) summed over non-padding
+    target tokens, over their count in the whole batch (or
+    loss_denominator).
+
+    Returns:
+      (logits [batch..., length, vocab], scalar loss).
+    """
+    model = context.model
+    if getattr(model, "_loss_fn", None) is not None:
+      raise ValueError("LayerStack: pipeline_schedule='1f1b' computes the model's "
+                       "cross-entropy per micro-batch and cannot use a custom loss_fn; "
+                       "use pipeline_schedule='gpipe'.")
+    vocab_dim = model.output_vocab_dim
+    weights = mtf.layers.weights_nonzero(targets, dtype=context.activation_dtype)
+    if model.loss_on_targets_only:
+      from mesh_tensorflow.transformer import transformer as transformer_lib  # pylint: disable=import-outside-toplevel
+      weights = weights * mtf.cast(mtf.logical_not(transformer_lib.inputs_prefix_mask(targets)),
+                                   weights.dtype)
+    if model.loss_denominator is not None:
+      inverse = mtf.constant(context.mesh, 1.0 / float(model.loss_denominator), dtype=tf.float32)
+    else:
+      inverse = 1.0 / mtf.maximum(mtf.reduce_sum(weights), 1.0)
+    inverse = mtf.cast(mtf.stop_gradient(inverse), context.activation_dtype)
+
+    def loss_fn(_, y, t, w):
+      logits = logits_fn(y)
+      xent = mtf.layers.softmax_cross_entropy_with_logits(
+          logits, t, vocab_dim, z_loss=model.z_loss, label_smoothing=model.label_smoothing)
+      return mtf.reduce_sum(mtf.cast(xent, w.dtype) * w) * inverse, logits
+    loss, logits = self.pipeline_loss(context, x, loss_fn, [targets, weights])
+    return logits, loss
+
   def pipeline_loss(self, context: Context, x: mtf.Tensor, loss_fn, loss_inputs=()):
-    """For `pipeline_schedule="1f1b"`: runs the stack and loss_fn on each
-    micro-batch inside the schedule and returns the summed loss.
+    """Runs the stack and loss_fn on each micro-batch inside the schedule
+    (`mtf.pipeline.pipeline_loss`) and returns its result.
 
     loss_fn(context, y, *loss_inputs_mb) gets the stack's output y (after the
     final norm) of one micro-batch and that micro-batch's rows of
-    loss_inputs; the returned scalars are summed over micro-batches, so a
-    mean over the batch must divide by the whole batch's count.
+    loss_inputs, and returns a scalar or (scalar, per-example tensor); the
+    scalars are summed over micro-batches, so a mean over the batch must
+    divide by the whole batch's count.
     """
     batch_dim = _batch_dim(context, x)
     names, values = self._carried(context, batch_dim)
@@ -478,13 +522,13 @@ class LayerStack(TransformerLayer):
       for name, value in zip(names, ins[:n]):
         setattr(sub_ctx, name, value)
       return loss_fn(sub_ctx, self.finish(sub_ctx, y), *ins[n:])
-    loss, stats = mtf.pipeline.pipeline_loss(
+    *result, stats = mtf.pipeline.pipeline_loss(
         self._stage_fn(context, names), head, x, self.stages_dim(), self.num_microbatches,
-        schedule=self.pipeline_schedule, carried=values, head_inputs=values + list(loss_inputs),
+        schedule=self.pipeline_schedule, carried=values, loss_inputs=values + list(loss_inputs),
         batch_dim=batch_dim, init_name_fn=self.init_name_fn(context), return_stats=True)
     self.pipeline_stats = stats
     context.layer_index += len(self._layers)
-    return loss
+    return result[0] if len(result) == 1 else tuple(result)
 
   def _call_stages_in_turn(self, context: Context, x: mtf.Tensor, mask) -> mtf.Tensor:
     """Decoding with a pipelined stack: stage after stage, whole batch."""
@@ -527,6 +571,38 @@ class LayerStack(TransformerLayer):
       variance = mtf.reduce_mean(mtf.square(x), reduced_dim=d_model)
       y = x * mtf.rsqrt(variance + self._norm_epsilon) * scale
       return y + bias if self._norm_type == "layer" else y
+
+
+def kept_activation_bytes(graph: mtf.Graph, num_forward_ops: int, mesh_impl=None) -> int:
+  """Bytes of forward activations that the backward pass reads: what stays
+  alive between the forward and the backward pass (per processor with a
+  mesh_impl, else of the full tensors).
+
+  The forward pass is graph.operations[:num_forward_ops] (record
+  len(graph.operations) before calling mtf.gradients); a tensor counts if
+  a forward operation other than a variable made it and a backward
+  operation reads it. Activation recomputation lowers this number: a
+  `recompute_grad` region keeps only its inputs.
+
+  Example:
+    >>> n = len(graph.operations)
+    >>> grads = mtf.gradients([loss], [v.outputs[0] for v in graph.trainable_variables])
+    >>> kept_activation_bytes(graph, n, mesh_impl)
+  """
+  forward = graph.operations[:num_forward_ops]
+  made = {t: op for op in forward if not getattr(op, "is_variable", False) and op.inputs
+          for t in op.outputs}
+  kept = set()
+  for op in graph.operations[num_forward_ops:]:
+    for t in op.inputs:
+      if t in made:
+        kept.add(t)
+  total = 0
+  for t in kept:
+    elements = (int(np.prod(mesh_impl.slice_shape(t.shape))) if mesh_impl is not None
+                else t.shape.size)
+    total += elements * t.dtype.size
+  return total
 
 
 # Context attributes that may hold per-example tensors [batch..., length].

@@ -223,19 +223,30 @@ class Unitransformer:
     if pos is not None:
       x = x + pos
     self._shared_layer_params(context)
+    if (targets is not None and self.output_vocab_dim is not None
+        and getattr(self.layer_stack, "schedules_loss", lambda c: False)(context)):
+      # A pipelined stack running the 1F1B schedule computes the loss of
+      # each micro-batch inside its schedule (layer_stack.py).
+      logits, loss = self.layer_stack.logits_and_loss(
+          context, x, lambda y: self._logits(context, y, embedding), targets)
+      context.losses.append(loss)
+      return logits
     x = self.layer_stack.call(context, x)
     if self.output_vocab_dim is None:
       return x
-    if self.shared_embedding_and_softmax_weights:
-      logits = mtf.einsum([x * (self.model_dim.size ** -0.5), embedding],
-                          output_shape=(x.shape - [self.model_dim]) + [self.output_vocab_dim])
-    else:
-      logits = mtf.layers.dense(x, self.output_vocab_dim, reduced_dims=[self.model_dim],
-                                use_bias=False, variable_dtype=context.variable_dtype,
-                                name="logits")
+    logits = self._logits(context, x, embedding)
     if targets is not None and context.losses is not None:
       context.losses.append(self._compute_loss(context, logits, targets, self.output_vocab_dim))
     return logits
+
+  def _logits(self, context: Context, x: mtf.Tensor, embedding: mtf.Tensor) -> mtf.Tensor:
+    """The output logits [..., vocab] of the stack's output x."""
+    if self.shared_embedding_and_softmax_weights:
+      return mtf.einsum([x * (self.model_dim.size ** -0.5), embedding],
+                        output_shape=(x.shape - [self.model_dim]) + [self.output_vocab_dim])
+    return mtf.layers.dense(x, self.output_vocab_dim, reduced_dims=[self.model_dim],
+                            use_bias=False, variable_dtype=context.variable_dtype,
+                            name="logits")
 
   def _shared_layer_params(self, context: Context) -> None:
     """Variables that several layers of the stack share (relative attention
