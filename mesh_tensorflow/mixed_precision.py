@@ -159,4 +159,4 @@ class DynamicLossScale:
     new_scale = ew.where(finite, ew.where(grow, grown, scale), shrunk)
     return [var_ops.assign(scale, new_scale),
             var_ops.assign(good, ew.where(grow, 0.0, good_next)),
-            var_ops.assign(skipped, skipped + ew.where(finite, 0.0, 1.0))]
+            var_ops.assign(skipped, skipped + 1.0 - ew.cast(finite, tf.float32))]

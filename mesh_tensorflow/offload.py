@@ -72,6 +72,7 @@ class MoveToMesh(Operation):
   """`x` copied to another mesh of the same shape and layout, slice by slice."""
 
   has_gradient = True
+  allows_other_meshes = True
 
   def __init__(self, x: Tensor, mesh: Mesh, name: Optional[str] = None):
     if mesh.graph is not x.graph:
@@ -129,8 +130,11 @@ def host_mesh_impl(mesh_impl, host_device_fn: Optional[Callable[[str], str]] = N
   cache = mesh_impl.__dict__.setdefault("_host_impls", {})
   key = (mesh_impl.layout_rules.to_string(), tuple(devices))
   if key not in cache:
+    # Replicated slots are shared on the host exactly when the device mesh
+    # shares replicas; otherwise each processor keeps its own copy.
     cache[key] = PlacementMeshImpl(mesh_impl.shape, mesh_impl.layout_rules, devices,
-                                   collectives="direct")
+                                   collectives="direct",
+                                   share_replicas=getattr(mesh_impl, "shares_replicas", False))
   host = cache[key]
   host.__dict__["_variable_stores"] = mesh_impl.__dict__.setdefault("_variable_stores", {})
   host.__dict__[_PENDING_KEY] = mesh_impl.__dict__.get(_PENDING_KEY)

@@ -118,8 +118,9 @@ def attend(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, memory_dim: mtf.Dimensio
 
 
 def bias_where(hidden: mtf.Tensor, dtype=tf.float32) -> mtf.Tensor:
-  """NEG_INF where `hidden` (bool) is true, else 0."""
-  return mtf.cast(hidden, dtype) * NEG_INF
+  """NEG_INF where `hidden` (bool) is true, else 0 (-3e4 in float16, whose
+  range ends at 65504: 0 * -inf would be NaN)."""
+  return mtf.cast(hidden, dtype) * (-3e4 if tf.as_dtype(dtype) == tf.float16 else NEG_INF)
 
 
 def add_bias(a: Optional[mtf.Tensor], b: Optional[mtf.Tensor]) -> Optional[mtf.Tensor]:
