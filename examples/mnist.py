@@ -113,6 +113,10 @@ flags.DEFINE_bool("fresh", False,
                   "Delete the checkpoints and events in --model_dir and start from step 0.")
 flags.DEFINE_integer("checkpoint_every", 200,
                      "Save a checkpoint every this many steps (and at the end).")
+flags.DEFINE_string("cluster", "",
+                    "Run the mesh on the CPU devices of these worker tasks (host:port,...; "
+                    "default: $MTF_CLUSTER, set by python -m mesh_tensorflow.launch, or "
+                    "$TF_CONFIG); no cluster: 8 logical CPUs of this process.")
 flags.DEFINE_integer("grad_accum_steps", 1,
                      "Split each update's batch into this many micro-batches whose gradients "
                      "are averaged.")
@@ -364,7 +368,8 @@ def train(layout: str = "2x4", mesh_shape: str = "", train_steps: int = 600,
           learning_rate: Optional[float] = None, optimizer: str = "sgd", seed: int = 1,
           log_every: int = 100, eval_every: int = 0, model_dir: Optional[str] = None,
           fresh: bool = False, checkpoint_every: int = 200, grad_accum_steps: int = 1,
-          log: Callable[[str], None] = print) -> TrainResult:
+          log: Callable[[str], None] = print,
+          devices: Optional[List[str]] = None) -> TrainResult:
   """Trains the MLP under one layout and evaluates it on the test split.
 
   Args:
@@ -384,6 +389,8 @@ def train(layout: str = "2x4", mesh_shape: str = "", train_steps: int = 600,
     checkpoint_every: save every this many steps (and at the end).
     grad_accum_steps: micro-batches per update (must divide batch_size).
     log: where progress lines go.
+    devices: the mesh's devices (e.g. mtf.cluster.connect(...)); None: logical
+      CPUs of this process.
 
   Returns:
     A TrainResult with this run's per-step losses and the final test metrics.
@@ -401,7 +408,12 @@ def train(layout: str = "2x4", mesh_shape: str = "", train_steps: int = 600,
                      f"batch_size={batch_size}.")
   micro_batch = batch_size // grad_accum_steps
   num_processors = mtf.convert_to_shape(mesh_shape).size
-  devices = configure_cpu_devices(max(num_processors, NUM_CPU_DEVICES))[:num_processors]
+  if devices is None:
+    devices = configure_cpu_devices(max(num_processors, NUM_CPU_DEVICES))
+  if len(devices) < num_processors:
+    raise ValueError(f"mesh '{mesh_shape}' has {num_processors} processors but only "
+                     f"{len(devices)} devices are available; pick a smaller --mesh_shape.")
+  devices = list(devices)[:num_processors]
   mesh_impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, rules, devices)
 
   data = load_data()
@@ -449,17 +461,23 @@ def train(layout: str = "2x4", mesh_shape: str = "", train_steps: int = 600,
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  configure_cpu_devices(NUM_CPU_DEVICES)
+  cluster = mtf.cluster.resolve(FLAGS.cluster)
+  devices = mtf.cluster.connect(cluster) if cluster else None  # None: 8 logical CPUs here
+  if cluster:
+    print(f"cluster: {mtf.cluster.describe_devices(devices)}: {devices[0]} ...", flush=True)
+  else:
+    configure_cpu_devices(NUM_CPU_DEVICES)
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # INFO would show TF's chatter on every save.
   try:
-    result = train(layout=FLAGS.layout, mesh_shape=FLAGS.mesh_shape,
-                   train_steps=FLAGS.train_steps, batch_size=FLAGS.batch_size,
-                   hidden_size=FLAGS.hidden_size, learning_rate=FLAGS.learning_rate,
-                   optimizer=FLAGS.optimizer, seed=FLAGS.seed, log_every=FLAGS.log_every,
-                   eval_every=FLAGS.eval_every, model_dir=FLAGS.model_dir,
-                   fresh=FLAGS.fresh, checkpoint_every=FLAGS.checkpoint_every,
-                   grad_accum_steps=FLAGS.grad_accum_steps)
+    with mtf.cluster.exit_on_worker_loss(cluster):  # no-op without a cluster
+      result = train(layout=FLAGS.layout, mesh_shape=FLAGS.mesh_shape,
+                     train_steps=FLAGS.train_steps, batch_size=FLAGS.batch_size,
+                     hidden_size=FLAGS.hidden_size, learning_rate=FLAGS.learning_rate,
+                     optimizer=FLAGS.optimizer, seed=FLAGS.seed, log_every=FLAGS.log_every,
+                     eval_every=FLAGS.eval_every, model_dir=FLAGS.model_dir,
+                     fresh=FLAGS.fresh, checkpoint_every=FLAGS.checkpoint_every,
+                     grad_accum_steps=FLAGS.grad_accum_steps, devices=devices)
   except ValueError as e:
     if FLAGS.model_dir and "heckpoint" in str(e):
       print(f"error: {e}\nThe checkpoint in --model_dir={FLAGS.model_dir} does not fit this "

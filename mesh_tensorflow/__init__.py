@@ -22,6 +22,7 @@ from mesh_tensorflow import layers
 from mesh_tensorflow.placement_mesh_impl import PlacementMeshImpl
 from mesh_tensorflow import checkpoint
 from mesh_tensorflow import training
+from mesh_tensorflow import cluster  # meshes over several processes/hosts
 from mesh_tensorflow import zero
 from mesh_tensorflow import offload
 from mesh_tensorflow import mixed_precision

@@ -99,7 +99,10 @@ class SlicedVariable(tf.Module):
   def _serialize_to_tensors(self):
     parts = {}
     for begin, size, v in self.unique_slices():
-      parts[slice_spec(self.full_shape, begin, size)] = tf.cast(v.read_value(), self.master_dtype)
+      spec = slice_spec(self.full_shape, begin, size)
+      if spec not in parts:  # Unshared replicas: save the lowest processor's copy
+        # (scalar_state, e.g. the global step, updates only processor 0's).
+        parts[spec] = tf.cast(v.read_value(), self.master_dtype)
     if len(parts) == 1 and list(parts)[0] == "":
       return {"value": parts[""]}
     return {"value": parts}
