@@ -280,9 +280,29 @@ class StageVariables:
     graph = self.mesh.graph
     start = len(graph.operations)
     before = set(graph.name_to_variable)
-    fn(*args, **kwargs)
-    new = [n for n in graph.name_to_variable if n not in before]
-    found = [graph.name_to_variable.pop(n) for n in new]
+    real = graph.name_to_variable
+
+    def existing(name):
+      """A stacked variable made by an earlier call (the same model called
+      again in this graph): reused, with a placeholder value here."""
+      var = real.get(name)
+      if var is None or not var.shape.dims or var.shape.dims[0] != self.stages_dim:
+        return None
+      per_stage = Shape(var.shape.dims[1:])
+      self.variables[name] = var
+      self._per_stage_shapes[name] = per_stage
+      return _PerStageView(per_stage, const_ops.zeros(self.mesh, per_stage, dtype=var.outputs[0].dtype))
+
+    class _DiscoveryMap(_StagedNameMap):
+      def __setitem__(self, key, value):
+        dict.__setitem__(self, key, value)
+    graph.name_to_variable = _DiscoveryMap(real, existing)
+    try:
+      fn(*args, **kwargs)
+      created = graph.name_to_variable
+    finally:
+      graph.name_to_variable = real
+    found = [created[n] for n in created if n not in before]
     del graph.operations[start:]
     for var in found:
       if self.stages_dim in var.shape.dims:
