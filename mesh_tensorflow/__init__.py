@@ -15,11 +15,13 @@ from mesh_tensorflow.mesh_impl import LaidOutTensor, LazyAllreduceSum, MeshImpl
 from mesh_tensorflow.lowering import Lowering, pretty_print_counters
 from mesh_tensorflow.gradients import gradients
 from mesh_tensorflow import placement_mesh_impl
+from mesh_tensorflow import simd_mesh_impl
 from mesh_tensorflow import learning_rate_schedules
 from mesh_tensorflow import optimize
 from mesh_tensorflow import initializers
 from mesh_tensorflow import layers
 from mesh_tensorflow.placement_mesh_impl import PlacementMeshImpl
+from mesh_tensorflow.simd_mesh_impl import SimdMeshImpl
 from mesh_tensorflow import checkpoint
 from mesh_tensorflow import training
 from mesh_tensorflow import cluster  # meshes over several processes/hosts

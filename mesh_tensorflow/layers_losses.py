@@ -171,7 +171,7 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
     else:
       local_vocab = vocab.size // impl.mesh_axis_size(vocab_axis)
       offsets = impl.make_slices(
-          lambda pnum, begin: tf.constant(begin[-1], tf.int32), ordered)
+          lambda pnum, begin: tf.cast(begin[-1], tf.int32), ordered)
       maxes = impl.allreduce(impl.slicewise(
           lambda t: tf.stop_gradient(tf.reduce_max(tf.cast(t, tf.float32), axis=-1)), lg),
           [vocab_axis], "MAX")

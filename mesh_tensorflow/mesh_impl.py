@@ -228,6 +228,21 @@ class MeshImpl:
   def variable_device(self, pnum: int):
     raise NotImplementedError
 
+  @property
+  def num_local_slices(self) -> int:
+    """How many slices a LaidOutTensor holds here: one per processor for
+    the placement lowering, one (the processor's own) for the SIMD one."""
+    return self.size
+
+  def program_slices(self, sliced) -> list:
+    """The slice variables of SlicedVariable `sliced` that the lowered
+    program reads and assigns, one per local slice."""
+    return sliced.slices
+
+  def slice_device(self, pnum: int):
+    """The device scope for ops on local slice `pnum` of a variable."""
+    return self.variable_device(pnum)
+
   # ---- derived operations --------------------------------------------------
   def broadcast_impl(self, old_slices, old_shape, new_shape):
     """Broadcasts slices of old_shape to slices of new_shape (local)."""

@@ -65,7 +65,10 @@ class PlacementMeshImpl(MeshImpl):
       computing and storing a copy. Same results, less work and memory. "auto"
       enables it exactly in that case.
     collective_timeout: seconds after which a collective op whose peers never
-      arrive fails with an error instead of waiting forever.
+      arrive fails with an error instead of waiting forever; 0 (the default)
+      waits forever. TensorFlow keeps a thread alive per collective execution
+      for the whole timeout (measured: 2 per collective per device), so a
+      long timeout with many collectives per step piles up threads.
 
   Example:
     >>> impl = mtf.placement_mesh_impl.PlacementMeshImpl(
@@ -73,7 +76,7 @@ class PlacementMeshImpl(MeshImpl):
   """
 
   def __init__(self, shape, layout, devices: Sequence[str], collectives: str = "auto",
-               share_replicas="auto", collective_timeout: float = 600.0):
+               share_replicas="auto", collective_timeout: float = 0.0):
     super().__init__(shape, layout)
     devices = list(devices)
     if len(devices) != self.size:

@@ -247,4 +247,4 @@ def scalar_state(mesh_impl, name: str, dtype=tf.int64) -> tf.Variable:
   """A checkpointed scalar (e.g. a step counter) kept on processor 0's device."""
   sliced = get_or_create(mesh_impl, name, Shape([]), dtype, dtype, False,
                          lambda begin, size: tf.zeros([], dtype))
-  return sliced.slices[0]
+  return mesh_impl.program_slices(sliced)[0]

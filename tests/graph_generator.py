@@ -1323,17 +1323,22 @@ def lower_and_export(graph: mtf.Graph, mesh: mtf.Mesh, tensors: Dict[str, mtf.Te
                      mode: str = "eager") -> Dict[str, np.ndarray]:
   """Lowers `graph` with a fresh PlacementMeshImpl and exports `tensors`.
 
-  mode: "eager" (lowering runs ops immediately) or "function" (inside a
-  tf.function).
+  mode: "eager" (lowering runs ops immediately), "function" (inside a
+  tf.function) or "simd" (a SimdMeshImpl program, run on every device).
   """
   size = mtf.convert_to_shape(mesh_shape).size
-  impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, rules, list(devices)[:size])
+  if mode == "simd":
+    impl = mtf.simd_mesh_impl.SimdMeshImpl(mesh_shape, rules, list(devices)[:size])
+  else:
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, rules, list(devices)[:size])
   keys = sorted(tensors)
 
   def run():
     lowering = mtf.Lowering(graph, {mesh: impl})
     return [lowering.export_to_tf_tensor(tensors[k]) for k in keys]
-  if mode == "function":
+  if mode == "simd":
+    values = impl.run(run)
+  elif mode == "function":
     values = tf.function(run)()
   else:
     values = run()

@@ -41,8 +41,12 @@ class ConstantOperation(Operation):
     if np.ndim(value) == 0:
       fn = lambda pnum, begin: tf.fill(slice_shape, tf.constant(value, dtype))
     else:
-      fn = lambda pnum, begin: tf.constant(value[tuple(
-          slice(b, b + s) for b, s in zip(begin, slice_shape))], dtype)
+      def fn(pnum, begin):
+        if all(isinstance(b, int) for b in begin):
+          return tf.constant(value[tuple(
+              slice(b, b + s) for b, s in zip(begin, slice_shape))], dtype)
+        # SIMD lowering: the offsets are tensors of the one program.
+        return tf.slice(tf.constant(value, dtype), tf.stack(begin), slice_shape)
     lowering.set_tensor_lowering(self.outputs[0], impl.make_slices(fn, shape))
 
 
@@ -141,10 +145,11 @@ class ImportLaidOutOperation(Operation):
     laid = self._laid_out
     if not isinstance(laid, LaidOutTensor):
       laid = LaidOutTensor(list(laid))
-    if len(laid.tensor_list) != impl.size:
+    if len(laid.tensor_list) != impl.num_local_slices:
       raise ValueError(
           f"import_laid_out_tensor {self.name!r}: got {len(laid.tensor_list)} slices "
-          f"for a mesh of {impl.size} processors.")
+          f"where this mesh implementation holds {impl.num_local_slices} per program "
+          f"({impl.size} processors; the SIMD lowering takes this processor's slice only).")
     expected = impl.slice_shape(self.outputs[0].shape)
     for pnum, t in enumerate(laid.tensor_list):
       if t.shape.is_fully_defined() and t.shape.as_list() != expected:

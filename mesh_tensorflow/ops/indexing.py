@@ -24,7 +24,7 @@ def _dim_named(x: Tensor, dim):
 def _slice_offsets(impl, shape, axis) -> LaidOutTensor:
   """Per-processor offset (in the full tensor) of the slice along `axis`."""
   return impl.make_slices(
-      lambda pnum, begin: tf.constant(begin[axis], tf.int32), shape)
+      lambda pnum, begin: tf.cast(begin[axis], tf.int32), shape)
 
 
 class OneHotOperation(Operation):

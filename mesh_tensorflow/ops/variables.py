@@ -110,9 +110,10 @@ class Variable(Operation):
       if slice_shape == full:
         return full_value[0]
       return tf.slice(full_value[0], begin, slice_shape)
-    return slice_variables.get_or_create(
+    sliced = slice_variables.get_or_create(
         impl, self._name, self.storage_shape, self.master_dtype, self.slice_dtype,
-        self._trainable, init_fn).slices
+        self._trainable, init_fn)
+    return impl.program_slices(sliced)
 
 
 def _call_initializer(initializer, shape, dtype, name):
@@ -152,7 +153,7 @@ class LaidOutVariable:
 
 
 def _devices(impl):
-  return [impl.variable_device(p) for p in range(impl.size)]
+  return [impl.slice_device(p) for p in range(impl.num_local_slices)]
 
 
 def get_variable(mesh: Mesh, name: str, shape, dtype=tf.float32, master_dtype=None,
