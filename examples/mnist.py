@@ -461,14 +461,14 @@ def train(layout: str = "2x4", mesh_shape: str = "", train_steps: int = 600,
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # INFO would show TF's chatter on every save.
   cluster = mtf.cluster.resolve(FLAGS.cluster)
   devices = mtf.cluster.connect(cluster) if cluster else None  # None: 8 logical CPUs here
   if cluster:
     print(f"cluster: {mtf.cluster.describe_devices(devices)}: {devices[0]} ...", flush=True)
   else:
     configure_cpu_devices(NUM_CPU_DEVICES)
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # INFO would show TF's chatter on every save.
   try:
     with mtf.cluster.exit_on_worker_loss(cluster):  # no-op without a cluster
       result = train(layout=FLAGS.layout, mesh_shape=FLAGS.mesh_shape,

@@ -24,6 +24,9 @@ Supervision:
 * Any other nonzero exit of the client ends the launch with that status (a
   bug or a bad flag is not fixed by restarting).
 * `--timeout_s` bounds each attempt's wall time (exit status 124).
+* Ctrl-C or SIGTERM to the launcher stops the client and the workers; a
+  launcher killed with SIGKILL leaves no workers behind either (they exit when
+  their parent does) and its client then fails on the lost workers.
 
 Workers log to `--log_dir` (default: a new temporary directory); the last
 lines of a failed worker's log are printed. The program after `--` is run with
@@ -415,7 +418,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         log_dir=args.log_dir)
   except ValueError as e:
     parser.error(str(e))
-  result = launcher.run()
+  def on_sigterm(signum, frame):
+    del signum, frame
+    raise KeyboardInterrupt  # run() stops the client and the workers, then re-raises
+  signal.signal(signal.SIGTERM, on_sigterm)
+  try:
+    result = launcher.run()
+  except KeyboardInterrupt:
+    return 130
   if result.returncode:
     launcher.log(f"failed: {result.attempts[-1].failure} (exit status {result.returncode})")
   return result.returncode
