@@ -45,6 +45,9 @@ from mesh_tensorflow import auto_mtf  # noqa: E402
 from mesh_tensorflow import cost_model  # noqa: E402
 
 DEVICES = [f"cpu:{i}" for i in range(8)]
+STAT = "median"  # or "min" (--stat): per layout, over the repeats
+SAMPLES = {}  # (mesh_shape, rules) -> seconds per step of each repeat
+CLOCK = time.perf_counter  # --clock cpu: time.process_time
 GIN_LAYOUTS = os.path.join(os.path.dirname(mtf.__file__), "transformer", "gin", "layouts")
 
 
@@ -100,12 +103,13 @@ def measure(entries, builder, data, repeats, steps):
   samples = {key: [] for key in fns}
   for _ in range(repeats):
     for key, fn in fns.items():
-      t0 = time.perf_counter()
+      t0 = CLOCK()
       for _ in range(steps):
         out = fn()
       float(out)
-      samples[key].append((time.perf_counter() - t0) / steps)
-  return {k: statistics.median(v) for k, v in samples.items()}
+      samples[key].append((CLOCK() - t0) / steps)
+  SAMPLES.update(samples)
+  return {k: (statistics.median(v) if STAT == "median" else min(v)) for k, v in samples.items()}
 
 
 def run_model(model, args, params):
@@ -159,7 +163,7 @@ def run_model(model, args, params):
         f"{measured[(best_hand[1], best_hand[2])] * 1e3:.2f} ms; ratio {ratio:.3f}", flush=True)
   rows = [(cost_model.step_components(estimates[k]), measured[k]) for k in eight]
   saved = [dict(model=model, mesh_shape=k[0], layout=k[1].to_string(), measured_s=measured[k],
-                estimated_s=estimates[k].step_time_s) for k in measured]
+                estimated_s=estimates[k].step_time_s, samples=SAMPLES.get(k)) for k in measured]
   return rho, ratio, rows, saved
 
 
@@ -189,10 +193,19 @@ def main():
   parser.add_argument("--sample", type=int, default=16)
   parser.add_argument("--params", default="cpu")
   parser.add_argument("--fit", action="store_true")
+  parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                      help="wall-clock step time (default), or this process's CPU time "
+                      "(all threads; steadier when other processes load the machine)")
+  parser.add_argument("--stat", default="median", choices=["median", "min"],
+                      help="per layout, the median (default) or the minimum over repeats "
+                      "(steadier when other processes load the machine)")
   parser.add_argument("--save", default=None,
                       help="write the measured step times (JSON) here")
   args = parser.parse_args()
   params = cost_model.as_device_params(args.params)
+  global STAT, CLOCK
+  STAT = args.stat
+  CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
   rows = []
   summary = []
   saved = []

@@ -412,7 +412,7 @@ class _Estimator:
     1/memory_bytes_per_s, op_overhead_s, collective_latency_s,
     1/collective_bytes_per_s)."""
     p = self.params
-    parallel = min(p.parallel_processors or self.mesh_size, self.mesh_size)
+    parallel = p.parallel_processors or self.mesh_size
     kernels = max(cost.kernels, 0)
     if p.shares_memory:
       # Logical devices share the real cores: the distinct slices' kernels
@@ -694,7 +694,11 @@ def _sparse_xent(est: _Estimator, op):
   a = est.axis(vocab)
   out = op.outputs[0]
   lg_bytes = est.slice_bytes(logits)
-  est.kernels(3 * est.distinct(est.layout(logits.shape)), 3 * lg_bytes)
+  n = est.distinct(est.layout(logits.shape))
+  if a is None:  # TensorFlow's fused kernel, a logsumexp and reshapes
+    est.kernels(3 * n, 3 * lg_bytes)
+  else:  # max, partial sums, target logits, offsets, finish: ~8 passes
+    est.kernels(8 * n, 5 * lg_bytes)
   if a is not None:
     nbytes = est.slice_elems(out.shape) * 4  # float32 partials
     est.allreduce(nbytes, [a])

@@ -129,8 +129,8 @@ class LayoutReport:
     ]
     for s in self.tensors[:self.top_tensors]:
       shape = ", ".join(f"{d.name}:{d.size}" for d in s.shape.dims)
-      name = ("[var] " if s.is_variable else "") + s.name
-      lines.append(f"  {name[:36]:<36} {shape[:34]:<34} {s.split_text()[:28]:<28} "
+      name = _tail(("[var] " if s.is_variable else "") + s.name, 36)
+      lines.append(f"  {name:<36} {shape[:34]:<34} {s.split_text()[:28]:<28} "
                    f"{str(list(s.slice_shape))[:18]:<18} {_fmt_bytes(s.slice_bytes):>10}")
     lines += ["", f"Operations (the {min(self.top_ops, len(est.ops))} most expensive of "
               f"{len(est.ops)}):",
@@ -138,7 +138,7 @@ class LayoutReport:
     for o in self.ops_by_time()[:self.top_ops]:
       comm = ", ".join(f"{c.kind}[{','.join(self.mesh_shape.dimension_names[a] for a in c.mesh_axes)}]"
                        f" {_fmt_bytes(c.bytes_per_processor)}" for c in o.collectives) or "-"
-      lines.append(f"  {o.name[:34]:<34} {o.type[:22]:<22} {o.time_s * 1e3:>8.3f} "
+      lines.append(f"  {_tail(o.name, 34):<34} {o.type[:22]:<22} {o.time_s * 1e3:>8.3f} "
                    f"{o.flops:>14,}  {comm}")
     lines += ["", "Communication per mesh dimension (bytes per processor):"]
     for name, kinds in self.comm_by_mesh_dim().items():
@@ -294,6 +294,11 @@ class LayoutReport:
     ax.set_xlabel("KiB per processor")
     ax.set_title("where communication happens (top operations)", fontsize=8)
     ax.legend(fontsize=7)
+
+
+def _tail(text: str, width: int) -> str:
+  """text, or its end behind '..' when longer than width."""
+  return text if len(text) <= width else ".." + text[-(width - 2):]
 
 
 def _grid(mesh_shape: Shape) -> Tuple[int, int]:

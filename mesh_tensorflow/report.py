@@ -99,8 +99,10 @@ def report_for_current_config(mesh_shape: Optional[str] = None, layout: Optional
     >>> print(report_for_current_config())
   """
   from mesh_tensorflow import auto_mtf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow import layout_report  # pylint: disable=g-import-not-at-top
-  step = build_training_step(mesh_shape, layout)
+  from mesh_tensorflow.layout_report import layout_report  # pylint: disable=g-import-not-at-top
+  # With auto, the config's layout (which may name other mesh dimensions)
+  # plays no part.
+  step = build_training_step(mesh_shape, "" if auto and layout is None else layout)
   chosen = step.layout
   explanation = None
   if auto:
@@ -108,7 +110,7 @@ def report_for_current_config(mesh_shape: Optional[str] = None, layout: Optional
                              memory_budget_bytes=memory_budget_bytes)
     chosen = result.layout.to_string()
     explanation = result.explain()
-  report = layout_report.layout_report(step.graph, step.mesh_shape, chosen, params=params,
+  report = layout_report(step.graph, step.mesh_shape, chosen, params=params,
                                        exact=exact)
   report.search_explanation = explanation
   return report

@@ -54,6 +54,9 @@ flags.DEFINE_string("output_file", None,
 flags.DEFINE_bool("fresh", False, "train: delete model_dir's checkpoints and events first.")
 flags.DEFINE_integer("cpu_devices", NUM_CPU_DEVICES,
                      "Logical CPU devices to create (the mesh may use fewer).")
+flags.DEFINE_bool("print_layout_report", False,
+                  "Print the layout report (tensor splits, per-op compute and "
+                  "communication, memory per device) of the configured model first.")
 
 
 def main(argv):
@@ -67,6 +70,9 @@ def main(argv):
   utils.configure_cpu_devices(FLAGS.cpu_devices)
   from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
   gin_config.parse(FLAGS.gin_file, FLAGS.gin_param)
+  if FLAGS.print_layout_report:
+    from mesh_tensorflow import report  # pylint: disable=g-import-not-at-top
+    print(report.report_for_current_config(), flush=True)
   overrides = {"model_dir": FLAGS.model_dir or None}
   for name in ("mode", "input_file", "output_file"):
     if getattr(FLAGS, name) is not None:
