@@ -44,7 +44,6 @@ useful stage-ticks that actually ran.
 from __future__ import annotations
 
 import contextlib
-import copy
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
