@@ -119,9 +119,11 @@ class AdaScale(Optimizer):
     return [var_ops.assign(total, total + squared_norm(grads))]
 
   def gain(self, mean_grads: Sequence[Optional[Tensor]],
-           last_sample: Optional[Sequence[Optional[Tensor]]] = None):
+           last_sample: Optional[Sequence[Optional[Tensor]]] = None,
+           apply_if: Optional[Tensor] = None):
     """(gain ratio r, state update ops) for the update with mean gradient
-    `mean_grads`, the other samples having gone through `sample_ops`.
+    `mean_grads`, the other samples having gone through `sample_ops`. Where
+    `apply_if` is false (a skipped step) the moving averages keep their values.
 
     Example:
       >>> r, ops = opt.gain(mean_grads, last_sample=grads)
@@ -144,11 +146,16 @@ class AdaScale(Optimizer):
     new_sigma2 = avg_sigma2 * decay + sigma2 * (1.0 - decay)
     new_mu2 = avg_mu2 * decay + mu2 * (1.0 - decay)
     new_weight = weight * decay + (1.0 - decay)
-    r = gain_ratio(new_sigma2 / new_weight, new_mu2 / new_weight, s)
+    if apply_if is not None:  # non-finite samples must not reach the averages
+      new_sigma2 = ew.where(apply_if, new_sigma2, avg_sigma2)
+      new_mu2 = ew.where(apply_if, new_mu2, avg_mu2)
+      new_weight = ew.where(apply_if, new_weight, weight)
+    correction = 1.0 / ew.maximum(new_weight, 1e-30)  # 0 / 0 before any kept sample
+    r = gain_ratio(new_sigma2 * correction, new_mu2 * correction, s)
     from mesh_tensorflow.training import scalar_summary
     scalar_summary("adascale/gain", r)
-    scalar_summary("adascale/sigma2", new_sigma2 / new_weight)
-    scalar_summary("adascale/mu2", new_mu2 / new_weight)
+    scalar_summary("adascale/sigma2", new_sigma2 * correction)
+    scalar_summary("adascale/mu2", new_mu2 * correction)
     ops = [var_ops.assign(avg_sigma2, new_sigma2), var_ops.assign(avg_mu2, new_mu2),
            var_ops.assign(weight, new_weight),
            var_ops.assign(sample_sum, ew.zeros_like_fn(sample_sum))]
@@ -177,7 +184,7 @@ class AdaScale(Optimizer):
     if not present:
       return []
     mesh = present[0].mesh
-    r, ops = self.gain(grads, last_sample)
+    r, ops = self.gain(grads, last_sample, apply_if)
     progress = self._state(mesh, "progress")
     multiplier = r if lr_multiplier is None else r * lr_multiplier
     ops += self.base_optimizer.apply_grads(grads, variables, step=progress,

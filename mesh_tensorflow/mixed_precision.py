@@ -119,12 +119,14 @@ class DynamicLossScale:
     scalar_summary(f"{self.name}/scale", self.scale(loss.mesh))
     return scaled
 
-  def unscale(self, grads: Sequence[Optional[Tensor]]
-              ) -> Tuple[List[Optional[Tensor]], Tensor]:
+  def unscale(self, grads: Sequence[Optional[Tensor]], check: bool = True
+              ) -> Tuple[List[Optional[Tensor]], Optional[Tensor]]:
     """(gradients / scale in float32, whether they are all finite).
 
     Gradients come back in float32 (float64 stays float64), so a master
-    weight update never sees a float16 rounding of the gradient.
+    weight update never sees a float16 rounding of the gradient. With
+    `check=False` the second result is None (e.g. for micro-batches whose sum
+    is checked later with `check`).
     """
     present = [g for g in grads if g is not None]
     if not present:
@@ -137,10 +139,15 @@ class DynamicLossScale:
         continue
       dtype = tf.float64 if g.dtype == tf.float64 else tf.float32
       out.append(ew.cast(g, dtype) * ew.cast(inverse, dtype))
-    finite = all_finite(out)
+    return out, (self.check(out) if check else None)
+
+  def check(self, grads: Sequence[Optional[Tensor]]) -> Tensor:
+    """Whether all gradients are finite (a scalar mtf bool), also recorded as
+    the summary `<name>/finite`."""
+    finite = all_finite(grads)
     from mesh_tensorflow.training import scalar_summary
     scalar_summary(f"{self.name}/finite", ew.cast(finite, tf.float32))
-    return out, finite
+    return finite
 
   def scale_after_overflow(self, scale: float) -> float:
     """The scale that follows `scale` after a non-finite step."""

@@ -202,8 +202,8 @@ class Trainer:
       loss = scaler.scale_loss(loss)
     grads = gradients([loss], [v.outputs[0] for v in variables])
     finite = None
-    if scaler is not None:
-      grads, finite = scaler.unscale(grads)
+    if scaler is not None:  # with micro-batches, their sum is checked below
+      grads, finite = scaler.unscale(grads, check=self._accum == 1)
     grads = zero.shard_gradients(grads, variables)  # stages 2, 3: reduce-scattered
     optimizer, step = self._optimizer_for(mesh, step_var)
     sampled = hasattr(optimizer, "sample_ops")  # AdaScale
@@ -220,6 +220,8 @@ class Trainer:
         return updates + (optimizer.sample_ops(grads) if sampled else [])
       totals = [None if g is None else (a + ew.cast(g, a.dtype)) * (1.0 / self._accum)
                 for a, g in zip(accums, grads)]
+      if scaler is not None:
+        finite = scaler.check(totals)
       extra = {"last_sample": grads} if sampled else {}
       updates = optimizer.apply_grads(totals, variables, step=step, apply_if=finite, **extra)
       updates += [var_ops.assign(a, const_ops.zeros_like(a)) for a in accums]

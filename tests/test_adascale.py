@@ -89,3 +89,28 @@ def test_arguments_are_checked():
                          mtf.adascale.AdaScale(mtf.optimize.SgdOptimizer(0.1), scale=4))
   assert mtf.adascale.gain_ratio(0.0, 1.0, scale=4) == pytest.approx(1.0)
   assert mtf.adascale.gain_ratio(1.0, 0.0, scale=4) == pytest.approx(4.0)
+
+
+def test_a_skipped_step_leaves_the_statistics_and_progress_alone():
+  scaled = np.where(np.arange(8 * MICRO) // MICRO == 2, np.float32(np.inf), 1.0)
+  data = tf.data.Dataset.from_tensor_slices(
+      {"x": X[:8 * MICRO], "y": Y[:8 * MICRO], "m": scaled.astype(np.float32)}
+  ).batch(MICRO)
+
+  def overflowing_model_fn(mesh, features, mode):
+    return model_fn(mesh, features, mode) * mtf.reduce_mean(features["m"])
+
+  impl = mtf_test_utils.make_impl("all:8", "batch:all")
+  trainer = mtf.training.Trainer(
+      overflowing_model_fn, {"x": f"batch:{MICRO};features:{FEATURES}",
+                             "y": f"batch:{MICRO}", "m": f"batch:{MICRO}"}, impl,
+      mtf.adascale.AdaScale(mtf.optimize.SgdOptimizer(LR), scale=2), grad_accum_steps=2,
+      log_every=0, log_fn=lambda line: None,
+      loss_scale=mtf.mixed_precision.DynamicLossScale(initial_scale=1.0))
+  history = trainer.train(data, steps=4)  # step 2 holds the overflowing micro-batch
+  store = slice_variables.variable_store(impl)
+  assert store["loss_scale/skipped_steps"].numpy() == 1
+  gains = history["summary/adascale/gain"]
+  assert np.all(np.isfinite(gains)) and np.all(np.isfinite(store["w"].numpy()))
+  np.testing.assert_allclose(store["adascale/progress"].numpy(),
+                             gains[0] + gains[2] + gains[3], rtol=1e-5)

@@ -60,7 +60,7 @@ def _train_and_eval(activation_dtype, loss_scale=None, steps=150):
   trainer = mtf.training.Trainer(
       _model_fn(activation_dtype),
       {"image": f"batch:{BATCH};pixels:64", "label": f"batch:{BATCH}"},
-      mtf_test_utils.make_impl(MESH, LAYOUT), mtf.optimize.MomentumOptimizer(0.1, 0.9),
+      mtf_test_utils.make_impl("all:2", "batch:all"), mtf.optimize.MomentumOptimizer(0.1, 0.9),
       log_every=0, log_fn=lambda line: None, loss_scale=loss_scale,
       eval_feature_shapes={"image": f"batch:{HELD_OUT};pixels:64",
                            "label": f"batch:{HELD_OUT}"})

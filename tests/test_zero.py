@@ -123,3 +123,35 @@ def test_errors_name_the_stage_and_the_layout():
     zero.shard_training_state(graph, impl, 1)
   with pytest.raises(ValueError, match="'depth' is not in the mesh"):
     zero.shard_training_state(graph, impl, 1, mesh_dim="depth")
+
+
+def test_trainer_zero_with_gradient_accumulation_keeps_sharded_accumulators():
+  data = tf.data.Dataset.from_tensor_slices(
+      {"x": X.reshape(-1, FEATURES), "y": Y.reshape(-1, OUT)}).batch(BATCH // 2).repeat()
+  shapes = {"x": f"batch:{BATCH // 2};features:{FEATURES}", "y": f"batch:{BATCH // 2};out:{OUT}"}
+
+  def model_fn(mesh, features, mode):
+    del mode
+    return _model_for_batch(mesh, features["x"], features["y"])
+
+  results = {}
+  for stage in (0, 2):
+    impl = mtf_test_utils.make_impl("rows:2;cols:4", "batch:rows;hidden:cols")
+    trainer = mtf.training.Trainer(model_fn, shapes, impl,
+                                   mtf.optimize.MomentumOptimizer(0.05, 0.9),
+                                   grad_accum_steps=2, zero_stage=stage, log_every=0,
+                                   log_fn=lambda line: None)
+    results[stage] = trainer.train(data, steps=3)["loss"]
+    store = slice_variables.variable_store(impl)
+    results[f"acc{stage}"] = store["grad_accumulator/w1"].slices[0].shape.as_list()
+  np.testing.assert_allclose(results[2], results[0], rtol=1e-6)
+  assert results["acc0"] == [FEATURES, HIDDEN // 4]
+  assert results["acc2"] == [FEATURES // 2, HIDDEN // 4]  # reduce-scattered, kept sharded
+
+
+def _model_for_batch(mesh, x, y):
+  batch, hidden, out = x.shape.dims[0], mtf.Dimension("hidden", HIDDEN), y.shape.dims[1]
+  w1 = mtf.get_variable(mesh, "w1", [x.shape.dims[1], hidden])
+  w2 = mtf.get_variable(mesh, "w2", [hidden, out])
+  h = mtf.relu(mtf.einsum([x, w1], output_shape=[batch, hidden]))
+  return mtf.reduce_mean(mtf.square(mtf.einsum([h, w2], output_shape=[batch, out]) - y))
