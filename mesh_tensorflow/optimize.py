@@ -215,6 +215,11 @@ class _UpdateTarget:
     self.graph = var.graph
     self._value = None
 
+  def __repr__(self):
+    return (f"<update target of variable {self.name!r}, shape {self.shape}, mesh "
+            f"{self.mesh.name!r}: write it with Optimizer.assign(target, value), not "
+            "mtf.assign>")
+
   def gradient(self, grad: Tensor) -> Tensor:
     """The gradient in this target's shape, on its mesh."""
     grad = zero.relayout(grad, self.shape, reduce_scatter=self._reduce_scatter)

@@ -155,3 +155,20 @@ def _model_for_batch(mesh, x, y):
   w2 = mtf.get_variable(mesh, "w2", [hidden, out])
   h = mtf.relu(mtf.einsum([x, w1], output_shape=[batch, hidden]))
   return mtf.reduce_mean(mtf.square(mtf.einsum([h, w2], output_shape=[batch, out]) - y))
+
+
+def test_a_custom_optimizer_writing_with_mtf_assign_is_told_to_use_self_assign():
+  class HalfStep(mtf.optimize.Optimizer):
+    def apply_grad(self, grad, var):
+      return [mtf.assign(var, mtf.optimize._master_value(var) - 0.5 * grad)]  # pylint: disable=protected-access
+
+  impl = mtf_test_utils.make_impl("all:8", "batch:all")
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  loss = _model(mesh, mtf.zeros(mesh, f"batch:{BATCH};features:{FEATURES}"),
+                mtf.zeros(mesh, f"batch:{BATCH};out:{OUT}"))
+  zero.shard_training_state(graph, impl, 1)
+  variables = graph.trainable_variables
+  grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+  with pytest.raises(TypeError, match="update target of variable 'w1'.*Optimizer.assign"):
+    HalfStep().apply_grads(grads, variables)
