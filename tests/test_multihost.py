@@ -260,3 +260,12 @@ def test_launcher_rejects_bad_arguments():
     launch.Launcher(["x.py"], workers=0)
   with pytest.raises(SystemExit):
     launch.main(["--workers=2"])  # no program after "--"
+
+
+def test_devices_are_ordered_task_major_numerically():
+  names = [f"/job:worker/replica:0/task:{t}/device:CPU:{d}" for t in (10, 2) for d in (1, 0)]
+  ordered = sorted(names, key=cluster._device_sort_key)  # pylint: disable=protected-access
+  assert [n.split("/", 3)[3] for n in ordered] == [
+      "task:2/device:CPU:0", "task:2/device:CPU:1", "task:10/device:CPU:0",
+      "task:10/device:CPU:1"]
+  assert cluster.describe_devices(ordered) == "4 devices on 2 workers (2 per worker)"
