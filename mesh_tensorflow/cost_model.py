@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import json
-import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from mesh_tensorflow.layout import convert_to_layout_rules
+from mesh_tensorflow.layout import convert_to_layout_rules, pnum_to_processor_coordinates
 from mesh_tensorflow.shapes import Shape, convert_to_shape
 
 # ----------------------------------------------------------------------------- parameters
@@ -101,13 +101,19 @@ class DeviceParams:
     return DeviceParams(**values)
 
 
-# Calibrated on this project's 2-core machine with 8 logical CPU devices (see
-# README, "Choosing layouts"); GPU and TPU figures are round numbers for one
-# modern accelerator and its interconnect.
+# "cpu": fitted on this project's 2-core machine with 8 logical CPU devices to
+# rank layouts as their measured step times do (benchmarks/layout_search.py
+# --fit: 45 MLP and 34 transformer layouts, CPU time per step). On 2 cores the
+# 8 devices add no compute, and what separates layouts is the number of
+# kernels, the bytes they touch, and above all the tensors read across
+# devices (a send/receive pair each, ~0.5 ms with the executor's
+# rendezvous), charged at collective_latency_s. The FLOP rate is an effective
+# rate of oneDNN's multi-threaded kernels. GPU and TPU figures are round
+# numbers for one modern accelerator and its interconnect.
 _DEFAULTS = {
-    "cpu": DeviceParams("cpu", flops_per_s=6e10, memory_bytes_per_s=4e9,
-                        collective_bytes_per_s=4e9, collective_latency_s=30e-6,
-                        op_overhead_s=12e-6, parallel_processors=2, shares_memory=True),
+    "cpu": DeviceParams("cpu", flops_per_s=4e11, memory_bytes_per_s=1e11,
+                        collective_bytes_per_s=1e11, collective_latency_s=5e-4,
+                        op_overhead_s=1e-6, parallel_processors=2, shares_memory=True),
     "gpu": DeviceParams("gpu", flops_per_s=1e14, memory_bytes_per_s=1.5e12,
                         collective_bytes_per_s=1e11, collective_latency_s=15e-6,
                         op_overhead_s=5e-6),
@@ -157,6 +163,7 @@ class OpCost:
     components: the time components (see `time_from_components`).
     work_flops: matrix-product FLOPs of all its distinct kernels together
       (what processors sharing cores compute in all).
+    transfers: tensors its kernels read from another device (shared memory).
   """
   name: str
   type: str
@@ -168,6 +175,7 @@ class OpCost:
   approximate: bool = False
   components: Tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
   work_flops: int = 0
+  transfers: int = 0
 
   @property
   def comm_bytes(self) -> int:
@@ -282,16 +290,27 @@ def _fmt_bytes(n: float) -> str:
 
 
 class _Lazy:
-  """A pending allreduce: partial sums of `nbytes` per processor over `axes`."""
-  __slots__ = ("axes", "nbytes")
+  """A pending allreduce over `axes` of partial sums (`nbytes` per
+  processor; `ids` identifies each processor's partial-sum tensor)."""
+  __slots__ = ("axes", "nbytes", "ids")
 
-  def __init__(self, axes, nbytes):
+  def __init__(self, axes, nbytes, ids):
     self.axes = tuple(sorted(axes))
     self.nbytes = nbytes
+    self.ids = ids
 
 
 class _Estimator:
-  """Walks the graph once, mirroring the lowering's decisions."""
+  """Walks the graph once, mirroring the lowering's decisions.
+
+  Besides the layouts it follows which processors hold the very same
+  TensorFlow tensor, as PlacementMeshImpl does with shared memory: a
+  slicewise op runs one kernel per distinct combination of input tensors, an
+  allreduce makes one tensor per group, and so on. That gives the number of
+  kernels (and the work) exactly, which replication alone does not: e.g. the
+  result of an allreduce over rows is one tensor per column even when the
+  layout replicates it over the columns.
+  """
 
   def __init__(self, operations, mesh_shape: Shape, rules, params: DeviceParams):
     self.operations = operations
@@ -306,8 +325,13 @@ class _Estimator:
       if m in names:
         self.axis_of_name[t] = names.index(m)
     self.share = params.shares_memory
+    self.coords = [tuple(pnum_to_processor_coordinates(mesh_shape, p))
+                   for p in range(self.mesh_size)]
     self._layouts = {}
-    self.state = {}  # tensor -> _Lazy or None (laid out)
+    self._next_id = itertools.count(1)
+    self.state = {}  # tensor -> _Lazy, or a tuple of per-processor tensor ids
+    self.device = {}  # tensor id -> the processor whose device computes it
+    self.transfers = set()  # (tensor id, processor) read across devices
     self.current: Optional[OpCost] = None
 
   # ---- layouts --------------------------------------------------------------
@@ -334,14 +358,91 @@ class _Estimator:
     return self.slice_elems(t.shape) * t.dtype.size
 
   def distinct(self, layout) -> int:
-    """Kernels per slicewise op: distinct slices under shared memory, else
-    one per processor."""
-    if not self.share:
-      return self.mesh_size
+    """Distinct slices of a tensor of this layout."""
     n = 1
     for a in set(a for a in layout if a is not None):
       n *= self.mesh_sizes[a]
     return n
+
+  # ---- which processors share a tensor ---------------------------------------
+  def _memo(self, keys, count: bool, nbytes: int = 0, flops: int = 0, inputs=()):
+    """Per-processor ids: one new tensor per distinct key (shared memory) or
+    per processor; counts the kernels that make them, and the tensors they
+    read from another device (each a send/receive pair in TensorFlow)."""
+    memo = {}
+    out = []
+    for p, k in enumerate(keys):
+      if self.share and k in memo:
+        out.append(memo[k])
+        continue
+      new = next(self._next_id)
+      memo[k] = new
+      self.device[new] = p
+      for x in inputs:
+        src = self.device.get(x[p], p)
+        if src != p:
+          self.transfers.add((x[p], p))
+      out.append(new)
+    out = tuple(out)
+    n = len(memo) if self.share else len(out)
+    if count:
+      self.current.kernels += n
+      self.current.bytes_touched += n * int(nbytes)
+      self.current.work_flops += n * int(flops)
+    return out
+
+  def slicewise(self, inputs, nbytes: int, flops: int = 0):
+    """A slicewise op on the per-processor ids of its inputs; nbytes: bytes
+    one kernel reads and writes."""
+    keys = [tuple(x[p] for x in inputs) for p in range(self.mesh_size)]
+    return self._memo(keys, True, nbytes, flops, inputs)
+
+  def by_layout(self, layout, count: bool = True, nbytes: int = 0):
+    """make_slices / slice variables: one tensor per distinct slice."""
+    axes = [a for a in layout if a is not None]
+    keys = [tuple(c[a] for a in axes) for c in self.coords]
+    return self._memo(keys, count, nbytes)
+
+  def _groups(self, axes):
+    axes = set(axes)
+    return [tuple(x for i, x in enumerate(c) if i not in axes) for c in self.coords]
+
+  def combine_ids(self, ids, axes, nbytes: int):
+    """allreduce / allconcat result: one tensor per group (each group's
+    members share it), or one per processor without shared memory."""
+    axes = [a for a in axes if self.mesh_sizes[a] > 1]
+    if not axes:
+      return ids
+    keys = self._groups(axes)
+    n_groups = len(set(keys))
+    self.current.kernels += n_groups
+    # Each group's slices are combined on its first member's device.
+    first = {}
+    for p, k in enumerate(keys):
+      first.setdefault(k, p)
+    for p, k in enumerate(keys):
+      if self.device.get(ids[p], first[k]) != first[k]:
+        self.transfers.add((ids[p], first[k]))
+    if not self.share:
+      return self._memo(keys, True, nbytes)  # an identity on every device
+    memo = {}
+    for k, p in first.items():
+      memo[k] = next(self._next_id)
+      self.device[memo[k]] = p
+    return tuple(memo[k] for k in keys)
+
+  def alltoall_ids(self, ids, axis: int, nbytes: int):
+    if self.mesh_sizes[axis] == 1:
+      return ids
+    self.current.kernels += self.mesh_size  # a split on every processor
+    self.current.bytes_touched += self.mesh_size * nbytes
+    return self._memo([(p,) for p in range(self.mesh_size)], True, nbytes)  # and a concat
+
+  def slice_along_ids(self, ids, axis: int, nbytes: int):
+    if self.mesh_sizes[axis] == 1:
+      return ids
+    keys = [(ids[p], self.coords[p][axis]) for p in range(self.mesh_size)]
+    return self._memo(keys, True, nbytes, inputs=[ids])
 
   # ---- recording ------------------------------------------------------------
   def collective(self, kind, nbytes, axes):
@@ -352,35 +453,40 @@ class _Estimator:
     self.current.collectives.append(Collective(
         self.current.name, kind, axes, int(nbytes), group, self.mesh_size // max(group, 1)))
 
-  def kernels(self, n, nbytes=0):
-    self.current.kernels += int(n)
-    self.current.bytes_touched += int(nbytes)
-
-  def allreduce(self, nbytes, axes):
+  def allreduce(self, nbytes, axes, ids, record: bool = True):
     axes = [a for a in axes if self.mesh_sizes[a] > 1]
     if not axes:
-      return
-    self.collective("allreduce", nbytes, axes)
+      return ids
+    if record:
+      self.collective("allreduce", nbytes, axes)
+    return self.combine_ids(ids, axes, nbytes)
 
-  def laid_out(self, t):
-    """Completes a pending allreduce of t, as Lowering.laid_out does."""
+  def laid_out(self, t, record: bool = True):
+    """Per-processor ids of t, completing a pending allreduce first, as
+    Lowering.laid_out does."""
     s = self.state.get(t)
     if isinstance(s, _Lazy):
-      self.allreduce(s.nbytes, s.axes)
-      self.state[t] = None
+      s = self.allreduce(s.nbytes, s.axes, s.ids, record)
+      self.state[t] = s
+    if s is None:  # produced by an op this estimate skipped: assume by layout
+      s = self.state[t] = self.by_layout(self.layout(t.shape), count=False)
+    return s
 
-  def gather_dims(self, shape: Shape, dtype_size: int, names, layout=None):
-    """allconcats of gather_dims/relayout: in mesh-axis order, each sending
-    the current slice. Returns the resulting layout."""
+  def gather_dims(self, shape: Shape, dtype_size: int, names, ids, layout=None,
+                  record: bool = True):
+    """The allconcats of gather_dims/relayout, in mesh-axis order, each
+    sending the current slice. Returns (layout, ids)."""
     layout = list(self.layout(shape) if layout is None else layout)
     for mesh_axis in range(len(self.mesh_sizes)):
       for i, (d, a) in enumerate(zip(shape.dims, layout)):
         if a == mesh_axis and d.name in names:
           if self.mesh_sizes[a] > 1:
-            self.collective("allgather", self.slice_elems(shape, layout) * dtype_size,
-                            [mesh_axis])
+            nbytes = self.slice_elems(shape, layout) * dtype_size
+            if record:
+              self.collective("allgather", nbytes, [mesh_axis])
+            ids = self.combine_ids(ids, [mesh_axis], nbytes * self.mesh_sizes[a])
           layout[i] = None
-    return tuple(layout)
+    return tuple(layout), ids
 
   # ---- operations -----------------------------------------------------------
   def run(self) -> List[OpCost]:
@@ -397,7 +503,9 @@ class _Estimator:
       if handler is None:
         cost.approximate = True
         handler = _generic
+      before = len(self.transfers)
       handler(self, op)
+      cost.transfers = len(self.transfers) - before
       cost.time_s = self.time_of(cost)
       ops.append(cost)
     return ops
@@ -412,21 +520,23 @@ class _Estimator:
     1/memory_bytes_per_s, op_overhead_s, collective_latency_s,
     1/collective_bytes_per_s)."""
     p = self.params
-    parallel = p.parallel_processors or self.mesh_size
-    kernels = max(cost.kernels, 0)
+    parallel = max(p.parallel_processors or self.mesh_size, 1)
     if p.shares_memory:
-      # Logical devices share the real cores: the distinct slices' kernels
-      # (each one multi-threaded) together do all the work, `parallel` cores'
-      # worth at a time, and each costs one dispatch.
-      flops = cost.work_flops / max(parallel, 1)
-      nbytes = cost.bytes_touched * kernels / max(parallel, 1)
-      dispatched = float(kernels)
+      # Logical devices share the real cores: all kernels together (each
+      # multi-threaded) do the work, `parallel` cores' worth at a time, and
+      # each costs one dispatch.
+      flops = cost.work_flops / parallel
+      nbytes = cost.bytes_touched / parallel
+      dispatched = float(cost.kernels)
     else:
-      # Every processor runs its own kernel at the same time.
-      flops = float(cost.flops) if cost.type == "EinsumOperation" else 0.0
-      nbytes = float(cost.bytes_touched) if kernels else 0.0
-      dispatched = kernels / self.mesh_size
-    groups = moved_total = 0.0
+      # Every processor runs its own kernels at the same time.
+      flops = cost.work_flops / self.mesh_size
+      nbytes = cost.bytes_touched / self.mesh_size
+      dispatched = cost.kernels / self.mesh_size
+    # Each tensor read from another device is a send/receive pair whose
+    # fixed cost is like a collective's latency.
+    groups = float(cost.transfers) if p.shares_memory else 0.0
+    moved_total = 0.0
     for c in cost.collectives:
       g = c.group_size
       if p.shares_memory:
@@ -435,7 +545,7 @@ class _Estimator:
         # all-to-all: every processor's slice split and rejoined).
         groups += c.num_groups
         factor = 2 * g if c.kind == "alltoall" else (g + 1 if c.kind != "permute" else 0)
-        moved_total += c.num_groups * factor * c.bytes_per_processor / max(parallel, 1)
+        moved_total += c.num_groups * factor * c.bytes_per_processor / parallel
         continue
       if c.kind == "allreduce":
         moved = 2.0 * (g - 1) / g * c.bytes_per_processor
@@ -469,40 +579,33 @@ def step_components(estimate_: "CostEstimate"):
 
 
 def _generic(est: _Estimator, op):
-  for t in op.inputs:
-    est.laid_out(t)
+  ins = [est.laid_out(t) for t in op.inputs]
   nbytes = sum(est.slice_bytes(t) for t in op.inputs) + sum(est.slice_bytes(t) for t in op.outputs)
-  n = max([est.distinct(est.layout(t.shape)) for t in op.outputs] or [1])
-  est.kernels(n, nbytes)
+  ids = est.slicewise(ins, nbytes)
   for t in op.outputs:
-    est.state[t] = None
+    est.state[t] = ids
 
 
 def _variable(est: _Estimator, op):
   out = op.outputs[0]
-  est.kernels(est.distinct(est.layout(out.shape)), est.slice_bytes(out))
-  est.state[out] = None
+  slices = est.by_layout(est.layout(out.shape), count=False)
+  est.state[out] = est.slicewise([slices], 2 * est.slice_bytes(out))
 
 
 def _assign(est: _Estimator, op):
-  nbytes = 0
-  n = 0
   for t in op.inputs:
     est.laid_out(t)
-    nbytes += 2 * est.slice_bytes(t)
-    n += est.distinct(est.layout(t.shape))
-  est.kernels(n, nbytes)
+    # One assign per distinct slice variable.
+    est.by_layout(est.layout(t.shape), count=True, nbytes=2 * est.slice_bytes(t))
 
 
 def _elementwise(est: _Estimator, op):
-  for t in op.inputs:
-    est.laid_out(t)
+  ins = [est.laid_out(t) for t in op.inputs]
   out = op.outputs[0]
   elems = est.slice_elems(out.shape)
   est.current.flops += elems
   nbytes = sum(est.slice_bytes(t) for t in op.inputs) + elems * out.dtype.size
-  est.kernels(est.distinct(est.layout(out.shape)), nbytes)
-  est.state[out] = None
+  est.state[out] = est.slicewise(ins, nbytes)
 
 
 def _lazy_add(est: _Estimator, op):
@@ -510,21 +613,17 @@ def _lazy_add(est: _Estimator, op):
   out = op.outputs[0]
   if (isinstance(a, _Lazy) and isinstance(b, _Lazy) and a.axes == b.axes
       and op.inputs[0].shape == op.inputs[1].shape == out.shape):
-    nbytes = 3 * a.nbytes
-    est.kernels(est.distinct(est.layout(out.shape)), nbytes)
-    est.state[out] = _Lazy(a.axes, a.nbytes)
+    ids = est.slicewise([a.ids, b.ids], 3 * a.nbytes)
+    est.state[out] = _Lazy(a.axes, a.nbytes, ids)
     return
   _elementwise(est, op)
 
 
 def _local(est: _Estimator, op):
-  """Broadcast, transpose: local, one kernel per distinct slice."""
-  for t in op.inputs:
-    est.laid_out(t)
+  """Broadcast, transpose: local, one kernel per distinct input slice."""
+  ins = [est.laid_out(t) for t in op.inputs]
   out = op.outputs[0]
-  est.kernels(est.distinct(est.layout(out.shape)),
-              est.slice_bytes(op.inputs[0]) + est.slice_bytes(out))
-  est.state[out] = None
+  est.state[out] = est.slicewise(ins, est.slice_bytes(op.inputs[0]) + est.slice_bytes(out))
 
 
 def _einsum(est: _Estimator, op):
@@ -549,15 +648,6 @@ def _einsum(est: _Estimator, op):
     local_bytes += size
   out_bytes = est.slice_bytes(out)
   fuse = bool(reduced_axes) and est.share and local_bytes < out_bytes
-  if fuse:
-    est.collective("allreduce", out_bytes, sorted(reduced_axes))
-    for t in op.inputs:  # the lowering gathers these unrecorded, as part of it
-      est.state[t] = None
-  else:
-    for t, names in zip(op.inputs, gather):
-      est.laid_out(t)
-      if names:
-        est.gather_dims(t.shape, t.dtype.size, names)
   flops = 2
   sizes = {}
   for t in op.inputs:
@@ -568,38 +658,63 @@ def _einsum(est: _Estimator, op):
     a = by_name.get(name)
     flops *= size // est.mesh_sizes[a] if a is not None else size
   est.current.flops += flops
-  # Distinct products: one per combination of the mesh axes that split any
-  # dimension (all processors' without shared memory). Shared memory runs
-  # them as one kernel per output slice (fused allreduce) or one batched
-  # kernel (batchable), or one each.
-  distinct_all = est.distinct(tuple(owner))
+  per_kernel = flops
   if fuse:
-    kernels = est.distinct(est.layout(out.shape))
-  elif est.share and not reduced_axes and _batchable(est, op):
-    kernels = 1
+    # Shared memory: the operands are gathered along the summed dimensions
+    # (unrecorded: counted as the allreduce) and multiplied once per group.
+    est.collective("allreduce", out_bytes, sorted(reduced_axes))
+    summed = {d.name for t in op.inputs for d in t.shape.dims if d.name not in out_names}
+    ins = []
+    for t, names in zip(op.inputs, gather):
+      ids = est.laid_out(t, record=False)
+      ins.append(est.gather_dims(t.shape, t.dtype.size, names | summed, ids, record=False)[1])
+    group = 1
+    for a in reduced_axes:
+      group *= est.mesh_sizes[a]
+    per_kernel = flops * group
+    local_bytes *= group
   else:
-    kernels = distinct_all
-  est.kernels(kernels, local_bytes + out_bytes)
-  est.current.work_flops += flops * distinct_all
-  est.state[out] = _Lazy(sorted(reduced_axes), out_bytes) if (reduced_axes and not fuse) else None
+    ins = []
+    for t, names in zip(op.inputs, gather):
+      ids = est.laid_out(t)
+      if names:
+        ids = est.gather_dims(t.shape, t.dtype.size, names, ids)[1]
+      ins.append(ids)
+  batched = None if reduced_axes else _batchable(est, op, ins)
+  if batched is not None:
+    # Shared memory: one product on the concatenated operand, then each
+    # processor takes its rows.
+    i, axis = batched
+    ins[i] = est.combine_ids(ins[i], [axis], local_bytes)
+    per_kernel = flops * est.mesh_sizes[axis]
+    ids = est.slicewise(ins, (local_bytes + out_bytes) * est.mesh_sizes[axis], per_kernel)
+    ids = est.slice_along_ids(ids, axis, out_bytes)
+  else:
+    ids = est.slicewise(ins, local_bytes + out_bytes, per_kernel)
+  est.state[out] = _Lazy(sorted(reduced_axes), out_bytes, ids) if (
+      reduced_axes and not fuse) else ids
 
 
-def _batchable(est: _Estimator, op) -> bool:
-  """Mirror of einsum's _batchable_axis: one operand split along one mesh
-  axis in its outermost (output-outermost) dimension, others replicated."""
+def _batchable(est: _Estimator, op, ins):
+  """Mirror of einsum's _batchable_axis: (operand index, mesh axis) when one
+  operand is split along one mesh axis in its outermost dimension (also the
+  output's), and every other operand is one tensor shared by all."""
   out = op.outputs[0]
-  if not out.shape.ndims:
-    return False
-  found = False
-  for t in op.inputs:
+  if not est.share or not out.shape.ndims:
+    return None
+  candidate = None
+  for i, (t, ids) in enumerate(zip(op.inputs, ins)):
+    if len(set(ids)) == 1:
+      continue
+    if candidate is not None or not t.shape.ndims:
+      return None
     lay = est.layout(t.shape)
     split = [a for a in lay if a is not None]
-    if not split:
-      continue
-    if found or len(split) != 1 or lay[0] is None or t.shape.dims[0] != out.shape.dims[0]:
-      return False
-    found = True
-  return found
+    if (len(split) != 1 or lay[0] is None or t.shape.dims[0] != out.shape.dims[0]
+        or est.mesh_sizes[lay[0]] == 1):
+      return None
+    candidate = (i, lay[0])
+  return candidate
 
 
 def _reduce(est: _Estimator, op):
@@ -613,27 +728,25 @@ def _reduce(est: _Estimator, op):
   out_bytes = est.slice_bytes(out)
   if kind == "SUM" and isinstance(s, _Lazy) and not is_bool:
     axes = sorted(set(axes) | set(s.axes))
-    in_bytes = s.nbytes
+    partial = est.slicewise([s.ids], s.nbytes + out_bytes)
   else:
-    est.laid_out(x)
-    in_bytes = est.slice_bytes(x)
+    ids = est.laid_out(x)
     est.current.flops += est.slice_elems(x.shape)
-  est.kernels(est.distinct(est.layout(x.shape)), in_bytes + out_bytes)
+    partial = est.slicewise([ids], est.slice_bytes(x) + out_bytes)
   if not axes:
-    est.state[out] = None
+    est.state[out] = partial
   elif kind == "SUM" and not is_bool:
-    est.state[out] = _Lazy(axes, out_bytes)
+    est.state[out] = _Lazy(axes, out_bytes, partial)
   else:
-    est.allreduce(out_bytes, axes)
-    est.state[out] = None
+    est.state[out] = est.allreduce(out_bytes, axes, partial)
 
 
 def _reshape(est: _Estimator, op):
   x, out = op.inputs[0], op.outputs[0]
-  est.laid_out(x)
+  ids = est.laid_out(x)
   in_layout, out_layout = est.layout(x.shape), est.layout(out.shape)
   in_strides, out_strides = x.shape.cumprod(), out.shape.cumprod()
-  kept_in = set()
+  kept_in, kept_out = set(), set()
   for i, a in enumerate(in_layout):
     if a is None:
       continue
@@ -641,12 +754,17 @@ def _reshape(est: _Estimator, op):
       if (b == a and out.shape.dims[j].size % est.mesh_sizes[a] == 0
           and out_strides[j] == in_strides[i]):
         kept_in.add(i)
+        kept_out.add(j)
   names = {d.name for i, d in enumerate(x.shape.dims)
            if in_layout[i] is not None and i not in kept_in}
   if names:
-    est.gather_dims(x.shape, x.dtype.size, names)
-  est.kernels(est.distinct(out_layout), est.slice_bytes(x) + est.slice_bytes(out))
-  est.state[out] = None
+    ids = est.gather_dims(x.shape, x.dtype.size, names, ids)[1]
+  ids = est.slicewise([ids], 2 * est.slice_bytes(out))
+  current = [a if j in kept_out else None for j, a in enumerate(out_layout)]
+  for mesh_axis in range(len(est.mesh_sizes)):
+    if mesh_axis in out_layout and mesh_axis not in current:
+      ids = est.slice_along_ids(ids, mesh_axis, est.slice_bytes(out))
+  est.state[out] = ids
 
 
 def _gather(est: _Estimator, op):
@@ -654,14 +772,17 @@ def _gather(est: _Estimator, op):
   out = op.outputs[0]
   dim = op._dim  # pylint: disable=protected-access
   a = est.axis(dim)
-  est.laid_out(weights)
+  w_ids = est.laid_out(weights)
   if a is not None and any(est.axis(d) == a for d in indices.shape.dims):
-    est.gather_dims(weights.shape, weights.dtype.size, {dim.name})
+    w_ids = est.gather_dims(weights.shape, weights.dtype.size, {dim.name}, w_ids)[1]
     a = None
-  est.laid_out(indices)
+  ins = [w_ids, est.laid_out(indices)]
+  if a is not None:
+    ins.append(est.by_layout(est.layout(weights.shape)))  # slice offsets
   out_bytes = est.slice_bytes(out)
-  est.kernels(est.distinct(est.layout(out.shape)), out_bytes + est.slice_bytes(indices))
-  est.state[out] = _Lazy([a], out_bytes) if (a is not None and est.mesh_sizes[a] > 1) else None
+  ids = est.slicewise(ins, out_bytes + est.slice_bytes(indices))
+  est.state[out] = _Lazy([a], out_bytes, ids) if (
+      a is not None and est.mesh_sizes[a] > 1) else ids
 
 
 def _scatter_add_grad(est: _Estimator, op):
@@ -669,43 +790,73 @@ def _scatter_add_grad(est: _Estimator, op):
   out = op.outputs[0]
   dim = op._dim  # pylint: disable=protected-access
   a = est.axis(dim)
-  est.laid_out(g)
-  est.laid_out(indices)
+  ins = [est.laid_out(g), est.laid_out(indices)]
   idx_axes = {est.axis(d) for d in indices.shape.dims} - {None}
   gather_out = a is not None and a in idx_axes
   out_layout = est.layout(out.shape)
   cur = tuple(None if (gather_out and d.name == dim.name) else x
               for d, x in zip(out.shape.dims, out_layout))
-  est.kernels(est.distinct(out_layout), est.slice_bytes(g) + est.slice_elems(out.shape, cur) * 4)
+  if a is not None and not gather_out:
+    ins.append(est.by_layout(out_layout))  # slice offsets
+  cur_bytes = est.slice_elems(out.shape, cur) * out.dtype.size
+  ids = est.slicewise(ins, est.slice_bytes(g) + cur_bytes)
   if gather_out:
-    est.allreduce(est.slice_elems(out.shape, cur) * out.dtype.size, sorted(idx_axes))
-    est.state[out] = None
+    ids = est.allreduce(cur_bytes, sorted(idx_axes), ids)
+    ids = est.slice_along_ids(ids, a, est.slice_bytes(out))
+    est.state[out] = ids
   else:
     axes = sorted(idx_axes - {x for x in out_layout if x is not None})
     axes = [x for x in axes if est.mesh_sizes[x] > 1]
-    est.state[out] = _Lazy(axes, est.slice_bytes(out)) if axes else None
+    est.state[out] = _Lazy(axes, est.slice_bytes(out), ids) if axes else ids
 
 
 def _sparse_xent(est: _Estimator, op):
-  logits, ids = op.inputs
-  est.laid_out(logits)
-  est.laid_out(ids)
+  logits, ids_t = op.inputs
+  lg = est.laid_out(logits)
+  idx = est.laid_out(ids_t)
   vocab = op._vocab_dim  # pylint: disable=protected-access
   a = est.axis(vocab)
   out = op.outputs[0]
   lg_bytes = est.slice_bytes(logits)
-  n = est.distinct(est.layout(logits.shape))
-  if a is None:  # TensorFlow's fused kernel, a logsumexp and reshapes
-    est.kernels(3 * n, 3 * lg_bytes)
-  else:  # max, partial sums, target logits, offsets, finish: ~8 passes
-    est.kernels(8 * n, 5 * lg_bytes)
-  if a is not None:
+  prep = est.slicewise([lg, idx], 2 * lg_bytes)
+  if a is None:  # TensorFlow's fused kernel (and a logsumexp)
+    result = est.slicewise([prep], 3 * lg_bytes)
+  else:  # max, partial sums and target logits, three allreduces, finish
     nbytes = est.slice_elems(out.shape) * 4  # float32 partials
-    est.allreduce(nbytes, [a])
-    est.allreduce(nbytes, [a])
-    est.allreduce(nbytes, [a])
+    offsets = est.by_layout(est.layout(logits.shape))
+    maxes = est.allreduce(nbytes, [a], est.slicewise([prep], lg_bytes))
+    partial = est.slicewise([prep, idx, maxes, offsets], 2 * lg_bytes)
+    sum_exp = est.allreduce(nbytes, [a], partial)
+    target = est.allreduce(nbytes, [a], partial)
+    result = est.slicewise([prep, idx, maxes, sum_exp, target, offsets], 3 * lg_bytes)
+  est.state[op.outputs[0]] = result
+  est.state[op.outputs[1]] = result
+  est.state[op.outputs[2]] = est.slicewise([result], 2 * lg_bytes)
+
+
+def _source(est: _Estimator, op):
+  """Imports and constants: one tensor per distinct slice (a fully
+  replicated import: one identity of the shared input)."""
   for t in op.outputs:
-    est.state[t] = None
+    layout = est.layout(t.shape)
+    if all(x is None for x in layout):
+      est.state[t] = est.slicewise([], est.slice_bytes(t))
+    else:
+      est.state[t] = est.by_layout(layout, nbytes=est.slice_bytes(t))
+
+
+def _passthrough(est: _Estimator, op):
+  """stop_gradient / depend: the input slices themselves (a pending
+  allreduce completes), or an identity on every processor when there are
+  dependencies."""
+  ins = [est.laid_out(t) for t in op.inputs]
+  extra = len(op.inputs) > len(op.outputs)
+  for i, t in enumerate(op.outputs):
+    if extra:
+      est.current.kernels += est.mesh_size
+      est.state[t] = tuple(next(est._next_id) for _ in range(est.mesh_size))  # pylint: disable=protected-access
+    else:
+      est.state[t] = ins[i]
 
 
 _HANDLERS = {
@@ -721,33 +872,10 @@ _HANDLERS = {
     "GatherOperation": _gather,
     "ScatterAddGradOperation": _scatter_add_grad,
     "SparseSoftmaxCrossEntropyOperation": _sparse_xent,
+    "_IdentityLike": _passthrough,
+    "ImportOperation": _source,
+    "ConstantOperation": _source,
 }
-
-
-def _source(est: _Estimator, op):
-  """Ops without inputs (imports, constants): one kernel per distinct slice."""
-  for t in op.inputs:
-    est.laid_out(t)
-  for t in op.outputs:
-    est.kernels(est.distinct(est.layout(t.shape)), est.slice_bytes(t))
-    est.state[t] = None
-
-
-def _passthrough(est: _Estimator, op):
-  """stop_gradient / depend: the input slices themselves (a pending
-  allreduce completes), plus identities when there are dependencies."""
-  for t in op.inputs:
-    est.laid_out(t)
-  extra = len(op.inputs) > len(op.outputs)
-  for t in op.outputs:
-    if extra:
-      est.kernels(est.distinct(est.layout(t.shape)), 0)
-    est.state[t] = None
-
-
-_HANDLERS["_IdentityLike"] = _passthrough
-_HANDLERS["ImportOperation"] = _source
-_HANDLERS["ConstantOperation"] = _source
 
 
 # ----------------------------------------------------------------------------- memory
