@@ -202,7 +202,7 @@ class _UpdateTarget:
   its ZeRO-sharded twin (slots and the update then have the twin shape) or
   its host-side copy (offloaded slots). It has the attributes optimizers use
   (`name`, `shape`, `mesh`, `master_dtype`, `graph`); read it with
-  `_master_value` and write it with `Optimizer.assign`."""
+  `Optimizer.value` and write it with `Optimizer.assign`."""
 
   def __init__(self, var: var_ops.Variable, shape: Shape, mesh: Mesh,
                reduce_scatter: bool):
@@ -306,7 +306,7 @@ class Optimizer:
   variable (`<variable name>/<slot>`), so building the same model again (for
   instance once per traced `tf.function`) finds the same slots.
 
-  Read the variable with `_master_value(var)` and write it and its slots with
+  Read the variable with `self.value(var)` and write it and its slots with
   `self.assign(target, value)`: under ZeRO (`mtf.zero`), CPU offload or a
   conditional update (`apply_if`), `var` may be an update target standing for
   the variable (its sharded twin or host copy; same `name`, `mesh`, `shape`,
@@ -323,7 +323,7 @@ class Optimizer:
   Example:
     >>> class HalfStep(mtf.optimize.Optimizer):
     ...   def apply_grad(self, grad, var):
-    ...     return [self.assign(var, _master_value(var) - 0.5 * grad)]
+    ...     return [self.assign(var, self.value(var) - 0.5 * grad)]
   """
 
   clip_gradients_by_global_norm: Optional[float] = None
@@ -427,6 +427,16 @@ class Optimizer:
       >>> ops = optimizer.apply_grad(grad, graph.trainable_variables[0])
     """
     raise NotImplementedError(f"{type(self).__name__} does not implement apply_grad.")
+
+  def value(self, target) -> Tensor:
+    """The current value of a variable, update target or slot in its master
+    dtype (for a ZeRO-sharded target: its block; offloaded: on the host).
+
+    Example:
+      >>> new_value = self.value(var) - lr * grad
+    """
+    return _master_value(target if isinstance(target, _UpdateTarget)
+                         else var_ops._as_variable(target))  # pylint: disable=protected-access
 
   def assign(self, target, value: Tensor) -> Operation:
     """Returns an op that sets a variable, update target or slot to `value`.

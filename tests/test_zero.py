@@ -160,7 +160,7 @@ def _model_for_batch(mesh, x, y):
 def test_a_custom_optimizer_writing_with_mtf_assign_is_told_to_use_self_assign():
   class HalfStep(mtf.optimize.Optimizer):
     def apply_grad(self, grad, var):
-      return [mtf.assign(var, mtf.optimize._master_value(var) - 0.5 * grad)]  # pylint: disable=protected-access
+      return [mtf.assign(var, self.value(var) - 0.5 * grad)]
 
   impl = mtf_test_utils.make_impl("all:8", "batch:all")
   graph = mtf.Graph()
