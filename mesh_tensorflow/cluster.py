@@ -384,6 +384,13 @@ def describe_devices(devices: Sequence[str]) -> str:
 
 
 def _lost_task(message: str, config: Optional[ClusterConfig]):
+  """(task, address) of the lost worker: the first whose port is closed, else
+  the first worker task that TensorFlow's message names (a surviving worker
+  may report the failure of its transfer from the dead one)."""
+  if config is not None:
+    for task, address in enumerate(config.workers):
+      if not port_open(address, timeout_s=0.5):
+        return task, address
   for job, task in _TASK_IN_MESSAGE.findall(message):
     if job == WORKER_JOB:
       task = int(task)
@@ -398,8 +405,9 @@ def worker_errors(config: Optional[ClusterConfig] = None) -> Iterator[None]:
   """Turns TensorFlow's errors about unreachable workers into WorkerLostError.
 
   TensorFlow reports a dead worker as tf.errors.UnavailableError (gRPC
-  "Socket closed" / "failed to connect"), often with many "root errors"; the
-  WorkerLostError names the first worker task mentioned and its address.
+  "Socket closed" / "Connection reset by peer"), often with many "root
+  errors"; the WorkerLostError names the worker whose port is closed (else the
+  first worker task the message mentions) and its address.
 
   Example:
     >>> with worker_errors(config):

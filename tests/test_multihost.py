@@ -14,6 +14,7 @@ import glob
 import importlib.util
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -211,13 +212,25 @@ def test_unreachable_worker_is_a_bounded_clear_error():
 
 
 def test_worker_errors_name_the_lost_task():
-  config = cluster.parse_cluster("127.0.0.1:23001,127.0.0.1:23002")
+  """The worker whose port is closed is named, even when TensorFlow's message
+  first mentions a surviving worker; without a config, the message decides."""
   error = tf.errors.UnavailableError(
       None, None, "Socket closed\nAdditional GRPC error information from remote target "
-      "/job:worker/replica:0/task:1/device:CPU:3 while calling RunComponentFunction")
-  with pytest.raises(cluster.WorkerLostError, match=r"Lost worker task 1 \(127.0.0.1:23002\)"):
-    with cluster.worker_errors(config):
+      "/job:worker/replica:0/task:0/device:CPU:3 while calling RunComponentFunction")
+  with socket.socket() as alive:
+    alive.bind(("127.0.0.1", 0))
+    alive.listen()
+    (dead_port,) = launch.free_ports(1)
+    config = cluster.parse_cluster(
+        f"127.0.0.1:{alive.getsockname()[1]},127.0.0.1:{dead_port}")
+    with pytest.raises(cluster.WorkerLostError,
+                       match=rf"Lost worker task 1 \(127.0.0.1:{dead_port}\): .*Socket closed"):
+      with cluster.worker_errors(config):
+        raise error
+  with pytest.raises(cluster.WorkerLostError, match=r"Lost worker task 0: ") as info:
+    with cluster.worker_errors(None):
       raise error
+  assert info.value.task == 0 and info.value.address is None
 
 
 def test_watchdog_reports_a_closed_port():
