@@ -88,6 +88,12 @@ def test_pipelined_transformer_matches_unpipelined(unpipelined):
   assert set(got) == set(grads0)
   for name, g in got.items():
     np.testing.assert_allclose(g, grads0[name], rtol=1e-4, atol=2e-6, err_msg=name)
+  # Each processor holds one stage's weights of the stack: a quarter.
+  impl = make_impl(PP_MESH, PP_LAYOUT)
+  stage_vars = [v for v in lowering.graph.trainable_variables if "pipeline/layer_" in v.name]
+  assert len(stage_vars) == len(stacked)
+  for v in stage_vars:
+    assert impl.slice_shape(v.shape) == [1] + v.shape.to_integer_list()[1:], v.name
   # Stages move between neighbours by permutes; the batch split stays local.
   counts = lowering.collective_counts()
   assert counts.get("permute", (0, 0))[0] > 0
