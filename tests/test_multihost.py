@@ -282,3 +282,17 @@ def test_devices_are_ordered_task_major_numerically():
       "task:2/device:CPU:0", "task:2/device:CPU:1", "task:10/device:CPU:0",
       "task:10/device:CPU:1"]
   assert cluster.describe_devices(ordered) == "4 devices on 2 workers (2 per worker)"
+
+
+def test_checkpoint_saves_processor_0_copy_of_unshared_state(tmp_path, devices):
+  """Processes share no memory, so every processor holds its own copy of
+  replicated state; the global step is advanced on processor 0's copy only and
+  a checkpoint must save that one (it saved a stale copy, 0, before)."""
+  import mesh_tensorflow as mtf  # pylint: disable=import-outside-toplevel
+  impl = mtf.PlacementMeshImpl("all:8", "", devices, share_replicas=False)
+  step = mtf.slice_variables.scalar_state(impl, "global_step", tf.int64)
+  step.assign_add(7)
+  path = mtf.checkpoint.CheckpointManager(impl, str(tmp_path)).save(7)
+  saved = tf.train.load_checkpoint(path).get_tensor(
+      mtf.slice_variables.checkpoint_key("global_step"))
+  assert int(saved) == 7
