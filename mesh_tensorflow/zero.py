@@ -206,12 +206,25 @@ def shard_training_state(graph: Graph, mesh_impl, stage: int,
         continue
       plan.shapes[var] = twin
       if stage >= 3:
+        _check_not_stored_whole(mesh_impl, var, twin)
         var.storage_shape = twin
         # Other graphs lowered with mesh_impl (evaluation, decoding) find the
         # variable stored this way too (Variable.lower reads this).
         mesh_impl.__dict__.setdefault("_zero_storage", {})[var.name] = twin
   _PLANS[graph] = plan
   return plan
+
+
+def _check_not_stored_whole(mesh_impl, var, twin: Shape) -> None:
+  """Stage 3 cannot take over slices that an earlier graph created whole."""
+  from mesh_tensorflow import slice_variables
+  existing = slice_variables.variable_store(mesh_impl).get(var.name)
+  if existing is not None and existing.slices[0].shape.as_list() != mesh_impl.slice_shape(twin):
+    raise ValueError(
+        f"ZeRO stage 3: variable {var.name!r} already has slices of shape "
+        f"{existing.slices[0].shape.as_list()} on this mesh implementation (made at a "
+        f"lower stage); stage 3 stores it as {mesh_impl.slice_shape(twin)}. Save a "
+        "checkpoint and restore it into a new mesh implementation to change stages.")
 
 
 def plan_for(graph: Graph) -> Optional[ZeroPlan]:

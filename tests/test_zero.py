@@ -172,3 +172,13 @@ def test_a_custom_optimizer_writing_with_mtf_assign_is_told_to_use_self_assign()
   grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
   with pytest.raises(TypeError, match="update target of variable 'w1'.*Optimizer.assign"):
     HalfStep().apply_grads(grads, variables)
+
+
+def test_stage3_after_whole_slices_on_the_same_impl_says_how_to_switch():
+  *_, impl = _train("all:8", "batch:all", 0, steps=1)
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  _model(mesh, mtf.zeros(mesh, f"batch:{BATCH};features:{FEATURES}"),
+         mtf.zeros(mesh, f"batch:{BATCH};out:{OUT}"))
+  with pytest.raises(ValueError, match="'w1' already has slices.*restore it into a new mesh"):
+    zero.shard_training_state(graph, impl, 3)
