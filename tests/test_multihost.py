@@ -246,8 +246,9 @@ def test_watchdog_reports_a_closed_port():
 
 
 def test_launcher_restarts_only_after_a_lost_worker(tmp_path):
-  """A client exiting with EXIT_WORKER_LOST is restarted; any other failure is
-  final. (The client here is a tiny program; the worker is stopped at once.)"""
+  """A client exiting with EXIT_WORKER_LOST is restarted; any other failure
+  (and a timeout) is final. (The client here is a tiny program; the worker is
+  stopped at once.)"""
   def run(code):
     messages = []
     launcher = launch.Launcher([sys.executable, "-c", f"import sys; sys.exit({code})"],
@@ -262,6 +263,15 @@ def test_launcher_restarts_only_after_a_lost_worker(tmp_path):
   assert result.returncode == cluster.EXIT_WORKER_LOST and len(result.attempts) == 2, messages
   assert all(a.restartable for a in result.attempts)
   assert any("giving up after 1 restarts" in m for m in messages), messages
+
+  # --timeout_s bounds a client that never ends.
+  start = time.monotonic()
+  result = launch.Launcher([sys.executable, "-c", "import time; time.sleep(60)"], workers=1,
+                           devices_per_worker=1, timeout_s=1.0, kill_grace_s=2.0,
+                           log=messages.append, log_dir=str(tmp_path / "timeout")).run()
+  assert result.returncode == launch.EXIT_TIMEOUT and len(result.attempts) == 1
+  assert "--timeout_s=1" in result.attempts[0].failure
+  assert time.monotonic() - start < 10
 
 
 def test_launcher_rejects_bad_arguments():
