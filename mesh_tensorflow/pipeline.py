@@ -25,9 +25,12 @@ Schedules (`PipelineSchedule`):
   the forward of one micro-batch or the backward of another (recomputing
   its forward from the stashed stage input), following the non-interleaved
   one-forward-one-backward order; gradients are accumulated as the schedule
-  runs and handed to `mtf.gradients` through `mtf.custom_gradient`. A stage
-  keeps at most S micro-batch inputs stashed (GPipe keeps all M micro-batches'
-  activations of every layer). Slots: 2 (M + S - 1); bubble fraction
+  runs and handed to `mtf.gradients` through `mtf.custom_gradient`. In the
+  schedule a stage has at most S micro-batches between forward and backward
+  (GPipe keeps all M micro-batches' activations of every layer); since a
+  slot's stage inputs form one [stages, ...] tensor, a processor keeps its
+  slice until every stage reading that slot has run its backward: at most
+  2 S - 1 stashed inputs, for any M. Slots: 2 (M + S - 1); bubble fraction
   (S - 1) / (M + S - 1), as GPipe's.
 
 In this single-program (SPMD) formulation an idle stage still executes the
@@ -733,8 +736,8 @@ class _OneFOneB:
 
     f_done = {}     # (stage, m) -> slot of that forward
     b_done = {}     # (stage, m) -> slot of that backward
-    f_in, f_out, recv_f = {}, {}, {}   # per slot: stage inputs / outputs / shifted outputs
-    b_gx, recv_b = {}, {}              # per slot: input grads / shifted to stage - 1
+    f_in, recv_f = {}, {}   # per slot: stage inputs / outputs shifted to stage + 1
+    recv_b = {}             # per slot: input gradients shifted to stage - 1
     head_dy = {}                       # m -> dloss_m / dy_m
     aux = [None] * m_count
     losses = []
@@ -754,7 +757,7 @@ class _OneFOneB:
         state = self._route(parts, recv_f, prev, first_b)
         with self.sv.stacked():
           h = self.stage_fn(*state)
-        f_in[u], f_out[u] = state, h
+        f_in[u] = state
         recv_f[u] = [slicing.shift(t, 1, self.stages_dim, wrap=False) for t in [h] + state[1:]]
         results.append(h)
         for s, m in fwd.items():
@@ -791,7 +794,6 @@ class _OneFOneB:
         gx = grads[0]
         for t, g in zip(cap, grads[1:]):
           accumulate(t, g)
-        b_gx[u] = gx
         recv_b[u] = slicing.shift(gx, -1, self.stages_dim, wrap=False)
         results.append(gx)
         for s, m in bwd.items():
