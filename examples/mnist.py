@@ -117,6 +117,9 @@ flags.DEFINE_string("cluster", "",
                     "Run the mesh on the CPU devices of these worker tasks (host:port,...; "
                     "default: $MTF_CLUSTER, set by python -m mesh_tensorflow.launch, or "
                     "$TF_CONFIG); no cluster: 8 logical CPUs of this process.")
+flags.DEFINE_enum("lowering", "placement", ["placement", "simd"],
+                  "Mesh implementation: one op per device (placement) or one program "
+                  "for every processor (simd).")
 flags.DEFINE_integer("grad_accum_steps", 1,
                      "Split each update's batch into this many micro-batches whose gradients "
                      "are averaged.")
@@ -369,7 +372,7 @@ def train(layout: str = "2x4", mesh_shape: str = "", train_steps: int = 600,
           log_every: int = 100, eval_every: int = 0, model_dir: Optional[str] = None,
           fresh: bool = False, checkpoint_every: int = 200, grad_accum_steps: int = 1,
           log: Callable[[str], None] = print,
-          devices: Optional[List[str]] = None) -> TrainResult:
+          devices: Optional[List[str]] = None, lowering: str = "placement") -> TrainResult:
   """Trains the MLP under one layout and evaluates it on the test split.
 
   Args:
@@ -389,6 +392,8 @@ def train(layout: str = "2x4", mesh_shape: str = "", train_steps: int = 600,
     checkpoint_every: save every this many steps (and at the end).
     grad_accum_steps: micro-batches per update (must divide batch_size).
     log: where progress lines go.
+    lowering: "placement" (PlacementMeshImpl) or "simd" (SimdMeshImpl: one
+      program traced once for every processor).
     devices: the mesh's devices (e.g. mtf.cluster.connect(...)); None: logical
       CPUs of this process.
 
@@ -414,7 +419,12 @@ def train(layout: str = "2x4", mesh_shape: str = "", train_steps: int = 600,
     raise ValueError(f"mesh '{mesh_shape}' has {num_processors} processors but only "
                      f"{len(devices)} devices are available; pick a smaller --mesh_shape.")
   devices = list(devices)[:num_processors]
-  mesh_impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, rules, devices)
+  if lowering == "simd":
+    mesh_impl = mtf.simd_mesh_impl.SimdMeshImpl(mesh_shape, rules, devices)
+  elif lowering == "placement":
+    mesh_impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh_shape, rules, devices)
+  else:
+    raise ValueError(f"--lowering={lowering!r}: use 'placement' or 'simd'.")
 
   data = load_data()
   dataset = train_dataset(data["train_images"], data["train_labels"], micro_batch, seed)
@@ -477,7 +487,8 @@ def main(argv):
                      optimizer=FLAGS.optimizer, seed=FLAGS.seed, log_every=FLAGS.log_every,
                      eval_every=FLAGS.eval_every, model_dir=FLAGS.model_dir,
                      fresh=FLAGS.fresh, checkpoint_every=FLAGS.checkpoint_every,
-                     grad_accum_steps=FLAGS.grad_accum_steps, devices=devices)
+                     grad_accum_steps=FLAGS.grad_accum_steps, devices=devices,
+                     lowering=FLAGS.lowering)
   except ValueError as e:
     if FLAGS.model_dir and "heckpoint" in str(e):
       print(f"error: {e}\nThe checkpoint in --model_dir={FLAGS.model_dir} does not fit this "

@@ -114,7 +114,6 @@ class _ProgramState:
     self.used = []  # SlicedVariables in first-use order (discovery pass)
     self.handles = dict(zip(variable_names, handles))
     self.wrappers = {}
-    self.instance_keys = itertools.count(1)
     self.last_collective = None
 
 
@@ -170,6 +169,7 @@ class SimdMeshImpl(MeshImpl):
     self._state: Optional[_ProgramState] = None
     self._programs = {}
     self._rank_tables = {}
+    self._instance_keys = itertools.count(1)
     self._runners = {}
 
   backend = property(lambda self: self._backend)
@@ -289,7 +289,9 @@ class SimdMeshImpl(MeshImpl):
     group_key = self._key_base + mask * (self.size + 1) + self._group_index(mesh_axes)
     if num_groups == 1:
       group_key = tf.constant(self._key_base + mask * (self.size + 1), tf.int32)
-    instance_key = next(self._state.instance_keys)
+    # Unique over every program of this mesh (train and eval steps share
+    # groups): a reused instance key would join two different collectives.
+    instance_key = next(self._instance_keys)
     return self._group_size(mesh_axes), group_key, instance_key
 
   def _token(self) -> list:

@@ -79,12 +79,13 @@ def _logged_losses(model_dir):
   return losses, per_file
 
 
-def _launcher(tmp_path, workers, devices_per_worker, train_steps, **kwargs):
+def _launcher(tmp_path, workers, devices_per_worker, train_steps, extra_args=(), **kwargs):
   out = open(tmp_path / "client.out", "w+")  # pylint: disable=consider-using-with
   messages = []
   model_dir = tmp_path / "model"
   launcher = launch.Launcher(
-      [SCRIPT, f"--model_dir={model_dir}", f"--train_steps={train_steps}", *MNIST_ARGS],
+      [SCRIPT, f"--model_dir={model_dir}", f"--train_steps={train_steps}", *MNIST_ARGS,
+       *extra_args],
       workers=workers, devices_per_worker=devices_per_worker, stdout=out,
       log=messages.append, log_dir=str(tmp_path / "logs"),
       env={"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}, **kwargs)
@@ -98,8 +99,11 @@ def _read(out):
 
 
 def test_four_workers_train_like_one_process(tmp_path, reference_losses):
+  """With the SIMD lowering (one program for every processor) across the
+  workers; the other multi-host test uses the placement lowering."""
   steps = 30
-  launcher, out, messages, model_dir = _launcher(tmp_path, 4, 2, steps, timeout_s=300)
+  launcher, out, messages, model_dir = _launcher(tmp_path, 4, 2, steps, timeout_s=300,
+                                                 extra_args=["--lowering=simd"])
   result = launcher.run()
   text = _read(out)
   assert result.returncode == 0, f"{messages}\n{text[-3000:]}"

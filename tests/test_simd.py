@@ -21,7 +21,7 @@ MESHES = [("all:8", "batch:all"), ("rows:2;cols:4", "batch:rows;hidden:cols"),
 BATCH, FEATURES, HIDDEN, OUT = 8, 4, 16, 4
 
 
-@settings(max_examples=2, deadline=None, derandomize=True, database=None,
+@settings(max_examples=1, deadline=None, derandomize=True, database=None,
           phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1))
@@ -144,8 +144,8 @@ def test_models_train_like_placement_with_the_trainer():
       trainer = mtf.training.Trainer(model_fn, shapes, impl,
                                      mtf.optimize.AdamWeightDecayOptimizer(1e-2),
                                      log_every=0, log_fn=lambda line: None)
-      losses.append(trainer.train(data, steps=3)["loss"])
-      assert trainer.global_step == 3
+      losses.append(trainer.train(data, steps=2)["loss"])
+      assert trainer.global_step == 2
     np.testing.assert_allclose(losses[0], losses[1], rtol=2e-5, atol=1e-6)
     assert losses[0][-1] < losses[0][0]
 
