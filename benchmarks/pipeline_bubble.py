@@ -6,9 +6,9 @@
 1. Bubble fraction of the GPipe and 1F1B schedules for S = 4 stages and
    M = 1..16 micro-batches: the theoretical (S - 1) / (M + S - 1), the idle
    stage-slots counted in the schedule table the graph is built from, and,
-   for GPipe, the value measured in the executed graph (a flag that moves
-   through the pipeline with the data counts the stage-ticks that did
-   useful work; 1 - useful / all), and a time-based value: step times of a
+   the value measured in the executed graph (a flag that moves through the
+   pipeline with the data, and for 1F1B with the cotangents too, counts the
+   stage-ticks or stage-slots that did useful work; 1 - useful / all), and a time-based value: step times of a
    forward pipeline for M = 1..16 at a fixed micro-batch size, fitted as
    T(M) = c (M + S - 1) + d, give the time per tick c; the bubble's share of
    the step is c (S - 1) / T(M). (On a CPU whose logical devices share two
@@ -71,6 +71,30 @@ def measured_gpipe_bubble(stages: int, micro: int) -> float:
   return 1.0 - useful / stats["stage_ticks"]
 
 
+def measured_1f1b_bubble(stages: int, micro: int) -> float:
+  """1 - useful / all stage-slots of the explicit 1F1B schedule, counted by
+  flags that travel with the activations and the cotangents in the
+  executed graph."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  batch = mtf.Dimension("batch", 2 * micro)
+  w = mtf.Dimension("w", 4)
+  x = mtf.ones(mesh, mtf.Shape([batch, w]))
+
+  def stage_fn(h):
+    k = mtf.get_variable(h.mesh, "k", [w])
+    return mtf.tanh(h * k)
+  loss, stats = pl.pipeline_loss(stage_fn, lambda y: mtf.reduce_sum(y), x,
+                                 mtf.Dimension("stages", stages), micro, schedule="1f1b",
+                                 return_stats=True)
+  mtf.gradients([loss], [v.outputs[0] for v in graph.trainable_variables])
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl(f"pp:{stages}", "stages:pp",
+                                                   DEVICES[:stages])
+  lowering = mtf.Lowering(graph, {mesh: impl})
+  useful = float(lowering.export_to_tf_tensor(stats["useful_stage_slots"]).numpy())
+  return 1.0 - useful / (stages * stats["slots"])
+
+
 def tick_timings(stages: int = 4, micro_batch: int = 128, width: int = 512, repeats: int = 9):
   """Step time of a forward GPipe pipeline for several M at a fixed
   micro-batch size: T(M) ~ c (M + S - 1) + d. The least-squares fit gives
@@ -120,14 +144,17 @@ def tick_timings(stages: int = 4, micro_batch: int = 128, width: int = 512, repe
 def bubble_table(stages: int = 4):
   print(f"## Bubble fraction, S = {stages} stages\n")
   print("| M | theory (S-1)/(M+S-1) | GPipe: counted in table | GPipe: measured in graph "
-        "| 1F1B: counted in table | max micro-batches in flight GPipe / 1F1B |")
-  print("|---|---|---|---|---|---|")
+        "| 1F1B: counted in table | 1F1B: measured in graph "
+        "| max micro-batches in flight GPipe / 1F1B |")
+  print("|---|---|---|---|---|---|---|")
   for micro in (1, 2, 4, 8, 16):
     g = pl.PipelineSchedule("gpipe", stages, micro)
     f = pl.PipelineSchedule("1f1b", stages, micro)
     measured = measured_gpipe_bubble(stages, micro)
+    measured_f = measured_1f1b_bubble(stages, micro)
     print(f"| {micro} | {g.bubble_fraction:.3f} | {g.idle_fraction:.3f} | {measured:.3f} "
-          f"| {f.idle_fraction:.3f} | {g.max_in_flight()} / {f.max_in_flight()} |")
+          f"| {f.idle_fraction:.3f} | {measured_f:.3f} "
+          f"| {g.max_in_flight()} / {f.max_in_flight()} |")
   print()
 
 

@@ -571,8 +571,11 @@ def pipeline_loss(stage_fn: Callable[..., Tensor], loss_fn: Callable[..., Tensor
     batch_dim: the dimension cut into micro-batches (default: x's first).
     init_name_fn: see `StageVariables`.
     return_stats: also return {"schedule": PipelineSchedule, "slots": its
-      number of slots, "idle_fraction": counted idle stage-slots of the
-      schedule the graph executes}.
+      number of slots, "idle_fraction": the idle stage-slots counted in the
+      schedule table, "useful_stage_slots": an mtf scalar measured in the
+      executed graph (flags that travel with the activations and, for
+      1F1B, with the cotangents; for GPipe twice the forward count, the
+      backward mirroring it), out of S * slots}.
 
   Returns:
     the scalar loss, or (loss, aux) with the aux tensors of all
@@ -591,11 +594,13 @@ def pipeline_loss(stage_fn: Callable[..., Tensor], loss_fn: Callable[..., Tensor
   table = PipelineSchedule(schedule, s_count, m_count)
   stats = {"schedule": table, "slots": table.num_slots, "idle_fraction": table.idle_fraction}
   if schedule == "gpipe":
-    y = pipeline(stage_fn, x, stages_dim, m_count, carried=carried, batch_dim=batch_dim,
-                 init_name_fn=init_name_fn)
+    y, gpipe_stats = pipeline(stage_fn, x, stages_dim, m_count, carried=carried,
+                              batch_dim=batch_dim, init_name_fn=init_name_fn, return_stats=True)
     ys = _split_microbatches(y, batch_dim, m_count, "y")
     ins = [_split_microbatches(t, batch_dim, m_count, "loss input") for t in loss_inputs]
     heads = [_loss_and_aux(loss_fn(ys[m], *[i[m] for i in ins])) for m in range(m_count)]
+    # The backward pass mirrors the forward ticks counted by the flag.
+    stats["useful_stage_slots"] = gpipe_stats["useful_stage_ticks"] * 2.0
     loss = ew.add_n([h[0] for h in heads])
     aux = [h[1] for h in heads]
   else:
@@ -603,6 +608,7 @@ def pipeline_loss(stage_fn: Callable[..., Tensor], loss_fn: Callable[..., Tensor
                     batch_dim, init_name_fn)
     loss = run.build()
     aux = run.aux
+    stats["useful_stage_slots"] = run.useful_stage_slots
   result = loss
   if aux[0] is not None:
     mb_dim = Dimension(batch_dim.name, batch_dim.size // m_count)
@@ -665,6 +671,7 @@ class _OneFOneB:
     self.mesh = x.mesh
     self.sv = StageVariables(self.mesh, stages_dim, init_name_fn)
     self.aux: List[Optional[Tensor]] = [None]
+    self.useful_stage_slots: Optional[Tensor] = None
 
   def _prepare(self):
     """Creates the stage's stacked variables and the loss's variables
@@ -740,6 +747,9 @@ class _OneFOneB:
     recv_b = {}             # per slot: input gradients shifted to stage - 1
     head_dy = {}                       # m -> dloss_m / dy_m
     aux = [None] * m_count
+    one = _ones_scalar(self.mesh)
+    flags = []                         # per phase: 1 where a stage got real work
+    recv_b_flag = {}
     losses = []
     prev = []                          # the previous slot's results (ordering)
     for u, row in enumerate(self.table.table):
@@ -750,15 +760,20 @@ class _OneFOneB:
         parts = []
         for s, m in fwd.items():
           if s == 0:
-            src = [xs[m]] + [ci[m] for ci in cs]
+            src = [xs[m]] + [ci[m] for ci in cs] + [one]
             parts.append((s, None, src))
           else:
             parts.append((s, f_done[(s - 1, m)], None))
+        # The last entry is a flag that travels with the data (it counts the
+        # stage-slots that received a real micro-batch).
         state = self._route(parts, recv_f, prev, first_b)
+        flags.append(state[-1])
+        state = state[:-1]
         with self.sv.stacked():
           h = self.stage_fn(*state)
         f_in[u] = state
-        recv_f[u] = [slicing.shift(t, 1, self.stages_dim, wrap=False) for t in [h] + state[1:]]
+        recv_f[u] = [slicing.shift(t, 1, self.stages_dim, wrap=False)
+                     for t in [h] + state[1:] + [flags[-1]]]
         results.append(h)
         for s, m in fwd.items():
           f_done[(s, m)] = u
@@ -777,13 +792,18 @@ class _OneFOneB:
       if bwd:
         # Stashed stage inputs of the micro-batches being differentiated.
         stash = self._select([(s, f_in[f_done[(s, m)]]) for s, m in bwd.items()], prev)
-        cot_parts = []
+        cot_parts, flag_parts = [], []
         for s, m in bwd.items():
           if s == s_count - 1:
             cot_parts.append((s, head_dy[m]))
+            flag_parts.append((s, one))
           else:
             cot_parts.append((s, recv_b[b_done[(s + 1, m)]]))
+            flag_parts.append((s, recv_b_flag[b_done[(s + 1, m)]]))
         cot = self._select_cotangent(cot_parts, stash[0].shape)
+        b_flag = self._select_cotangent(flag_parts, Shape([self.stages_dim]))
+        flags.append(b_flag)
+        recv_b_flag[u] = slicing.shift(b_flag, -1, self.stages_dim, wrap=False)
         h_in = control.stop_gradient(stash[0])
         start = len(graph.operations)
         with self.sv.stacked():
@@ -808,6 +828,7 @@ class _OneFOneB:
     grads = dict(acc)
     grads[x] = dx_full
     self.aux = aux
+    self.useful_stage_slots = control.stop_gradient(reduction.reduce_sum(ew.add_n(flags)))
     return ew.add_n(losses), grads
 
   def _route(self, parts, recv_f, prev, first_b):

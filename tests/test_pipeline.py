@@ -188,6 +188,7 @@ def _toy(schedule):
   grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
   lowering = mtf.Lowering(graph, {mesh: make_impl(PP_MESH, PP_LAYOUT)})
   values = {v.name: lowering.export_to_tf_tensor(g).numpy() for v, g in zip(variables, grads)}
+  stats["useful"] = float(lowering.export_to_tf_tensor(stats["useful_stage_slots"]).numpy())
   return float(lowering.export_to_tf_tensor(loss).numpy()), values, stats
 
 
@@ -200,6 +201,11 @@ def test_pipeline_loss_one_f_one_b_equals_gpipe():
     assert np.abs(grads_g[name]).max() > 0, name
     np.testing.assert_allclose(grads_f[name], grads_g[name], rtol=1e-5, atol=1e-6, err_msg=name)
   assert stats_f["slots"] == stats_g["slots"] == 2 * (M + S - 1)
+  # Measured in the executed graphs: flags moving with the activations (and
+  # the cotangents, 1F1B) count the stage-slots that did real work.
+  for stats in (stats_g, stats_f):
+    assert stats["useful"] == 2 * S * M
+    assert 1.0 - stats["useful"] / (S * stats["slots"]) == pytest.approx((S - 1) / (M + S - 1))
 
 
 def test_bubble_measured_in_executed_schedule():
