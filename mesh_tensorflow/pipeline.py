@@ -35,10 +35,14 @@ Schedules (`PipelineSchedule`):
 
 In this single-program (SPMD) formulation an idle stage still executes the
 tick's operations on zeros (its results are never used): the bubble costs
-time, not correctness. `PipelineSchedule.bubble_fraction` is the theoretical
-value; `pipeline(..., return_stats=True)` also returns a validity flag that
-travels through the executed schedule with the data, whose sum measures the
-useful stage-ticks that actually ran.
+time, not correctness; in a 1F1B slot every stage runs both the forward and
+the backward computation, masked to the work the table gives it (the order
+and the memory bound are real, the skipping of masked work per device is
+not). `PipelineSchedule.bubble_fraction` is the theoretical value;
+`pipeline(..., return_stats=True)` and `pipeline_loss(..., return_stats=True)`
+also return the useful stage-ticks (stage-slots) counted in the executed
+graph by flags that travel with the activations (and, in 1F1B, with the
+cotangents).
 
     >>> y = mtf.pipeline.pipeline(lambda h: my_layers(h), x, stages, 8)
     >>> # layout "stages:pp;batch:dp" on mesh "pp:4;dp:2"
