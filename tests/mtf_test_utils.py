@@ -77,3 +77,20 @@ def lower_and_run(builder: Callable[[mtf.Mesh], Dict[str, mtf.Tensor]], mesh_sha
 def assert_allclose(actual, expected, rtol=1e-5, atol=1e-5, msg=""):
   np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=rtol,
                              atol=atol, err_msg=msg)
+
+
+def import_mnist_example():
+  """examples/mnist.py imported as module "mnist_example", once per process
+  (its absl flags may only be defined once)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  name = "mnist_example"
+  if name not in sys.modules:
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "examples", "mnist.py")
+    spec = importlib.util.spec_from_file_location(name, script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+  return sys.modules[name]

@@ -2,7 +2,6 @@
 its checkpoints) and in-process, where loss curves of different layouts are
 compared tightly."""
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -10,6 +9,8 @@ import sys
 
 import numpy as np
 import pytest
+
+import mtf_test_utils
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO_ROOT, "examples", "mnist.py")
@@ -46,13 +47,7 @@ def _progress_steps(stdout):
 @pytest.fixture(scope="module")
 def mnist():
   """The example imported as a module (its absl flags are defined once)."""
-  name = "mnist_example"
-  if name not in sys.modules:
-    spec = importlib.util.spec_from_file_location(name, SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-  return sys.modules[name]
+  return mtf_test_utils.import_mnist_example()
 
 
 def test_default_run_reaches_90_percent(tmp_path):
