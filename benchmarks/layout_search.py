@@ -2,6 +2,7 @@
 
     python benchmarks/layout_search.py [--models mlp,transformer] [--repeats 5]
         [--steps 5] [--sample 16] [--params cpu|params.json] [--fit]
+        [--clock wall|cpu] [--stat median|min] [--save times.json]
 
 For each model (the MLP and the two-layer transformer of bench_models.py) on
 8 logical CPUs:
@@ -16,6 +17,10 @@ For each model (the MLP and the two-layer transformer of bench_models.py) on
   times, and the ratio of the picked layout's measured step time to the best
   hand-written layout in mesh_tensorflow/transformer/gin/layouts/ (those that
   are legal for the model; single.gin runs on one device).
+
+--clock cpu measures this process's CPU time per step instead of wall-clock
+time: on a machine that other jobs load, wall-clock medians of one layout vary
+between runs far more than the differences between layouts.
 
 --fit also fits the five CPU speed parameters to the measurements (non-negative
 least squares) and prints them as JSON; the defaults in cost_model.py came

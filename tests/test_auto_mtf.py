@@ -41,7 +41,8 @@ def is_legal(graph, mesh_shape, rules):
 
 def test_package_and_original_import_paths():
   assert mtf.auto_mtf is auto_mtf
-  from mesh_tensorflow.auto_mtf import layout, layout_and_mesh_shape  # noqa: F401
+  from mesh_tensorflow.auto_mtf import layout, layout_and_mesh_shape
+  assert layout is mtf.auto_mtf.layout and callable(layout_and_mesh_shape)
 
 
 def test_mesh_shapes_are_factorizations():
