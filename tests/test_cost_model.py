@@ -207,7 +207,7 @@ def test_device_params_defaults_json_and_errors(tmp_path):
 
 
 def test_calibrate_measures_positive_parameters(capsys, tmp_path):
-  params = cost_model.calibrate(num_devices=8, repeats=1)
+  params = cost_model.calibrate(num_devices=8, repeats=2)
   assert params.shares_memory and 1 <= params.parallel_processors <= 8
   for field in ("flops_per_s", "memory_bytes_per_s", "collective_bytes_per_s",
                 "collective_latency_s", "op_overhead_s"):
@@ -215,3 +215,7 @@ def test_calibrate_measures_positive_parameters(capsys, tmp_path):
   # The command line without --calibrate prints the defaults as JSON.
   assert cost_model.main([]) == 0
   assert json.loads(capsys.readouterr().out)["cpu"]["parallel_processors"] >= 1
+  # --calibrate --output writes what DeviceParams.from_json reads.
+  out = tmp_path / "params.json"
+  assert cost_model.main(["--calibrate", f"--output={out}"]) == 0
+  assert cost_model.DeviceParams.from_json(str(out)).name == "calibrated"

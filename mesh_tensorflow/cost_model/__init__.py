@@ -1170,8 +1170,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   cpu = tf.config.list_physical_devices("CPU")[0]
-  tf.config.set_logical_device_configuration(
-      cpu, [tf.config.LogicalDeviceConfiguration()] * args.devices)
+  try:
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * args.devices)
+  except RuntimeError:
+    pass  # TensorFlow already started (e.g. in tests): calibrate() checks the count.
   params = calibrate(args.devices)
   text = params.to_json()
   print(text)
