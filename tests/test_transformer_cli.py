@@ -54,7 +54,10 @@ def test_language_model_train_resume_eval_infer_score(tmp_path):
   model_dir = tmp_path / "lm"
   lm = ["run.sequence_length = {'inputs': 32, 'targets': 32}"]
   out = _main("--gin_file=models/tiny_lm.gin", "--gin_file=layouts/2x4.gin",
-              model_dir=model_dir, params=lm + ["run.train_steps = 4"])
+              "--print_layout_report", model_dir=model_dir,
+              params=lm + ["run.train_steps = 4"])
+  # --print_layout_report prints the layout report before training.
+  assert out.index("layout '") < out.index("final: ")
   final = _final(out)
   assert final["step"] == 4 and 2.0 < final["unigram_entropy"] < 5.6
   assert final["eval_cross_entropy"] < 5.6  # below log(vocab) after a few steps
