@@ -124,17 +124,19 @@ class SimdMeshImpl(MeshImpl):
     shape: mesh shape, e.g. "rows:2;cols:4".
     layout: layout rules, e.g. "batch:rows;hidden:cols".
     devices: one device per processor, in pnum order (CPU or GPU devices of
-      this process, or `/job:worker/task:N/...` devices of a cluster). Not
+      this process, or `/job:worker/task:N/...` devices of a cluster). None:
+      this process's first GPUs if it has enough, else its logical CPUs. Not
       needed for the "tpu" backend.
-    backend: "devices", "tpu", or "auto" ("tpu" when TPU devices are given).
+    device_assignment: for the TPU backend, a
+      `tf.tpu.experimental.DeviceAssignment`; see `tpu_device_assignment`.
+    backend: "devices", "tpu", or "auto" ("tpu" when TPU devices or a
+      device_assignment are given).
     collective_timeout: seconds after which a collective whose peers never
       arrive fails with an error instead of waiting forever; 0 (the default)
       waits forever. TensorFlow keeps a thread alive per collective execution
       for the whole timeout, so with a long timeout and many collectives per
       step threads pile up (measured: 2 per collective per device); use a
       short one (seconds to minutes) to debug hangs or on multi-host meshes.
-    device_assignment: for the TPU backend, a
-      `tf.tpu.experimental.DeviceAssignment`; see `tpu_device_assignment`.
 
   Example:
     >>> impl = mtf.simd_mesh_impl.SimdMeshImpl(
@@ -142,8 +144,8 @@ class SimdMeshImpl(MeshImpl):
   """
 
   def __init__(self, shape, layout, devices: Optional[Sequence[str]] = None,
-               backend: str = "auto", collective_timeout: float = 0.0,
-               device_assignment=None):
+               device_assignment=None, backend: str = "auto",
+               collective_timeout: float = 0.0):
     super().__init__(shape, layout)
     if backend not in _BACKENDS:
       raise ValueError(f"SimdMeshImpl: backend={backend!r}; choose one of {_BACKENDS}.")
@@ -153,7 +155,9 @@ class SimdMeshImpl(MeshImpl):
           "TPU" in (tf.DeviceSpec.from_string(d).device_type or "").upper() for d in devices)
       backend = "tpu" if (is_tpu or device_assignment is not None) else "devices"
     if backend == "devices":
-      if devices is None or len(devices) != self.size:
+      if devices is None:
+        devices = _local_devices(self.size)
+      if len(devices) != self.size:
         raise ValueError(
             f"SimdMeshImpl: mesh shape '{self.shape.to_string()}' has {self.size} "
             f"processors but {0 if devices is None else len(devices)} devices were "
@@ -638,6 +642,18 @@ class SimdMeshImpl(MeshImpl):
         return step_fn(*step_args)
     return tf.compat.v1.tpu.replicate(
         computation, inputs=replica_inputs, device_assignment=self._device_assignment)
+
+
+def _local_devices(n: int) -> List[str]:
+  """This process's first n GPUs if it has n, else its first n logical CPUs."""
+  for kind in ("GPU", "CPU"):
+    found = [d.name for d in tf.config.list_logical_devices(kind)]
+    if len(found) >= n:
+      return found[:n]
+  raise ValueError(
+      f"SimdMeshImpl: the mesh has {n} processors but this process has fewer GPUs and "
+      f"fewer logical CPUs ({len(tf.config.list_logical_devices('CPU'))}). Pass devices=, "
+      "or split the CPU first with tf.config.set_logical_device_configuration.")
 
 
 def _device_sort_key(device: str):

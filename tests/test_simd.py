@@ -210,6 +210,10 @@ def test_program_size_does_not_grow_with_the_mesh():
 def test_errors_are_clear():
   with pytest.raises(ValueError, match="8 processors but 4 devices"):
     simd_mesh_impl.SimdMeshImpl("all:8", "batch:all", DEVICES[:4])
+  # The original's call form: (mesh_shape, layout_rules, devices, device_assignment).
+  assert len(simd_mesh_impl.SimdMeshImpl("all:8", "batch:all").devices) == 8  # local CPUs
+  assignment = simd_mesh_impl.tpu_device_assignment("all:8", [2, 2, 1], cores_per_chip=2)
+  assert simd_mesh_impl.SimdMeshImpl("all:8", "batch:all", None, assignment).backend == "tpu"
   with pytest.raises(ValueError, match="backend"):
     simd_mesh_impl.SimdMeshImpl("all:8", "batch:all", DEVICES, backend="mpi")
   impl = simd_mesh_impl.SimdMeshImpl("all:8", "batch:all", DEVICES)
