@@ -46,6 +46,8 @@ class Lowering:
         raise TypeError(
             "Lowering: mesh_to_impl must map mtf.Mesh to a MeshImpl, got "
             f"{mesh!r}: {impl!r}.")
+    for impl in self.mesh_to_impl.values():
+      impl.check_can_lower()
     for op in graph.operations:
       if op.mesh not in self.mesh_to_impl:
         raise ValueError(

@@ -228,6 +228,9 @@ class MeshImpl:
   def variable_device(self, pnum: int):
     raise NotImplementedError
 
+  def check_can_lower(self) -> None:
+    """Raises a clear error if a Lowering cannot use this implementation now."""
+
   @property
   def num_local_slices(self) -> int:
     """How many slices a LaidOutTensor holds here: one per processor for

@@ -187,6 +187,14 @@ class SimdMeshImpl(MeshImpl):
   def host_device(self) -> str:
     return self._devices[0]
 
+  def check_can_lower(self) -> None:
+    if self._state is None:
+      raise ValueError(
+          "SimdMeshImpl: mtf.Lowering with a SimdMeshImpl must run inside "
+          "SimdMeshImpl.run(step_fn, ...) (or run_all / trace_program): the graph is "
+          "lowered once, as the program every processor runs. Move the Lowering and "
+          "the exports into step_fn, or use PlacementMeshImpl.")
+
   # ---- the current processor ----------------------------------------------
   @property
   def pnum(self) -> tf.Tensor:

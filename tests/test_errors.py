@@ -193,6 +193,13 @@ def _laid_out_wrong_slice_count():
   return _lower(graph, mesh, "all:8", "", [x])
 
 
+def _simd_lowering_outside_run():
+  graph, mesh = _mesh()
+  mtf.zeros(mesh, "batch:8")
+  impl = mtf.simd_mesh_impl.SimdMeshImpl("all:8", "batch:all", DEVICES)
+  return mtf.Lowering(graph, {mesh: impl})
+
+
 ERROR_CASES = [
     ErrorCase("binary_size_mismatch",
               "Binary op on tensors whose same-named dimension has different sizes",
@@ -218,6 +225,9 @@ ERROR_CASES = [
     ErrorCase("rule_names_unknown_mesh_dim",
               "Layout rule names a mesh dimension the mesh does not have",
               _rule_names_unknown_mesh_dim, ValueError, ("'columns'", "batch:columns")),
+    ErrorCase("simd_lowering_outside_run",
+              "mtf.Lowering with a SimdMeshImpl outside SimdMeshImpl.run",
+              _simd_lowering_outside_run, ValueError, ("SimdMeshImpl.run", "step_fn")),
     ErrorCase("device_count",
               "Number of devices differs from the number of processors in the mesh",
               _too_few_devices, ValueError, ("8 processors", "6 devices")),
