@@ -13,23 +13,33 @@ steps. The learning-rate schedule is evaluated at the *effective progress*
 tau, which advances by r per update (instead of 1), so a run with scale S
 reaches the end of its schedule in about 1/r as many updates.
 
-Method. The S gradient samples are the gradients of the S micro-batches that
-make up one update (Trainer `grad_accum_steps = S`; on a data-parallel mesh
-each micro-batch is itself split over the replicas, so the base batch is one
-micro-batch and an update sees S of them). With samples g_1..g_S of mean G:
+Gradient samples. AdaScale needs S gradients g_1..g_S of base batches per
+update; it takes them from one of two places (`samples=`):
+
+* "replicas" (the default when the layout splits "batch" over a mesh
+  dimension of size R > 1 and the Trainer has grad_accum_steps == 1): the
+  base batch is one replica's local batch and S = R. The per-replica
+  gradients are the partial sums of the pending data-parallel allreduce of
+  each weight gradient (`mtf.replica_stats.replica_squared_norm`): each
+  processor squares and sums its partial slice, one scalar allreduce gives
+  mean_r |g_r|^2 with g_r = R * partial_r. No micro-batching, no extra
+  gradient memory, one scalar collective per weight.
+* "microbatches" (the default with grad_accum_steps = S > 1): the samples are
+  the gradients of the S micro-batches of one update. Each micro-batch adds
+  |g_i|^2 (one scalar allreduce) to a checkpointed accumulator; the update
+  step adds the last sample.
+
+With samples g_1..g_S of mean G (the averaged gradient that is applied):
 
     sigma^2_hat = S / (S - 1) * (mean_i |g_i|^2 - |G|^2)     (unbiased)
     mu^2_hat    = |G|^2 - sigma^2_hat / S                     (unbiased)
 
-Each micro-batch adds |g_i|^2 (one scalar allreduce) to a checkpointed
-accumulator; the update step adds the last sample and reads |G|^2 from the
-averaged gradient. Both estimates are clipped at 0 and smoothed by
-exponential moving averages with decay `smoothing` (bias-corrected, so the
-first update uses the raw estimates). S = 1 gives r = 1 exactly (no variance
-can be estimated from one sample, and none matters).
+Both estimates are clipped at 0 and smoothed by exponential moving averages
+with decay `smoothing` (bias-corrected, so the first update uses the raw
+estimates). S = 1 (one replica, no micro-batching) gives r = 1 exactly.
 
-    >>> opt = mtf.adascale.AdaScale(mtf.optimize.MomentumOptimizer(0.1, 0.9), scale=4)
-    >>> trainer = mtf.training.Trainer(model_fn, shapes, impl, opt, grad_accum_steps=4)
+    >>> opt = mtf.adascale.AdaScale(mtf.optimize.MomentumOptimizer(0.1, 0.9))
+    >>> trainer = mtf.training.Trainer(model_fn, shapes, impl, opt)  # "batch:rows"
 """
 
 from __future__ import annotations
@@ -69,42 +79,147 @@ def gain_ratio(sigma2, mu2, scale: float, epsilon: float = 1e-30):
   return (sigma2 + mu2 + epsilon) / (sigma2 * (1.0 / scale) + mu2 + epsilon)
 
 
+SAMPLES = ("replicas", "microbatches")
+
+
 class AdaScale(Optimizer):
   """Wraps an optimizer: its learning rate is multiplied by the gain ratio and
   its schedule follows the effective progress (see the module docstring).
 
   State (non-trainable, checkpointed, replicated scalars): `adascale/sample_sq_sum`
-  (sum of |g_i|^2 of the micro-batches so far), `adascale/sigma2`,
+  (micro-batch samples: sum of |g_i|^2 so far), `adascale/sigma2`,
   `adascale/mu2`, `adascale/weight` (the moving averages and their bias
   correction) and `adascale/progress` (tau). `mtf.scalar_summary` reports
-  `adascale/gain`, `adascale/sigma2`, `adascale/mu2` and `adascale/progress`.
+  `adascale/gain`, `adascale/sigma2`, `adascale/mu2`, `adascale/sample_sq_mean`
+  (mean_i |g_i|^2 of this update's samples) and `adascale/progress`.
+
+  `mtf.training.Trainer` calls `configure(mesh_impl, grad_accum_steps)`,
+  which settles `samples` and `scale`; without a Trainer, call it yourself.
 
   Args:
     base_optimizer: an `mtf.optimize.Optimizer`, e.g. SGD or momentum.
-    scale: S, the number of base-batch gradient samples per update.
+    scale: S, the number of base-batch gradient samples per update. None: the
+      data-parallel replica count (samples "replicas") or grad_accum_steps.
     smoothing: decay of the moving averages of sigma^2 and mu^2, in [0, 1).
+    samples: "replicas", "microbatches" or None (choose: "replicas" when the
+      data-parallel mesh dimension has size > 1, grad_accum_steps is 1 and
+      scale is None or equals that size; else "microbatches").
+    mesh_dim: the data-parallel mesh dimension (default: the one the layout
+      splits "batch" over).
 
   Example:
-    >>> opt = mtf.adascale.AdaScale(mtf.optimize.SgdOptimizer(0.1), scale=4)
+    >>> opt = mtf.adascale.AdaScale(mtf.optimize.SgdOptimizer(0.1))
+    >>> opt.configure(impl)  # "all:8" with "batch:all": samples "replicas", scale 8
   """
 
-  def __init__(self, base_optimizer: Optimizer, scale: int, smoothing: float = 0.9):
+  def __init__(self, base_optimizer: Optimizer, scale: Optional[int] = None,
+               smoothing: float = 0.9, samples: Optional[str] = None,
+               mesh_dim: Optional[str] = None):
     super().__init__()
     if not isinstance(base_optimizer, Optimizer):
       raise TypeError(f"AdaScale: base_optimizer must be an mtf Optimizer, got "
                       f"{base_optimizer!r}.")
-    if int(scale) != scale or scale < 1:
+    if scale is not None and (int(scale) != scale or scale < 1):
       raise ValueError(f"AdaScale: scale must be a positive integer, got {scale!r}.")
     if not 0.0 <= smoothing < 1.0:
       raise ValueError(f"AdaScale: smoothing must be in [0, 1), got {smoothing}.")
+    if samples is not None and samples not in SAMPLES:
+      raise ValueError(f"AdaScale: samples must be one of {SAMPLES} or None, got "
+                       f"{samples!r}.")
     self.base_optimizer = base_optimizer
-    self.scale = int(scale)
+    self.requested_scale = None if scale is None else int(scale)
+    self.requested_samples = samples
     self.smoothing = float(smoothing)
+    self.mesh_dim = mesh_dim
+    # Settled by configure(); before it, an explicit microbatch setup works.
+    self.scale = self.requested_scale
+    self.samples = ("microbatches" if samples == "microbatches"
+                    or (samples is None and scale is not None) else None)
+    self.replica_mesh_dim = None
+
+  def configure(self, mesh_impl, grad_accum_steps: int = 1) -> None:
+    """Settles `samples`, `scale` and `mesh_dim` for training on `mesh_impl`
+    with `grad_accum_steps` micro-batches per update.
+
+    Raises:
+      ValueError: if the requested scale or samples do not fit the setup.
+
+    Example:
+      >>> opt.configure(mtf_test_utils.make_impl("all:8", "batch:all"))
+      >>> opt.samples, opt.scale
+      ('replicas', 8)
+    """
+    scale, samples = self.requested_scale, self.requested_samples
+    mesh_dim = self.mesh_dim or mesh_impl.layout_rules.mesh_dimension_name("batch")
+    names = mesh_impl.shape.dimension_names
+    if self.mesh_dim is not None and self.mesh_dim not in names:
+      raise ValueError(f"AdaScale: mesh_dim {self.mesh_dim!r} is not in the mesh "
+                       f"'{mesh_impl.shape.to_string()}'; pass one of {names}.")
+    replicas = mesh_impl.shape.dims[names.index(mesh_dim)].size if mesh_dim else 1
+    if samples is None:
+      auto_replicas = (grad_accum_steps == 1 and replicas > 1
+                       and scale in (None, replicas))
+      samples = "replicas" if auto_replicas else "microbatches"
+    if samples == "replicas":
+      if grad_accum_steps != 1:
+        raise ValueError(
+            f"AdaScale: samples='replicas' takes its samples from one step's replicas, "
+            f"but grad_accum_steps={grad_accum_steps}. Use grad_accum_steps=1, or "
+            "samples='microbatches' with scale=grad_accum_steps.")
+      if mesh_dim is None:
+        raise ValueError(
+            f"AdaScale: samples='replicas' needs a data-parallel mesh dimension, but "
+            f"the layout '{mesh_impl.layout_rules.to_string()}' does not split 'batch'. "
+            "Pass mesh_dim (e.g. 'rows'), or use samples='microbatches'.")
+      if scale is not None and scale != replicas:
+        raise ValueError(
+            f"AdaScale: scale={scale}, but samples='replicas' on mesh dimension "
+            f"{mesh_dim!r} gives {replicas} samples. Leave scale=None (or {replicas}).")
+      scale = replicas
+    else:
+      scale = grad_accum_steps if scale is None else scale
+      if scale != grad_accum_steps:
+        raise ValueError(
+            f"Trainer: the AdaScale optimizer has scale={scale}, but grad_accum_steps="
+            f"{grad_accum_steps}; its gradient samples are the micro-batches, so set "
+            "grad_accum_steps to its scale (or, with grad_accum_steps=1 on a "
+            f"data-parallel mesh, leave scale=None to sample the replicas).")
+    self.samples, self.scale, self.replica_mesh_dim = samples, scale, mesh_dim
 
   @staticmethod
   def _state(mesh: Mesh, name: str) -> Tensor:
     return var_ops.get_variable(mesh, f"adascale/{name}", Shape([]), dtype=tf.float32,
                                 initializer=tf.zeros_initializer(), trainable=False)
+
+  def _check_configured(self) -> None:
+    if self.samples is None or self.scale is None:
+      raise ValueError(
+          "AdaScale: samples and scale are not settled yet; call "
+          "opt.configure(mesh_impl, grad_accum_steps) (mtf.training.Trainer does) or "
+          "pass scale= with samples='microbatches'.")
+
+  def replica_sample(self, grads: Sequence[Optional[Tensor]], loss_scale=None) -> Tensor:
+    """mean_r |g_r|^2 over the data-parallel replicas (samples "replicas"),
+    from the raw gradients of `mtf.gradients` (their allreduce still pending).
+
+    Args:
+      grads: the gradients, as `mtf.gradients` returned them.
+      loss_scale: the `DynamicLossScale` the loss was multiplied by, if any.
+
+    Example:
+      >>> sq = opt.replica_sample(mtf.gradients([loss], weights))
+    """
+    self._check_configured()
+    from mesh_tensorflow.ops.replica_stats import replica_squared_norm
+    present = [g for g in grads if g is not None]
+    if not present:
+      raise ValueError("AdaScale.replica_sample: every gradient is None.")
+    terms = [replica_squared_norm(g, self.replica_mesh_dim) for g in present]
+    total = ew.add_n(terms) if len(terms) > 1 else terms[0]
+    if loss_scale is not None:
+      inverse = 1.0 / loss_scale.scale(present[0].mesh)
+      total = total * ew.cast(inverse * inverse, tf.float32)
+    return total
 
   def sample_ops(self, grads: Sequence[Optional[Tensor]]) -> List[Operation]:
     """Records one micro-batch's gradients (all samples but the last).
@@ -112,7 +227,8 @@ class AdaScale(Optimizer):
     Example:
       >>> ops = opt.sample_ops(micro_batch_grads)
     """
-    if self.scale == 1:
+    self._check_configured()
+    if self.scale == 1 or self.samples != "microbatches":
       return []
     mesh = next(g for g in grads if g is not None).mesh
     total = self._state(mesh, "sample_sq_sum")
@@ -120,24 +236,35 @@ class AdaScale(Optimizer):
 
   def gain(self, mean_grads: Sequence[Optional[Tensor]],
            last_sample: Optional[Sequence[Optional[Tensor]]] = None,
-           apply_if: Optional[Tensor] = None):
+           apply_if: Optional[Tensor] = None, replica_sample: Optional[Tensor] = None):
     """(gain ratio r, state update ops) for the update with mean gradient
-    `mean_grads`, the other samples having gone through `sample_ops`. Where
-    `apply_if` is false (a skipped step) the moving averages keep their values.
+    `mean_grads`. Samples "microbatches": the other samples went through
+    `sample_ops`, `last_sample` is the last one. Samples "replicas":
+    `replica_sample` is mean_r |g_r|^2 (default: computed from `mean_grads`,
+    which must then be raw gradients). Where `apply_if` is false (a skipped
+    step) the moving averages keep their values.
 
     Example:
       >>> r, ops = opt.gain(mean_grads, last_sample=grads)
     """
+    self._check_configured()
     mesh = next(g for g in mean_grads if g is not None).mesh
     if self.scale == 1:
       return 1.0, []
-    if last_sample is None:
-      raise ValueError("AdaScale: with scale > 1, pass last_sample (the last "
-                       "micro-batch's gradients) to apply_grads.")
     s = float(self.scale)
-    sample_sum = self._state(mesh, "sample_sq_sum")
     mean_sq = squared_norm(mean_grads)
-    samples_mean_sq = (sample_sum + squared_norm(last_sample)) * (1.0 / s)
+    reset = []
+    if self.samples == "replicas":
+      if replica_sample is None:
+        replica_sample = self.replica_sample(mean_grads)
+      samples_mean_sq = replica_sample
+    else:
+      if last_sample is None:
+        raise ValueError("AdaScale: with scale > 1, pass last_sample (the last "
+                         "micro-batch's gradients) to apply_grads.")
+      sample_sum = self._state(mesh, "sample_sq_sum")
+      samples_mean_sq = (sample_sum + squared_norm(last_sample)) * (1.0 / s)
+      reset = [var_ops.assign(sample_sum, ew.zeros_like_fn(sample_sum))]
     sigma2 = ew.maximum((samples_mean_sq - mean_sq) * (s / (s - 1.0)), 0.0)
     mu2 = ew.maximum(mean_sq - sigma2 * (1.0 / s), 0.0)
     decay = self.smoothing
@@ -156,13 +283,13 @@ class AdaScale(Optimizer):
     scalar_summary("adascale/gain", r)
     scalar_summary("adascale/sigma2", new_sigma2 * correction)
     scalar_summary("adascale/mu2", new_mu2 * correction)
+    scalar_summary("adascale/sample_sq_mean", samples_mean_sq)
     ops = [var_ops.assign(avg_sigma2, new_sigma2), var_ops.assign(avg_mu2, new_mu2),
-           var_ops.assign(weight, new_weight),
-           var_ops.assign(sample_sum, ew.zeros_like_fn(sample_sum))]
+           var_ops.assign(weight, new_weight)] + reset
     return r, ops
 
   def apply_grads(self, grads, variables, step=None, apply_if=None, lr_multiplier=None,
-                  last_sample=None) -> List[Operation]:
+                  last_sample=None, replica_sample=None) -> List[Operation]:
     """Applies the mean gradient of S samples with the base optimizer at
     learning rate x r, its schedule at the effective progress.
 
@@ -173,7 +300,10 @@ class AdaScale(Optimizer):
       apply_if: see `Optimizer.apply_grads`; a skipped step leaves the
         progress unchanged.
       lr_multiplier: an extra learning-rate factor.
-      last_sample: the gradients of the last micro-batch (required for S > 1).
+      last_sample: samples "microbatches": the gradients of the last
+        micro-batch (required for S > 1).
+      replica_sample: samples "replicas": `replica_sample(raw grads)` (default:
+        computed from `grads`, which must then be straight from mtf.gradients).
 
     Example:
       >>> ops = opt.apply_grads(mean_grads, variables, last_sample=grads)
@@ -184,7 +314,7 @@ class AdaScale(Optimizer):
     if not present:
       return []
     mesh = present[0].mesh
-    r, ops = self.gain(grads, last_sample, apply_if)
+    r, ops = self.gain(grads, last_sample, apply_if, replica_sample)
     progress = self._state(mesh, "progress")
     multiplier = r if lr_multiplier is None else r * lr_multiplier
     ops += self.base_optimizer.apply_grads(grads, variables, step=progress,

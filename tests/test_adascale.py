@@ -114,3 +114,122 @@ def test_a_skipped_step_leaves_the_statistics_and_progress_alone():
   assert np.all(np.isfinite(gains)) and np.all(np.isfinite(store["w"].numpy()))
   np.testing.assert_allclose(store["adascale/progress"].numpy(),
                              gains[0] + gains[2] + gains[3], rtol=1e-5)
+
+
+# ---- samples="replicas": the per-replica gradients of data parallelism -------
+
+BATCH = 64  # one update's global batch; 8 replicas of 8 examples on all:8
+
+
+def _replica_run(impl, steps=1, shapes=None, fn=model_fn, **adascale_kwargs):
+  opt = mtf.adascale.AdaScale(mtf.optimize.SgdOptimizer(LR), **adascale_kwargs)
+  shapes = shapes or {"x": f"batch:{BATCH};features:{FEATURES}", "y": f"batch:{BATCH}"}
+  data = tf.data.Dataset.from_tensor_slices({"x": X, "y": Y}).batch(BATCH).repeat()
+  trainer = mtf.training.Trainer(fn, shapes, impl, opt, log_every=0,
+                                 log_fn=lambda line: None)
+  history = trainer.train(data, steps=steps)
+  return opt, history, slice_variables.variable_store(impl)
+
+
+def _replica_grads(grad_fn, replicas):
+  """Each replica's gradient of the mean loss over its own chunk of the batch."""
+  chunk = BATCH // replicas
+  return [grad_fn(X[r * chunk:(r + 1) * chunk], Y[r * chunk:(r + 1) * chunk])
+          for r in range(replicas)]
+
+
+def _estimates(sample_sq_norms, mean_sq, s):
+  sigma2 = s / (s - 1) * (np.mean(sample_sq_norms) - mean_sq)
+  mu2 = mean_sq - sigma2 / s
+  return sigma2, mu2, (sigma2 + mu2) / (sigma2 / s + mu2)
+
+
+@pytest.mark.parametrize("simd", [False, True], ids=["placement", "simd"])
+def test_replica_samples_match_numpy_per_replica_gradients(simd):
+  if simd:
+    impl = mtf.simd_mesh_impl.SimdMeshImpl("all:8", "batch:all", mtf_test_utils.DEVICES)
+  else:
+    impl = mtf_test_utils.make_impl("all:8", "batch:all")
+  opt, history, store = _replica_run(impl)
+  assert (opt.samples, opt.scale) == ("replicas", 8)
+  w0 = np.zeros(FEATURES, np.float32)
+  g = np.stack(_replica_grads(lambda x, y: x.T @ (x @ w0 - y) / len(x), 8))
+  mean = g.mean(axis=0)
+  sq_norms = np.sum(g.astype(np.float64) ** 2, axis=1)
+  sigma2, mu2, gain = _estimates(sq_norms, np.sum(mean.astype(np.float64) ** 2), 8)
+  assert 1.0 < gain <= 8
+  np.testing.assert_allclose(history["summary/adascale/sample_sq_mean"][0],
+                             sq_norms.mean(), rtol=1e-4)
+  np.testing.assert_allclose(history["summary/adascale/sigma2"][0], sigma2, rtol=1e-4)
+  np.testing.assert_allclose(history["summary/adascale/mu2"][0], mu2, rtol=1e-4)
+  np.testing.assert_allclose(history["summary/adascale/gain"][0], gain, rtol=1e-4)
+  np.testing.assert_allclose(store["w"].numpy(), -LR * gain * mean, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(store["adascale/progress"].numpy(), gain, rtol=1e-5)
+
+
+def test_replica_gain_stays_in_range_over_steps():
+  _, history, store = _replica_run(mtf_test_utils.make_impl("all:8", "batch:all"), steps=3)
+  gains = np.array(history["summary/adascale/gain"])
+  assert np.all(gains > 1.0) and np.all(gains <= 8.0)
+  np.testing.assert_allclose(store["adascale/progress"].numpy(), gains.sum(), rtol=1e-5)
+
+
+def test_one_replica_gives_gain_exactly_one():
+  impl = mtf_test_utils.make_impl("rows:1;cols:8", "batch:rows")
+  opt, history, store = _replica_run(impl, steps=2, samples="replicas")
+  assert (opt.samples, opt.scale) == ("replicas", 1)
+  assert store["adascale/progress"].numpy() == 2.0
+  data = tf.data.Dataset.from_tensor_slices({"x": X, "y": Y}).batch(BATCH)
+  plain = mtf.training.Trainer(
+      model_fn, {"x": f"batch:{BATCH};features:{FEATURES}", "y": f"batch:{BATCH}"},
+      mtf_test_utils.make_impl("rows:1;cols:8", "batch:rows"), mtf.optimize.SgdOptimizer(LR),
+      log_every=0, log_fn=lambda line: None).train(data, steps=2)
+  np.testing.assert_allclose(history["loss"], plain["loss"], rtol=1e-6)
+
+
+HIDDEN = 8
+W1 = (RNG.normal(size=[FEATURES, HIDDEN]) / np.sqrt(FEATURES)).astype(np.float32)
+W2 = (RNG.normal(size=[HIDDEN]) / np.sqrt(HIDDEN)).astype(np.float32)
+
+
+def two_layer_fn(mesh, features, mode):
+  del mode
+  x, y = features["x"], features["y"]
+  hidden = mtf.Dimension("hidden", HIDDEN)
+  w1 = mtf.get_variable(mesh, "w1", [x.shape.dims[1], hidden],
+                        initializer=tf.constant_initializer(W1))
+  w2 = mtf.get_variable(mesh, "w2", [hidden], initializer=tf.constant_initializer(W2))
+  h = mtf.einsum([x, w1], output_shape=mtf.Shape([x.shape.dims[0], hidden]))
+  err = mtf.einsum([h, w2], output_shape=y.shape) - y
+  return mtf.reduce_mean(mtf.square(err)) * 0.5
+
+
+def test_two_by_four_layout_has_two_replicas_summed_over_model_parallel_slices():
+  impl = mtf_test_utils.make_impl("rows:2;cols:4", "batch:rows;hidden:cols")
+  opt, history, _ = _replica_run(impl, fn=two_layer_fn)
+  assert (opt.samples, opt.scale, opt.replica_mesh_dim) == ("replicas", 2, "rows")
+
+  def grads(x, y):
+    err = x @ W1 @ W2 - y
+    return np.concatenate([np.outer(x.T @ err, W2).ravel(), (x @ W1).T @ err]) / len(x)
+  g = np.stack(_replica_grads(grads, 2)).astype(np.float64)
+  sq_norms = np.sum(g ** 2, axis=1)
+  np.testing.assert_allclose(history["summary/adascale/sample_sq_mean"][0],
+                             sq_norms.mean(), rtol=1e-4)
+  _, _, gain = _estimates(sq_norms, np.sum(g.mean(axis=0) ** 2), 2)
+  np.testing.assert_allclose(history["summary/adascale/gain"][0], gain, rtol=1e-4)
+  assert 1.0 <= history["summary/adascale/gain"][0] <= 2.0
+
+
+def test_replica_squared_norm_needs_a_pending_sum():
+  def builder(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(X[:8]), "batch:8;features:8", name="x")
+    return {"sq": mtf.replica_squared_norm(x, "all")}
+  with pytest.raises(ValueError, match=r"x.*not a pending sum over mesh dimension 'all'"):
+    mtf_test_utils.lower_and_run(builder, "all:8", "batch:all")
+  with pytest.raises(ValueError, match="scale=4, but samples='replicas'"):
+    mtf.adascale.AdaScale(mtf.optimize.SgdOptimizer(0.1), scale=4, samples="replicas"
+                          ).configure(mtf_test_utils.make_impl("all:8", "batch:all"))
+  with pytest.raises(ValueError, match="does not split 'batch'"):
+    mtf.adascale.AdaScale(mtf.optimize.SgdOptimizer(0.1), samples="replicas"
+                          ).configure(mtf_test_utils.make_impl("all:8", "hidden:all"))

@@ -1,0 +1,108 @@
+"""Per-replica gradient statistics from a pending data-parallel allreduce.
+
+Under data parallelism a weight's gradient is lowered as a
+`LazyAllreduceSum`: each processor holds the partial sum of its own local
+batch, and the allreduce over the data-parallel mesh dimension is deferred.
+Those partial sums are the per-replica gradients, for free.
+`replica_squared_norm` reads them (before or after another consumer has
+completed the allreduce) and returns the mean over the R replicas of
+|g_r|^2, where g_r = R * partial_r, so that the mean of the g_r is the full
+gradient when the loss is a mean over the global batch.
+
+Cost: one local square-sum per processor and one scalar allreduce (plus, if
+the sum is also pending over other mesh dimensions, an allreduce of the
+partial gradient over those).
+
+    >>> sq = mtf.replica_stats.replica_squared_norm(grad_w, "rows")
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import tensorflow as tf
+
+from mesh_tensorflow.graph import Operation, Tensor
+from mesh_tensorflow.mesh_impl import LazyAllreduceSum
+from mesh_tensorflow.shapes import Shape
+
+
+def _pending_sum(lowering, x: Tensor):
+  """The LazyAllreduceSum that `x` was lowered to, or None: the live entry,
+  or the one the Lowering remembered when a consumer completed it."""
+  value = lowering.tensors.get(x)
+  if isinstance(value, LazyAllreduceSum):
+    return value
+  value = getattr(lowering, "completed_sums", {}).get(x)
+  return value if isinstance(value, LazyAllreduceSum) else None
+
+
+class ReplicaSquaredNorm(Operation):
+  """Mean over the replicas of `mesh_dim` of |g_r|^2 (a float32 scalar)."""
+
+  def __init__(self, grad: Tensor, mesh_dim: str, name: Optional[str] = None):
+    if not isinstance(mesh_dim, str) or not mesh_dim:
+      raise ValueError(f"replica_squared_norm: mesh_dim must be a mesh dimension name, "
+                       f"got {mesh_dim!r}.")
+    super().__init__([grad], name=name or "replica_squared_norm")
+    self.mesh_dim = mesh_dim
+    self._outputs = [Tensor(self, Shape([]), tf.float32)]
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    grad = self.inputs[0]
+    names = impl.shape.dimension_names
+    if self.mesh_dim not in names:
+      raise ValueError(
+          f"replica_squared_norm: mesh dimension {self.mesh_dim!r} is not in the mesh "
+          f"'{impl.shape.to_string()}'; pass one of {names}.")
+    axis = names.index(self.mesh_dim)
+    replicas = impl.mesh_axis_size(axis)
+    split_axes = {a for a in impl.tensor_layout(grad.shape) if a is not None}
+    if replicas == 1:
+      partial = lowering.laid_out(grad)
+    else:
+      pending = _pending_sum(lowering, grad)
+      if pending is None or axis not in pending.mesh_axes:
+        raise ValueError(
+            f"replica_squared_norm: {grad.name} {grad.shape} is not a pending sum over "
+            f"mesh dimension {self.mesh_dim!r} (the data-parallel allreduce of a "
+            "gradient), so its per-replica parts are unknown. Pass a gradient "
+            "straight from mtf.gradients on a layout that splits the batch over "
+            f"{self.mesh_dim!r}, or (AdaScale) use samples='microbatches'.")
+      partial = pending.laid_out_input
+      others = [a for a in pending.mesh_axes if a != axis]
+      if others:  # e.g. a batch split over two mesh dimensions
+        partial = impl.allreduce(partial, others, "SUM")
+    local = impl.slicewise(
+        lambda t: tf.reduce_sum(tf.square(tf.cast(t, tf.float32))), partial)
+    axes = sorted(split_axes | {axis})
+    total = impl.allreduce(local, axes, "SUM")
+    # mean_r |R p_r|^2 = R * sum_r |p_r|^2
+    result = impl.slicewise(lambda t: t * float(replicas), total)
+    lowering.set_tensor_lowering(self.outputs[0], result)
+
+
+def replica_squared_norm(grad: Tensor, mesh_dim: str, name: Optional[str] = None) -> Tensor:
+  """mean_r |g_r|^2 over the replicas r of `mesh_dim`, g_r = R * partial_r.
+
+  `grad` must be lowered as a sum still pending over `mesh_dim` (a gradient
+  from `mtf.gradients` with the batch split over `mesh_dim`); otherwise
+  lowering raises a ValueError naming the tensor and mesh dimension. With
+  `mesh_dim` of size 1 the result is |grad|^2.
+
+  Args:
+    grad: the gradient (any shape, any float dtype).
+    mesh_dim: the data-parallel mesh dimension name, e.g. "rows".
+    name: optional op name.
+
+  Returns:
+    A float32 mtf scalar.
+
+  Example:
+    >>> grads = mtf.gradients([loss], [w])
+    >>> sq = mtf.replica_stats.replica_squared_norm(grads[0], "all")
+  """
+  if not isinstance(grad, Tensor):
+    raise TypeError(f"replica_squared_norm: grad must be an mtf.Tensor, got {grad!r}.")
+  return ReplicaSquaredNorm(grad, mesh_dim, name=name).outputs[0]
