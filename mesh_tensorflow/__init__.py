@@ -29,6 +29,8 @@ from mesh_tensorflow import zero
 from mesh_tensorflow import offload
 from mesh_tensorflow import mixed_precision
 from mesh_tensorflow import adascale
+from mesh_tensorflow.ops import replica_stats
+from mesh_tensorflow.ops.replica_stats import replica_squared_norm
 from mesh_tensorflow.training import scalar_summary
 
 from mesh_tensorflow.ops.constant import (

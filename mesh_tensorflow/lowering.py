@@ -56,6 +56,7 @@ class Lowering:
     if not tf.executing_eagerly():
       graph.mark_lowered_into(tf.compat.v1.get_default_graph())
     self.tensors: Dict[Tensor, object] = {}
+    self.completed_sums: Dict[Tensor, object] = {}  # pending sums laid_out completed
     self.operations: Dict[Operation, object] = {}
     self.variables = {}
     self.collective_records: List[CollectiveRecord] = []
@@ -98,6 +99,8 @@ class Lowering:
           f"Tensor {mtf_tensor.name!r} was not lowered; it may come from another "
           "mtf.Graph or from inside a while_loop body.") from None
     laid_out = as_laid_out(value)
+    if laid_out is not value:  # replica_stats reads the partial sums later
+      self.completed_sums[mtf_tensor] = value
     self.tensors[mtf_tensor] = laid_out
     return laid_out
 

@@ -94,7 +94,8 @@ class Trainer:
       slots unchanged; the global step still advances) and logged.
 
   An `mtf.adascale.AdaScale` optimizer takes its gradient samples from the
-  micro-batches: give grad_accum_steps equal to its scale.
+  data-parallel replicas (grad_accum_steps=1) or from the micro-batches
+  (grad_accum_steps equal to its scale); the Trainer calls its `configure`.
 
   Example:
     >>> trainer = Trainer(model_fn, shapes, impl, mtf.optimize.SgdOptimizer(0.1))
@@ -113,12 +114,8 @@ class Trainer:
       raise ValueError(f"Trainer: grad_accum_steps must be >= 1, got {grad_accum_steps}.")
     if zero_stage not in zero.STAGES:
       raise ValueError(f"Trainer: zero_stage must be one of {zero.STAGES}, got {zero_stage!r}.")
-    scale = getattr(optimizer, "scale", None)
-    if hasattr(optimizer, "sample_ops") and scale != grad_accum_steps:
-      raise ValueError(
-          f"Trainer: the AdaScale optimizer has scale={scale}, but grad_accum_steps="
-          f"{grad_accum_steps}; its gradient samples are the micro-batches, so set "
-          "grad_accum_steps to its scale.")
+    if hasattr(optimizer, "sample_ops"):  # AdaScale: settle its gradient samples
+      optimizer.configure(mesh_impl, grad_accum_steps)
     self._zero_stage = zero_stage
     self._zero_mesh_dim = zero_mesh_dim
     self._loss_scale = loss_scale
@@ -201,6 +198,7 @@ class Trainer:
     if scaler is not None:
       loss = scaler.scale_loss(loss)
     grads = gradients([loss], [v.outputs[0] for v in variables])
+    raw_grads = grads  # AdaScale samples="replicas" reads their pending allreduce
     finite = None
     if scaler is not None:  # with micro-batches, their sum is checked below
       grads, finite = scaler.unscale(grads, check=self._accum == 1)
@@ -208,7 +206,9 @@ class Trainer:
     optimizer, step = self._optimizer_for(mesh, step_var)
     sampled = hasattr(optimizer, "sample_ops")  # AdaScale
     if self._accum == 1:
-      updates = optimizer.apply_grads(grads, variables, step=step, apply_if=finite)
+      extra = ({"replica_sample": optimizer.replica_sample(raw_grads, scaler)}
+               if sampled and optimizer.samples == "replicas" else {})
+      updates = optimizer.apply_grads(grads, variables, step=step, apply_if=finite, **extra)
     else:
       accums = [var_ops.get_variable(
           mesh, f"grad_accumulator/{v.name}", plan.shapes[v] if plan.shards_gradient(v)
