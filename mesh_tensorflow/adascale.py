@@ -214,8 +214,7 @@ class AdaScale(Optimizer):
     present = [g for g in grads if g is not None]
     if not present:
       raise ValueError("AdaScale.replica_sample: every gradient is None.")
-    terms = [replica_squared_norm(g, self.replica_mesh_dim) for g in present]
-    total = ew.add_n(terms) if len(terms) > 1 else terms[0]
+    total = replica_squared_norm(present, self.replica_mesh_dim)
     if loss_scale is not None:
       inverse = 1.0 / loss_scale.scale(present[0].mesh)
       total = total * ew.cast(inverse * inverse, tf.float32)

@@ -233,3 +233,40 @@ def test_replica_squared_norm_needs_a_pending_sum():
   with pytest.raises(ValueError, match="does not split 'batch'"):
     mtf.adascale.AdaScale(mtf.optimize.SgdOptimizer(0.1), samples="replicas"
                           ).configure(mtf_test_utils.make_impl("all:8", "hidden:all"))
+
+
+@pytest.mark.parametrize("option", ["loss_scale", "zero_stage_3"])
+def test_replica_samples_with_loss_scaling_and_zero(option):
+  """Loss scaling completes the allreduce (unscale) before AdaScale reads the
+  partial sums, and divides them by scale^2; ZeRO reduce-scatters them."""
+  kwargs = ({"loss_scale": mtf.mixed_precision.DynamicLossScale(initial_scale=1024.0)}
+            if option == "loss_scale" else {"zero_stage": 3})
+  impl = mtf_test_utils.make_impl("all:8", "batch:all")
+  opt = mtf.adascale.AdaScale(mtf.optimize.SgdOptimizer(LR))
+  data = tf.data.Dataset.from_tensor_slices({"x": X, "y": Y}).batch(BATCH)
+  history = mtf.training.Trainer(
+      model_fn, {"x": f"batch:{BATCH};features:{FEATURES}", "y": f"batch:{BATCH}"}, impl,
+      opt, log_every=0, log_fn=lambda line: None, **kwargs).train(data, steps=1)
+  w0 = np.zeros(FEATURES, np.float32)
+  g = np.stack(_replica_grads(lambda x, y: x.T @ (x @ w0 - y) / len(x), 8))
+  np.testing.assert_allclose(history["summary/adascale/sample_sq_mean"][0],
+                             np.mean(np.sum(g.astype(np.float64) ** 2, axis=1)), rtol=1e-4)
+
+
+def test_replica_squared_norm_op_sums_model_parallel_slices_in_one_allreduce():
+  def builder(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(X[:BATCH]), f"batch:{BATCH};features:8")
+    y = mtf.import_tf_tensor(mesh, tf.constant(Y[:BATCH]), f"batch:{BATCH}")
+    loss = two_layer_fn(mesh, {"x": x, "y": y}, "train")
+    w1, w2 = [v.outputs[0] for v in mesh.graph.trainable_variables]
+    return {"sq": mtf.replica_squared_norm(mtf.gradients([loss], [w1, w2]), "rows")}
+  got, lowering = mtf_test_utils.lower_and_run(
+      builder, "rows:2;cols:4", "batch:rows;hidden:cols", return_lowering=True)
+
+  def grads(x, y):
+    err = x @ W1 @ W2 - y
+    return np.concatenate([np.outer(x.T @ err, W2).ravel(), (x @ W1).T @ err]) / len(x)
+  g = np.stack(_replica_grads(grads, 2)).astype(np.float64)
+  np.testing.assert_allclose(got["sq"], np.mean(np.sum(g ** 2, axis=1)), rtol=1e-4)
+  counts = lowering.collective_counts("replica_squared_norm")
+  assert counts == {"allreduce": (1, 4)}  # one float32 scalar for both weights

@@ -9,16 +9,18 @@ completed the allreduce) and returns the mean over the R replicas of
 |g_r|^2, where g_r = R * partial_r, so that the mean of the g_r is the full
 gradient when the loss is a mean over the global batch.
 
-Cost: one local square-sum per processor and one scalar allreduce (plus, if
-the sum is also pending over other mesh dimensions, an allreduce of the
-partial gradient over those).
+Cost: one local square-sum per gradient slice and one scalar allreduce per
+distinct set of mesh axes to sum over (the data-parallel one plus those that
+split a gradient: usually one or two for a whole model), plus, for a
+gradient whose sum is also pending over other mesh dimensions, an allreduce
+of its partial gradient over those.
 
-    >>> sq = mtf.replica_stats.replica_squared_norm(grad_w, "rows")
+    >>> sq = mtf.replica_stats.replica_squared_norm(mtf.gradients([loss], ws), "rows")
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -38,19 +40,36 @@ def _pending_sum(lowering, x: Tensor):
 
 
 class ReplicaSquaredNorm(Operation):
-  """Mean over the replicas of `mesh_dim` of |g_r|^2 (a float32 scalar)."""
+  """Mean over the replicas of `mesh_dim` of |g_r|^2 (a float32 scalar), g_r
+  being the concatenation of replica r's parts of all the input gradients."""
 
-  def __init__(self, grad: Tensor, mesh_dim: str, name: Optional[str] = None):
+  def __init__(self, grads: Sequence[Tensor], mesh_dim: str, name: Optional[str] = None):
     if not isinstance(mesh_dim, str) or not mesh_dim:
       raise ValueError(f"replica_squared_norm: mesh_dim must be a mesh dimension name, "
                        f"got {mesh_dim!r}.")
-    super().__init__([grad], name=name or "replica_squared_norm")
+    super().__init__(grads, name=name or "replica_squared_norm")
     self.mesh_dim = mesh_dim
     self._outputs = [Tensor(self, Shape([]), tf.float32)]
 
+  def _partial(self, lowering, impl, grad: Tensor, axis: int):
+    """Replica `axis`'s part of `grad` on each processor."""
+    if impl.mesh_axis_size(axis) == 1:
+      return lowering.laid_out(grad)
+    pending = _pending_sum(lowering, grad)
+    if pending is None or axis not in pending.mesh_axes:
+      raise ValueError(
+          f"replica_squared_norm: {grad.name} {grad.shape} is not a pending sum over "
+          f"mesh dimension {self.mesh_dim!r} (the data-parallel allreduce of a "
+          "gradient), so its per-replica parts are unknown. Pass a gradient "
+          "straight from mtf.gradients on a layout that splits the batch over "
+          f"{self.mesh_dim!r}, or (AdaScale) use samples='microbatches'.")
+    others = [a for a in pending.mesh_axes if a != axis]
+    if others:  # e.g. a batch split over two mesh dimensions
+      return impl.allreduce(pending.laid_out_input, others, "SUM")
+    return pending.laid_out_input
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
-    grad = self.inputs[0]
     names = impl.shape.dimension_names
     if self.mesh_dim not in names:
       raise ValueError(
@@ -58,41 +77,37 @@ class ReplicaSquaredNorm(Operation):
           f"'{impl.shape.to_string()}'; pass one of {names}.")
     axis = names.index(self.mesh_dim)
     replicas = impl.mesh_axis_size(axis)
-    split_axes = {a for a in impl.tensor_layout(grad.shape) if a is not None}
-    if replicas == 1:
-      partial = lowering.laid_out(grad)
-    else:
-      pending = _pending_sum(lowering, grad)
-      if pending is None or axis not in pending.mesh_axes:
-        raise ValueError(
-            f"replica_squared_norm: {grad.name} {grad.shape} is not a pending sum over "
-            f"mesh dimension {self.mesh_dim!r} (the data-parallel allreduce of a "
-            "gradient), so its per-replica parts are unknown. Pass a gradient "
-            "straight from mtf.gradients on a layout that splits the batch over "
-            f"{self.mesh_dim!r}, or (AdaScale) use samples='microbatches'.")
-      partial = pending.laid_out_input
-      others = [a for a in pending.mesh_axes if a != axis]
-      if others:  # e.g. a batch split over two mesh dimensions
-        partial = impl.allreduce(partial, others, "SUM")
-    local = impl.slicewise(
-        lambda t: tf.reduce_sum(tf.square(tf.cast(t, tf.float32))), partial)
-    axes = sorted(split_axes | {axis})
-    total = impl.allreduce(local, axes, "SUM")
+    # Local square-sums, added locally per set of mesh axes to sum them over
+    # (the replica axis and the axes splitting the gradient): one scalar
+    # allreduce per set, usually one or two for a whole model.
+    groups = {}
+    for grad in self.inputs:
+      local = impl.slicewise(lambda t: tf.reduce_sum(tf.square(tf.cast(t, tf.float32))),
+                             self._partial(lowering, impl, grad, axis))
+      axes = tuple(sorted({a for a in impl.tensor_layout(grad.shape) if a is not None}
+                          | {axis}))
+      groups.setdefault(axes, []).append(local)
+    totals = [impl.allreduce(impl.slicewise(lambda *ts: tf.add_n(list(ts)), *locals_), axes,
+                             "SUM")
+              for axes, locals_ in groups.items()]
     # mean_r |R p_r|^2 = R * sum_r |p_r|^2
-    result = impl.slicewise(lambda t: t * float(replicas), total)
+    result = impl.slicewise(lambda *ts: tf.add_n(list(ts)) * float(replicas), *totals)
     lowering.set_tensor_lowering(self.outputs[0], result)
 
 
-def replica_squared_norm(grad: Tensor, mesh_dim: str, name: Optional[str] = None) -> Tensor:
+def replica_squared_norm(grads: Union[Tensor, Sequence[Optional[Tensor]]], mesh_dim: str,
+                         name: Optional[str] = None) -> Tensor:
   """mean_r |g_r|^2 over the replicas r of `mesh_dim`, g_r = R * partial_r.
 
-  `grad` must be lowered as a sum still pending over `mesh_dim` (a gradient
-  from `mtf.gradients` with the batch split over `mesh_dim`); otherwise
-  lowering raises a ValueError naming the tensor and mesh dimension. With
-  `mesh_dim` of size 1 the result is |grad|^2.
+  Each gradient must be lowered as a sum still pending over `mesh_dim` (a
+  gradient from `mtf.gradients` with the batch split over `mesh_dim`);
+  otherwise lowering raises a ValueError naming the tensor and mesh
+  dimension. With `mesh_dim` of size 1 the result is |grad|^2. For a list,
+  g_r concatenates replica r's parts of all gradients (None entries are
+  skipped), at one scalar allreduce per distinct set of mesh axes.
 
   Args:
-    grad: the gradient (any shape, any float dtype).
+    grads: a gradient or a list of them (any shapes, float dtypes).
     mesh_dim: the data-parallel mesh dimension name, e.g. "rows".
     name: optional op name.
 
@@ -100,9 +115,11 @@ def replica_squared_norm(grad: Tensor, mesh_dim: str, name: Optional[str] = None
     A float32 mtf scalar.
 
   Example:
-    >>> grads = mtf.gradients([loss], [w])
-    >>> sq = mtf.replica_stats.replica_squared_norm(grads[0], "all")
+    >>> grads = mtf.gradients([loss], [w1, w2])
+    >>> sq = mtf.replica_stats.replica_squared_norm(grads, "all")
   """
-  if not isinstance(grad, Tensor):
-    raise TypeError(f"replica_squared_norm: grad must be an mtf.Tensor, got {grad!r}.")
-  return ReplicaSquaredNorm(grad, mesh_dim, name=name).outputs[0]
+  grads = [grads] if isinstance(grads, Tensor) else [g for g in grads if g is not None]
+  if not grads or not all(isinstance(g, Tensor) for g in grads):
+    raise TypeError(f"replica_squared_norm: grads must be mtf Tensors (at least one), "
+                    f"got {grads!r}.")
+  return ReplicaSquaredNorm(grads, mesh_dim, name=name).outputs[0]
