@@ -270,3 +270,21 @@ def test_replica_squared_norm_op_sums_model_parallel_slices_in_one_allreduce():
   np.testing.assert_allclose(got["sq"], np.mean(np.sum(g ** 2, axis=1)), rtol=1e-4)
   counts = lowering.collective_counts("replica_squared_norm")
   assert counts == {"allreduce": (1, 4)}  # one float32 scalar for both weights
+
+
+def test_replicas_and_microbatches_agree_on_the_same_base_batches():
+  """8 replicas of 8 examples in one step of 64, and 8 micro-batches of 8 (each
+  spread over the replicas) see the same 8 base-batch gradients."""
+  _, replicas, replica_store = _replica_run(mtf_test_utils.make_impl("all:8", "batch:all"))
+  micro_data = tf.data.Dataset.from_tensor_slices({"x": X, "y": Y}).batch(8)
+  impl = mtf_test_utils.make_impl("all:8", "batch:all")
+  opt = mtf.adascale.AdaScale(mtf.optimize.SgdOptimizer(LR), scale=8)
+  micro = mtf.training.Trainer(
+      model_fn, {"x": f"batch:8;features:{FEATURES}", "y": "batch:8"}, impl, opt,
+      grad_accum_steps=8, log_every=0, log_fn=lambda line: None).train(micro_data, steps=1)
+  assert opt.samples == "microbatches"
+  for key in ("gain", "sigma2", "mu2", "sample_sq_mean"):
+    np.testing.assert_allclose(replicas[f"summary/adascale/{key}"][0],
+                               micro[f"summary/adascale/{key}"][0], rtol=1e-4)
+  np.testing.assert_allclose(replica_store["w"].numpy(),
+                             slice_variables.variable_store(impl)["w"].numpy(), rtol=1e-4)
