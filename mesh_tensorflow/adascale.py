@@ -145,7 +145,7 @@ class AdaScale(Optimizer):
       ValueError: if the requested scale or samples do not fit the setup.
 
     Example:
-      >>> opt.configure(mtf_test_utils.make_impl("all:8", "batch:all"))
+      >>> opt.configure(impl)  # PlacementMeshImpl("all:8", "batch:all", devices)
       >>> opt.samples, opt.scale
       ('replicas', 8)
     """
@@ -198,9 +198,11 @@ class AdaScale(Optimizer):
           "opt.configure(mesh_impl, grad_accum_steps) (mtf.training.Trainer does) or "
           "pass scale= with samples='microbatches'.")
 
-  def replica_sample(self, grads: Sequence[Optional[Tensor]], loss_scale=None) -> Tensor:
+  def replica_sample(self, grads: Sequence[Optional[Tensor]],
+                     loss_scale=None) -> Optional[Tensor]:
     """mean_r |g_r|^2 over the data-parallel replicas (samples "replicas"),
-    from the raw gradients of `mtf.gradients` (their allreduce still pending).
+    from the raw gradients of `mtf.gradients` (their allreduce still pending);
+    None with one replica (the gain is then 1 and needs no sample).
 
     Args:
       grads: the gradients, as `mtf.gradients` returned them.
@@ -210,6 +212,8 @@ class AdaScale(Optimizer):
       >>> sq = opt.replica_sample(mtf.gradients([loss], weights))
     """
     self._check_configured()
+    if self.scale == 1:
+      return None
     from mesh_tensorflow.ops.replica_stats import replica_squared_norm
     present = [g for g in grads if g is not None]
     if not present:
