@@ -108,6 +108,78 @@ def test_mlp_matches_lowering_counters(mesh_shape, layout, expected_kinds):
     assert got == sorted(by_op.get(op.name, [])), op.name
 
 
+def _live_einsum_flops(concrete):
+  """FLOPs of the Einsum kernels a traced step really runs: those that a
+  variable update or an output needs (TensorFlow prunes the others)."""
+  graph = concrete.graph
+  stack = [op for op in graph.get_operations() if op.type.startswith("Assign")]
+  stack += [t.op for t in concrete.outputs]
+  live = set()
+  while stack:
+    op = stack.pop()
+    if op not in live:
+      live.add(op)
+      stack.extend([t.op for t in op.inputs] + list(op.control_inputs))
+  total = 0
+  for op in live:
+    if op.type == "Einsum":
+      sizes = {}
+      terms = op.get_attr("equation").decode().split("->")[0].split(",")
+      for term, t in zip(terms, op.inputs):
+        sizes.update(zip(term, t.shape.as_list()))
+      total += 2 * int(np.prod(list(sizes.values())))
+  return total
+
+
+@pytest.mark.parametrize("layout", ["hidden:cols", "features:rows;classes:cols",
+                                    "batch:rows;hidden:cols"])
+def test_shared_replicas_count_only_the_kernels_tensorflow_runs(layout):
+  """On rows:4;cols:2, an allreduce over cols makes one result per row, and
+  the lowering emits the kernels that use each; TensorFlow runs only those
+  the variable updates and the loss need. The model counts the same
+  matrix-product work as the live Einsum kernels of the traced step (before
+  this was fixed, hidden:cols counted 4x the replicated layout's dW1)."""
+  impl = tu.make_impl("rows:4;cols:2", layout)
+  holder = {}
+
+  @tf.function(autograph=False)
+  def step():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    loss, updates = mlp_step(mesh)
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    holder["graph"] = graph
+    with tf.control_dependencies([lowering.lowered_operation(u) for u in updates]):
+      return tf.identity(lowering.export_to_tf_tensor(loss))
+  live = _live_einsum_flops(step.get_concrete_function())
+  est = cost_model.estimate(holder["graph"], "rows:4;cols:2", layout)
+  assert sum(op.work_flops for op in est.ops) == live
+  if layout == "hidden:cols":  # a 2-way split of hidden: the replicated work
+    replicated = cost_model.estimate(holder["graph"], "rows:4;cols:2", "")
+    assert sum(op.work_flops for op in replicated.ops) == live
+
+def test_outputs_keep_their_kernels_and_foreign_outputs_are_rejected():
+  """Costing the forward pass with only the hidden activations exported:
+  the first einsum and the relu run, the logits' einsum is pruned. A tensor
+  of another graph is a clear error."""
+  graph = mtf.Graph()
+  mlp_step(mtf.Mesh(graph, "mesh"))
+  ops = graph.operations
+  einsums = [op for op in ops if type(op).__name__ == "EinsumOperation"]
+  forward = ops[:ops.index(einsums[1]) + 1]
+  relu = next(op for op in forward if op.name.startswith("relu"))
+  est = cost_model.estimate(graph, "all:8", "batch:all", operations=forward,
+                            outputs=[relu.outputs[0]])
+  kernels = {op.name: op.kernels for op in est.ops}
+  assert kernels[einsums[0].name] > 0 and kernels[relu.name] > 0
+  assert kernels[einsums[1].name] == 0
+  everything = cost_model.estimate(graph, "all:8", "batch:all", operations=forward)
+  assert {op.name: op.kernels for op in everything.ops}[einsums[1].name] > 0
+  other = mtf.Graph()
+  foreign, _ = mlp_step(mtf.Mesh(other, "mesh"))
+  with pytest.raises(ValueError, match="not an mtf tensor that the costed operations produce"):
+    cost_model.estimate(graph, "all:8", "", outputs=[foreign])
+
 def test_model_parallel_einsum_allreduce_bytes():
   """x[batch, hidden] @ w[hidden, out] with hidden split 8 ways: one
   allreduce of the [batch, out] result, 16 * 4 * 4 bytes per processor."""

@@ -101,19 +101,21 @@ class DeviceParams:
     return DeviceParams(**values)
 
 
-# "cpu": fitted on this project's 2-core machine with 8 logical CPU devices to
-# rank layouts as their measured step times do (benchmarks/layout_search.py
-# --fit: 45 MLP and 34 transformer layouts, CPU time per step). On 2 cores the
-# 8 devices add no compute, and what separates layouts is the number of
-# kernels, the bytes they touch, and above all the tensors read across
-# devices (a send/receive pair each, ~0.5 ms with the executor's
-# rendezvous), charged at collective_latency_s. The FLOP rate is an effective
-# rate of oneDNN's multi-threaded kernels. GPU and TPU figures are round
-# numbers for one modern accelerator and its interconnect.
+# "cpu": this project's 2-core machine with 8 logical CPU devices, rounded
+# from a non-negative least-squares fit of measured step times
+# (benchmarks/layout_search.py --fit; 44 MLP and 28 transformer layouts on a
+# quiet machine). On 2 cores the 8 devices add no compute: what separates
+# layouts is the work that shared replicas do NOT dedupe (e.g. one allreduce
+# result per group of another mesh dimension feeding needed kernels), the
+# number of kernels and the bytes they touch; flops_per_s and
+# memory_bytes_per_s are per core (the counts are divided by
+# parallel_processors). Fitted on either model alone, the parameters rank the
+# other model's layouts as well (Spearman 0.94 both ways). GPU and TPU figures
+# are round numbers for one modern accelerator and its interconnect.
 _DEFAULTS = {
-    "cpu": DeviceParams("cpu", flops_per_s=4e11, memory_bytes_per_s=1e11,
-                        collective_bytes_per_s=1e11, collective_latency_s=5e-4,
-                        op_overhead_s=1e-6, parallel_processors=2, shares_memory=True),
+    "cpu": DeviceParams("cpu", flops_per_s=2.7e11, memory_bytes_per_s=2.5e10,
+                        collective_bytes_per_s=1e10, collective_latency_s=5e-6,
+                        op_overhead_s=1e-5, parallel_processors=2, shares_memory=True),
     "gpu": DeviceParams("gpu", flops_per_s=1e14, memory_bytes_per_s=1.5e12,
                         collective_bytes_per_s=1e11, collective_latency_s=15e-6,
                         op_overhead_s=5e-6),
@@ -164,6 +166,14 @@ class OpCost:
     work_flops: matrix-product FLOPs of all its distinct kernels together
       (what processors sharing cores compute in all).
     transfers: tensors its kernels read from another device (shared memory).
+    combines: kernels that combine a group's slices for a collective
+      (add_n, concat; shared memory).
+    combine_bytes: bytes those kernels read and write.
+
+  Kernels whose results nothing needed (no variable update or exported
+  output depends on them) are not counted: TensorFlow prunes them from the
+  function before it runs (e.g. the redundant groups of an allreduce whose
+  result is replicated along another mesh dimension).
   """
   name: str
   type: str
@@ -176,6 +186,8 @@ class OpCost:
   components: Tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
   work_flops: int = 0
   transfers: int = 0
+  combines: int = 0
+  combine_bytes: int = 0
 
   @property
   def comm_bytes(self) -> int:
@@ -309,11 +321,17 @@ class _Estimator:
   allreduce makes one tensor per group, and so on. That gives the number of
   kernels (and the work) exactly, which replication alone does not: e.g. the
   result of an allreduce over rows is one tensor per column even when the
-  layout replicates it over the columns.
+  layout replicates it over the columns. Each kernel is recorded with the
+  tensors it reads; at the end only those that a variable update or an
+  exported tensor needs are counted, since TensorFlow prunes the rest of a
+  function (variable updates read the first processor holding each slice,
+  so e.g. the other columns' copies above often never run).
   """
 
-  def __init__(self, operations, mesh_shape: Shape, rules, params: DeviceParams):
+  def __init__(self, operations, mesh_shape: Shape, rules, params: DeviceParams,
+               outputs=None):
     self.operations = operations
+    self.outputs = outputs
     self.mesh_shape = mesh_shape
     self.rules = rules
     self.params = params
@@ -331,7 +349,10 @@ class _Estimator:
     self._next_id = itertools.count(1)
     self.state = {}  # tensor -> _Lazy, or a tuple of per-processor tensor ids
     self.device = {}  # tensor id -> the processor whose device computes it
-    self.transfers = set()  # (tensor id, processor) read across devices
+    # The kernels, as [op cost, output id, input ids, kernels, bytes, flops,
+    # combine bytes]; only those that a sink needs are counted (`_prune`).
+    self.units = []
+    self.sinks = set()  # ids of kernels with side effects (variable updates)
     self.current: Optional[OpCost] = None
 
   # ---- layouts --------------------------------------------------------------
@@ -378,18 +399,75 @@ class _Estimator:
       new = next(self._next_id)
       memo[k] = new
       self.device[new] = p
-      for x in inputs:
-        src = self.device.get(x[p], p)
-        if src != p:
-          self.transfers.add((x[p], p))
+      if count:
+        self.unit(new, tuple(x[p] for x in inputs), 1, nbytes, flops)
       out.append(new)
-    out = tuple(out)
-    n = len(memo) if self.share else len(out)
-    if count:
-      self.current.kernels += n
-      self.current.bytes_touched += n * int(nbytes)
-      self.current.work_flops += n * int(flops)
-    return out
+    return tuple(out)
+
+  def unit(self, out_id, input_ids, kernels: int = 1, nbytes: int = 0, flops: int = 0,
+           combine_bytes: int = 0):
+    """Records kernels of the current op making tensor `out_id` from
+    `input_ids` (counted only if something needs the tensor): nbytes and
+    flops per kernel; combine_bytes: a collective's combining kernel."""
+    self.units.append((self.current, out_id, tuple(input_ids), kernels, int(nbytes), int(flops),
+                       int(combine_bytes)))
+
+  def _prune(self, ops: List[OpCost]):
+    """Counts the kernels that the sinks (variable updates, exported
+    tensors) need, as TensorFlow runs only those, with their cross-device
+    reads (a send/receive pair per tensor and device)."""
+    producer = {u[1]: u for u in self.units}
+    live = set()
+    stack = [i for i in self.sinks]
+    while stack:
+      i = stack.pop()
+      if i in live:
+        continue
+      live.add(i)
+      u = producer.get(i)
+      if u is not None:
+        stack.extend(u[2])
+    for op in ops:
+      op.kernels = op.bytes_touched = op.work_flops = op.transfers = 0
+      op.combines = op.combine_bytes = 0
+    moved = set()
+    for cost, out_id, ins, kernels, nbytes, flops, cbytes in self.units:
+      if out_id not in live:
+        continue
+      cost.kernels += kernels
+      cost.bytes_touched += kernels * nbytes
+      cost.work_flops += kernels * flops
+      if cbytes:
+        cost.combines += 1
+        cost.combine_bytes += cbytes
+      dev = self.device.get(out_id)
+      for i in ins:
+        src = self.device.get(i, dev)
+        if src != dev and (i, dev) not in moved:
+          moved.add((i, dev))
+          cost.transfers += 1
+
+  def add_exports(self, outputs=None):
+    """Marks the slices of the exported tensors that export_to_tf_tensor
+    reads as needed. outputs None: the tensors that no operation reads; in a
+    training step (one that updates variables), only the scalar ones (the
+    loss; the others are dead branches of the gradients)."""
+    if outputs is None:
+      consumed = {t for op in self.operations for t in op.inputs}
+      outputs = [t for op in self.operations for t in op.outputs if t not in consumed]
+      if self.sinks:
+        outputs = [t for t in outputs if t.shape.ndims == 0]
+    for t in outputs:
+      s = self.state.get(t)
+      if s is None:
+        continue
+      if isinstance(s, _Lazy):  # exporting completes the allreduce
+        self.sinks.update(s.ids)
+        continue
+      split = {a for a in self.layout(t.shape) if a is not None}
+      for p, c in enumerate(self.coords):
+        if all(c[a] == 0 for a in range(len(c)) if a not in split):
+          self.sinks.add(s[p])
 
   def slicewise(self, inputs, nbytes: int, flops: int = 0):
     """A slicewise op on the per-processor ids of its inputs; nbytes: bytes
@@ -407,36 +485,45 @@ class _Estimator:
     axes = set(axes)
     return [tuple(x for i, x in enumerate(c) if i not in axes) for c in self.coords]
 
-  def combine_ids(self, ids, axes, nbytes: int):
+  def combine_ids(self, ids, axes, nbytes: int, moved: int = 0):
     """allreduce / allconcat result: one tensor per group (each group's
-    members share it), or one per processor without shared memory."""
+    members share it), or one per processor without shared memory.
+    nbytes: the result's bytes; moved: bytes the combining kernel reads and
+    writes."""
     axes = [a for a in axes if self.mesh_sizes[a] > 1]
     if not axes:
       return ids
     keys = self._groups(axes)
-    n_groups = len(set(keys))
-    self.current.kernels += n_groups
     # Each group's slices are combined on its first member's device.
-    first = {}
+    first, members = {}, collections.defaultdict(list)
     for p, k in enumerate(keys):
       first.setdefault(k, p)
-    for p, k in enumerate(keys):
-      if self.device.get(ids[p], first[k]) != first[k]:
-        self.transfers.add((ids[p], first[k]))
-    if not self.share:
-      return self._memo(keys, True, nbytes)  # an identity on every device
+      members[k].append(ids[p])
     memo = {}
     for k, p in first.items():
       memo[k] = next(self._next_id)
       self.device[memo[k]] = p
-    return tuple(memo[k] for k in keys)
+      self.unit(memo[k], members[k], 1, 0, 0, max(int(moved or 2 * nbytes), 1))
+    combined = tuple(memo[k] for k in keys)
+    if not self.share:  # an identity on every device
+      return self._memo(list(range(self.mesh_size)), True, nbytes, inputs=[combined])
+    return combined
 
   def alltoall_ids(self, ids, axis: int, nbytes: int):
     if self.mesh_sizes[axis] == 1:
       return ids
-    self.current.kernels += self.mesh_size  # a split on every processor
-    self.current.bytes_touched += self.mesh_size * nbytes
-    return self._memo([(p,) for p in range(self.mesh_size)], True, nbytes)  # and a concat
+    # A split on every processor, and a concat of the group's pieces.
+    keys = self._groups([axis])
+    members = collections.defaultdict(list)
+    for p, k in enumerate(keys):
+      members[k].append(ids[p])
+    out = []
+    for p, k in enumerate(keys):
+      new = next(self._next_id)
+      self.device[new] = p
+      self.unit(new, members[k], 2, nbytes)
+      out.append(new)
+    return tuple(out)
 
   def slice_along_ids(self, ids, axis: int, nbytes: int):
     if self.mesh_sizes[axis] == 1:
@@ -459,7 +546,10 @@ class _Estimator:
       return ids
     if record:
       self.collective("allreduce", nbytes, axes)
-    return self.combine_ids(ids, axes, nbytes)
+    group = 1
+    for a in axes:
+      group *= self.mesh_sizes[a]
+    return self.combine_ids(ids, axes, nbytes, (group + 1) * nbytes)
 
   def laid_out(self, t, record: bool = True):
     """Per-processor ids of t, completing a pending allreduce first, as
@@ -503,11 +593,12 @@ class _Estimator:
       if handler is None:
         cost.approximate = True
         handler = _generic
-      before = len(self.transfers)
       handler(self, op)
-      cost.transfers = len(self.transfers) - before
-      cost.time_s = self.time_of(cost)
       ops.append(cost)
+    self.add_exports(self.outputs)
+    self._prune(ops)
+    for cost in ops:
+      cost.time_s = self.time_of(cost)
     return ops
 
   def time_of(self, cost: OpCost) -> float:
@@ -533,20 +624,17 @@ class _Estimator:
       flops = cost.work_flops / self.mesh_size
       nbytes = cost.bytes_touched / self.mesh_size
       dispatched = cost.kernels / self.mesh_size
-    # Each tensor read from another device is a send/receive pair whose
-    # fixed cost is like a collective's latency.
-    groups = float(cost.transfers) if p.shares_memory else 0.0
+    if p.shares_memory:
+      # Each tensor read from another device is a send/receive pair whose
+      # fixed cost is like a collective's latency; collectives are host
+      # kernels that combine each group's slices in memory (add_n, concat),
+      # counted (like all kernels) only where something needs the result.
+      return (flops, nbytes, dispatched, float(cost.transfers + cost.combines),
+              cost.combine_bytes / parallel)
+    groups = 0.0
     moved_total = 0.0
     for c in cost.collectives:
       g = c.group_size
-      if p.shares_memory:
-        # Host kernels combine each group's slices in memory (add_n, concat,
-        # split): about g slices read and one written per group (an
-        # all-to-all: every processor's slice split and rejoined).
-        groups += c.num_groups
-        factor = 2 * g if c.kind == "alltoall" else (g + 1 if c.kind != "permute" else 0)
-        moved_total += c.num_groups * factor * c.bytes_per_processor / parallel
-        continue
       if c.kind == "allreduce":
         moved = 2.0 * (g - 1) / g * c.bytes_per_processor
       elif c.kind == "allgather":
@@ -594,9 +682,20 @@ def _variable(est: _Estimator, op):
 
 def _assign(est: _Estimator, op):
   for t in op.inputs:
-    est.laid_out(t)
-    # One assign per distinct slice variable.
-    est.by_layout(est.layout(t.shape), count=True, nbytes=2 * est.slice_bytes(t))
+    ids = est.laid_out(t)
+    # One assign per distinct slice variable, on the first processor that
+    # holds it, reading that processor's value.
+    axes = [a for a in est.layout(t.shape) if a is not None]
+    seen = set()
+    for p, c in enumerate(est.coords):
+      key = tuple(c[a] for a in axes) if est.share else p
+      if key in seen:
+        continue
+      seen.add(key)
+      new = next(est._next_id)  # pylint: disable=protected-access
+      est.device[new] = p
+      est.unit(new, (ids[p],), 1, 2 * est.slice_bytes(t))
+      est.sinks.add(new)
 
 
 def _elementwise(est: _Estimator, op):
@@ -853,8 +952,12 @@ def _passthrough(est: _Estimator, op):
   extra = len(op.inputs) > len(op.outputs)
   for i, t in enumerate(op.outputs):
     if extra:
-      est.current.kernels += est.mesh_size
-      est.state[t] = tuple(next(est._next_id) for _ in range(est.mesh_size))  # pylint: disable=protected-access
+      new = []
+      for p in range(est.mesh_size):
+        new.append(next(est._next_id))  # pylint: disable=protected-access
+        est.device[new[-1]] = p
+        est.unit(new[-1], tuple(x[p] for x in ins))
+      est.state[t] = tuple(new)
     else:
       est.state[t] = ins[i]
 
@@ -937,7 +1040,8 @@ def _memory(est: _Estimator, operations, shares_memory: bool) -> MemoryEstimate:
 
 
 def estimate(graph, mesh_shape, layout, params=None, exact: bool = False,
-             operations: Optional[Sequence] = None, check: bool = True) -> CostEstimate:
+             operations: Optional[Sequence] = None, check: bool = True,
+             outputs: Optional[Sequence] = None) -> CostEstimate:
   """Estimates compute, communication, memory and step time of `graph`.
 
   Args:
@@ -951,6 +1055,10 @@ def estimate(graph, mesh_shape, layout, params=None, exact: bool = False,
     operations: cost only these operations of the graph (default: all).
     check: first check that the layout is legal for every tensor (searches
       that only try legal layouts skip this).
+    outputs: the mtf tensors the step exports (fetches). Default: those no
+      operation reads, and in a step that updates variables only the scalar
+      ones (the loss). Kernels that neither an export nor a variable update
+      needs are not counted, as TensorFlow prunes them.
 
   Returns:
     A CostEstimate.
@@ -971,7 +1079,15 @@ def estimate(graph, mesh_shape, layout, params=None, exact: bool = False,
   rules.check_mesh_shape(mesh_shape)
   params = as_device_params(params)
   operations = list(graph.operations if operations is None else operations)
-  est = _Estimator(operations, mesh_shape, rules, params)
+  if outputs is not None:
+    outputs = list(outputs)
+    produced = {t for op in operations for t in op.outputs}
+    for t in outputs:
+      if t not in produced:
+        raise ValueError(f"estimate: output {getattr(t, 'name', t)!r} is not an mtf tensor "
+                         "that the costed operations produce; pass tensors of this graph "
+                         "(or leave outputs=None).")
+  est = _Estimator(operations, mesh_shape, rules, params, outputs)
   if check:  # clear errors for illegal layouts first
     for op in operations:
       for t in op.outputs:
