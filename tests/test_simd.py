@@ -112,7 +112,16 @@ def test_device_order_does_not_change_results():
     mtf_test_utils.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_models_train_like_placement_with_the_trainer():
+TRAINER_MESHES = [
+    ("all:8", "batch:all", "batch:all"),
+    ("rows:2;cols:4", "batch:rows;hidden:cols", "batch:rows;heads:cols;d_ff:cols"),
+    ("a:2;b:2;c:2", "batch:a;hidden:b;classes:c", "batch:a;heads:b;d_ff:c"),
+]
+
+
+@pytest.mark.parametrize("mesh_shape,mnist_layout,lm_layout", TRAINER_MESHES,
+                         ids=["8", "2x4", "2x2x2"])
+def test_models_train_like_placement_with_the_trainer(mesh_shape, mnist_layout, lm_layout):
   """The MNIST MLP (examples/mnist.py) and a small transformer LM, trained by
   mtf.training.Trainer with each implementation: the same losses."""
   mnist = mtf_test_utils.import_mnist_example()
@@ -131,9 +140,8 @@ def test_models_train_like_placement_with_the_trainer():
       B, drop_remainder=True).repeat()
   cases = [
       (mnist.make_model_fn(16, seed=1), {"image": "batch:8;rows:8;cols:8", "label": "batch:8"},
-       mnist_data, "rows:2;cols:4", "batch:rows;hidden:cols"),
-      (lm_fn, {"targets": f"batch:{B};length:{L}"}, lm_data, "rows:2;cols:4",
-       "batch:rows;heads:cols;d_ff:cols"),
+       mnist_data, mesh_shape, mnist_layout),
+      (lm_fn, {"targets": f"batch:{B};length:{L}"}, lm_data, mesh_shape, lm_layout),
   ]
   for model_fn, shapes, data, mesh_shape, layout in cases:
     losses = []
