@@ -83,8 +83,8 @@ def main(argv=None) -> int:
                       help="random legal layouts per mesh and case")
   parser.add_argument("--unconstrained", type=int, default=0,
                       help="extra unconstrained (possibly illegal) layouts per mesh")
-  parser.add_argument("--mode", choices=["eager", "function"], default="eager",
-                      help="lower eagerly or inside a tf.function")
+  parser.add_argument("--mode", choices=["eager", "function", "simd"], default="eager",
+                      help="lower eagerly, inside a tf.function, or as a SimdMeshImpl program")
   parser.add_argument("--chunk", type=int, default=100, help="cases per work item")
   parser.add_argument("--max-report", type=int, default=5,
                       help="failures to print in full")
