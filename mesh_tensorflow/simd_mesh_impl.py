@@ -114,7 +114,6 @@ class _ProgramState:
     self.used = []  # SlicedVariables in first-use order (discovery pass)
     self.handles = dict(zip(variable_names, handles))
     self.wrappers = {}
-    self.last_collective = None
 
 
 class SimdMeshImpl(MeshImpl):
@@ -307,17 +306,10 @@ class SimdMeshImpl(MeshImpl):
     return self._group_size(mesh_axes), group_key, instance_key
 
   def _token(self) -> list:
+    """The ordering token: collectives sharing it run in program order
+    (tf.function orders stateful ops on one resource)."""
     token = self._state.token
     return [] if token is None else [token]
-
-  @contextlib.contextmanager
-  def _ordered(self):
-    """Each processor issues its collectives in program order."""
-    state = self._state
-    deps = [state.last_collective] if state.last_collective is not None else []
-    with tf.control_dependencies(deps):
-      yield state
-    del state
 
   def _rank_table(self, mesh_axes):
     """[num_groups, group_size] table: entry [g, i] is the collective rank of
@@ -339,13 +331,11 @@ class SimdMeshImpl(MeshImpl):
     if self._backend == "tpu":
       return self._tpu_gather_stacked(t, mesh_axes)
     group_size, group_key, instance_key = self._keys(mesh_axes)
-    with self._ordered() as state:
-      dtype = t.dtype
-      send = tf.cast(t, tf.int32) if dtype == tf.bool else t
-      gathered = tf.raw_ops.CollectiveGatherV2(
-          input=tf.expand_dims(send, 0), group_size=group_size, group_key=group_key,
-          instance_key=instance_key, ordering_token=self._token(), timeout_seconds=self._timeout)
-      state.last_collective = gathered
+    dtype = t.dtype
+    send = tf.cast(t, tf.int32) if dtype == tf.bool else t
+    gathered = tf.raw_ops.CollectiveGatherV2(
+        input=tf.expand_dims(send, 0), group_size=group_size, group_key=group_key,
+        instance_key=instance_key, ordering_token=self._token(), timeout_seconds=self._timeout)
     table = self._rank_table(mesh_axes)
     if table is not None:
       gathered = tf.gather(gathered, tf.gather(tf.constant(table), self._group_index(mesh_axes)))
@@ -369,11 +359,9 @@ class SimdMeshImpl(MeshImpl):
     if dtype == tf.bool and reduction_fn_string == "SUM":
       merge = "Max"  # a boolean sum is a logical or
     group_size, group_key, instance_key = self._keys(mesh_axes)
-    with self._ordered() as state:
-      out = tf.raw_ops.CollectiveReduceV2(
-          input=send, group_size=group_size, group_key=group_key, instance_key=instance_key,
-          ordering_token=self._token(), merge_op=merge, final_op="Id", timeout_seconds=self._timeout)
-      state.last_collective = out
+    out = tf.raw_ops.CollectiveReduceV2(
+        input=send, group_size=group_size, group_key=group_key, instance_key=instance_key,
+        ordering_token=self._token(), merge_op=merge, final_op="Id", timeout_seconds=self._timeout)
     return LaidOutTensor([tf.cast(out, dtype) if dtype == tf.bool else out])
 
   def allconcat(self, x, mesh_axis: int, concat_axis: int) -> LaidOutTensor:
@@ -415,11 +403,9 @@ class SimdMeshImpl(MeshImpl):
     send = tf.cast(chunks, tf.int32) if dtype == tf.bool else chunks
     flat = tf.reshape(send, [-1] + send.shape.as_list()[2:]) if send.shape.rank > 1 else send
     group_size, group_key, instance_key = self._keys([mesh_axis])
-    with self._ordered() as state:
-      out = tf.raw_ops.CollectiveAllToAllV2(
-          input=flat, group_size=group_size, group_key=group_key,
-          instance_key=instance_key, ordering_token=self._token(), timeout_seconds=self._timeout)
-      state.last_collective = out
+    out = tf.raw_ops.CollectiveAllToAllV2(
+        input=flat, group_size=group_size, group_key=group_key,
+        instance_key=instance_key, ordering_token=self._token(), timeout_seconds=self._timeout)
     out = tf.reshape(out, [n] + chunks.shape.as_list()[1:])
     if table is not None:
       out = tf.gather(out, ranks)
