@@ -120,7 +120,10 @@ def run_mtf(mesh_impl, features: Dict[str, np.ndarray], feature_shapes: Dict[str
 
     signature = {k: tf.TensorSpec(s.to_integer_list(), tf.as_dtype(features[k].dtype))
                  for k, s in shapes.items()}
-    fn = tf.function(step, input_signature=[signature], autograph=False)
+    if hasattr(mesh_impl, "run_all"):  # SIMD: the step is the program of every processor
+      fn = lambda batch: mesh_impl.run(step, batch)
+    else:
+      fn = tf.function(step, input_signature=[signature], autograph=False)
     if cache is not None:
       cache[key] = fn
   out = fn({k: tf.convert_to_tensor(features[k]) for k in shapes})

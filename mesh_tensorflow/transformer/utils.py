@@ -72,10 +72,13 @@ def configure_cpu_devices(num_devices: int = 8) -> List[str]:
 
 
 def make_mesh_impl(mesh_shape: str, layout_rules: str,
-                   devices: Optional[Sequence[str]] = None) -> mtf.MeshImpl:
-  """The placement mesh implementation of `mesh_shape` on this machine.
+                   devices: Optional[Sequence[str]] = None,
+                   lowering: str = "placement") -> mtf.MeshImpl:
+  """The mesh implementation of `mesh_shape` on this machine.
 
   Uses the accelerators if there are enough of them, else logical CPUs.
+  `lowering` is "placement" (PlacementMeshImpl) or "simd" (SimdMeshImpl: one
+  program traced once for every processor).
 
   Raises:
     ValueError: if the mesh needs more devices than there are.
@@ -93,6 +96,10 @@ def make_mesh_impl(mesh_shape: str, layout_rules: str,
         f"mesh_shape {mesh_shape!r} needs {shape.size} devices, but this machine has "
         f"{len(devices)} ({', '.join(devices)}). Pick a layout gin file whose mesh fits "
         "(layouts/single.gin, layouts/2x4.gin, ...) or set mesh_shape.")
+  if lowering == "simd":
+    return mtf.simd_mesh_impl.SimdMeshImpl(shape, layout_rules, list(devices)[:shape.size])
+  if lowering != "placement":
+    raise ValueError(f"run.lowering = {lowering!r}: use 'placement' or 'simd'.")
   return mtf.placement_mesh_impl.PlacementMeshImpl(shape, layout_rules,
                                                    list(devices)[:shape.size])
 
@@ -187,6 +194,7 @@ def run(model_dir: Optional[str],
         eval_every: int = 0,
         mesh_shape: str = "rows:2;cols:4",
         layout_rules: str = "batch:rows;d_ff:cols;heads:cols;experts:rows",
+        lowering: str = "placement",
         optimizer=None,
         learning_rate_schedule: Optional[Callable] = None,
         checkpoint_every: int = 500,
@@ -226,6 +234,8 @@ def run(model_dir: Optional[str],
     eval_every: also evaluate every this many steps (0: at the end only).
     mesh_shape: e.g. "rows:2;cols:4".
     layout_rules: e.g. "batch:rows;d_ff:cols;heads:cols;experts:rows".
+    lowering: "placement" (one op per device) or "simd" (one program traced
+      once for every processor; see mtf.simd_mesh_impl).
     optimizer: an optimizer factory (gin: @optimize.AdafactorOptimizer),
       called with learning_rate=learning_rate_schedule.
     learning_rate_schedule: a function of the step (gin:
@@ -267,7 +277,7 @@ def run(model_dir: Optional[str],
     raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}.")
   vocabulary = vocabulary or vocabulary_lib.ByteVocabulary()
   sequence_length = dict(sequence_length or {"inputs": 128, "targets": 128})
-  mesh_impl = make_mesh_impl(mesh_shape, layout_rules)
+  mesh_impl = make_mesh_impl(mesh_shape, layout_rules, lowering=lowering)
   split = modeling.batch_split(mesh_impl)
   if batch_size % (split * grad_accum_steps):
     raise ValueError(
@@ -350,7 +360,12 @@ def run(model_dir: Optional[str],
       result["cross_entropy"] = history["cross_entropy"][-1]
     losses = history["loss"]
     metrics = evaluate()
-    if num_samples and model_type == "lm":
+    if num_samples and lowering == "simd":
+      # Decoding loops communicate inside mtf.while_loop, which SimdMeshImpl
+      # refuses; the checkpoint decodes with the placement lowering (mode infer).
+      log("samples skipped: decoding needs run.lowering = 'placement' (run mode infer "
+          "on this model_dir)")
+    elif num_samples and model_type == "lm":
       prompts = list(sample_prompts)[:num_samples]
       samples = inference.lm_decode(setup, prompts, decode_length, temperature, top_k)
       for prompt, text in zip(prompts, samples):
