@@ -470,7 +470,13 @@ class SimdMeshImpl(MeshImpl):
       with self._program(_ProgramState(pnum, False, names, handles, token)):
         return step_fn(*step_args)
     handle_specs = [tf.TensorSpec([], tf.resource) for _ in names]
-    concrete = tf.function(program, autograph=False).get_concrete_function(
+    # Not inlined into the caller: a collective's rendezvous key includes the id
+    # of the while-loop frame it runs in, and that id is only the same on every
+    # processor when each runs the program's own (identically named) loops.
+    # Inlined, each processor's copy of a loop gets its own name and
+    # collectives inside mtf.while_loop (decoding) never meet.
+    concrete = tf.function(program, autograph=False,
+                           experimental_attributes={"_noinline": True}).get_concrete_function(
         tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.resource), handle_specs,
         *flat_specs)
     self._programs[key] = (concrete, discovered)

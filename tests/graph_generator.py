@@ -1110,6 +1110,10 @@ class _Generator:
     n_iter = self.r.randint(0, 3)
     a = self.r.choice([0.5, 0.9])
     inputs = [x] + ([c] if c is not None else [])
+    # A mean over one dimension inside the body: an allreduce in the loop when
+    # the layout splits that dimension.
+    mean_dim = self.r.choice(x.dims) if x.dims and self.r.random() < 0.5 else None
+    mean_axis = x.dims.index(mean_dim) if mean_dim is not None else None
 
     def mtf_fn(mesh, ins):
       i0 = mtf.constant(mesh, 0, dtype=tf.int32)
@@ -1117,6 +1121,8 @@ class _Generator:
 
       def body(i, v):
         nv = v * a + mtf.tanh(v)
+        if mean_dim is not None:
+          nv = nv - mtf.reduce_mean(v, reduced_dim=to_shape((mean_dim,))[0]) * 0.5
         if cap is not None:
           nv = nv + cap * 0.1
         return [i + 1, nv]
@@ -1127,11 +1133,15 @@ class _Generator:
     def ref(b, ins):
       v = b.stop_gradient(ins[0])
       for _ in range(n_iter):
-        v = v * a + b.xp.tanh(v)
+        nv = v * a + b.xp.tanh(v)
+        if mean_axis is not None:
+          nv = nv - b.xp.mean(v, axis=mean_axis, keepdims=True) * 0.5
+        v = nv
         if c is not None:
           v = v + align(b, b.stop_gradient(ins[1]), c.dims, x.dims) * 0.1
       return [v]
-    return self.add(f"while_loop(n={n_iter})", inputs, [(x.dims, "f")], mtf_fn, ref)
+    label = f"while_loop(n={n_iter}" + (f", mean over {mean_dim})" if mean_dim else ")")
+    return self.add(label, inputs, [(x.dims, "f")], mtf_fn, ref)
 
   def op_custom_gradient(self):
     x = self.pick("f")

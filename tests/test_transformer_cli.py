@@ -65,10 +65,13 @@ def test_language_model_train_resume_eval_infer_score(tmp_path):
   assert glob.glob(str(model_dir / "ckpt-4*"))
   assert _scalar_tags(model_dir) >= {"loss", "cross_entropy", "eval/loss", "eval/perplexity"}
 
-  # Run again with more steps on another layout: it resumes at step 4.
+  # Run again with more steps on another layout and the SIMD lowering: it
+  # resumes at step 4 and decodes its sample (collectives inside the loop).
   out = _main("--gin_file=models/tiny_lm.gin", "--gin_file=layouts/data_parallel.gin",
-              model_dir=model_dir, params=lm + ["run.train_steps = 6", "run.num_samples = 0"])
+              model_dir=model_dir, params=lm + ["run.train_steps = 6", "run.num_samples = 1",
+                                                "run.lowering = 'simd'"])
   assert "(step 4)" in out and "trained steps 5..6" in out
+  assert "--- sample (prompt 'def ')" in out
   assert _final(out)["step"] == 6
 
   out = _main("--mode=eval", "--gin_file=models/tiny_lm.gin", model_dir=model_dir,

@@ -175,16 +175,7 @@ class WhileLoopOperation(Operation):
     def body(iteration, *values):
       outs = run_ops(values, iteration, self._body_ops, self._body)
       return [iteration + 1] + [s for laid in outs for s in laid.tensor_list]
-    records_before = len(lowering.collective_records)
     results = tf.while_loop(cond, body, [tf.constant(0, tf.int64)] + flat)[1:]
-    if hasattr(impl, "run_all") and len(lowering.collective_records) > records_before:
-      # Measured: TensorFlow's V2 collectives inside tf.while_loop never complete
-      # when the SIMD program runs on several devices; fail now, not hang.
-      raise ValueError(
-          f"while_loop {self.name!r}: its body or condition communicates between "
-          "processors, which SimdMeshImpl cannot do inside a loop yet. Lower this graph "
-          "(e.g. decoding) with PlacementMeshImpl, or use a layout under which the loop "
-          "needs no collective.")
     for out, laid in zip(self.outputs, unflatten(results)):
       lowering.set_tensor_lowering(out, laid)
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 import string
 from typing import Sequence
 
-import tensorflow as tf
-
 from mesh_tensorflow.graph import Operation, Tensor
 from mesh_tensorflow.mesh_impl import LazyAllreduceSum
+from mesh_tensorflow.ops.local_einsum import local_einsum
 from mesh_tensorflow.shapes import Shape, convert_to_shape, shape_union
 
 
@@ -118,7 +117,7 @@ class EinsumOperation(Operation):
       i, mesh_axis = batched_axis
       with impl.unrecorded():
         slices[i] = impl.allconcat(slices[i], mesh_axis, 0)
-    result = impl.slicewise(lambda *xs: tf.einsum(eq, *xs), *slices)
+    result = impl.slicewise(lambda *xs: local_einsum(eq, *xs), *slices)
     if batched_axis is not None:
       result = impl.slice_along(result, batched_axis[1], 0)
     # FLOPs per processor under the layout: 2 * the product of the local

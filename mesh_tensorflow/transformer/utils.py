@@ -360,12 +360,7 @@ def run(model_dir: Optional[str],
       result["cross_entropy"] = history["cross_entropy"][-1]
     losses = history["loss"]
     metrics = evaluate()
-    if num_samples and lowering == "simd":
-      # Decoding loops communicate inside mtf.while_loop, which SimdMeshImpl
-      # refuses; the checkpoint decodes with the placement lowering (mode infer).
-      log("samples skipped: decoding needs run.lowering = 'placement' (run mode infer "
-          "on this model_dir)")
-    elif num_samples and model_type == "lm":
+    if num_samples and model_type == "lm":
       prompts = list(sample_prompts)[:num_samples]
       samples = inference.lm_decode(setup, prompts, decode_length, temperature, top_k)
       for prompt, text in zip(prompts, samples):

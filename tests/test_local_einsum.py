@@ -1,0 +1,75 @@
+"""local_einsum (the per-slice product of mtf.einsum): equal to tf.einsum for
+random two-operand equations, and a single matmul, with no transpose, where
+the operands' blocks allow it."""
+
+import random
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mesh_tensorflow.ops.local_einsum import local_einsum
+
+
+def _random_equation(rng: random.Random):
+  letters = list("abcdefg")
+  rng.shuffle(letters)
+  roles = {c: rng.choice(["batch", "summed", "free_a", "free_b", "only_a"]) for c in letters[:5]}
+  sa = [c for c, r in roles.items() if r in ("batch", "summed", "free_a", "only_a")]
+  sb = [c for c, r in roles.items() if r in ("batch", "summed", "free_b")]
+  out = [c for c, r in roles.items() if r in ("batch", "free_a", "free_b")]
+  for s in (sa, sb, out):
+    if rng.random() < 0.7:  # often keep blocks (the matmul form), sometimes shuffle
+      s.sort(key=lambda c: ["batch", "free_a", "summed", "free_b", "only_a"].index(roles[c])
+             * rng.choice([1, -1]) if roles[c] != "batch" else -99)
+    else:
+      rng.shuffle(s)
+  sizes = {c: rng.randint(1, 4) for c in roles}
+  return "".join(sa) + "," + "".join(sb) + "->" + "".join(out), sizes
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from([tf.float32, tf.int32]))
+def test_equals_tf_einsum(seed, dtype):
+  rng = random.Random(seed)
+  eq, sizes = _random_equation(rng)
+  sa, sb = eq.split("->")[0].split(",")
+  nrng = np.random.RandomState(seed % 2**31)
+  a = tf.cast(nrng.randint(-3, 4, [sizes[c] for c in sa]), dtype)
+  b = tf.cast(nrng.randint(-3, 4, [sizes[c] for c in sb]), dtype)
+  np.testing.assert_array_equal(local_einsum(eq, a, b).numpy(), tf.einsum(eq, a, b).numpy(),
+                                err_msg=eq)
+
+
+def _op_types(eq, shape_a, shape_b):
+  fn = tf.function(lambda a, b: local_einsum(eq, a, b)).get_concrete_function(
+      tf.TensorSpec(shape_a, tf.float32), tf.TensorSpec(shape_b, tf.float32))
+  return {op.type for op in fn.graph.get_operations()}
+
+
+@pytest.mark.parametrize("eq,shape_a,shape_b", [
+    ("bp,ph->bh", [4, 5], [5, 6]),          # x @ w
+    ("bp,bh->ph", [4, 5], [4, 6]),          # x^T @ dh (a weight gradient)
+    ("bc,hc->bh", [4, 3], [6, 3]),          # dlogits @ w^T
+    ("bh,bp->ph", [4, 6], [4, 5]),          # output order swaps the operands
+    ("bld,dhk->blhk", [2, 3, 4], [4, 5, 6]),
+    ("blhk,bld->dhk", [2, 3, 5, 6], [2, 3, 4]),
+    ("bhlk,bhmk->bhlm", [2, 3, 4, 5], [2, 3, 6, 5]),  # leading batch dimensions
+    ("ab,bc->ca", [2, 3], [3, 4]),                    # (a b)^T = b^T a^T
+])
+def test_matmul_form_emits_no_einsum_or_transpose(eq, shape_a, shape_b):
+  types = _op_types(eq, shape_a, shape_b)
+  assert types & {"MatMul", "BatchMatMulV2", "BatchMatMulV3"}, types
+  assert not types & {"Einsum", "Transpose"}, types
+
+
+@pytest.mark.parametrize("eq,shape_a,shape_b", [
+    ("blhk,bmhk->bhlm", [2, 3, 4, 5], [2, 6, 4, 5]),  # batch dims not leading
+    ("abc,cb->a", [2, 3, 4], [4, 3]),                 # summed in another order
+    ("abc,bd->adc", [2, 3, 4], [3, 5]),               # output interleaves the blocks
+    ("ab,ab->ab", [2, 3], [2, 3]),                    # elementwise
+])
+def test_other_forms_stay_tf_einsum(eq, shape_a, shape_b):
+  assert "Einsum" in _op_types(eq, shape_a, shape_b)
