@@ -1,18 +1,19 @@
-"""The per-slice product of an einsum, as a TensorFlow matmul where it can be.
+"""The per-slice product of an einsum, as a TensorFlow matmul where it is one.
 
-`tf.einsum` first transposes its operands into a canonical order, and on CPU
-that copy measured 20% of a model-parallel MLP step (benchmarks/step_time.py).
-Most einsums of a model need no copy at all: after their shared leading
-(batch) dimensions, each operand is a block of free dimensions and a block of
-summed ones, in either order. Those become a reshape (free) and one
-`tf.linalg.matmul` with its transpose flags; the rest stay `tf.einsum`.
+Measured on the model-parallel MLP of benchmarks/step_time.py (8 logical
+CPUs), `tf.einsum` slices cost 20% more step time than the same products as
+`MatMul` with transpose flags. So an einsum that is exactly a matrix product
+of its operands as they are (one free dimension per operand, one summed, at
+most one leading batch dimension, any operand order) becomes one
+`MatMul`/`BatchMatMulV2`; everything else stays `tf.einsum`. Products that
+would first need dimensions merged by reshapes stay einsums too: on the
+transformer, the extra reshape ops cost more step and lowering time than they
+saved.
 
-    >>> local_einsum("bp,bh->ph", x, dh)   # matmul(x, dh, transpose_a=True)
+    >>> local_einsum("bp,bh->ph", x, dh)   # MatMul(x, dh, transpose_a=True)
 """
 
 from __future__ import annotations
-
-from typing import List, Optional
 
 import tensorflow as tf
 
@@ -20,73 +21,45 @@ _MATMUL_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 
 
 def local_einsum(equation: str, *operands: tf.Tensor) -> tf.Tensor:
-  """tf.einsum(equation, *operands), computed by one matmul when that needs
-  no transpose copy (two float operands of static shape)."""
+  """tf.einsum(equation, *operands); one matmul when it is a matrix product
+  of the two float operands as they are."""
   plan = _matmul_plan(equation, operands)
   if plan is None:
     return tf.einsum(equation, *operands)
-  return plan()
+  a, b, transpose_a, transpose_b, batched = plan
+  # Raw ops: creating ops dominates lowering time on large meshes, and
+  # tf.linalg.matmul's Python wrapper costs as much as the op itself.
+  if batched:
+    return tf.raw_ops.BatchMatMulV2(x=a, y=b, adj_x=transpose_a, adj_y=transpose_b)
+  return tf.raw_ops.MatMul(a=a, b=b, transpose_a=transpose_a, transpose_b=transpose_b)
 
 
 def _matmul_plan(equation: str, operands):
+  """(a, b, transpose_a, transpose_b, batched) computing `equation` as
+  matmul(a, b) (a batched one over a shared leading dimension), or None."""
   if len(operands) != 2:
     return None
   a, b = operands
   if a.dtype not in _MATMUL_DTYPES or a.dtype != b.dtype:
     return None
-  if not (a.shape.is_fully_defined() and b.shape.is_fully_defined()):
-    return None
   inputs, out = equation.split("->")
   sa, sb = inputs.split(",")
-  if any(len(set(s)) != len(s) for s in (sa, sb, out)):
-    return None  # a repeated letter is a diagonal
-  if set(out) - set(sa) - set(sb) or (set(sa) ^ set(sb)) - set(out):
-    return None  # a letter summed within one operand
-  sizes = dict(zip(sa, a.shape.as_list()))
-  sizes.update(zip(sb, b.shape.as_list()))
-  n_batch = 0
-  while (n_batch < min(len(sa), len(sb), len(out)) and sa[n_batch] == sb[n_batch] == out[n_batch]):
-    n_batch += 1
-  batch = out[:n_batch]
-  if set(batch) != set(sa) & set(sb) & set(out):
-    return None  # a batch letter that is not leading everywhere
-  ra, rb, ro = sa[n_batch:], sb[n_batch:], out[n_batch:]
-  summed = "".join(c for c in ra if c not in ro)
-  free_a = "".join(c for c in ra if c in ro)
-  free_b = "".join(c for c in rb if c in ro)
-  if ro == free_b + free_a and ro != free_a + free_b:
-    a, b, ra, rb, free_a, free_b = b, a, rb, ra, free_b, free_a
-  if ro != free_a + free_b or not summed or not (free_a or free_b):
-    return None  # not a product of matrices (elementwise or outer products)
-  transpose_a = _block_order(ra, free_a, summed)
-  transpose_b = _block_order(rb, summed, free_b)
-  if transpose_a is None or transpose_b is None:
+  if len(out) not in (2, 3) or not len(sa) == len(sb) == len(out):
     return None
-  if "".join(c for c in rb if c in summed) != summed:
-    return None  # the summed letters come in another order in b
-
-  def size(letters: str) -> int:
-    n = 1
-    for c in letters:
-      n *= sizes[c]
-    return n
-  lead = [size(batch)] if batch else []
-  m, k, n = size(free_a), size(summed), size(free_b)
-  out_shape: List[int] = [sizes[c] for c in out]
-
-  def run() -> tf.Tensor:
-    a2 = tf.reshape(a, lead + ([k, m] if transpose_a else [m, k]))
-    b2 = tf.reshape(b, lead + ([n, k] if transpose_b else [k, n]))
-    product = tf.linalg.matmul(a2, b2, transpose_a=transpose_a, transpose_b=transpose_b)
-    return tf.reshape(product, out_shape)
-  return run
-
-
-def _block_order(letters: str, first: str, second: str) -> Optional[bool]:
-  """False when letters == first + second, True when second + first (a
-  transposed matmul operand), None otherwise."""
-  if letters == first + second:
-    return False
-  if letters == second + first:
-    return True
-  return None
+  if len(set(sa + sb)) != len(out) + 1 or len(set(out)) != len(out):
+    return None  # a repeated letter (a diagonal) or not one summed letter
+  batched = len(out) == 3
+  if batched:
+    if not sa[0] == sb[0] == out[0]:
+      return None
+    sa, sb, out = sa[1:], sb[1:], out[1:]
+  summed = set(sa) & set(sb)
+  if len(summed) != 1 or set(out) != set(sa + sb) - summed:
+    return None  # not one free dimension per operand and one summed
+  k = summed.pop()
+  free_a, free_b = sa.replace(k, ""), sb.replace(k, "")
+  if out == free_b + free_a:  # (a b)^T = b^T a^T: swap the operands
+    a, b, sa, sb, free_a, free_b = b, a, sb, sa, free_b, free_a
+  if out != free_a + free_b:
+    return None
+  return a, b, sa == k + free_a, sb == free_b + k, batched
