@@ -101,6 +101,10 @@ class PlacementMeshImpl(MeshImpl):
     if share_replicas == "auto":
       share_replicas = _all_cpus_of_one_process(self._devices)
     self._share = bool(share_replicas) and collectives == "direct"
+    # Shared memory: which slices are blocks of one whole tensor (imports,
+    # slice_along), so that concatenating them back is that tensor, not a copy.
+    self._blocks = {}
+    self._blocks_graph = None
 
   devices = property(lambda self: list(self._devices))
   collectives = property(lambda self: self._collectives)
@@ -208,8 +212,10 @@ class PlacementMeshImpl(MeshImpl):
     self.record_collective("allgather", x, [mesh_axis])
     out = [None] * self.size
     for group in self.processor_groups([mesh_axis]):
-      with tf.device(self._devices[group[0]]):
-        full = tf.concat([x.tensor_list[p] for p in group], axis=concat_axis)
+      full = self._whole_of([x.tensor_list[p] for p in group], mesh_axis, concat_axis)
+      if full is None:
+        with tf.device(self._devices[group[0]]):
+          full = tf.concat([x.tensor_list[p] for p in group], axis=concat_axis)
       for p in group:
         out[p] = full if self._share else _identity_on(self._devices[p], full)
     return LaidOutTensor(out)
@@ -264,7 +270,37 @@ class PlacementMeshImpl(MeshImpl):
       with tf.device(device):
         out.append(_take_block(t, tensor_axis, c, n))
       memo[key] = out[-1]
+      self._note_block(out[-1], t, mesh_axis, tensor_axis, c)
     return LaidOutTensor(out)
+
+  def _block_registry(self):
+    """The block records of the graph being built (None: not sharing, or eager)."""
+    if not self._share or tf.executing_eagerly():
+      return None
+    graph = tf.compat.v1.get_default_graph()
+    if self._blocks_graph is not graph:  # keep only the current graph's tensors
+      self._blocks, self._blocks_graph = {}, graph
+    return self._blocks
+
+  def _note_block(self, block, whole, mesh_axis: int, tensor_axis: int, index: int) -> None:
+    registry = self._block_registry()
+    if registry is not None:
+      registry[block.ref()] = (whole, mesh_axis, tensor_axis, index)
+
+  def _whole_of(self, slices, mesh_axis: int, concat_axis: int):
+    """The tensor whose blocks 0..n-1 along concat_axis (split on mesh_axis)
+    are `slices`, in order, or None."""
+    registry = self._block_registry()
+    if registry is None:
+      return None
+    records = [registry.get(t.ref()) for t in slices]
+    if any(r is None for r in records):
+      return None
+    whole = records[0][0]
+    for i, (w, m, axis, index) in enumerate(records):
+      if w is not whole or m != mesh_axis or axis != concat_axis or index != i:
+        return None
+    return whole
 
   # ---- import / export -----------------------------------------------------
   def import_tf_tensor(self, x, shape) -> LaidOutTensor:
@@ -272,10 +308,14 @@ class PlacementMeshImpl(MeshImpl):
     full = convert_to_shape(shape).to_integer_list()
     if slice_shape == full:
       return self.slicewise(tf.identity, LaidOutTensor([x] * self.size))
-    if self._share:
-      # Slice on the host once; processors with the same slice share it.
-      return self.make_slices(lambda pnum, begin: _slice(x, begin, slice_shape), shape)
-    return self.make_slices(lambda pnum, begin: _slice(x, begin, slice_shape), shape)
+    laid = self.make_slices(lambda pnum, begin: _slice(x, begin, slice_shape), shape)
+    split = [(m, t) for t, m in enumerate(self.tensor_layout(shape)) if m is not None]
+    if len(split) == 1:  # each slice is one block of x along one mesh axis
+      mesh_axis, tensor_axis = split[0]
+      for pnum, block in enumerate(laid.tensor_list):
+        index = self.pnum_to_processor_coordinates(pnum)[mesh_axis]
+        self._note_block(block, x, mesh_axis, tensor_axis, index)
+    return laid
 
   def export_to_tf_tensor(self, x, shape) -> tf.Tensor:
     x = as_laid_out(x)

@@ -398,3 +398,36 @@ def test_collective_mode_in_v1_graph_session():
       value = sess.run(y_t)
   assert types.count("CollectiveReduce") == 8
   np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------- shared memory reuse
+def test_allgather_of_imported_blocks_is_the_input_itself():
+  """On shared memory, gathering the blocks of an imported tensor (as the
+  fused weight-gradient einsum does) returns the imported tensor, not a copy;
+  the allgather is still counted. Computed slices are still concatenated."""
+  impl = mtf_test_utils.make_impl("rows:2;cols:4", "batch:rows")
+  assert impl.shares_replicas
+  shape = mtf.convert_to_shape("batch:8;hidden:4")
+  with tf.Graph().as_default():
+    x = tf.constant(np.arange(32, dtype=np.float32).reshape(8, 4))
+    blocks = impl.import_tf_tensor(x, shape)
+    assert blocks.tensor_list[0] is not x  # each processor holds a block
+    kinds = []
+
+    class Recorder:
+      def record_collective(self, kind, *unused):
+        kinds.append(kind)
+    impl.recorder = Recorder()
+    try:
+      gathered = impl.allconcat(blocks, 0, 0)
+    finally:
+      impl.recorder = None
+    assert all(t is x for t in gathered.tensor_list)
+    assert kinds == ["allgather"]
+    doubled = impl.slicewise(lambda t: t * 2, blocks)
+    concatenated = impl.allconcat(doubled, 0, 0)
+    assert concatenated.tensor_list[0].op.type == "ConcatV2"
+    # A block of another tensor does not stand for x.
+    mixed = mtf.mesh_impl.LaidOutTensor(
+        [blocks.tensor_list[0]] * 4 + [doubled.tensor_list[4]] * 4)
+    assert impl.allconcat(mixed, 0, 0).tensor_list[0].op.type == "ConcatV2"
