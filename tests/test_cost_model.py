@@ -109,8 +109,9 @@ def test_mlp_matches_lowering_counters(mesh_shape, layout, expected_kinds):
 
 
 def _live_einsum_flops(concrete):
-  """FLOPs of the Einsum kernels a traced step really runs: those that a
-  variable update or an output needs (TensorFlow prunes the others)."""
+  """FLOPs of the matrix-product kernels (Einsum, MatMul) a traced step
+  really runs: those that a variable update or an output needs (TensorFlow
+  prunes the others)."""
   graph = concrete.graph
   stack = [op for op in graph.get_operations() if op.type.startswith("Assign")]
   stack += [t.op for t in concrete.outputs]
@@ -128,6 +129,11 @@ def _live_einsum_flops(concrete):
       for term, t in zip(terms, op.inputs):
         sizes.update(zip(term, t.shape.as_list()))
       total += 2 * int(np.prod(list(sizes.values())))
+    elif op.type in ("MatMul", "BatchMatMulV2"):  # mtf.einsum's matrix products
+      out = op.outputs[0].shape.as_list()
+      a = op.inputs[0].shape.as_list()
+      transposed = op.get_attr("transpose_a" if op.type == "MatMul" else "adj_x")
+      total += 2 * int(np.prod(out)) * (a[-2] if transposed else a[-1])
   return total
 
 
