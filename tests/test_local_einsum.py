@@ -24,10 +24,11 @@ def _random_equation(rng: random.Random):
   sa = [c for c, r in roles.items() if r in ("batch", "summed", "free_a", "only_a")]
   sb = [c for c, r in roles.items() if r in ("batch", "summed", "free_b")]
   out = [c for c, r in roles.items() if r in ("batch", "free_a", "free_b")]
+  block_order = ["batch", "free_a", "summed", "free_b", "only_a"]
   for s in (sa, sb, out):
-    if rng.random() < 0.7:  # often keep blocks (the matmul form), sometimes shuffle
-      s.sort(key=lambda c: ["batch", "free_a", "summed", "free_b", "only_a"].index(roles[c])
-             * rng.choice([1, -1]) if roles[c] != "batch" else -99)
+    if rng.random() < 0.7:  # often whole blocks (the matmul form), in either order
+      sign = rng.choice([1, -1])  # -1 puts the blocks after batch in reverse: a transpose
+      s.sort(key=lambda c: -99 if roles[c] == "batch" else sign * block_order.index(roles[c]))
     else:
       rng.shuffle(s)
   sizes = {c: rng.randint(1, 4) for c in roles}
