@@ -46,8 +46,8 @@ from mesh_tensorflow.ops.elementwise import (
     to_int32, truediv, where)
 from mesh_tensorflow.ops.einsum import EinsumOperation, einsum, matmul
 from mesh_tensorflow.ops.reduction import (
-    ReduceOperation, log_softmax, reduce_all, reduce_any, reduce_logsumexp, reduce_max,
-    reduce_mean, reduce_min, reduce_sum, softmax)
+    ReduceOperation, SoftmaxOperation, log_softmax, reduce_all, reduce_any, reduce_logsumexp,
+    reduce_max, reduce_mean, reduce_min, reduce_sum, softmax)
 from mesh_tensorflow.ops.shape_ops import (
     broadcast, rename_dimension, replace_dimensions, reshape, transpose)
 from mesh_tensorflow.ops.slicing import (
@@ -69,5 +69,13 @@ from mesh_tensorflow import transformer  # the model library (its modules import
 from mesh_tensorflow import cost_model
 from mesh_tensorflow import auto_mtf
 from mesh_tensorflow.layout_report import layout_report
+
+# AutoGraph would rewrite these (and all they call) inside users' tf.functions.
+from mesh_tensorflow.autograph_exempt import exempt as _exempt
+for _namespace in (globals(), vars(layers), vars(optimize), vars(beam_search), vars(pipeline),
+                   vars(learning_rate_schedules), vars(initializers), vars(zero),
+                   vars(offload), vars(mixed_precision), vars(checkpoint), vars(training)):
+  _exempt(_namespace)
+del _namespace, _exempt
 
 __version__ = "0.2.0"

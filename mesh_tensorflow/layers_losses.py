@@ -14,9 +14,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from mesh_tensorflow.graph import Operation, Tensor
-from mesh_tensorflow.mesh_impl import expand_to_shape
+from mesh_tensorflow.mesh_impl import expand_to_shape, int_constant
 from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops.indexing import one_hot
+from mesh_tensorflow.ops.indexing import one_hot, slice_offsets
 from mesh_tensorflow.ops.reduction import reduce_logsumexp, reduce_sum
 from mesh_tensorflow.shapes import Dimension, convert_to_dimension
 
@@ -170,27 +170,29 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
       loss, log_z, backprop = impl.slicewise(fused, lg, idx)
     else:
       local_vocab = vocab.size // impl.mesh_axis_size(vocab_axis)
-      offsets = impl.make_slices(
-          lambda pnum, begin: tf.cast(begin[-1], tf.int32), ordered)
+      offsets = slice_offsets(impl, ordered, ordered.ndims - 1)
+      last_axis, zero, last_id = int_constant(-1), int_constant(0), int_constant(local_vocab - 1)
+      # Maxima and sums of exponentials keep the vocab axis (size 1) to broadcast.
       maxes = impl.allreduce(impl.slicewise(
-          lambda t: tf.stop_gradient(tf.reduce_max(tf.cast(t, tf.float32), axis=-1)), lg),
+          lambda t: tf.reduce_max(tf.cast(t, tf.float32), axis=last_axis, keepdims=True), lg),
           [vocab_axis], "MAX")
 
       def partial(lg, idx, m, offset):
         lg32 = tf.cast(lg, tf.float32)
-        sum_exp = tf.reduce_sum(tf.exp(lg32 - m[..., None]), axis=-1)
+        sum_exp = tf.reduce_sum(tf.exp(lg32 - m), axis=last_axis, keepdims=True)
         local = tf.cast(idx, tf.int32) - offset
-        inside = tf.logical_and(local >= 0, local < local_vocab)
-        target = tf.gather(lg32, tf.clip_by_value(local, 0, local_vocab - 1),
-                           axis=-1, batch_dims=len(out_shape))
-        return sum_exp, tf.where(inside, target, tf.zeros_like(target))
+        clipped = tf.clip_by_value(local, zero, last_id)
+        target = tf.gather(lg32, clipped, axis=-1, batch_dims=len(out_shape))
+        # Only the processor holding the id's logit contributes it.
+        return sum_exp, tf.where(tf.equal(local, clipped), target, tf.zeros_like(target))
       sum_exp, target = impl.slicewise(partial, lg, idx, maxes, offsets)
       sum_exp = impl.allreduce(sum_exp, [vocab_axis], "SUM")
       target = impl.allreduce(target, [vocab_axis], "SUM")
 
       def finish(lg, idx, m, s, t, offset):
-        log_z = tf.math.log(s) + m
-        probs = tf.exp(tf.cast(lg, tf.float32) - log_z[..., None])
+        log_z_kept = tf.math.log(s) + m
+        log_z = tf.squeeze(log_z_kept, axis=-1)
+        probs = tf.exp(tf.cast(lg, tf.float32) - log_z_kept)
         onehot = tf.one_hot(tf.cast(idx, tf.int32) - offset, local_vocab, dtype=tf.float32)
         return (tf.cast(log_z - t, dtype), tf.cast(log_z, dtype),
                 tf.cast(probs - onehot, dtype))

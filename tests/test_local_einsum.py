@@ -1,6 +1,6 @@
 """local_einsum (the per-slice product of mtf.einsum): equal to tf.einsum for
-random two-operand equations, and a single matmul op, with no transpose or
-reshape, for the matrix products."""
+random two-operand equations and for one or three operands, and a single
+matmul op, with no transpose or reshape, for the matrix products."""
 
 import random
 
@@ -77,3 +77,13 @@ def test_matrix_products_are_one_matmul(eq, shape_a, shape_b):
 ])
 def test_other_forms_stay_tf_einsum(eq, shape_a, shape_b):
   assert "Einsum" in _op_types(eq, shape_a, shape_b)
+
+
+def test_one_and_three_operands_equal_tf_einsum():
+  """The Einsum kernel takes at most two operands: three go through tf.einsum."""
+  rng = np.random.default_rng(3)
+  a, b, c = (tf.constant(rng.normal(size=s).astype(np.float32)) for s in ([2, 3], [3, 4], [4]))
+  for eq, ops in [("ab,bc,c->a", (a, b, c)), ("ab,bc,c->", (a, b, c)), ("ab->ba", (a,)),
+                  ("ab->", (a,))]:
+    np.testing.assert_allclose(local_einsum(eq, *ops).numpy(), tf.einsum(eq, *ops).numpy(),
+                               rtol=1e-6, err_msg=eq)

@@ -3,6 +3,7 @@ tf.compat.v1 graph with a Session; variables and assignment, import/export,
 bfloat16 activations, and randomness across steps and layouts."""
 
 import contextlib
+import sys
 
 import numpy as np
 import pytest
@@ -125,6 +126,35 @@ def test_tf_function_two_graphs_share_variables_by_name():
   ws, _ = _numpy_training(4)
   np.testing.assert_allclose(read().numpy(), ws[3], rtol=1e-4, atol=1e-5)
   del w
+
+
+def test_autograph_does_not_rewrite_mtf_code():
+  """In a tf.function with AutoGraph on (the default), building, differentiating,
+  lowering and exporting an mtf graph runs mtf's own code as written: AutoGraph
+  converts only the user's function (its converted functions are named tf__*)."""
+  converted = []
+
+  def watch(frame, event, arg):
+    if event == "call" and frame.f_code.co_name.startswith("tf__"):
+      converted.append(frame.f_code.co_name)
+  impl = make_impl("rows:2;cols:4", "batch:rows;out:cols")
+
+  @tf.function
+  def train_step():
+    graph, mesh, w, loss, update = _regression()
+    hidden = mtf.layers.dense(mtf.relu(loss * w), mtf.Dimension("logit", 3),
+                              reduced_dims=w.shape.dims[:1], name="dense")
+    probs = mtf.softmax(hidden, "logit")
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    with tf.control_dependencies([lowering.lowered_operation(update)]):
+      return lowering.export_to_tf_tensor(loss), lowering.export_to_tf_tensor(probs)
+  sys.setprofile(watch)
+  try:
+    train_step.get_concrete_function()
+  finally:
+    sys.setprofile(None)
+  # Only this file's functions: the step and the model-building helper it calls.
+  assert set(converted) == {"tf__train_step", "tf___regression"}, sorted(set(converted))
 
 
 # ----------------------------------------------------------- eager

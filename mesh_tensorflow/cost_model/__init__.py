@@ -933,6 +933,26 @@ def _sparse_xent(est: _Estimator, op):
   est.state[op.outputs[2]] = est.slicewise([result], 2 * lg_bytes)
 
 
+def _softmax(est: _Estimator, op):
+  """One fused kernel per slice, or, with the dimension split: a MAX and a SUM
+  allreduce of the per-slice statistics around four slicewise kernels."""
+  x, out = op.inputs[0], op.outputs[0]
+  ids = est.laid_out(x)
+  nbytes = est.slice_bytes(x)
+  est.current.flops += 5 * est.slice_elems(x.shape)
+  dim = op.reduced_dim
+  a = est.axis(dim)
+  if a is None:
+    est.state[out] = est.slicewise([ids], 2 * nbytes)
+    return
+  stats_bytes = est.slice_elems(x.shape - [dim]) * x.dtype.size
+  maxes = est.allreduce(stats_bytes, [a], est.slicewise([ids], nbytes + stats_bytes))
+  shifted = est.slicewise([ids, maxes], 2 * nbytes)
+  exps = est.slicewise([shifted], 2 * nbytes)
+  sums = est.allreduce(stats_bytes, [a], est.slicewise([exps], nbytes + stats_bytes))
+  est.state[out] = est.slicewise([shifted if op.log else exps, sums], 2 * nbytes)
+
+
 def _source(est: _Estimator, op):
   """Imports and constants: one tensor per distinct slice (a fully
   replicated import: one identity of the shared input)."""
@@ -975,6 +995,7 @@ _HANDLERS = {
     "GatherOperation": _gather,
     "ScatterAddGradOperation": _scatter_add_grad,
     "SparseSoftmaxCrossEntropyOperation": _sparse_xent,
+    "SoftmaxOperation": _softmax,
     "_IdentityLike": _passthrough,
     "ImportOperation": _source,
     "ConstantOperation": _source,

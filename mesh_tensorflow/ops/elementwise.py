@@ -31,10 +31,14 @@ class ElementwiseOperation(Operation):
     output_dtype: defaults to the first input's dtype.
     grad_fn: function(op, dy) -> list of input gradients, or None if the op is
       not differentiable (its inputs then get no gradient).
+    input_grads: instead of grad_fn, one function(op, dy) -> gradient per input
+      (None for an input without one); mtf.gradients then builds only the
+      gradients it needs (none for a constant operand, say).
   """
 
   def __init__(self, tf_fn: Callable, inputs: Sequence[Tensor], output_shape=None,
-               output_dtype=None, grad_fn=None, name=None, zero_gradient=False):
+               output_dtype=None, grad_fn=None, name=None, zero_gradient=False,
+               input_grads=None):
     op_name = name or getattr(tf_fn, "__name__", "elementwise")
     shape = shape_union_checked([t.shape for t in inputs], inputs, op_name)
     if output_shape is not None:
@@ -48,13 +52,20 @@ class ElementwiseOperation(Operation):
     super().__init__(inputs, name=op_name)
     self._tf_fn = tf_fn
     self._grad_fn = grad_fn
+    self._input_grads = input_grads
     self._zero_gradient = zero_gradient
-    self.has_gradient = grad_fn is not None or zero_gradient
+    self.has_gradient = grad_fn is not None or input_grads is not None or zero_gradient
     self._outputs = [Tensor(self, shape, output_dtype or inputs[0].dtype)]
 
   def gradient(self, grad_ys):
+    return self.gradient_for(grad_ys, [True] * len(self._inputs))
+
+  def gradient_for(self, grad_ys, needed):
     if self._zero_gradient or grad_ys[0] is None:
       return [None] * len(self._inputs)
+    if self._input_grads is not None:
+      return [fn(self, grad_ys[0]) if fn is not None and need else None
+              for fn, need in zip(self._input_grads, needed)]
     return self._grad_fn(self, grad_ys[0])
 
   def lower(self, lowering):
@@ -216,29 +227,35 @@ def _binary_inputs(x, y, op_name):
   return x, y
 
 
-def _binary(tf_fn, name, grad=None, output_dtype=None, zero_gradient=False):
-  """grad(x, y, z, dz) -> (dx, dy) in the broadcast (output) shape."""
+def _binary(tf_fn, name, grads=None, output_dtype=None, zero_gradient=False):
+  """grads: (dx, dy), each a function (x, y, z, dz) -> that input's gradient in
+  the broadcast (output) shape; only the gradients needed are built."""
 
   def op(x, y, output_shape=None, name=None) -> Tensor:
     if is_scalar_value(x) or is_scalar_value(y):
-      return _binary_with_scalar(tf_fn, x, y, grad, output_dtype, output_shape,
+      return _binary_with_scalar(tf_fn, x, y, grads, output_dtype, output_shape,
                                  name or op_name)
     x, y = _binary_inputs(x, y, op_name)
-    grad_fn = None
-    if grad is not None and x.dtype.is_floating:
-      def grad_fn(o, dz):
-        gx, gy = grad(o.inputs[0], o.inputs[1], o.outputs[0], dz)
-        return [None if gx is None else reduce_to_shape(gx, o.inputs[0].shape),
-                None if gy is None else reduce_to_shape(gy, o.inputs[1].shape)]
+    input_grads = None
+    if grads is not None and x.dtype.is_floating:
+      input_grads = [_reduced_grad(f, i) for i, f in enumerate(grads)]
     return ElementwiseOperation(
         tf_fn, [x, y], output_shape=output_shape, output_dtype=output_dtype,
-        grad_fn=grad_fn, zero_gradient=grad_fn is None,
+        input_grads=input_grads, zero_gradient=input_grads is None,
         name=name or op_name).outputs[0]
   op_name = name
   op.__name__ = name
   op.__doc__ = (f"Elementwise {name} with broadcasting by dimension name; Python "
                 "numbers are accepted for either argument.")
   return op
+
+
+def _reduced_grad(grad, index):
+  """The gradient of input `index` of a binary op, summed to its shape."""
+  def fn(o, dz):
+    return reduce_to_shape(grad(o.inputs[0], o.inputs[1], o.outputs[0], dz),
+                           o.inputs[index].shape)
+  return fn
 
 
 class _ScalarOperandOperation(ElementwiseOperation):
@@ -267,7 +284,7 @@ class _ScalarOperandOperation(ElementwiseOperation):
     lowering.set_tensor_lowering(out, result)
 
 
-def _binary_with_scalar(tf_fn, x, y, grad, output_dtype, output_shape, name):
+def _binary_with_scalar(tf_fn, x, y, grads, output_dtype, output_shape, name):
   if is_scalar_value(x) and is_scalar_value(y):
     raise TypeError(f"mtf.{name}: at least one argument must be an mtf.Tensor.")
   scalar_first = is_scalar_value(x)
@@ -275,36 +292,47 @@ def _binary_with_scalar(tf_fn, x, y, grad, output_dtype, output_shape, name):
   if not isinstance(tensor, Tensor):
     raise TypeError(f"mtf.{name}: expected an mtf.Tensor, got {tensor!r}.")
   grad_fn = None
-  if grad is not None and tensor.dtype.is_floating:
+  if grads is not None and tensor.dtype.is_floating:
     def grad_fn(o, dz):
       t = o.inputs[0]
-      gx, gy = grad(scalar, t, o.outputs[0], dz) if scalar_first else grad(
+      g = grads[1](scalar, t, o.outputs[0], dz) if scalar_first else grads[0](
           t, scalar, o.outputs[0], dz)
-      g = gy if scalar_first else gx
-      return [None if g is None else reduce_to_shape(g, t.shape)]
+      return [reduce_to_shape(g, t.shape)]
   return _ScalarOperandOperation(
       tf_fn, tensor, scalar, scalar_first, output_shape=output_shape,
       output_dtype=output_dtype, grad_fn=grad_fn, zero_gradient=grad_fn is None,
       name=name).outputs[0]
 
 
-_add_base = _binary(tf.add, "add", lambda x, y, z, dz: (dz, dz))
-sub = _binary(tf.subtract, "sub", lambda x, y, z, dz: (dz, -dz))
+# One lambda per line: AutoGraph cannot tell apart lambdas sharing a line.
+_add_base = _binary(tf.add, "add", (
+    lambda x, y, z, dz: dz,
+    lambda x, y, z, dz: dz))
+sub = _binary(tf.subtract, "sub", (
+    lambda x, y, z, dz: dz,
+    lambda x, y, z, dz: -dz))
 subtract = sub
-multiply = _binary(tf.multiply, "multiply", lambda x, y, z, dz: (dz * y, dz * x))
-divide = _binary(tf.math.truediv, "divide",
-                 lambda x, y, z, dz: (dz / y, -dz * z / y))
+multiply = _binary(tf.multiply, "multiply", (
+    lambda x, y, z, dz: dz * y,
+    lambda x, y, z, dz: dz * x))
+divide = _binary(tf.math.truediv, "divide", (
+    lambda x, y, z, dz: dz / y,
+    lambda x, y, z, dz: -dz * z / y))
 truediv = divide
-minimum = _binary(tf.minimum, "minimum", lambda x, y, z, dz: (
-    dz * cast(less_equal(x, y), dz.dtype), dz * cast(greater(x, y), dz.dtype)))
-maximum = _binary(tf.maximum, "maximum", lambda x, y, z, dz: (
-    dz * cast(greater_equal(x, y), dz.dtype), dz * cast(less(x, y), dz.dtype)))
-pow = _binary(tf.pow, "pow", lambda x, y, z, dz: (  # pylint: disable=redefined-builtin
-    dz * y * (z / x), dz * z * log(x)))
+minimum = _binary(tf.minimum, "minimum", (
+    lambda x, y, z, dz: dz * cast(less_equal(x, y), dz.dtype),
+    lambda x, y, z, dz: dz * cast(greater(x, y), dz.dtype)))
+maximum = _binary(tf.maximum, "maximum", (
+    lambda x, y, z, dz: dz * cast(greater_equal(x, y), dz.dtype),
+    lambda x, y, z, dz: dz * cast(less(x, y), dz.dtype)))
+pow = _binary(tf.pow, "pow", (  # pylint: disable=redefined-builtin
+    lambda x, y, z, dz: dz * y * (z / x),
+    lambda x, y, z, dz: dz * z * log(x)))
 floordiv = _binary(tf.math.floordiv, "floordiv", zero_gradient=True)
 mod = _binary(tf.math.floormod, "mod", zero_gradient=True)
-squared_difference = _binary(tf.math.squared_difference, "squared_difference",
-                             lambda x, y, z, dz: (dz * 2.0 * (x - y), dz * -2.0 * (x - y)))
+squared_difference = _binary(tf.math.squared_difference, "squared_difference", (
+    lambda x, y, z, dz: dz * 2.0 * (x - y),
+    lambda x, y, z, dz: dz * -2.0 * (x - y)))
 
 equal = _binary(tf.equal, "equal", output_dtype=tf.bool)
 not_equal = _binary(tf.not_equal, "not_equal", output_dtype=tf.bool)
@@ -346,8 +374,8 @@ def add(x, y, output_shape=None, name=None) -> Tensor:
     return _add_base(x, y, output_shape=output_shape, name=name)
   return _LazyAwareAdd(
       tf.add, [x, y], output_shape=output_shape, name=name or "add",
-      grad_fn=lambda o, dz: [reduce_to_shape(dz, o.inputs[0].shape),
-                             reduce_to_shape(dz, o.inputs[1].shape)]).outputs[0]
+      input_grads=[lambda o, dz: reduce_to_shape(dz, o.inputs[0].shape),
+                   lambda o, dz: reduce_to_shape(dz, o.inputs[1].shape)]).outputs[0]
 
 
 def add_n(xs: Sequence[Tensor], name=None) -> Tensor:
@@ -369,14 +397,16 @@ def where(condition: Tensor, x, y, output_shape=None, name=None) -> Tensor:
   if condition.dtype != tf.bool:
     condition = cast(condition, tf.bool)
 
-  def grad_fn(o, dz):
-    zero = zeros_like_fn(dz)
-    return [None, reduce_to_shape(where(o.inputs[0], dz, zero), o.inputs[1].shape),
-            reduce_to_shape(where(o.inputs[0], zero, dz), o.inputs[2].shape)]
+  def grad_x(o, dz):
+    return reduce_to_shape(where(o.inputs[0], dz, zeros_like_fn(dz)), o.inputs[1].shape)
+
+  def grad_y(o, dz):
+    return reduce_to_shape(where(o.inputs[0], zeros_like_fn(dz), dz), o.inputs[2].shape)
+  floating = x.dtype.is_floating
   return ElementwiseOperation(
       tf.where, [condition, x, y], output_shape=output_shape, output_dtype=x.dtype,
-      grad_fn=grad_fn if x.dtype.is_floating else None,
-      zero_gradient=not x.dtype.is_floating, name=name or "where").outputs[0]
+      input_grads=[None, grad_x, grad_y] if floating else None,
+      zero_gradient=not floating, name=name or "where").outputs[0]
 
 
 def zeros_like_fn(x):

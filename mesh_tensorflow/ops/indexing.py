@@ -10,7 +10,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from mesh_tensorflow.graph import Operation, Tensor
-from mesh_tensorflow.mesh_impl import LazyAllreduceSum, LaidOutTensor, expand_to_shape
+from mesh_tensorflow.mesh_impl import LazyAllreduceSum, LaidOutTensor, expand_to_shape, int_constant
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops.shape_ops import lower_with_unsplit
 from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
@@ -21,10 +21,13 @@ def _dim_named(x: Tensor, dim):
   return x.shape.get_dim_by_name(name)
 
 
-def _slice_offsets(impl, shape, axis) -> LaidOutTensor:
+def slice_offsets(impl, shape, axis) -> LaidOutTensor:
   """Per-processor offset (in the full tensor) of the slice along `axis`."""
-  return impl.make_slices(
-      lambda pnum, begin: tf.cast(begin[axis], tf.int32), shape)
+  def offset(pnum, begin):
+    # A Python int under placement (one shared constant); a tensor under SIMD.
+    b = begin[axis]
+    return int_constant(b) if isinstance(b, int) else tf.cast(b, tf.int32)
+  return impl.make_slices(offset, shape)
 
 
 class OneHotOperation(Operation):
@@ -50,7 +53,7 @@ class OneHotOperation(Operation):
       return tf.one_hot(tf.cast(idx, tf.int32) - offset, depth, on_value=tf.cast(on, dtype),
                         off_value=tf.cast(off, dtype), dtype=dtype)
     laid = impl.slicewise(fn, lowering.laid_out(self.inputs[0]),
-                          _slice_offsets(impl, out.shape, out.shape.ndims - 1))
+                          slice_offsets(impl, out.shape, out.shape.ndims - 1))
     # indices are replicated along output_dim's mesh axis but not split: fine.
     lowering.set_tensor_lowering(out, laid)
 
@@ -122,15 +125,20 @@ class GatherOperation(Operation):
     gathered_shape = Shape(w_dims[:axis] + indices.shape.dims + w_dims[axis + 1:])
     local_size = dim.size // (1 if mesh_axis is None else impl.mesh_axis_size(mesh_axis))
 
+    zero, last = int_constant(0), int_constant(local_size - 1)
+
     def fn(w, idx, offset):
-      local = tf.cast(idx, tf.int32) - offset
-      valid = tf.logical_and(local >= 0, local < local_size)
-      g = tf.gather(w, tf.clip_by_value(local, 0, local_size - 1), axis=axis)
+      local = tf.cast(idx, tf.int32)
       if mesh_axis is not None:
-        mask = expand_to_shape(tf.cast(valid, g.dtype), indices.shape, gathered_shape)
-        g = g * mask
+        local -= offset
+      clipped = tf.clip_by_value(local, zero, last)
+      g = tf.gather(w, clipped, axis=axis)
+      if mesh_axis is not None:
+        # Ids outside this processor's block of `dim` contribute zeros.
+        valid = tf.cast(tf.equal(local, clipped), g.dtype)
+        g = g * expand_to_shape(valid, indices.shape, gathered_shape)
       return expand_to_shape(g, gathered_shape, out.shape)
-    offsets = (_slice_offsets(impl, weights.shape, axis) if mesh_axis is not None
+    offsets = (slice_offsets(impl, weights.shape, axis) if mesh_axis is not None
                else 0)
     result = impl.slicewise(fn, w_laid, lowering.laid_out(indices), offsets)
     if mesh_axis is not None:
@@ -182,16 +190,22 @@ class ScatterAddGradOperation(Operation):
     dest_shape = Shape([dim] + others)
     n_idx = indices.shape.ndims
 
+    use_offsets = mesh_axis is not None and not gather_out
+    zero, last = int_constant(0), int_constant(local_size - 1)
+    minus_one, num_segments = int_constant(-1), int_constant(local_size)
+
     def fn(gs, idx, offset):
       gs = expand_to_shape(gs, g.shape, src_shape)
-      local = tf.cast(idx, tf.int32) - offset
-      valid = tf.logical_and(local >= 0, local < local_size)
-      seg = tf.reshape(tf.where(valid, local, -tf.ones_like(local)), [-1])
-      flat = tf.reshape(gs, [-1] + gs.shape.as_list()[n_idx:])
-      summed = tf.math.unsorted_segment_sum(flat, seg, local_size)
+      local = tf.cast(idx, tf.int32)
+      if use_offsets:
+        local -= offset
+      # Segment -1 (ids outside this processor's block) is dropped.
+      valid = tf.equal(local, tf.clip_by_value(local, zero, last))
+      seg = tf.reshape(tf.where(valid, local, minus_one), int_constant([-1]))
+      flat = tf.reshape(gs, int_constant([-1] + gs.shape.as_list()[n_idx:]))
+      summed = tf.math.unsorted_segment_sum(flat, seg, num_segments)
       return expand_to_shape(summed, dest_shape, out.shape)
-    use_offsets = mesh_axis is not None and not gather_out
-    offsets = (_slice_offsets(impl, out.shape, out.shape.index_of(dim.name))
+    offsets = (slice_offsets(impl, out.shape, out.shape.index_of(dim.name))
                if use_offsets else 0)
     result = impl.slicewise(fn, g_laid, lowering.laid_out(indices), offsets)
     if gather_out:

@@ -5,7 +5,7 @@ CPUs), `tf.einsum` slices cost 20% more step time than the same products as
 `MatMul` with transpose flags. So an einsum that is exactly a matrix product
 of its operands as they are (one free dimension per operand, one summed, at
 most one leading batch dimension, any operand order) becomes one
-`MatMul`/`BatchMatMulV2`; everything else stays `tf.einsum`. Products that
+`MatMul`/`BatchMatMulV2`; everything else stays one `Einsum` op. Products that
 would first need dimensions merged by reshapes stay einsums too: on the
 transformer, the extra reshape ops cost more step and lowering time than they
 saved.
@@ -21,14 +21,17 @@ _MATMUL_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 
 
 def local_einsum(equation: str, *operands: tf.Tensor) -> tf.Tensor:
-  """tf.einsum(equation, *operands); one matmul when it is a matrix product
-  of the two float operands as they are."""
+  """tf.einsum(equation, *operands) as one op: a matmul when it is a matrix
+  product of the two float operands as they are, else an `Einsum`."""
+  # Raw ops: creating ops dominates lowering time on large meshes, and the
+  # Python wrappers (tf.einsum parses the equation again) cost up to as much as
+  # the op itself.
+  if len(operands) > 2:  # the Einsum kernel takes one or two operands
+    return tf.einsum(equation, *operands)
   plan = _matmul_plan(equation, operands)
   if plan is None:
-    return tf.einsum(equation, *operands)
+    return tf.raw_ops.Einsum(inputs=list(operands), equation=equation)
   a, b, transpose_a, transpose_b, batched = plan
-  # Raw ops: creating ops dominates lowering time on large meshes, and
-  # tf.linalg.matmul's Python wrapper costs as much as the op itself.
   if batched:
     return tf.raw_ops.BatchMatMulV2(x=a, y=b, adj_x=transpose_a, adj_y=transpose_b)
   return tf.raw_ops.MatMul(a=a, b=b, transpose_a=transpose_a, transpose_b=transpose_b)

@@ -178,15 +178,84 @@ def _dim_of(x, d):
   return d
 
 
+class SoftmaxOperation(Operation):
+  """softmax or log_softmax of x over one dimension.
+
+  Each processor runs one fused kernel (tf.nn.softmax / tf.nn.log_softmax)
+  when the dimension is whole on it; when the layout splits the dimension, the
+  maximum and the sum of exponentials are allreduced over the mesh dimension
+  that splits it (one MAX and one SUM allreduce). The gradient is written in
+  mtf ops, so it is laid out like any other computation.
+  """
+
+  def __init__(self, x: Tensor, dim, log: bool, name=None):
+    if not x.dtype.is_floating:
+      raise TypeError(f"mtf.{'log_' if log else ''}softmax: {x.name} has dtype "
+                      f"{x.dtype.name}; cast it to a floating type first.")
+    super().__init__([x], name=name or ("log_softmax" if log else "softmax"))
+    self._dim = dim
+    self._log = log
+    self.has_gradient = True
+    self._outputs = [Tensor(self, x.shape, x.dtype)]
+
+  @property
+  def reduced_dim(self):
+    return self._dim
+
+  @property
+  def log(self) -> bool:
+    return self._log
+
+  def gradient(self, grad_ys):
+    dy, y = grad_ys[0], self.outputs[0]
+    if self._log:
+      return [dy - ew.exp(y) * reduce_sum(dy, reduced_dim=self._dim)]
+    return [y * (dy - reduce_sum(dy * y, reduced_dim=self._dim))]
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    x = self.inputs[0]
+    axis = x.shape.index_of(self._dim)
+    mesh_axis = impl.tensor_dimension_to_mesh_axis(self._dim)
+    laid = lowering.laid_out(x)
+    if mesh_axis is None:
+      fn = tf.nn.log_softmax if self._log else tf.nn.softmax
+      result = impl.slicewise(lambda t: fn(t, axis=axis), laid)
+    else:
+      local_max = impl.slicewise(
+          lambda t: tf.reduce_max(t, axis=axis, keepdims=True), laid)
+      shifted = impl.slicewise(
+          tf.subtract, laid, impl.allreduce(local_max, [mesh_axis], "MAX"))
+      exps = impl.slicewise(tf.exp, shifted)
+      sums = impl.allreduce(impl.slicewise(
+          lambda e: tf.reduce_sum(e, axis=axis, keepdims=True), exps), [mesh_axis], "SUM")
+      if self._log:
+        result = impl.slicewise(lambda s, z: s - tf.math.log(z), shifted, sums)
+      else:
+        result = impl.slicewise(tf.math.divide, exps, sums)
+    # Max, subtract, exp, sum and normalize: about five operations per element.
+    lowering.add_flops(5 * num_elements(result.tensor_list[0]))
+    lowering.set_tensor_lowering(self.outputs[0], result)
+
+
 def log_softmax(x: Tensor, reduced_dim, extra_logit=None, name=None) -> Tensor:
-  """x - logsumexp(x) over reduced_dim."""
-  return x - reduce_logsumexp(x, reduced_dim, extra_logit=extra_logit)
+  """x - logsumexp(x) over reduced_dim.
+
+  Example:
+    >>> log_probs = mtf.log_softmax(logits, vocab_dim)
+  """
+  if extra_logit is not None:
+    return x - reduce_logsumexp(x, reduced_dim, extra_logit=extra_logit)
+  return SoftmaxOperation(x, _dim_of(x, reduced_dim), log=True, name=name).outputs[0]
 
 
 def softmax(x: Tensor, reduced_dim, extra_logit=None, name=None) -> Tensor:
-  """exp(log_softmax(x)) over reduced_dim.
+  """exp(x) / sum(exp(x)) over reduced_dim; extra_logit, if given, adds
+  exp(extra_logit) to the denominator (as if one more, constant logit).
 
   Example:
     >>> probs = mtf.softmax(logits, vocab_dim)
   """
-  return ew.exp(log_softmax(x, reduced_dim, extra_logit=extra_logit))
+  if extra_logit is not None:
+    return ew.exp(log_softmax(x, reduced_dim, extra_logit=extra_logit))
+  return SoftmaxOperation(x, _dim_of(x, reduced_dim), log=False, name=name).outputs[0]
