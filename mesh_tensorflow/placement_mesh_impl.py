@@ -287,6 +287,14 @@ class PlacementMeshImpl(MeshImpl):
     if registry is not None:
       registry[block.ref()] = (whole, mesh_axis, tensor_axis, index)
 
+  def gathers_without_copy(self, x, mesh_axis: int, concat_axis: int) -> bool:
+    """Whether allconcat(x, mesh_axis, concat_axis) returns tensors that
+    already exist (x's slices are the blocks of imported or sliced tensors)."""
+    x = as_laid_out(x)
+    return all(
+        self._whole_of([x.tensor_list[p] for p in group], mesh_axis, concat_axis) is not None
+        for group in self.processor_groups([mesh_axis]))
+
   def _whole_of(self, slices, mesh_axis: int, concat_axis: int):
     """The tensor whose blocks 0..n-1 along concat_axis (split on mesh_axis)
     are `slices`, in order, or None."""

@@ -353,6 +353,9 @@ class _Estimator:
     # combine bytes]; only those that a sink needs are counted (`_prune`).
     self.units = []
     self.sinks = set()  # ids of kernels with side effects (variable updates)
+    # Per-processor ids that are the blocks of one existing tensor (imports
+    # split along one mesh axis, slice_along results): gathering them is free.
+    self.blocks = set()
     self.current: Optional[OpCost] = None
 
   # ---- layouts --------------------------------------------------------------
@@ -529,7 +532,9 @@ class _Estimator:
     if self.mesh_sizes[axis] == 1:
       return ids
     keys = [(ids[p], self.coords[p][axis]) for p in range(self.mesh_size)]
-    return self._memo(keys, True, nbytes, inputs=[ids])
+    sliced = self._memo(keys, True, nbytes, inputs=[ids])
+    self.blocks.add(tuple(sliced))
+    return sliced
 
   # ---- recording ------------------------------------------------------------
   def collective(self, kind, nbytes, axes):
@@ -797,7 +802,8 @@ def _einsum(est: _Estimator, op):
 def _batchable(est: _Estimator, op, ins):
   """Mirror of einsum's _batchable_axis: (operand index, mesh axis) when one
   operand is split along one mesh axis in its outermost dimension (also the
-  output's), and every other operand is one tensor shared by all."""
+  output's), its slices are the blocks of an existing tensor, and every other
+  operand is one tensor shared by all."""
   out = op.outputs[0]
   if not est.share or not out.shape.ndims:
     return None
@@ -810,7 +816,7 @@ def _batchable(est: _Estimator, op, ins):
     lay = est.layout(t.shape)
     split = [a for a in lay if a is not None]
     if (len(split) != 1 or lay[0] is None or t.shape.dims[0] != out.shape.dims[0]
-        or est.mesh_sizes[lay[0]] == 1):
+        or est.mesh_sizes[lay[0]] == 1 or tuple(ids) not in est.blocks):
       return None
     candidate = (i, lay[0])
   return candidate
@@ -962,6 +968,8 @@ def _source(est: _Estimator, op):
       est.state[t] = est.slicewise([], est.slice_bytes(t))
     else:
       est.state[t] = est.by_layout(layout, nbytes=est.slice_bytes(t))
+      if type(op).__name__ == "ImportOperation" and sum(a is not None for a in layout) == 1:
+        est.blocks.add(tuple(est.state[t]))
 
 
 def _passthrough(est: _Estimator, op):
