@@ -15,7 +15,9 @@ setup(
     python_requires=">=3.9",
     install_requires=["tensorflow>=2.16", "numpy", "gin-config", "absl-py", "tensorboard"],
     extras_require={
-        "test": ["pytest", "hypothesis", "scikit-learn", "matplotlib"],
+        # pytest-xdist: the suite runs in two processes (tracing and lowering
+        # are single-threaded Python, so the second core would idle).
+        "test": ["pytest", "pytest-xdist", "hypothesis", "scikit-learn", "matplotlib"],
         # Layout report PNGs (mtf.layout_report(...).to_png, python -m mesh_tensorflow.report --png).
         "report": ["matplotlib"],
         # auto_mtf needs no extra: it searches exhaustively or with a beam (OR-Tools,

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs mesh_tensorflow with its test dependencies and runs the test suite
-# on 8 logical CPU devices (tests/conftest.py sets them up).
+# on 8 logical CPU devices (tests/conftest.py sets them up), in parallel
+# worker processes (pytest-xdist).
 #   bash oss_scripts/oss_tests.sh [extra pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet --disable-pip-version-check -e ".[test,examples]"
-python -m pytest tests -q "$@"
+# One worker process per core, at most 4 (each holds TensorFlow and 8 devices).
+python -m pytest tests -q -n auto --maxprocesses 4 "$@"

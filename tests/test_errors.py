@@ -193,6 +193,12 @@ def _laid_out_wrong_slice_count():
   return _lower(graph, mesh, "all:8", "", [x])
 
 
+def _softmax_of_integers():
+  graph, mesh = _mesh()
+  ids = mtf.import_tf_tensor(mesh, tf.zeros([4, 8], tf.int32), "batch:4;vocab:8", name="ids")
+  return mtf.softmax(ids, "vocab")
+
+
 def _simd_lowering_outside_run():
   graph, mesh = _mesh()
   mtf.zeros(mesh, "batch:8")
@@ -280,6 +286,9 @@ ERROR_CASES = [
     ErrorCase("laid_out_slice_count",
               "import_laid_out_tensor with a slice count other than the mesh size",
               _laid_out_wrong_slice_count, ValueError, ("'slices'", "4 slices", "8 processors")),
+    ErrorCase("softmax_of_integers",
+              "softmax of an integer tensor",
+              _softmax_of_integers, TypeError, ("ids:0", "int32", "cast")),
 ]
 
 
