@@ -431,3 +431,44 @@ def test_allgather_of_imported_blocks_is_the_input_itself():
     mixed = mtf.mesh_impl.LaidOutTensor(
         [blocks.tensor_list[0]] * 4 + [doubled.tensor_list[4]] * 4)
     assert impl.allconcat(mixed, 0, 0).tensor_list[0].op.type == "ConcatV2"
+
+
+# ----------------------------------------------------------- softmax
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_over_a_split_dimension_costs_one_max_and_one_sum_allreduce(log):
+  """mtf.softmax is one operation: over a dimension the layout keeps whole, one
+  kernel per slice and no collective; over a split one, a MAX allreduce and a
+  SUM allreduce of the per-row statistics (batch x 1 floats per processor)."""
+  xv = np.random.default_rng(5).normal(size=(4, 16)).astype(np.float32)
+  fn = mtf.log_softmax if log else mtf.softmax
+
+  def builder(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "batch:4;vocab:16")
+    return {"y": fn(x, "vocab", name="sm")}
+  z = xv - xv.max(axis=1, keepdims=True)
+  want = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+  want = want if log else np.exp(want)
+  got, lowering = lower_and_run(builder, "rows:2;cols:4", "batch:rows", return_lowering=True)
+  np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-6)
+  assert lowering.collective_counts("sm") == {}
+  got, lowering = lower_and_run(builder, "rows:2;cols:4", "batch:rows;vocab:cols",
+                                return_lowering=True)
+  np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-6)
+  records = [r for r in lowering.collective_records if r.op_name.startswith("sm")]
+  assert [r.kind for r in records] == ["allreduce", "allreduce"], lowering.report()
+  assert all(r.mesh_axes == (1,) and r.bytes_per_processor == 2 * F32 for r in records)
+
+
+def test_softmax_over_a_whole_dimension_is_one_kernel_per_slice():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.import_tf_tensor(mesh, tf.zeros([4, 16]), "batch:4;vocab:16")
+  y = mtf.softmax(x, "vocab")
+  impl = mtf_test_utils.make_impl("all:2", "batch:all")
+
+  @tf.function(autograph=False)
+  def run():
+    return mtf.Lowering(graph, {mesh: impl}).export_to_tf_tensor(y)
+  types = [op.type for op in run.get_concrete_function().graph.get_operations()]
+  assert types.count("Softmax") == 2, types
+  assert not {"Exp", "Max", "Sum", "Log"} & set(types), types
