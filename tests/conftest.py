@@ -34,3 +34,17 @@ def graph_and_mesh():
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   graph = mtf.Graph()
   return graph, mtf.Mesh(graph, "mesh")
+
+
+# The files whose tests run longest (minutes: the main job, every layout gin
+# file, the command line). Collected first, they start first: with the suite
+# spread over worker processes (pytest-xdist), one left for the end would run
+# alone while the other workers idle.
+_LONGEST_FIRST = ("test_transformer_main_job.py", "test_transformer_layouts.py",
+                  "test_transformer_cli.py")
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable
