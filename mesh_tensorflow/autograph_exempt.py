@@ -51,3 +51,14 @@ def _wrap(fn):
 
 def _ours(value) -> bool:
   return (getattr(value, "__module__", None) or "").startswith("mesh_tensorflow")
+
+
+def plain_tf(fn):
+  """`fn`, marked for AutoGraph to leave alone: for the functions handed to
+  tf.data (`map`, `filter`, `flat_map`, `scan`) that already use TensorFlow's
+  own control flow (`tf.cond`, `tf.where`). tf.data rewrites its functions with
+  AutoGraph otherwise, about three seconds per text input pipeline.
+
+      >>> ds = ds.map(plain_tf(lambda ex: {"targets": ex["targets"][:64]}))
+  """
+  return tf.autograph.experimental.do_not_convert(fn)

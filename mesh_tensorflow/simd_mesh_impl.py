@@ -566,7 +566,8 @@ class SimdMeshImpl(MeshImpl):
         tokens = []
         for device in self._devices:
           with tf.device(device):
-            tokens.append(tf.Variable(0.0, trainable=False, name="mtf_collective_order"))
+            tokens.append(tf.Variable(0.0, trainable=False, name="mtf_collective_order",
+                                      experimental_enable_variable_lifting=False))
         store[key] = tokens
     return store[key]
 

@@ -143,6 +143,37 @@ def test_lm_dataset_is_deterministic_given_the_seed():
   assert np.array_equal(next(iter(ds.skip(2)))["targets"], a[2])
 
 
+@pytest.mark.parametrize("model_type", ["lm", "bitransformer"])
+def test_input_pipelines_are_not_rewritten_by_autograph(model_type, tmp_path):
+  """The functions the pipelines hand to tf.data already use TensorFlow's
+  control flow, so AutoGraph (whose rewritten functions are named tf__*) must
+  leave them alone: converting them cost seconds at every start."""
+  converted = []
+
+  def watch(frame, event, arg):
+    if event == "call" and frame.f_code.co_name.startswith("tf__"):
+      converted.append(frame.f_code.co_name)
+  text = tmp_path / "a.txt"
+  text.write_text("first paragraph\n\nsecond one\n")
+  pairs = tmp_path / "pairs.tsv"
+  pairs.write_text("abc\tx\n")
+  vocab = vocabulary.ByteVocabulary()
+  sys.setprofile(watch)
+  try:
+    if model_type == "lm":
+      for unit in ("line", "paragraph", "file"):
+        ds = dataset.lm_dataset([str(text)], vocab, 16, 1, seed=1, repeat=False, unit=unit)
+        assert next(iter(ds))["targets"].shape == [1, 16]
+    else:
+      for packed in (True, False):
+        ds = dataset.pairs_dataset([str(pairs)], vocab, {"inputs": 8, "targets": 8}, 1, 1,
+                                   packed=packed)
+        assert next(iter(ds))["inputs"].shape == [1, 8]
+  finally:
+    sys.setprofile(None)
+  assert not converted, sorted(set(converted))
+
+
 def test_stdlib_corpus_splits_are_fixed_and_disjoint():
   train, held_out = dataset.stdlib_files("train"), dataset.stdlib_files("validation")
   assert train and held_out and not set(train) & set(held_out)

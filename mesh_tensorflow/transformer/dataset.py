@@ -33,6 +33,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple, Union
 import gin
 import tensorflow as tf
 
+from mesh_tensorflow.autograph_exempt import plain_tf
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer.corpus import (  # noqa: F401 (re-exported)
     DEFAULT_CORPUS_BYTES, HOLDOUT_EVERY, TRAIN, VALIDATION, stdlib_docstring_pairs,
@@ -64,10 +65,11 @@ def text_dataset(files: Sequence[str], unit: str = "line") -> tf.data.Dataset:
       text = tf.strings.regex_replace(text, r"\r\n", "\n")
       return tf.data.Dataset.from_tensor_slices(
           tf.strings.split(tf.strings.regex_replace(text, r"\n[ \t]*\n+", "\x00"), "\x00"))
-    ds = tf.data.Dataset.from_tensor_slices(files).map(tf.io.read_file).flat_map(paragraphs)
+    ds = tf.data.Dataset.from_tensor_slices(files).map(tf.io.read_file)
+    ds = ds.flat_map(plain_tf(paragraphs))
   else:
     raise ValueError(f"text_dataset: unit must be 'line', 'paragraph' or 'file', got {unit!r}.")
-  return ds.filter(lambda s: tf.strings.length(tf.strings.strip(s)) > 0)
+  return ds.filter(plain_tf(lambda s: tf.strings.length(tf.strings.strip(s)) > 0))
 
 
 def tsv_dataset(files: Sequence[str]) -> tf.data.Dataset:
@@ -79,13 +81,13 @@ def tsv_dataset(files: Sequence[str]) -> tf.data.Dataset:
     >>> ds = tsv_dataset(["pairs.tsv"])
   """
   ds = tf.data.TextLineDataset(_expand(files))
-  ds = ds.filter(lambda line: tf.strings.regex_full_match(line, "[^\t]*\t.*"))
+  ds = ds.filter(plain_tf(lambda line: tf.strings.regex_full_match(line, "[^\t]*\t.*")))
 
   def split(line):
     parts = tf.strings.split(line, "\t", maxsplit=1)
     return {"inputs": parts[0], "targets": parts[1]}
 
-  return ds.map(split)
+  return ds.map(plain_tf(split))
 
 
 def tfds_text(name: str, split: str = "train", text_key: str = "text",
@@ -104,7 +106,7 @@ def tfds_text(name: str, split: str = "train", text_key: str = "text",
         "it, train on text files (dataset_fn=@dataset.lm_dataset_fn with train_files=...)."
     ) from e
   ds = tfds.load(name, split=split, data_dir=data_dir, shuffle_files=False)
-  return ds.map(lambda ex: ex[text_key])
+  return ds.map(plain_tf(lambda ex: ex[text_key]))
 
 
 def _expand(files: Union[str, Sequence[str]]) -> List[str]:
@@ -139,7 +141,7 @@ def tokenize(ds: tf.data.Dataset, vocabulary: vocabulary_lib.Vocabulary,
       out[key] = tf.concat([ids, eos], 0) if append_eos else ids
     return out
 
-  return ds.map(encode)
+  return ds.map(plain_tf(encode))
 
 
 def split_tokens(ds: tf.data.Dataset, max_length: int,
@@ -164,7 +166,7 @@ def split_tokens(ds: tf.data.Dataset, max_length: int,
     return tf.data.Dataset.from_tensor_slices(
         {key: tf.RaggedTensor.from_row_lengths(tokens, lengths)})
 
-  return ds.flat_map(pieces).map(lambda ex: {key: ex[key]})
+  return ds.flat_map(plain_tf(pieces)).map(plain_tf(lambda ex: {key: ex[key]}))
 
 
 def trim(ds: tf.data.Dataset, lengths: Mapping[str, int],
@@ -188,7 +190,7 @@ def trim(ds: tf.data.Dataset, lengths: Mapping[str, int],
         out[key] = ids[:length]
     return out
 
-  return ds.map(cut)
+  return ds.map(plain_tf(cut))
 
 
 def finish(ds: tf.data.Dataset, batch_size: int, repeat: bool) -> tf.data.Dataset:

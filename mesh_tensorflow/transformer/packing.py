@@ -18,6 +18,8 @@ from typing import Dict, Mapping, Sequence, Union
 
 import tensorflow as tf
 
+from mesh_tensorflow.autograph_exempt import plain_tf
+
 Lengths = Union[int, Mapping[str, int]]
 
 
@@ -63,8 +65,8 @@ def pack(ds: tf.data.Dataset, lengths: Lengths,
   """
   keys = list(keys)
   lengths = as_lengths(lengths, keys)
-  ds = ds.map(lambda ex: {k: tf.cast(ex[k], tf.int32) for k in keys})
-  ds = ds.filter(lambda ex: tf.reduce_any([tf.size(ex[k]) > 0 for k in keys]))
+  ds = ds.map(plain_tf(lambda ex: {k: tf.cast(ex[k], tf.int32) for k in keys}))
+  ds = ds.filter(plain_tf(lambda ex: tf.reduce_any([tf.size(ex[k]) > 0 for k in keys])))
 
   def too_long(ex):
     return tf.reduce_any([tf.size(ex[k]) > lengths[k] for k in keys])
@@ -75,9 +77,9 @@ def pack(ds: tf.data.Dataset, lengths: Lengths,
     with tf.control_dependencies([assertion]):
       return {k: tf.identity(v) for k, v in ex.items()}
 
-  ds = ds.map(check)
+  ds = ds.map(plain_tf(check))
   # A final marker flushes the last, partial row.
-  examples = ds.map(lambda ex: (ex, tf.constant(False)))
+  examples = ds.map(plain_tf(lambda ex: (ex, tf.constant(False))))
   marker = tf.data.Dataset.from_tensors(
       ({k: tf.zeros([0], tf.int32) for k in keys}, tf.constant(True)))
   examples = examples.concatenate(marker)
@@ -115,10 +117,10 @@ def pack(ds: tf.data.Dataset, lengths: Lengths,
     new_row = tf.cond(is_marker, lambda: base, lambda: append(base, ex))
     return new_row, (emit, row)
 
-  packed = examples.scan(empty_row(), step)
-  packed = packed.filter(lambda emit, row: emit)
+  packed = examples.scan(empty_row(), plain_tf(step))
+  packed = packed.filter(plain_tf(lambda emit, row: emit))
   outputs = [k + suffix for k in keys for suffix in ("", "_segmentation", "_position")]
-  return packed.map(lambda emit, row: {name: row[name] for name in outputs})
+  return packed.map(plain_tf(lambda emit, row: {name: row[name] for name in outputs}))
 
 
 def pad_unpacked(ds: tf.data.Dataset, lengths: Lengths,
@@ -144,4 +146,4 @@ def pad_unpacked(ds: tf.data.Dataset, lengths: Lengths,
         out[k + suffix].set_shape([lengths[k]])
     return out
 
-  return ds.map(pad)
+  return ds.map(plain_tf(pad))
