@@ -566,6 +566,7 @@ class SimdMeshImpl(MeshImpl):
         tokens = []
         for device in self._devices:
           with tf.device(device):
+            # Not lifted: see slice_variables._NOT_CAPTURED_BY_TF_FUNCTION.
             tokens.append(tf.Variable(0.0, trainable=False, name="mtf_collective_order",
                                       experimental_enable_variable_lifting=False))
         store[key] = tokens

@@ -21,7 +21,7 @@ _META_KEY = "__pending_checkpoint__"
 # needs them. Left to its default, a tf.function that sees a variable being
 # created while it traces assumes the variable belongs to that trace, and traces
 # the whole Python function a second time before its first call; with lifting
-# off it keeps its first trace. That halves the first call of an mtf step.
+# off it keeps its first trace (the variable is eager either way).
 _NOT_CAPTURED_BY_TF_FUNCTION = {"experimental_enable_variable_lifting": False}
 
 

@@ -472,3 +472,35 @@ def test_softmax_over_a_whole_dimension_is_one_kernel_per_slice():
   types = [op.type for op in run.get_concrete_function().graph.get_operations()]
   assert types.count("Softmax") == 2, types
   assert not {"Exp", "Max", "Sum", "Log"} & set(types), types
+
+
+# ----------------------------------------------------------- embedding lookup
+@pytest.mark.parametrize("impl_kwargs", IMPL_VARIANTS)
+@pytest.mark.parametrize("vocab,batch,gathers_table", [
+    (16, 64, True),    # table 16x4 floats <= output 64x4 floats per processor
+    (256, 8, False),   # table 256x4 floats > output 8x4 floats
+])
+def test_lookup_in_a_split_table_moves_the_smaller_of_table_and_output(
+    vocab, batch, gathers_table, impl_kwargs):
+  """mtf.gather from a table split along the looked-up dimension: a table no
+  larger (whole) than a processor's output is allgathered once, and every
+  processor looks up locally; a larger one is looked up block by block, with
+  ids from other blocks masked to zero, then allreduced."""
+  rng = np.random.default_rng(6)
+  table = rng.normal(size=(vocab, 4)).astype(np.float32)
+  ids = rng.integers(0, vocab, size=(batch,)).astype(np.int32)
+
+  def builder(mesh):
+    t = mtf.import_tf_tensor(mesh, tf.constant(table), f"vocab:{vocab};d:4")
+    i = mtf.import_tf_tensor(mesh, tf.constant(ids), f"batch:{batch}")
+    return {"y": mtf.gather(t, i, "vocab", name="lookup")}
+  got, lowering = lower_and_run(builder, "rows:2;cols:4", "vocab:cols",
+                                return_lowering=True, **impl_kwargs)
+  np.testing.assert_allclose(got["y"], table[ids])
+  records = [r for r in lowering.collective_records if "lookup" in r.op_name]
+  if gathers_table:
+    assert [(r.kind, r.mesh_axes) for r in records] == [("allgather", (1,))], lowering.report()
+    assert records[0].bytes_per_processor == vocab // 4 * 4 * F32
+  else:
+    assert [(r.kind, r.mesh_axes) for r in records] == [("allreduce", (1,))], lowering.report()
+    assert records[0].bytes_per_processor == batch * 4 * F32

@@ -203,7 +203,7 @@ def test_model_parallel_einsum_allreduce_bytes():
 
 
 @pytest.mark.parametrize("layout,kinds", [
-    ("batch:rows;heads:cols;d_ff:cols;vocab:cols", {"allreduce"}),
+    ("batch:rows;heads:cols;d_ff:cols;vocab:cols", {"allreduce", "allgather"}),
     ("batch:cols;d_model:rows", {"allreduce"}),
     ("length:rows;memory:cols;d_ff:cols", {"allreduce", "allgather"}),
     ("memory:rows;d_kv:cols;vocab:rows", {"allreduce", "allgather"}),

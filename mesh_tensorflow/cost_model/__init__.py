@@ -872,19 +872,33 @@ def _reshape(est: _Estimator, op):
   est.state[out] = ids
 
 
+def gathers_table_first(table_slice_bytes: int, split: int, out_slice_bytes: int) -> bool:
+  """Whether a lookup in a table split `split` ways along the looked-up
+  dimension allgathers that dimension first rather than looking up in each
+  block, masking the ids other blocks hold and allreducing the results.
+
+  Gathering wins when the table, whole along that dimension, is no larger than
+  a processor's output: it moves fewer bytes than the allreduce (which moves
+  about twice the output) and needs no more memory than the output does. A small
+  vocabulary embedding takes this path; a large one keeps the masked lookup.
+  """
+  return split > 1 and table_slice_bytes * split <= out_slice_bytes
+
+
 def _gather(est: _Estimator, op):
   weights, indices = op.inputs
   out = op.outputs[0]
   dim = op._dim  # pylint: disable=protected-access
   a = est.axis(dim)
   w_ids = est.laid_out(weights)
-  if a is not None and any(est.axis(d) == a for d in indices.shape.dims):
+  out_bytes = est.slice_bytes(out)
+  if a is not None and (any(est.axis(d) == a for d in indices.shape.dims) or gathers_table_first(
+      est.slice_bytes(weights), est.mesh_sizes[a], out_bytes)):
     w_ids = est.gather_dims(weights.shape, weights.dtype.size, {dim.name}, w_ids)[1]
     a = None
   ins = [w_ids, est.laid_out(indices)]
   if a is not None:
     ins.append(est.by_layout(est.layout(weights.shape)))  # slice offsets
-  out_bytes = est.slice_bytes(out)
   ids = est.slicewise(ins, out_bytes + est.slice_bytes(indices))
   est.state[out] = _Lazy([a], out_bytes, ids) if (
       a is not None and est.mesh_sizes[a] > 1) else ids

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from mesh_tensorflow.cost_model import gathers_table_first
 from mesh_tensorflow.graph import Operation, Tensor
 from mesh_tensorflow.mesh_impl import LazyAllreduceSum, LaidOutTensor, expand_to_shape, int_constant
 from mesh_tensorflow.ops import elementwise as ew
@@ -116,8 +117,11 @@ class GatherOperation(Operation):
     dim = self._dim
     mesh_axis = impl.tensor_dimension_to_mesh_axis(dim)
     w_laid = lowering.laid_out(weights)
-    if mesh_axis is not None and any(
-        impl.tensor_dimension_to_mesh_axis(d) == mesh_axis for d in indices.shape.dims):
+    if mesh_axis is not None and (
+        any(impl.tensor_dimension_to_mesh_axis(d) == mesh_axis for d in indices.shape.dims)
+        or gathers_table_first(impl.laid_out_size(weights.shape) * weights.dtype.size,
+                               impl.mesh_axis_size(mesh_axis),
+                               impl.laid_out_size(out.shape) * out.dtype.size)):
       w_laid = impl.gather_dims(w_laid, weights.shape, {dim.name})
       mesh_axis = None
     axis = weights.shape.index_of(dim.name)
