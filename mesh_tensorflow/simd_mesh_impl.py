@@ -45,6 +45,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.mesh_impl import LaidOutTensor, MeshImpl, as_laid_out
 from mesh_tensorflow.shapes import convert_to_shape
+from mesh_tensorflow.slice_variables import NOT_CAPTURED_BY_TF_FUNCTION
 
 _BACKENDS = ("auto", "devices", "tpu")
 _impl_counter = itertools.count(1)
@@ -566,9 +567,8 @@ class SimdMeshImpl(MeshImpl):
         tokens = []
         for device in self._devices:
           with tf.device(device):
-            # Not lifted: see slice_variables._NOT_CAPTURED_BY_TF_FUNCTION.
             tokens.append(tf.Variable(0.0, trainable=False, name="mtf_collective_order",
-                                      experimental_enable_variable_lifting=False))
+                                      **NOT_CAPTURED_BY_TF_FUNCTION))
         store[key] = tokens
     return store[key]
 

@@ -22,7 +22,7 @@ _META_KEY = "__pending_checkpoint__"
 # created while it traces assumes the variable belongs to that trace, and traces
 # the whole Python function a second time before its first call; with lifting
 # off it keeps its first trace (the variable is eager either way).
-_NOT_CAPTURED_BY_TF_FUNCTION = {"experimental_enable_variable_lifting": False}
+NOT_CAPTURED_BY_TF_FUNCTION = {"experimental_enable_variable_lifting": False}
 
 
 def variable_store(mesh_impl) -> dict:
@@ -242,7 +242,7 @@ def get_or_create(mesh_impl, name: str, shape, master_dtype, slice_dtype,
         if value is None:
           value = init_fn(begin, slice_shape)
         v = tf.Variable(tf.cast(value, slice_dtype), trainable=trainable,
-                        name=f"{name}/slice_{pnum}", **_NOT_CAPTURED_BY_TF_FUNCTION)
+                        name=f"{name}/slice_{pnum}", **NOT_CAPTURED_BY_TF_FUNCTION)
       by_begin[tuple(begin)] = v
       slices.append(v)
   sliced = SlicedVariable(name, full_shape, master_dtype, begins, slices)
