@@ -552,8 +552,9 @@ def exit_on_worker_loss(config: Optional[ClusterConfig],
   """Runs the body under a Watchdog; a lost worker ends the process clearly.
 
   A WorkerLostError (from TensorFlow's errors, see worker_errors) prints
-  "error: Lost worker task N (host:port): ..." to stderr and exits with status
-  EXIT_WORKER_LOST, which `mesh_tensorflow.launch` answers with a restart when
+  "error: Lost worker task N (host:port): ..." to stderr and ends the process
+  at once (os._exit, skipping a teardown that can wait on the dead worker) with
+  status EXIT_WORKER_LOST, which `mesh_tensorflow.launch` answers with a restart when
   --max_restarts allows. With config None (no cluster) it does nothing.
 
   Args:
@@ -576,7 +577,10 @@ def exit_on_worker_loss(config: Optional[ClusterConfig],
   except WorkerLostError as e:
     print(f"error: {e}", file=sys.stderr, flush=True)
     sys.stdout.flush()
-    sys.exit(EXIT_WORKER_LOST)
+    # Not sys.exit: the interpreter's teardown destroys TensorFlow's eager
+    # context, which waits on the dead worker's connections and can block
+    # until the launcher kills the process.
+    os._exit(EXIT_WORKER_LOST)  # pylint: disable=protected-access
 
 
 def serve(config: ClusterConfig, devices_per_worker: int = 1,

@@ -231,12 +231,12 @@ def test_list_variables_and_inspect_checkpoint_cli(saved, tmp_path):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   cmd = [sys.executable, "-m", "mesh_tensorflow.inspect_checkpoint"]
   proc = subprocess.run(cmd + [directory], capture_output=True, text=True, env=env,
-                        cwd=REPO_ROOT, timeout=120, check=False)
+                        cwd=REPO_ROOT, timeout=600, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   rows = {line.split()[0]: line for line in proc.stdout.splitlines()}
   assert "[8, 32]" in rows["w1"] and "float32" in rows["w1"]
   assert "[32, 4]" in rows["out.proj/w2"]
   assert f"{len(values)} variables" in proc.stdout
   bad = subprocess.run(cmd + [str(tmp_path)], capture_output=True, text=True, env=env,
-                       cwd=REPO_ROOT, timeout=120, check=False)
+                       cwd=REPO_ROOT, timeout=600, check=False)
   assert bad.returncode == 1 and "No checkpoint in directory" in bad.stderr

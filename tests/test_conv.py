@@ -465,7 +465,7 @@ def test_conv_spatial_example_layouts_agree():
   proc = subprocess.run(
       [sys.executable, os.path.join(REPO, "examples", "conv_spatial.py"),
        "--train_steps=6", "--log_every=2", "--layouts=spatial,single"],
-      capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+      capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   finals = re.findall(r"^final: .*losses=\[([^\]]*)\]", proc.stdout, re.M)
   assert len(finals) == 2, proc.stdout

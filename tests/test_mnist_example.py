@@ -26,7 +26,7 @@ def _quiet(line):
   del line
 
 
-def _run_script(*args, model_dir, timeout=240):
+def _run_script(*args, model_dir, timeout=900):
   """Runs the example like a user (with its own model_dir); returns the final
   line's match and stdout."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")

@@ -37,8 +37,9 @@ REFERENCE_STEPS = 150  # long enough that the kill always lands mid-run
 # max |difference| 2.4e-7 over 200 steps with 4 workers, 0 with 2.
 LOSS_RTOL = 1e-5
 # From a worker's death to every process stopped, at most (the client
-# normally fails by itself within about a second of the kill).
-STOP_BOUND_S = 15.0
+# normally fails by itself within about a second of the kill; the bound leaves
+# room for a shared CI machine running 3x slower than usual).
+STOP_BOUND_S = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +103,7 @@ def test_four_workers_train_like_one_process(tmp_path, reference_losses):
   """With the SIMD lowering (one program for every processor) across the
   workers; the other multi-host test uses the placement lowering."""
   steps = 30
-  launcher, out, messages, model_dir = _launcher(tmp_path, 4, 2, steps, timeout_s=300,
+  launcher, out, messages, model_dir = _launcher(tmp_path, 4, 2, steps, timeout_s=900,
                                                  extra_args=["--lowering=simd"])
   result = launcher.run()
   text = _read(out)
@@ -122,13 +123,13 @@ def test_two_workers_killed_worker_fails_fast_and_restart_resumes(tmp_path, refe
   """2 workers x 4 devices; worker 1 is SIGKILLed mid-run."""
   steps = REFERENCE_STEPS
   launcher, out, messages, model_dir = _launcher(
-      tmp_path, 2, 4, steps, max_restarts=1, timeout_s=300, client_grace_s=10.0)
+      tmp_path, 2, 4, steps, max_restarts=1, timeout_s=900, client_grace_s=20.0)
   results = []
   thread = threading.Thread(target=lambda: results.append(launcher.run()), daemon=True)
   thread.start()
   # Kill worker task 1 mid-run, once a checkpoint is complete (its state file
   # names it), so the restart has something to resume from.
-  deadline = time.monotonic() + 240
+  deadline = time.monotonic() + 900
   while tf.train.latest_checkpoint(model_dir) is None:
     assert time.monotonic() < deadline, f"no checkpoint appeared\n{messages}\n{_read(out)}"
     assert thread.is_alive(), f"launcher ended early\n{messages}\n{_read(out)}"
@@ -136,7 +137,7 @@ def test_two_workers_killed_worker_fails_fast_and_restart_resumes(tmp_path, refe
   killed_at_checkpoint = tf.train.latest_checkpoint(model_dir)
   victim = launcher.worker_processes[1]
   os.kill(victim.pid, signal.SIGKILL)
-  thread.join(timeout=300)
+  thread.join(timeout=1800)
   assert not thread.is_alive(), "the launcher hangs"
   (result,) = results
   text = _read(out)

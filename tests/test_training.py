@@ -61,14 +61,14 @@ def _losses(stdout):
   return {int(step): float(loss) for step, loss in _LOSS.findall(stdout)}
 
 
-def _run(model_dir, *args, timeout=120):
+def _run(model_dir, *args, timeout=600):
   proc = subprocess.run(_command(model_dir, *args), capture_output=True, text=True,
                         env=_env(), cwd=REPO_ROOT, timeout=timeout, check=False)
   assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-3000:]}"
   return proc.stdout
 
 
-def _run_and_kill(model_dir, *args, when, delay=0.0, timeout=120):
+def _run_and_kill(model_dir, *args, when, delay=0.0, timeout=600):
   """Starts the script and SIGKILLs it `delay` seconds after a stdout line
   satisfies `when`; returns what it printed."""
   with open(os.path.join(str(model_dir) + ".stderr"), "w") as stderr:

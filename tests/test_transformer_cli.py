@@ -22,7 +22,7 @@ TINY = [
 _FINAL = re.compile(r"^final: (.*)$", re.M)
 
 
-def _main(*args, model_dir, params=(), timeout=240):
+def _main(*args, model_dir, params=(), timeout=900):
   """Runs the CLI in a subprocess; returns its stdout (asserting success)."""
   command = [sys.executable, "-m", "mesh_tensorflow.transformer.main",
              f"--model_dir={model_dir}", *args]
@@ -120,7 +120,7 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
   command = [sys.executable, "-m", "mesh_tensorflow.transformer.main",
              f"--model_dir={tmp_path}", "--mode=score", f"--input_file={tmp_path}/x"]
   proc = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True,
-                        timeout=120, check=False,
+                        timeout=600, check=False,
                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
   assert proc.returncode != 0
   assert "No checkpoint in" in proc.stderr and "train first" in proc.stderr
@@ -130,5 +130,5 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
 def test_bad_flags_are_rejected(flag, tmp_path):
   proc = subprocess.run([sys.executable, "-m", "mesh_tensorflow.transformer.main", flag,
                          f"--model_dir={tmp_path}"], cwd=REPO_ROOT, capture_output=True,
-                        text=True, timeout=120, check=False)
+                        text=True, timeout=600, check=False)
   assert proc.returncode != 0 and "mode" in proc.stderr

@@ -16,7 +16,7 @@ def _main(model_dir):
   proc = subprocess.run(
       [sys.executable, "-m", "mesh_tensorflow.transformer.main", f"--model_dir={model_dir}"],
       cwd=REPO_ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True,
-      text=True, timeout=900, check=False)
+      text=True, timeout=2400, check=False)
   assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
   final = re.search(r"^final: (.*)$", proc.stdout, re.M)
   assert final, proc.stdout
