@@ -125,57 +125,93 @@ def mtf_step_fn(builder, data, mesh_shape, layout, devices):
 
 
 # ----------------------------------------------------------------------------- plain TF
-def plain_mlp_step_fn(images, labels):
-  w1 = tf.Variable(_init([MLP["pixels"], MLP["hidden"]], 1))
-  w2 = tf.Variable(_init([MLP["hidden"], MLP["classes"]], 2))
-  x, y = tf.constant(images), tf.constant(labels)
-
-  @tf.function
-  def step():
-    with tf.GradientTape() as tape:
-      logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2)
-      loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)) / MLP["batch"]
-    for v, g in zip([w1, w2], tape.gradient(loss, [w1, w2])):
-      v.assign_sub(g * LR)
-    return loss
-  return step
+# The plain math is written once, over variables that a `make(value, names)`
+# callback creates: tf.Variable here, DTensor variables in bench_dtensor.py
+# (`names` are the mtf dimension names, from which a layout is derived).
+def mlp_variables(make):
+  return [make(_init([MLP["pixels"], MLP["hidden"]], 1), ("pixels", "hidden")),
+          make(_init([MLP["hidden"], MLP["classes"]], 2), ("hidden", "classes"))]
 
 
-def plain_transformer_step_fn(ids, targets):
+def mlp_loss(variables, x, y):
+  w1, w2 = variables
+  logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2)
+  return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)) / MLP["batch"]
+
+
+MLP_INPUT_NAMES = (("batch", "pixels"), ("batch",))
+
+
+def transformer_variables(make):
+  """[embedding, then per layer q, k, v, o, wi, wo, then the logits weight]."""
   c = TRANSFORMER
   seed = iter(range(100, 1000))
   dk = c["d_model"] // c["heads"]
-  var = lambda shape: tf.Variable(_init(shape, next(seed)))
-  emb = var([c["vocab"], c["d_model"]])
-  layers = []
+  var = lambda shape, names: make(_init(shape, next(seed)), names)
+  variables = [var([c["vocab"], c["d_model"]], ("vocab", "d_model"))]
   for _ in range(c["layers"]):
-    layers.append(dict(
-        q=var([c["d_model"], c["heads"], dk]), k=var([c["d_model"], c["heads"], dk]),
-        v=var([c["d_model"], c["heads"], dk]), o=var([c["heads"], dk, c["d_model"]]),
-        wi=var([c["d_model"], c["d_ff"]]), wo=var([c["d_ff"], c["d_model"]])))
-  w_logits = var([c["d_model"], c["vocab"]])
-  variables = [emb] + [l[k] for l in layers for k in ("q", "k", "v", "o", "wi", "wo")] + [w_logits]
-  x_ids, y_ids = tf.constant(ids), tf.constant(targets)
+    variables += [
+        var([c["d_model"], c["heads"], dk], ("d_model", "heads", "d_kv")),
+        var([c["d_model"], c["heads"], dk], ("d_model", "heads", "d_kv")),
+        var([c["d_model"], c["heads"], dk], ("d_model", "heads", "d_kv")),
+        var([c["heads"], dk, c["d_model"]], ("heads", "d_kv", "d_model")),
+        var([c["d_model"], c["d_ff"]], ("d_model", "d_ff")),
+        var([c["d_ff"], c["d_model"]], ("d_ff", "d_model"))]
+  return variables + [var([c["d_model"], c["vocab"]], ("d_model", "vocab"))]
 
+
+def transformer_loss(variables, x_ids, y_ids, lookup=tf.gather):
+  """lookup(table, ids): the embedding lookup (tf.gather on the variable)."""
+  c = TRANSFORMER
+  dk = c["d_model"] // c["heads"]
+  emb, w_logits = variables[0], variables[-1]
+  x = lookup(emb, x_ids)
+  for i in range(c["layers"]):
+    wq, wk, wv, wo, wi, wf = variables[1 + 6 * i: 7 + 6 * i]
+    q = tf.einsum("bld,dhk->blhk", x, wq)
+    k = tf.einsum("bmd,dhk->bmhk", x, wk)
+    v = tf.einsum("bmd,dhk->bmhk", x, wv)
+    w = tf.nn.softmax(tf.einsum("blhk,bmhk->bhlm", q, k) * dk ** -0.5, axis=-1)
+    att = tf.einsum("bhlm,bmhk->blhk", w, v)
+    x = x + tf.einsum("blhk,hkd->bld", att, wo)
+    x = x + tf.einsum("blf,fd->bld", tf.nn.relu(tf.einsum("bld,df->blf", x, wi)), wf)
+  logits = tf.einsum("bld,dv->blv", x, w_logits)
+  loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(y_ids, logits))
+  return loss / (c["batch"] * c["length"])
+
+
+TRANSFORMER_INPUT_NAMES = (("batch", "length"), ("batch", "length"))
+
+
+def sgd_step_fn(loss_fn, variables, inputs, sparse_updates=True):
+  """A compiled SGD step (tf.function) of loss_fn(variables, *inputs).
+
+  sparse_updates: apply an embedding's IndexedSlices gradient with
+  scatter_sub (else densify it first).
+  """
   @tf.function
   def step():
     with tf.GradientTape() as tape:
-      x = tf.gather(emb, x_ids)
-      for l in layers:
-        q = tf.einsum("bld,dhk->blhk", x, l["q"])
-        k = tf.einsum("bmd,dhk->bmhk", x, l["k"])
-        v = tf.einsum("bmd,dhk->bmhk", x, l["v"])
-        w = tf.nn.softmax(tf.einsum("blhk,bmhk->bhlm", q, k) * dk ** -0.5, axis=-1)
-        att = tf.einsum("bhlm,bmhk->blhk", w, v)
-        x = x + tf.einsum("blhk,hkd->bld", att, l["o"])
-        x = x + tf.einsum("blf,fd->bld", tf.nn.relu(tf.einsum("bld,df->blf", x, l["wi"])), l["wo"])
-      logits = tf.einsum("bld,dv->blv", x, w_logits)
-      loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(y_ids, logits))
-      loss = loss / (c["batch"] * c["length"])
+      loss = loss_fn(variables, *inputs)
     for v, g in zip(variables, tape.gradient(loss, variables)):
-      if isinstance(g, tf.IndexedSlices):
+      if isinstance(g, tf.IndexedSlices) and sparse_updates:
         v.scatter_sub(tf.IndexedSlices(g.values * LR, g.indices, g.dense_shape))
       else:
-        v.assign_sub(g * LR)
+        v.assign_sub(tf.convert_to_tensor(g) * LR)
     return loss
   return step
+
+
+def _plain_variable(value, names):
+  del names
+  return tf.Variable(value)
+
+
+def plain_mlp_step_fn(images, labels):
+  return sgd_step_fn(mlp_loss, mlp_variables(_plain_variable),
+                     [tf.constant(images), tf.constant(labels)])
+
+
+def plain_transformer_step_fn(ids, targets):
+  return sgd_step_fn(transformer_loss, transformer_variables(_plain_variable),
+                     [tf.constant(ids), tf.constant(targets)])

@@ -1,11 +1,13 @@
 """Step time of the MLP and the two-layer transformer under several layouts,
 as a ratio to plain single-device TF2 measured in the same run.
 
-    python benchmarks/step_time.py [--repeats 7] [--steps 10]
+    python benchmarks/step_time.py [--repeats 7] [--steps 10] [--no-dtensor]
 
 Prints a table of median step times and ratios (lower is better; 1.0 = as fast
 as plain TensorFlow). Timings are medians over repeats, so noise on a shared
-machine mostly cancels in the ratios.
+machine mostly cancels in the ratios. The same models in TensorFlow's DTensor,
+under the same mesh shapes and layout rules (bench_dtensor.py), are measured
+in the same run for comparison.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import tensorflow as tf
 _cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
 
+import bench_dtensor  # noqa: E402
 import bench_models as bm  # noqa: E402
 
 DEVICES = [f"cpu:{i}" for i in range(8)]
@@ -57,6 +60,8 @@ def main():
   parser.add_argument("--repeats", type=int, default=7)
   parser.add_argument("--steps", type=int, default=10)
   parser.add_argument("--models", default="mlp,transformer")
+  parser.add_argument("--dtensor", action=argparse.BooleanOptionalAction, default=True,
+                      help="also time the DTensor versions (default: yes)")
   args = parser.parse_args()
   rows = []
   for model in args.models.split(","):
@@ -66,6 +71,9 @@ def main():
     candidates = [("plain TF2", plain)] + [
         (name, bm.mtf_step_fn(builder, data, shape, layout, devs))
         for name, shape, layout, devs in LAYOUTS[model]]
+    if args.dtensor:
+      candidates += [(f"DTensor {name}", bench_dtensor.dtensor_step_fn(model, data, shape, layout))
+                     for name, shape, layout, _ in LAYOUTS[model] if name != "single"]
     # Interleave measurements so slow phases of the machine hit all alike.
     times = {name: [] for name, _ in candidates}
     for name, fn in candidates:
@@ -77,9 +85,9 @@ def main():
     for name, _ in candidates:
       med = statistics.median(times[name])
       rows.append((model, name, med * 1e3, med / base))
-  print(f"{'model':<12} {'layout':<22} {'median ms':>10} {'ratio':>7}")
+  print(f"{'model':<12} {'layout':<30} {'median ms':>10} {'ratio':>7}")
   for model, name, ms, ratio in rows:
-    print(f"{model:<12} {name:<22} {ms:>10.2f} {ratio:>7.2f}")
+    print(f"{model:<12} {name:<30} {ms:>10.2f} {ratio:>7.2f}")
 
 
 if __name__ == "__main__":

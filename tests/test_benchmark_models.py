@@ -1,0 +1,49 @@
+"""The benchmarks compare like with like: the mtf models of
+benchmarks/bench_models.py, the plain TF baseline and the DTensor versions
+(bench_dtensor.py) compute the same losses step after step, so the ratios
+that benchmarks/step_time.py prints measure only the cost of each layout."""
+
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+
+import bench_dtensor  # noqa: E402  pylint: disable=wrong-import-position
+import bench_models as bm  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def _losses(step, n=3):
+  return [float(step()) for _ in range(n)]
+
+
+def test_mlp_plain_mtf_and_dtensor_train_alike(devices):
+  data = bm.mlp_data()
+  reference = _losses(bm.plain_mlp_step_fn(*data))
+  assert reference[2] < reference[0]  # SGD steps happen
+  mtf_losses = _losses(bm.mtf_step_fn(bm.build_mtf_mlp, data, "rows:2;cols:4",
+                                      "batch:rows;hidden:cols", devices))
+  dtensor_losses = _losses(bench_dtensor.dtensor_step_fn("mlp", data, "rows:2;cols:4",
+                                                         "batch:rows;hidden:cols"))
+  np.testing.assert_allclose(mtf_losses, reference, rtol=1e-5)
+  np.testing.assert_allclose(dtensor_losses, reference, rtol=1e-5)
+
+
+def test_transformer_plain_and_mtf_train_alike(devices):
+  data = bm.transformer_data()
+  reference = _losses(bm.plain_transformer_step_fn(*data))
+  assert reference[2] < reference[0]
+  mtf_losses = _losses(bm.mtf_step_fn(bm.build_mtf_transformer, data, "rows:2;cols:4",
+                                      "batch:rows;heads:cols;d_ff:cols;vocab:cols", devices))
+  np.testing.assert_allclose(mtf_losses, reference, rtol=1e-5)
+
+
+def test_dtensor_layout_follows_the_mtf_rules():
+  mesh = tf.experimental.dtensor.create_mesh([("rows", 2), ("cols", 4)], device_type="CPU")
+  layout_of = bench_dtensor._layout_fn(mesh, "batch:rows;heads:cols;d_ff:cols")  # pylint: disable=protected-access
+  assert layout_of(("batch", "length", "heads")).sharding_specs == ["rows", "unsharded", "cols"]
+  # One mesh dimension splits at most one dimension of a tensor.
+  assert layout_of(("heads", "d_ff")).sharding_specs == ["cols", "unsharded"]
