@@ -62,6 +62,7 @@ def dtensor_step_fn(model: str, data, mesh_shape: str, layout: str):
     make_variables, input_names = bm.transformer_variables, bm.TRANSFORMER_INPUT_NAMES
     loss_fn = lambda variables, *xs: bm.transformer_loss(variables, *xs, lookup=lookup)
   inputs = [put(value, names) for value, names in zip(data, input_names)]
-  # DTensor has no sparse update of a laid-out variable: densify the
-  # embedding's gradient.
+  # DTensor cannot lay out ResourceScatterSub ("does not implement layout
+  # propagation", whatever the table's layout): densify the embedding's
+  # gradient.
   return bm.sgd_step_fn(loss_fn, make_variables(make_variable), inputs, sparse_updates=False)
