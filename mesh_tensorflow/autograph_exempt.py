@@ -61,4 +61,4 @@ def plain_tf(fn):
 
       >>> ds = ds.map(plain_tf(lambda ex: {"targets": ex["targets"][:64]}))
   """
-  return tf.autograph.experimental.do_not_convert(fn)
+  return _wrap(fn)

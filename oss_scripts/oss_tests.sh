@@ -6,5 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet --disable-pip-version-check -e ".[test,examples]"
-# One worker process per core, at most 4 (each holds TensorFlow and 8 devices).
-python -m pytest tests -q -n auto --maxprocesses 4 "$@"
+# One worker process per core, at most 4 (each holds TensorFlow and 8 devices);
+# the 15 slowest tests are listed at the end, to keep an eye on suite time.
+python -m pytest tests -q -n auto --maxprocesses 4 --durations=15 "$@"
