@@ -12,7 +12,7 @@ itself; only variables and inputs are annotated, as a DTensor user would.
 
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Sequence
 
 import tensorflow as tf
 from tensorflow.experimental import dtensor
@@ -21,20 +21,17 @@ import bench_models as bm
 import mesh_tensorflow as mtf
 
 
-def _layout_fn(mesh: dtensor.Mesh, layout: str):
-  """Maps a tuple of mtf dimension names to the dtensor.Layout the rules give
-  (a mesh dimension splits at most one dimension of a tensor, as in mtf)."""
-  rules: Dict[str, str] = {}
-  for tensor_dim, mesh_dim in mtf.convert_to_layout_rules(layout):
-    rules.setdefault(tensor_dim, mesh_dim)
+def _layout_fn(mesh: dtensor.Mesh, mesh_shape: str, layout: str):
+  """Maps (value, mtf dimension names) to the dtensor.Layout that mtf's own
+  layout rules give a tensor of that shape on that mesh."""
+  rules = mtf.convert_to_layout_rules(layout)
+  mesh_shape = mtf.convert_to_shape(mesh_shape)
 
-  def layout_of(names: Sequence[str]) -> dtensor.Layout:
-    specs, used = [], set()
-    for name in names:
-      axis = rules.get(name)
-      specs.append(dtensor.UNSHARDED if axis is None or axis in used else axis)
-      used.add(axis)
-    return dtensor.Layout(specs, mesh)
+  def layout_of(value, names: Sequence[str]) -> dtensor.Layout:
+    shape = mtf.Shape([mtf.Dimension(n, s) for n, s in zip(names, value.shape)])
+    axes = rules.tensor_layout(shape, mesh_shape)
+    return dtensor.Layout(
+        [dtensor.UNSHARDED if a is None else mesh_shape.dims[a].name for a in axes], mesh)
   return layout_of
 
 
@@ -43,11 +40,11 @@ def dtensor_step_fn(model: str, data, mesh_shape: str, layout: str):
   DTensor mesh of the logical CPUs."""
   dims = mtf.convert_to_shape(mesh_shape).dims
   mesh = dtensor.create_mesh([(d.name, d.size) for d in dims], device_type="CPU")
-  layout_of = _layout_fn(mesh, layout)
+  layout_of = _layout_fn(mesh, mesh_shape, layout)
 
   def put(value, names):
     whole = dtensor.copy_to_mesh(tf.constant(value), dtensor.Layout.replicated(mesh, len(names)))
-    return dtensor.relayout(whole, layout_of(names))
+    return dtensor.relayout(whole, layout_of(value, names))
 
   def make_variable(value, names):
     return dtensor.DVariable(put(value, names))

@@ -16,7 +16,7 @@ import tensorflow as tf
 from mesh_tensorflow.graph import Operation, Tensor
 from mesh_tensorflow.mesh_impl import expand_to_shape, int_constant
 from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops.indexing import one_hot, slice_offsets
+from mesh_tensorflow.ops.indexing import ids_in_block, one_hot, slice_offsets
 from mesh_tensorflow.ops.reduction import reduce_logsumexp, reduce_sum
 from mesh_tensorflow.shapes import Dimension, convert_to_dimension
 
@@ -171,7 +171,7 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
     else:
       local_vocab = vocab.size // impl.mesh_axis_size(vocab_axis)
       offsets = slice_offsets(impl, ordered, ordered.ndims - 1)
-      last_axis, zero, last_id = int_constant(-1), int_constant(0), int_constant(local_vocab - 1)
+      last_axis = int_constant(-1)
       # Maxima and sums of exponentials keep the vocab axis (size 1) to broadcast.
       maxes = impl.allreduce(impl.slicewise(
           lambda t: tf.reduce_max(tf.cast(t, tf.float32), axis=last_axis, keepdims=True), lg),
@@ -180,11 +180,10 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
       def partial(lg, idx, m, offset):
         lg32 = tf.cast(lg, tf.float32)
         sum_exp = tf.reduce_sum(tf.exp(lg32 - m), axis=last_axis, keepdims=True)
-        local = tf.cast(idx, tf.int32) - offset
-        clipped = tf.clip_by_value(local, zero, last_id)
+        clipped, in_block = ids_in_block(idx, offset, local_vocab)
         target = tf.gather(lg32, clipped, axis=-1, batch_dims=len(out_shape))
         # Only the processor holding the id's logit contributes it.
-        return sum_exp, tf.where(tf.equal(local, clipped), target, tf.zeros_like(target))
+        return sum_exp, tf.where(in_block, target, tf.zeros_like(target))
       sum_exp, target = impl.slicewise(partial, lg, idx, maxes, offsets)
       sum_exp = impl.allreduce(sum_exp, [vocab_axis], "SUM")
       target = impl.allreduce(target, [vocab_axis], "SUM")

@@ -26,13 +26,18 @@ _COLLECTIVE_CHOICES = ("auto", "direct", "collective")
 _key_lock = threading.Lock()
 _group_keys = {}
 _instance_counter = itertools.count(1)
+# Collective group keys are process-wide in TensorFlow and shared with DTensor
+# and tf.distribute, which number theirs from 1: a key they took for a group of
+# another size would make our collective fail ("joining a group with size 2,
+# but that group has size 4"). SimdMeshImpl takes blocks from 2**20 on.
+_GROUP_KEY_BASE = 1 << 19
 
 
 def _group_key(devices: Sequence[str]) -> int:
   with _key_lock:
     key = tuple(devices)
     if key not in _group_keys:
-      _group_keys[key] = len(_group_keys) + 1
+      _group_keys[key] = _GROUP_KEY_BASE + len(_group_keys)
     return _group_keys[key]
 
 

@@ -7,6 +7,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -43,7 +44,13 @@ def test_transformer_plain_and_mtf_train_alike(devices):
 
 def test_dtensor_layout_follows_the_mtf_rules():
   mesh = tf.experimental.dtensor.create_mesh([("rows", 2), ("cols", 4)], device_type="CPU")
-  layout_of = bench_dtensor._layout_fn(mesh, "batch:rows;heads:cols;d_ff:cols")  # pylint: disable=protected-access
-  assert layout_of(("batch", "length", "heads")).sharding_specs == ["rows", "unsharded", "cols"]
-  # One mesh dimension splits at most one dimension of a tensor.
-  assert layout_of(("heads", "d_ff")).sharding_specs == ["cols", "unsharded"]
+  layout_of = bench_dtensor._layout_fn(  # pylint: disable=protected-access
+      mesh, "rows:2;cols:4", "batch:rows;heads:cols;d_ff:cols")
+  assert layout_of(np.zeros([4, 3, 8]), ("batch", "length", "heads")).sharding_specs == [
+      "rows", "unsharded", "cols"]
+  # The same checks as mtf's own layouts: one mesh dimension splits at most
+  # one dimension of a tensor, and must divide it.
+  with pytest.raises(ValueError, match="two dimensions"):
+    layout_of(np.zeros([8, 8]), ("heads", "d_ff"))
+  with pytest.raises(ValueError, match="does not divide"):
+    layout_of(np.zeros([6]), ("heads",))

@@ -504,3 +504,19 @@ def test_lookup_in_a_split_table_moves_the_smaller_of_table_and_output(
   else:
     assert [(r.kind, r.mesh_axes) for r in records] == [("allreduce", (1,))], lowering.report()
     assert records[0].bytes_per_processor == batch * 4 * F32
+
+
+def test_collective_mode_after_dtensor_collectives_in_the_same_process():
+  """TensorFlow's collective group keys are process-wide: DTensor numbers its
+  groups from 1 too, and a key it took for a group of four must not be the
+  one our group of two joins."""
+  dtensor = tf.experimental.dtensor
+  dmesh = dtensor.create_mesh([("rows", 2), ("cols", 4)], device_type="CPU")
+  x = dtensor.call_with_layout(tf.ones, dtensor.Layout(["rows", "cols"], dmesh), [2, 8])
+  total = tf.function(lambda t: tf.reduce_sum(t, axis=1))(x)  # an allreduce over cols
+  np.testing.assert_allclose(dtensor.unpack(total)[0], [8.0])
+  builder, expected = _einsum_builder()
+  values, lowering, _ = _lower_in_function(builder, "rows:2;cols:4", "hidden:rows", "collective")
+  np.testing.assert_allclose(values["y"], expected, rtol=1e-5, atol=1e-5)
+  [r] = lowering.collective_records
+  assert (r.group_size, r.num_groups) == (2, 4)

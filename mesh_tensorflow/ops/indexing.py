@@ -31,6 +31,20 @@ def slice_offsets(impl, shape, axis) -> LaidOutTensor:
   return impl.make_slices(offset, shape)
 
 
+def ids_in_block(ids: tf.Tensor, offset, block_size: int):
+  """Ids made relative to a processor's block of a split dimension.
+
+  Returns the local ids clipped into [0, block_size) (safe to gather with) and
+  a bool mask of the ids that fall inside the block. `offset` is the block's
+  start, or None when the dimension is not split.
+  """
+  local = tf.cast(ids, tf.int32)
+  if offset is not None:
+    local -= offset
+  clipped = tf.clip_by_value(local, int_constant(0), int_constant(block_size - 1))
+  return clipped, tf.equal(local, clipped)
+
+
 class OneHotOperation(Operation):
   def __init__(self, indices: Tensor, output_dim, on_value, off_value, dtype, name=None):
     output_dim = convert_to_dimension(output_dim)
@@ -132,15 +146,14 @@ class GatherOperation(Operation):
     zero, last = int_constant(0), int_constant(local_size - 1)
 
     def fn(w, idx, offset):
-      local = tf.cast(idx, tf.int32)
-      if mesh_axis is not None:
-        local -= offset
-      clipped = tf.clip_by_value(local, zero, last)
+      if mesh_axis is None:
+        return expand_to_shape(
+            tf.gather(w, tf.clip_by_value(tf.cast(idx, tf.int32), zero, last), axis=axis),
+            gathered_shape, out.shape)
+      clipped, in_block = ids_in_block(idx, offset, local_size)
       g = tf.gather(w, clipped, axis=axis)
-      if mesh_axis is not None:
-        # Ids outside this processor's block of `dim` contribute zeros.
-        valid = tf.cast(tf.equal(local, clipped), g.dtype)
-        g = g * expand_to_shape(valid, indices.shape, gathered_shape)
+      # Ids outside this processor's block of `dim` contribute zeros.
+      g = g * expand_to_shape(tf.cast(in_block, g.dtype), indices.shape, gathered_shape)
       return expand_to_shape(g, gathered_shape, out.shape)
     offsets = (slice_offsets(impl, weights.shape, axis) if mesh_axis is not None
                else 0)
@@ -195,17 +208,13 @@ class ScatterAddGradOperation(Operation):
     n_idx = indices.shape.ndims
 
     use_offsets = mesh_axis is not None and not gather_out
-    zero, last = int_constant(0), int_constant(local_size - 1)
     minus_one, num_segments = int_constant(-1), int_constant(local_size)
 
     def fn(gs, idx, offset):
       gs = expand_to_shape(gs, g.shape, src_shape)
-      local = tf.cast(idx, tf.int32)
-      if use_offsets:
-        local -= offset
+      clipped, in_block = ids_in_block(idx, offset if use_offsets else None, local_size)
       # Segment -1 (ids outside this processor's block) is dropped.
-      valid = tf.equal(local, tf.clip_by_value(local, zero, last))
-      seg = tf.reshape(tf.where(valid, local, minus_one), int_constant([-1]))
+      seg = tf.reshape(tf.where(in_block, clipped, minus_one), int_constant([-1]))
       flat = tf.reshape(gs, int_constant([-1] + gs.shape.as_list()[n_idx:]))
       summed = tf.math.unsorted_segment_sum(flat, seg, num_segments)
       return expand_to_shape(summed, dest_shape, out.shape)
