@@ -13,32 +13,17 @@ from __future__ import annotations
 
 import functools
 import itertools
-import threading
 from typing import Callable, Sequence
 
 import tensorflow as tf
 
+from mesh_tensorflow.collective_keys import placement_group_key
 from mesh_tensorflow.mesh_impl import LaidOutTensor, MeshImpl, as_laid_out, int_constant
 from mesh_tensorflow.shapes import convert_to_shape
 
 _COLLECTIVE_CHOICES = ("auto", "direct", "collective")
 
-_key_lock = threading.Lock()
-_group_keys = {}
 _instance_counter = itertools.count(1)
-# Collective group keys are process-wide in TensorFlow and shared with DTensor
-# and tf.distribute, which number theirs from 1: a key they took for a group of
-# another size would make our collective fail ("joining a group with size 2,
-# but that group has size 4"). SimdMeshImpl takes blocks from 2**20 on.
-_GROUP_KEY_BASE = 1 << 19
-
-
-def _group_key(devices: Sequence[str]) -> int:
-  with _key_lock:
-    key = tuple(devices)
-    if key not in _group_keys:
-      _group_keys[key] = _GROUP_KEY_BASE + len(_group_keys)
-    return _group_keys[key]
 
 
 def _normalize_device(d: str) -> str:
@@ -177,7 +162,7 @@ class PlacementMeshImpl(MeshImpl):
       if (self._collectives == "collective" and reduction_fn_string in ("SUM", "MAX", "MIN")
           and not tf.executing_eagerly()):
         merge = {"SUM": "Add", "MAX": "Max", "MIN": "Min"}[reduction_fn_string]
-        gkey = _group_key([self._devices[p] for p in group])
+        gkey = placement_group_key([self._devices[p] for p in group])
         ikey = next(_instance_counter)
         reduced = []
         for p, s in zip(group, slices):

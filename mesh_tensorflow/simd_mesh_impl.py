@@ -43,15 +43,12 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from mesh_tensorflow.collective_keys import allocate_simd_keys
 from mesh_tensorflow.mesh_impl import LaidOutTensor, MeshImpl, as_laid_out
 from mesh_tensorflow.shapes import convert_to_shape
 from mesh_tensorflow.slice_variables import NOT_CAPTURED_BY_TF_FUNCTION
 
 _BACKENDS = ("auto", "devices", "tpu")
-_impl_counter = itertools.count(1)
-# Group keys must be unique per (set of processors) in one process; each
-# SimdMeshImpl takes its own block of keys.
-_KEYS_PER_IMPL = 1 << 20
 
 
 class PerProcessor:
@@ -169,7 +166,9 @@ class SimdMeshImpl(MeshImpl):
     self._backend = backend
     self._timeout = float(collective_timeout)
     self._device_assignment = device_assignment
-    self._key_base = next(_impl_counter) * _KEYS_PER_IMPL
+    # Group key of the collective over mesh axes `mask` (a bit set) in group g:
+    # base + mask * (size + 1) + g (see _keys).
+    self._key_base = allocate_simd_keys((1 << self.ndims) * (self.size + 1))
     self._state: Optional[_ProgramState] = None
     self._programs = {}
     self._rank_tables = {}

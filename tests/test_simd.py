@@ -346,3 +346,28 @@ def test_tpu_program_builds_without_a_tpu():
     for f in g.as_graph_def().library.function:
       kinds.update(node.op for node in f.node_def)
   assert {"CrossReplicaSum", "CollectivePermute", "AllToAll", "TPUReplicateMetadata"} <= kinds
+
+
+def _sum_over_hidden(impl):
+  """Processor 0's result of a reduce_sum over "hidden" (split by impl's layout)."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  hidden = mtf.Dimension("hidden", 16)
+  x = mtf.import_tf_tensor(mesh, tf.ones([4, 16]), mtf.Shape([mtf.Dimension("batch", 4), hidden]))
+  y = mtf.reduce_sum(x, reduced_dim=hidden)
+
+  def step():
+    return mtf.Lowering(graph, {mesh: impl}).export_to_tf_tensor(y)
+  return impl.run(step).numpy()
+
+
+def test_collective_keys_stay_unique_over_thousands_of_meshes():
+  """Each SimdMeshImpl takes its own block of TensorFlow's int32 group keys.
+  With fixed blocks of 2**20 keys, the 4096th mesh after another wrapped around
+  to the same keys, and its group of two joined the other's group of eight."""
+  first = simd_mesh_impl.SimdMeshImpl("all:8", "hidden:all", DEVICES)
+  np.testing.assert_allclose(_sum_over_hidden(first), [16.0] * 4)
+  for _ in range(4095):
+    simd_mesh_impl.SimdMeshImpl("all:8", "hidden:all", DEVICES)
+  last = simd_mesh_impl.SimdMeshImpl("a:2;b:4", "hidden:a", DEVICES)
+  np.testing.assert_allclose(_sum_over_hidden(last), [16.0] * 4)
