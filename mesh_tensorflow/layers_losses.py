@@ -14,7 +14,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from mesh_tensorflow.graph import Operation, Tensor
-from mesh_tensorflow.mesh_impl import expand_to_shape, int_constant
+from mesh_tensorflow.mesh_impl import expand_to_shape, int_constant, shared_constant
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops.indexing import ids_in_block, one_hot, slice_offsets
 from mesh_tensorflow.ops.reduction import reduce_logsumexp, reduce_sum
@@ -171,7 +171,9 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
     else:
       local_vocab = vocab.size // impl.mesh_axis_size(vocab_axis)
       offsets = slice_offsets(impl, ordered, ordered.ndims - 1)
+      # Constants shared by every processor's ops (fewer ops to create).
       last_axis = int_constant(-1)
+      zero, one = shared_constant(0.0, tf.float32), shared_constant(1.0, tf.float32)
       # Maxima and sums of exponentials keep the vocab axis (size 1) to broadcast.
       maxes = impl.allreduce(impl.slicewise(
           lambda t: tf.reduce_max(tf.cast(t, tf.float32), axis=last_axis, keepdims=True), lg),
@@ -181,9 +183,10 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
         lg32 = tf.cast(lg, tf.float32)
         sum_exp = tf.reduce_sum(tf.exp(lg32 - m), axis=last_axis, keepdims=True)
         clipped, in_block = ids_in_block(idx, offset, local_vocab)
-        target = tf.gather(lg32, clipped, axis=-1, batch_dims=len(out_shape))
+        target = tf.raw_ops.GatherV2(params=lg32, indices=clipped, axis=last_axis,
+                                     batch_dims=len(out_shape))
         # Only the processor holding the id's logit contributes it.
-        return sum_exp, tf.where(in_block, target, tf.zeros_like(target))
+        return sum_exp, tf.where(in_block, target, zero)
       sum_exp, target = impl.slicewise(partial, lg, idx, maxes, offsets)
       sum_exp = impl.allreduce(sum_exp, [vocab_axis], "SUM")
       target = impl.allreduce(target, [vocab_axis], "SUM")
@@ -192,7 +195,9 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
         log_z_kept = tf.math.log(s) + m
         log_z = tf.squeeze(log_z_kept, axis=-1)
         probs = tf.exp(tf.cast(lg, tf.float32) - log_z_kept)
-        onehot = tf.one_hot(tf.cast(idx, tf.int32) - offset, local_vocab, dtype=tf.float32)
+        onehot = tf.raw_ops.OneHot(indices=tf.cast(idx, tf.int32) - offset,
+                                   depth=int_constant(local_vocab), on_value=one,
+                                   off_value=zero)
         return (tf.cast(log_z - t, dtype), tf.cast(log_z, dtype),
                 tf.cast(probs - onehot, dtype))
       loss, log_z, backprop = impl.slicewise(finish, lg, idx, maxes, sum_exp, target, offsets)

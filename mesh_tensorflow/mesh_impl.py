@@ -313,14 +313,24 @@ def int_constant(values) -> tf.Tensor:
   """An int32 constant (a shape, axis list or slice bound), created once per
   TensorFlow graph and shared by every device's ops: lowering a large mesh
   would otherwise spend much of its time creating identical constants."""
+  return shared_constant(values, tf.int32)
+
+
+def shared_constant(values, dtype: tf.DType) -> tf.Tensor:
+  """A constant of `dtype` created once per TensorFlow graph (see int_constant).
+
+  Example:
+    >>> zero = shared_constant(0.0, tf.float32)
+  """
   if tf.executing_eagerly():
-    return tf.constant(values, tf.int32)
+    return tf.constant(values, dtype)
   graph = tf.compat.v1.get_default_graph()
-  key = (id(graph), tuple(values) if isinstance(values, (list, tuple)) else values)
+  key = (id(graph), dtype.name,
+         tuple(values) if isinstance(values, (list, tuple)) else values)
   cached = _CONSTANTS.get(key)
   if cached is None or cached.graph is not graph:
     with tf.device(None), tf.name_scope("mtf_constants/"):
-      cached = tf.constant(values, tf.int32)
+      cached = tf.constant(values, dtype)
     if len(_CONSTANTS) > 100000:
       _CONSTANTS.clear()
     _CONSTANTS[key] = cached

@@ -205,7 +205,7 @@ class PlacementMeshImpl(MeshImpl):
       full = self._whole_of([x.tensor_list[p] for p in group], mesh_axis, concat_axis)
       if full is None:
         with _on_device(self._devices[group[0]]):
-          full = tf.concat([x.tensor_list[p] for p in group], axis=concat_axis)
+          full = tf.concat([x.tensor_list[p] for p in group], axis=int_constant(concat_axis))
       for p in group:
         out[p] = full if self._share else _identity_on(self._devices[p], full)
     return LaidOutTensor(out)

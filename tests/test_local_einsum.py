@@ -87,3 +87,19 @@ def test_one_and_three_operands_equal_tf_einsum():
                   ("ab->", (a,))]:
     np.testing.assert_allclose(local_einsum(eq, *ops).numpy(), tf.einsum(eq, *ops).numpy(),
                                rtol=1e-6, err_msg=eq)
+
+
+@pytest.mark.parametrize("eq,shape_a,shape_b", [
+    ("blhk,bmhk->bhlm", [2, 3, 1, 5], [2, 6, 1, 5]),  # one head per processor
+    ("bhlm,bmhk->blhk", [2, 1, 3, 6], [2, 6, 1, 5]),
+    ("bld,dk->blk", [1, 3, 4], [4, 5]),                 # a batch of one
+])
+def test_size_one_axes_dropped_to_reach_a_matmul(eq, shape_a, shape_b):
+  types = _op_types(eq, shape_a, shape_b)
+  assert types & {"MatMul", "BatchMatMulV2"}, types
+  assert not types & {"Einsum", "Transpose"}, types
+  rng = np.random.RandomState(0)
+  a = tf.constant(rng.randn(*shape_a), tf.float32)
+  b = tf.constant(rng.randn(*shape_b), tf.float32)
+  np.testing.assert_allclose(local_einsum(eq, a, b).numpy(), tf.einsum(eq, a, b).numpy(),
+                             rtol=1e-5, atol=1e-5)

@@ -143,15 +143,15 @@ class GatherOperation(Operation):
     gathered_shape = Shape(w_dims[:axis] + indices.shape.dims + w_dims[axis + 1:])
     local_size = dim.size // (1 if mesh_axis is None else impl.mesh_axis_size(mesh_axis))
 
-    zero, last = int_constant(0), int_constant(local_size - 1)
+    zero, last, gather_axis = int_constant(0), int_constant(local_size - 1), int_constant(axis)
 
     def fn(w, idx, offset):
       if mesh_axis is None:
-        return expand_to_shape(
-            tf.gather(w, tf.clip_by_value(tf.cast(idx, tf.int32), zero, last), axis=axis),
-            gathered_shape, out.shape)
+        clipped = tf.clip_by_value(tf.cast(idx, tf.int32), zero, last)
+        return expand_to_shape(tf.raw_ops.GatherV2(params=w, indices=clipped, axis=gather_axis),
+                               gathered_shape, out.shape)
       clipped, in_block = ids_in_block(idx, offset, local_size)
-      g = tf.gather(w, clipped, axis=axis)
+      g = tf.raw_ops.GatherV2(params=w, indices=clipped, axis=gather_axis)
       # Ids outside this processor's block of `dim` contribute zeros.
       g = g * expand_to_shape(tf.cast(in_block, g.dtype), indices.shape, gathered_shape)
       return expand_to_shape(g, gathered_shape, out.shape)
