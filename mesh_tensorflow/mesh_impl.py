@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import weakref
 from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
@@ -306,7 +307,25 @@ def _tensor_axis_of(layout, mesh_axis):
   return None
 
 
-_CONSTANTS = {}
+_GRAPH_CACHES: "collections.OrderedDict[int, tuple]" = collections.OrderedDict()
+_CACHED_GRAPHS = 8
+
+
+def graph_cache(graph: tf.Graph) -> dict:
+  """A dict for tensors that lowering creates once per TensorFlow graph and
+  shares (constants, reshapes). Kept for the few graphs used last (a while
+  loop's body and the graph around it alternate), so that no cache keeps an
+  old traced graph alive."""
+  key = id(graph)
+  entry = _GRAPH_CACHES.get(key)
+  if entry is None or entry[0]() is not graph:
+    entry = (weakref.ref(graph), {})
+    _GRAPH_CACHES[key] = entry
+    while len(_GRAPH_CACHES) > _CACHED_GRAPHS:
+      _GRAPH_CACHES.popitem(last=False)
+  else:
+    _GRAPH_CACHES.move_to_end(key)
+  return entry[1]
 
 
 def int_constant(values) -> tf.Tensor:
@@ -325,15 +344,12 @@ def shared_constant(values, dtype: tf.DType) -> tf.Tensor:
   if tf.executing_eagerly():
     return tf.constant(values, dtype)
   graph = tf.compat.v1.get_default_graph()
-  key = (id(graph), dtype.name,
-         tuple(values) if isinstance(values, (list, tuple)) else values)
-  cached = _CONSTANTS.get(key)
-  if cached is None or cached.graph is not graph:
+  cache = graph_cache(graph)
+  key = ("constant", dtype.name, tuple(values) if isinstance(values, (list, tuple)) else values)
+  cached = cache.get(key)
+  if cached is None:
     with tf.device(None), tf.name_scope("mtf_constants/"):
-      cached = tf.constant(values, dtype)
-    if len(_CONSTANTS) > 100000:
-      _CONSTANTS.clear()
-    _CONSTANTS[key] = cached
+      cached = cache[key] = tf.constant(values, dtype)
   return cached
 
 

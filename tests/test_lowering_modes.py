@@ -3,7 +3,9 @@ tf.compat.v1 graph with a Session; variables and assignment, import/export,
 bfloat16 activations, and randomness across steps and layouts."""
 
 import contextlib
+import gc
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -422,3 +424,19 @@ def test_dropout_masks_change_each_step_and_match_across_layouts(mode):
   assert not np.array_equal(first[0][1], first[1][1])
   for s in first:
     assert set(np.unique(s[0])) <= {0.0, 2.0}
+
+
+def test_per_graph_caches_do_not_keep_old_graphs_alive():
+  """Constants and reshapes shared within a graph are cached for the last few
+  graphs only: a job that retraces its step must not keep every old graph."""
+  from mesh_tensorflow.mesh_impl import int_constant  # pylint: disable=import-outside-toplevel
+  refs = []
+  for i in range(20):
+    graph = tf.Graph()
+    with graph.as_default():
+      a, b = int_constant([i, 1]), int_constant([i, 1])
+      assert a is b  # shared within the graph
+    refs.append(weakref.ref(graph))
+    del graph, a, b
+  gc.collect()
+  assert sum(r() is not None for r in refs) <= 8

@@ -31,7 +31,7 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 
-from mesh_tensorflow.mesh_impl import int_constant
+from mesh_tensorflow.mesh_impl import graph_cache, int_constant
 
 _MATMUL_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 
@@ -60,21 +60,16 @@ def local_einsum(equation: str, *operands: tf.Tensor) -> tf.Tensor:
   return tf.raw_ops.Einsum(inputs=list(operands), equation=equation)
 
 
-_RESHAPED = {}
-
-
 def _reshaped(x: tf.Tensor, shape) -> tf.Tensor:
   """x reshaped to `shape`, once per graph: attention reuses each operand in
   two or three products (forward and backward)."""
   if tf.executing_eagerly():
     return tf.reshape(x, shape)
-  key = (id(tf.compat.v1.get_default_graph()), id(x), tuple(shape))
-  cached = _RESHAPED.get(key)
-  if cached is None or cached.op.inputs[0] is not x:
-    cached = tf.reshape(x, int_constant(shape))
-    if len(_RESHAPED) > 100000:
-      _RESHAPED.clear()
-    _RESHAPED[key] = cached
+  cache = graph_cache(tf.compat.v1.get_default_graph())
+  key = ("reshape", x.ref(), tuple(shape))
+  cached = cache.get(key)
+  if cached is None:
+    cached = cache[key] = tf.reshape(x, int_constant(shape))
   return cached
 
 
