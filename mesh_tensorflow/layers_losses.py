@@ -16,7 +16,7 @@ import tensorflow as tf
 from mesh_tensorflow.graph import Operation, Tensor
 from mesh_tensorflow.mesh_impl import expand_to_shape, int_constant, shared_constant
 from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops.indexing import ids_in_block, one_hot, slice_offsets
+from mesh_tensorflow.ops.indexing import ids_in_block, local_ids, one_hot, slice_offsets
 from mesh_tensorflow.ops.reduction import reduce_logsumexp, reduce_sum
 from mesh_tensorflow.shapes import Dimension, convert_to_dimension
 
@@ -195,7 +195,8 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
         log_z_kept = tf.math.log(s) + m
         log_z = tf.squeeze(log_z_kept, axis=-1)
         probs = tf.exp(tf.cast(lg, tf.float32) - log_z_kept)
-        onehot = tf.raw_ops.OneHot(indices=tf.cast(idx, tf.int32) - offset,
+        # Ids outside the block (negative or past its end) give rows of zeros.
+        onehot = tf.raw_ops.OneHot(indices=local_ids(idx, offset),
                                    depth=int_constant(local_vocab), on_value=one,
                                    off_value=zero)
         return (tf.cast(log_z - t, dtype), tf.cast(log_z, dtype),

@@ -440,3 +440,48 @@ def test_per_graph_caches_do_not_keep_old_graphs_alive():
     del graph, a, b
   gc.collect()
   assert sum(r() is not None for r in refs) <= 8
+
+
+def test_embedding_step_creates_no_redundant_ops():
+  """Ops that lowering would create twice or for nothing, counted on a split
+  vocabulary: the lookup and its gradient share each processor's clipped ids,
+  variable reads add no Identity, and an update is one NoOp, not one per
+  device. On large meshes op creation is most of the lowering time."""
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl(
+      "rows:2;cols:4", "batch:rows;vocab:cols", [f"cpu:{i}" for i in range(8)])
+  ids_value = (np.arange(8 * 4).reshape(8, 4) * 5) % 64
+  # A table larger than a processor's output: looked up block by block
+  # (cost_model.gathers_table_first), not gathered first.
+  table_value = np.arange(64 * 4, dtype=np.float32).reshape(64, 4) / 100
+
+  @tf.function(autograph=False)
+  def step(ids_value):
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    ids = mtf.import_tf_tensor(mesh, ids_value, "batch:8;length:4")
+    table = mtf.get_variable(mesh, "embedding_step_table", "vocab:64;d:4",
+                             initializer=lambda shape, dtype=None: tf.constant(table_value))
+    loss = mtf.reduce_sum(mtf.square(mtf.gather(table, ids, "vocab")))
+    [g] = mtf.gradients([loss], [table])
+    update = mtf.assign_sub(table, g * 0.01)
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    with tf.control_dependencies([lowering.lowered_operation(update)]):
+      return tf.identity(lowering.export_to_tf_tensor(loss))
+  spec = tf.TensorSpec([8, 4], tf.int32)
+  ops = step.get_concrete_function(spec).graph.get_operations()
+  count = lambda kind: sum(op.type == kind for op in ops)
+  # 2 row slices of ids x 4 vocabulary blocks; forward and gradient share them.
+  assert count("Minimum") == count("Maximum") == count("Equal") == 8
+  assert not [op.name for op in ops
+              if op.type == "Identity" and op.inputs[0].op.type == "ReadVariableOp"]
+  assert count("AssignSubVariableOp") == 4  # one per distinct slice
+  # tf.function adds one NoOp of its own (automatic control dependencies).
+  assert [op.name for op in ops if op.type == "NoOp" and op.name.startswith("assign")] == [
+      "assign_sub/NoOp"]
+  # The numbers: d/dtable of sum(table[ids]^2) adds 2 * table[id] per use.
+  ids32 = tf.constant(ids_value, tf.int32)
+  np.testing.assert_allclose(step(ids32).numpy(), (table_value[ids_value] ** 2).sum(), rtol=1e-5)
+  grad = np.zeros_like(table_value)
+  np.add.at(grad, ids_value.ravel(), 2 * table_value[ids_value.ravel()])
+  table_after = table_value - 0.01 * grad
+  np.testing.assert_allclose(step(ids32).numpy(), (table_after[ids_value] ** 2).sum(), rtol=1e-5)

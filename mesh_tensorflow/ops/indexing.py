@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from mesh_tensorflow.cost_model import gathers_table_first
 from mesh_tensorflow.graph import Operation, Tensor
-from mesh_tensorflow.mesh_impl import LazyAllreduceSum, LaidOutTensor, expand_to_shape, int_constant
+from mesh_tensorflow.mesh_impl import (LazyAllreduceSum, LaidOutTensor, expand_to_shape, graph_cache,
+                                      int_constant, shared_constant)
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops.shape_ops import lower_with_unsplit
 from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
@@ -31,18 +32,42 @@ def slice_offsets(impl, shape, axis) -> LaidOutTensor:
   return impl.make_slices(offset, shape)
 
 
+def local_ids(ids: tf.Tensor, offset) -> tf.Tensor:
+  """int32 ids made relative to a block of a split dimension starting at
+  `offset` (None: not split). See ids_in_block for why it is per graph."""
+  def make():
+    local = tf.cast(ids, tf.int32)
+    return local if offset is None else local - offset
+  return _once_per_graph(("local_ids", ids, offset), make)
+
+
 def ids_in_block(ids: tf.Tensor, offset, block_size: int):
   """Ids made relative to a processor's block of a split dimension.
 
   Returns the local ids clipped into [0, block_size) (safe to gather with) and
   a bool mask of the ids that fall inside the block. `offset` is the block's
   start, or None when the dimension is not split.
+
+  Created once per TensorFlow graph for the same ids, offset and block: an
+  embedding lookup and its gradient use the same ids, and on a large mesh the
+  ops to create dominate lowering time. A slice tensor belongs to one device
+  except where replicas are shared, so sharing never adds a transfer.
   """
-  local = tf.cast(ids, tf.int32)
-  if offset is not None:
-    local -= offset
-  clipped = tf.clip_by_value(local, int_constant(0), int_constant(block_size - 1))
-  return clipped, tf.equal(local, clipped)
+  def make():
+    local = local_ids(ids, offset)
+    clipped = tf.clip_by_value(local, int_constant(0), int_constant(block_size - 1))
+    return clipped, tf.equal(local, clipped)
+  return _once_per_graph(("ids_in_block", ids, offset, block_size), make)
+
+
+def _once_per_graph(key, make):
+  if tf.executing_eagerly():
+    return make()
+  key = tuple(k.ref() if isinstance(k, tf.Tensor) else k for k in key)
+  cache = graph_cache(tf.compat.v1.get_default_graph())
+  if key not in cache:
+    cache[key] = make()
+  return cache[key]
 
 
 class OneHotOperation(Operation):
@@ -153,7 +178,8 @@ class GatherOperation(Operation):
       clipped, in_block = ids_in_block(idx, offset, local_size)
       g = tf.raw_ops.GatherV2(params=w, indices=clipped, axis=gather_axis)
       # Ids outside this processor's block of `dim` contribute zeros.
-      g = g * expand_to_shape(tf.cast(in_block, g.dtype), indices.shape, gathered_shape)
+      g = tf.where(expand_to_shape(in_block, indices.shape, gathered_shape), g,
+                   shared_constant(0, g.dtype))
       return expand_to_shape(g, gathered_shape, out.shape)
     offsets = (slice_offsets(impl, weights.shape, axis) if mesh_axis is not None
                else 0)

@@ -87,7 +87,11 @@ class Variable(Operation):
     act = self.activation_dtype
 
     def read(v):
-      t = v.read_value() if hasattr(v, "read_value") else tf.identity(v)
+      # value(), not read_value(): the latter adds an Identity op per slice.
+      if isinstance(v, tf.Variable):
+        t = v.value()
+      else:
+        t = v.read_value() if hasattr(v, "read_value") else tf.identity(v)
       return tf.cast(t, act) if t.dtype != act else t
     value = impl.slicewise(read, LaidOutTensor(slices))
     if self.storage_shape != self._shape:  # gathered just before use
@@ -149,7 +153,18 @@ class LaidOutVariable:
       done.add(id(v))
       with tf.device(device):
         ops.append(assign_fn(v, tf.cast(t, v.dtype)))
+    return group(ops)
+
+
+def group(ops):
+  """One NoOp that runs after `ops`. tf.group makes one NoOp per device as
+  well, which on a large mesh is many ops to create for nothing."""
+  if tf.executing_eagerly():
     return tf.group(*ops)
+  if len(ops) == 1 and isinstance(ops[0], tf.Operation):
+    return ops[0]
+  with tf.control_dependencies(ops):
+    return tf.raw_ops.NoOp()
 
 
 def _devices(impl):
@@ -235,7 +250,7 @@ class Assign(Operation):
         laid = impl.relayout(laid, value.shape, impl.tensor_layout(value.shape),
                              impl.tensor_layout(var.storage_shape))
       ops.append(laid_var.assign_to_slices(self._assign_fn, laid.tensor_list))
-    lowering.operations[self] = tf.group(*ops)
+    lowering.operations[self] = group(ops)
 
 
 def assign(var, new_val, assign_fn=None, name=None) -> Operation:
