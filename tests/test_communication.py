@@ -520,3 +520,29 @@ def test_collective_mode_after_dtensor_collectives_in_the_same_process():
   np.testing.assert_allclose(values["y"], expected, rtol=1e-5, atol=1e-5)
   [r] = lowering.collective_records
   assert (r.group_size, r.num_groups) == (2, 4)
+
+
+@pytest.mark.parametrize("layout,products", [
+    # Batch split in the operands' outermost dimension: one product per group.
+    ("batch:all", 1),
+    # The summed dimension split in an inner dimension: one product per processor.
+    ("length:all", 8),
+])
+def test_data_parallel_weight_gradient_is_one_product_in_shared_memory(layout, products):
+  """A weight gradient summed over a split batch, with operands up to 3x the
+  gradient (here 2x), is one product on the gathered batch where processors
+  share memory (cost_model.fuses_allreduce); counted as the one allreduce
+  the layout implies either way, and equal to NumPy."""
+  rng = np.random.default_rng(5)
+  xv = rng.normal(size=(16, 8, 16)).astype(np.float32)   # [batch, length, d]
+  dyv = rng.normal(size=(16, 8, 16)).astype(np.float32)  # [batch, length, f]
+
+  def builder(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "batch:16;length:8;d:16")
+    dy = mtf.import_tf_tensor(mesh, tf.constant(dyv), "batch:16;length:8;f:16")
+    return {"dw": mtf.einsum([x, dy], output_shape="d:16;f:16")}
+  got, lowering, op_types = _lower_in_function(builder, "all:8", layout, "direct")
+  np.testing.assert_allclose(got["dw"], np.einsum("bld,blf->df", xv, dyv), rtol=1e-4, atol=1e-4)
+  assert sum(t in ("Einsum", "MatMul", "BatchMatMulV2") for t in op_types) == products
+  [r] = lowering.collective_records
+  assert (r.kind, r.bytes_per_processor) == ("allreduce", 16 * 16 * F32)

@@ -485,3 +485,22 @@ def test_embedding_step_creates_no_redundant_ops():
   np.add.at(grad, ids_value.ravel(), 2 * table_value[ids_value.ravel()])
   table_after = table_value - 0.01 * grad
   np.testing.assert_allclose(step(ids32).numpy(), (table_after[ids_value] ** 2).sum(), rtol=1e-5)
+
+
+def test_renaming_a_dimension_creates_no_op():
+  """rename_dimension changes names, not slices: when the new name is laid
+  out like the old one, the lowered slices are the input's own tensors."""
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl(
+      "rows:2;cols:4", "batch:rows;d:cols;d_again:cols", [f"cpu:{i}" for i in range(8)])
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.import_tf_tensor(mesh, tf.reshape(tf.range(64.0), [8, 8]), "batch:8;d:8")
+  kept = mtf.rename_dimension(x, "d", "d_again")       # same layout: same slices
+  moved = mtf.rename_dimension(x, "batch", "batch_2")  # not split any more
+  lowering = mtf.Lowering(graph, {mesh: impl})
+  source = lowering.laid_out(x).tensor_list
+  assert all(a is b for a, b in zip(lowering.laid_out(kept).tensor_list, source))
+  assert [t.shape.as_list() for t in lowering.laid_out(moved).tensor_list] == [[8, 2]] * 8
+  for t in (kept, moved):
+    np.testing.assert_array_equal(lowering.export_to_tf_tensor(t).numpy(),
+                                  np.arange(64.0).reshape(8, 8))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import string
 from typing import Sequence
 
+from mesh_tensorflow.cost_model import fuses_allreduce, split_outermost
 from mesh_tensorflow.graph import Operation, Tensor
 from mesh_tensorflow.mesh_impl import LazyAllreduceSum
 from mesh_tensorflow.ops.local_einsum import local_einsum
@@ -89,7 +90,9 @@ class EinsumOperation(Operation):
         size *= d.size if (a is None or d.name in names) else d.size // impl.mesh_axis_size(a)
       gather.append(names)
       local_bytes += size
-    fuse = bool(reduced_axes) and _fuse_allreduce(impl, local_bytes, out)
+    fuse = bool(reduced_axes) and getattr(impl, "shares_replicas", False) and fuses_allreduce(
+        local_bytes, impl.laid_out_size(out.shape) * out.dtype.size,
+        not any(gather) and split_outermost(impl.tensor_layout, self.inputs, reduced_axes))
     if fuse:
       # Shared memory: sum the partial products by gathering the (smaller)
       # operands along the summed dimensions and multiplying once per group.
@@ -162,15 +165,6 @@ def _batchable_axis(impl, inputs, slices, out):
                                                              candidate[1], 0):
     return None
   return candidate
-
-
-def _fuse_allreduce(impl, operand_bytes: int, out) -> bool:
-  """Whether to realize einsum + allreduce by gathering operands instead: only
-  where processors share memory and the operands are smaller than the
-  partial results."""
-  if not getattr(impl, "shares_replicas", False):
-    return False
-  return operand_bytes < impl.laid_out_size(out.shape) * out.dtype.size
 
 
 def _infer_output_shape(xs, reduced_dims):

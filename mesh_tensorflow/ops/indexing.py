@@ -41,6 +41,14 @@ def local_ids(ids: tf.Tensor, offset) -> tf.Tensor:
   return _once_per_graph(("local_ids", ids, offset), make)
 
 
+def clipped_ids(ids: tf.Tensor, offset, block_size: int) -> tf.Tensor:
+  """local_ids clipped into [0, block_size): safe to gather with."""
+  return _once_per_graph(
+      ("clipped_ids", ids, offset, block_size),
+      lambda: tf.clip_by_value(local_ids(ids, offset), int_constant(0),
+                               int_constant(block_size - 1)))
+
+
 def ids_in_block(ids: tf.Tensor, offset, block_size: int):
   """Ids made relative to a processor's block of a split dimension.
 
@@ -48,16 +56,15 @@ def ids_in_block(ids: tf.Tensor, offset, block_size: int):
   a bool mask of the ids that fall inside the block. `offset` is the block's
   start, or None when the dimension is not split.
 
-  Created once per TensorFlow graph for the same ids, offset and block: an
-  embedding lookup and its gradient use the same ids, and on a large mesh the
-  ops to create dominate lowering time. A slice tensor belongs to one device
-  except where replicas are shared, so sharing never adds a transfer.
+  These ops are created once per TensorFlow graph for the same ids, offset and
+  block: an embedding lookup and its gradient use the same ids, and on a large
+  mesh creating ops is most of the lowering time. A slice tensor belongs to one
+  device except where replicas are shared, so sharing never adds a transfer.
   """
-  def make():
-    local = local_ids(ids, offset)
-    clipped = tf.clip_by_value(local, int_constant(0), int_constant(block_size - 1))
-    return clipped, tf.equal(local, clipped)
-  return _once_per_graph(("ids_in_block", ids, offset, block_size), make)
+  clipped = clipped_ids(ids, offset, block_size)
+  in_block = _once_per_graph(("in_block", ids, offset, block_size),
+                             lambda: tf.equal(local_ids(ids, offset), clipped))
+  return clipped, in_block
 
 
 def _once_per_graph(key, make):
@@ -168,11 +175,11 @@ class GatherOperation(Operation):
     gathered_shape = Shape(w_dims[:axis] + indices.shape.dims + w_dims[axis + 1:])
     local_size = dim.size // (1 if mesh_axis is None else impl.mesh_axis_size(mesh_axis))
 
-    zero, last, gather_axis = int_constant(0), int_constant(local_size - 1), int_constant(axis)
+    gather_axis = int_constant(axis)
 
     def fn(w, idx, offset):
       if mesh_axis is None:
-        clipped = tf.clip_by_value(tf.cast(idx, tf.int32), zero, last)
+        clipped = clipped_ids(idx, None, local_size)
         return expand_to_shape(tf.raw_ops.GatherV2(params=w, indices=clipped, axis=gather_axis),
                                gathered_shape, out.shape)
       clipped, in_block = ids_in_block(idx, offset, local_size)
