@@ -328,6 +328,18 @@ def graph_cache(graph: tf.Graph) -> dict:
   return entry[1]
 
 
+def once_per_graph(key: tuple, make):
+  """make(), created once per TensorFlow graph for `key` (tensors in it are
+  compared by identity) and shared afterwards; eagerly, always make()."""
+  if tf.executing_eagerly():
+    return make()
+  key = tuple(k.ref() if isinstance(k, tf.Tensor) else k for k in key)
+  cache = graph_cache(tf.compat.v1.get_default_graph())
+  if key not in cache:
+    cache[key] = make()
+  return cache[key]
+
+
 def int_constant(values) -> tf.Tensor:
   """An int32 constant (a shape, axis list or slice bound), created once per
   TensorFlow graph and shared by every device's ops: lowering a large mesh
@@ -341,16 +353,14 @@ def shared_constant(values, dtype: tf.DType) -> tf.Tensor:
   Example:
     >>> zero = shared_constant(0.0, tf.float32)
   """
-  if tf.executing_eagerly():
-    return tf.constant(values, dtype)
-  graph = tf.compat.v1.get_default_graph()
-  cache = graph_cache(graph)
-  key = ("constant", dtype.name, tuple(values) if isinstance(values, (list, tuple)) else values)
-  cached = cache.get(key)
-  if cached is None:
+  def make():
+    if tf.executing_eagerly():
+      return tf.constant(values, dtype)
     with tf.device(None), tf.name_scope("mtf_constants/"):
-      cached = cache[key] = tf.constant(values, dtype)
-  return cached
+      return tf.constant(values, dtype)
+  return once_per_graph(
+      ("constant", dtype.name, tuple(values) if isinstance(values, (list, tuple)) else values),
+      make)
 
 
 def expand_to_shape(x: tf.Tensor, old_shape: Shape, new_shape: Shape,

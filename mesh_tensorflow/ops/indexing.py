@@ -11,8 +11,8 @@ import tensorflow as tf
 
 from mesh_tensorflow.cost_model import gathers_table_first
 from mesh_tensorflow.graph import Operation, Tensor
-from mesh_tensorflow.mesh_impl import (LazyAllreduceSum, LaidOutTensor, expand_to_shape, graph_cache,
-                                      int_constant, shared_constant)
+from mesh_tensorflow.mesh_impl import (LazyAllreduceSum, LaidOutTensor, expand_to_shape,
+                                      int_constant, once_per_graph, shared_constant)
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops.shape_ops import lower_with_unsplit
 from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
@@ -38,12 +38,12 @@ def local_ids(ids: tf.Tensor, offset) -> tf.Tensor:
   def make():
     local = tf.cast(ids, tf.int32)
     return local if offset is None else local - offset
-  return _once_per_graph(("local_ids", ids, offset), make)
+  return once_per_graph(("local_ids", ids, offset), make)
 
 
 def clipped_ids(ids: tf.Tensor, offset, block_size: int) -> tf.Tensor:
   """local_ids clipped into [0, block_size): safe to gather with."""
-  return _once_per_graph(
+  return once_per_graph(
       ("clipped_ids", ids, offset, block_size),
       lambda: tf.clip_by_value(local_ids(ids, offset), int_constant(0),
                                int_constant(block_size - 1)))
@@ -62,19 +62,9 @@ def ids_in_block(ids: tf.Tensor, offset, block_size: int):
   device except where replicas are shared, so sharing never adds a transfer.
   """
   clipped = clipped_ids(ids, offset, block_size)
-  in_block = _once_per_graph(("in_block", ids, offset, block_size),
+  in_block = once_per_graph(("in_block", ids, offset, block_size),
                              lambda: tf.equal(local_ids(ids, offset), clipped))
   return clipped, in_block
-
-
-def _once_per_graph(key, make):
-  if tf.executing_eagerly():
-    return make()
-  key = tuple(k.ref() if isinstance(k, tf.Tensor) else k for k in key)
-  cache = graph_cache(tf.compat.v1.get_default_graph())
-  if key not in cache:
-    cache[key] = make()
-  return cache[key]
 
 
 class OneHotOperation(Operation):

@@ -31,7 +31,7 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 
-from mesh_tensorflow.mesh_impl import graph_cache, int_constant
+from mesh_tensorflow.mesh_impl import int_constant, once_per_graph
 
 _MATMUL_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 
@@ -63,14 +63,8 @@ def local_einsum(equation: str, *operands: tf.Tensor) -> tf.Tensor:
 def _reshaped(x: tf.Tensor, shape) -> tf.Tensor:
   """x reshaped to `shape`, once per graph: attention reuses each operand in
   two or three products (forward and backward)."""
-  if tf.executing_eagerly():
-    return tf.reshape(x, shape)
-  cache = graph_cache(tf.compat.v1.get_default_graph())
-  key = ("reshape", x.ref(), tuple(shape))
-  cached = cache.get(key)
-  if cached is None:
-    cached = cache[key] = tf.reshape(x, int_constant(shape))
-  return cached
+  return once_per_graph(("reshape", x, tuple(shape)),
+                        lambda: tf.reshape(x, int_constant(shape)))
 
 
 def _matmul(plan, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:

@@ -86,9 +86,10 @@ class ReshapeOperation(Operation):
     current = [a if j in kept_out else None for j, a in enumerate(out_layout)]
     local_shape = [d.size // impl.mesh_axis_size(a) if a is not None else d.size
                    for d, a in zip(out.shape.dims, current)]
+
     def reshape_slice(t):
       # Renaming a dimension leaves the slice as it is: no op to create.
-      if t.shape.as_list() == local_shape:
+      if t.shape.rank is not None and t.shape.as_list() == local_shape:
         return t
       return tf.reshape(t, int_constant(local_shape))
     laid = impl.slicewise(reshape_slice, laid)

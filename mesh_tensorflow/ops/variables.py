@@ -153,10 +153,10 @@ class LaidOutVariable:
       done.add(id(v))
       with tf.device(device):
         ops.append(assign_fn(v, tf.cast(t, v.dtype)))
-    return group(ops)
+    return _group(ops)
 
 
-def group(ops):
+def _group(ops):
   """One NoOp that runs after `ops`. tf.group makes one NoOp per device as
   well, which on a large mesh is many ops to create for nothing."""
   if tf.executing_eagerly():
@@ -250,7 +250,7 @@ class Assign(Operation):
         laid = impl.relayout(laid, value.shape, impl.tensor_layout(value.shape),
                              impl.tensor_layout(var.storage_shape))
       ops.append(laid_var.assign_to_slices(self._assign_fn, laid.tensor_list))
-    lowering.operations[self] = group(ops)
+    lowering.operations[self] = _group(ops)
 
 
 def assign(var, new_val, assign_fn=None, name=None) -> Operation:
