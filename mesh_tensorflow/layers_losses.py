@@ -11,10 +11,11 @@ allreduces of per-example scalars (the log-partition and the target term).
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow.graph import Operation, Tensor
-from mesh_tensorflow.mesh_impl import expand_to_shape, int_constant, shared_constant
+from mesh_tensorflow.mesh_impl import expand_to_shape, int_constant, reshape_slice, shared_constant
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops.indexing import ids_in_block, local_ids, one_hot, slice_offsets
 from mesh_tensorflow.ops.reduction import reduce_logsumexp, reduce_sum
@@ -161,17 +162,18 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
         lg32 = tf.cast(lg, tf.float32)
         shape = lg32.shape.as_list()
         # The kernel takes [examples, classes]: flatten the other dimensions.
-        flat_logits = tf.reshape(lg32, int_constant([-1, shape[-1]]))
-        flat_ids = tf.reshape(tf.cast(idx, tf.int32), int_constant([-1]))
+        examples = int(np.prod(shape[:-1], dtype=np.int64))
+        flat_logits = reshape_slice(lg32, [examples, shape[-1]])
+        flat_ids = reshape_slice(tf.cast(idx, tf.int32), [examples])
         loss, backprop = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(
             features=flat_logits, labels=flat_ids)
         # loss = log_z - target logit, so log_z costs a gather and an add
         # (tf.reduce_logsumexp would add about ten ops per processor).
         target = tf.raw_ops.GatherV2(params=flat_logits, indices=flat_ids, axis=last_axis,
                                      batch_dims=1)
-        log_z = tf.reshape(loss + target, int_constant(shape[:-1]))
-        loss = tf.reshape(loss, int_constant(shape[:-1]))
-        backprop = tf.reshape(backprop, int_constant(shape))
+        log_z = reshape_slice(loss + target, shape[:-1])
+        loss = reshape_slice(loss, shape[:-1])
+        backprop = reshape_slice(backprop, shape)
         return tf.cast(loss, dtype), tf.cast(log_z, dtype), tf.cast(backprop, dtype)
       loss, log_z, backprop = impl.slicewise(fused, lg, idx)
     else:

@@ -340,6 +340,14 @@ def once_per_graph(key: tuple, make):
   return cache[key]
 
 
+def reshape_slice(t: tf.Tensor, shape) -> tf.Tensor:
+  """t reshaped to the static `shape` (a list of ints), or t itself when it
+  has that shape already: no op to create or run."""
+  if t.shape.rank is not None and t.shape.as_list() == list(shape):
+    return t
+  return tf.reshape(t, int_constant(list(shape)))
+
+
 def int_constant(values) -> tf.Tensor:
   """An int32 constant (a shape, axis list or slice bound), created once per
   TensorFlow graph and shared by every device's ops: lowering a large mesh

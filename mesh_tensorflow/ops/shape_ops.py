@@ -13,11 +13,8 @@ are gathered first and split again afterwards.
 
 from __future__ import annotations
 
-
-import tensorflow as tf
-
 from mesh_tensorflow.graph import Operation, Tensor
-from mesh_tensorflow.mesh_impl import expand_to_shape, int_constant
+from mesh_tensorflow.mesh_impl import expand_to_shape, reshape_slice
 from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
 
@@ -86,13 +83,8 @@ class ReshapeOperation(Operation):
     current = [a if j in kept_out else None for j, a in enumerate(out_layout)]
     local_shape = [d.size // impl.mesh_axis_size(a) if a is not None else d.size
                    for d, a in zip(out.shape.dims, current)]
-
-    def reshape_slice(t):
-      # Renaming a dimension leaves the slice as it is: no op to create.
-      if t.shape.rank is not None and t.shape.as_list() == local_shape:
-        return t
-      return tf.reshape(t, int_constant(local_shape))
-    laid = impl.slicewise(reshape_slice, laid)
+    # Renaming a dimension leaves the slice as it is: no op to create.
+    laid = impl.slicewise(lambda t: reshape_slice(t, local_shape), laid)
     lowering.set_tensor_lowering(out, impl.relayout(laid, out.shape, current, out_layout))
 
 
