@@ -898,7 +898,7 @@ def split_outermost(layout_of, inputs, reduced_axes) -> bool:
   gathering it concatenates whole blocks. `layout_of(shape)` gives the mesh
   axis of each dimension."""
   split = {d.name for t in inputs for d, a in zip(t.shape.dims, layout_of(t.shape))
-           if a is not None and a in reduced_axes}
+           if a in reduced_axes}
   if len(split) != 1:
     return False
   name = split.pop()

@@ -31,7 +31,7 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 
-from mesh_tensorflow.mesh_impl import int_constant, once_per_graph
+from mesh_tensorflow.mesh_impl import once_per_graph, reshape_slice
 
 _MATMUL_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 
@@ -56,15 +56,14 @@ def local_einsum(equation: str, *operands: tf.Tensor) -> tf.Tensor:
       plan = _matmul_plan(equation_1)
       if plan is not None:
         a, b = (_reshaped(x, s) for x, s in zip(operands, kept_shapes))
-        return tf.reshape(_matmul(plan, a, b), int_constant(out_shape))
+        return reshape_slice(_matmul(plan, a, b), out_shape)
   return tf.raw_ops.Einsum(inputs=list(operands), equation=equation)
 
 
 def _reshaped(x: tf.Tensor, shape) -> tf.Tensor:
   """x reshaped to `shape`, once per graph: attention reuses each operand in
   two or three products (forward and backward)."""
-  return once_per_graph(("reshape", x, tuple(shape)),
-                        lambda: tf.reshape(x, int_constant(shape)))
+  return once_per_graph(("reshape", x, tuple(shape)), lambda: reshape_slice(x, shape))
 
 
 def _matmul(plan, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
