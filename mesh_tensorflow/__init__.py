@@ -62,6 +62,33 @@ from mesh_tensorflow.ops.variables import (
 from mesh_tensorflow.ops.conv import (avg_pool2d, avg_pool3d, conv2d, conv2d_backprop_filter, conv2d_backprop_input, conv2d_transpose, conv2d_transpose_backprop_filter, conv2d_transpose_backprop_input, conv2d_with_blocks, conv3d, conv3d_backprop_filter, conv3d_backprop_input, conv3d_transpose, conv3d_transpose_backprop_filter, conv3d_transpose_backprop_input, conv3d_with_blocks, halo_exchange, max_pool2d, max_pool3d)  # pylint: disable=line-too-long
 from mesh_tensorflow.ops.control import (
     Print, custom_gradient, depend, recompute_grad, stop_gradient, while_loop)
+from mesh_tensorflow.ops.slicewise import (
+    GenericGradOperation, SlicewiseOperation, cwise, slicewise)
+from mesh_tensorflow.ops.legacy_classes import (
+    BinaryOpWithBroadcasting, Depend, PrintOperation, ReadVariable, ScalarAddOperation,
+    ScalarMultiplyOperation, StopGradient, binary_arguments_to_tensors,
+    binary_op_with_broadcasting)
+from mesh_tensorflow.ops.utilities import (
+    anonymize, anonymous_shape, assign_add_slice, assign_slice, assign_sub_slice,
+    binary_reduction_fn, combined_dimension, is_subsequence, left_halo_exchange, list_product,
+    log_variable_sizes, nth_largest_element, nth_smallest_element, parallel, pnum_to_group,
+    pool_fn, reduction_fn, tensor_dim_to_mesh_dim_size, tensor_dim_to_size_per_split,
+    transpose_list_of_lists, verify_no_new_dims)
+# The original's class names for this library's own operation classes.
+from mesh_tensorflow.ops.constant import (  # noqa: E402
+    ConstantOperation, ImportLaidOutOperation, ImportOperation)
+from mesh_tensorflow.ops.shape_ops import (  # noqa: E402
+    BroadcastOperation, ReshapeOperation, TransposeOperation)
+from mesh_tensorflow.ops.slicing import (  # noqa: E402
+    ConcatOperation, PadOperation, ShiftOperation, SliceOperation, StackOperation,
+    UnstackOperation)
+from mesh_tensorflow.ops.indexing import (  # noqa: E402
+    CumsumOperation, GatherOperation, OneHotOperation, RangeOperation, TopKOperation)
+from mesh_tensorflow.ops.control import WhileLoopOperation  # noqa: E402
+Constant = ConstantOperation
+ImportLaidOutTensorOperation = ImportLaidOutOperation
+mtf_pow = pow
+mtf_abs = abs
 
 from mesh_tensorflow import beam_search
 from mesh_tensorflow import pipeline  # pipeline parallelism over a "stages" dimension

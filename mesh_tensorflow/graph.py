@@ -11,11 +11,11 @@ An mtf `Graph` is built in Python before any TensorFlow op exists; a
 from __future__ import annotations
 
 import contextlib
-from typing import List, Optional, Sequence
+from typing import FrozenSet, Iterable, List, Optional, Sequence
 
 import tensorflow as tf
 
-from mesh_tensorflow.shapes import convert_to_shape
+from mesh_tensorflow.shapes import CallableString, convert_to_shape
 
 
 class Graph:
@@ -46,18 +46,24 @@ class Graph:
     parts = [tf.get_current_name_scope()] + self._scope_stack
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
 
+  @property
+  def to_string(self) -> CallableString:
+    """Every operation, one per line (also callable)."""
+    return CallableString("\n".join(op.to_string for op in self.operations))
+
   def unique_name(self, name: str, mark_as_used: bool = True) -> str:
     scope = self._current_scope()
     full = f"{scope}/{name}" if scope else name
-    base = full
+    # Case-insensitive, as TensorFlow's own op names: "A" after "a" is "A_1".
+    base = full.lower()
     i = self._names_in_use.get(base, 0)
     if i:
       while f"{base}_{i}" in self._names_in_use:
         i += 1
-      full = f"{base}_{i}"
+      full = f"{full}_{i}"
     if mark_as_used:
       self._names_in_use[base] = i + 1
-      self._names_in_use.setdefault(full, 1)
+      self._names_in_use.setdefault(full.lower(), 1)
     return full
 
   @contextlib.contextmanager
@@ -142,8 +148,10 @@ class Tensor:
   def __repr__(self):
     return f"Tensor[{self._name}, {self._shape}, {self._dtype.name}]"
 
-  def to_string(self):
-    return repr(self)
+  @property
+  def to_string(self) -> CallableString:
+    """A one-line description (also callable, as in the original)."""
+    return CallableString(repr(self))
 
   # Operator overloads, broadcasting by dimension name.
   def __add__(self, other):
@@ -182,9 +190,17 @@ class Tensor:
     from mesh_tensorflow.ops import elementwise
     return elementwise.floordiv(self, other)
 
+  def __rfloordiv__(self, other):
+    from mesh_tensorflow.ops import elementwise
+    return elementwise.floordiv(other, self)
+
   def __mod__(self, other):
     from mesh_tensorflow.ops import elementwise
     return elementwise.mod(self, other)
+
+  def __rmod__(self, other):
+    from mesh_tensorflow.ops import elementwise
+    return elementwise.mod(other, self)
 
   def __pow__(self, other):
     from mesh_tensorflow.ops import elementwise
@@ -268,13 +284,66 @@ class Operation:
   inputs = property(lambda self: list(self._inputs))
   outputs = property(lambda self: list(self._outputs))
 
+  # Splittability, in the original Mesh TensorFlow's terms: the dimensions the
+  # op's per-slice computation accepts split as they are, and those it needs
+  # whole (which the lowering gathers first when a layout splits them). Ops
+  # that need some dimension whole override _unsplittable_dim_names, or set
+  # both attributes in their constructor.
+  _splittable_dims: Optional[FrozenSet[str]] = None
+  _unsplittable_dims: Optional[FrozenSet[str]] = None
+
   @property
-  def splittable_and_unsplittable_dims(self):
-    return [], []
+  def splittable_dims(self) -> FrozenSet[str]:
+    """Names of the dimensions this op computes on split, slice by slice."""
+    return self._splittability()[0]
+
+  @property
+  def unsplittable_dims(self) -> FrozenSet[str]:
+    """Names of the dimensions this op needs whole on every processor."""
+    return self._splittability()[1]
+
+  def _splittability(self):
+    if self._splittable_dims is None or self._unsplittable_dims is None:
+      present = {n for t in self._inputs + self._outputs for n in t.shape.dimension_names}
+      self._splittable_dims, self._unsplittable_dims = (
+          self._initialize_splittable_and_unsplittable_dims(
+              "splittable", present & set(self._unsplittable_dim_names())))
+    return self._splittable_dims, self._unsplittable_dims
+
+  def _unsplittable_dim_names(self) -> Iterable[str]:
+    return ()
+
+  def _initialize_all_dimensions_as_splittable(self):
+    """(all dimension names of inputs and outputs, no names)."""
+    return self._initialize_splittable_and_unsplittable_dims("splittable")
+
+  def _initialize_splittable_and_unsplittable_dims(self, default_splittability: str,
+                                                   exception_dims_iterable=None):
+    """(splittable, unsplittable) frozensets of dimension names: every dimension
+    of the inputs and outputs is `default_splittability` ("splittable" or
+    "unsplittable") except the names in `exception_dims_iterable`."""
+    exceptions = set(exception_dims_iterable or ())
+    others = set()
+    for t in self._inputs + self._outputs:
+      others.update(n for n in t.shape.dimension_names if n not in exceptions)
+    if default_splittability == "splittable":
+      return frozenset(others), frozenset(exceptions)
+    if default_splittability == "unsplittable":
+      return frozenset(exceptions), frozenset(others)
+    raise ValueError(
+        f"Operation {self._name!r}: default_splittability must be 'splittable' or "
+        f"'unsplittable', got {default_splittability!r}.")
 
   def __repr__(self):
     ins = ", ".join(t.name for t in self._inputs)
     return f"{type(self).__name__}[{self._name}]({ins})"
+
+  @property
+  def to_string(self) -> CallableString:
+    """'name (Type): inputs -> outputs', with shapes (also callable)."""
+    ins = ", ".join(f"{t.name}[{t.shape.to_string}]" for t in self._inputs)
+    outs = ", ".join(f"{t.name}[{t.shape.to_string}]" for t in self._outputs)
+    return CallableString(f"{self._name} ({type(self).__name__}): {ins} -> {outs}")
 
   def lower(self, lowering) -> None:
     raise NotImplementedError(f"{type(self).__name__} cannot be lowered.")

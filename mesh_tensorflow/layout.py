@@ -67,6 +67,10 @@ class LayoutRules:
   def mesh_dimension_name(self, tensor_dim_name: str) -> Optional[str]:
     return self._map.get(tensor_dim_name)
 
+  def mesh_dimension_name_to_tensor_dimension_names(self, mesh_dimension_name: str) -> List[str]:
+    """The tensor dimension names the rules map to `mesh_dimension_name`."""
+    return [t for t, m in self._pairs if m == mesh_dimension_name]
+
   def check_mesh_shape(self, mesh_shape) -> None:
     """Raises if a rule names a mesh dimension that `mesh_shape` lacks."""
     mesh_shape = convert_to_shape(mesh_shape)
@@ -144,12 +148,14 @@ class TensorLayout(tuple):
   def tensor_axis_to_mesh_axis(self, tensor_axis: int) -> Optional[int]:
     return self[tensor_axis]
 
-  def mesh_axis_to_tensor_axis(self, mesh_ndims: int) -> List[Optional[int]]:
-    out = [None] * mesh_ndims
-    for tensor_axis, mesh_axis in enumerate(self):
-      if mesh_axis is not None:
-        out[mesh_axis] = tensor_axis
-    return out
+  def mesh_axis_to_tensor_axis(self, mesh_ndims: int) -> Tuple[Optional[int], ...]:
+    """For each of the first `mesh_ndims` mesh axes, the tensor axis it splits
+    (or None).
+
+    >>> TensorLayout([0, 2, 1]).mesh_axis_to_tensor_axis(2)
+    (0, 2)
+    """
+    return tuple(self.index(m) if m in self else None for m in range(mesh_ndims))
 
   @property
   def is_fully_replicated(self) -> bool:

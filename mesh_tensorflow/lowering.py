@@ -63,6 +63,7 @@ class Lowering:
     self.flops: Dict[str, int] = collections.defaultdict(int)
     self._random_keys = {}
     self._current_op_name = None
+    self._extra_counters: List[tuple] = []
     for impl in self.mesh_to_impl.values():
       impl.recorder = self
     try:
@@ -128,6 +129,10 @@ class Lowering:
     """No-op kept for compatibility: variables exist only as slices."""
     return tf.no_op()
 
+  def copy_slices_to_masters(self):
+    """No-op kept for compatibility: variables exist only as slices."""
+    return tf.no_op()
+
   def random_key(self, mesh_impl) -> tf.Tensor:
     """A per-execution int64 key for layout-invariant random ops."""
     if mesh_impl not in self._random_keys:
@@ -145,6 +150,10 @@ class Lowering:
     self.collective_records.append(CollectiveRecord(
         self._current_op_name, kind, tuple(mesh_axes), nbytes, group_size, num_groups))
 
+  def add_counter(self, key: str, value) -> None:
+    """Adds a (key, value) pair to `counters` (for custom operations)."""
+    self._extra_counters.append((key, value))
+
   def add_flops(self, n: int) -> None:
     self.flops[self._current_op_name] += int(n)
 
@@ -157,7 +166,7 @@ class Lowering:
       out.append((f"collectives/{r.kind}", 1))
       out.append((f"collective_bytes/{r.kind}", r.bytes_per_processor))
     out.append(("flops", sum(self.flops.values())))
-    return out
+    return out + list(self._extra_counters)
 
   def collective_counts(self, op_name_prefix: str = ""):
     """{kind: (number of collectives, bytes per processor)}."""

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
+import operator
 import weakref
 from typing import Callable, List, Optional, Sequence
 
@@ -85,6 +87,11 @@ class MeshImpl:
   size = property(lambda self: self._shape.size)
   layout_rules = property(lambda self: self._layout_rules)
 
+  @property
+  def supports_control_dependencies(self) -> bool:
+    """Whether ops on this mesh may take TensorFlow control dependencies."""
+    return True
+
   def __repr__(self):
     return (f"{type(self).__name__}(shape='{self._shape.to_string()}', "
             f"layout='{self._layout_rules.to_string()}')")
@@ -113,6 +120,10 @@ class MeshImpl:
     layout = self.tensor_layout(tensor_shape)
     return [d.size if a is None else d.size // self._shape.dims[a].size
             for d, a in zip(tensor_shape.dims, layout)]
+
+  def slice_size(self, tensor_shape) -> int:
+    """Number of elements of one processor's slice."""
+    return functools.reduce(operator.mul, self.slice_shape(tensor_shape), 1)
 
   def slice_begin(self, tensor_shape, pnum: int) -> List[int]:
     tensor_shape = convert_to_shape(tensor_shape)

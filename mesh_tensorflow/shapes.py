@@ -56,6 +56,15 @@ def convert_to_dimension(d) -> Optional[Dimension]:
   raise TypeError(f"Cannot convert {d!r} to a Dimension; use Dimension(name, size).")
 
 
+class CallableString(str):
+  """A string that is also callable (returning itself): `to_string` is a
+  property in the original Mesh TensorFlow and a method here, so both
+  `shape.to_string` and `shape.to_string()` give the text."""
+
+  def __call__(self) -> str:
+    return str(self)
+
+
 def _parse_size(name: str, size: str, text: str) -> int:
   try:
     return int(size)
@@ -73,11 +82,12 @@ def _split_pair(s: str, what: str):
 
 
 def parse_pairs(s: str, what: str):
-  """Parses 'a:b;c:d' (',' also accepted as separator) into [(a, b), (c, d)]."""
+  """Parses 'a:b;c:d' into [(a, b), (c, d)]; like the original Mesh TensorFlow,
+  ',', '.' and whitespace also separate pairs ("a:b,c:d", "a:b c:d")."""
   s = s.strip()
   if not s:
     return []
-  return [_split_pair(item, what) for item in re.split(r"[;,]", s) if item.strip()]
+  return [_split_pair(item, what) for item in re.split(r"[;,.\s]+", s) if item.strip()]
 
 
 class Shape:
@@ -155,8 +165,17 @@ class Shape:
   def __repr__(self):
     return "Shape[" + ", ".join(f"{d.name}={d.size}" for d in self._dims) + "]"
 
-  def to_string(self) -> str:
-    return ";".join(f"{d.name}:{d.size}" for d in self._dims)
+  @property
+  def to_string(self) -> CallableString:
+    """'name:size;...', e.g. "batch:8;hidden:64" (also callable)."""
+    return CallableString(";".join(f"{d.name}:{d.size}" for d in self._dims))
+
+  def cumprod_to_tensor_axis(self, cumprod: int) -> Optional[int]:
+    """The tensor axis before which the sizes multiply to `cumprod`, or None."""
+    try:
+      return self.cumprod().index(cumprod)
+    except ValueError:
+      return None
 
   @property
   def size(self) -> int:

@@ -140,11 +140,15 @@ class ImportLaidOutOperation(Operation):
     self._outputs = [Tensor(self, convert_to_shape(shape),
                             _first_slice(laid_out_tensor).dtype)]
 
+  def _unsplittable_dim_names(self):
+    # The slices are given as they are: no layout may re-split them.
+    return self._outputs[0].shape.dimension_names
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     laid = self._laid_out
     if not isinstance(laid, LaidOutTensor):
-      laid = LaidOutTensor(list(laid))
+      laid = LaidOutTensor(list(getattr(laid, "tensor_list", laid)))
     if len(laid.tensor_list) != impl.num_local_slices:
       raise ValueError(
           f"import_laid_out_tensor {self.name!r}: got {len(laid.tensor_list)} slices "
@@ -161,7 +165,7 @@ class ImportLaidOutOperation(Operation):
 
 
 def _first_slice(laid):
-  if isinstance(laid, LaidOutTensor):
+  if hasattr(laid, "tensor_list"):  # a LaidOutTensor, or any holder of slices
     return laid.tensor_list[0]
   if not isinstance(laid, (list, tuple)) or not laid:
     raise TypeError("import_laid_out_tensor: pass a LaidOutTensor or a list of slices.")

@@ -247,13 +247,8 @@ class _ConvBase(Operation):
   def spatial_dim_names(self) -> List[str]:
     return list(self._spatial)
 
-  @property
-  def splittable_and_unsplittable_dims(self):
-    names = set()
-    for t in self.inputs + self.outputs:
-      names.update(t.shape.dimension_names)
-    unsplittable = set(self._spatial) | set(self._k_names)
-    return sorted(names - unsplittable), sorted(unsplittable & names)
+  def _unsplittable_dim_names(self):
+    return set(self._spatial) | set(self._k_names)
 
   def _tf_strides(self) -> List[int]:
     return [1] + list(self._strides) + [1]
@@ -848,12 +843,8 @@ class _PoolBase(Operation):
     self._others = [d.name for d in x_shape.dims
                     if d.name not in self._spatial and d.name != self._channel]
 
-  @property
-  def splittable_and_unsplittable_dims(self):
-    names = set()
-    for t in self.inputs + self.outputs:
-      names.update(t.shape.dimension_names)
-    return sorted(names - set(self._spatial)), sorted(set(self._spatial) & names)
+  def _unsplittable_dim_names(self):
+    return set(self._spatial)
 
   def _window(self):
     return [1] + list(self._ksize) + [1], [1] + list(self._strides) + [1]

@@ -193,7 +193,11 @@ def gather(weights: Tensor, indices: Tensor, dim, output_shape=None, name=None) 
 
   Example:
     >>> vectors = mtf.gather(table, ids, vocab_dim)   # [batch, length, d_model]
+    >>> first = mtf.gather(table, 0, vocab_dim)        # an int index: [d_model]
   """
+  if not isinstance(indices, Tensor):
+    from mesh_tensorflow.ops.constant import constant
+    indices = constant(weights.mesh, indices, [], dtype=tf.int32)
   return GatherOperation(weights, indices, dim, output_shape=output_shape, name=name).outputs[0]
 
 

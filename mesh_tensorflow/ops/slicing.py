@@ -38,6 +38,9 @@ class SliceOperation(Operation):
     self._begin, self._dim = begin, dim
     self._outputs = [Tensor(self, x.shape.resize_dimension(dim.name, size), x.dtype)]
 
+  def _unsplittable_dim_names(self):
+    return [self._dim.name]
+
   def gradient(self, grad_ys):
     size = self.outputs[0].shape.get_dim_by_name(self._dim.name).size
     return [pad(grad_ys[0], [self._begin, self._dim.size - self._begin - size],
@@ -74,6 +77,9 @@ class PadOperation(Operation):
     self._dim, self._paddings = dim, (int(before), int(after))
     self._outputs = [Tensor(self, x.shape.resize_dimension(
         dim.name, dim.size + before + after), x.dtype)]
+
+  def _unsplittable_dim_names(self):
+    return [self._dim.name]
 
   def gradient(self, grad_ys):
     return [slice(grad_ys[0], self._paddings[0], self._dim.size, self._dim.name)]
@@ -115,6 +121,9 @@ class ConcatOperation(Operation):
     self._dim_name, self._sizes = concat_dim_name, sizes
     self._outputs = [Tensor(self, base.resize_dimension(concat_dim_name, sum(sizes)),
                             xs[0].dtype)]
+
+  def _unsplittable_dim_names(self):
+    return [self._dim_name]
 
   def gradient(self, grad_ys):
     out, begin = [], 0
@@ -168,6 +177,9 @@ class StackOperation(Operation):
     self._dim_name, self._axis = dim_name, axis
     self._outputs = [Tensor(self, Shape(dims), xs[0].dtype)]
 
+  def _unsplittable_dim_names(self):
+    return [self._dim_name]
+
   def gradient(self, grad_ys):
     return unstack(grad_ys[0], self.outputs[0].shape.get_dim_by_name(self._dim_name))
 
@@ -191,6 +203,9 @@ class UnstackOperation(Operation):
     self._dim = dim
     out_shape = x.shape - [dim]
     self._outputs = [Tensor(self, out_shape, x.dtype, index=i) for i in range(dim.size)]
+
+  def _unsplittable_dim_names(self):
+    return [self._dim.name]
 
   def gradient(self, grad_ys):
     from mesh_tensorflow.ops.constant import zeros

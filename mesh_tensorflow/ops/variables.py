@@ -10,6 +10,8 @@ the mesh implementation, so retracing or re-lowering reuses them.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 
 import tensorflow as tf
@@ -77,6 +79,8 @@ class Variable(Operation):
   slice_dtype = property(lambda self: self._dtype.slice_dtype)
   activation_dtype = property(lambda self: self._dtype.activation_dtype)
   variable_dtype = property(lambda self: self._dtype)
+  dtype = property(lambda self: self._dtype)
+  size = property(lambda self: self._shape.size)
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
@@ -235,6 +239,9 @@ class Assign(Operation):
     super().__init__(new_values, mesh=variables[0].mesh, name=name or "assign")
     self._variables = variables
     self._assign_fn = assign_fn or (lambda var, val: var.assign(val))
+    # The original Mesh TensorFlow's assign functions (mtf.assign_slice, ...)
+    # also take the mtf Variable first: assign_fn(variable, slice, value).
+    self._takes_variable = _positional_arity(self._assign_fn) >= 3
 
   @property
   def assigned_variables(self):
@@ -249,8 +256,22 @@ class Assign(Operation):
         impl = lowering.mesh_impl(self)
         laid = impl.relayout(laid, value.shape, impl.tensor_layout(value.shape),
                              impl.tensor_layout(var.storage_shape))
-      ops.append(laid_var.assign_to_slices(self._assign_fn, laid.tensor_list))
+      fn = self._assign_fn
+      if self._takes_variable:
+        fn = functools.partial(self._assign_fn, var)
+      ops.append(laid_var.assign_to_slices(fn, laid.tensor_list))
     lowering.operations[self] = _group(ops)
+
+
+def _positional_arity(fn) -> int:
+  try:
+    params = inspect.signature(fn).parameters.values()
+  except (TypeError, ValueError):
+    return 2
+  if any(p.kind == p.VAR_POSITIONAL for p in params):
+    return 2
+  return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+             for p in params)
 
 
 def assign(var, new_val, assign_fn=None, name=None) -> Operation:

@@ -1,0 +1,215 @@
+"""Names, spellings and small behaviours of the original Mesh TensorFlow API that
+ported code relies on (see ../shared/GUIDE.md section 1): string separators,
+TensorLayout and Graph helpers, splittability, legacy class names, the
+`mtf.*` utility functions, three-argument assign functions."""
+
+import io
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mesh_tensorflow as mtf
+from mtf_test_utils import DEVICES, assert_allclose, ensure_eight_devices, lower_and_run
+
+ensure_eight_devices()
+
+A, B, C = mtf.Dimension("a", 4), mtf.Dimension("b", 8), mtf.Dimension("c", 2)
+
+
+@pytest.mark.parametrize("text", ["x:4;y:8", "x:4,y:8", "x:4.y:8", "x:4 y:8", " x:4 ; y:8 "])
+def test_shape_strings_accept_every_original_separator(text):
+  assert mtf.convert_to_shape(text) == mtf.Shape([mtf.Dimension("x", 4), mtf.Dimension("y", 8)])
+
+
+@pytest.mark.parametrize("text", ["d_ff:model;heads:model", "d_ff:model.heads:model",
+                                  "d_ff:model heads:model", "d_ff:model,heads:model"])
+def test_layout_rule_strings_accept_every_original_separator(text):
+  rules = mtf.convert_to_layout_rules(text)
+  assert rules == mtf.LayoutRules([("d_ff", "model"), ("heads", "model")])
+  assert rules.mesh_dimension_name_to_tensor_dimension_names("model") == ["d_ff", "heads"]
+  with pytest.raises(ValueError, match="name:value"):
+    mtf.convert_to_layout_rules("d_ff;heads")
+
+
+def test_tensor_layout_mesh_axis_to_tensor_axis_is_a_tuple_per_mesh_axis():
+  layout = mtf.TensorLayout([0, 2, 1])
+  assert layout.mesh_axis_to_tensor_axis(0) == ()
+  assert layout.mesh_axis_to_tensor_axis(1) == (0,)
+  assert layout.mesh_axis_to_tensor_axis(3) == (0, 2, 1)
+  assert mtf.TensorLayout([None, 1]).mesh_axis_to_tensor_axis(2) == (None, 1)
+
+
+def test_unique_names_are_case_insensitive_like_tensorflow():
+  graph = mtf.Graph()
+  assert [graph.unique_name(n) for n in ("a", "A", "a_1", "a")] == ["a", "A_1", "a_1_1", "a_2"]
+
+
+def test_to_string_is_a_property_that_can_also_be_called():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.zeros(mesh, [A, B])
+  y = mtf.reduce_sum(x, output_shape=[A])
+  assert x.shape.to_string == "a:4;b:8" == x.shape.to_string()
+  assert "a:4" in y.operation.to_string and y.operation.name in graph.to_string
+  assert x.to_string() == x.to_string
+  assert x.shape.cumprod_to_tensor_axis(4) == 1 and x.shape.cumprod_to_tensor_axis(3) is None
+
+
+def test_reflected_floordiv_and_mod():
+  got = lower_and_run(lambda mesh: {
+      "div": 7.0 // mtf.constant(mesh, 2.0, [A]), "mod": 7.0 % mtf.constant(mesh, 4.0, [A])},
+      "all:1", "", DEVICES[:1])
+  assert_allclose(got["div"], np.full(4, 3.0))
+  assert_allclose(got["mod"], np.full(4, 3.0))
+
+
+def test_mesh_impl_and_lowering_compatibility_members():
+  impl = mtf.MeshImpl("batch:4;model:8", "batch:batch;d_ff:model")
+  assert impl.supports_control_dependencies
+  assert impl.slice_size("batch:128;d_ff:2048") == 32 * 256
+  assert impl.tensor_layout(mtf.convert_to_shape("batch:128;length:5;d_ff:2048")) == \
+      mtf.TensorLayout([0, None, 1])
+
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.import_tf_tensor(mesh, tf.constant(3.0), shape=[])
+  lowering = mtf.Lowering(graph, {mesh: mtf.placement_mesh_impl.PlacementMeshImpl(
+      shape=[], layout={}, devices=[""])})
+  lowering.copy_masters_to_slices()
+  lowering.copy_slices_to_masters()
+  lowering.add_counter("my_op/calls", 2)
+  assert ("my_op/calls", 2) in lowering.counters
+  assert float(lowering.export_to_tf_tensor(x)) == 3.0
+
+
+def test_splittability_of_operations():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.zeros(mesh, [A, B])
+  stack_dim = mtf.Dimension("stack", 2)
+  cases = [
+      (mtf.ReshapeOperation(x, "p:16;q:2"), {"a", "b", "p", "q"}, set()),
+      (mtf.SliceOperation(x, begin=1, size=2, slice_dim_name="b"), {"a"}, {"b"}),
+      (mtf.PadOperation(x, [1, 2], "a"), {"b"}, {"a"}),
+      (mtf.ConcatOperation([x, x], "b"), {"a"}, {"b"}),
+      (mtf.StackOperation([x, x], stack_dim.name, axis=0), {"a", "b"}, {"stack"}),
+      (mtf.UnstackOperation(x, B), {"a"}, {"b"}),
+      (mtf.ShiftOperation(x, -1, B, wrap=True), {"a", "b"}, set()),
+      (mtf.EinsumOperation([x, mtf.zeros(mesh, [A, C])], mtf.Shape([B, C])), {"a", "b", "c"},
+       set()),
+      (mtf.ScalarMultiplyOperation(x, 2.0), {"a", "b"}, set()),
+      (mtf.Constant(mesh, 0, mtf.Shape([A, B]), dtype=tf.int32), {"a", "b"}, set()),
+      (mtf.ImportLaidOutTensorOperation(mesh, [tf.zeros([4, 8])], [A, B]), set(), {"a", "b"}),
+  ]
+  for op, splittable, unsplittable in cases:
+    assert op.splittable_dims == frozenset(splittable), op
+    assert op.unsplittable_dims == frozenset(unsplittable), op
+
+
+def test_legacy_operation_classes_compute_like_their_functions():
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, np.arange(32, dtype=np.float32).reshape(4, 8), [A, B])
+    var = mtf.get_variable(mesh, "v", [A], initializer=tf.ones_initializer())
+    doubled = mtf.ScalarMultiplyOperation(x, 2.0).outputs[0]
+    shifted = mtf.ScalarAddOperation(doubled, 1.0).outputs[0]
+    less = mtf.binary_op_with_broadcasting(tf.less, x, 10.0, output_dtype=tf.bool)
+    read = mtf.ReadVariable(var).outputs[0]
+    frozen = mtf.StopGradient(shifted).outputs[0]
+    printed = mtf.PrintOperation(frozen, [read], "value: ").outputs[0]
+    loss = mtf.reduce_sum(shifted) + mtf.reduce_sum(printed)
+    (dx,) = mtf.gradients([loss], [x])
+    return {"shifted": shifted, "less": mtf.cast(less, tf.float32), "read": read, "dx": dx,
+            "printed": mtf.Depend(printed, [read]).outputs[0]}
+  want = np.arange(32, dtype=np.float32).reshape(4, 8)
+  for mesh_shape, layout in [("all:1", ""), ("rows:2;cols:4", "a:rows;b:cols")]:
+    got = lower_and_run(build, mesh_shape, layout, DEVICES[:mtf.convert_to_shape(mesh_shape).size])
+    assert_allclose(got["shifted"], 2 * want + 1)
+    assert_allclose(got["printed"], 2 * want + 1)
+    assert_allclose(got["less"], (want < 10).astype(np.float32))
+    assert_allclose(got["read"], np.ones(4))
+    assert_allclose(got["dx"], np.full((4, 8), 2.0))  # StopGradient blocks the second term
+
+
+def test_utility_functions():
+  assert mtf.list_product([2, 3, 4]) == 24 and mtf.list_product([]) == 1
+  assert mtf.transpose_list_of_lists([[1, 2], [3, 4], [5, 6]]) == [[1, 3, 5], [2, 4, 6]]
+  assert mtf.is_subsequence([1, 3], [1, 2, 3]) and not mtf.is_subsequence([3, 1], [1, 2, 3])
+  mtf.verify_no_new_dims([mtf.Shape([A, B])], mtf.Shape([B]))
+  with pytest.raises(ValueError, match="'c'"):
+    mtf.verify_no_new_dims([mtf.Shape([A, B])], mtf.Shape([B, C]))
+  assert mtf.combined_dimension([A, B], name="ab") == mtf.Dimension("ab", 32)
+  # Processors of a rows:2;cols:4 mesh grouped along cols: one group per row.
+  assert [mtf.pnum_to_group("rows:2;cols:4", [1], p) for p in range(8)] == [0] * 4 + [1] * 4
+  assert [mtf.pnum_to_group("rows:2;cols:4", [0], p) for p in range(8)] == [0, 1, 2, 3] * 2
+  assert mtf.tensor_dim_to_mesh_dim_size("b:cols", "rows:2;cols:4", B) == 4
+  assert mtf.tensor_dim_to_size_per_split("b:cols", "rows:2;cols:4", B) == 2
+  assert mtf.tensor_dim_to_size_per_split("b:cols", "rows:2;cols:4", A) == 4
+  assert mtf.reduction_fn("MAX") is tf.reduce_max and mtf.binary_reduction_fn("SUM") is tf.add
+  with pytest.raises(ValueError, match="Unknown reduction 'MEDIAN'"):
+    mtf.reduction_fn("MEDIAN")
+  assert mtf.pool_fn("AVG_2D") is tf.nn.avg_pool2d
+  assert mtf.parallel(["cpu:0", "cpu:1"], lambda a, b: a + b, [1, 2], b=[10, 20]) == [11, 22]
+  assert mtf.parallel(["cpu:0", "cpu:1"], lambda a: (a, -a), [1, 2]) == ([1, 2], [-1, -2])
+  with pytest.raises(ValueError, match="one per device"):
+    mtf.parallel(["cpu:0", "cpu:1"], lambda a: a, [1])
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  mtf.get_variable(mesh, "w1", [A, B])
+  mtf.get_variable(mesh, "w2", [C])
+  log = io.StringIO()
+  total = mtf.log_variable_sizes(graph.trainable_variables, "trainable", log_file=log,
+                                 mesh_to_impl={mesh: mtf.MeshImpl("all:2", "b:all")})
+  assert total == 34 and "total size 34" in log.getvalue() and "slice 16" in log.getvalue()
+  var = graph.trainable_variables[0]
+  assert var.size == 32 and var.dtype.master_dtype == tf.float32
+
+
+def test_anonymize_nth_element_and_left_halo_exchange():
+  values = np.random.RandomState(0).randn(4, 8).astype(np.float32)
+  blocks = mtf.Dimension("blocks", 4)
+  block = mtf.Dimension("block", 2)
+
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, values, [A, B])
+    anonymous = mtf.anonymize(x)
+    h = mtf.import_tf_tensor(mesh, np.arange(8, dtype=np.float32).reshape(4, 2),
+                             [blocks, block])
+    return {"anonymous": anonymous, "second": mtf.nth_largest_element(x, 1, B),
+            "smallest": mtf.nth_smallest_element(x, 0, B),
+            "halo": mtf.left_halo_exchange(h, blocks, block, 1),
+            "halo_wrap": mtf.left_halo_exchange(h, "blocks", "block", 1, wrap=True)}
+  got, lowering = lower_and_run(build, "rows:2;cols:4", "a:rows;b:cols;blocks:cols",
+                                return_lowering=True)
+  assert_allclose(got["anonymous"], values)
+  assert all(not d.name.startswith("a") or d.name.startswith("_anonymous_")
+             for d in mtf.anonymous_shape([A, B]).dims)
+  assert_allclose(got["second"], np.sort(values, axis=1)[:, -2])
+  assert_allclose(got["smallest"], values.min(axis=1))
+  assert_allclose(got["halo"], [[0, 0, 1], [1, 2, 3], [3, 4, 5], [5, 6, 7]])
+  assert_allclose(got["halo_wrap"], [[7, 0, 1], [1, 2, 3], [3, 4, 5], [5, 6, 7]])
+
+
+def test_three_argument_assign_functions_of_the_original():
+  seen = []
+
+  def my_assign(variable, slice_var, val):
+    seen.append(variable.name)
+    return slice_var.assign(val * 2.0)
+
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  var = mtf.get_variable(mesh, "w", [A], initializer=tf.ones_initializer())
+  ops = [mtf.assign(var, var.operation.outputs[0] + 1.0, assign_fn=my_assign),
+         mtf.assign(var, mtf.constant(mesh, 3.0, [A]), assign_fn=mtf.assign_add_slice)]
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "a:all", DEVICES[:2])
+
+  @tf.function
+  def step(k):
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    op = lowering.lowered_operation(ops[k])
+    with tf.control_dependencies([op]):
+      return tf.identity(lowering.export_to_tf_tensor(var.operation.outputs[0]))
+  step(0)
+  assert_allclose(step(1), np.full(4, 4.0 + 3.0))  # (1 + 1) * 2, then + 3
+  assert seen and set(seen) == {"w"}
