@@ -17,6 +17,7 @@ from mesh_tensorflow.gradients import gradients
 from mesh_tensorflow import placement_mesh_impl
 from mesh_tensorflow import simd_mesh_impl
 from mesh_tensorflow import learning_rate_schedules
+from mesh_tensorflow import utils
 from mesh_tensorflow import optimize
 from mesh_tensorflow import initializers
 from mesh_tensorflow import layers
@@ -101,8 +102,15 @@ from mesh_tensorflow.layout_report import layout_report
 from mesh_tensorflow.autograph_exempt import exempt as _exempt
 for _namespace in (globals(), vars(layers), vars(optimize), vars(beam_search), vars(pipeline),
                    vars(learning_rate_schedules), vars(initializers), vars(zero),
-                   vars(offload), vars(mixed_precision), vars(checkpoint), vars(training)):
+                   vars(offload), vars(mixed_precision), vars(checkpoint), vars(training),
+                   vars(utils)):
   _exempt(_namespace)
-del _namespace, _exempt
+# Lowering helpers that code may call directly (their private helpers stay
+# plain calls: a wrapper costs about 3 us per call while lowering).
+from mesh_tensorflow import mesh_impl as _mesh_impl
+from mesh_tensorflow.ops import local_einsum as _local_einsum
+for _namespace in (vars(_mesh_impl), vars(_local_einsum)):
+  _exempt(_namespace, public_only=True)
+del _namespace, _exempt, _mesh_impl, _local_einsum
 
 __version__ = "0.2.0"

@@ -21,11 +21,12 @@ import tensorflow as tf
 _MARK = "_mtf_autograph_exempt"
 
 
-def exempt(namespace: dict) -> None:
+def exempt(namespace: dict, public_only: bool = False) -> None:
   """Marks the mtf functions in `namespace` (replaced by their exempt
-  wrappers) and the public methods of its mtf classes and their mtf bases."""
+  wrappers) and the public methods of its mtf classes and their mtf bases;
+  with `public_only`, names starting with "_" are left as they are."""
   for name, value in list(namespace.items()):
-    if name.startswith("__") or not _ours(value):
+    if name.startswith("__") or not _ours(value) or (public_only and name.startswith("_")):
       continue
     if inspect.isfunction(value) and not getattr(value, _MARK, False):
       namespace[name] = _wrap(value)

@@ -30,7 +30,7 @@ IntOrInts = Union[int, Sequence[int]]
 __all__ = [
     "avg_pool2d", "avg_pool3d", "conv1d", "conv2d", "conv2d_transpose",
     "conv2d_with_blocks", "conv3d", "conv3d_transpose", "conv3d_with_blocks",
-    "max_pool2d", "max_pool3d",
+    "max_pool2d", "max_pool3d", "separable_conv1d",
 ]
 
 
@@ -44,6 +44,16 @@ def _kernel(x: Tensor, dims, filter_initializer, variable_dtype) -> Tensor:
     variable_dtype = VariableDType(tf.float32, activation_dtype=x.dtype)
   return get_variable(x.mesh, "kernel", dims, initializer=filter_initializer,
                       dtype=variable_dtype)
+
+
+def _distinct_channels(x: Tensor, output_dim: Dimension) -> Tensor:
+  """x, its channel dimension renamed to "_<name>" when the output channels
+  have its name (a kernel cannot have two dimensions of one name)."""
+  channels = x.shape.dims[-1]
+  if channels.name != output_dim.name:
+    return x
+  from mesh_tensorflow.ops.shape_ops import rename_dimension
+  return rename_dimension(x, channels.name, "_" + channels.name)
 
 
 def _window_dims(sizes: Sequence[int], names: Sequence[str]):
@@ -130,10 +140,80 @@ def conv2d_with_blocks(x: Tensor, output_dim: Dimension, filter_size: IntOrInts 
   """
   filter_size = _as_tuple(filter_size, 2, "conv2d filter_size")
   output_dim = convert_to_dimension(output_dim)
+  x = _distinct_channels(x, output_dim)
   with _layer_scope(x, name, "conv2d"):
     kernel = _kernel(x, _window_dims(filter_size, ["fh", "fw"]) + [x.shape[-1], output_dim],
                      filter_initializer, variable_dtype)
     return conv_ops.conv2d(x, kernel, strides, padding, h_blocks_dim, w_blocks_dim)
+
+
+def separable_conv1d(x: Tensor, output_dim: Dimension, min_relative_pos: int = -1,
+                     max_relative_pos: int = 1, depthwise_filter_initializer_scale: float = 1.0,
+                     pointwise_filter_initializer_scale: float = 1.0,
+                     name: Optional[str] = None, use_bias: bool = True,
+                     kernel_depth_weights: Optional[Sequence[Tensor]] = None) -> Tensor:
+  """Depthwise-separable 1D convolution over x [..., length, depth].
+
+  Each output position `l` first sums, over the offsets `r` from
+  `min_relative_pos` to `max_relative_pos`, the input at `l + r` (zero past the
+  ends) times a per-channel filter (variables `<name>/depthwise_filter_<r>`
+  [depth]); a dense layer (`<name>/pointwise`) then maps depth to output_dim.
+
+  Args:
+    x: the input; its last dimension is the channels, the one before the length.
+    output_dim: the output channel dimension.
+    min_relative_pos: the leftmost offset of the window (<= 0 looks back).
+    max_relative_pos: the rightmost offset.
+    depthwise_filter_initializer_scale: stddev of the depthwise filters'
+      truncated-normal initializer.
+    pointwise_filter_initializer_scale: stddev of the pointwise kernel's
+      initializer, times depth ** -0.5.
+    name: the layer's name (default "separable_conv1d", made unique).
+    use_bias: whether the pointwise layer adds a bias.
+    kernel_depth_weights: optional tensors [depth], one per offset, used as the
+      depthwise filters instead of variables.
+
+  Returns:
+    An mtf.Tensor [..., length, output_dim].
+
+  Example:
+    >>> y = mtf.layers.separable_conv1d(x, mtf.Dimension("d_out", 64), -2, 0)  # causal
+  """
+  if x.shape.ndims < 2:
+    raise ValueError(
+        f"separable_conv1d: {x.name} {x.shape} needs a length and a channel dimension.")
+  if max_relative_pos < min_relative_pos:
+    raise ValueError(
+        f"separable_conv1d: max_relative_pos ({max_relative_pos}) is below "
+        f"min_relative_pos ({min_relative_pos}).")
+  from mesh_tensorflow.layers_core import dense
+  from mesh_tensorflow.ops.elementwise import add_n
+  from mesh_tensorflow.ops.slicing import shift
+  offsets = list(range(min_relative_pos, max_relative_pos + 1))
+  if kernel_depth_weights is not None and len(kernel_depth_weights) != len(offsets):
+    raise ValueError(
+        f"separable_conv1d: {len(kernel_depth_weights)} kernel_depth_weights for "
+        f"{len(offsets)} offsets ({min_relative_pos}..{max_relative_pos}); give one each.")
+  output_dim = convert_to_dimension(output_dim)
+  x = _distinct_channels(x, output_dim)
+  length_dim, depth_dim = x.shape.dims[-2], x.shape.dims[-1]
+  variable_dtype = VariableDType(tf.float32, activation_dtype=x.dtype)
+  with _layer_scope(x, name, "separable_conv1d"):
+    terms = []
+    for i, offset in enumerate(offsets):
+      if kernel_depth_weights is not None:
+        weights = kernel_depth_weights[i]
+      else:
+        weights = get_variable(
+            x.mesh, f"depthwise_filter_{offset}", [depth_dim], dtype=variable_dtype,
+            initializer=tf.compat.v1.truncated_normal_initializer(
+                stddev=depthwise_filter_initializer_scale))
+      moved = x if offset == 0 else shift(x, -offset, length_dim, wrap=False)
+      terms.append(moved * weights)
+    depthwise = add_n(terms) if len(terms) > 1 else terms[0]
+    return dense(depthwise, output_dim, use_bias=use_bias, variable_dtype=variable_dtype,
+                 name="pointwise", kernel_initializer=tf.compat.v1.truncated_normal_initializer(
+                     stddev=pointwise_filter_initializer_scale * depth_dim.size ** -0.5))
 
 
 def conv1d(x: Tensor, output_dim: Dimension, filter_size: int = 3, stride: int = 1,
@@ -164,6 +244,7 @@ def conv1d(x: Tensor, output_dim: Dimension, filter_size: int = 3, stride: int =
   if x.shape.ndims < 2:
     raise ValueError(f"conv1d: {x.name} {x.shape} needs a length and a channel dimension.")
   output_dim = convert_to_dimension(output_dim)
+  x = _distinct_channels(x, output_dim)
   one = Dimension("conv1d_height", 1)
   dims = x.shape.dims
   x2 = reshape(x, Shape(dims[:-2] + [one] + dims[-2:]))
@@ -204,6 +285,7 @@ def conv3d_with_blocks(x: Tensor, output_dim: Dimension, filter_size: IntOrInts 
   """
   filter_size = _as_tuple(filter_size, 3, "conv3d filter_size")
   output_dim = convert_to_dimension(output_dim)
+  x = _distinct_channels(x, output_dim)
   with _layer_scope(x, name, "conv3d"):
     kernel = _kernel(x, _window_dims(filter_size, ["fd", "fh", "fw"])
                      + [x.shape[-1], output_dim], filter_initializer, variable_dtype)
@@ -226,6 +308,7 @@ def conv2d_transpose(x: Tensor, output_dim: Dimension, filter_size: IntOrInts = 
   """
   filter_size = _as_tuple(filter_size, 2, "conv2d_transpose filter_size")
   output_dim = convert_to_dimension(output_dim)
+  x = _distinct_channels(x, output_dim)
   with _layer_scope(x, name, "conv2d_transpose"):
     kernel = _kernel(x, _window_dims(filter_size, ["fh", "fw"]) + [output_dim, x.shape[-1]],
                      filter_initializer, variable_dtype)
@@ -244,6 +327,7 @@ def conv3d_transpose(x: Tensor, output_dim: Dimension, filter_size: IntOrInts = 
   """
   filter_size = _as_tuple(filter_size, 3, "conv3d_transpose filter_size")
   output_dim = convert_to_dimension(output_dim)
+  x = _distinct_channels(x, output_dim)
   with _layer_scope(x, name, "conv3d_transpose"):
     kernel = _kernel(x, _window_dims(filter_size, ["fd", "fh", "fw"])
                      + [output_dim, x.shape[-1]], filter_initializer, variable_dtype)

@@ -101,6 +101,8 @@ class Mesh:
   """A named, logical device mesh in an mtf graph.
 
   Its shape and devices are given only at lowering time, by a `MeshImpl`.
+  `variable_placer` is accepted for compatibility and unused: variables exist
+  only as slices on the mesh's own devices (see mesh_tensorflow/utils.py).
 
   Example:
     >>> mesh = mtf.Mesh(graph, "my_mesh")

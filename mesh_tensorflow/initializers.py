@@ -438,6 +438,6 @@ def bind_fans(initializer, fan_in_dims: DimsLike, fan_out_dims: DimsLike):
     if initializer.fan_in_dims is None and initializer.fan_out_dims is None:
       return initializer.for_dims(fan_in_dims, fan_out_dims)
     return initializer
-  if getattr(initializer, "is_dense_initializer", False):
+  if getattr(initializer, "is_dense_initializer", False) is True:  # not a mock's attribute
     return initializer(list(fan_in_dims), list(fan_out_dims))
   return initializer

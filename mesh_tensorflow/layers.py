@@ -34,8 +34,9 @@ from mesh_tensorflow.layers_attention import (
     memory_name, multihead_attention, multihead_attention_params, multihead_attention_vars,
     rename_length_to_memory_length)
 from mesh_tensorflow.layers_core import (
-    batch_norm, dense, dense_product, dense_relu_dense, dropout, embedding, embedding_weights,
-    get_dense_kernel_weights, layer_norm, layer_scope, rms_norm, unique_layer_name)
+    batch_norm, compress_mean, dense, dense_product, dense_relu_dense, dropout, embedding,
+    embedding_weights, get_dense_kernel_weights, layer_norm, layer_scope, multiplicative_jitter,
+    rms_norm, unique_layer_name)
 from mesh_tensorflow.layers_losses import (
     sigmoid_cross_entropy_with_logits, smoothed_targets, softmax_cross_entropy_with_logits,
     weights_nonzero)
@@ -53,6 +54,7 @@ __all__ = [
     "attention_mask_ignore_padding",
     "attention_mask_same_segment",
     "batch_norm",
+    "compress_mean",
     "dense",
     "dense_product",
     "dense_relu_dense",
@@ -72,6 +74,7 @@ __all__ = [
     "masked_local_attention_1d",
     "memory_name",
     "multihead_attention",
+    "multiplicative_jitter",
     "multihead_attention_params",
     "multihead_attention_vars",
     "rename_length_to_memory_length",

@@ -415,3 +415,38 @@ def embedding(indices: Tensor, vocab_dim: Dimension, output_dim: Dimension,
   """
   weights = embedding_weights(indices.mesh, vocab_dim, output_dim, variable_dtype, name)
   return gather(weights, indices, vocab_dim)
+
+
+def multiplicative_jitter(x: Tensor, epsilon: float = 1e-2) -> Tensor:
+  """x times noise uniform in [1 - epsilon, 1 + epsilon) (the same under every
+  layout); makes a model less sensitive to bfloat16 rounding. epsilon 0: x.
+
+  Example:
+    >>> h = mtf.layers.multiplicative_jitter(h, epsilon=1e-2)
+  """
+  if epsilon == 0:
+    return x
+  noise = random_ops.random_uniform(x.mesh, x.shape, minval=1.0 - epsilon,
+                                    maxval=1.0 + epsilon, dtype=x.dtype)
+  return x * noise
+
+
+def compress_mean(x: Tensor, dim: Dimension, compression_factor: int) -> Tensor:
+  """Means of consecutive groups of `compression_factor` entries along `dim`:
+  `dim` shrinks to dim.size // compression_factor.
+
+  Example:
+    >>> pooled = mtf.layers.compress_mean(x, length_dim, 4)   # length 128 -> 32
+  """
+  dim = x.shape.get_dim_by_name(dim if isinstance(dim, str) else dim.name)
+  if compression_factor <= 0 or dim.size % compression_factor:
+    raise ValueError(
+        f"compress_mean: compression_factor {compression_factor} must divide dimension "
+        f"{dim.name!r} (size {dim.size}) of {x.name}.")
+  from mesh_tensorflow.ops.shape_ops import reshape
+  compressed = Dimension(dim.name, dim.size // compression_factor)
+  group = Dimension("_compression", compression_factor)
+  dims = x.shape.dims
+  i = x.shape.index_of(dim.name)
+  grouped = reshape(x, Shape(dims[:i] + [compressed, group] + dims[i + 1:]))
+  return reduce_mean(grouped, reduced_dim=group)

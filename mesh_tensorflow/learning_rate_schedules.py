@@ -229,6 +229,26 @@ def cosine_decay(step: Step, total_steps: int, warmup_steps: int = 0,
   return value
 
 
+def linear_decay(step: Step, total_steps: int, offset: int = 0) -> Value:
+  """A factor of 1 until step `offset`, then falling linearly to 0 at
+  `total_steps` (and 0 after).
+
+  Returns:
+    clip((total_steps - step) / (total_steps - offset), 0, 1).
+
+  Example:
+    >>> lrs.linear_decay(75, total_steps=100, offset=50)
+    0.5
+  """
+  _check_non_negative("linear_decay: offset", offset)
+  if total_steps <= offset:
+    raise ValueError(
+        f"linear_decay: total_steps ({total_steps}) must exceed offset ({offset}).")
+  ops, s = _math_for(step)
+  remaining = (float(total_steps) - s) * (1.0 / float(total_steps - offset))
+  return ops.minimum(ops.maximum(remaining, 0.0), 1.0)
+
+
 def product(*factors: Union[float, Schedule]) -> Schedule:
   """A schedule that multiplies numbers and schedules.
 

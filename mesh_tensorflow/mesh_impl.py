@@ -237,6 +237,16 @@ class MeshImpl:
     """Builds a laid-out tensor from fn(pnum, slice_begin) on each processor."""
     raise NotImplementedError
 
+  def laid_out_pnum(self) -> LaidOutTensor:
+    """Each processor's number, an int32 scalar slice (for custom operations)."""
+    raise NotImplementedError
+
+  def laid_out_pcoord(self, mesh_axis: int) -> LaidOutTensor:
+    """Each processor's coordinate along `mesh_axis`, an int32 scalar slice."""
+    sizes = self._shape.to_integer_list()
+    stride = functools.reduce(operator.mul, sizes[mesh_axis + 1:], 1)
+    return self.slicewise(lambda p: (p // stride) % sizes[mesh_axis], self.laid_out_pnum())
+
   def variable_device(self, pnum: int):
     raise NotImplementedError
 

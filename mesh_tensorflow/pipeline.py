@@ -236,7 +236,7 @@ class _StackedInitializer:
     rows = []
     for s in range(begin[0], begin[0] + slice_shape[0]):
       stage_name = self._name_fn(s)
-      if hasattr(self._inner, "slice_value"):
+      if hasattr(type(self._inner), "slice_value"):
         rows.append(self._inner.slice_value(stage_name, list(full_shape[1:]), list(begin[1:]),
                                             list(slice_shape[1:]), dtype))
       else:

@@ -147,6 +147,13 @@ class PlacementMeshImpl(MeshImpl):
       memo[tuple(begin)] = out[-1]
     return LaidOutTensor(out)
 
+  def laid_out_pnum(self) -> LaidOutTensor:
+    out = []
+    for pnum, device in enumerate(self._devices):
+      with _on_device(device):
+        out.append(tf.constant(pnum, tf.int32))
+    return LaidOutTensor(out)
+
   # ---- collectives ---------------------------------------------------------
   def allreduce(self, x, mesh_axes, reduction_fn_string: str) -> LaidOutTensor:
     x = as_laid_out(x)

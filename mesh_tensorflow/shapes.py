@@ -65,6 +65,15 @@ class CallableString(str):
     return str(self)
 
 
+class CallableList(list):
+  """A list that is also callable (returning a plain copy): the original Mesh
+  TensorFlow has `shape.to_integer_list` and `shape.cumprod` as properties,
+  this library as methods; both spellings work."""
+
+  def __call__(self) -> list:
+    return list(self)
+
+
 def _parse_size(name: str, size: str, text: str) -> int:
   try:
     return int(size)
@@ -181,16 +190,20 @@ class Shape:
   def size(self) -> int:
     return functools.reduce(operator.mul, (d.size for d in self._dims), 1)
 
-  def to_integer_list(self):
-    return [d.size for d in self._dims]
+  @property
+  def to_integer_list(self) -> CallableList:
+    """The sizes, e.g. [8, 64] (also callable)."""
+    return CallableList(d.size for d in self._dims)
 
   @property
   def dimension_names(self):
     return [d.name for d in self._dims]
 
-  def cumprod(self):
-    """Exclusive cumulative products of the sizes (row-major strides reversed)."""
-    out, p = [], 1
+  @property
+  def cumprod(self) -> CallableList:
+    """Exclusive cumulative products of the sizes (row-major strides reversed;
+    also callable)."""
+    out, p = CallableList(), 1
     for d in self._dims:
       out.append(p)
       p *= d.size

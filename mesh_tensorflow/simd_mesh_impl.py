@@ -242,6 +242,9 @@ class SimdMeshImpl(MeshImpl):
       return tuple(LaidOutTensor([r]) for r in result)
     return LaidOutTensor([result])
 
+  def laid_out_pnum(self) -> LaidOutTensor:
+    return LaidOutTensor([self.pnum])
+
   def make_slices(self, fn, shape) -> LaidOutTensor:
     """fn(pnum, slice_begin) with pnum and slice_begin as int32 tensors."""
     return LaidOutTensor([fn(self.pnum, self._slice_begin_tensors(convert_to_shape(shape)))])

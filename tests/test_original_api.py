@@ -213,3 +213,125 @@ def test_three_argument_assign_functions_of_the_original():
   step(0)
   assert_allclose(step(1), np.full(4, 4.0 + 3.0))  # (1 + 1) * 2, then + 3
   assert seen and set(seen) == {"w"}
+
+
+def test_shape_integer_list_and_cumprod_are_properties_that_can_be_called():
+  shape = mtf.Shape([A, B, C])
+  assert shape.to_integer_list == [4, 8, 2] == shape.to_integer_list()
+  assert shape.cumprod == [1, 4, 32] == shape.cumprod()
+
+
+def test_initializers_that_are_mocks_are_called_like_functions():
+  """The original's layer tests pass unittest.mock objects as initializers; any
+  attribute lookup on a mock succeeds, so the library must not mistake them
+  for its own slice-aware or dense initializers."""
+  from unittest import mock
+
+  def by_shape(shape, dtype=None, **unused):
+    values = {(2,): [1.0, 2.0], (2, 2): [[1.0, 0.0], [1.0, -1.0]]}
+    return tf.reshape(tf.constant(values[tuple(shape)], dtype), shape)
+  initializer = mock.MagicMock(side_effect=by_shape)
+  length, depth, out = mtf.Dimension("length", 4), mtf.Dimension("depth", 2), \
+      mtf.Dimension("output", 2)
+  x_value = np.array([[1, 0], [0, 1], [1, 1], [2, 1]], np.float32)
+
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, x_value, [length, depth])
+    with mock.patch.object(tf.compat.v1, "truncated_normal_initializer",
+                           return_value=initializer):
+      y = mtf.layers.separable_conv1d(x, out, min_relative_pos=-1, max_relative_pos=1)
+    return {"y": y}
+  # depthwise: [1, 2] * (x[l-1] + x[l] + x[l+1]); pointwise [[1, 0], [1, -1]]; bias 0
+  got = lower_and_run(build, "all:1", "", DEVICES[:1])
+  assert_allclose(got["y"], [[3, -2], [6, -4], [9, -6], [7, -4]])
+  assert initializer.call_count == 4
+
+
+def test_convolution_output_may_reuse_the_input_channel_name():
+  from mesh_tensorflow.transformer import transformer_layers
+  batch, length, d_model = mtf.Dimension("batch", 2), mtf.Dimension("length", 5), \
+      mtf.Dimension("d_model", 3)
+  x_value = np.random.RandomState(0).randn(2, 5, 3).astype(np.float32)
+  context = type("Context", (), {"variable_dtype": None})()
+
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, x_value, [batch, length, d_model])
+    same = mtf.layers.conv1d(x, d_model, filter_size=1, filter_initializer=tf.ones_initializer())
+    layer = transformer_layers.Conv1DLayer(filter_size=3, output_size=4, activation="relu")
+    return {"same": same, "layer": layer.call(context, x)}
+  for mesh_shape, layout in [("all:1", ""), ("all:2", "batch:all")]:
+    got = lower_and_run(build, mesh_shape, layout, DEVICES[:mtf.convert_to_shape(mesh_shape).size])
+    assert_allclose(got["same"], np.repeat(x_value.sum(-1, keepdims=True), 3, axis=-1))
+    assert got["layer"].shape == (2, 5, 4) and (got["layer"] >= 0).all()
+
+
+def test_compress_mean_and_multiplicative_jitter():
+  values = np.arange(16, dtype=np.float32).reshape(2, 8)
+  two, eight = mtf.Dimension("a", 2), mtf.Dimension("l", 8)
+
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, values, [two, eight])
+    return {"mean": mtf.layers.compress_mean(x, eight, 4),
+            "jitter": mtf.layers.multiplicative_jitter(x + 1.0, epsilon=0.1),
+            "none": mtf.layers.multiplicative_jitter(x, epsilon=0)}
+  got = lower_and_run(build, "all:2", "l:all", DEVICES[:2])
+  assert_allclose(got["mean"], values.reshape(2, 2, 4).mean(-1))
+  ratio = got["jitter"] / (values + 1.0)
+  assert ((ratio >= 0.9) & (ratio < 1.1)).all() and ratio.std() > 0
+  assert_allclose(got["none"], values)
+  with pytest.raises(ValueError, match="must divide dimension 'l'"):
+    mtf.layers.compress_mean(mtf.zeros(mtf.Mesh(mtf.Graph(), "m"), [eight]), eight, 3)
+
+
+def test_numpy_converter_eagerly_and_in_a_graph():
+  from mesh_tensorflow import test_utils
+  converter = test_utils.NumpyConverter()
+  x = converter.convert_np_array_to_mtf_tensor(np.ones([2, 3]), ["batch", "d"], dtype=tf.float32)
+  assert converter.convert_mtf_tensor_to_np_array(mtf.reduce_sum(x)) == 6.0
+  with tf.Graph().as_default():
+    converter = test_utils.NumpyConverter()
+    x = converter.convert_np_array_to_mtf_tensor(np.ones([2, 3]), ["batch", "d"],
+                                                 dtype=tf.float32)
+    y = mtf.layers.dense(x, mtf.Dimension("e", 2), kernel_initializer=tf.ones_initializer())
+    assert_allclose(converter.convert_mtf_tensor_to_np_array(y), np.full((2, 2), 3.0))
+
+
+def test_balanced_variable_placer():
+  placer = mtf.utils.BalancedVariablePlacer(["cpu:0", "cpu:1", "cpu:2"], [100, 0, 0])
+  with tf.Graph().as_default(), tf.compat.v1.device(placer.device_function):
+    devices = [tf.compat.v1.get_variable(f"w{i}", [10]).device for i in range(4)]
+  # 40 bytes each: the empty cpu:1 and cpu:2 first, then again, cpu:0 last
+  assert devices == ["cpu:1", "cpu:2", "cpu:1", "cpu:2"]
+  with pytest.raises(ValueError, match="one per device"):
+    mtf.utils.BalancedVariablePlacer(["cpu:0"], [1, 2])
+
+
+def test_transformer_utilities_of_the_original():
+  from mesh_tensorflow.transformer import dataset, learning_rate_schedules, utils
+  lr = learning_rate_schedules.linear_decay_learning_rate
+  assert [float(lr(s, 100, 0.001, o)) for s, o in [(0, 0), (50, 0), (100, 0), (40, 50)]] == \
+      pytest.approx([0.001, 0.0005, 0.0, 0.001])
+  assert isinstance(lr(10, 100), tf.Tensor)
+  cleaned = utils.clean_decodes([[2, 0, 2, 1, 3, 2, 0], [1, 2, 2, 2, 2, 2, 2]])
+  assert cleaned.numpy().tolist() == [[2, 0, 2, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0]]
+  rows = tf.data.Dataset.from_generator(
+      lambda: iter([{"inputs": [7, 8, 5, 1], "targets": [3, 9, 1]},
+                    {"inputs": [8, 4, 9, 3, 5, 7, 9, 1], "targets": [4, 1]}]),
+      output_signature={"inputs": tf.TensorSpec([None], tf.int64),
+                        "targets": tf.TensorSpec([None], tf.int64)})
+  packed = list(dataset.pack_dataset(rows, length=7).as_numpy_iterator())
+  assert packed[1]["inputs"].tolist() == [8, 4, 9, 3, 5, 7, 9]  # cut to the row, EOS too
+  assert packed[0]["targets_segmentation"].tolist() == [1, 1, 1, 0, 0, 0, 0]
+
+
+def test_laid_out_processor_numbers_and_coordinates():
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("rows:2;cols:4", "", DEVICES)
+
+  @tf.function
+  def numbers():
+    return (impl.laid_out_pnum().tensor_list, impl.laid_out_pcoord(0).tensor_list,
+            impl.laid_out_pcoord(1).tensor_list)
+  pnums, rows, cols = numbers()
+  assert [int(p) for p in pnums] == list(range(8))
+  assert [int(r) for r in rows] == [0] * 4 + [1] * 4
+  assert [int(c) for c in cols] == [0, 1, 2, 3] * 2

@@ -108,7 +108,7 @@ class Variable(Operation):
     full_value = []  # computed at most once, for TF initializers
 
     def init_fn(begin, slice_shape):
-      if hasattr(self._initializer, "slice_value"):
+      if hasattr(type(self._initializer), "slice_value"):  # not a mock's any-attribute
         return self._initializer.slice_value(self._name, full, begin, slice_shape,
                                              self.master_dtype)
       if not full_value:

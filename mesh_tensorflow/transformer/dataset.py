@@ -193,6 +193,27 @@ def trim(ds: tf.data.Dataset, lengths: Mapping[str, int],
   return ds.map(plain_tf(cut))
 
 
+def pack_dataset(dataset: tf.data.Dataset, length: Lengths,
+                 keys: Optional[Sequence[str]] = None,
+                 use_custom_ops: bool = False) -> tf.data.Dataset:
+  """The original Mesh TensorFlow's packing call: cuts every feature in `keys`
+  (default: all) to `length` tokens, then packs (see packing.pack).
+
+  Args:
+    dataset: a dataset of {key: integer vector}.
+    length: the row length, one for all keys or {key: length}.
+    keys: the features to pack; None packs every feature of the dataset.
+    use_custom_ops: accepted and ignored (packing is plain TensorFlow here).
+
+  Example:
+    >>> ds = pack_dataset(ds, length={"inputs": 64, "targets": 32})
+  """
+  del use_custom_ops
+  keys = list(dataset.element_spec) if keys is None else list(keys)
+  lengths = as_lengths(length, keys)
+  return pack(trim(dataset, lengths, keep_eos=False), lengths, keys)
+
+
 def finish(ds: tf.data.Dataset, batch_size: int, repeat: bool) -> tf.data.Dataset:
   """Repeats (if asked), batches rows (dropping a short last batch) and
   prefetches. Examples are shuffled before packing, not here."""

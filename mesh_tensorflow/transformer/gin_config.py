@@ -37,7 +37,8 @@ _MODEL_NAMES = [
     ("transformer", "transformer",
      ["Unitransformer", "Bitransformer", "LayerStack", "make_layer_stack"]),
     ("transformer_layers", "transformer_layers",
-     ["SelfAttention", "EncDecAttention", "LocalSelfAttention", "DenseReluDense"]),
+     ["SelfAttention", "EncDecAttention", "LocalSelfAttention", "DenseReluDense",
+      "Conv1DLayer"]),
     ("moe", "moe", ["MoE1D", "MoE2D"]),
 ]
 

@@ -20,6 +20,7 @@ be a Python number (handy for checks), a TensorFlow scalar or an mtf scalar:
 from __future__ import annotations
 
 import gin
+import tensorflow as tf
 
 from mesh_tensorflow import learning_rate_schedules as lrs
 
@@ -77,3 +78,20 @@ def noam(step: lrs.Step, d_model: int = 512, warmup_steps: int = 4000,
   """
   return (multiplier * d_model ** -0.5 * lrs.linear_warmup(step, warmup_steps)
           * lrs.rsqrt_decay(step, warmup_steps))
+
+
+@gin.configurable(module=_MODULE)
+def linear_decay_learning_rate(step: lrs.Step, total_train_steps: int,
+                               initial_lr: float = 0.1, offset: int = 0) -> lrs.Value:
+  """`initial_lr` until step `offset`, then linearly down to 0 at
+  `total_train_steps` (the original Mesh TensorFlow's fine-tuning schedule).
+  As in the original, the result is a TensorFlow scalar even for a Python
+  step (an mtf scalar for an mtf step).
+
+  Example:
+    >>> float(linear_decay_learning_rate(50, total_train_steps=100, initial_lr=0.001))
+    0.0005
+  """
+  if isinstance(step, (int, float)):
+    step = tf.constant(step, tf.float32)
+  return initial_lr * lrs.linear_decay(step, total_train_steps, offset)

@@ -19,6 +19,7 @@ from typing import Optional, Sequence, Union
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow import layers_core
 from mesh_tensorflow.transformer import attention
 from mesh_tensorflow.transformer import transformer
 
@@ -307,3 +308,34 @@ class DenseReluDense(transformer.TransformerLayer):
       h = mtf.dropout(h, True, rate=self.dropout_rate)
     return mtf.layers.dense(h, d_model, reduced_dims=[d_ff], use_bias=self.use_bias,
                             variable_dtype=context.variable_dtype, name="wo")
+
+
+class Conv1DLayer(transformer.TransformerLayer):
+  """A 1D convolution along the length, from the model dimension to
+  `output_size` channels (a dimension of the model dimension's name).
+
+  It does not stop information from crossing between packed examples, and it
+  sees future positions: use it in encoders, not in autoregressive decoders.
+  Variable "conv1d/kernel" [1, filter_size, d_model, output_size].
+
+  Args:
+    filter_size: the window length.
+    output_size: the number of output channels.
+    activation: an mtf function name, "linear"/None, or a callable.
+
+  Example:
+    >>> layer = Conv1DLayer(filter_size=3, output_size=512)
+  """
+
+  def __init__(self, filter_size: int, output_size: int, activation: Activation = "linear"):
+    self.filter_size = filter_size
+    self.output_size = output_size
+    self.activation = activation
+
+  def call(self, context: transformer.Context, x: mtf.Tensor, losses=None) -> mtf.Tensor:
+    del losses
+    output_dim = mtf.Dimension(x.shape.dims[-1].name, self.output_size)
+    y = mtf.layers.conv1d(x, output_dim, filter_size=self.filter_size,
+                          variable_dtype=getattr(context, "variable_dtype", None))
+    activation = layers_core._resolve_activation(self.activation)  # pylint: disable=protected-access
+    return y if activation is None else activation(y)

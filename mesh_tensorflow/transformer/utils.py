@@ -152,6 +152,32 @@ def make_optimizer(optimizer, learning_rate_schedule):
   return optimizer(**{name: learning_rate_schedule})
 
 
+def clean_decodes(ids, eos_id: int = 1, pad_id: int = 0, length_axis: int = -1) -> tf.Tensor:
+  """Replaces every id after the first `eos_id` (kept) with `pad_id`.
+
+  Example:
+    >>> clean_decodes([[5, 1, 7, 7]]).numpy().tolist()
+    [[5, 1, 0, 0]]
+  """
+  ids = tf.convert_to_tensor(ids)
+  is_eos = tf.cast(tf.equal(ids, tf.cast(eos_id, ids.dtype)), tf.int32)
+  after_eos = tf.cumsum(is_eos, axis=length_axis, exclusive=True) > 0
+  return tf.where(after_eos, tf.cast(pad_id, ids.dtype), ids)
+
+
+def _maybe_decode_python(ids_or_strs, vocabulary) -> list:
+  """Each element as text: id sequences decoded with `vocabulary`, bytes as
+  UTF-8, strings as they are."""
+  out = []
+  for item in ids_or_strs:
+    values = list(np.asarray(item).tolist()) if isinstance(item, np.ndarray) else list(item)
+    if values and all(isinstance(v, (int, np.integer)) for v in values):
+      out.append(vocabulary.decode([int(v) for v in values]))
+    else:
+      out.append([v.decode("utf-8") if isinstance(v, bytes) else v for v in values])
+  return out
+
+
 def _clear_model_dir(model_dir: str) -> None:
   for pattern in ("checkpoint", "ckpt-*", "events.out.tfevents.*"):
     for path in tf.io.gfile.glob(os.path.join(model_dir, pattern)):

@@ -1,0 +1,80 @@
+"""Small TensorFlow-level utilities under the original `mtf.utils` names.
+
+    >>> placer = mtf.utils.BalancedVariablePlacer(["cpu:0", "cpu:1"])
+    >>> with tf.Graph().as_default(), tf.compat.v1.device(placer.device_function):
+    ...   a = tf.compat.v1.get_variable("a", [1000])   # on cpu:0
+    ...   b = tf.compat.v1.get_variable("b", [10])     # on cpu:1, the emptier one
+
+mtf variables themselves never go through a placer: they exist only as
+per-processor slices on the mesh's own devices (there is no master copy to
+place), so `mtf.Mesh(graph, name, variable_placer)` accepts a placer for
+compatibility and does not use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+from typing import Optional, Sequence
+
+import tensorflow as tf
+from absl import logging
+
+SCALAR_SUMMARIES_COLLECTION_KEY = "mtf_scalar_summaries"
+_VARIABLE_OP_TYPES = ("Variable", "VariableV2", "VarHandleOp")
+
+
+@contextlib.contextmanager
+def outside_all_rewrites():
+  """Ops created inside do not inherit the enclosing control dependencies."""
+  with tf.control_dependencies(None):
+    yield
+
+
+class BalancedVariablePlacer:
+  """A TensorFlow device function that puts each new variable on the device
+  holding the fewest bytes of variables so far; other ops follow the last
+  variable placed.
+
+  Args:
+    devices: device names.
+    init_usage: bytes already used on each device (default: zeros).
+  """
+
+  def __init__(self, devices: Sequence[str], init_usage: Optional[Sequence[int]] = None):
+    devices = list(devices)
+    if not devices:
+      raise ValueError("BalancedVariablePlacer needs at least one device.")
+    usage = list(init_usage) if init_usage else [0] * len(devices)
+    if len(usage) != len(devices):
+      raise ValueError(
+          f"BalancedVariablePlacer: {len(usage)} init_usage values for {len(devices)} "
+          "devices; give one per device.")
+    # (bytes, position, device): the position keeps ties in device order.
+    self._heap = [(u, i, d) for i, (u, d) in enumerate(zip(usage, devices))]
+    heapq.heapify(self._heap)
+    self._last_device = devices[0]
+
+  def device_function(self, op) -> str:
+    """The device for `op` (a tf.Operation, or a NodeDef in TF1 graphs)."""
+    if op.type not in _VARIABLE_OP_TYPES:
+      return self._last_device
+    shape = tf.TensorShape(op.get_attr("shape"))
+    if shape.num_elements() is None:
+      raise ValueError(
+          f"BalancedVariablePlacer: variable {op.name!r} has shape {shape}, which is "
+          "not fully defined; give it a static shape.")
+    nbytes = shape.num_elements() * tf.as_dtype(op.get_attr("dtype")).size
+    used, position, device = heapq.heappop(self._heap)
+    heapq.heappush(self._heap, (used + nbytes, position, device))
+    logging.debug("Placing variable %s (%d bytes) on %s.", op.name, nbytes, device)
+    self._last_device = device
+    return device
+
+  __call__ = device_function
+
+
+def remove_summaries() -> None:
+  """Clears the mtf scalar summaries recorded in the default TF1 graph."""
+  graph = tf.compat.v1.get_default_graph()
+  del graph.get_collection_ref(SCALAR_SUMMARIES_COLLECTION_KEY)[:]
