@@ -66,9 +66,11 @@ from mesh_tensorflow.ops.control import (
 from mesh_tensorflow.ops.slicewise import (
     GenericGradOperation, SlicewiseOperation, cwise, slicewise)
 from mesh_tensorflow.ops.legacy_classes import (
-    BinaryOpWithBroadcasting, Depend, PrintOperation, ReadVariable, ScalarAddOperation,
-    ScalarMultiplyOperation, StopGradient, binary_arguments_to_tensors,
-    binary_op_with_broadcasting)
+    BinaryOpWithBroadcasting, Conv2dOperation, Conv2or3dBackpropFilterOperation,
+    Conv2or3dBackpropInputOperation, Conv3dOperation, Depend, PrintOperation, ReadVariable,
+    ScalarAddOperation, ScalarMultiplyOperation, SplitOperation, StopGradient,
+    binary_arguments_to_tensors, binary_op_with_broadcasting)
+from mesh_tensorflow.ops.random_ops import RandomOperation
 from mesh_tensorflow.ops.utilities import (
     anonymize, anonymous_shape, assign_add_slice, assign_slice, assign_sub_slice,
     binary_reduction_fn, combined_dimension, is_subsequence, left_halo_exchange, list_product,

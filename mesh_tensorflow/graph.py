@@ -42,6 +42,41 @@ class Graph:
   def trainable_variables(self):
     return [v for v in self.all_variables if v.trainable]
 
+  def make_variables_untrainable(self) -> None:
+    """Marks every variable of the graph not trainable (e.g. to freeze a
+    pretrained model built so far)."""
+    for v in self.all_variables:
+      v._trainable = False  # pylint: disable=protected-access
+
+  def combine_assignments(self, assignments):
+    """The same updates as fewer operations: the Assign operations in
+    `assignments` that use one assign function become one Assign, which
+    replaces them in the graph (a traced tf.function runs every stateful op it
+    builds, so they must not stay).
+
+    Example:
+      >>> updates = graph.combine_assignments(optimizer.apply_grads(grads, variables))
+    """
+    from mesh_tensorflow.ops.variables import Assign
+    groups = {}
+    for op in assignments:
+      if not isinstance(op, Assign):
+        raise ValueError(
+            f"combine_assignments: {op!r} is not an mtf.Assign; pass only the "
+            "operations of mtf.assign / assign_add / assign_sub.")
+      groups.setdefault(op.assign_fn, []).append(op)
+    combined = []
+    for fn, ops in groups.items():
+      if len(ops) == 1:
+        combined.append(ops[0])
+        continue
+      replaced = set(ops)
+      self.operations = [op for op in self.operations if op not in replaced]
+      variables = [v for op in ops for v in op.assigned_variables]
+      values = [t for op in ops for t in op.inputs]
+      combined.append(Assign(variables, values, assign_fn=fn))
+    return combined
+
   def _current_scope(self) -> str:
     parts = [tf.get_current_name_scope()] + self._scope_stack
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))

@@ -150,6 +150,22 @@ class Lowering:
     self.collective_records.append(CollectiveRecord(
         self._current_op_name, kind, tuple(mesh_axes), nbytes, group_size, num_groups))
 
+  def laid_out_size(self, tensor: Tensor) -> int:
+    """Elements of `tensor` held on all processors together (replicas
+    counted)."""
+    impl = self.mesh_impl(tensor)
+    return impl.slice_size(tensor.shape) * impl.size
+
+  def verify_slice_shapes(self, tensor: Tensor, laid_out_tensor) -> None:
+    """Raises ValueError if a slice's static shape is not the one the layout
+    gives `tensor`."""
+    expected = self.mesh_impl(tensor).slice_shape(tensor.shape)
+    for pnum, t in enumerate(as_laid_out(laid_out_tensor).tensor_list):
+      if t.shape.is_fully_defined() and t.shape.as_list() != expected:
+        raise ValueError(
+            f"Slice {pnum} of {tensor.name} has shape {t.shape.as_list()}; the layout "
+            f"gives {expected} for {tensor.shape}.")
+
   def add_counter(self, key: str, value) -> None:
     """Adds a (key, value) pair to `counters` (for custom operations)."""
     self._extra_counters.append((key, value))

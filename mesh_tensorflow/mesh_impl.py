@@ -200,6 +200,28 @@ class MeshImpl:
     """Alias of allconcat."""
     return self.allconcat(x, mesh_axis, concat_axis)
 
+  def allsplit(self, x: LaidOutTensor, mesh_axis: int, split_axis: int) -> LaidOutTensor:
+    """The original's name for slice_along: keeps each processor's block of
+    `split_axis` by its coordinate along `mesh_axis`, without communication."""
+    return self.slice_along(x, mesh_axis, split_axis)
+
+  def shift_by_n_processors(self, x: LaidOutTensor, mesh_axis: int, offset: int,
+                            wrap: bool) -> LaidOutTensor:
+    """Each processor receives the slice of the processor `offset` before it
+    along `mesh_axis` (zeros past the end unless `wrap`)."""
+    n = self.mesh_axis_size(mesh_axis)
+    sources = [(c - offset) % n if wrap or 0 <= c - offset < n else None for c in range(n)]
+    return self.receive(x, mesh_axis, sources)
+
+  def einsum(self, equation: str, *slices) -> LaidOutTensor:
+    """tf.einsum(equation, ...) of every processor's slices."""
+    return self.slicewise(lambda *xs: tf.einsum(equation, *xs), *slices)
+
+  def combine_slices(self, slices, tensor_shape, device=None) -> tf.Tensor:
+    """The whole tensor from a list of per-processor slices."""
+    del device
+    return self.export_to_tf_tensor(LaidOutTensor(list(slices)), tensor_shape)
+
   def permute(self, x: LaidOutTensor, mesh_axis: int, source_pcoord) -> LaidOutTensor:
     """Alias of receive: a permutation of slices along one mesh dimension."""
     return self.receive(x, mesh_axis, source_pcoord)

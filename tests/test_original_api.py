@@ -335,3 +335,103 @@ def test_laid_out_processor_numbers_and_coordinates():
   assert [int(p) for p in pnums] == list(range(8))
   assert [int(r) for r in rows] == [0] * 4 + [1] * 4
   assert [int(c) for c in cols] == [0, 1, 2, 3] * 2
+
+
+def test_split_conv2d_and_random_operations_with_the_original_signatures():
+  values = np.random.RandomState(0).randn(4, 8).astype(np.float32)
+  image = np.random.RandomState(1).randn(2, 4, 4, 3).astype(np.float32)
+  kernel = np.random.RandomState(2).randn(3, 3, 3, 2).astype(np.float32)
+  batch, h, w = mtf.Dimension("batch", 2), mtf.Dimension("h", 4), mtf.Dimension("w", 4)
+  cin, cout = mtf.Dimension("cin", 3), mtf.Dimension("cout", 2)
+  fh, fw = mtf.Dimension("fh", 3), mtf.Dimension("fw", 3)
+
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, values, [A, B])
+    parts = mtf.SplitOperation(x, B, [2, 6]).outputs
+    loss = mtf.reduce_sum(parts[0] * parts[0]) + mtf.reduce_sum(parts[1])
+    (dx,) = mtf.gradients([loss], [x])
+    img = mtf.import_tf_tensor(mesh, image, [batch, h, w, cin])
+    filt = mtf.import_tf_tensor(mesh, kernel, [fh, fw, cin, cout])
+    conv = mtf.Conv2dOperation(img, filt, [1, 1, 1, 1], "SAME").outputs[0]
+    noise = mtf.RandomOperation(mesh, [A, B], tf.random.uniform, minval=2.0, maxval=3.0,
+                                seed=7).outputs[0]
+    return {"first": parts[0], "second": parts[1], "dx": dx, "conv": conv,
+            "reference": mtf.conv2d(img, filt, padding="SAME"), "noise": noise}
+  single = lower_and_run(build, "all:1", "", DEVICES[:1])
+  split = lower_and_run(build, "all:2", "b:all;batch:all", DEVICES[:2])
+  for got in (single, split):
+    assert_allclose(got["first"], values[:, :2])
+    assert_allclose(got["second"], values[:, 2:])
+    assert_allclose(got["dx"], np.concatenate([2 * values[:, :2], np.ones((4, 6))], axis=1))
+    assert_allclose(got["conv"], got["reference"], atol=1e-5)
+    assert ((got["noise"] >= 2.0) & (got["noise"] < 3.0)).all()
+  assert_allclose(single["noise"], split["noise"])  # layout-invariant samples
+  with pytest.raises(ValueError, match="tf.random.uniform or tf.random.normal"):
+    mtf.RandomOperation(mtf.Mesh(mtf.Graph(), "m"), [A], tf.random.truncated_normal)
+
+
+def test_graph_and_mesh_impl_helpers_of_the_original():
+  values = np.arange(32, dtype=np.float32).reshape(4, 8)
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.import_tf_tensor(mesh, values, [A, B])
+  w1 = mtf.get_variable(mesh, "w1", [A], initializer=tf.ones_initializer())
+  w2 = mtf.get_variable(mesh, "w2", [B], initializer=tf.ones_initializer())
+  updates = graph.combine_assignments([
+      mtf.assign_add(w1, mtf.reduce_sum(x, output_shape=[A])),
+      mtf.assign_add(w2, mtf.reduce_sum(x, output_shape=[B])),
+      mtf.assign_sub(w2, mtf.ones(mesh, [B]))])
+  assert len(updates) == 2  # the two assign_adds share one assign function
+  assert sum(isinstance(op, mtf.Assign) for op in graph.operations) == 2  # replaced
+  with pytest.raises(ValueError, match="not an mtf.Assign"):
+    graph.combine_assignments([x.operation])
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("rows:2;cols:4", "a:rows;b:cols", DEVICES)
+  y = x * 1.0
+
+  @tf.function
+  def run():
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    laid = lowering.laid_out(x)
+    lowering.verify_slice_shapes(x, laid)
+    with pytest.raises(ValueError, match="Slice 0 of"):
+      lowering.verify_slice_shapes(y, mtf.LaidOutTensor([t[:1] for t in laid.tensor_list]))
+    shifted = impl.shift_by_n_processors(laid, 1, 1, wrap=False)
+    squared = impl.einsum("ab,ab->ab", laid, laid)
+    with tf.control_dependencies([lowering.lowered_operation(u) for u in updates]):
+      return (tf.identity(impl.combine_slices(shifted.tensor_list, x.shape)),
+              impl.combine_slices(squared.tensor_list, x.shape), lowering.laid_out_size(x))
+
+  @tf.function
+  def read():
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    return lowering.export_to_tf_tensor(w1), lowering.export_to_tf_tensor(w2)
+  shifted, squared, size = run()
+  new_w1, new_w2 = read()
+  want = values.copy()
+  want[:, 2:] = values[:, :-2]  # each column block of 2 comes from the processor before
+  want[:, :2] = 0
+  assert_allclose(shifted, want)
+  assert_allclose(squared, values * values)
+  assert_allclose(new_w1, 1 + values.sum(1))
+  assert_allclose(new_w2, values.sum(0))
+  assert int(size) == 32
+  graph.make_variables_untrainable()
+  assert graph.trainable_variables == [] and len(graph.all_variables) == 2
+
+
+def test_conv3d_operation_with_the_original_signature():
+  image = np.random.RandomState(0).randn(1, 3, 4, 4, 2).astype(np.float32)
+  kernel = np.random.RandomState(1).randn(2, 2, 2, 2, 3).astype(np.float32)
+  dims = [mtf.Dimension(n, s) for n, s in [("batch", 1), ("d", 3), ("h", 4), ("w", 4),
+                                           ("cin", 2)]]
+  fdims = [mtf.Dimension(n, s) for n, s in [("fd", 2), ("fh", 2), ("fw", 2), ("cin", 2),
+                                            ("cout", 3)]]
+
+  def build(mesh):
+    img = mtf.import_tf_tensor(mesh, image, dims)
+    filt = mtf.import_tf_tensor(mesh, kernel, fdims)
+    return {"op": mtf.Conv3dOperation(img, filt, [1, 1, 1, 1, 1], "VALID").outputs[0],
+            "fn": mtf.conv3d(img, filt, padding="VALID")}
+  got = lower_and_run(build, "all:1", "", DEVICES[:1])
+  assert got["op"].shape == (1, 2, 3, 3, 3)
+  assert_allclose(got["op"], got["fn"], atol=1e-5)

@@ -15,8 +15,9 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from mesh_tensorflow.graph import Tensor
-from mesh_tensorflow.ops import control, elementwise
+from mesh_tensorflow.graph import Operation, Tensor
+from mesh_tensorflow.ops import control, conv, elementwise
+from mesh_tensorflow.ops.shape_ops import lower_with_unsplit
 from mesh_tensorflow.ops.variables import Variable, _as_variable
 
 
@@ -111,3 +112,91 @@ class ReadVariable(control._IdentityLike):  # pylint: disable=protected-access
     variable: Variable = _as_variable(var)
     super().__init__([variable.outputs[0]], 1, name or "read_variable",
                      grad=lambda op, g: [g[0]])
+
+
+class SplitOperation(Operation):
+  """x cut along `split_dim` into `num_or_size_splits` parts (a number of
+  equal parts or a list of sizes); one output per part (mtf.split)."""
+
+  has_gradient = True
+
+  def __init__(self, x: Tensor, split_dim, num_or_size_splits, name=None):
+    dim = x.shape.get_dim_by_name(split_dim if isinstance(split_dim, str) else split_dim.name)
+    if isinstance(num_or_size_splits, int):
+      if num_or_size_splits <= 0 or dim.size % num_or_size_splits:
+        raise ValueError(
+            f"SplitOperation: {num_or_size_splits} parts do not divide {dim} of {x.name}.")
+      sizes = [dim.size // num_or_size_splits] * num_or_size_splits
+    else:
+      sizes = [int(n) for n in num_or_size_splits]
+      if sum(sizes) != dim.size:
+        raise ValueError(
+            f"SplitOperation: sizes {sizes} do not add up to {dim} of {x.name}.")
+    super().__init__([x], name=name or "split")
+    self._dim, self._sizes = dim, sizes
+    self._outputs = [Tensor(self, x.shape.resize_dimension(dim.name, n), x.dtype, index=i)
+                     for i, n in enumerate(sizes)]
+
+  def _unsplittable_dim_names(self):
+    return [self._dim.name]
+
+  def gradient(self, grad_ys):
+    from mesh_tensorflow.ops.slicing import concat
+    parts = [g if g is not None else elementwise.zeros_like_fn(y)
+             for g, y in zip(grad_ys, self._outputs)]
+    return [concat(parts, self._dim.name)]
+
+  def lower(self, lowering):
+    axis = self.inputs[0].shape.index_of(self._dim.name)
+    sizes = self._sizes
+    lower_with_unsplit(lowering, self, [self._dim.name],
+                       lambda t: tuple(tf.split(t, sizes, axis=axis)))
+
+
+class Conv2dOperation(conv.ConvOperation):
+  """The original's 2D convolution class: conv_input [..., h, w, in_channels]
+  with conv_filter [fh, fw, in_channels, out_channels] (mtf.conv2d)."""
+
+  def __init__(self, conv_input: Tensor, conv_filter: Tensor, strides, padding, name=None):
+    in_channels = conv_filter.shape.dims[2].name
+    super().__init__(conv_input, conv_filter, strides, padding,
+                     _spatial_names(conv_input.shape, in_channels, 2), name=name)
+
+
+def _spatial_names(shape, channels: str, n: int):
+  """The last n dimension names of `shape` other than `channels`."""
+  from mesh_tensorflow.shapes import convert_to_shape
+  return [d.name for d in convert_to_shape(shape).dims if d.name != channels][-n:]
+
+
+class Conv3dOperation(conv.ConvOperation):
+  """The original's 3D convolution class: conv_input [..., d, h, w,
+  in_channels] with conv_filter [fd, fh, fw, in_channels, out_channels]."""
+
+  def __init__(self, conv_input: Tensor, conv_filter: Tensor, strides, padding, name=None):
+    in_channels = conv_filter.shape.dims[3].name
+    super().__init__(conv_input, conv_filter, strides, padding,
+                     _spatial_names(conv_input.shape, in_channels, 3), name=name)
+
+
+class Conv2or3dBackpropInputOperation(conv.ConvBackpropInputOperation):
+  """The original's class for the gradient of a 2D/3D convolution in its input
+  (`conv_dimension` 2 or 3)."""
+
+  def __init__(self, conv_dimension: int, input_shape, conv_filter: Tensor, dy: Tensor,
+               strides, padding, name=None):
+    in_channels = conv_filter.shape.dims[conv_dimension].name
+    super().__init__(dy, conv_filter, input_shape, strides, padding,
+                     _spatial_names(input_shape, in_channels, conv_dimension), name=name)
+
+
+class Conv2or3dBackpropFilterOperation(conv.ConvBackpropFilterOperation):
+  """The original's class for the gradient of a 2D/3D convolution in its
+  filter (`conv_dimension` 2 or 3)."""
+
+  def __init__(self, conv_dimension: int, conv_input: Tensor, filter_shape, dy: Tensor,
+               strides, padding, name=None):
+    from mesh_tensorflow.shapes import convert_to_shape
+    in_channels = convert_to_shape(filter_shape).dims[conv_dimension].name
+    super().__init__(conv_input, dy, filter_shape, strides, padding,
+                     _spatial_names(conv_input.shape, in_channels, conv_dimension), name=name)

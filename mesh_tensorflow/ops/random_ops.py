@@ -17,10 +17,37 @@ from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.shapes import convert_to_shape
 
 
-class RandomOperation(Operation):
-  """Samples a tensor of `shape` from `distribution` ('uniform' or 'normal')."""
+_DEFAULT_PARAMS = {"uniform": {"minval": 0.0, "maxval": 1.0},
+                   "normal": {"mean": 0.0, "stddev": 1.0}}
 
-  def __init__(self, mesh, shape, distribution, params, dtype, seed=None, name=None):
+
+class RandomOperation(Operation):
+  """Samples a tensor of `shape` from `distribution` ('uniform' or 'normal').
+
+  The original's form `RandomOperation(mesh, shape, tf.random.uniform,
+  minval=..., maxval=..., dtype=...)` works too: the TensorFlow function names
+  the distribution, and the samples are this library's layout-invariant ones.
+  """
+
+  def __init__(self, mesh, shape, distribution, params=None, dtype=tf.float32, seed=None,
+               name=None, **kwargs):
+    if callable(distribution):
+      fn_name = getattr(distribution, "__name__", "")
+      distribution = {"random_uniform": "uniform", "uniform": "uniform",
+                      "random_normal": "normal", "normal": "normal"}.get(fn_name)
+      if distribution is None:
+        raise ValueError(
+            f"RandomOperation: cannot sample from {fn_name or 'this function'} under a "
+            "layout; use tf.random.uniform or tf.random.normal (or mtf.random_uniform "
+            "/ mtf.random_normal).")
+    if distribution not in _DEFAULT_PARAMS:
+      raise ValueError(f"Unknown distribution {distribution!r}; use 'uniform' or 'normal'.")
+    if params is None:
+      params = {k: kwargs.pop(k, v) for k, v in _DEFAULT_PARAMS[distribution].items()}
+    dtype = kwargs.pop("dtype", dtype)
+    seed = kwargs.pop("seed", seed)
+    if kwargs:
+      raise TypeError(f"RandomOperation: unexpected arguments {sorted(kwargs)}.")
     super().__init__([], mesh=mesh, name=name or f"random_{distribution}")
     self._distribution, self._params = distribution, params
     self._seed = rng.name_seed(self.name, seed)

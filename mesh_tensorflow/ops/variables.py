@@ -238,7 +238,7 @@ class Assign(Operation):
             f"variable has {v.shape}.")
     super().__init__(new_values, mesh=variables[0].mesh, name=name or "assign")
     self._variables = variables
-    self._assign_fn = assign_fn or (lambda var, val: var.assign(val))
+    self._assign_fn = assign_fn or _set_slice
     # The original Mesh TensorFlow's assign functions (mtf.assign_slice, ...)
     # also take the mtf Variable first: assign_fn(variable, slice, value).
     self._takes_variable = _positional_arity(self._assign_fn) >= 3
@@ -246,6 +246,10 @@ class Assign(Operation):
   @property
   def assigned_variables(self):
     return list(self._variables)
+
+  @property
+  def assign_fn(self):
+    return self._assign_fn
 
   def lower(self, lowering):
     ops = []
@@ -261,6 +265,20 @@ class Assign(Operation):
         fn = functools.partial(self._assign_fn, var)
       ops.append(laid_var.assign_to_slices(fn, laid.tensor_list))
     lowering.operations[self] = _group(ops)
+
+
+# One function object per kind of update, so that Graph.combine_assignments
+# can merge the updates of one kind.
+def _set_slice(var, value):
+  return var.assign(value)
+
+
+def _add_to_slice(var, delta):
+  return var.assign_add(delta)
+
+
+def _subtract_from_slice(var, delta):
+  return var.assign_sub(delta)
 
 
 def _positional_arity(fn) -> int:
@@ -280,10 +298,10 @@ def assign(var, new_val, assign_fn=None, name=None) -> Operation:
 
 
 def assign_add(var, delta, name=None) -> Operation:
-  return Assign([var], [delta], assign_fn=lambda v, d: v.assign_add(d),
+  return Assign([var], [delta], assign_fn=_add_to_slice,
                 name=name or "assign_add")
 
 
 def assign_sub(var, delta, name=None) -> Operation:
-  return Assign([var], [delta], assign_fn=lambda v, d: v.assign_sub(d),
+  return Assign([var], [delta], assign_fn=_subtract_from_slice,
                 name=name or "assign_sub")
