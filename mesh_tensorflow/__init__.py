@@ -67,9 +67,9 @@ from mesh_tensorflow.ops.slicewise import (
     GenericGradOperation, SlicewiseOperation, cwise, slicewise)
 from mesh_tensorflow.ops.legacy_classes import (
     BinaryOpWithBroadcasting, Conv2dOperation, Conv2or3dBackpropFilterOperation,
-    Conv2or3dBackpropInputOperation, Conv3dOperation, Depend, PrintOperation, ReadVariable,
-    ScalarAddOperation, ScalarMultiplyOperation, SplitOperation, StopGradient,
-    binary_arguments_to_tensors, binary_op_with_broadcasting)
+    Conv2or3dBackpropInputOperation, Conv3dOperation, ReadVariable, ScalarAddOperation,
+    ScalarMultiplyOperation, SplitOperation, binary_arguments_to_tensors,
+    binary_op_with_broadcasting)
 from mesh_tensorflow.ops.random_ops import RandomOperation
 from mesh_tensorflow.ops.utilities import (
     anonymize, anonymous_shape, assign_add_slice, assign_slice, assign_sub_slice,
@@ -87,7 +87,8 @@ from mesh_tensorflow.ops.slicing import (  # noqa: E402
     UnstackOperation)
 from mesh_tensorflow.ops.indexing import (  # noqa: E402
     CumsumOperation, GatherOperation, OneHotOperation, RangeOperation, TopKOperation)
-from mesh_tensorflow.ops.control import WhileLoopOperation  # noqa: E402
+from mesh_tensorflow.ops.control import (  # noqa: E402
+    Depend, PrintOperation, StopGradient, WhileLoopOperation)
 Constant = ConstantOperation
 ImportLaidOutTensorOperation = ImportLaidOutOperation
 mtf_pow = pow

@@ -48,9 +48,45 @@ class _IdentityLike(Operation):
       lowering.set_tensor_lowering(out, LaidOutTensor(results))
 
 
+class StopGradient(_IdentityLike):
+  """The identity, without a gradient (mtf.stop_gradient)."""
+
+  def __init__(self, x: Tensor, name=None):
+    super().__init__([x], 1, name or "stop_gradient")
+
+
+class Depend(_IdentityLike):
+  """x, once `dependencies` (mtf Operations or Tensors) have run (mtf.depend)."""
+
+  def __init__(self, x: Tensor, dependencies, name=None):
+    deps = list(dependencies) if isinstance(dependencies, (list, tuple)) else [dependencies]
+    tensors = [d for d in deps if isinstance(d, Tensor)]
+    super().__init__([x] + tensors, 1, name or "depend",
+                     grad=lambda op, g: [g[0]] + [None] * len(tensors),
+                     control_inputs=[d for d in deps if isinstance(d, Operation)])
+
+
+class PrintOperation(_IdentityLike):
+  """x, printing `message` and the full values of `data` when it runs (mtf.Print)."""
+
+  def __init__(self, x: Tensor, data, message: str, name=None, **kwargs):
+    del kwargs  # summarize: the values are printed whole
+    self._data = list(data)
+    self._message = message
+    super().__init__([x] + self._data, 1, name or "Print",
+                     grad=lambda op, g: [g[0]] + [None] * len(self._data))
+
+  def lower(self, lowering):
+    values = [lowering.export_to_tf_tensor(t) for t in self._data]
+    with tf.control_dependencies([tf.print(self._message, *values)]):
+      laid = lowering.laid_out(self.inputs[0])
+      lowering.set_tensor_lowering(
+          self.outputs[0], LaidOutTensor([tf.identity(t) for t in laid.tensor_list]))
+
+
 def stop_gradient(x: Tensor, name=None) -> Tensor:
   """Identity whose gradient is zero."""
-  return _IdentityLike([x], 1, name or "stop_gradient").outputs[0]
+  return StopGradient(x, name=name).outputs[0]
 
 
 def depend(x: Tensor, dependencies, name=None) -> Tensor:
@@ -59,28 +95,12 @@ def depend(x: Tensor, dependencies, name=None) -> Tensor:
   Example:
     >>> y = mtf.depend(x, [update_op])
   """
-  if not isinstance(dependencies, (list, tuple)):
-    dependencies = [dependencies]
-  tensors = [d for d in dependencies if isinstance(d, Tensor)]
-  ops = [d for d in dependencies if isinstance(d, Operation)]
-  return _IdentityLike([x] + tensors, 1, name or "depend",
-                       grad=lambda op, g: [g[0]] + [None] * len(tensors),
-                       control_inputs=ops).outputs[0]
+  return Depend(x, dependencies, name=name).outputs[0]
 
 
 def Print(x: Tensor, data, message: str, summarize: int = 3, name=None) -> Tensor:  # pylint: disable=invalid-name
   """Identity that prints `message` and the full values of `data` when run."""
-  del summarize
-
-  class _PrintOp(_IdentityLike):
-    def lower(self, lowering):
-      values = [lowering.export_to_tf_tensor(t) for t in data]
-      with tf.control_dependencies([tf.print(message, *values)]):
-        laid = lowering.laid_out(x)
-        lowering.set_tensor_lowering(self.outputs[0], LaidOutTensor(
-            [tf.identity(t) for t in laid.tensor_list]))
-  return _PrintOp([x] + list(data), 1, name or "Print",
-                  grad=lambda op, g: [g[0]] + [None] * len(data)).outputs[0]
+  return PrintOperation(x, data, message, name=name, summarize=summarize).outputs[0]
 
 
 class _Placeholder(Operation):

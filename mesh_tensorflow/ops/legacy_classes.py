@@ -18,6 +18,7 @@ import tensorflow as tf
 from mesh_tensorflow.graph import Operation, Tensor
 from mesh_tensorflow.ops import control, conv, elementwise
 from mesh_tensorflow.ops.shape_ops import lower_with_unsplit
+from mesh_tensorflow.ops.slicing import split_sizes
 from mesh_tensorflow.ops.variables import Variable, _as_variable
 
 
@@ -68,43 +69,6 @@ def binary_op_with_broadcasting(tf_fn: Callable, x1, x2, output_shape=None,
   return BinaryOpWithBroadcasting(tf_fn, x1, x2, output_shape, output_dtype).outputs[0]
 
 
-class StopGradient(control._IdentityLike):  # pylint: disable=protected-access
-  """The identity, without a gradient (mtf.stop_gradient)."""
-
-  def __init__(self, x: Tensor, name=None):
-    super().__init__([x], 1, name or "stop_gradient")
-
-
-class Depend(control._IdentityLike):  # pylint: disable=protected-access
-  """x, once `dependencies` (mtf Operations or Tensors) have run (mtf.depend)."""
-
-  def __init__(self, x: Tensor, dependencies, name=None):
-    deps = list(dependencies) if isinstance(dependencies, (list, tuple)) else [dependencies]
-    tensors = [d for d in deps if isinstance(d, Tensor)]
-    super().__init__([x] + tensors, 1, name or "depend",
-                     grad=lambda op, g: [g[0]] + [None] * len(tensors),
-                     control_inputs=[d for d in deps if not isinstance(d, Tensor)])
-
-
-class PrintOperation(control._IdentityLike):  # pylint: disable=protected-access
-  """x, printing `message` and the values of `data` when it runs (mtf.Print)."""
-
-  def __init__(self, x: Tensor, data, message: str, name=None, **kwargs):
-    del kwargs  # summarize
-    self._data = list(data)
-    self._message = message
-    super().__init__([x] + self._data, 1, name or "Print",
-                     grad=lambda op, g: [g[0]] + [None] * len(self._data))
-
-  def lower(self, lowering):
-    from mesh_tensorflow.mesh_impl import LaidOutTensor
-    values = [lowering.export_to_tf_tensor(t) for t in self._data]
-    with tf.control_dependencies([tf.print(self._message, *values)]):
-      laid = lowering.laid_out(self.inputs[0])
-      lowering.set_tensor_lowering(
-          self.outputs[0], LaidOutTensor([tf.identity(t) for t in laid.tensor_list]))
-
-
 class ReadVariable(control._IdentityLike):  # pylint: disable=protected-access
   """The current value of an mtf Variable (mtf.read_variable)."""
 
@@ -122,16 +86,7 @@ class SplitOperation(Operation):
 
   def __init__(self, x: Tensor, split_dim, num_or_size_splits, name=None):
     dim = x.shape.get_dim_by_name(split_dim if isinstance(split_dim, str) else split_dim.name)
-    if isinstance(num_or_size_splits, int):
-      if num_or_size_splits <= 0 or dim.size % num_or_size_splits:
-        raise ValueError(
-            f"SplitOperation: {num_or_size_splits} parts do not divide {dim} of {x.name}.")
-      sizes = [dim.size // num_or_size_splits] * num_or_size_splits
-    else:
-      sizes = [int(n) for n in num_or_size_splits]
-      if sum(sizes) != dim.size:
-        raise ValueError(
-            f"SplitOperation: sizes {sizes} do not add up to {dim} of {x.name}.")
+    sizes = split_sizes(x, dim, num_or_size_splits, "SplitOperation")
     super().__init__([x], name=name or "split")
     self._dim, self._sizes = dim, sizes
     self._outputs = [Tensor(self, x.shape.resize_dimension(dim.name, n), x.dtype, index=i)
@@ -166,7 +121,8 @@ class Conv2dOperation(conv.ConvOperation):
 def _spatial_names(shape, channels: str, n: int):
   """The last n dimension names of `shape` other than `channels`."""
   from mesh_tensorflow.shapes import convert_to_shape
-  return [d.name for d in convert_to_shape(shape).dims if d.name != channels][-n:]
+  return [d.name for d in conv._spatial_dims(  # pylint: disable=protected-access
+      convert_to_shape(shape), n, [channels], f"conv{n}d")]
 
 
 class Conv3dOperation(conv.ConvOperation):

@@ -143,18 +143,23 @@ def concat(xs: Sequence[Tensor], concat_dim_name: str, name=None) -> Tensor:
   return ConcatOperation(xs, concat_dim_name, name=name).outputs[0]
 
 
+def split_sizes(x: Tensor, dim, num_or_size_splits, what: str = "mtf.split") -> List[int]:
+  """The part sizes of splitting x's `dim` into `num_or_size_splits` (a number
+  of equal parts or a list of sizes), checked."""
+  if isinstance(num_or_size_splits, int):
+    if num_or_size_splits <= 0 or dim.size % num_or_size_splits:
+      raise ValueError(f"{what}: {num_or_size_splits} does not divide {dim} of {x.name}.")
+    return [dim.size // num_or_size_splits] * num_or_size_splits
+  sizes = [int(n) for n in num_or_size_splits]
+  if sum(sizes) != dim.size:
+    raise ValueError(f"{what}: sizes {sizes} do not add up to {dim} of {x.name}.")
+  return sizes
+
+
 def split(x: Tensor, split_dim, num_or_size_splits, name=None) -> List[Tensor]:
   """Splits along split_dim into equal parts or the given sizes."""
   dim = _dim_named(x, split_dim)
-  if isinstance(num_or_size_splits, int):
-    if dim.size % num_or_size_splits:
-      raise ValueError(
-          f"mtf.split: {num_or_size_splits} does not divide {dim} of {x.name}.")
-    sizes = [dim.size // num_or_size_splits] * num_or_size_splits
-  else:
-    sizes = list(num_or_size_splits)
-    if sum(sizes) != dim.size:
-      raise ValueError(f"mtf.split: sizes {sizes} do not add up to {dim} of {x.name}.")
+  sizes = split_sizes(x, dim, num_or_size_splits)
   out, begin = [], 0
   for s in sizes:
     out.append(slice(x, begin, s, dim.name))
