@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
-import operator
+import math
 import weakref
 from typing import Callable, List, Optional, Sequence
 
@@ -123,7 +122,7 @@ class MeshImpl:
 
   def slice_size(self, tensor_shape) -> int:
     """Number of elements of one processor's slice."""
-    return functools.reduce(operator.mul, self.slice_shape(tensor_shape), 1)
+    return math.prod(self.slice_shape(tensor_shape))
 
   def slice_begin(self, tensor_shape, pnum: int) -> List[int]:
     tensor_shape = convert_to_shape(tensor_shape)
@@ -266,7 +265,7 @@ class MeshImpl:
   def laid_out_pcoord(self, mesh_axis: int) -> LaidOutTensor:
     """Each processor's coordinate along `mesh_axis`, an int32 scalar slice."""
     sizes = self._shape.to_integer_list()
-    stride = functools.reduce(operator.mul, sizes[mesh_axis + 1:], 1)
+    stride = math.prod(sizes[mesh_axis + 1:])
     return self.slicewise(lambda p: (p // stride) % sizes[mesh_axis], self.laid_out_pnum())
 
   def variable_device(self, pnum: int):

@@ -20,6 +20,7 @@ from mesh_tensorflow.ops import control, conv, elementwise
 from mesh_tensorflow.ops.shape_ops import lower_with_unsplit
 from mesh_tensorflow.ops.slicing import split_sizes
 from mesh_tensorflow.ops.variables import Variable, _as_variable
+from mesh_tensorflow.shapes import convert_to_shape
 
 
 class ScalarMultiplyOperation(elementwise.ElementwiseOperation):
@@ -120,7 +121,6 @@ class Conv2dOperation(conv.ConvOperation):
 
 def _spatial_names(shape, channels: str, n: int):
   """The last n dimension names of `shape` other than `channels`."""
-  from mesh_tensorflow.shapes import convert_to_shape
   return [d.name for d in conv._spatial_dims(  # pylint: disable=protected-access
       convert_to_shape(shape), n, [channels], f"conv{n}d")]
 
@@ -152,7 +152,6 @@ class Conv2or3dBackpropFilterOperation(conv.ConvBackpropFilterOperation):
 
   def __init__(self, conv_dimension: int, conv_input: Tensor, filter_shape, dy: Tensor,
                strides, padding, name=None):
-    from mesh_tensorflow.shapes import convert_to_shape
     in_channels = convert_to_shape(filter_shape).dims[conv_dimension].name
     super().__init__(conv_input, dy, filter_shape, strides, padding,
                      _spatial_names(conv_input.shape, in_channels, conv_dimension), name=name)

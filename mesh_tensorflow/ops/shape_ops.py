@@ -18,20 +18,23 @@ from mesh_tensorflow.mesh_impl import expand_to_shape, reshape_slice
 from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
 
-def lower_with_unsplit(lowering, op, unsplit_names, fn):
+def lower_with_unsplit(lowering, op, unsplit_names, fn, partial_sum_axes=None):
   """Lowers `op` by computing fn on slices in which `unsplit_names` are whole.
 
   Inputs are gathered along those dimensions, fn(*slices) is applied on every
   processor, and the outputs (whole along `unsplit_names`, split elsewhere as
   the layout says) are then split into their own layouts without
-  communication.
+  communication. `partial_sum_axes`, one list per output, names mesh axes over
+  which an output is only a partial sum: it is summed over them first.
   """
   impl = lowering.mesh_impl(op)
   unsplit = set(unsplit_names)
   inputs = [impl.gather_dims(lowering.laid_out(t), t.shape, unsplit) for t in op.inputs]
   result = impl.slicewise(fn, *inputs)
   results = result if isinstance(result, tuple) else (result,)
-  for out, laid in zip(op.outputs, results):
+  for i, (out, laid) in enumerate(zip(op.outputs, results)):
+    if partial_sum_axes and partial_sum_axes[i]:
+      laid = impl.allreduce(laid, sorted(partial_sum_axes[i]), "SUM")
     layout = impl.tensor_layout(out.shape)
     current = [None if d.name in unsplit else a for d, a in zip(out.shape.dims, layout)]
     lowering.set_tensor_lowering(out, impl.relayout(laid, out.shape, current, layout))

@@ -119,23 +119,17 @@ class GenericGradOperation(Operation):
                           unconnected_gradients=tf.UnconnectedGradients.ZERO)
       return tuple(tf.cast(dx, x.dtype) for dx, x in zip(dxs, xs))
 
+    # An input without a split dimension of the outputs saw only this
+    # processor's part of them: its gradient is a partial sum over that axis.
     impl = lowering.mesh_impl(self)
     unsplit = self._unsplittable_dims
-    inputs = [impl.gather_dims(lowering.laid_out(t), t.shape, unsplit) for t in self.inputs]
-    results = impl.slicewise(grad_fn, *inputs)
     out_names = set(_names(fwd.outputs))
-    for x, dx, laid in zip(fwd.inputs, self._outputs, results):
-      # An input without a split dimension of the outputs saw only this
-      # processor's part of them: its gradient is a partial sum, summed before
-      # it is cut to its own layout.
+    partial = []
+    for x in fwd.inputs:
       axes = {impl.tensor_dimension_to_mesh_axis(_dim(fwd, name))
               for name in out_names - set(x.shape.dimension_names) - unsplit}
-      axes.discard(None)
-      if axes:
-        laid = impl.allreduce(laid, sorted(axes), "SUM")
-      layout = impl.tensor_layout(dx.shape)
-      current = [None if d.name in unsplit else a for d, a in zip(dx.shape.dims, layout)]
-      lowering.set_tensor_lowering(dx, impl.relayout(laid, dx.shape, current, layout))
+      partial.append(axes - {None})
+    lower_with_unsplit(lowering, self, unsplit, grad_fn, partial_sum_axes=partial)
 
 
 def _dim(op: Operation, name: str):

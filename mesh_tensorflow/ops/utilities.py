@@ -9,8 +9,7 @@ dimensions, n-th largest elements, and the slice-level assign functions.
 
 from __future__ import annotations
 
-import functools
-import operator
+import math
 from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
@@ -26,7 +25,7 @@ _ANONYMOUS_PREFIX = "_anonymous_"
 
 def list_product(values) -> int:
   """The product of a list of numbers (1 for an empty list)."""
-  return functools.reduce(operator.mul, values, 1)
+  return math.prod(values)
 
 
 def transpose_list_of_lists(lol: Sequence[Sequence]) -> List[list]:

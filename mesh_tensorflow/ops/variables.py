@@ -79,7 +79,7 @@ class Variable(Operation):
   slice_dtype = property(lambda self: self._dtype.slice_dtype)
   activation_dtype = property(lambda self: self._dtype.activation_dtype)
   variable_dtype = property(lambda self: self._dtype)
-  dtype = property(lambda self: self._dtype)
+  dtype = variable_dtype  # the original's name
   size = property(lambda self: self._shape.size)
 
   def lower(self, lowering):
