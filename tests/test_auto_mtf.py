@@ -1,5 +1,7 @@
 """auto_mtf: legal layouts, mesh shapes, search, budgets and clear errors."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -75,19 +77,70 @@ def test_legal_layouts_are_all_legal_and_complete():
 
 def test_layout_picks_the_lowest_estimate():
   graph, loss = mlp_graph()
-  rules = auto_mtf.layout(graph, "rows:2;cols:4", [loss])
+  rules = auto_mtf.layout(graph, "rows:2;cols:4", [loss], objective="step_time")
   assert isinstance(rules, mtf.LayoutRules)
   best = min(cost_model.estimate(graph, "rows:2;cols:4", r).step_time_s
              for r in auto_mtf.legal_layouts(graph, "rows:2;cols:4"))
   assert cost_model.estimate(graph, "rows:2;cols:4", rules).step_time_s == pytest.approx(best)
 
 
+def test_layout_defaults_to_least_memory_as_the_original():
+  graph, loss = mlp_graph()
+  rules = auto_mtf.layout(graph, "rows:2;cols:4", [loss])
+  estimates = {r: cost_model.estimate(graph, "rows:2;cols:4", r)
+               for r in auto_mtf.legal_layouts(graph, "rows:2;cols:4")}
+  least = min(e.memory.peak_bytes for e in estimates.values())
+  assert estimates[rules].memory.peak_bytes == least
+  fastest_at_least = min(e.step_time_s for e in estimates.values()
+                         if e.memory.peak_bytes == least)
+  assert estimates[rules].step_time_s == pytest.approx(fastest_at_least)
+  # The fastest layout of this small MLP on 2 shared cores needs more memory.
+  fast = auto_mtf.layout(graph, "rows:2;cols:4", [loss], objective="step_time")
+  assert estimates[fast].memory.peak_bytes > least
+  with pytest.raises(auto_mtf.LayoutSearchError, match="objective='speed'"):
+    auto_mtf.layout(graph, "rows:2;cols:4", [loss], objective="speed")
+
+
+def test_original_auto_mtf_example():
+  """The original's api example: a:10, b:5, c:20 on m1:4;m2:2 split a over
+  m2 and c over m1 (each processor holds an eighth of z), b stays whole."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "my_mesh")
+  x = mtf.zeros(mesh, "a:10,b:5")
+  y = mtf.zeros(mesh, "b:5,c:20")
+  z = mtf.einsum([x, y], "a:10,c:20")
+  mesh_shape = mtf.convert_to_shape("m1:4,m2:2")
+  a, b, c = (mtf.Dimension(*d) for d in [("a", 10), ("b", 5), ("c", 20)])
+  rules = mtf.auto_mtf.layout(graph, mesh_shape, [z])
+  assert [rules.tensor_dimension_to_mesh_axis(d, mesh_shape) for d in (a, b, c)] == [1, None, 0]
+
+  rules, shape = mtf.auto_mtf.layout_and_mesh_shape(graph, 8, [z])
+  assert shape == mtf.Shape([mtf.Dimension("mesh_0", 4), mtf.Dimension("mesh_1", 2)])
+  assert [rules.tensor_dimension_to_mesh_axis(d, shape) for d in (a, b, c)] == [1, None, 0]
+  # One mesh dimension of 8 divides neither a nor c.
+  rules, shape = mtf.auto_mtf.layout_and_mesh_shape(graph, 8, [z], 1)
+  assert shape == mtf.Shape([mtf.Dimension("mesh_0", 8)]) and not rules.pairs
+
+
+def test_factorizations_are_the_original_mesh_shapes():
+  from mesh_tensorflow.auto_mtf import api  # pylint: disable=g-import-not-at-top
+  assert list(auto_mtf.factorizations(1)) == [[1]]
+  assert list(auto_mtf.factorizations(8)) == [[8], [4, 2], [2, 2, 2]]
+  assert list(auto_mtf.factorizations(512, 2)) == [[512], [256, 2], [128, 4], [64, 8], [32, 16]]
+  all_512 = list(api._mesh_shape_iterator(512))  # pylint: disable=protected-access
+  assert len(all_512) == 30 and len(set(map(tuple, all_512))) == 30
+  assert all(math.prod(s) == 512 and s == sorted(s, reverse=True) for s in all_512)
+  assert [s.to_string() for s in auto_mtf.original_mesh_shapes(8, None)] == [
+      "mesh_0:8", "mesh_0:4;mesh_1:2", "mesh_0:2;mesh_1:2;mesh_2:2"]
+
+
 def test_layout_and_mesh_shape_returns_rules_and_shape():
   graph, loss = mlp_graph()
-  rules, shape = auto_mtf.layout_and_mesh_shape(graph, 8, [loss])
-  assert shape.size == 8 and shape.to_string() in {
-      s.to_string() for s in auto_mtf.mesh_shapes(8)}
-  assert is_legal(graph, shape, rules)
+  for objective in ("memory", "step_time"):
+    rules, shape = auto_mtf.layout_and_mesh_shape(graph, 8, [loss], objective=objective)
+    assert shape.size == 8 and shape.to_string() in {
+        s.to_string() for s in auto_mtf.original_mesh_shapes(8)}
+    assert is_legal(graph, shape, rules)
 
 
 def test_memory_budget_excludes_layouts_that_do_not_fit():

@@ -1,5 +1,7 @@
 """Automatic layouts: search the legal layouts (and mesh shapes) of an mtf
-graph with the cost model and pick the fastest that fits in memory.
+graph with the cost model and pick the fastest that fits in memory (`search`)
+or, as the original did, the one needing the least memory (`layout`,
+`layout_and_mesh_shape`).
 
     >>> rules = mtf.auto_mtf.layout(graph, "rows:2;cols:4", [loss])
     >>> rules, mesh_shape = mtf.auto_mtf.layout_and_mesh_shape(graph, 8, [loss])
@@ -9,9 +11,11 @@ graph with the cost model and pick the fastest that fits in memory.
 
 from mesh_tensorflow.auto_mtf.search import (
     Candidate, LayoutSearchError, LayoutSearchResult, NoLayoutFitsError, explain,
-    layout, layout_and_mesh_shape, legal_layouts, mesh_shapes, search)
+    factorizations, layout, layout_and_mesh_shape, legal_layouts, mesh_shapes,
+    original_mesh_shapes, search)
 
 __all__ = [
     "Candidate", "LayoutSearchError", "LayoutSearchResult", "NoLayoutFitsError", "explain",
-    "layout", "layout_and_mesh_shape", "legal_layouts", "mesh_shapes", "search",
+    "factorizations", "layout", "layout_and_mesh_shape", "legal_layouts", "mesh_shapes",
+    "original_mesh_shapes", "search",
 ]

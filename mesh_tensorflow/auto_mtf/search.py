@@ -71,6 +71,7 @@ class LayoutSearchResult:
     method: "exhaustive" or "beam".
     timed_out: the time limit stopped the search early.
     memory_budget_bytes: the budget applied (None: none).
+    objective: "step_time" or "memory" (what `best` minimizes).
   """
   best: Candidate
   candidates: List[Candidate]
@@ -79,6 +80,7 @@ class LayoutSearchResult:
   method: str
   timed_out: bool
   memory_budget_bytes: Optional[int]
+  objective: str = "step_time"
 
   @property
   def layout(self) -> LayoutRules:
@@ -98,7 +100,9 @@ class LayoutSearchResult:
         f"{self.evaluated} layouts scored"
         + (f" of {self.legal} legal" if self.legal is not None else "")
         + f", {budget}.",
-        f"picked {self.best.describe()}: lowest estimated step time"
+        f"picked {self.best.describe()}: "
+        + ("least memory per processor (ties: lowest estimated step time)"
+           if self.objective == "memory" else "lowest estimated step time")
         + (" among layouts that fit." if self.memory_budget_bytes is not None else "."),
         f"{'#':>3} {'mesh':<16} {'layout':<44} {'step ms':>9} {'mem/proc':>10} "
         f"{'comm/proc':>10} {'collectives':>11} fits",
@@ -267,22 +271,56 @@ def mesh_shapes(num_devices: int, max_mesh_dimensions: int = 2) -> List[Shape]:
   return out
 
 
+def factorizations(num_devices: int, max_mesh_dimensions: Optional[int] = None
+                   ) -> Iterator[List[int]]:
+  """The ways to write `num_devices` as a product of factors >= 2 in
+  non-increasing order, with at most `max_mesh_dimensions` factors (None: any);
+  [1] for one device. This is the set of mesh shapes the original auto_mtf
+  tried (each shape once, not its permutations).
+
+  Example:
+    >>> list(factorizations(8))
+    [[8], [4, 2], [2, 2, 2]]
+  """
+  if not isinstance(num_devices, int) or num_devices < 1:
+    raise LayoutSearchError(f"auto_mtf: num_devices must be a positive int, got {num_devices!r}.")
+  limit = num_devices if max_mesh_dimensions is None else max_mesh_dimensions
+  if num_devices == 1:
+    yield [1]
+    return
+
+  def rec(n, largest, room):
+    if n == 1:
+      yield []
+      return
+    if room == 0:
+      return
+    for f in range(min(n, largest), 1, -1):
+      if n % f == 0:
+        for rest in rec(n // f, f, room - 1):
+          yield [f] + rest
+  yield from rec(num_devices, num_devices, limit)
+
+
 # ----------------------------------------------------------------------------- search
+
+OBJECTIVES = ("step_time", "memory")
 
 
 def search(graph, mesh_shape=None, outputs=(), num_devices: Optional[int] = None,
            memory_budget_bytes: Optional[int] = None, params=None, method: str = "auto",
            time_limit_s: float = 60.0, beam_width: int = 4, top_k: int = 5,
            max_exhaustive: int = 5000, fixed=None,
-           max_mesh_dimensions: int = 2) -> LayoutSearchResult:
+           max_mesh_dimensions: int = 2, objective: str = "step_time") -> LayoutSearchResult:
   """Finds the layout (and mesh shape) with the lowest estimated step time
-  whose memory per processor fits the budget.
+  whose memory per processor fits the budget (or, with objective="memory",
+  the one needing the least memory per processor).
 
   Args:
     graph: an mtf.Graph (best: a whole training step, so that gradients and
       updates are costed too).
-    mesh_shape: the mesh, e.g. "rows:2;cols:4"; or None with num_devices to
-      search the mesh shapes too.
+    mesh_shape: the mesh, e.g. "rows:2;cols:4"; a list of meshes to choose
+      among; or None with num_devices to search the mesh shapes too.
     outputs: tensors/operations of interest (default: the whole graph).
     num_devices: with mesh_shape None, search every mesh shape of this many
       processors (see `mesh_shapes`).
@@ -296,6 +334,9 @@ def search(graph, mesh_shape=None, outputs=(), num_devices: Optional[int] = None
     max_exhaustive: see method.
     fixed: rules every layout must contain, e.g. "batch:rows".
     max_mesh_dimensions: with num_devices, the most mesh dimensions tried.
+    objective: "step_time" (the fastest layout that fits) or "memory" (the
+      least peak memory per processor, ties broken by step time; what the
+      original auto_mtf minimized).
 
   Returns:
     A LayoutSearchResult.
@@ -316,8 +357,14 @@ def search(graph, mesh_shape=None, outputs=(), num_devices: Optional[int] = None
                             "model (and its training step) in the graph first.")
   if method not in ("auto", "exhaustive", "beam"):
     raise LayoutSearchError(f"auto_mtf: method={method!r}; use 'auto', 'exhaustive' or 'beam'.")
+  if objective not in OBJECTIVES:
+    raise LayoutSearchError(f"auto_mtf: objective={objective!r}; use one of {OBJECTIVES}.")
   params = cost_model.as_device_params(params)
-  if mesh_shape is not None:
+  if isinstance(mesh_shape, (list, tuple)) and mesh_shape and not isinstance(
+      mesh_shape[0], (Dimension, tuple)):
+    shapes = [convert_to_shape(s) for s in mesh_shape]
+    mesh_shape = None if len(shapes) > 1 else shapes[0]
+  elif mesh_shape is not None:
     shapes = [convert_to_shape(mesh_shape)]
   elif num_devices is not None:
     shapes = mesh_shapes(num_devices, max_mesh_dimensions)
@@ -369,30 +416,37 @@ def search(graph, mesh_shape=None, outputs=(), num_devices: Optional[int] = None
           break
     else:
       timed_out = _beam(score, sizes, conflicts, shape, fixed_here, beam_width,
-                        memory_budget_bytes, out_of_time) or timed_out
+                        memory_budget_bytes, out_of_time, objective) or timed_out
     if timed_out:
       break
   if not evaluated:
     raise LayoutSearchError(
         f"auto_mtf: no mesh shape can hold the required rules '{fixed_rules.to_string()}'.")
-  ranked = sorted(evaluated.values(), key=lambda c: (not c.fits, c.step_time_s))
+  if objective == "memory":
+    ranked = sorted(evaluated.values(),
+                    key=lambda c: (not c.fits, c.memory_bytes, c.step_time_s))
+  else:
+    ranked = sorted(evaluated.values(), key=lambda c: (not c.fits, c.step_time_s))
   if not ranked[0].fits:
     raise _no_fit_error(ranked, memory_budget_bytes, operations)
   return LayoutSearchResult(
       best=ranked[0], candidates=ranked[:max(top_k, 1)], evaluated=len(evaluated),
       legal=legal_total if methods == {"exhaustive"} else None,
       method="+".join(sorted(methods)), timed_out=timed_out,
-      memory_budget_bytes=memory_budget_bytes)
+      memory_budget_bytes=memory_budget_bytes, objective=objective)
 
 
-def _beam(score, sizes, conflicts, shape, fixed, beam_width, budget, out_of_time) -> bool:
+def _beam(score, sizes, conflicts, shape, fixed, beam_width, budget, out_of_time,
+          objective="step_time") -> bool:
   """Grows layouts one rule at a time from `fixed`, keeping the best
   `beam_width`; returns whether the time limit stopped it."""
   options = _options(sizes, shape, fixed)
 
   def key(c):
+    if objective == "memory":
+      return (c.memory_bytes, c.step_time_s)
     over = 0.0 if budget is None else max(0.0, c.memory_bytes / budget - 1.0)
-    return c.step_time_s * (1.0 + 10.0 * over)
+    return (c.step_time_s * (1.0 + 10.0 * over),)
   beam = [score(shape, LayoutRules(list(fixed.items())))]
   best = min(key(c) for c in beam)
   while True:
@@ -436,13 +490,21 @@ def _no_fit_error(ranked, budget, operations) -> NoLayoutFitsError:
 # ----------------------------------------------------------------------------- original API
 
 
-def layout(mtf_graph, mesh_shape, mtf_outputs=(), **kwargs) -> LayoutRules:
-  """The layout rules with the lowest estimated step time on `mesh_shape`.
+def layout(mtf_graph, mesh_shape, mtf_outputs=(), objective: str = "memory",
+           **kwargs) -> LayoutRules:
+  """The original auto_mtf entry point: layout rules for `mesh_shape` that
+  need the least memory per processor (ties: the lowest estimated step time).
+
+  This is what the original's layout optimizer minimized, so ported code
+  gets layouts that fit where they fitted before. For the fastest layout
+  that fits a budget, pass objective="step_time" (and memory_budget_bytes),
+  or call `search`.
 
   Args:
     mtf_graph: an mtf.Graph.
     mesh_shape: e.g. "rows:2;cols:4".
     mtf_outputs: tensors/operations of interest (default: the whole graph).
+    objective: "memory" (default) or "step_time".
     **kwargs: passed to `search` (memory_budget_bytes, params, time_limit_s,
       method, fixed, ...).
 
@@ -450,19 +512,44 @@ def layout(mtf_graph, mesh_shape, mtf_outputs=(), **kwargs) -> LayoutRules:
     >>> rules = mtf.auto_mtf.layout(graph, "rows:2;cols:4", [loss])
     >>> impl = mtf.placement_mesh_impl.PlacementMeshImpl("rows:2;cols:4", rules, devices)
   """
-  return search(mtf_graph, mesh_shape, outputs=mtf_outputs, **kwargs).layout
+  return search(mtf_graph, mesh_shape, outputs=mtf_outputs, objective=objective,
+                **kwargs).layout
+
+
+def original_mesh_shapes(num_devices: int, max_mesh_dimensions: Optional[int] = 2) -> List[Shape]:
+  """The mesh shapes `layout_and_mesh_shape` tries: each factorization of
+  `num_devices` (`factorizations`) once, its dimensions named "mesh_0",
+  "mesh_1", ... as the original named them.
+
+  Example:
+    >>> [s.to_string() for s in original_mesh_shapes(8)]
+    ['mesh_0:8', 'mesh_0:4;mesh_1:2']
+  """
+  return [Shape([Dimension(f"mesh_{i}", n) for i, n in enumerate(sizes)])
+          for sizes in factorizations(num_devices, max_mesh_dimensions)]
 
 
 def layout_and_mesh_shape(mtf_graph, num_devices: int, mtf_outputs=(),
-                          max_mesh_dimensions: int = 2, **kwargs):
-  """(layout rules, mesh shape) with the lowest estimated step time over the
-  mesh shapes of `num_devices` processors.
+                          max_mesh_dimensions: Optional[int] = 2,
+                          objective: str = "memory", **kwargs):
+  """The original auto_mtf entry point: (layout rules, mesh shape) over the
+  mesh shapes of `num_devices` processors (`original_mesh_shapes`: "mesh_0:4;
+  mesh_1:2", ...), chosen as `layout` chooses (least memory per processor by
+  default; objective="step_time" for the fastest).
+
+  Args:
+    mtf_graph: an mtf.Graph.
+    num_devices: processors in the mesh.
+    mtf_outputs: tensors/operations of interest (default: the whole graph).
+    max_mesh_dimensions: the most mesh dimensions tried (None: any).
+    objective: "memory" (default) or "step_time".
+    **kwargs: passed to `search`.
 
   Example:
     >>> rules, mesh_shape = mtf.auto_mtf.layout_and_mesh_shape(graph, 8, [loss])
   """
-  result = search(mtf_graph, None, outputs=mtf_outputs, num_devices=num_devices,
-                  max_mesh_dimensions=max_mesh_dimensions, **kwargs)
+  result = search(mtf_graph, original_mesh_shapes(num_devices, max_mesh_dimensions),
+                  outputs=mtf_outputs, objective=objective, **kwargs)
   return result.layout, result.mesh_shape
 
 
