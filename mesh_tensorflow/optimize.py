@@ -816,10 +816,9 @@ class AdafactorOptimizer(Optimizer):
           f"{min_dim_size_to_factor}.")
     self.multiply_by_parameter_scale = multiply_by_parameter_scale
     if learning_rate is None:
-      learning_rate = (_adafactor_relative_step_size if multiply_by_parameter_scale
-                       else _adafactor_absolute_step_size)
+      learning_rate = self._learning_rate_default(multiply_by_parameter_scale)
     self.learning_rate = learning_rate
-    self.decay_rate = adafactor_decay_rate_pow(0.8) if decay_rate is None else decay_rate
+    self.decay_rate = self._decay_rate_default() if decay_rate is None else decay_rate
     self.beta1 = beta1
     self.clipping_threshold = clipping_threshold
     self.factored = factored
@@ -846,6 +845,23 @@ class AdafactorOptimizer(Optimizer):
     if largest[1].size < self.min_dim_size_to_factor:
       return None
     return largest[0], largest[1]
+
+  # The original's private spellings, kept for ported code and tests.
+  def _factored_dims(self, shape: Shape) -> Optional[List[Dimension]]:
+    dims = self.factored_dims(shape)
+    return None if dims is None else list(dims)
+
+  def _parameter_scale(self, var) -> Tensor:
+    """max(rms(var), epsilon2): the scale a relative step size is multiplied by."""
+    value = var.value if isinstance(var, var_ops.Variable) else var
+    return ew.maximum(reduce_rms(value), self.epsilon2)
+
+  def _decay_rate_default(self) -> lrs.Schedule:
+    return adafactor_decay_rate_pow(0.8)
+
+  def _learning_rate_default(self, multiply_by_parameter_scale: bool) -> lrs.Schedule:
+    return (_adafactor_relative_step_size if multiply_by_parameter_scale
+            else _adafactor_absolute_step_size)
 
   def apply_grad(self, grad: Tensor, var) -> List[Operation]:
     mesh, dtype = var.mesh, var.master_dtype
@@ -883,3 +899,51 @@ class AdafactorOptimizer(Optimizer):
       ops.append(self.assign(m, delta))
     ops.append(self.assign(var, value - delta))
     return ops
+
+
+def adafactor_optimizer_from_hparams(hparams, lr: Hyperparameter) -> AdafactorOptimizer:
+  """An AdafactorOptimizer from tensor2tensor-style hyperparameters.
+
+  Reads `optimizer_adafactor_decay_type` ("Adam": `optimizer_adafactor_beta2`;
+  "pow": `optimizer_adafactor_memory_exponent`),
+  `optimizer_adafactor_multiply_by_parameter_scale`, `optimizer_adafactor_beta1`,
+  `optimizer_adafactor_clipping_threshold` and `optimizer_adafactor_factored`
+  from any object with those attributes.
+
+  Example:
+    >>> hp = types.SimpleNamespace(optimizer="Adafactor", optimizer_adafactor_decay_type="pow",
+    ...     optimizer_adafactor_memory_exponent=0.8, optimizer_adafactor_beta1=0.0,
+    ...     optimizer_adafactor_multiply_by_parameter_scale=True,
+    ...     optimizer_adafactor_clipping_threshold=1.0, optimizer_adafactor_factored=True)
+    >>> opt = mtf.optimize.adafactor_optimizer_from_hparams(hp, 0.01)
+  """
+  decay_type = getattr(hparams, "optimizer_adafactor_decay_type", None)
+  if decay_type == "Adam":
+    decay_rate = adafactor_decay_rate_adam(hparams.optimizer_adafactor_beta2)
+  elif decay_type == "pow":
+    decay_rate = adafactor_decay_rate_pow(hparams.optimizer_adafactor_memory_exponent)
+  else:
+    raise ValueError(
+        f"adafactor_optimizer_from_hparams: optimizer_adafactor_decay_type is {decay_type!r}; "
+        "use 'Adam' (with optimizer_adafactor_beta2) or 'pow' (with "
+        "optimizer_adafactor_memory_exponent).")
+  return AdafactorOptimizer(
+      multiply_by_parameter_scale=hparams.optimizer_adafactor_multiply_by_parameter_scale,
+      learning_rate=lr, decay_rate=decay_rate, beta1=hparams.optimizer_adafactor_beta1,
+      clipping_threshold=hparams.optimizer_adafactor_clipping_threshold,
+      factored=hparams.optimizer_adafactor_factored)
+
+
+def make_optimizer(hparams, lr: Hyperparameter) -> Optimizer:
+  """The optimizer `hparams.optimizer` names ("SGD" or "Adafactor") at rate `lr`.
+
+  Example:
+    >>> opt = mtf.optimize.make_optimizer(types.SimpleNamespace(optimizer="SGD"), 0.1)
+  """
+  name = getattr(hparams, "optimizer", None)
+  if name == "SGD":
+    return SgdOptimizer(lr)
+  if name == "Adafactor":
+    return adafactor_optimizer_from_hparams(hparams, lr)
+  raise ValueError(f"make_optimizer: hparams.optimizer is {name!r}; use 'SGD' or 'Adafactor' "
+                   "(or build an mtf.optimize optimizer directly).")

@@ -435,3 +435,104 @@ def test_conv3d_operation_with_the_original_signature():
   got = lower_and_run(build, "all:1", "", DEVICES[:1])
   assert got["op"].shape == (1, 2, 3, 3, 3)
   assert_allclose(got["op"], got["fn"], atol=1e-5)
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [
+    ("all:1", ""), ("rows:2;cols:4", "batch:rows;length:cols"),
+    ("rows:2;cols:4", "segments:cols;batch:rows"), ("all:8", "d:all")])
+def test_gather_with_shared_dimensions_is_a_batched_lookup(mesh_shape, layout):
+  """weights [batch, segments, d] and indices [batch, length] share batch:
+  out[b, l, :] = weights[b, indices[b, l], :] (tf.gather with batch_dims)."""
+  rng = np.random.default_rng(3)
+  w = rng.normal(size=(2, 4, 8)).astype(np.float32)
+  idx = rng.integers(0, 4, size=(2, 8)).astype(np.int32)
+  batch, segments, d, length = (mtf.Dimension("batch", 2), mtf.Dimension("segments", 4),
+                                mtf.Dimension("d", 8), mtf.Dimension("length", 8))
+  scale = rng.normal(size=(2, 8, 8)).astype(np.float32)
+
+  def build(mesh):
+    weights = mtf.import_tf_tensor(mesh, w, [batch, segments, d])
+    ids = mtf.import_tf_tensor(mesh, idx, [batch, length])
+    out = mtf.gather(weights, ids, segments)
+    loss = mtf.reduce_sum(out * mtf.import_tf_tensor(mesh, scale, [batch, length, d]))
+    int_out = mtf.gather(mtf.cast(weights * 10.0, tf.int32), ids, segments)
+    return {"out": out, "grad": mtf.gradients([loss], [weights])[0], "int": int_out}
+  got = lower_and_run(build, mesh_shape, layout, DEVICES[:mtf.convert_to_shape(mesh_shape).size])
+  expected = np.take_along_axis(w, idx[:, :, None], axis=1)
+  assert got["out"].shape == (2, 8, 8)
+  assert_allclose(got["out"], expected)
+  assert got["int"].dtype == np.int32
+  np.testing.assert_array_equal(got["int"], np.take_along_axis(
+      (w * 10.0).astype(np.int32), idx[:, :, None], axis=1))
+  grad = np.zeros_like(w)
+  for b in range(2):
+    for l in range(8):
+      grad[b, idx[b, l]] += scale[b, l]
+  assert_allclose(got["grad"], grad)
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [
+    ("all:1", ""), ("rows:2;cols:4", "batch:rows;length:cols")])
+def test_concat_inputs_and_targets_packs_each_example_inputs_then_targets(mesh_shape, layout):
+  from mesh_tensorflow.transformer import utils  # pylint: disable=g-import-not-at-top
+  features = {
+      "inputs": [[3, 1, 4, 1, 0, 0, 0, 0], [1, 4, 3, 2, 1, 5, 0, 0]],
+      "inputs_segmentation": [[1, 1, 2, 2, 0, 0, 0, 0], [1, 2, 2, 2, 2, 3, 0, 0]],
+      "inputs_position": [[0, 1, 0, 1, 0, 0, 0, 0], [0, 0, 1, 2, 3, 0, 0, 0]],
+      "targets": [[1, 7, 7, 0, 0, 0, 0, 0], [9, 8, 1, 2, 1, 6, 6, 0]],
+      "targets_segmentation": [[1, 2, 2, 0, 0, 0, 0, 0], [1, 1, 1, 2, 2, 3, 3, 0]],
+      "targets_position": [[0, 0, 1, 0, 0, 0, 0, 0], [0, 1, 2, 0, 1, 0, 1, 0]],
+  }
+  batch, length = mtf.Dimension("batch", 2), mtf.Dimension("length", 8)
+
+  def build(mesh, keys):
+    mtf_features = {k: mtf.import_tf_tensor(mesh, np.array(features[k], np.int32),
+                                            [batch, length]) for k in keys}
+    return utils.concat_inputs_and_targets(mtf_features)
+  devices = DEVICES[:mtf.convert_to_shape(mesh_shape).size]
+  got = lower_and_run(lambda mesh: build(mesh, features), mesh_shape, layout, devices)
+  pad = [0] * 16
+  assert got["targets"].tolist() == [
+      [3, 1, 1, 4, 1, 7, 7] + pad[:9], [1, 9, 8, 1, 4, 3, 2, 1, 2, 1, 5, 6, 6] + pad[:3]]
+  assert got["targets_segmentation"].tolist() == [
+      [1, 1, 1, 2, 2, 2, 2] + pad[:9], [1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 3, 3, 3] + pad[:3]]
+  assert got["targets_position"].tolist() == [
+      [0, 1, 2, 0, 1, 2, 3] + pad[:9], [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 0, 1, 2] + pad[:3]]
+  # Unpacked: the nonzero ids of each row are one example.
+  got = lower_and_run(lambda mesh: build(mesh, ["inputs", "targets"]), mesh_shape, layout,
+                      devices)
+  assert sorted(got) == ["targets"]
+  assert got["targets"].tolist() == [[3, 1, 4, 1, 1, 7, 7] + pad[:9],
+                                     [1, 4, 3, 2, 1, 5, 9, 8, 1, 2, 1, 6, 6] + pad[:3]]
+  assert utils._dynamic_text2self is utils.concat_inputs_and_targets  # pylint: disable=protected-access
+
+
+def test_original_optimizer_helpers():
+  import types  # pylint: disable=g-import-not-at-top
+  opt = mtf.optimize.AdafactorOptimizer(min_dim_size_to_factor=4)
+  shape = mtf.convert_to_shape("a:2;b:8;c:4")
+  assert opt._factored_dims(shape) == [mtf.Dimension("b", 8), mtf.Dimension("c", 4)]  # pylint: disable=protected-access
+  assert opt._factored_dims(mtf.convert_to_shape("a:2;b:3")) is None  # pylint: disable=protected-access
+  assert opt._learning_rate_default(True)(0) == pytest.approx(0.01)  # pylint: disable=protected-access
+  assert opt._learning_rate_default(False)(0) == pytest.approx(0.0005)  # pylint: disable=protected-access
+  assert opt._decay_rate_default()(3) == pytest.approx(1 - 4 ** -0.8)  # pylint: disable=protected-access
+  got = lower_and_run(lambda mesh: {"scale": opt._parameter_scale(  # pylint: disable=protected-access
+      mtf.constant(mesh, 3.0, [A]))}, "all:1", "", DEVICES[:1])
+  assert_allclose(got["scale"], 3.0)
+
+  hp = types.SimpleNamespace(
+      optimizer="Adafactor", optimizer_adafactor_decay_type="pow",
+      optimizer_adafactor_memory_exponent=0.5, optimizer_adafactor_beta1=0.9,
+      optimizer_adafactor_multiply_by_parameter_scale=False,
+      optimizer_adafactor_clipping_threshold=None, optimizer_adafactor_factored=False)
+  ada = mtf.optimize.make_optimizer(hp, 0.1)
+  assert isinstance(ada, mtf.optimize.AdafactorOptimizer)
+  assert (ada.beta1, ada.learning_rate, ada.factored, ada.clipping_threshold) == (0.9, 0.1, False, None)
+  assert ada.decay_rate(3) == pytest.approx(0.5)
+  assert isinstance(mtf.optimize.make_optimizer(types.SimpleNamespace(optimizer="SGD"), 0.1),
+                    mtf.optimize.SgdOptimizer)
+  with pytest.raises(ValueError, match="hparams.optimizer is 'Adam'"):
+    mtf.optimize.make_optimizer(types.SimpleNamespace(optimizer="Adam"), 0.1)
+  hp.optimizer_adafactor_decay_type = "exp"
+  with pytest.raises(ValueError, match="optimizer_adafactor_decay_type is 'exp'"):
+    mtf.optimize.adafactor_optimizer_from_hparams(hp, 0.1)

@@ -190,15 +190,43 @@ def gather(weights: Tensor, indices: Tensor, dim, output_shape=None, name=None) 
   """Looks up entries of `weights` along `dim` (like an embedding lookup).
 
   The output has the dimensions of indices, then those of weights except dim.
+  Dimensions that weights and indices share are batch dimensions (as
+  `tf.gather`'s `batch_dims`): entry [b, i] of the result is
+  weights[b, indices[b, i]]; that case is computed as a one-hot product.
 
   Example:
     >>> vectors = mtf.gather(table, ids, vocab_dim)   # [batch, length, d_model]
     >>> first = mtf.gather(table, 0, vocab_dim)        # an int index: [d_model]
+    >>> per_row = mtf.gather(counts, segment_ids, segments)  # counts [batch, segments]
   """
   if not isinstance(indices, Tensor):
     from mesh_tensorflow.ops.constant import constant
     indices = constant(weights.mesh, indices, [], dtype=tf.int32)
+  dim = _dim_named(weights, dim)
+  if any(d.name != dim.name and d in weights.shape.dims for d in indices.shape.dims):
+    return _batched_gather(weights, indices, dim, output_shape, name)
   return GatherOperation(weights, indices, dim, output_shape=output_shape, name=name).outputs[0]
+
+
+def _batched_gather(weights: Tensor, indices: Tensor, dim: Dimension, output_shape,
+                    name) -> Tensor:
+  """gather where weights and indices share dimensions: a one-hot einsum."""
+  from mesh_tensorflow.ops.einsum import einsum  # pylint: disable=g-import-not-at-top
+  if indices.dtype.is_floating:
+    raise TypeError(f"mtf.gather: indices {indices.name} must be integers.")
+  shape = Shape(indices.shape.dims + [d for d in weights.shape.dims
+                                      if d.name != dim.name and d not in indices.shape.dims])
+  if output_shape is not None:
+    output_shape = convert_to_shape(output_shape)
+    if sorted(output_shape.dims) != sorted(shape.dims):
+      raise ValueError(f"mtf.gather: output_shape {output_shape} must be a "
+                       f"permutation of {shape}.")
+    shape = output_shape
+  if weights.dtype == tf.bool:
+    return ew.cast(_batched_gather(ew.cast(weights, tf.int32), indices, dim, shape, name),
+                   tf.bool)
+  selector = one_hot(indices, dim, dtype=weights.dtype)
+  return einsum([selector, weights], output_shape=shape, name=name or "gather")
 
 
 class ScatterAddGradOperation(Operation):
