@@ -66,8 +66,9 @@ from mesh_tensorflow.ops.control import (
 from mesh_tensorflow.ops.slicewise import (
     GenericGradOperation, SlicewiseOperation, cwise, slicewise)
 from mesh_tensorflow.ops.legacy_classes import (
-    BinaryOpWithBroadcasting, Conv2dOperation, Conv2or3dBackpropFilterOperation,
-    Conv2or3dBackpropInputOperation, Conv3dOperation, ReadVariable, ScalarAddOperation,
+    BinaryOpWithBroadcasting, Conv2dOperation, Conv2dTransposeOperation,
+    Conv2or3dBackpropFilterOperation, Conv2or3dBackpropInputOperation, Conv3dOperation,
+    Conv3dTransposeOperation, PoolOperation, ReadVariable, ScalarAddOperation,
     ScalarMultiplyOperation, SplitOperation, binary_arguments_to_tensors,
     binary_op_with_broadcasting)
 from mesh_tensorflow.ops.random_ops import RandomOperation

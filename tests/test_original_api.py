@@ -536,3 +536,33 @@ def test_original_optimizer_helpers():
   hp.optimizer_adafactor_decay_type = "exp"
   with pytest.raises(ValueError, match="optimizer_adafactor_decay_type is 'exp'"):
     mtf.optimize.adafactor_optimizer_from_hparams(hp, 0.1)
+
+
+def test_pool_and_transposed_conv_classes_with_the_original_signatures():
+  image = np.random.RandomState(4).randn(2, 4, 4, 3).astype(np.float32)
+  kernel = np.random.RandomState(5).randn(3, 3, 2, 3).astype(np.float32)  # [fh, fw, out, in]
+  batch, h, w = mtf.Dimension("batch", 2), mtf.Dimension("h", 4), mtf.Dimension("w", 4)
+  cin, cout = mtf.Dimension("cin", 3), mtf.Dimension("cout", 2)
+  fh, fw = mtf.Dimension("fh", 3), mtf.Dimension("fw", 3)
+
+  def build(mesh):
+    img = mtf.import_tf_tensor(mesh, image, [batch, h, w, cin])
+    filt = mtf.import_tf_tensor(mesh, kernel, [fh, fw, cout, cin])
+    return {
+        "max": mtf.PoolOperation(img, [2, 2], [2, 2], "MAX_2D").outputs[0],
+        "avg": mtf.PoolOperation(img, [2, 2], [2, 2], "AVG_2D").outputs[0],
+        "up": mtf.Conv2dTransposeOperation(img, filt, [2, 2], "SAME").outputs[0],
+        "up_reference": mtf.conv2d_transpose(img, filt, strides=(2, 2), padding="SAME"),
+    }
+  for mesh_shape, layout in [("all:1", ""), ("all:2", "batch:all")]:
+    got = lower_and_run(build, mesh_shape, layout,
+                        DEVICES[:mtf.convert_to_shape(mesh_shape).size])
+    blocks = image.reshape(2, 2, 2, 2, 2, 3)
+    assert_allclose(got["max"], blocks.max(axis=(2, 4)))
+    assert_allclose(got["avg"], blocks.mean(axis=(2, 4)))
+    assert got["up"].shape == (2, 8, 8, 2)
+    assert_allclose(got["up"], got["up_reference"])
+  with pytest.raises(ValueError, match="pool_fn_string 'MAX'"):
+    graph = mtf.Graph()
+    mtf.PoolOperation(mtf.zeros(mtf.Mesh(graph, "m"), [batch, h, w, cin]), [2, 2], [2, 2], "MAX")
+  assert issubclass(mtf.Conv3dTransposeOperation, mtf.Operation)

@@ -703,6 +703,14 @@ def conv3d_backprop_filter(conv_input: Tensor, filter_shape, dy: Tensor, strides
 
 
 def _conv_transpose(n, x, conv_filter, strides, padding, name):
+  out_shape, strides, padding, names = conv_transpose_setup(n, x, conv_filter, strides, padding)
+  return ConvBackpropInputOperation(x, conv_filter, out_shape, strides, padding, names,
+                                    name=name or f"conv{n}d_transpose").outputs[0]
+
+
+def conv_transpose_setup(n, x, conv_filter, strides, padding):
+  """(output shape, strides, padding, spatial names) of an n-D transposed
+  convolution of x by conv_filter [f..., out_channels, in_channels], checked."""
   what = f"mtf.conv{n}d_transpose"
   _check_filter(conv_filter, n, what)
   strides = _normalize_ints(strides, n, f"{what} strides")
@@ -721,8 +729,7 @@ def _conv_transpose(n, x, conv_filter, strides, padding, name):
       dims.append(c_out)
     else:
       dims.append(d)
-  return ConvBackpropInputOperation(x, conv_filter, Shape(dims), strides, padding, names,
-                                    name=name or f"conv{n}d_transpose").outputs[0]
+  return Shape(dims), strides, padding, names
 
 
 def conv2d_transpose(x: Tensor, conv_filter: Tensor, strides: IntOrInts = (2, 2),

@@ -155,3 +155,42 @@ class Conv2or3dBackpropFilterOperation(conv.ConvBackpropFilterOperation):
     in_channels = convert_to_shape(filter_shape).dims[conv_dimension].name
     super().__init__(conv_input, dy, filter_shape, strides, padding,
                      _spatial_names(conv_input.shape, in_channels, conv_dimension), name=name)
+
+
+class Conv2dTransposeOperation(conv.ConvBackpropInputOperation):
+  """The original's 2D transposed convolution class: conv_input [..., h, w,
+  in_channels] with conv_filter [fh, fw, out_channels, in_channels]
+  (mtf.conv2d_transpose)."""
+
+  def __init__(self, conv_input: Tensor, conv_filter: Tensor, strides, padding, name=None):
+    out_shape, strides, padding, names = conv.conv_transpose_setup(
+        2, conv_input, conv_filter, strides, padding)
+    super().__init__(conv_input, conv_filter, out_shape, strides, padding, names,
+                     name=name or "conv2d_transpose")
+
+
+class Conv3dTransposeOperation(conv.ConvBackpropInputOperation):
+  """The original's 3D transposed convolution class (mtf.conv3d_transpose)."""
+
+  def __init__(self, conv_input: Tensor, conv_filter: Tensor, strides, padding, name=None):
+    out_shape, strides, padding, names = conv.conv_transpose_setup(
+        3, conv_input, conv_filter, strides, padding)
+    super().__init__(conv_input, conv_filter, out_shape, strides, padding, names,
+                     name=name or "conv3d_transpose")
+
+
+class PoolOperation(conv.PoolOperation):
+  """The original's pooling class: `pool_fn_string` "MAX_2D", "AVG_2D",
+  "MAX_3D" or "AVG_3D" pools x [..., (d,) h, w, channels] with VALID padding
+  (mtf.max_pool2d and friends)."""
+
+  def __init__(self, x: Tensor, ksize, strides, pool_fn_string: str, name=None):
+    kinds = {"MAX_2D": ("max", 2), "AVG_2D": ("avg", 2), "MAX_3D": ("max", 3),
+             "AVG_3D": ("avg", 3)}
+    if pool_fn_string not in kinds:
+      raise ValueError(f"PoolOperation: pool_fn_string {pool_fn_string!r} is not one of "
+                       f"{sorted(kinds)}.")
+    kind, n = kinds[pool_fn_string]
+    spatial = [d.name for d in x.shape.dims[-n - 1:-1]]
+    super().__init__(x, kind, tuple(ksize), tuple(strides), "VALID", spatial,
+                     name=name or f"{kind}_pool{n}d")
