@@ -123,20 +123,29 @@ def range(mesh, dim, dtype=tf.int32, name=None) -> Tensor:  # pylint: disable=re
 mtf_range = range
 
 
+def _gather_output_shape(weights: Tensor, indices: Tensor, dim: Dimension,
+                         output_shape) -> Shape:
+  """indices' dims, then weights' others (shared ones once); or output_shape,
+  which must be a permutation of that."""
+  if indices.dtype.is_floating:
+    raise TypeError(f"mtf.gather: indices {indices.name} must be integers.")
+  shape = Shape(indices.shape.dims + [d for d in weights.shape.dims
+                                      if d.name != dim.name and d not in indices.shape.dims])
+  if output_shape is None:
+    return shape
+  output_shape = convert_to_shape(output_shape)
+  if sorted(output_shape.dims) != sorted(shape.dims):
+    raise ValueError(f"mtf.gather: output_shape {output_shape} must be a "
+                     f"permutation of {shape}.")
+  return output_shape
+
+
 class GatherOperation(Operation):
   """weights[indices] along dim; output = indices dims + other weights dims."""
 
   def __init__(self, weights: Tensor, indices: Tensor, dim, output_shape=None, name=None):
     dim = _dim_named(weights, dim)
-    if indices.dtype.is_floating:
-      raise TypeError(f"mtf.gather: indices {indices.name} must be integers.")
-    shape = indices.shape + (weights.shape - [dim])
-    if output_shape is not None:
-      output_shape = convert_to_shape(output_shape)
-      if sorted(output_shape.dims) != sorted(shape.dims):
-        raise ValueError(f"mtf.gather: output_shape {output_shape} must be a "
-                         f"permutation of {shape}.")
-      shape = output_shape
+    shape = _gather_output_shape(weights, indices, dim, output_shape)
     super().__init__([weights, indices], name=name or "gather")
     self._dim = dim
     self.has_gradient = weights.dtype.is_floating
@@ -212,16 +221,7 @@ def _batched_gather(weights: Tensor, indices: Tensor, dim: Dimension, output_sha
                     name) -> Tensor:
   """gather where weights and indices share dimensions: a one-hot einsum."""
   from mesh_tensorflow.ops.einsum import einsum  # pylint: disable=g-import-not-at-top
-  if indices.dtype.is_floating:
-    raise TypeError(f"mtf.gather: indices {indices.name} must be integers.")
-  shape = Shape(indices.shape.dims + [d for d in weights.shape.dims
-                                      if d.name != dim.name and d not in indices.shape.dims])
-  if output_shape is not None:
-    output_shape = convert_to_shape(output_shape)
-    if sorted(output_shape.dims) != sorted(shape.dims):
-      raise ValueError(f"mtf.gather: output_shape {output_shape} must be a "
-                       f"permutation of {shape}.")
-    shape = output_shape
+  shape = _gather_output_shape(weights, indices, dim, output_shape)
   if weights.dtype == tf.bool:
     return ew.cast(_batched_gather(ew.cast(weights, tf.int32), indices, dim, shape, name),
                    tf.bool)

@@ -157,26 +157,28 @@ class Conv2or3dBackpropFilterOperation(conv.ConvBackpropFilterOperation):
                      _spatial_names(conv_input.shape, in_channels, conv_dimension), name=name)
 
 
-class Conv2dTransposeOperation(conv.ConvBackpropInputOperation):
+class _ConvTransposeOperation(conv.ConvBackpropInputOperation):
+  """An n-D transposed convolution under the original's class signature."""
+  spatial_rank = 2
+
+  def __init__(self, conv_input: Tensor, conv_filter: Tensor, strides, padding, name=None):
+    n = self.spatial_rank
+    out_shape, strides, padding, names = conv.conv_transpose_setup(
+        n, conv_input, conv_filter, strides, padding)
+    super().__init__(conv_input, conv_filter, out_shape, strides, padding, names,
+                     name=name or f"conv{n}d_transpose")
+
+
+class Conv2dTransposeOperation(_ConvTransposeOperation):
   """The original's 2D transposed convolution class: conv_input [..., h, w,
   in_channels] with conv_filter [fh, fw, out_channels, in_channels]
   (mtf.conv2d_transpose)."""
-
-  def __init__(self, conv_input: Tensor, conv_filter: Tensor, strides, padding, name=None):
-    out_shape, strides, padding, names = conv.conv_transpose_setup(
-        2, conv_input, conv_filter, strides, padding)
-    super().__init__(conv_input, conv_filter, out_shape, strides, padding, names,
-                     name=name or "conv2d_transpose")
+  spatial_rank = 2
 
 
-class Conv3dTransposeOperation(conv.ConvBackpropInputOperation):
+class Conv3dTransposeOperation(_ConvTransposeOperation):
   """The original's 3D transposed convolution class (mtf.conv3d_transpose)."""
-
-  def __init__(self, conv_input: Tensor, conv_filter: Tensor, strides, padding, name=None):
-    out_shape, strides, padding, names = conv.conv_transpose_setup(
-        3, conv_input, conv_filter, strides, padding)
-    super().__init__(conv_input, conv_filter, out_shape, strides, padding, names,
-                     name=name or "conv3d_transpose")
+  spatial_rank = 3
 
 
 class PoolOperation(conv.PoolOperation):
