@@ -9,6 +9,7 @@ again (e.g. in another traced function) finds the same variables.
 
     >>> h = mtf.layers.conv2d(images, mtf.Dimension("filters", 32))
     >>> h = mtf.layers.conv2d_with_blocks(blocked, filters, h_blocks_dim=h_blocks)
+    >>> up = mtf.layers.conv2d_transpose_with_blocks(h, filters, h_blocks_dim=h_blocks)
     >>> p = mtf.layers.max_pool2d(h, ksize=(2, 2))
 """
 
@@ -22,6 +23,7 @@ from mesh_tensorflow.graph import Tensor
 from mesh_tensorflow.layers_core import layer_scope
 from mesh_tensorflow.ops import conv as conv_ops
 from mesh_tensorflow.ops.shape_ops import reshape
+from mesh_tensorflow.ops.slicing import mtf_slice, pad
 from mesh_tensorflow.ops.variables import VariableDType, get_variable
 from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension
 
@@ -29,7 +31,8 @@ IntOrInts = Union[int, Sequence[int]]
 
 __all__ = [
     "avg_pool2d", "avg_pool3d", "conv1d", "conv2d", "conv2d_transpose",
-    "conv2d_with_blocks", "conv3d", "conv3d_transpose", "conv3d_with_blocks",
+    "conv2d_transpose_with_blocks", "conv2d_with_blocks", "conv3d", "conv3d_transpose",
+    "conv3d_transpose_with_blocks", "conv3d_with_blocks",
     "max_pool2d", "max_pool3d", "separable_conv1d",
 ]
 
@@ -266,19 +269,20 @@ def conv3d(x: Tensor, output_dim: Dimension, filter_size: IntOrInts = (3, 3, 3),
   Example:
     >>> y = mtf.layers.conv3d(volume, mtf.Dimension("filters", 16))
   """
-  return conv3d_with_blocks(x, output_dim, filter_size, strides, padding, None, None, None,
+  return conv3d_with_blocks(x, output_dim, filter_size, strides, padding, None, None,
                             filter_initializer, variable_dtype, name)
 
 
 def conv3d_with_blocks(x: Tensor, output_dim: Dimension, filter_size: IntOrInts = (3, 3, 3),
                        strides: IntOrInts = (1, 1, 1), padding: str = "SAME",
-                       d_blocks_dim=None, h_blocks_dim=None, w_blocks_dim=None,
+                       d_blocks_dim=None, h_blocks_dim=None,
                        filter_initializer=None,
                        variable_dtype: Optional[VariableDType] = None,
-                       name: Optional[str] = None) -> Tensor:
+                       name: Optional[str] = None, w_blocks_dim=None) -> Tensor:
   """3D convolution layer over a volume cut into blocks along d, h and/or w
   (see `conv2d_with_blocks`); the kernel is `<name>/kernel` (default
-  `conv3d/kernel`).
+  `conv3d/kernel`). The arguments keep the original's order; `w_blocks_dim`,
+  which the original lacked, comes last.
 
   Example:
     >>> y = mtf.layers.conv3d_with_blocks(x, filters, d_blocks_dim=d_blocks)
@@ -332,6 +336,149 @@ def conv3d_transpose(x: Tensor, output_dim: Dimension, filter_size: IntOrInts = 
     kernel = _kernel(x, _window_dims(filter_size, ["fd", "fh", "fw"])
                      + [output_dim, x.shape[-1]], filter_initializer, variable_dtype)
     return conv_ops.conv3d_transpose(x, kernel, strides, padding)
+
+
+def _conv_transpose_with_blocks(x: Tensor, kernel: Tensor, strides, blocks_dims,
+                                what: str) -> Tensor:
+  """The SAME transposed convolution of the whole image, computed block by block.
+
+  Output block b along a spatial dimension of block size n is the whole
+  image's output rows [b * n * s, (b + 1) * n * s). They need the input rows
+  of block b, the `left` rows before it and the `right` rows after it (from
+  the neighbouring blocks, by halo exchange; zeros past the image): with
+  TensorFlow's SAME padding p_before = max(f - s, 0) // 2, left =
+  (f - 1 - p_before) // s and right = ceil(p_before / s). A VALID transposed
+  convolution of the extended block followed by a slice from
+  p_before + left * s then gives them. Unblocked spatial dimensions are one
+  block (zero padded).
+  """
+  n = len(blocks_dims)
+  strides = _as_tuple(strides, n, f"{what} strides")
+  c_out, c_in = kernel.shape.dims[n], kernel.shape.dims[n + 1]
+  blocks = [None if b is None else x.shape.get_dim_by_name(
+      b if isinstance(b, str) else convert_to_dimension(b).name) for b in blocks_dims]
+  spatial = conv_ops._spatial_dims(  # pylint: disable=protected-access
+      x.shape, n, [c_in.name] + [b.name for b in blocks if b is not None], what)
+  windows = []
+  for i, (b, d) in enumerate(zip(blocks, spatial)):
+    f, s = kernel.shape.dims[i].size, strides[i]
+    before = max(f - s, 0) // 2
+    left, right = (f - 1 - before) // s, -(-before // s)
+    if b is None:
+      if left or right:
+        x = pad(x, [left, right], d.name)
+    else:
+      x = conv_ops._halo_exchange(x, b, d, left, right, wrap=False)  # pylint: disable=protected-access
+    windows.append((d.name, before + left * s, d.size * s))
+  names = [d.name for d in spatial]
+  out_dims = []
+  for d in x.shape.dims:
+    if d.name in names:
+      i = names.index(d.name)
+      out_dims.append(Dimension(d.name, conv_ops.conv_transpose_output_size(
+          d.size, kernel.shape.dims[i].size, strides[i], "VALID")))
+    elif d == c_in:
+      out_dims.append(c_out)
+    else:
+      out_dims.append(d)
+  y = conv_ops.ConvBackpropInputOperation(x, kernel, Shape(out_dims), strides, "VALID",
+                                          names, name=f"{what}_valid").outputs[0]
+  for name, begin, size in windows:
+    have = y.shape.get_dim_by_name(name).size
+    if begin + size > have:
+      # A filter smaller than its stride leaves the last rows of each block zero.
+      y = pad(y, [0, begin + size - have], name)
+    if begin or size != y.shape.get_dim_by_name(name).size:
+      y = mtf_slice(y, begin, size, name)
+  return y
+
+
+def _check_transpose_blocks(padding: str, what: str) -> None:
+  if str(padding).upper() != "SAME":
+    raise ValueError(f"{what}: blocks dimensions need padding='SAME' (each block then "
+                     f"gives its own part of the output); got {padding!r}.")
+
+
+def conv2d_transpose_with_blocks(x: Tensor, output_dim: Dimension,
+                                 filter_size: IntOrInts = (2, 2), strides: IntOrInts = (2, 2),
+                                 padding: str = "SAME", h_blocks_dim=None, w_blocks_dim=None,
+                                 filter_initializer=None,
+                                 variable_dtype: Optional[VariableDType] = None,
+                                 name: Optional[str] = None) -> Tensor:
+  """2D transposed convolution layer over an image cut into blocks.
+
+  x is e.g. [batch, h_blocks, h, w_blocks, w, in_channels] (see
+  `conv2d_with_blocks`). Each block receives from its neighbours the rows
+  and columns its output needs (`mtf.halo_exchange`), and output block b is
+  the whole image's SAME transposed convolution at rows
+  [b * h * stride, (b + 1) * h * stride): splitting the blocks dimensions
+  over the mesh splits the image, and the result does not depend on the
+  layout. Any filter size and stride work (the original handled the
+  (2, 2) filter with stride 2 only). Without blocks dimensions this is
+  `conv2d_transpose`; the kernel variable is the same
+  (`conv2d_transpose/kernel` [fh, fw, output_dim, in_channels] by default).
+
+  Args:
+    x: the input image; its last dimension is the input channels.
+    output_dim: the output channel dimension.
+    filter_size: (filter_height, filter_width), or an int for both.
+    strides: (stride_height, stride_width), or an int for both.
+    padding: "SAME" (required with blocks) or "VALID".
+    h_blocks_dim: optional dimension of x numbering blocks along h.
+    w_blocks_dim: optional dimension of x numbering blocks along w.
+    filter_initializer: initializer of the kernel.
+    variable_dtype: an mtf.VariableDType.
+    name: the layer's name (default "conv2d_transpose", made unique).
+
+  Returns:
+    An mtf.Tensor like x with per-block spatial sizes times the strides and
+    in_channels replaced by output_dim.
+
+  Example:
+    >>> up = mtf.layers.conv2d_transpose_with_blocks(x, filters, (2, 2), (2, 2), "SAME",
+    ...                                              h_blocks_dim=h_blocks)
+  """
+  what = "conv2d_transpose_with_blocks"
+  if h_blocks_dim is None and w_blocks_dim is None:
+    return conv2d_transpose(x, output_dim, filter_size, strides, padding, filter_initializer,
+                            variable_dtype, name)
+  _check_transpose_blocks(padding, what)
+  filter_size = _as_tuple(filter_size, 2, f"{what} filter_size")
+  output_dim = convert_to_dimension(output_dim)
+  x = _distinct_channels(x, output_dim)
+  with _layer_scope(x, name, "conv2d_transpose"):
+    kernel = _kernel(x, _window_dims(filter_size, ["fh", "fw"]) + [output_dim, x.shape[-1]],
+                     filter_initializer, variable_dtype)
+    return _conv_transpose_with_blocks(x, kernel, strides, [h_blocks_dim, w_blocks_dim], what)
+
+
+def conv3d_transpose_with_blocks(x: Tensor, output_dim: Dimension,
+                                 filter_size: IntOrInts = (2, 2, 2),
+                                 strides: IntOrInts = (2, 2, 2), padding: str = "SAME",
+                                 d_blocks_dim=None, h_blocks_dim=None, filter_initializer=None,
+                                 variable_dtype: Optional[VariableDType] = None,
+                                 name: Optional[str] = None, w_blocks_dim=None) -> Tensor:
+  """3D transposed convolution layer over a volume cut into blocks along d, h
+  (and, beyond the original, w): see `conv2d_transpose_with_blocks`. The
+  kernel is `<name>/kernel` [fd, fh, fw, output_dim, in_channels] (default
+  name "conv3d_transpose", the variable of `conv3d_transpose`).
+
+  Example:
+    >>> up = mtf.layers.conv3d_transpose_with_blocks(x, filters, d_blocks_dim=d_blocks)
+  """
+  what = "conv3d_transpose_with_blocks"
+  if d_blocks_dim is None and h_blocks_dim is None and w_blocks_dim is None:
+    return conv3d_transpose(x, output_dim, filter_size, strides, padding, filter_initializer,
+                            variable_dtype, name)
+  _check_transpose_blocks(padding, what)
+  filter_size = _as_tuple(filter_size, 3, f"{what} filter_size")
+  output_dim = convert_to_dimension(output_dim)
+  x = _distinct_channels(x, output_dim)
+  with _layer_scope(x, name, "conv3d_transpose"):
+    kernel = _kernel(x, _window_dims(filter_size, ["fd", "fh", "fw"])
+                     + [output_dim, x.shape[-1]], filter_initializer, variable_dtype)
+    return _conv_transpose_with_blocks(x, kernel, strides,
+                                       [d_blocks_dim, h_blocks_dim, w_blocks_dim], what)
 
 
 def max_pool2d(x: Tensor, ksize: IntOrInts = (2, 2), strides: Optional[IntOrInts] = None,

@@ -1,6 +1,6 @@
 """mtf.layers: neural-network layers over named dimensions.
 
-The layers live in three modules and are all exported here, so models use
+The layers live in these modules and are all exported here, so models use
 `mtf.layers.<name>`:
 
 * layers_core.py: `dense`, `dense_product`, `dense_relu_dense`,
@@ -9,10 +9,26 @@ The layers live in three modules and are all exported here, so models use
 * layers_attention.py: `dot_product_attention`, `multihead_attention`,
   `masked_local_attention_1d`, `attention_mask_ignore_padding`,
   `attention_mask_autoregressive`, `attention_mask_same_segment`,
-  `attention_bias_local_block`, `multihead_attention_params`.
+  `attention_bias_local_block`, `multihead_attention_params`,
+  `multihead_self_attention_memory_compressed`.
+* layers_local_attention.py: attention within neighbouring blocks of a
+  sequence or an image, `local_self_attention_spatial_blocks`,
+  `local_2d_self_attention_spatial_blocks`, their halo exchanges
+  `local_1d_halo_exchange`, `local_2d_halo_exchange`, and
+  `attention_bias_local_2d_block`.
+* layers_incremental.py: one decoding step with key/value caches,
+  `multihead_self_attention_incremental`,
+  `multihead_encdec_attention_incremental`,
+  `masked_local_attention_1d_incremental`.
+* layers_reversible.py: `reversible_half_residual_and_swap` (RevNet blocks
+  whose gradient recomputes their inputs).
+* layers_unit_scaling.py: `unit_scaling_convention` (gin-configurable) and
+  `us_einsum`.
 * layers_losses.py: `softmax_cross_entropy_with_logits` (with z-loss and
   label smoothing), `smoothed_targets`, `sigmoid_cross_entropy_with_logits`,
   `weights_nonzero`.
+* conv_layers.py: convolutions (also over blocks: `conv2d_with_blocks`,
+  `conv2d_transpose_with_blocks`, ...) and pooling.
 
 Layout-invariant initializers (`VarianceScalingInitializer`,
 `glorot_uniform`, `he_normal`, `lecun_normal`, ...) come from
@@ -32,14 +48,22 @@ from mesh_tensorflow.layers_attention import (
     attention_bias_local_block, attention_mask_autoregressive, attention_mask_ignore_padding,
     attention_mask_same_segment, dot_product_attention, masked_local_attention_1d,
     memory_name, multihead_attention, multihead_attention_params, multihead_attention_vars,
-    rename_length_to_memory_length)
+    multihead_self_attention_memory_compressed, rename_length_to_memory_length)
 from mesh_tensorflow.layers_core import (
     batch_norm, compress_mean, dense, dense_product, dense_relu_dense, dropout, embedding,
     embedding_weights, get_dense_kernel_weights, layer_norm, layer_scope, multiplicative_jitter,
     rms_norm, unique_layer_name)
+from mesh_tensorflow.layers_incremental import (
+    masked_local_attention_1d_incremental, multihead_encdec_attention_incremental,
+    multihead_self_attention_incremental)
+from mesh_tensorflow.layers_local_attention import (
+    attention_bias_local_2d_block, local_1d_halo_exchange, local_2d_halo_exchange,
+    local_2d_self_attention_spatial_blocks, local_self_attention_spatial_blocks)
 from mesh_tensorflow.layers_losses import (
     sigmoid_cross_entropy_with_logits, smoothed_targets, softmax_cross_entropy_with_logits,
     weights_nonzero)
+from mesh_tensorflow.layers_reversible import reversible_half_residual_and_swap
+from mesh_tensorflow.layers_unit_scaling import unit_scaling_convention, us_einsum
 
 __all__ = [
     "Constant",
@@ -49,6 +73,7 @@ __all__ = [
     "RandomUniform",
     "TruncatedNormal",
     "VarianceScalingInitializer",
+    "attention_bias_local_2d_block",
     "attention_bias_local_block",
     "attention_mask_autoregressive",
     "attention_mask_ignore_padding",
@@ -71,18 +96,29 @@ __all__ = [
     "layer_scope",
     "lecun_normal",
     "lecun_uniform",
+    "local_1d_halo_exchange",
+    "local_2d_halo_exchange",
+    "local_2d_self_attention_spatial_blocks",
+    "local_self_attention_spatial_blocks",
     "masked_local_attention_1d",
+    "masked_local_attention_1d_incremental",
     "memory_name",
     "multihead_attention",
-    "multiplicative_jitter",
     "multihead_attention_params",
     "multihead_attention_vars",
+    "multihead_encdec_attention_incremental",
+    "multihead_self_attention_incremental",
+    "multihead_self_attention_memory_compressed",
+    "multiplicative_jitter",
     "rename_length_to_memory_length",
+    "reversible_half_residual_and_swap",
     "rms_norm",
     "sigmoid_cross_entropy_with_logits",
     "smoothed_targets",
     "softmax_cross_entropy_with_logits",
     "unique_layer_name",
+    "unit_scaling_convention",
+    "us_einsum",
     "variance_scaling",
     "weights_nonzero",
 ]

@@ -395,3 +395,62 @@ def masked_local_attention_1d(x: Tensor, kv_channels: Dimension, heads: Dimensio
     o = dot_product_attention(q, k, v, _bias(hidden, x.dtype))
     o = reshape(o, qkv_shape)
     return einsum([o, wo], output_shape=x.shape)
+
+
+def multihead_self_attention_memory_compressed(
+    x: Tensor, mask_right: bool, compression_factor: int, kv_channels: Dimension,
+    heads: Dimension, dropout: float = 0.0, dropout_broadcast_dims=None,
+    master_dtype=tf.float32, slice_dtype=tf.float32, name: Optional[str] = None,
+    is_training: bool = True) -> Tensor:
+  """Multi-head self-attention to a memory shortened by mean pooling.
+
+  The keys and values come from the means of consecutive groups of
+  `compression_factor` positions (`compress_mean`), so the memory is
+  compression_factor times shorter. With mask_right, a query sees a group
+  only when the group's last position is at or before it. The softmax has an
+  extra zero logit (as the original), so a query that sees no group (the
+  first compression_factor - 1 positions with mask_right) gets zeros.
+
+  Args:
+    x: [batch..., length, io_channels].
+    mask_right: causal attention (for decoders).
+    compression_factor: the group size; must divide the length.
+    kv_channels: per-head key/value dimension.
+    heads: heads dimension.
+    dropout: dropout rate on the attention weights.
+    dropout_broadcast_dims: dimensions along which the dropout mask is shared.
+    master_dtype: variable storage dtype.
+    slice_dtype: variable slice dtype.
+    name: scope name (default "multihead_attention", unique per call);
+      variable "<name>/qkvo".
+    is_training: dropout is applied only when true.
+
+  Returns:
+    a tensor with x's shape.
+
+  Example:
+    >>> y = multihead_self_attention_memory_compressed(x, True, 4, d_kv, heads)
+  """
+  from mesh_tensorflow.layers_core import compress_mean  # pylint: disable=g-import-not-at-top
+  batch_dims = x.shape.dims[:-2]
+  length, io_channels = x.shape.dims[-2:]
+  mesh = x.mesh
+  with layer_scope(mesh, name, "multihead_attention"):
+    wq, wk, wv, wo = multihead_attention_vars(mesh, heads, io_channels, kv_channels,
+                                              master_dtype, slice_dtype, x.dtype)
+    memory = rename_dimension(compress_mean(x, length, compression_factor), length.name,
+                              memory_name(length.name))
+    memory_length = memory.shape.dims[-2]
+    q = einsum([x, wq], output_shape=batch_dims + [heads, length, kv_channels])
+    kv_shape = batch_dims + [heads, memory_length, kv_channels]
+    k = einsum([memory, wk], output_shape=kv_shape)
+    v = einsum([memory, wv], output_shape=kv_shape)
+    mask = None
+    if mask_right:
+      query_pos = mtf_range(mesh, length, tf.int32)
+      group_end = (mtf_range(mesh, memory_length, tf.int32) * compression_factor
+                   + compression_factor - 1)
+      mask = _bias(ew.greater(group_end, query_pos), x.dtype)
+    o = dot_product_attention(q, k, v, mask, dropout, dropout_broadcast_dims, extra_logit=0.0,
+                              is_training=is_training)
+    return einsum([o, wo], output_shape=x.shape)

@@ -261,6 +261,45 @@ def test_recompute_grad_with_closures(mesh_shape, layout):
   np.testing.assert_allclose(got["gv"], wv * xv, rtol=1e-5, atol=1e-6)
 
 
+def test_recompute_grad_reuses_default_named_layer_variables():
+  """A default-named mtf.layers layer inside fn finds its forward variables
+  when fn runs again (it once made dense_1 and differentiated fresh weights)."""
+  xv = np.linspace(-1, 1, 16).astype(np.float32).reshape(2, 8)
+
+  def builder(mesh, recompute):
+    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "b:2;a:8")
+    out_dim = mtf.Dimension("o", 4)
+
+    def fn(t):
+      return mtf.layers.dense(t, out_dim, reduced_dims=t.shape.dims[-1:], use_bias=False)
+    y = mtf.recompute_grad(fn, [x]) if recompute else fn(x)
+    [g] = mtf.gradients([mtf.reduce_sum(mtf.square(y))], [x])
+    names = sorted(v.name for v in mesh.graph.all_variables)
+    assert names == ["dense/kernel"], names
+    return {"y": y, "g": g}
+  plain = mtf_test_utils.lower_and_run(lambda m: builder(m, False), "all:2", "a:all",
+                                       mode="eager")
+  again = mtf_test_utils.lower_and_run(lambda m: builder(m, True), "all:2", "a:all",
+                                       mode="eager")
+  np.testing.assert_allclose(again["y"], plain["y"], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(again["g"], plain["g"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("rows:2;cols:4", "b:rows;e:cols")])
+def test_softmax_of_a_six_dimensional_tensor(mesh_shape, layout):
+  """TensorFlow's oneDNN CPU softmax rejects more than 5 dimensions."""
+  xv = np.random.RandomState(0).randn(2, 2, 2, 2, 4, 3).astype(np.float32)
+
+  def builder(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "a:2;b:2;c:2;d:2;e:4;f:3")
+    return {"p": mtf.softmax(x, "f"), "q": mtf.softmax(x, "c")}
+  got = mtf_test_utils.lower_and_run(builder, mesh_shape, layout)
+  for key, axis in (("p", 5), ("q", 2)):
+    e = np.exp(xv - xv.max(axis=axis, keepdims=True))
+    np.testing.assert_allclose(got[key], e / e.sum(axis=axis, keepdims=True), rtol=1e-5,
+                               atol=1e-6)
+
+
 @pytest.mark.parametrize("mesh_shape,layout", _REGRESSION_LAYOUTS)
 def test_gradient_ignores_paths_through_stop_gradient(mesh_shape, layout):
   """An op without a gradient (while_loop) behind stop_gradient is fine."""

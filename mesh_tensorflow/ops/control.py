@@ -300,25 +300,31 @@ class _ForwardScope:
 
   `replay()` restores it while fn runs again in the backward pass, so that
   `mtf.get_variable` finds the forward call's variables (same scopes, same
-  variable map, which a pipeline stage may have replaced) and the
-  recomputed operations get the forward ones' names, so random operations
-  (dropout), whose seeds derive from their names, draw the same numbers.
+  variable map, which a pipeline stage may have replaced; default-named
+  `mtf.layers` layers get the same unique names) and the recomputed
+  operations get the forward ones' names, so random operations (dropout),
+  whose seeds derive from their names, draw the same numbers.
   """
+
+  _LAYER_SCOPES = "_mtf_layer_scopes"  # see layers_core.unique_layer_name
 
   def __init__(self, graph):
     self._graph = graph
     self._scope_stack = list(graph._scope_stack)  # pylint: disable=protected-access
     self._names_in_use = dict(graph._names_in_use)  # pylint: disable=protected-access
     self._name_to_variable = graph.name_to_variable
+    self._layer_scopes = set(graph.__dict__.get(self._LAYER_SCOPES, ()))
     self._variable_scope = tf.compat.v1.get_variable_scope()
 
   @contextlib.contextmanager
   def replay(self):
     graph = self._graph
-    saved = (graph._scope_stack, graph._names_in_use, graph.name_to_variable)  # pylint: disable=protected-access
+    saved = (graph._scope_stack, graph._names_in_use, graph.name_to_variable,  # pylint: disable=protected-access
+             graph.__dict__.get(self._LAYER_SCOPES))
     graph._scope_stack = list(self._scope_stack)  # pylint: disable=protected-access
     graph._names_in_use = dict(self._names_in_use)  # pylint: disable=protected-access
     graph.name_to_variable = self._name_to_variable
+    graph.__dict__[self._LAYER_SCOPES] = set(self._layer_scopes)
     try:
       if self._variable_scope.name != tf.compat.v1.get_variable_scope().name:
         with tf.compat.v1.variable_scope(self._variable_scope, auxiliary_name_scope=False):
@@ -326,7 +332,11 @@ class _ForwardScope:
       else:
         yield
     finally:
-      graph._scope_stack, graph._names_in_use, graph.name_to_variable = saved  # pylint: disable=protected-access
+      graph._scope_stack, graph._names_in_use, graph.name_to_variable, layer_scopes = saved  # pylint: disable=protected-access
+      if layer_scopes is None:
+        graph.__dict__.pop(self._LAYER_SCOPES, None)
+      else:
+        graph.__dict__[self._LAYER_SCOPES] = layer_scopes
 
 
 def recompute_grad(fn: Callable, explicit_inputs: Sequence[Tensor], name=None):

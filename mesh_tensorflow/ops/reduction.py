@@ -10,6 +10,8 @@ one allreduce of the smallest tensor.
 
 from __future__ import annotations
 
+import math
+
 import tensorflow as tf
 
 from mesh_tensorflow.graph import Operation, Tensor
@@ -219,7 +221,7 @@ class SoftmaxOperation(Operation):
     mesh_axis = impl.tensor_dimension_to_mesh_axis(self._dim)
     laid = lowering.laid_out(x)
     if mesh_axis is None:
-      fn = tf.nn.log_softmax if self._log else tf.nn.softmax
+      fn = tf.nn.log_softmax if self._log else _softmax_any_rank
       result = impl.slicewise(lambda t: fn(t, axis=axis), laid)
     else:
       local_max = impl.slicewise(
@@ -236,6 +238,17 @@ class SoftmaxOperation(Operation):
     # Max, subtract, exp, sum and normalize: about five operations per element.
     lowering.add_flops(5 * num_elements(result.tensor_list[0]))
     lowering.set_tensor_lowering(self.outputs[0], result)
+
+
+def _softmax_any_rank(t: tf.Tensor, axis: int) -> tf.Tensor:
+  """tf.nn.softmax, also for more than 5 dimensions, which TensorFlow's oneDNN
+  CPU kernel rejects ("Input dims must be <= 5"): the dimensions before and
+  after `axis` are folded into one each (reshapes, no copies)."""
+  shape = t.shape.as_list()
+  if len(shape) <= 5:
+    return tf.nn.softmax(t, axis=axis)
+  folded = [math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])]
+  return tf.reshape(tf.nn.softmax(tf.reshape(t, folded), axis=1), shape)
 
 
 def log_softmax(x: Tensor, reduced_dim, extra_logit=None, name=None) -> Tensor:
