@@ -310,6 +310,15 @@ class VarianceScalingInitializer(Initializer):
       >>> he_normal().stddev([512, 2048])   # sqrt(2 / 512)
       0.0625
     """
+    # Under the unit-scaling convention the layers scale their contractions
+    # instead, so fan_in weights have variance `scale` (see layers_unit_scaling).
+    from mesh_tensorflow.layers_unit_scaling import unit_scaling_convention  # pylint: disable=g-import-not-at-top
+    if unit_scaling_convention():
+      if self.mode != "fan_in":
+        raise ValueError(f"VarianceScalingInitializer: mode {self.mode!r} does not work with "
+                         "the unit-scaling convention (unit_scaling_convention.value = True); "
+                         "use mode 'fan_in'.")
+      return math.sqrt(self.scale)
     fan_in, fan_out = self.fans(full_shape)
     n = {"fan_in": fan_in, "fan_out": fan_out, "fan_avg": (fan_in + fan_out) / 2.0}[self.mode]
     return math.sqrt(self.scale / max(1.0, float(n)))

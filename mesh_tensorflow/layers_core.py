@@ -21,7 +21,7 @@ from mesh_tensorflow import initializers
 from mesh_tensorflow.graph import Mesh, Operation, Tensor
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops import random_ops
-from mesh_tensorflow.ops.einsum import einsum
+from mesh_tensorflow.layers_unit_scaling import us_einsum
 from mesh_tensorflow.ops.indexing import gather
 from mesh_tensorflow.ops.reduction import reduce_mean
 from mesh_tensorflow.ops.shape_ops import rename_dimension
@@ -206,7 +206,7 @@ def dense(x: Tensor, new_dims: Optional[DimOrDims] = None,
     kernel_weights = get_dense_kernel_weights(
         x, new_dims, reduced_dims, expert_dims, kernel_initializer, name, variable_dtype)
   with x.mesh.graph.name_scope(name):
-    y = einsum([x, kernel_weights], output_shape=Shape(kept + new_dims))
+    y = us_einsum([x, kernel_weights], output_shape=Shape(kept + new_dims))
     if use_bias:
       b = get_variable(x.mesh, "bias", Shape(expert_dims + new_dims),
                        initializer=initializers.zeros(), dtype=variable_dtype)

@@ -441,6 +441,32 @@ def test_us_einsum_follows_the_unit_scaling_convention():
   _close(values["on_sum_all"], (xa @ wa).sum() / np.sqrt(24), "all dims summed")
 
 
+def test_dense_and_its_initializer_follow_the_unit_scaling_convention():
+  """Under the convention dense's kernel has unit scale (fan_in ignored) and
+  its product is divided by sqrt(fan_in): the output's scale is unchanged."""
+  d_in, d_out = mtf.Dimension("d_in", 256), mtf.Dimension("d_out", 64)
+  init = mtf.layers.VarianceScalingInitializer(scale=2.0)
+  assert init.stddev([256, 64]) == pytest.approx(np.sqrt(2.0 / 256))
+  with gin.unlock_config():
+    gin.bind_parameter("us_dense_scope/unit_scaling_convention.value", True)
+
+  def builder(mesh):
+    x = mtf.ones(mesh, [batch, d_in])
+    assert init.stddev([256, 64]) == pytest.approx(np.sqrt(2.0))
+    with pytest.raises(ValueError, match="mode 'fan_avg' does not work"):
+      mtf.layers.VarianceScalingInitializer(mode="fan_avg").stddev([256, 64])
+    y = mtf.layers.dense(x, d_out, reduced_dims=[d_in], use_bias=False,
+                         kernel_initializer=mtf.layers.VarianceScalingInitializer(),
+                         name="us_dense")
+    kernel = mesh.graph.all_variables[-1].outputs[0]
+    return {"y": y, "kernel": kernel}
+  # Variables take their values when lowered: the convention must hold then too.
+  with gin.config_scope("us_dense_scope"):
+    values = lower_and_run(builder, "all:1", "", mode="eager")
+  assert 0.8 < values["kernel"].std() < 1.2   # unit scale, not 1/sqrt(256)
+  _close(values["y"], np.ones((batch.size, 256)) @ values["kernel"] / 16.0, "dense")
+
+
 def test_bad_inputs_raise_value_errors():
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
