@@ -12,6 +12,9 @@ models from gin configs (see `utils.run`).
 # `mesh_tensorflow.transformer.transformer.Unitransformer` etc. resolve.
 from mesh_tensorflow.transformer import attention  # noqa: F401
 from mesh_tensorflow.transformer import layer_stack  # noqa: F401
+from mesh_tensorflow.transformer import memory_layers  # noqa: F401
 from mesh_tensorflow.transformer import moe  # noqa: F401
 from mesh_tensorflow.transformer import transformer  # noqa: F401
 from mesh_tensorflow.transformer import transformer_layers  # noqa: F401
+from mesh_tensorflow.transformer import vocab_embeddings  # noqa: F401
+from mesh_tensorflow.transformer import adaptive_softmax  # noqa: F401

@@ -9,6 +9,8 @@ use, so a config says e.g.
     Unitransformer.d_model = 512
     SelfAttention.num_heads = 8
     run.optimizer = @optimize.AdafactorOptimizer
+    Unitransformer.vocab_embedding_cls = @vocab_embeddings.FactorizedVocabEmbedding
+    FactorizedVocabEmbedding.inner_dimension_size = 64
 
 `parse` reads the package's `gin/defaults.gin` (the main job's settings), then
 the given files (paths, or names relative to the package's gin directory such
@@ -35,11 +37,17 @@ _SEARCH_PATH_ADDED: List[bool] = []
 # (module of this package, gin module, names).
 _MODEL_NAMES = [
     ("transformer", "transformer",
-     ["Unitransformer", "Bitransformer", "LayerStack", "make_layer_stack"]),
+     ["Unitransformer", "Bitransformer", "LayerStack", "make_layer_stack", "VocabEmbedding",
+      "get_vocab_embedding_cls"]),
     ("transformer_layers", "transformer_layers",
      ["SelfAttention", "EncDecAttention", "LocalSelfAttention", "DenseReluDense",
       "Conv1DLayer"]),
     ("moe", "moe", ["MoE1D", "MoE2D"]),
+    ("memory_layers", "memory_layers", ["ProductKeyValueMemory"]),
+    ("vocab_embeddings", "vocab_embeddings",
+     ["FactorizedVocabEmbedding", "AdaptiveVocabEmbedding", "MixtureOfSoftmaxes", "Mixtape"]),
+    ("adaptive_softmax", "adaptive_softmax",
+     ["AdaptiveSoftmaxVocabEmbedding", "adaptive_softmax_loss_fn"]),
 ]
 
 

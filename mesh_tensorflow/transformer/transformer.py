@@ -4,7 +4,9 @@
 A model is a `LayerStack` of `TransformerLayer` instances (attention,
 feed-forward, mixture of experts; see transformer_layers.py and moe.py)
 wrapped by a `Unitransformer`, which adds the vocabulary embedding, positions
-and the output softmax. Layers get a `Context` with everything else they need
+and the output softmax (the embedding and, with shared weights, the softmax
+come from a `VocabEmbedding` or another `vocab_embedding_cls`, see
+vocab_embeddings.py). Layers get a `Context` with everything else they need
 (mode, positions, packing ids, decoding caches, the list of auxiliary losses).
 
 Dimension names are fixed so that layout rules can refer to them: "batch",
@@ -33,6 +35,7 @@ caches, so a step costs O(length) rather than a full recomputation.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Optional, Union
 
 import numpy as np
@@ -102,6 +105,115 @@ def _one_position(ids: mtf.Tensor, position: mtf.Tensor, length_dim: mtf.Dimensi
   return mtf.reduce_sum(ids * pick, reduced_dim=length_dim)
 
 
+class VocabEmbedding:
+  """Token ids to model states and model states to logits, with one table.
+
+  The default vocabulary embedding of `Unitransformer`: a table [vocab,
+  d_model] (standard normal, layout-invariant), looked up for the inputs;
+  with `Unitransformer.shared_embedding_and_softmax_weights` the same table
+  makes the logits, hidden * d_model^-0.5 . table. A Unitransformer
+  without shared weights makes its logits with a separate dense layer
+  ("logits") instead of `hidden_to_logits`.
+
+  Other classes with the same constructor and the two methods
+  (vocab_embeddings.py, adaptive_softmax.py) replace it through
+  `Unitransformer.vocab_embedding_cls` or the original's gin binding
+  `get_vocab_embedding_cls.cls`.
+
+  Args:
+    mesh: the mtf.Mesh.
+    vocab_dim: the vocabulary dimension ("vocab").
+    output_dim: the model dimension ("d_model").
+    variable_dtype: an mtf.VariableDType.
+    name: the variable name ("embedding").
+    ensemble_dim: optional leading dimension(s) of the table (ensembles).
+    scale_variable_like_classifier_weights: initialize the table with
+      stddev d_model^-0.5 (like a classifier) and scale looked-up
+      embeddings by d_model^0.5 instead of the logits by d_model^-0.5.
+
+  Example:
+    >>> emb = VocabEmbedding(mesh, vocab_dim, model_dim, mtf.VariableDType(),
+    ...                      name="embedding", ensemble_dim=None)
+    >>> x = emb.ids_to_embedding(ids, context)        # [batch, length, d_model]
+    >>> logits = emb.hidden_to_logits(x, context)     # [batch, length, vocab]
+  """
+
+  def __init__(self, mesh: mtf.Mesh, vocab_dim: mtf.Dimension, output_dim: mtf.Dimension,
+               variable_dtype: mtf.VariableDType, name: str = "embedding",
+               ensemble_dim=None, scale_variable_like_classifier_weights: bool = False):
+    self._vocab_dim = vocab_dim
+    self._output_dim = output_dim
+    self._classifier_scale = scale_variable_like_classifier_weights
+    initializer = (mtf.initializers.random_normal(stddev=output_dim.size ** -0.5)
+                   if scale_variable_like_classifier_weights else None)
+    self._weights = mtf.layers.embedding_weights(
+        mesh, vocab_dim, output_dim, variable_dtype, name=name, ensemble_dim=ensemble_dim,
+        initializer=initializer)
+
+  @classmethod
+  def from_weights(cls, weights: mtf.Tensor, vocab_dim: mtf.Dimension,
+                   output_dim: mtf.Dimension) -> "VocabEmbedding":
+    """A VocabEmbedding over an existing table [..., vocab, d_model].
+
+    Example:
+      >>> emb = VocabEmbedding.from_weights(table, vocab_dim, model_dim)
+    """
+    obj = cls.__new__(cls)
+    obj._vocab_dim, obj._output_dim = vocab_dim, output_dim
+    obj._classifier_scale = False
+    obj._weights = weights
+    return obj
+
+  @property
+  def weights(self) -> mtf.Tensor:
+    """The table [..., vocab, d_model]."""
+    return self._weights
+
+  def ids_to_embedding(self, ids: mtf.Tensor, context: Optional[Context] = None) -> mtf.Tensor:
+    """The embeddings [ids dims..., d_model] of int ids in [0, vocab)."""
+    del context
+    x = mtf.gather(self._weights, ids, self._vocab_dim)
+    if self._classifier_scale:
+      x = x * (self._output_dim.size ** 0.5)
+    return x
+
+  def hidden_to_logits(self, hidden: mtf.Tensor,
+                       context: Optional[Context] = None) -> mtf.Tensor:
+    """The logits [..., vocab] of model states hidden [..., d_model]."""
+    del context
+    if not self._classifier_scale:
+      hidden = hidden * (self._output_dim.size ** -0.5)
+    extra = [d for d in self._weights.shape.dims
+             if d not in (self._vocab_dim, self._output_dim) and d not in hidden.shape.dims]
+    return mtf.einsum([hidden, self._weights], output_shape=mtf.Shape(
+        extra + (hidden.shape - [self._output_dim]).dims + [self._vocab_dim]))
+
+
+def get_vocab_embedding_cls(cls=VocabEmbedding):
+  """The vocabulary embedding class of Unitransformers built without an
+  explicit `vocab_embedding_cls`: the original's gin hook, so that
+  `transformer.get_vocab_embedding_cls.cls = @vocab_embeddings.Mixtape`
+  in a ported gin file still works.
+
+  Example:
+    >>> get_vocab_embedding_cls() is VocabEmbedding
+    True
+  """
+  return cls
+
+
+def _default_vocab_embedding_cls():
+  """get_vocab_embedding_cls(), through gin when gin_config registered it
+  (the model library itself never imports gin); VocabEmbedding then also
+  takes its gin bindings (VocabEmbedding.scale_variable_like_classifier_weights)."""
+  gin_config = sys.modules.get("mesh_tensorflow.transformer.gin_config")
+  if gin_config is None:
+    return get_vocab_embedding_cls()
+  configurables = gin_config.CONFIGURABLES
+  cls = configurables.get("get_vocab_embedding_cls", get_vocab_embedding_cls)()
+  return configurables.get("VocabEmbedding", cls) if cls is VocabEmbedding else cls
+
+
 class Unitransformer:
   """A Transformer with one layer stack: a language model or an encoder, or
   (inside a Bitransformer) the encoder or decoder.
@@ -134,6 +246,12 @@ class Unitransformer:
     loss_on_targets_only: for the same: no loss on the inputs part.
     loss_denominator: divide the summed token losses by this number instead
       of the number of non-padding target tokens.
+    vocab_embedding_cls: the class that embeds the input ids and, with
+      shared_embedding_and_softmax_weights, makes the logits: called as
+      cls(mesh, vocab_dim, d_model_dim, variable_dtype, name="embedding",
+      ensemble_dim=None); see `VocabEmbedding`, vocab_embeddings.py and
+      adaptive_softmax.py. None: `get_vocab_embedding_cls()` (VocabEmbedding
+      unless gin binds get_vocab_embedding_cls.cls).
 
   The loss is the mean (over non-padding target tokens) of the softmax
   cross-entropy, plus z_loss * log(Z)^2 in training, plus the auxiliary
@@ -153,7 +271,7 @@ class Unitransformer:
                layout=None, mesh_shape=None, vocab_divisor: int = 128, loss_fn=None,
                positional_embedding: Union[str, bool, None] = "learned",
                input_full_attention: bool = False, loss_on_targets_only: bool = False,
-               loss_denominator: Optional[float] = None):
+               loss_denominator: Optional[float] = None, vocab_embedding_cls=None):
     if input_vocab_size is None:
       raise ValueError("Unitransformer: input_vocab_size is required.")
     if autoregressive and not output_vocab_size:
@@ -178,17 +296,42 @@ class Unitransformer:
     self.loss_on_targets_only = loss_on_targets_only
     self.loss_denominator = loss_denominator
     self._loss_fn = loss_fn
+    self.vocab_embedding_cls = (vocab_embedding_cls if vocab_embedding_cls is not None
+                                else _default_vocab_embedding_cls())
+    if self.output_vocab_dim is not None:
+      self._check_vocab_embedding()
+
+  def _check_vocab_embedding(self) -> None:
+    cls = getattr(self.vocab_embedding_cls, "func", self.vocab_embedding_cls)
+    cls_name = getattr(cls, "__name__", repr(cls))
+    if self.shared_embedding_and_softmax_weights:
+      if self.input_vocab_dim != self.output_vocab_dim:
+        raise ValueError(
+            f"Unitransformer {self.name!r}: shared_embedding_and_softmax_weights needs "
+            f"equal input and output vocabularies, got {self.input_vocab_dim.size} and "
+            f"{self.output_vocab_dim.size} (after rounding up to vocab_divisor).")
+    elif getattr(cls, "logits_need_shared_weights", False):  # cls may be a partial's func
+      raise ValueError(
+          f"Unitransformer {self.name!r}: {cls_name} makes the output softmax, which "
+          "it only does with shared_embedding_and_softmax_weights=True (gin: "
+          "Unitransformer.shared_embedding_and_softmax_weights = True).")
 
   @property
   def fully_autoregressive(self) -> bool:
     return self.autoregressive and not self.input_full_attention
 
   # ---- the network -----------------------------------------------------------
-  def _embedding_weights(self, context: Context) -> mtf.Tensor:
-    if "embedding" in context.shared_params:
-      return context.shared_params["embedding"]
-    return mtf.layers.embedding_weights(context.mesh, self.input_vocab_dim, self.model_dim,
-                                        context.variable_dtype, name="embedding")
+  def _vocab_embedding(self, context: Context):
+    """The vocabulary embedding object: the one shared with another
+    Unitransformer (context.shared_params["embedding"]) or this model's own."""
+    shared = context.shared_params.get("embedding")
+    if isinstance(shared, mtf.Tensor):  # a bare table, as in earlier versions
+      return VocabEmbedding.from_weights(shared, self.input_vocab_dim, self.model_dim)
+    if shared is not None:
+      return shared
+    return self.vocab_embedding_cls(context.mesh, self.input_vocab_dim, self.model_dim,
+                                    context.variable_dtype, name="embedding",
+                                    ensemble_dim=None)
 
   def _position_embedding(self, context: Context, x: mtf.Tensor) -> Optional[mtf.Tensor]:
     kind = self.positional_embedding
@@ -217,8 +360,9 @@ class Unitransformer:
   def _call_internal(self, context: Context, inputs: mtf.Tensor,
                      targets: Optional[mtf.Tensor] = None) -> mtf.Tensor:
     """Logits [batch..., (length,) vocab] (or activations for an encoder)."""
-    embedding = self._embedding_weights(context)
-    x = mtf.gather(embedding, inputs, self.input_vocab_dim)
+    vocab_embedding = self._vocab_embedding(context)
+    context.cache["vocab_embedding"] = vocab_embedding
+    x = vocab_embedding.ids_to_embedding(inputs, context)
     pos = self._position_embedding(context, x)
     if pos is not None:
       x = x + pos
@@ -227,23 +371,41 @@ class Unitransformer:
         and getattr(self.layer_stack, "schedules_loss", lambda c: False)(context)):
       # A pipelined stack running the 1F1B schedule computes the loss of
       # each micro-batch inside its schedule (layer_stack.py).
+      if self._own_loss(vocab_embedding, context) is not None:
+        raise ValueError(
+            f"Unitransformer {self.name!r}: {type(vocab_embedding).__name__} computes its "
+            "own training loss, which pipeline_schedule='1f1b' cannot run per "
+            "micro-batch; use pipeline_schedule='gpipe'.")
       logits, loss = self.layer_stack.logits_and_loss(
-          context, x, lambda y: self._logits(context, y, embedding), targets)
+          context, x, lambda y: self._logits(context, y, vocab_embedding), targets)
       context.losses.append(loss)
       return logits
     x = self.layer_stack.call(context, x)
     if self.output_vocab_dim is None:
       return x
-    logits = self._logits(context, x, embedding)
+    context.cache["vocab_embedding_hidden"] = x
+    logits = self._logits(context, x, vocab_embedding)
     if targets is not None and context.losses is not None:
-      context.losses.append(self._compute_loss(context, logits, targets, self.output_vocab_dim))
+      own_loss = self._own_loss(vocab_embedding, context)
+      if own_loss is not None:
+        context.losses.append(own_loss(self, x, targets, context))
+      else:
+        context.losses.append(
+            self._compute_loss(context, logits, targets, self.output_vocab_dim))
     return logits
 
-  def _logits(self, context: Context, x: mtf.Tensor, embedding: mtf.Tensor) -> mtf.Tensor:
+  def _own_loss(self, vocab_embedding, context: Context):
+    """The vocabulary embedding's own training loss (an adaptive softmax's,
+    whose gradients never go through the whole softmax), or None."""
+    if (self._loss_fn is not None or not context.train
+        or not self.shared_embedding_and_softmax_weights):
+      return None
+    return getattr(vocab_embedding, "compute_loss", None)
+
+  def _logits(self, context: Context, x: mtf.Tensor, vocab_embedding) -> mtf.Tensor:
     """The output logits [..., vocab] of the stack's output x."""
     if self.shared_embedding_and_softmax_weights:
-      return mtf.einsum([x * (self.model_dim.size ** -0.5), embedding],
-                        output_shape=(x.shape - [self.model_dim]) + [self.output_vocab_dim])
+      return vocab_embedding.hidden_to_logits(x, context)
     return mtf.layers.dense(x, self.output_vocab_dim, reduced_dims=[self.model_dim],
                             use_bias=False, variable_dtype=context.variable_dtype,
                             name="logits")
@@ -537,8 +699,9 @@ class Bitransformer:
 
   The decoder's self-attention is causal and each decoder layer may attend
   to the encoder output (EncDecAttention layers). With shared_embedding the
-  two share one embedding table (and learned position table), created under
-  "shared/".
+  two share one vocabulary embedding (an instance of their
+  vocab_embedding_cls, by default one table) and learned position table,
+  created under "shared/".
 
   Args:
     encoder: a Unitransformer with output_vocab_size None (name "encoder").
@@ -579,9 +742,14 @@ class Bitransformer:
       raise ValueError("Bitransformer: shared_embedding needs the same d_model and input "
                        f"vocabulary in encoder ({enc.model_dim}, {enc.input_vocab_dim}) and "
                        f"decoder ({dec.model_dim}, {dec.input_vocab_dim}).")
+    if enc.vocab_embedding_cls is not dec.vocab_embedding_cls:
+      raise ValueError(
+          "Bitransformer: shared_embedding needs one vocab_embedding_cls for encoder and "
+          f"decoder, got {enc.vocab_embedding_cls!r} and {dec.vocab_embedding_cls!r}.")
     with mtf.name_scope(mesh, "shared"):
-      params["embedding"] = mtf.layers.embedding_weights(
-          mesh, enc.input_vocab_dim, enc.model_dim, variable_dtype, name="embedding")
+      params["embedding"] = enc.vocab_embedding_cls(
+          mesh, enc.input_vocab_dim, enc.model_dim, variable_dtype, name="embedding",
+          ensemble_dim=None)
       if (enc.positional_embedding == dec.positional_embedding == "learned"
           and enc.max_length_dim == dec.max_length_dim):
         params["positional_embedding"] = mtf.layers.embedding_weights(
