@@ -358,11 +358,8 @@ def masked_local_attention_1d(x: Tensor, kv_channels: Dimension, heads: Dimensio
                      f"divide {length}.")
   mesh = x.mesh
   with layer_scope(mesh, name, "masked_local_attention_1d"):
-    if params is None:
-      wq, wk, wv, wo = multihead_attention_vars(mesh, heads, io_channels, kv_channels,
-                                                master_dtype, slice_dtype, x.dtype)
-    else:
-      wq, wk, wv, wo = params
+    wq, wk, wv, wo = params or multihead_attention_vars(
+        mesh, heads, io_channels, kv_channels, master_dtype, slice_dtype, x.dtype)
     qkv_shape = Shape(batch_dims + [heads, length, kv_channels])
     q = einsum([x, wq], output_shape=qkv_shape)
     k = einsum([x, wk], output_shape=qkv_shape)

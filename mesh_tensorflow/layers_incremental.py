@@ -181,11 +181,8 @@ def masked_local_attention_1d_incremental(
   heads, window_length, kv_channels = prev_k.shape.dims[-3:]
   mesh = x.mesh
   with layer_scope(mesh, name, "masked_local_attention_1d"):
-    if params is None:
-      wq, wk, wv, wo = multihead_attention_vars(mesh, heads, io_channels, kv_channels,
-                                                master_dtype, slice_dtype, x.dtype)
-    else:
-      wq, wk, wv, wo = params
+    wq, wk, wv, wo = params or multihead_attention_vars(
+        mesh, heads, io_channels, kv_channels, master_dtype, slice_dtype, x.dtype)
     step = _step_tensor(mesh, step_num, prev_k, what)
     shape = Shape(batch_dims + [heads, kv_channels])
     q = einsum([x, wq], output_shape=shape)
