@@ -86,10 +86,27 @@ class MeshImpl:
   size = property(lambda self: self._shape.size)
   layout_rules = property(lambda self: self._layout_rules)
 
+  # The original's nested class name: `mesh_impl.LaidOutTensor([...])`.
+  LaidOutTensor = LaidOutTensor
+
   @property
   def supports_control_dependencies(self) -> bool:
     """Whether ops on this mesh may take TensorFlow control dependencies."""
     return True
+
+  def Print(self, x, data, message: str, **kwargs) -> "LaidOutTensor":  # pylint: disable=invalid-name
+    """x (a LaidOutTensor), after printing `message` and each processor's
+    slices of `data` (LaidOutTensors) with tf.print when it runs.
+
+    Example:
+      >>> y = impl.Print(laid_x, [laid_x], "x is")
+    """
+    data = [as_laid_out(d) for d in data]
+
+    def fn(t, *slices):
+      with tf.control_dependencies([tf.print(message, *slices, **kwargs)]):
+        return tf.identity(t)
+    return self.slicewise(fn, x, *data)
 
   def __repr__(self):
     return (f"{type(self).__name__}(shape='{self._shape.to_string()}', "

@@ -423,3 +423,82 @@ def _reduce_n(tensors, reduction_fn_string: str) -> tf.Tensor:
   if fn is None:
     raise ValueError(f"Unknown reduction {reduction_fn_string!r}.")
   return functools.reduce(fn, tensors)
+
+
+# ---- the original's collectives over plain lists of tensors ------------------------
+# Ported code calls these module functions directly on one tf.Tensor per device.
+# Each device computes its result from the others' tensors (TensorFlow copies
+# between devices as needed); the "ring" in the names is the original's
+# schedule, which this library's lowering does not use.
+
+
+def _check_per_device(xs, devices, what: str) -> None:
+  if len(devices) != len(xs):
+    raise ValueError(f"{what}: got {len(xs)} tensors and {len(devices)} devices; give one "
+                     "device per tensor.")
+
+
+def allreduce_ring(xs: Sequence[tf.Tensor], devices: Sequence[str],
+                   reduction_fn_string: str = "SUM") -> list:
+  """The reduction ("SUM", "MAX", "MIN", ...) of all of xs, on every device.
+
+  Example:
+    >>> ys = allreduce_ring([a0, a1], ["cpu:0", "cpu:1"])   # [a0 + a1, a0 + a1]
+  """
+  _check_per_device(xs, devices, "allreduce_ring")
+  if len(xs) == 1:
+    return list(xs)
+  results = []
+  for device in devices:
+    with tf.device(device):
+      results.append(_reduce_n(list(xs), reduction_fn_string))
+  return results
+
+
+allreduce_ring_single_shard = allreduce_ring
+
+
+def allconcat_ring(xs: Sequence[tf.Tensor], devices: Sequence[str], concat_axis: int) -> list:
+  """All of xs concatenated along concat_axis, on every device.
+
+  Example:
+    >>> ys = allconcat_ring([a0, a1], ["cpu:0", "cpu:1"], 0)   # [a0; a1] twice
+  """
+  _check_per_device(xs, devices, "allconcat_ring")
+  if len(xs) == 1:
+    return list(xs)
+  results = []
+  for device in devices:
+    with tf.device(device):
+      results.append(tf.concat(list(xs), axis=concat_axis))
+  return results
+
+
+def alltoall_ring(xs: Sequence[tf.Tensor], devices: Sequence[str], split_axis: int,
+                  concat_axis: int) -> list:
+  """MPI all-to-all: xs[i] is cut into len(xs) parts along split_axis, and
+  device j gets part j of every tensor, concatenated along concat_axis.
+
+  Example:
+    >>> ys = alltoall_ring([a0, a1], ["cpu:0", "cpu:1"], split_axis=1, concat_axis=0)
+  """
+  _check_per_device(xs, devices, "alltoall_ring")
+  n = len(xs)
+  if n == 1:
+    return list(xs)
+  for i, x in enumerate(xs):
+    if x.shape[split_axis] is not None and x.shape[split_axis] % n:
+      raise ValueError(f"alltoall_ring: tensor {i} has {x.shape[split_axis]} entries along "
+                       f"split_axis {split_axis}, not divisible by {n} devices.")
+  parts = []
+  for x, device in zip(xs, devices):
+    with tf.device(device):
+      parts.append(tf.split(x, n, axis=split_axis))
+  results = []
+  for j, device in enumerate(devices):
+    with tf.device(device):
+      results.append(tf.concat([p[j] for p in parts], axis=concat_axis))
+  return results
+
+
+alltoall_pointtwise = alltoall_ring

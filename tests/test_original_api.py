@@ -566,3 +566,35 @@ def test_pool_and_transposed_conv_classes_with_the_original_signatures():
     graph = mtf.Graph()
     mtf.PoolOperation(mtf.zeros(mtf.Mesh(graph, "m"), [batch, h, w, cin]), [2, 2], [2, 2], "MAX")
   assert issubclass(mtf.Conv3dTransposeOperation, mtf.Operation)
+
+
+def test_placement_module_collectives_over_lists_of_tensors():
+  pmi = mtf.placement_mesh_impl
+  devices = DEVICES[:4]
+  xs = [tf.constant(np.arange(8, dtype=np.float32).reshape(2, 4) + 10 * i) for i in range(4)]
+  total = sum(x.numpy() for x in xs)
+  for fn in (pmi.allreduce_ring, pmi.allreduce_ring_single_shard):
+    ys = fn(xs, devices)
+    assert len(ys) == 4 and all(np.allclose(y.numpy(), total) for y in ys)
+    assert [y.device.endswith(f"CPU:{i}") for i, y in enumerate(ys)] == [True] * 4
+  assert np.allclose(pmi.allreduce_ring(xs, devices, "MAX")[2].numpy(), xs[3].numpy())
+  ys = pmi.allconcat_ring(xs, devices, 0)
+  assert all(np.allclose(y.numpy(), np.concatenate([x.numpy() for x in xs])) for y in ys)
+  for fn in (pmi.alltoall_ring, pmi.alltoall_pointtwise):
+    ys = fn(xs, devices, split_axis=1, concat_axis=0)
+    for j, y in enumerate(ys):
+      assert np.allclose(y.numpy(), np.concatenate([x.numpy()[:, j:j + 1] for x in xs]))
+  with pytest.raises(ValueError, match="one device per tensor"):
+    pmi.allreduce_ring(xs, devices[:3])
+  with pytest.raises(ValueError, match="not divisible by 3"):
+    pmi.alltoall_ring(xs[:3], devices[:3], split_axis=1, concat_axis=0)
+
+
+def test_mesh_impl_print_and_laid_out_tensor_class(capfd):
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "a:all", DEVICES[:2])
+  laid = impl.LaidOutTensor([tf.constant([1.0, 2.0]), tf.constant([3.0, 4.0])])
+  assert isinstance(laid, mtf.LaidOutTensor)
+  printed = impl.Print(laid, [laid], "slices are")
+  assert [t.numpy().tolist() for t in printed.tensor_list] == [[1.0, 2.0], [3.0, 4.0]]
+  printed_text = "".join(capfd.readouterr())
+  assert "slices are [1 2]" in printed_text and "slices are [3 4]" in printed_text
