@@ -94,6 +94,20 @@ def step_counter(mesh: Mesh, name: str = STEP_COUNTER_NAME) -> Tensor:
   return value
 
 
+def step_num():
+  """The original's TensorFlow global step, which this library does not keep.
+
+  Raises:
+    ValueError: always, naming the replacements: `step_counter(mesh)` (an mtf
+      scalar, advanced by `apply_grads`) or `apply_grads(..., step=)`.
+  """
+  raise ValueError(
+      "mtf.optimize.step_num(): there is no TensorFlow global step here. Use "
+      "mtf.optimize.step_counter(mesh) (the number of updates applied, an int64 mtf "
+      "scalar), pass the step to apply_grads(..., step=...), or give the optimizer a "
+      "schedule: a function of the step such as mtf.learning_rate_schedules.rsqrt_decay.")
+
+
 def _advance_step_counters(graph: Graph) -> List[Operation]:
   """Assignments that add one to each step counter of `graph` not yet advanced."""
   ops = []

@@ -531,6 +531,8 @@ def test_original_optimizer_helpers():
   assert ada.decay_rate(3) == pytest.approx(0.5)
   assert isinstance(mtf.optimize.make_optimizer(types.SimpleNamespace(optimizer="SGD"), 0.1),
                     mtf.optimize.SgdOptimizer)
+  with pytest.raises(ValueError, match="step_counter"):
+    mtf.optimize.step_num()
   with pytest.raises(ValueError, match="hparams.optimizer is 'Adam'"):
     mtf.optimize.make_optimizer(types.SimpleNamespace(optimizer="Adam"), 0.1)
   hp.optimizer_adafactor_decay_type = "exp"
