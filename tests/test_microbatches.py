@@ -85,3 +85,18 @@ def test_bad_arguments():
     return {"loss": mtf.reduce_sum(f["x"] * w)}
   with pytest.raises(ValueError, match=r"made new variables \['w2'\] on micro-batch 1"):
     mtf.serialize_training_step(features, new_variable_each_call, batch, 2)
+
+
+def test_cutting_and_joining_a_split_batch_moves_no_data():
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, X, [batch, d_in])
+
+    def model_fn(features):
+      return {"loss": mtf.reduce_sum(features["x"]) * 0.0, "y": features["x"] * 2.0}
+    _, outputs = mtf.serialize_training_step({"x": x}, model_fn, batch, 2)
+    return {"y": outputs["y"]}
+  got, lowering = lower_and_run(build, "rows:4;cols:2", "batch:rows;d_in:cols", DEVICES,
+                                return_lowering=True)
+  np.testing.assert_allclose(got["y"], X * 2.0)
+  # Only the loss's scalar allreduce communicates.
+  assert set(lowering.collective_counts()) <= {"allreduce"}
