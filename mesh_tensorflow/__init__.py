@@ -73,6 +73,7 @@ from mesh_tensorflow.ops.legacy_classes import (
     binary_op_with_broadcasting)
 from mesh_tensorflow.ops.random_ops import RandomOperation
 from mesh_tensorflow.microbatches import serialize_training_step
+from mesh_tensorflow import signal_ops  # noqa: F401  (mtf.signal_ops.fft3d, ifft3d)
 from mesh_tensorflow.ops.utilities import (
     anonymize, anonymous_shape, assign_add_slice, assign_slice, assign_sub_slice,
     binary_reduction_fn, combined_dimension, is_subsequence, left_halo_exchange, list_product,

@@ -31,6 +31,12 @@ def gradients(ys: Sequence[Tensor], xs: Sequence[Tensor],
   for t in ys + xs:
     if not isinstance(t, Tensor):
       raise TypeError(f"mtf.gradients: {t!r} is not an mtf.Tensor.")
+  for x in xs:
+    if x.dtype.is_complex:
+      raise ValueError(
+          f"mtf.gradients: {x.name} has dtype {x.dtype.name}; mtf differentiates with "
+          "respect to real floating tensors only, and complex operations (mtf.signal_ops "
+          "included) have no gradients.")
   graph = ys[0].graph
   if operations is None:
     operations = list(graph.operations)
