@@ -11,6 +11,7 @@ models from gin configs (see `utils.run`).
 # The model library (plain Python, no gin): imported here so that
 # `mesh_tensorflow.transformer.transformer.Unitransformer` etc. resolve.
 from mesh_tensorflow.transformer import attention  # noqa: F401
+from mesh_tensorflow.transformer import funnel_transformer  # noqa: F401
 from mesh_tensorflow.transformer import layer_stack  # noqa: F401
 from mesh_tensorflow.transformer import memory_layers  # noqa: F401
 from mesh_tensorflow.transformer import moe  # noqa: F401

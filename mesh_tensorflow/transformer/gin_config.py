@@ -44,6 +44,8 @@ _MODEL_NAMES = [
       "Conv1DLayer"]),
     ("moe", "moe", ["MoE1D", "MoE2D"]),
     ("memory_layers", "memory_layers", ["ProductKeyValueMemory"]),
+    ("funnel_transformer", "funnel_transformer",
+     ["FunnelTransformerLayerStack", "BitransformerFunnel"]),
     ("vocab_embeddings", "vocab_embeddings",
      ["FactorizedVocabEmbedding", "AdaptiveVocabEmbedding", "MixtureOfSoftmaxes", "Mixtape"]),
     ("adaptive_softmax", "adaptive_softmax",

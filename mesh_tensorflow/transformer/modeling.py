@@ -46,7 +46,8 @@ def round_up(n: int, multiple: int) -> int:
 @gin.configurable
 def build_model(model_type: str, input_vocab_size: int, output_vocab_size: int,
                 max_length: int, vocab_divisor: int = 8, layout: Optional[str] = None,
-                mesh_shape: Optional[str] = None):
+                mesh_shape: Optional[str] = None, encoder_layer_stack=None,
+                decoder_layer_stack=None, bitransformer_cls=None):
   """The transformer of `model_type`; its sizes and layers come from gin
   (see gin/defaults.gin and gin/models/*.gin).
 
@@ -64,16 +65,24 @@ def build_model(model_type: str, input_vocab_size: int, output_vocab_size: int,
     layout: the layout rules, for layers that adapt to them (mixture of
       experts groups tokens by how the batch is split).
     mesh_shape: the mesh shape, likewise.
+    encoder_layer_stack: the encoder's layer stack (default: the gin-configured
+      `make_layer_stack()` in scope "encoder"), e.g. in gin
+      `build_model.encoder_layer_stack = @funnel_transformer.FunnelTransformerLayerStack()`.
+    decoder_layer_stack: the same for the decoder (or the language model).
+    bitransformer_cls: the encoder-decoder class (default `Bitransformer`),
+      e.g. `@funnel_transformer.BitransformerFunnel`.
 
   Example:
     >>> model = build_model("lm", 259, 259, 128)
   """
   unitransformer = gin_config.configurable("Unitransformer")
   make_layer_stack = gin_config.configurable("make_layer_stack")
+  stacks = {"encoder": encoder_layer_stack, "decoder": decoder_layer_stack}
 
   def side(name: str, input_size: int, output_size: Optional[int], autoregressive: bool):
+    stack = stacks[name] if stacks[name] is not None else make_layer_stack()
     return unitransformer(
-        layer_stack=make_layer_stack(), input_vocab_size=input_size,
+        layer_stack=stack, input_vocab_size=input_size,
         output_vocab_size=output_size, autoregressive=autoregressive,
         max_length=max_length, name=name, vocab_divisor=vocab_divisor, layout=layout,
         mesh_shape=mesh_shape)
@@ -85,7 +94,7 @@ def build_model(model_type: str, input_vocab_size: int, output_vocab_size: int,
       encoder = side("encoder", input_vocab_size, None, False)
     with gin.config_scope("decoder"):
       decoder = side("decoder", output_vocab_size, output_vocab_size, True)
-    return gin_config.configurable("Bitransformer")(encoder, decoder)
+    return (bitransformer_cls or gin_config.configurable("Bitransformer"))(encoder, decoder)
   raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}.")
 
 
