@@ -322,7 +322,7 @@ class FunnelTransformerLayerStack(transformer.LayerStack):
       self._check_recompute(context, self._layers)
     for k, (b, p, r, s, layer) in enumerate(schedule):
       scope = "funnel_block_%03d/param_idx_%03d/submodule_%03d" % (b, p, s)
-      x = self._sublayer(context, x, layer, scope, policy)
+      x = self._sublayer(context, x, layer, scope, policy, scope)
       if b > 0 and p == 0 and r == 0 and s == 0:
         x = self.pool(context, x)
       if context.layer_outputs is not None and k != len(schedule) - 1:
@@ -332,44 +332,19 @@ class FunnelTransformerLayerStack(transformer.LayerStack):
     self.set_context(context)
     return x
 
-  def _sublayer(self, context: transformer.Context, x: mtf.Tensor, layer, scope: str,
-                policy: str) -> mtf.Tensor:
-    """x + dropout(layer(norm(x))) under `scope`, as LayerStack's layers."""
-    mask = context.nonpadding
+  def _replayable(self, context: transformer.Context, block):
     # recompute="layer" runs block again in the backward pass, when later
     # poolings have shortened the context: give it the context of now.
     pinned = (context.length_dim, context.sequence_id, context.position)
 
-    def block(x):
+    def replay(x):
       now = (context.length_dim, context.sequence_id, context.position)
       context.length_dim, context.sequence_id, context.position = pinned
       try:
-        return body(x)
+        return block(x)
       finally:
         context.length_dim, context.sequence_id, context.position = now
-
-    def body(x):
-      with mtf.name_scope(context.mesh, scope):
-        if policy == "selective":
-          norm_x = self._recompute(
-              lambda t: self._norm(context, t if mask is None else t * mask), [x], policy)
-        else:
-          norm_x = self._norm(context, x if mask is None else x * mask)
-        with mtf.name_scope(context.mesh, getattr(layer, "scope_name", type(layer).__name__)):
-          y = layer.call(context, norm_x)
-        if y.shape != x.shape:
-          raise ValueError(f"{type(self).__name__}: {scope} ({type(layer).__name__}) "
-                           f"returned shape {y.shape} for an input of shape {x.shape}.")
-        return x + self._dropout(context, y)
-    if policy == "layer":
-      return self._recompute(block, [x], policy)
-    saved = context.recompute_attention
-    if policy == "selective":
-      context.recompute_attention = lambda fn, ins: self._recompute(fn, ins, policy)
-    try:
-      return block(x)
-    finally:
-      context.recompute_attention = saved
+    return replay
 
   def pool(self, context: transformer.Context, x: mtf.Tensor) -> mtf.Tensor:
     """Pools x and the context (length_dim, sequence_id, position) along the

@@ -312,16 +312,15 @@ class LayerStack(TransformerLayer):
 
   def call(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
     self.recompute_ops = []
-    mask = context.nonpadding
     x = self._dropout(context, x)
     if context.layer_outputs is not None:
       context.layer_outputs.append(x)
     if not self.pipelined:
-      x = self._apply_layers(context, x, self._layers, 0, mask, collect=True)
+      x = self._apply_layers(context, x, self._layers, 0, collect=True)
     elif self._runs_pipelined(context):
       x = self._call_pipelined(context, x)
     else:
-      x = self._call_stages_in_turn(context, x, mask)
+      x = self._call_stages_in_turn(context, x)
     return self.finish(context, x)
 
   def finish(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
@@ -336,7 +335,7 @@ class LayerStack(TransformerLayer):
     return x
 
   # ---- the layers ------------------------------------------------------------
-  def _apply_layers(self, context: Context, x: mtf.Tensor, layers, first: int, mask,
+  def _apply_layers(self, context: Context, x: mtf.Tensor, layers, first: int,
                     collect: bool = False) -> mtf.Tensor:
     """x through `layers` (scopes "layer_%03d" from `first`)."""
     policy = self.recompute if context.train else "none"
@@ -344,35 +343,49 @@ class LayerStack(TransformerLayer):
       self._check_recompute(context, layers)
     for j, layer in enumerate(layers):
       lnum = first + j
-
-      def block(x, layer=layer, lnum=lnum):
-        with mtf.name_scope(context.mesh, "layer_%03d" % lnum):
-          if policy == "selective":
-            norm_x = self._recompute(
-                lambda t: self._norm(context, t if mask is None else t * mask), [x], policy)
-          else:
-            norm_x = self._norm(context, x if mask is None else x * mask)
-          with mtf.name_scope(context.mesh, getattr(layer, "scope_name",
-                                                    type(layer).__name__)):
-            y = layer.call(context, norm_x)
-          if y.shape != x.shape:
-            raise ValueError(f"LayerStack: layer {lnum} ({type(layer).__name__}) returned "
-                             f"shape {y.shape} for an input of shape {x.shape}.")
-          return x + self._dropout(context, y)
-      if policy == "layer":
-        x = self._recompute(block, [x], policy)
-      else:
-        saved = context.recompute_attention
-        if policy == "selective":
-          context.recompute_attention = lambda fn, ins: self._recompute(fn, ins, policy)
-        try:
-          x = block(x)
-        finally:
-          context.recompute_attention = saved
+      x = self._sublayer(context, x, layer, "layer_%03d" % lnum, policy, f"layer {lnum}")
       if collect and context.layer_outputs is not None and lnum != len(self._layers) - 1:
         context.layer_outputs.append(x)
       context.layer_index += 1
     return x
+
+  def _sublayer(self, context: Context, x: mtf.Tensor, layer, scope: str, policy: str,
+                label: str) -> mtf.Tensor:
+    """x + dropout(layer(norm(x))) in the name scope `scope`, under the
+    recompute policy ("none", "layer" or "selective"); `label` names the
+    layer in errors."""
+    mask = context.nonpadding
+
+    def block(x):
+      with mtf.name_scope(context.mesh, scope):
+        if policy == "selective":
+          norm_x = self._recompute(
+              lambda t: self._norm(context, t if mask is None else t * mask), [x], policy)
+        else:
+          norm_x = self._norm(context, x if mask is None else x * mask)
+        with mtf.name_scope(context.mesh, getattr(layer, "scope_name", type(layer).__name__)):
+          y = layer.call(context, norm_x)
+        if y.shape != x.shape:
+          raise ValueError(f"{type(self).__name__}: {label} ({type(layer).__name__}) returned "
+                           f"shape {y.shape} for an input of shape {x.shape}.")
+        return x + self._dropout(context, y)
+    block = self._replayable(context, block)
+    if policy == "layer":
+      return self._recompute(block, [x], policy)
+    saved = context.recompute_attention
+    if policy == "selective":
+      context.recompute_attention = lambda fn, ins: self._recompute(fn, ins, policy)
+    try:
+      return block(x)
+    finally:
+      context.recompute_attention = saved
+
+  def _replayable(self, context: Context, block):
+    """`block` as recompute="layer" runs it: now, and again in the backward
+    pass. Stacks that change the context between layers (funnel pooling)
+    pin the context `block` saw here."""
+    del context
+    return block
 
   def _recompute(self, fn, inputs, policy):
     out = mtf.recompute_grad(fn, inputs)
@@ -426,7 +439,7 @@ class LayerStack(TransformerLayer):
     def stage_fn(h, *carried):
       sub = self._stage_context(context, h, names, carried)
       with mtf.name_scope(context.mesh, "pipeline"):
-        out = self._apply_layers(sub, h, layers, 0, sub.nonpadding)
+        out = self._apply_layers(sub, h, layers, 0)
       if sub.losses:
         raise ValueError(
             "LayerStack: a pipelined stack's layers must not add auxiliary losses "
@@ -537,7 +550,7 @@ class LayerStack(TransformerLayer):
     context.layer_index += len(self._layers)
     return result[0] if len(result) == 1 else tuple(result)
 
-  def _call_stages_in_turn(self, context: Context, x: mtf.Tensor, mask) -> mtf.Tensor:
+  def _call_stages_in_turn(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
     """Decoding with a pipelined stack: stage after stage, whole batch."""
     k = self.layers_per_stage
     layers = self._layers[:k]
@@ -551,7 +564,7 @@ class LayerStack(TransformerLayer):
 
     def run(ctx, x):
       with mtf.name_scope(context.mesh, "pipeline"):
-        return self._apply_layers(ctx, x, layers, 0, mask)
+        return self._apply_layers(ctx, x, layers, 0)
     sv.discover(run, probe, x)
     for s in range(self.num_stages):
       with sv.stage(s):
