@@ -432,6 +432,15 @@ def _reduce_n(tensors, reduction_fn_string: str) -> tf.Tensor:
 # schedule, which this library's lowering does not use.
 
 
+def _on_each(devices: Sequence[str], fn: Callable[[int], tf.Tensor]) -> list:
+  """[fn(i) computed on devices[i] for each i]."""
+  results = []
+  for i, device in enumerate(devices):
+    with tf.device(device):
+      results.append(fn(i))
+  return results
+
+
 def _check_per_device(xs, devices, what: str) -> None:
   if len(devices) != len(xs):
     raise ValueError(f"{what}: got {len(xs)} tensors and {len(devices)} devices; give one "
@@ -448,11 +457,7 @@ def allreduce_ring(xs: Sequence[tf.Tensor], devices: Sequence[str],
   _check_per_device(xs, devices, "allreduce_ring")
   if len(xs) == 1:
     return list(xs)
-  results = []
-  for device in devices:
-    with tf.device(device):
-      results.append(_reduce_n(list(xs), reduction_fn_string))
-  return results
+  return _on_each(devices, lambda _: _reduce_n(list(xs), reduction_fn_string))
 
 
 allreduce_ring_single_shard = allreduce_ring
@@ -467,11 +472,7 @@ def allconcat_ring(xs: Sequence[tf.Tensor], devices: Sequence[str], concat_axis:
   _check_per_device(xs, devices, "allconcat_ring")
   if len(xs) == 1:
     return list(xs)
-  results = []
-  for device in devices:
-    with tf.device(device):
-      results.append(tf.concat(list(xs), axis=concat_axis))
-  return results
+  return _on_each(devices, lambda _: tf.concat(list(xs), axis=concat_axis))
 
 
 def alltoall_ring(xs: Sequence[tf.Tensor], devices: Sequence[str], split_axis: int,
@@ -490,15 +491,8 @@ def alltoall_ring(xs: Sequence[tf.Tensor], devices: Sequence[str], split_axis: i
     if x.shape[split_axis] is not None and x.shape[split_axis] % n:
       raise ValueError(f"alltoall_ring: tensor {i} has {x.shape[split_axis]} entries along "
                        f"split_axis {split_axis}, not divisible by {n} devices.")
-  parts = []
-  for x, device in zip(xs, devices):
-    with tf.device(device):
-      parts.append(tf.split(x, n, axis=split_axis))
-  results = []
-  for j, device in enumerate(devices):
-    with tf.device(device):
-      results.append(tf.concat([p[j] for p in parts], axis=concat_axis))
-  return results
+  parts = _on_each(devices, lambda i: tf.split(xs[i], n, axis=split_axis))
+  return _on_each(devices, lambda j: tf.concat([p[j] for p in parts], axis=concat_axis))
 
 
 alltoall_pointtwise = alltoall_ring
