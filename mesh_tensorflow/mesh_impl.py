@@ -59,6 +59,22 @@ class LazyAllreduceSum:
       self._reduced = self.mesh_impl.allreduce(self.laid_out_input, self.mesh_axes, "SUM")
     return self._reduced
 
+  def combine(self, other, tf_fn) -> "LazyAllreduceSum | LaidOutTensor":
+    """tf_fn (add or subtract) of self and other: two pending sums over the
+    same mesh axes combine their partial sums and stay pending (one allreduce
+    later instead of two); otherwise both are reduced first.
+
+    Example:
+      >>> total = lazy_a.combine(lazy_b, tf.add)   # still one pending allreduce
+    """
+    if isinstance(other, LazyAllreduceSum) and other.mesh_axes == self.mesh_axes:
+      return LazyAllreduceSum(self.mesh_impl, self.mesh_impl.slicewise(
+          tf_fn, self.laid_out_input, other.laid_out_input), self.mesh_axes)
+    return self.mesh_impl.slicewise(tf_fn, self.to_laid_out_tensor(), as_laid_out(other))
+
+  def __add__(self, other):
+    return self.combine(other, tf.add)
+
 
 def as_laid_out(x):
   return x.to_laid_out_tensor() if hasattr(x, "to_laid_out_tensor") else x

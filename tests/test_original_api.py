@@ -600,3 +600,14 @@ def test_mesh_impl_print_and_laid_out_tensor_class(capfd):
   assert [t.numpy().tolist() for t in printed.tensor_list] == [[1.0, 2.0], [3.0, 4.0]]
   printed_text = "".join(capfd.readouterr())
   assert "slices are [1 2]" in printed_text and "slices are [3 4]" in printed_text
+
+
+def test_lazy_allreduce_sums_add_before_their_one_allreduce():
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "", DEVICES[:2])
+  a = mtf.LazyAllreduceSum(impl, mtf.LaidOutTensor([tf.constant(1.0), tf.constant(2.0)]), [0])
+  b = mtf.LazyAllreduceSum(impl, mtf.LaidOutTensor([tf.constant(10.0), tf.constant(20.0)]), [0])
+  total = a + b
+  assert isinstance(total, mtf.LazyAllreduceSum) and total.mesh_axes == (0,)
+  assert [float(t) for t in total.to_laid_out_tensor().tensor_list] == [33.0, 33.0]
+  plain = a + mtf.LaidOutTensor([tf.constant(5.0), tf.constant(6.0)])
+  assert [float(t) for t in plain.tensor_list] == [8.0, 9.0]

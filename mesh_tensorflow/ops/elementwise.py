@@ -353,10 +353,7 @@ class _LazyAwareAdd(ElementwiseOperation):
     if (isinstance(a, LazyAllreduceSum) and isinstance(b, LazyAllreduceSum)
         and a.mesh_axes == b.mesh_axes
         and self._inputs[0].shape == self._inputs[1].shape == self.outputs[0].shape):
-      impl = lowering.mesh_impl(self)
-      summed = impl.slicewise(self._tf_fn, a.laid_out_input, b.laid_out_input)
-      lowering.set_tensor_lowering(self.outputs[0],
-                                   LazyAllreduceSum(impl, summed, a.mesh_axes))
+      lowering.set_tensor_lowering(self.outputs[0], a.combine(b, self._tf_fn))
       return
     super().lower(lowering)
 
