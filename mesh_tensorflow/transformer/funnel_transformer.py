@@ -108,8 +108,7 @@ def pool_tensor_1d(x: mtf.Tensor, pool_dim: mtf.Dimension, reduce_fn: ReduceFn =
   """
   if pool_dim not in x.shape.dims:
     raise ValueError(f"pool_tensor_1d: {x.shape} has no dimension {pool_dim}.")
-  if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
-    raise ValueError(f"pool_tensor_1d: pool_size must be a positive integer, got {pool_size!r}.")
+  transformer.positive_int(pool_size, "pool_tensor_1d: pool_size")
   kind = _pooling_kind(reduce_fn)
   window = mtf.Dimension(WINDOW_DIM_NAME, pool_size)
   if nonpadding is None and pool_dim.size % pool_size:
@@ -220,9 +219,10 @@ class FunnelTransformerLayerStack(transformer.LayerStack):
                pooling_type: str = "mean", n_submodules: int = 2, dropout_rate: float = 0.0,
                norm_epsilon: float = 1e-6, norm_type: str = "rms", recompute: str = "none"):
     name = type(self).__name__
-    _check_count(name, "n_blocks", n_blocks)
-    _check_count(name, "n_submodules", n_submodules)
-    _check_count(name, "pooling_size", pooling_size)
+    ints = (int, np.integer)
+    for arg, value in (("n_blocks", n_blocks), ("n_submodules", n_submodules),
+                       ("pooling_size", pooling_size)):
+      transformer.positive_int(value, f"{name}: {arg}", integer_types=ints)
     for arg, sizes in (("block_param_size", block_param_size),
                        ("block_repeat_size", block_repeat_size)):
       if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
@@ -231,7 +231,7 @@ class FunnelTransformerLayerStack(transformer.LayerStack):
         raise ValueError(f"{name}: {arg} has {len(sizes)} entries for n_blocks={n_blocks}; "
                          "give one per block.")
       for size in sizes:
-        _check_count(name, f"every entry of {arg}", size)
+        transformer.positive_int(size, f"{name}: every entry of {arg}", integer_types=ints)
     if pooling_type not in POOLING_TYPES:
       raise ValueError(f"{name}: pooling_type must be one of {POOLING_TYPES}, got "
                        f"{pooling_type!r}.")
@@ -412,11 +412,6 @@ class FunnelTransformerLayerStack(transformer.LayerStack):
             f"(lengths per block {lengths}), which {mdim.size} does not divide. Make the "
             f"length a multiple of {multiple} or drop the layout rule "
             f"'{context.length_dim.name}:{mdim.name}'.")
-
-
-def _check_count(layer: str, name: str, value) -> None:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-    raise ValueError(f"{layer}: {name} must be a positive integer, got {value!r}.")
 
 
 class BitransformerFunnel(transformer.Bitransformer):

@@ -33,11 +33,6 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import transformer
 
 
-def _check_positive_int(layer: str, name: str, value) -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ValueError(f"{layer}: {name} must be a positive integer, got {value!r}.")
-
-
 def _as_variable_dtype(dtype, activation_dtype: tf.DType) -> mtf.VariableDType:
   """A context's variable dtype as an mtf.VariableDType (a plain tf.DType or
   None, as some callers pass, means that dtype throughout)."""
@@ -82,7 +77,7 @@ class ProductKeyValueMemory(transformer.TransformerLayer):
     name = type(self).__name__
     for arg, value in (("key_size", key_size), ("n_keys", n_keys), ("n_heads", n_heads),
                        ("knn", knn)):
-      _check_positive_int(name, arg, value)
+      transformer.positive_int(value, f"{name}: {arg}")
     if key_size % 2:
       raise ValueError(f"{name}: key_size must be even (the query is cut into two halves "
                        f"of key_size / 2), got {key_size}.")

@@ -50,6 +50,19 @@ EOS_ID = 1
 _NEG_INF = -1e9
 
 
+def positive_int(value, what: str, hint: str = "", integer_types=(int,)) -> int:
+  """value, if it is a positive integer (of `integer_types`, never a bool);
+  else a ValueError "<what> must be a positive integer, got <value><hint>".
+
+  Example:
+    >>> positive_int(64, "FactorizedVocabEmbedding: inner_dimension_size")
+    64
+  """
+  if isinstance(value, bool) or not isinstance(value, integer_types) or value < 1:
+    raise ValueError(f"{what} must be a positive integer, got {value!r}{hint}.")
+  return value
+
+
 def _round_up(n: int, divisor: int) -> int:
   return n if not divisor else -(-n // divisor) * divisor
 

@@ -48,12 +48,6 @@ def _ensemble_dims(ensemble_dim) -> List[mtf.Dimension]:
   return list(ensemble_dim)
 
 
-def _positive_int(value, what: str, hint: str) -> int:
-  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-    raise ValueError(f"{what} must be a positive integer, got {value!r}{hint}.")
-  return value
-
-
 def check_clusters(clusters: Optional[Sequence[Mapping[str, Any]]], vocab_dim: mtf.Dimension,
                    output_dim: mtf.Dimension, owner: str,
                    allowed_keys=("token_count", "embedding_size")) -> List[Dict[str, Any]]:
@@ -84,9 +78,9 @@ def check_clusters(clusters: Optional[Sequence[Mapping[str, Any]]], vocab_dim: m
     if "token_count" not in spec:
       raise ValueError(f"{owner}: cluster {i} lacks 'token_count'.")
     spec = dict(spec)
-    _positive_int(spec["token_count"], f"{owner}: cluster {i}'s token_count", "")
-    spec["embedding_size"] = _positive_int(spec.get("embedding_size", output_dim.size),
-                                           f"{owner}: cluster {i}'s embedding_size", "")
+    transformer.positive_int(spec["token_count"], f"{owner}: cluster {i}'s token_count", "")
+    spec["embedding_size"] = transformer.positive_int(
+        spec.get("embedding_size", output_dim.size), f"{owner}: cluster {i}'s embedding_size", "")
     out.append(spec)
   counts = [spec["token_count"] for spec in out]
   if sum(counts) != vocab_dim.size:
@@ -128,8 +122,9 @@ class FactorizedVocabEmbedding:
   def __init__(self, mesh: mtf.Mesh, vocab_dim: mtf.Dimension, output_dim: mtf.Dimension,
                variable_dtype: mtf.VariableDType, name: str = "embedding",
                ensemble_dim=None, inner_dimension_size: Optional[int] = None):
-    size = _positive_int(inner_dimension_size, "FactorizedVocabEmbedding: inner_dimension_size",
-                         " (gin: FactorizedVocabEmbedding.inner_dimension_size = 128)")
+    size = transformer.positive_int(
+        inner_dimension_size, "FactorizedVocabEmbedding: inner_dimension_size",
+        " (gin: FactorizedVocabEmbedding.inner_dimension_size = 128)")
     self._vocab_dim = vocab_dim
     self._output_dim = output_dim
     self._inner_dim = mtf.Dimension("inner_vocab", size)
@@ -304,8 +299,9 @@ class MixtureOfSoftmaxes:
   def __init__(self, mesh: mtf.Mesh, vocab_dim: mtf.Dimension, output_dim: mtf.Dimension,
                variable_dtype: mtf.VariableDType, name: str = "embedding",
                ensemble_dim=None, num_softmaxes: Optional[int] = None):
-    k = _positive_int(num_softmaxes, "MixtureOfSoftmaxes: num_softmaxes",
-                      " (gin: MixtureOfSoftmaxes.num_softmaxes = 4)")
+    k = transformer.positive_int(
+        num_softmaxes, "MixtureOfSoftmaxes: num_softmaxes",
+        " (gin: MixtureOfSoftmaxes.num_softmaxes = 4)")
     self._vocab_dim = vocab_dim
     self._output_dim = output_dim
     self._copy_dim = mtf.Dimension(f"_{output_dim.name}_copy", output_dim.size)
@@ -399,8 +395,9 @@ class Mixtape:
                ensemble_dim=None, extra_ids: int = 0, dropout_rate: float = 0.0,
                gate_embedding_size: Optional[int] = None,
                frequent_token_fraction: float = 0.1, noise_std_dev: float = 0.0):
-    gate_size = _positive_int(gate_embedding_size, "Mixtape: gate_embedding_size",
-                              " (gin: Mixtape.gate_embedding_size = 16)")
+    gate_size = transformer.positive_int(
+        gate_embedding_size, "Mixtape: gate_embedding_size",
+        " (gin: Mixtape.gate_embedding_size = 16)")
     if not 0.0 <= frequent_token_fraction <= 1.0:
       raise ValueError(f"Mixtape: frequent_token_fraction must be in [0, 1], got "
                        f"{frequent_token_fraction}.")
