@@ -11,6 +11,7 @@ An mtf `Graph` is built in Python before any TensorFlow op exists; a
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import FrozenSet, Iterable, List, Optional, Sequence
 
 import tensorflow as tf
@@ -31,7 +32,7 @@ class Graph:
     self.name_to_variable = {}
     self._names_in_use = {}
     self._scope_stack: List[str] = []
-    self._lowered_into = set()
+    self._lowered_into = weakref.WeakSet()  # TF graphs: must not keep them alive
     self.rng_seed = 0
 
   @property

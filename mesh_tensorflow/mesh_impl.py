@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
-import weakref
 from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
@@ -382,25 +381,22 @@ def _tensor_axis_of(layout, mesh_axis):
   return None
 
 
-_GRAPH_CACHES: "collections.OrderedDict[int, tuple]" = collections.OrderedDict()
-_CACHED_GRAPHS = 8
+_CACHE_ATTRIBUTE = "_mesh_tensorflow_lowering_cache"
 
 
 def graph_cache(graph: tf.Graph) -> dict:
   """A dict for tensors that lowering creates once per TensorFlow graph and
-  shares (constants, reshapes). Kept for the few graphs used last (a while
-  loop's body and the graph around it alternate), so that no cache keeps an
-  old traced graph alive."""
-  key = id(graph)
-  entry = _GRAPH_CACHES.get(key)
-  if entry is None or entry[0]() is not graph:
-    entry = (weakref.ref(graph), {})
-    _GRAPH_CACHES[key] = entry
-    while len(_GRAPH_CACHES) > _CACHED_GRAPHS:
-      _GRAPH_CACHES.popitem(last=False)
-  else:
-    _GRAPH_CACHES.move_to_end(key)
-  return entry[1]
+  shares (constants, reshapes).
+
+  It lives on the graph object itself, so it goes away with the graph: a
+  module-level cache would keep old traced graphs alive, and every garbage
+  collection walks all their objects.
+  """
+  cache = getattr(graph, _CACHE_ATTRIBUTE, None)
+  if cache is None:
+    cache = {}
+    setattr(graph, _CACHE_ATTRIBUTE, cache)
+  return cache
 
 
 def once_per_graph(key: tuple, make):

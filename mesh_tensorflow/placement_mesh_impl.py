@@ -18,7 +18,8 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 from mesh_tensorflow.collective_keys import placement_group_key
-from mesh_tensorflow.mesh_impl import LaidOutTensor, MeshImpl, as_laid_out, int_constant
+from mesh_tensorflow.mesh_impl import (LaidOutTensor, MeshImpl, as_laid_out, graph_cache,
+                                      int_constant)
 from mesh_tensorflow.shapes import convert_to_shape
 
 _COLLECTIVE_CHOICES = ("auto", "direct", "collective")
@@ -87,14 +88,9 @@ class PlacementMeshImpl(MeshImpl):
       collectives = "collective" if all_gpu and self.size > 1 else "direct"
     self._collectives = collectives
     self._collective_timeout = float(collective_timeout)
-    self._collective_chain = {}
     if share_replicas == "auto":
       share_replicas = _all_cpus_of_one_process(self._devices)
     self._share = bool(share_replicas) and collectives == "direct"
-    # Shared memory: which slices are blocks of one whole tensor (imports,
-    # slice_along), so that concatenating them back is that tensor, not a copy.
-    self._blocks = {}
-    self._blocks_graph = None
 
   devices = property(lambda self: list(self._devices))
   collectives = property(lambda self: self._collectives)
@@ -195,12 +191,12 @@ class PlacementMeshImpl(MeshImpl):
     return LaidOutTensor(out)
 
   def _last_collective(self, pnum: int):
-    graph = tf.compat.v1.get_default_graph()
-    last = self._collective_chain.get((id(graph), pnum))
-    return [last] if last is not None and last.graph is graph else []
+    cache = graph_cache(tf.compat.v1.get_default_graph())
+    last = cache.get(("last collective", id(self), pnum))
+    return [] if last is None else [last]
 
   def _set_last_collective(self, pnum: int, op) -> None:
-    self._collective_chain[(id(tf.compat.v1.get_default_graph()), pnum)] = op
+    graph_cache(tf.compat.v1.get_default_graph())[("last collective", id(self), pnum)] = op
 
   def allconcat(self, x, mesh_axis: int, concat_axis: int) -> LaidOutTensor:
     x = as_laid_out(x)
@@ -274,10 +270,7 @@ class PlacementMeshImpl(MeshImpl):
     """The block records of the graph being built (None: not sharing, or eager)."""
     if not self._share or tf.executing_eagerly():
       return None
-    graph = tf.compat.v1.get_default_graph()
-    if self._blocks_graph is not graph:  # keep only the current graph's tensors
-      self._blocks, self._blocks_graph = {}, graph
-    return self._blocks
+    return graph_cache(tf.compat.v1.get_default_graph()).setdefault(("blocks", id(self)), {})
 
   def _note_block(self, block, whole, mesh_axis: int, tensor_axis: int, index: int) -> None:
     registry = self._block_registry()
