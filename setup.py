@@ -17,7 +17,7 @@ setup(
     extras_require={
         # pytest-xdist: the suite runs in two processes (tracing and lowering
         # are single-threaded Python, so the second core would idle).
-        "test": ["pytest", "pytest-xdist", "hypothesis", "scikit-learn", "matplotlib"],
+        "test": ["pytest", "pytest-xdist>=3.0", "hypothesis", "scikit-learn", "matplotlib"],
         # Layout report PNGs (mtf.layout_report(...).to_png, python -m mesh_tensorflow.report --png).
         "report": ["matplotlib"],
         # auto_mtf needs no extra: it searches exhaustively or with a beam (OR-Tools,

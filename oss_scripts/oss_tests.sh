@@ -7,5 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet --disable-pip-version-check -e ".[test,examples]"
 # One worker process per core, at most 4 (each holds TensorFlow and 8 devices);
-# the 15 slowest tests are listed at the end, to keep an eye on suite time.
-python -m pytest tests -q -n auto --maxprocesses 4 --durations=15 "$@"
+# tests marked with one xdist_group run in one worker, so that a module
+# fixture they share (a run over every layout) is computed once; the 15
+# slowest tests are listed at the end, to keep an eye on suite time.
+python -m pytest tests -q -n auto --maxprocesses 4 --dist loadgroup --durations=15 "$@"

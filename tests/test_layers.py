@@ -230,6 +230,7 @@ def runs():
   return {cid: _run(*config) for cid, config in zip(CONFIG_IDS, CONFIGS)}
 
 
+@pytest.mark.xdist_group("test_layers_runs")  # shares the module's `runs` fixture
 @pytest.mark.parametrize("config", CONFIG_IDS)
 def test_layers_match_reference(runs, config):
   values, cot = runs[config]
@@ -244,6 +245,7 @@ def test_layers_match_reference(runs, config):
       assert "grad/" + key[4:] in want, key
 
 
+@pytest.mark.xdist_group("test_layers_runs")  # shares the module's `runs` fixture
 def test_variables_and_results_are_layout_invariant(runs):
   base, _ = runs[CONFIG_IDS[0]]
   for cid in CONFIG_IDS[1:]:

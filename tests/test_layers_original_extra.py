@@ -257,6 +257,7 @@ def _close(actual, expected, msg, rtol=2e-4, atol=2e-5):
   np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=msg)
 
 
+@pytest.mark.xdist_group("test_layers_original_extra_runs")  # shares the module's `runs` fixture
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_halo_exchanges_and_2d_bias(runs, config):
   values = runs[config]
@@ -281,6 +282,7 @@ def test_halo_exchanges_and_2d_bias(runs, config):
   _close(values["out/bias2d"], np.where(later, -1e9, 0.0), "bias2d")
 
 
+@pytest.mark.xdist_group("test_layers_original_extra_runs")  # shares the module's `runs` fixture
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_local_attention_spatial_blocks_match_brute_force(runs, config):
   values = runs[config]
@@ -307,6 +309,7 @@ def test_local_attention_spatial_blocks_match_brute_force(runs, config):
     _close(values[f"out/{key}"], want, f"{config} {key}")
 
 
+@pytest.mark.xdist_group("test_layers_original_extra_runs")  # shares the module's `runs` fixture
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_incremental_steps_equal_whole_sequence_layers(runs, config):
   values = runs[config]
@@ -332,6 +335,7 @@ def test_incremental_steps_equal_whole_sequence_layers(runs, config):
                            (q - m >= 0) & (q - m < WINDOW)), "local reference")
 
 
+@pytest.mark.xdist_group("test_layers_original_extra_runs")  # shares the module's `runs` fixture
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_memory_compressed_attention_matches_numpy(runs, config):
   values = runs[config]
@@ -344,6 +348,7 @@ def test_memory_compressed_attention_matches_numpy(runs, config):
     _close(values[f"out/{key}"], want, f"{config} {key}")
 
 
+@pytest.mark.xdist_group("test_layers_original_extra_runs")  # shares the module's `runs` fixture
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_reversible_gradient_equals_plain_backpropagation(runs, config):
   values = runs[config]
@@ -360,6 +365,7 @@ def test_reversible_gradient_equals_plain_backpropagation(runs, config):
   _close(values["out/rev_plain"], (x1 + x2) / 2, "reversible reference")
 
 
+@pytest.mark.xdist_group("test_layers_original_extra_runs")  # shares the module's `runs` fixture
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_transposed_convolutions_over_blocks_match_tensorflow(runs, config):
   values = runs[config]
@@ -386,6 +392,7 @@ def test_transposed_convolutions_over_blocks_match_tensorflow(runs, config):
     _close(got.reshape(want.shape), want, f"{config} conv3d_t{i}")
 
 
+@pytest.mark.xdist_group("test_layers_original_extra_runs")  # shares the module's `runs` fixture
 def test_results_and_gradients_are_layout_invariant(runs):
   base = runs["single"]
   for cid in list(CONFIGS)[1:]:

@@ -107,6 +107,7 @@ def short_cli_runs(tmp_path_factory):
     ("model_parallel", "hidden:all", "all:8"),
     ("2x4", "batch:rows;hidden:cols", "rows:2;cols:4"),
 ])
+@pytest.mark.xdist_group("test_mnist_short_cli_runs")  # shares `short_cli_runs`
 def test_cli_presets(short_cli_runs, layout, rules, mesh_shape):
   match, stdout = short_cli_runs[layout]
   assert match["layout"] == rules and match["mesh"] == mesh_shape
@@ -117,6 +118,7 @@ def test_cli_presets(short_cli_runs, layout, rules, mesh_shape):
   assert "step 60: test accuracy" in stdout
 
 
+@pytest.mark.xdist_group("test_mnist_short_cli_runs")  # shares `short_cli_runs`
 def test_cli_presets_agree(short_cli_runs):
   losses = [float(m["loss"]) for m, _ in short_cli_runs.values()]
   accuracies = [float(m["acc"]) for m, _ in short_cli_runs.values()]
