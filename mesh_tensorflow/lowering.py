@@ -58,7 +58,10 @@ class Lowering:
 
   def __init__(self, graph: Graph, mesh_to_impl: Dict[Mesh, MeshImpl],
                autostack: bool = True, log_file=None):
-    del autostack, log_file  # accepted for compatibility
+    del log_file  # accepted for compatibility
+    # Accepted for compatibility: variables are never stacked here (each is its
+    # own slice variables), so the flag changes nothing.
+    self.autostack = autostack
     if not isinstance(graph, Graph):
       raise TypeError(f"Lowering: graph must be an mtf.Graph, got {graph!r}.")
     self.graph = graph

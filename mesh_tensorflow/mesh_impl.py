@@ -79,6 +79,17 @@ def as_laid_out(x):
   return x.to_laid_out_tensor() if hasattr(x, "to_laid_out_tensor") else x
 
 
+def convert_args_to_laid_out_tensors(xs) -> list:
+  """`xs` with pending sums completed (`LazyAllreduceSum` -> `LaidOutTensor`);
+  other values (laid-out tensors, numbers, TF tensors) pass through. For
+  custom lowerings that hand lowered inputs to `mesh_impl.slicewise`.
+
+  Example:
+    >>> x, y = mtf.convert_args_to_laid_out_tensors([lowering.tensors[a], 2.0])
+  """
+  return [as_laid_out(x) for x in xs]
+
+
 class MeshImpl:
   """Shape, layout rules and the operations every mesh implementation provides.
 
@@ -299,6 +310,38 @@ class MeshImpl:
     sizes = self._shape.to_integer_list()
     stride = math.prod(sizes[mesh_axis + 1:])
     return self.slicewise(lambda p: (p // stride) % sizes[mesh_axis], self.laid_out_pnum())
+
+  def laid_out_slice_num(self, tensor_shape) -> LaidOutTensor:
+    """Each processor's slice number of a tensor of `tensor_shape`, an int32
+    scalar slice: the row-major index of its slice among the tensor's slices
+    (tensor axes in order), so processors holding the same slice (replicas)
+    get the same number. Custom operations use it to seed per-slice work.
+
+    Example:
+      >>> impl = PlacementMeshImpl("rows:2;cols:4", "batch:rows", devices)
+      >>> impl.laid_out_slice_num("batch:8;d:4")   # 0,0,0,0,1,1,1,1
+    """
+    tensor_shape = convert_to_shape(tensor_shape)
+    number = self.slicewise(lambda p: tf.zeros([], tf.int32), self.laid_out_pnum())
+    for mesh_axis in self.tensor_layout(tensor_shape):
+      if mesh_axis is not None:
+        size = self.mesh_axis_size(mesh_axis)
+        number = self.slicewise(lambda n, c, size=size: n * size + c, number,
+                                self.laid_out_pcoord(mesh_axis))
+    return number
+
+  def mesh_axis_to_cumprod(self, tensor_shape) -> List[Optional[int]]:
+    """For each mesh axis, the product of the sizes of the tensor dimensions
+    before the one it splits (None where it splits none).
+
+    Example:
+      >>> impl.mesh_axis_to_cumprod("batch:8;d:4")   # batch:rows -> [1, None]
+    """
+    tensor_shape = convert_to_shape(tensor_shape)
+    sizes = tensor_shape.to_integer_list()
+    layout = self.tensor_layout(tensor_shape)
+    return [None if axis is None else math.prod(sizes[:axis])
+            for axis in layout.mesh_axis_to_tensor_axis(self.ndims)]
 
   def variable_device(self, pnum: int):
     raise NotImplementedError

@@ -611,3 +611,31 @@ def test_lazy_allreduce_sums_add_before_their_one_allreduce():
   assert [float(t) for t in total.to_laid_out_tensor().tensor_list] == [33.0, 33.0]
   plain = a + mtf.LaidOutTensor([tf.constant(5.0), tf.constant(6.0)])
   assert [float(t) for t in plain.tensor_list] == [8.0, 9.0]
+
+
+def test_slice_numbers_cumprods_and_laid_out_args_for_custom_lowerings():
+  """The MeshImpl helpers that the original's custom operations call."""
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("rows:2;cols:4", "d:rows;batch:cols", DEVICES)
+  simd = mtf.simd_mesh_impl.SimdMeshImpl("rows:2;cols:4", "d:rows;batch:cols", DEVICES)
+  shape = mtf.convert_to_shape("batch:8;e:3;d:2")
+  # rows split d (axis 2: 8 * 3 before it), cols split batch (axis 0: 1).
+  for mesh_impl in (impl, simd):
+    assert mesh_impl.mesh_axis_to_cumprod(shape) == [24, 1]
+    assert mesh_impl.mesh_axis_to_cumprod("e:3") == [None, None]
+
+  @tf.function
+  def numbers():
+    return [impl.laid_out_slice_num(s).tensor_list for s in (shape, "batch:8")]
+  slice_num, replicated = numbers()
+  # pnum = 4 * row + col; batch (split by col) is the major axis, d (row) minor;
+  # "batch:8" is split over cols only, so the two rows hold the same slices.
+  assert [int(t) for t in slice_num] == [2 * (p % 4) + p // 4 for p in range(8)]
+  assert [int(t) for t in replicated] == [p % 4 for p in range(8)]
+
+  lazy = mtf.LazyAllreduceSum(impl, mtf.LaidOutTensor([tf.constant(float(p)) for p in range(8)]),
+                              [0])
+  laid, number = mtf.convert_args_to_laid_out_tensors([lazy, 2.0])
+  assert isinstance(laid, mtf.LaidOutTensor) and number == 2.0
+  assert [float(t) for t in laid.tensor_list] == [p % 4 * 2 + 4.0 for p in range(8)]
+  graph = mtf.Graph()
+  assert mtf.Lowering(graph, {mtf.Mesh(graph, "m"): impl}, autostack=False).autostack is False
