@@ -639,3 +639,9 @@ def test_slice_numbers_cumprods_and_laid_out_args_for_custom_lowerings():
   assert [float(t) for t in laid.tensor_list] == [p % 4 * 2 + 4.0 for p in range(8)]
   graph = mtf.Graph()
   assert mtf.Lowering(graph, {mtf.Mesh(graph, "m"): impl}, autostack=False).autostack is False
+
+
+def test_estimator_checkpoint_hooks_say_what_replaces_them():
+  for hook in (mtf.MtfRestoreHook, mtf.MtfCheckpointSaverListener):
+    with pytest.raises(NotImplementedError, match="tf.estimator.*CheckpointManager"):
+      hook(object())
