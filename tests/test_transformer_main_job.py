@@ -26,19 +26,19 @@ def _main(model_dir):
 
 def test_main_job_learns_well_below_unigram_entropy_and_resumes(tmp_path):
   final, out = _main(tmp_path)
-  assert final["step"] == 600
+  assert final["step"] == 400
   assert "mesh 'rows:2;cols:4'" in out and "layout 'batch:rows;" in out
   assert "unigram entropy of the training tokens" in out
-  assert re.search(r"^step 600/600 loss=\S+ .*steps/s", out, re.M)
+  assert re.search(r"^step 400/400 loss=\S+ .*steps/s", out, re.M)
   assert 2.5 < final["unigram_entropy"] < 4.0
-  # "Well below": at most two thirds of the unigram entropy (about half in
-  # practice), on held-out files the model never saw.
+  # "Well below": at most two thirds of the unigram entropy (0.61 of it in
+  # practice: 1.91 against 3.14 nats), on held-out files the model never saw.
   assert final["eval_cross_entropy"] < final["unigram_entropy"] * 2 / 3, final
   assert final["perplexity"] < 8.0
   assert out.count("--- sample (prompt") == 4
-  assert glob.glob(str(tmp_path / "ckpt-600*")) and glob.glob(str(tmp_path / "events.*"))
+  assert glob.glob(str(tmp_path / "ckpt-400*")) and glob.glob(str(tmp_path / "events.*"))
 
   again, out = _main(tmp_path)
-  assert "(step 600)" in out and "nothing to train" in out
-  assert again["step"] == 600
+  assert "(step 400)" in out and "nothing to train" in out
+  assert again["step"] == 400
   assert abs(again["eval_loss"] - final["eval_loss"]) < 1e-4
