@@ -11,7 +11,8 @@ from mesh_tensorflow.layout import (
     LayoutRules, TensorLayout, convert_to_layout_rules, pnum_to_processor_coordinates,
     processor_coordinates_to_pnum, processor_groups)
 from mesh_tensorflow.graph import Graph, Mesh, Operation, Tensor, name_scope
-from mesh_tensorflow.mesh_impl import LaidOutTensor, LazyAllreduceSum, MeshImpl, convert_args_to_laid_out_tensors
+from mesh_tensorflow.mesh_impl import (
+    LaidOutTensor, LazyAllreduceSum, MeshImpl, convert_args_to_laid_out_tensors)
 from mesh_tensorflow.lowering import Lowering, pretty_print_counters
 from mesh_tensorflow.gradients import gradients
 from mesh_tensorflow import placement_mesh_impl

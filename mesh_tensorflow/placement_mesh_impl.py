@@ -267,7 +267,12 @@ class PlacementMeshImpl(MeshImpl):
     return LaidOutTensor(out)
 
   def _block_registry(self):
-    """The block records of the graph being built (None: not sharing, or eager)."""
+    """The block records of the graph being built (None: not sharing, or eager).
+
+    With shared memory, they say which slices are blocks of one whole tensor
+    (imports, slice_along), so that concatenating them back is that tensor, not
+    a copy.
+    """
     if not self._share or tf.executing_eagerly():
       return None
     return graph_cache(tf.compat.v1.get_default_graph()).setdefault(("blocks", id(self)), {})
