@@ -45,12 +45,13 @@ from mesh_tensorflow.ops.elementwise import (
     is_finite, leaky_relu, less, less_equal, log, log1p, logical_and, logical_not,
     logical_or, logical_xor, maximum, minimum, mod, multiply, negative, not_equal, pow,
     reciprocal, relu, relu6, round, rsqrt, selu, sigmoid, sign, silu, sin, softplus, sqrt,
-    square, squared_difference, sub, subtract, swish, tanh, to_bfloat16, to_float,
-    to_int32, truediv, where)
+    square, squared_difference, squared_relu, sub, subtract, swish, tanh, to_bfloat16,
+    to_float, to_int32, truediv, where)
 from mesh_tensorflow.ops.einsum import EinsumOperation, einsum, matmul
 from mesh_tensorflow.ops.reduction import (
-    ReduceOperation, SoftmaxOperation, log_softmax, reduce_all, reduce_any, reduce_logsumexp,
-    reduce_max, reduce_mean, reduce_min, reduce_sum, softmax)
+    ReduceOperation, SoftmaxOperation, log_softmax, pool_tensor_1d, reduce_all, reduce_any,
+    reduce_first, reduce_logsumexp, reduce_max, reduce_mean, reduce_min, reduce_sum, softmax,
+    stride_tensor_1d)
 from mesh_tensorflow.ops.shape_ops import (
     broadcast, rename_dimension, replace_dimensions, reshape, transpose)
 from mesh_tensorflow.ops.slicing import (

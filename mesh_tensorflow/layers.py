@@ -5,7 +5,8 @@ The layers live in these modules and are all exported here, so models use
 
 * layers_core.py: `dense`, `dense_product`, `dense_relu_dense`,
   `layer_norm`, `rms_norm`, `batch_norm`, `dropout`, `embedding`,
-  `embedding_weights`.
+  `embedding_weights`, `corr` (Pearson correlation) and
+  `clip_activation_gradient` (gin-configurable).
 * layers_attention.py: `dot_product_attention`, `multihead_attention`,
   `masked_local_attention_1d`, `attention_mask_ignore_padding`,
   `attention_mask_autoregressive`, `attention_mask_same_segment`,
@@ -50,9 +51,9 @@ from mesh_tensorflow.layers_attention import (
     memory_name, multihead_attention, multihead_attention_params, multihead_attention_vars,
     multihead_self_attention_memory_compressed, rename_length_to_memory_length)
 from mesh_tensorflow.layers_core import (
-    batch_norm, compress_mean, dense, dense_product, dense_relu_dense, dropout, embedding,
-    embedding_weights, get_dense_kernel_weights, layer_norm, layer_scope, multiplicative_jitter,
-    rms_norm, unique_layer_name)
+    batch_norm, clip_activation_gradient, compress_mean, corr, dense, dense_product,
+    dense_relu_dense, dropout, embedding, embedding_weights, get_dense_kernel_weights,
+    layer_norm, layer_scope, multiplicative_jitter, rms_norm, unique_layer_name)
 from mesh_tensorflow.layers_incremental import (
     masked_local_attention_1d_incremental, multihead_encdec_attention_incremental,
     multihead_self_attention_incremental)
@@ -79,7 +80,9 @@ __all__ = [
     "attention_mask_ignore_padding",
     "attention_mask_same_segment",
     "batch_norm",
+    "clip_activation_gradient",
     "compress_mean",
+    "corr",
     "dense",
     "dense_product",
     "dense_relu_dense",

@@ -1,4 +1,5 @@
-"""Core layers over named dimensions: dense, normalization, dropout, embedding.
+"""Core layers over named dimensions: dense, normalization, dropout, embedding,
+correlation and activation-gradient clipping.
 
 Part of `mtf.layers` (import them from there). Every layer creates its
 variables with `mtf.get_variable` under a scope named after the layer, so the
@@ -15,6 +16,7 @@ import contextlib
 import functools
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
+import gin
 import tensorflow as tf
 
 from mesh_tensorflow import initializers
@@ -22,8 +24,10 @@ from mesh_tensorflow.graph import Mesh, Operation, Tensor
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops import random_ops
 from mesh_tensorflow.layers_unit_scaling import us_einsum
+from mesh_tensorflow.ops.control import custom_gradient
+from mesh_tensorflow.ops.einsum import einsum
 from mesh_tensorflow.ops.indexing import gather
-from mesh_tensorflow.ops.reduction import reduce_mean
+from mesh_tensorflow.ops.reduction import reduce_mean, reduce_sum
 from mesh_tensorflow.ops.shape_ops import rename_dimension
 from mesh_tensorflow.ops.variables import VariableDType, assign, get_variable
 from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension
@@ -450,3 +454,85 @@ def compress_mean(x: Tensor, dim: Dimension, compression_factor: int) -> Tensor:
   i = x.shape.index_of(dim.name)
   grouped = reshape(x, Shape(dims[:i] + [compressed, group] + dims[i + 1:]))
   return reduce_mean(grouped, reduced_dim=group)
+
+
+# ---------------------------------------------------------------- statistics, gradients
+def corr(x: Tensor, dim: Dimension, epsilon: float = 1e-20,
+         name: str = "pearson_correlation") -> Tensor:
+  """Pearson correlation matrix between the entries of `dim`, x's other
+  dimensions being the samples (tfp.stats.correlation with `dim` as events).
+
+  Entry [i, j] is sum(ci * cj) / ((|ci| + epsilon) * (|cj| + epsilon)), where
+  ci is entry i of x minus its mean over the samples.
+
+  Args:
+    x: a float Tensor with `dim` and at least one other (sample) dimension.
+    dim: the Dimension (or its name) whose entries are correlated.
+    epsilon: added to each norm, so constant entries give 0, not NaN.
+    name: name scope of the operations.
+
+  Returns:
+    a [dim_1, dim_2] Tensor: `dim` renamed "<dim>_1" and "<dim>_2".
+
+  Example:
+    >>> c = mtf.layers.corr(x, channels)   # x [batch, channels]: [channels_1, channels_2]
+  """
+  if not isinstance(x, Tensor):
+    raise TypeError(f"corr: expected an mtf.Tensor, got {x!r}.")
+  dim_name = dim if isinstance(dim, str) else convert_to_dimension(dim).name
+  if dim_name not in x.shape.dimension_names:
+    raise ValueError(f"corr: {x.name} {x.shape} has no dimension {dim_name!r}.")
+  dim = x.shape.get_dim_by_name(dim_name)
+  if not x.dtype.is_floating:
+    raise TypeError(f"corr: {x.name} has dtype {x.dtype.name}; cast it to a float first.")
+  if x.shape.ndims < 2:
+    raise ValueError(f"corr: {x.name} {x.shape} has no sample dimension besides {dim.name!r}.")
+  first, second = dim.name + "_1", dim.name + "_2"
+  for n in (first, second):
+    if n in x.shape.dimension_names:
+      raise ValueError(f"corr: {x.name} {x.shape} already has a dimension {n!r}, the "
+                       "name of an output dimension.")
+  with x.mesh.graph.name_scope(name):
+    centered = x - reduce_mean(x, output_shape=[dim])
+    norm = ew.sqrt(reduce_sum(ew.square(centered), output_shape=[dim])) + epsilon
+    c1 = rename_dimension(centered, dim.name, first)
+    c2 = rename_dimension(centered, dim.name, second)
+    covariance = einsum([c1, c2], output_shape=[c1.shape.get_dim_by_name(first),
+                                                c2.shape.get_dim_by_name(second)])
+    return covariance / (rename_dimension(norm, dim.name, first)
+                         * rename_dimension(norm, dim.name, second))
+
+
+@gin.configurable
+def clip_activation_gradient(x: Tensor, clip_rms_norm: Optional[float] = None) -> Tensor:
+  """x unchanged, whose gradient is clipped by root mean square: the gradient
+  g reaching x becomes g / max(1, rms(g) / clip_rms_norm), rms over all of
+  g's entries (gin-configurable: `clip_rms_norm`).
+
+  Args:
+    x: an mtf Tensor (an activation).
+    clip_rms_norm: the largest rms the gradient keeps; None or 0: no clipping.
+
+  Returns:
+    x, through an identity whose gradient is clipped.
+
+  Example:
+    >>> h = mtf.layers.clip_activation_gradient(h, clip_rms_norm=1.0)
+  """
+  if not isinstance(x, Tensor):
+    raise TypeError(f"clip_activation_gradient: expected an mtf.Tensor, got {x!r}.")
+  if not clip_rms_norm:
+    return x
+  if clip_rms_norm < 0:
+    raise ValueError(f"clip_activation_gradient: clip_rms_norm must be positive, got "
+                     f"{clip_rms_norm}.")
+
+  def grad_fn(inputs, captured, outputs, output_grads):
+    del inputs, captured, outputs
+    g = output_grads[0]
+    if g is None:
+      return [None]
+    rms = ew.sqrt(reduce_mean(ew.square(ew.cast(g, tf.float32))))
+    denominator = ew.maximum(rms * (1.0 / clip_rms_norm), 1.0)
+    return [g / ew.cast(denominator, g.dtype)]
+  return custom_gradient(ew.identity, grad_fn, [x], name="clip_activation_gradient")

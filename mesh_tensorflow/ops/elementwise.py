@@ -191,6 +191,28 @@ def leaky_relu(x: Tensor, alpha: float = 0.2, name=None) -> Tensor:
   return where(greater(x, 0.0), x, x * alpha)
 
 
+_squared_relu = _unary(lambda t: tf.square(tf.nn.relu(t)), "squared_relu",
+                       lambda x, y, dy: dy * (2.0 * relu(x)))
+
+
+def squared_relu(x: Tensor, name: Optional[str] = None) -> Tensor:
+  """relu(x) squared, the activation of Primer (arXiv:2109.08668).
+
+  One kernel per slice; the gradient is dy * 2 * relu(x).
+
+  Args:
+    x: an mtf Tensor.
+    name: optional operation name.
+
+  Returns:
+    max(x, 0) ** 2, with x's shape and dtype.
+
+  Example:
+    >>> y = mtf.squared_relu(h)   # [-2., 0.5, 3.] -> [0., 0.25, 9.]
+  """
+  return _squared_relu(x, name=name)
+
+
 def cast(x: Tensor, dtype, name=None) -> Tensor:
   """Casts x to dtype; the gradient is cast back."""
   dtype = tf.as_dtype(dtype)

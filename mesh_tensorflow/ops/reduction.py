@@ -1,4 +1,5 @@
-"""Reductions over named dimensions, softmax and log_softmax.
+"""Reductions over named dimensions, softmax and log_softmax, the first entry
+along a dimension and 1-D pooling.
 
 Reducing a split dimension sums locally, then allreduces over the mesh
 dimensions that split it. Sums stay pending (lazy) so that chains of sums cost
@@ -6,11 +7,13 @@ one allreduce of the smallest tensor.
 
     >>> total = mtf.reduce_sum(x, reduced_dim=hidden)
     >>> probs = mtf.softmax(logits, vocab_dim)
+    >>> halves = mtf.pool_tensor_1d(x, length, pool_size=2)
 """
 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import tensorflow as tf
 
@@ -18,7 +21,9 @@ from mesh_tensorflow.graph import Operation, Tensor
 from mesh_tensorflow.mesh_impl import LazyAllreduceSum, expand_to_shape, int_constant
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops._common import num_elements
-from mesh_tensorflow.shapes import Shape, convert_to_dimension, convert_to_shape
+from mesh_tensorflow.ops.indexing import gather
+from mesh_tensorflow.ops.shape_ops import replace_dimensions
+from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
 _TF_REDUCE = {"SUM": tf.reduce_sum, "MAX": tf.reduce_max, "MIN": tf.reduce_min}
 
@@ -172,7 +177,11 @@ def reduce_logsumexp(x, reduced_dim, extra_logit=None, name=None) -> Tensor:
 
 
 def _dim_of(x, d):
+  if not isinstance(x, Tensor):
+    raise TypeError(f"Expected an mtf.Tensor, got {x!r}.")
   if isinstance(d, str):
+    if d not in x.shape.dimension_names:
+      raise ValueError(f"{x.name} {x.shape} has no dimension {d!r}.")
     return x.shape.get_dim_by_name(d)
   d = convert_to_dimension(d)
   if d not in x.shape.dims:
@@ -272,3 +281,90 @@ def softmax(x: Tensor, reduced_dim, extra_logit=None, name=None) -> Tensor:
   if extra_logit is not None:
     return ew.exp(log_softmax(x, reduced_dim, extra_logit=extra_logit))
   return SoftmaxOperation(x, _dim_of(x, reduced_dim), log=False, name=name).outputs[0]
+
+
+# ---------------------------------------------------------------- first / pooling
+def reduce_first(tensor: Tensor, reduced_dim, name=None) -> Tensor:
+  """The entries at index 0 along `reduced_dim`, which disappears.
+
+  A lookup of index 0 (`mtf.gather`): local when the layout keeps
+  `reduced_dim` whole; when it splits it, the processors holding index 0
+  contribute their entries, the others zeros, summed by one allreduce of the
+  (smaller) result.
+
+  Args:
+    tensor: an mtf Tensor with `reduced_dim`.
+    reduced_dim: the Dimension (or its name) to take the first entry of.
+    name: optional operation name.
+
+  Returns:
+    tensor's other dimensions, in order.
+
+  Example:
+    >>> firsts = mtf.reduce_first(x, reduced_dim=length)   # [[2, 5], [9, 15]] -> [2, 9]
+  """
+  dim = _dim_of(tensor, reduced_dim)
+  if tensor.dtype == tf.bool:  # the allreduce of a split dim sums numbers
+    return ew.cast(reduce_first(ew.cast(tensor, tf.int32), dim, name), tf.bool)
+  return gather(tensor, 0, dim, name=name or "reduce_first")
+
+
+_POOL_WINDOW = "_pool_window"
+
+
+def pool_tensor_1d(tensor: Tensor, pool_dim, reduce_fn: Callable = reduce_mean,
+                   pool_size: int = 2) -> Tensor:
+  """Pools non-overlapping windows of `pool_size` entries along `pool_dim`.
+
+  `pool_dim` is cut (a reshape) into [pool_dim, window] of sizes
+  [size // pool_size, pool_size], the outer part keeping the name, and
+  `reduce_fn(t, reduced_dim=window)` reduces each window. A layout splitting
+  `pool_dim` keeps the pooled dimension split with no communication when the
+  split count divides the pooled size.
+
+  Args:
+    tensor: an mtf Tensor with `pool_dim`.
+    pool_dim: the Dimension (or its name) to pool.
+    reduce_fn: a reduction called as reduce_fn(t, reduced_dim=window), e.g.
+      mtf.reduce_mean, mtf.reduce_max or mtf.reduce_first.
+    pool_size: entries per window; must divide pool_dim's size.
+
+  Returns:
+    tensor with pool_dim of size pool_dim.size // pool_size.
+
+  Example:
+    >>> y = mtf.pool_tensor_1d(x, length, pool_size=2)   # [2, 5, 9, 15] -> [3.5, 12]
+  """
+  dim = _dim_of(tensor, pool_dim)
+  if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
+    raise ValueError(f"mtf.pool_tensor_1d: pool_size must be a positive int, got "
+                     f"{pool_size!r}.")
+  if dim.size % pool_size:
+    raise ValueError(
+        f"mtf.pool_tensor_1d: pool_size {pool_size} does not divide dimension "
+        f"{dim.name!r} (size {dim.size}) of {tensor.name} {tensor.shape}.")
+  if _POOL_WINDOW in tensor.shape.dimension_names:
+    raise ValueError(f"mtf.pool_tensor_1d: {tensor.name} {tensor.shape} already has a "
+                     f"dimension named {_POOL_WINDOW!r}, which pooling uses.")
+  window = Dimension(_POOL_WINDOW, pool_size)
+  windows = replace_dimensions(
+      tensor, dim, [Dimension(dim.name, dim.size // pool_size), window])
+  return reduce_fn(windows, reduced_dim=window)
+
+
+def stride_tensor_1d(tensor: Tensor, pool_dim, pool_size: int = 2) -> Tensor:
+  """Every `pool_size`-th entry along `pool_dim`, starting at 0: pool_tensor_1d
+  with reduce_first.
+
+  Args:
+    tensor: an mtf Tensor with `pool_dim`.
+    pool_dim: the Dimension (or its name) to stride along.
+    pool_size: the stride; must divide pool_dim's size.
+
+  Returns:
+    tensor with pool_dim of size pool_dim.size // pool_size.
+
+  Example:
+    >>> y = mtf.stride_tensor_1d(x, length, pool_size=2)   # [2, 5, 9, 15] -> [2, 9]
+  """
+  return pool_tensor_1d(tensor, pool_dim, reduce_fn=reduce_first, pool_size=pool_size)

@@ -34,7 +34,7 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import dataset as dataset_lib
 from mesh_tensorflow.transformer import inference
-from mesh_tensorflow.transformer import learning_rate_schedules  # noqa: F401 (gin)
+from mesh_tensorflow.transformer import learning_rate_schedules
 from mesh_tensorflow.transformer import modeling
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer.inference import log
@@ -340,7 +340,9 @@ def run(model_dir: Optional[str],
       called with learning_rate=learning_rate_schedule.
     learning_rate_schedule: a function of the step (gin:
       @learning_rate_schedules.cosine_with_warmup), or None for the
-      optimizer's default.
+      optimizer's default. One with a `total_train_steps` argument (the
+      original's schedules, e.g. @learning_rate_schedules.product_learning_rate)
+      gets train_steps for it.
     checkpoint_every: save every this many steps (and at the end).
     keep_checkpoints: checkpoints kept in model_dir.
     log_every: print progress every this many steps.
@@ -412,7 +414,8 @@ def run(model_dir: Optional[str],
     _clear_model_dir(model_dir)
   trainer = mtf.training.Trainer(
       modeling.make_model_fn(setup), setup.feature_shapes(), mesh_impl,
-      make_optimizer(optimizer, learning_rate_schedule), model_dir=model_dir or None,
+      make_optimizer(optimizer, learning_rate_schedules.bind_total_train_steps(
+          learning_rate_schedule, train_steps)), model_dir=model_dir or None,
       grad_accum_steps=grad_accum_steps, checkpoint_every=checkpoint_every,
       keep_checkpoints=keep_checkpoints, log_every=log_every, log_fn=log,
       zero_stage=zero_stage, loss_scale=loss_scale)
