@@ -15,6 +15,7 @@ from mesh_tensorflow.transformer import funnel_transformer  # noqa: F401
 from mesh_tensorflow.transformer import layer_stack  # noqa: F401
 from mesh_tensorflow.transformer import memory_layers  # noqa: F401
 from mesh_tensorflow.transformer import moe  # noqa: F401
+from mesh_tensorflow.transformer import sublayers  # noqa: F401
 from mesh_tensorflow.transformer import transformer  # noqa: F401
 from mesh_tensorflow.transformer import transformer_layers  # noqa: F401
 from mesh_tensorflow.transformer import vocab_embeddings  # noqa: F401

@@ -241,7 +241,7 @@ class FunnelTransformerLayerStack(transformer.LayerStack):
       if value is not None:
         raise ValueError(
             f"{name}: {arg} is not supported: the stack's sublayers are fixed (pre-norm "
-            "residual layers and a final norm, as in transformer.LayerStack); leave it "
+            "residual layers and a final norm: LayerStack's built-in body); leave it "
             "unset and use dropout_rate, norm_type and norm_epsilon instead.")
     layers = list(layers)
     n_params = sum(block_param_size)

@@ -38,7 +38,14 @@ _SEARCH_PATH_ADDED: List[bool] = []
 _MODEL_NAMES = [
     ("transformer", "transformer",
      ["Unitransformer", "Bitransformer", "LayerStack", "make_layer_stack", "VocabEmbedding",
-      "get_vocab_embedding_cls"]),
+      "get_vocab_embedding_cls",
+      # The original's sublayer functions (sublayers.py):
+      # `transformer.LayerStack.sublayers_per_layer = [@transformer.sublayer_rms_norm, ...]`.
+      "sublayer_call_layer", "sublayer_mask_padding", "sublayer_rms_norm",
+      "sublayer_rms_norm_subsampled", "sublayer_legacy_rms_norm",
+      "sublayer_legacy_final_rms_norm", "sublayer_true_layer_norm", "sublayer_scale_norm",
+      "sublayer_dropout", "sublayer_legacy_dropout", "sublayer_residual", "sublayer_rezero",
+      "sublayer_clip_activation_gradient"]),
     ("transformer_layers", "transformer_layers",
      ["SelfAttention", "EncDecAttention", "LocalSelfAttention", "DenseReluDense",
       "Conv1DLayer"]),

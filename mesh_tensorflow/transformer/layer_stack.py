@@ -1,6 +1,7 @@
 """The layer stack of a transformer and what its layers see: the
 `TransformerLayer` base class, the `Context` passed to every layer, the
-pre-norm residual `LayerStack` and `make_layer_stack`.
+pre-norm residual `LayerStack` (or one built from the original's sublayer
+functions, sublayers.py) and `make_layer_stack`.
 
 Import them from `transformer` (which re-exports them) or from here.
 
@@ -13,12 +14,14 @@ Import them from `transformer` (which re-exports them) or from here.
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Optional, Sequence
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import sublayers as sublayers_lib
 
 
 class ModeKeys:
@@ -94,6 +97,10 @@ class Context:
       to memory position m iff read_priority[q] >= write_priority[m].
     read_priority: int, like write_priority.
 
+  A LayerStack also sets `layer_index` (the number of layers run so far)
+  and, while the sublayers of one layer run (stacks given sublayer lists),
+  `current_layer` and `current_layer_input` (None otherwise).
+
   Example:
     >>> ctx = Context(model, mesh, [batch], length, mtf.VariableDType(),
     ...               mode="train", losses=[])
@@ -133,6 +140,8 @@ class Context:
     self.write_priority = write_priority
     self.read_priority = read_priority
     self.layer_index = 0
+    self.current_layer = None
+    self.current_layer_input = None
     self.cache: Dict[Any, Any] = {}
     # Set by LayerStack(recompute="selective"): recompute_attention(fn, inputs)
     # computes fn(*inputs) and recomputes it in the backward pass.
@@ -219,6 +228,21 @@ class LayerStack(TransformerLayer):
   `mtf.pipeline.pipeline_loss`. Decoding ("first_part", "incremental") and
   `layer_outputs` run the stages one after another on the whole batch.
 
+  Sublayers (the original's configurable body): given any of
+  `sublayers_initial`, `sublayers_per_layer` and `sublayers_final` (lists of
+  functions called as `s(x, layer_stack, context)`, see sublayers.py), the
+  stack runs the initial sublayers in order; then for each layer, in the
+  scope "layer_%03d" with `context.current_layer` and
+  `context.current_layer_input` set, its per-layer sublayers in order (their
+  result must keep x's shape); then the final sublayers and the padding mask.
+  A list not given is the original's default: [sublayer_dropout];
+  [sublayer_rms_norm, sublayer_call_layer, sublayer_dropout,
+  sublayer_residual]; [sublayer_rms_norm, sublayer_dropout]. Then
+  `dropout_rate` and `norm_epsilon` serve only `sublayer_legacy_dropout` and
+  `sublayer_legacy_*rms_norm` (which rebuild the built-in body's variables),
+  `norm_type` must be "rms", `recompute` "none" or "layer" (each layer's
+  sublayers are recomputed) and `num_stages` 1.
+
   After `call`, `recompute_ops` lists the `recompute_grad` operations the
   stack created, as (policy, op) pairs: what a cost model reads to know
   which activations are not kept for the backward pass (every tensor made
@@ -235,9 +259,16 @@ class LayerStack(TransformerLayer):
     num_microbatches: micro-batches per batch when pipelining.
     pipeline_schedule: "gpipe" or "1f1b".
     stages_dim_name: the name of the stages dimension (for layout rules).
+    sublayers_initial: sublayer functions run before the first layer (see
+      above; None: the built-in body, or the default list if another list
+      is given).
+    sublayers_per_layer: sublayer functions run for each layer.
+    sublayers_final: sublayer functions run after the last layer.
 
   Example:
     >>> stack = LayerStack([SelfAttention(), DenseReluDense()], dropout_rate=0.1)
+    >>> rezero = LayerStack([SelfAttention(), DenseReluDense()], sublayers_per_layer=[
+    ...     sublayer_call_layer, sublayer_rezero, sublayer_residual])
     >>> deep = make_layer_stack([SelfAttention, DenseReluDense], num_layers=4,
     ...                         num_stages=4, num_microbatches=8, recompute="layer")
   """
@@ -245,7 +276,10 @@ class LayerStack(TransformerLayer):
   def __init__(self, layers: Sequence[TransformerLayer], dropout_rate: float = 0.0,
                norm_epsilon: float = 1e-6, norm_type: str = "rms", recompute: str = "none",
                num_stages: int = 1, num_microbatches: int = 1,
-               pipeline_schedule: str = "gpipe", stages_dim_name: str = "stages"):
+               pipeline_schedule: str = "gpipe", stages_dim_name: str = "stages",
+               sublayers_initial: Optional[Sequence[sublayers_lib.Sublayer]] = None,
+               sublayers_per_layer: Optional[Sequence[sublayers_lib.Sublayer]] = None,
+               sublayers_final: Optional[Sequence[sublayers_lib.Sublayer]] = None):
     if norm_type not in ("rms", "layer"):
       raise ValueError(f"LayerStack: norm_type must be 'rms' or 'layer', got {norm_type!r}.")
     if recompute not in RECOMPUTE_POLICIES:
@@ -266,6 +300,41 @@ class LayerStack(TransformerLayer):
     self.pipeline_schedule = pipeline_schedule
     self.stages_dim_name = stages_dim_name
     self.pipeline_stats: Optional[Dict[str, Any]] = None
+    self._sublayers = self._check_sublayers(
+        {"sublayers_initial": sublayers_initial, "sublayers_per_layer": sublayers_per_layer,
+         "sublayers_final": sublayers_final})
+
+  def _check_sublayers(self, given: Dict[str, Any]) -> Optional[Tuple[list, list, list]]:
+    """The (initial, per-layer, final) sublayer lists, defaults filled in;
+    None when none is given (the built-in body)."""
+    if all(value is None for value in given.values()):
+      return None
+    unsupported = []
+    if self.recompute == "selective":
+      unsupported.append("recompute='selective' (use 'layer' or 'none')")
+    if self.pipelined:
+      unsupported.append(f"num_stages={self.num_stages} (pipelining; use num_stages=1)")
+    if self._norm_type != "rms":
+      unsupported.append(f"norm_type={self._norm_type!r} (put sublayer_true_layer_norm "
+                         "in the lists instead)")
+    if unsupported:
+      raise ValueError("LayerStack: custom sublayers (sublayers_initial/_per_layer/_final) "
+                       "do not support " + " or ".join(unsupported) + ".")
+    lists = []
+    for (name, value), default in zip(given.items(), sublayers_lib.default_sublayers()):
+      if value is None:
+        value = default
+      if callable(value) or isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"LayerStack: {name} must be a list of sublayer functions, got "
+                        f"{value!r}.")
+      value = list(value)
+      for fn in value:
+        if not callable(fn):
+          raise TypeError(
+              f"LayerStack: {name} holds {fn!r}, which is not callable; give functions "
+              "called as s(x, layer_stack, context), e.g. transformer.sublayer_rms_norm.")
+      lists.append(value)
+    return tuple(lists)
 
   def _check_pipeline(self, num_stages, num_microbatches, schedule):
     if num_stages < 1 or num_microbatches < 1:
@@ -295,6 +364,29 @@ class LayerStack(TransformerLayer):
     return list(self._layers)
 
   @property
+  def dropout_rate(self) -> float:
+    return self._dropout_rate
+
+  @property
+  def norm_epsilon(self) -> float:
+    return self._norm_epsilon
+
+  @property
+  def sublayers_initial(self) -> Optional[list]:
+    """The sublayers run before the first layer; None: the built-in body."""
+    return None if self._sublayers is None else list(self._sublayers[0])
+
+  @property
+  def sublayers_per_layer(self) -> Optional[list]:
+    """The sublayers run for each layer; None: the built-in body."""
+    return None if self._sublayers is None else list(self._sublayers[1])
+
+  @property
+  def sublayers_final(self) -> Optional[list]:
+    """The sublayers run after the last layer; None: the built-in body."""
+    return None if self._sublayers is None else list(self._sublayers[2])
+
+  @property
   def num_layers(self) -> int:
     return len(self._layers)
 
@@ -312,7 +404,10 @@ class LayerStack(TransformerLayer):
 
   def call(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
     self.recompute_ops = []
-    x = self._dropout(context, x)
+    if self._sublayers is not None:
+      x = self._run_sublayers(self._sublayers[0], context, x, "sublayers_initial")
+    else:
+      x = self._dropout(context, x)
     if context.layer_outputs is not None:
       context.layer_outputs.append(x)
     if not self.pipelined:
@@ -324,12 +419,17 @@ class LayerStack(TransformerLayer):
     return self.finish(context, x)
 
   def finish(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
-    """The final norm, dropout and padding mask (after the last layer)."""
-    mask = context.nonpadding
-    x = self._norm(context, x, name="final_layer_norm")
-    x = self._dropout(context, x)
-    if mask is not None:
-      x = x * mask
+    """The final norm, dropout and padding mask (after the last layer), or
+    the final sublayers and the padding mask."""
+    if self._sublayers is not None:
+      x = self._run_sublayers(self._sublayers[2], context, x, "sublayers_final")
+      x = sublayers_lib.sublayer_mask_padding(x, self, context)
+    else:
+      mask = context.nonpadding
+      x = self._norm(context, x, name="final_layer_norm")
+      x = self._dropout(context, x)
+      if mask is not None:
+        x = x * mask
     if context.layer_outputs is not None:
       context.layer_outputs.append(x)
     return x
@@ -353,7 +453,9 @@ class LayerStack(TransformerLayer):
                 label: str) -> mtf.Tensor:
     """x + dropout(layer(norm(x))) in the name scope `scope`, under the
     recompute policy ("none", "layer" or "selective"); `label` names the
-    layer in errors."""
+    layer in errors. With sublayer lists: the per-layer sublayers instead."""
+    if self._sublayers is not None:
+      return self._layer_with_sublayers(context, x, layer, scope, policy, label)
     mask = context.nonpadding
 
     def block(x):
@@ -379,6 +481,39 @@ class LayerStack(TransformerLayer):
       return block(x)
     finally:
       context.recompute_attention = saved
+
+  def _layer_with_sublayers(self, context: Context, x: mtf.Tensor, layer, scope: str,
+                            policy: str, label: str) -> mtf.Tensor:
+    """The per-layer sublayers on x in the name scope `scope`, with the
+    context's current layer and input set while they run."""
+    def block(x):
+      saved = context.current_layer, context.current_layer_input
+      context.current_layer, context.current_layer_input = layer, x
+      try:
+        with mtf.name_scope(context.mesh, scope):
+          y = self._run_sublayers(self._sublayers[1], context, x, "sublayers_per_layer")
+      finally:
+        context.current_layer, context.current_layer_input = saved
+      if y.shape != x.shape:
+        raise ValueError(f"{type(self).__name__}: the sublayers_per_layer of {label} "
+                         f"({type(layer).__name__}) returned shape {y.shape} for an input of "
+                         f"shape {x.shape}; each layer's sublayers must keep the shape.")
+      return y
+    block = self._replayable(context, block)
+    if policy == "layer":
+      return self._recompute(block, [x], policy)
+    return block(x)
+
+  def _run_sublayers(self, sublayers, context: Context, x: mtf.Tensor,
+                     what: str) -> mtf.Tensor:
+    for fn in sublayers:
+      y = fn(x, self, context)
+      if not isinstance(y, mtf.Tensor):
+        raise TypeError(f"{type(self).__name__}: {what} function "
+                        f"{getattr(fn, '__name__', fn)!r} returned {type(y).__name__}, not an "
+                        "mtf.Tensor.")
+      x = y
+    return x
 
   def _replayable(self, context: Context, block):
     """`block` as recompute="layer" runs it: now, and again in the backward
@@ -640,15 +775,22 @@ def make_layer_stack(layers: Sequence[Any], num_layers: int = 6, dropout_rate: f
                      norm_epsilon: float = 1e-6, norm_type: str = "rms",
                      recompute: str = "none", num_stages: int = 1, num_microbatches: int = 1,
                      pipeline_schedule: str = "gpipe",
-                     stages_dim_name: str = "stages") -> LayerStack:
+                     stages_dim_name: str = "stages",
+                     sublayers_initial: Optional[Sequence[sublayers_lib.Sublayer]] = None,
+                     sublayers_per_layer: Optional[Sequence[sublayers_lib.Sublayer]] = None,
+                     sublayers_final: Optional[Sequence[sublayers_lib.Sublayer]] = None
+                     ) -> LayerStack:
   """A LayerStack repeating the block `layers` num_layers times.
 
   Elements of `layers` may be TransformerLayer instances (reused: layers
   keep only hyperparameters, so each slot still gets its own variables) or
   classes / factories called once per slot. recompute, num_stages,
-  num_microbatches, pipeline_schedule and stages_dim_name are LayerStack's
-  (activation recomputation and pipeline parallelism; gin:
-  `transformer.make_layer_stack.num_stages = 4`).
+  num_microbatches, pipeline_schedule, stages_dim_name and the sublayer
+  lists are LayerStack's (activation recomputation, pipeline parallelism,
+  the original's sublayers; gin: `transformer.make_layer_stack.num_stages =
+  4`). The stack is built by gin's LayerStack once gin_config has
+  registered it, so `transformer.LayerStack.sublayers_per_layer = [...]`
+  in a gin file applies, as in the original.
 
   Example:
     >>> stack = make_layer_stack(
@@ -660,7 +802,21 @@ def make_layer_stack(layers: Sequence[Any], num_layers: int = 6, dropout_rate: f
   for _ in range(num_layers):
     for layer in layers:
       block.append(layer() if isinstance(layer, type) or not hasattr(layer, "call") else layer)
-  return LayerStack(block, dropout_rate=dropout_rate, norm_epsilon=norm_epsilon,
-                    norm_type=norm_type, recompute=recompute, num_stages=num_stages,
-                    num_microbatches=num_microbatches, pipeline_schedule=pipeline_schedule,
-                    stages_dim_name=stages_dim_name)
+  # Only the lists given here are passed: gin's bindings yield to arguments.
+  lists = {name: value for name, value in [("sublayers_initial", sublayers_initial),
+                                           ("sublayers_per_layer", sublayers_per_layer),
+                                           ("sublayers_final", sublayers_final)]
+           if value is not None}
+  return _layer_stack_cls()(
+      block, dropout_rate=dropout_rate, norm_epsilon=norm_epsilon, norm_type=norm_type,
+      recompute=recompute, num_stages=num_stages, num_microbatches=num_microbatches,
+      pipeline_schedule=pipeline_schedule, stages_dim_name=stages_dim_name, **lists)
+
+
+def _layer_stack_cls():
+  """LayerStack, or its gin-configurable version once gin_config registered
+  it (the model library itself never imports gin)."""
+  gin_config = sys.modules.get("mesh_tensorflow.transformer.gin_config")
+  if gin_config is None:
+    return LayerStack
+  return gin_config.CONFIGURABLES.get("LayerStack", LayerStack)

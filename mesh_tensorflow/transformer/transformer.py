@@ -23,8 +23,10 @@ Dimension names are fixed so that layout rules can refer to them: "batch",
     >>> samples = model.sample_autoregressive(prompts, temperature=0.0)
 
 The stack's pieces (`TransformerLayer`, `Context`, `LayerStack`,
-`make_layer_stack`, `ModeKeys`) live in layer_stack.py and are re-exported
-here, so `transformer.LayerStack` works as in the original.
+`make_layer_stack`, `ModeKeys`) live in layer_stack.py and the original's
+sublayer functions (`sublayer_rms_norm`, `sublayer_residual`, ...) in
+sublayers.py; both are re-exported here, so `transformer.LayerStack` and
+`transformer.sublayer_dropout` work as in the original.
 
 Decoding is incremental: a "first_part" pass over the known prefix fills
 per-layer caches of keys and values, then an `mtf.while_loop` runs one
@@ -45,6 +47,11 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow import beam_search as beam_search_lib
 from mesh_tensorflow.transformer.layer_stack import (  # noqa: F401 (re-exported)
     Context, LayerStack, ModeKeys, TransformerLayer, make_layer_stack)
+from mesh_tensorflow.transformer.sublayers import (  # noqa: F401 (re-exported)
+    sublayer_call_layer, sublayer_clip_activation_gradient, sublayer_dropout,
+    sublayer_legacy_dropout, sublayer_legacy_final_rms_norm, sublayer_legacy_rms_norm,
+    sublayer_mask_padding, sublayer_residual, sublayer_rezero, sublayer_rms_norm,
+    sublayer_rms_norm_subsampled, sublayer_scale_norm, sublayer_true_layer_norm)
 
 EOS_ID = 1
 _NEG_INF = -1e9
