@@ -38,7 +38,7 @@ _SEARCH_PATH_ADDED: List[bool] = []
 _MODEL_NAMES = [
     ("transformer", "transformer",
      ["Unitransformer", "Bitransformer", "LayerStack", "make_layer_stack", "VocabEmbedding",
-      "get_vocab_embedding_cls",
+      "get_vocab_embedding_cls", "make_bitransformer", "shift_targets",
       # The original's sublayer functions (sublayers.py):
       # `transformer.LayerStack.sublayers_per_layer = [@transformer.sublayer_rms_norm, ...]`.
       "sublayer_call_layer", "sublayer_mask_padding", "sublayer_rms_norm",

@@ -813,10 +813,13 @@ def make_layer_stack(layers: Sequence[Any], num_layers: int = 6, dropout_rate: f
       pipeline_schedule=pipeline_schedule, stages_dim_name=stages_dim_name, **lists)
 
 
-def _layer_stack_cls():
-  """LayerStack, or its gin-configurable version once gin_config registered
-  it (the model library itself never imports gin)."""
+def gin_configurables() -> dict:
+  """The gin-aware model classes and functions by name once gin_config
+  registered them ({} before: the model library itself never imports gin)."""
   gin_config = sys.modules.get("mesh_tensorflow.transformer.gin_config")
-  if gin_config is None:
-    return LayerStack
-  return gin_config.CONFIGURABLES.get("LayerStack", LayerStack)
+  return gin_config.CONFIGURABLES if gin_config is not None else {}
+
+
+def _layer_stack_cls():
+  """LayerStack, or its gin-configurable version once registered."""
+  return gin_configurables().get("LayerStack", LayerStack)

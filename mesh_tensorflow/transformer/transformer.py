@@ -28,6 +28,11 @@ sublayer functions (`sublayer_rms_norm`, `sublayer_residual`, ...) in
 sublayers.py; both are re-exported here, so `transformer.LayerStack` and
 `transformer.sublayer_dropout` work as in the original.
 
+The original's helpers for ported code are here too: `make_bitransformer`
+(an encoder-decoder from the gin scopes "encoder" and "decoder"),
+`shift_targets`, `autoregressive_inputs`, `delimited_lm_inputs_mask` and
+`sinusoid_positional_embedding_weights`.
+
 Decoding is incremental: a "first_part" pass over the known prefix fills
 per-layer caches of keys and values, then an `mtf.while_loop` runs one
 position at a time ("incremental" mode), each step reading and updating the
@@ -36,8 +41,8 @@ caches, so a step costs O(length) rather than a full recomputation.
 
 from __future__ import annotations
 
+import contextlib
 import math
-import sys
 from typing import Optional, Union
 
 import numpy as np
@@ -46,7 +51,7 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow import beam_search as beam_search_lib
 from mesh_tensorflow.transformer.layer_stack import (  # noqa: F401 (re-exported)
-    Context, LayerStack, ModeKeys, TransformerLayer, make_layer_stack)
+    Context, LayerStack, ModeKeys, TransformerLayer, gin_configurables, make_layer_stack)
 from mesh_tensorflow.transformer.sublayers import (  # noqa: F401 (re-exported)
     sublayer_call_layer, sublayer_clip_activation_gradient, sublayer_dropout,
     sublayer_legacy_dropout, sublayer_legacy_final_rms_norm, sublayer_legacy_rms_norm,
@@ -105,6 +110,61 @@ def sinusoidal_position_embedding(position: mtf.Tensor, model_dim: mtf.Dimension
   return mtf.cast(mtf.sin(mtf.cast(position, tf.float32) * freq + shift), dtype)
 
 
+def sinusoid_positional_embedding_weights(mesh: mtf.Mesh, max_length_dim: mtf.Dimension,
+                                          model_dim: mtf.Dimension, dtype,
+                                          min_timescale: float = 1.0,
+                                          max_timescale: float = 1.0e4) -> mtf.Tensor:
+  """The original's table of sinusoids [max_length_dim, model_dim] (as in
+  tensor2tensor's timing signal).
+
+  With n = model_dim.size // 2 and timescale k = min_timescale *
+  (max_timescale / min_timescale)^(k / max(n - 1, 1)), channel k < n of row
+  p is sin(p / timescale k) and channel n + k is cos(p / timescale k): sines
+  in the first half, cosines in the second (unlike
+  `sinusoidal_position_embedding`, which interleaves them). Computed in
+  float32 from constants over model_dim only, so any layout may split
+  either dimension.
+
+  Args:
+    mesh: the mtf.Mesh.
+    max_length_dim: the position dimension (rows 0 .. size - 1).
+    model_dim: the channel dimension; its size must be even.
+    dtype: the tf.DType of the result.
+    min_timescale: the shortest timescale (channel 0).
+    max_timescale: the longest timescale (channel n - 1).
+
+  Returns:
+    dtype [max_length_dim, model_dim].
+
+  Example:
+    >>> table = sinusoid_positional_embedding_weights(
+    ...     mesh, mtf.Dimension("max_length", 512), mtf.Dimension("d_model", 64), tf.float32)
+  """
+  fn = "sinusoid_positional_embedding_weights"
+  if not isinstance(mesh, mtf.Mesh):
+    raise TypeError(f"{fn}: mesh must be an mtf.Mesh, got {type(mesh).__name__}.")
+  for what, dim in (("max_length_dim", max_length_dim), ("model_dim", model_dim)):
+    if not isinstance(dim, mtf.Dimension):
+      raise TypeError(f"{fn}: {what} must be an mtf.Dimension, got {type(dim).__name__}.")
+  if model_dim.size % 2:
+    raise ValueError(f"{fn}: model_dim {model_dim} must have an even size (half sines, half "
+                     "cosines).")
+  if not 0 < min_timescale <= max_timescale:
+    raise ValueError(f"{fn}: need 0 < min_timescale <= max_timescale, got {min_timescale} "
+                     f"and {max_timescale}.")
+  half = model_dim.size // 2
+  step = math.log(float(max_timescale) / float(min_timescale)) / max(half - 1, 1)
+  inv_timescale = min_timescale * np.exp(-step * np.arange(half, dtype=np.float32))
+  freq = mtf.constant(mesh, np.tile(inv_timescale, 2).astype(np.float32),
+                      mtf.Shape([model_dim]), dtype=tf.float32)
+  is_sin = mtf.constant(mesh, np.arange(model_dim.size) < half, mtf.Shape([model_dim]),
+                        dtype=tf.bool)
+  angle = mtf.range(mesh, max_length_dim, tf.float32) * freq
+  table = mtf.where(is_sin, mtf.sin(angle), mtf.cos(angle),
+                    output_shape=mtf.Shape([max_length_dim, model_dim]))
+  return mtf.cast(table, tf.as_dtype(dtype))
+
+
 def inputs_prefix_mask(targets: mtf.Tensor) -> mtf.Tensor:
   """For "[inputs] EOS [targets] EOS" examples: true up to the first EOS.
 
@@ -117,6 +177,112 @@ def inputs_prefix_mask(targets: mtf.Tensor) -> mtf.Tensor:
 
 
 text2self_inputs_mask = inputs_prefix_mask
+
+
+def _check_ids(fn: str, ids, what: str = "targets") -> mtf.Dimension:
+  """The length (last) dimension of the integer mtf.Tensor `ids`; else a
+  TypeError naming `fn` and `what`."""
+  if not isinstance(ids, mtf.Tensor):
+    raise TypeError(f"{fn}: {what} must be an mtf.Tensor [..., length], got "
+                    f"{type(ids).__name__}.")
+  if not ids.dtype.is_integer:
+    raise TypeError(f"{fn}: {what} must hold integer token ids, got dtype {ids.dtype.name}; "
+                    "cast it with mtf.to_int32.")
+  if not ids.shape.dims:
+    raise ValueError(f"{fn}: {what} must have a length dimension, got a scalar.")
+  return ids.shape.dims[-1]
+
+
+def shift_targets(targets: mtf.Tensor, bos_id: int = 0, eos_id: int = 1) -> mtf.Tensor:
+  """Decoder inputs from decoder targets (the original's older helper; new
+  code uses `autoregressive_inputs`).
+
+  The targets move one position to the right along the length (last)
+  dimension. A shifted-in eos_id becomes 0, so each packed sequence (which
+  follows an EOS) starts afresh; then, if bos_id is nonzero, every 0 of the
+  result whose target is not padding becomes bos_id (the first position and
+  the position after each EOS).
+
+  Args:
+    targets: int [..., length] target ids (0 is padding).
+    bos_id: the id the decoder reads first.
+    eos_id: the end-of-sequence id.
+
+  Returns:
+    int [..., length] decoder inputs, targets' shape and dtype.
+
+  Example:
+    >>> # targets [5, 6, 1, 7, 1, 0], bos_id=2 -> [2, 5, 6, 2, 7, 0]
+    >>> inputs = shift_targets(targets, bos_id=2)
+  """
+  length_dim = _check_ids("shift_targets", targets)
+  shifted = mtf.shift(targets, offset=1, dim=length_dim, wrap=False)
+  shifted = shifted * mtf.cast(mtf.not_equal(shifted, eos_id), targets.dtype)
+  if bos_id:
+    starts = mtf.logical_and(mtf.equal(shifted, 0), mtf.not_equal(targets, 0))
+    shifted = shifted + mtf.cast(starts, targets.dtype) * bos_id
+  return shifted
+
+
+def autoregressive_inputs(targets: mtf.Tensor,
+                          sequence_id: Optional[mtf.Tensor] = None) -> mtf.Tensor:
+  """The inputs of an autoregressive model: targets shifted right by one
+  along the length (last) dimension, 0 first.
+
+  Negative target ids (the original's mark of tokens without loss) are read
+  as their absolute values. With `sequence_id` (packed examples: a segment
+  id per position), the first position of every segment also reads 0
+  instead of the previous segment's last token.
+
+  Args:
+    targets: int [..., length] target ids.
+    sequence_id: optional int segment ids over targets' dimensions.
+
+  Returns:
+    int [..., length] inputs, targets' shape and dtype.
+
+  Example:
+    >>> # targets [5, 6, 1, 7, 1], sequence_id [1, 1, 1, 2, 2] -> [0, 5, 6, 0, 7]
+    >>> inputs = autoregressive_inputs(targets, sequence_id)
+  """
+  length_dim = _check_ids("autoregressive_inputs", targets)
+  inputs = mtf.abs(mtf.shift(targets, offset=1, dim=length_dim, wrap=False))
+  if sequence_id is None:
+    return inputs
+  _check_ids("autoregressive_inputs", sequence_id, "sequence_id")
+  if length_dim not in sequence_id.shape.dims or not set(sequence_id.shape.dims) <= set(
+      targets.shape.dims):
+    raise ValueError(f"autoregressive_inputs: sequence_id {sequence_id.shape} must have "
+                     f"targets' length dimension and no dimension targets {targets.shape} "
+                     "lacks.")
+  previous = mtf.shift(sequence_id, offset=1, dim=length_dim, wrap=False)
+  return inputs * mtf.cast(mtf.equal(sequence_id, previous), inputs.dtype)
+
+
+def delimited_lm_inputs_mask(ids: mtf.Tensor, eos_id: int = 1) -> mtf.Tensor:
+  """Which positions of packed "inputs EOS targets EOS inputs EOS ..." language
+  model examples belong to an inputs part.
+
+  A position is an input when an even number of eos_id come before it along
+  the length (last) dimension, so each example's inputs run up to and
+  including their EOS and its targets up to and including theirs; padding
+  after a complete example counts as input. (`inputs_prefix_mask` marks the
+  first example's inputs only.)
+
+  Args:
+    ids: int [..., length] token ids.
+    eos_id: the end-of-sequence id.
+
+  Returns:
+    bool [..., length], ids' shape.
+
+  Example:
+    >>> # ids [3, 1, 4, 1, 5, 1, 6, 1] -> [T, T, F, F, T, T, F, F]
+    >>> mask = delimited_lm_inputs_mask(ids)
+  """
+  length_dim = _check_ids("delimited_lm_inputs_mask", ids, "ids")
+  eos_before = mtf.cumsum(mtf.to_int32(mtf.equal(ids, eos_id)), length_dim, exclusive=True)
+  return mtf.equal(mtf.mod(eos_before, 2), 0)
 
 
 def _one_position(ids: mtf.Tensor, position: mtf.Tensor, length_dim: mtf.Dimension) -> mtf.Tensor:
@@ -226,10 +392,7 @@ def _default_vocab_embedding_cls():
   """get_vocab_embedding_cls(), through gin when gin_config registered it
   (the model library itself never imports gin); VocabEmbedding then also
   takes its gin bindings (VocabEmbedding.scale_variable_like_classifier_weights)."""
-  gin_config = sys.modules.get("mesh_tensorflow.transformer.gin_config")
-  if gin_config is None:
-    return get_vocab_embedding_cls()
-  configurables = gin_config.CONFIGURABLES
+  configurables = gin_configurables()
   cls = configurables.get("get_vocab_embedding_cls", get_vocab_embedding_cls)()
   return configurables.get("VocabEmbedding", cls) if cls is VocabEmbedding else cls
 
@@ -897,3 +1060,100 @@ class Bitransformer:
         partial, decode_length, variable_dtype=variable_dtype, encoder_output=encoder_output,
         encoder_sequence_id=encoder_sequence_id, alpha=alpha, shared_params=shared_params,
         encoder_layer_outputs=encoder_layer_outputs, stop_at_token=stop_at_token)
+
+
+def _gin_scope(scope: str, configurables: dict):
+  """gin.config_scope(scope) when gin is in use, else a no-op context."""
+  if not configurables:
+    return contextlib.nullcontext()
+  import gin  # pylint: disable=g-import-not-at-top  (gin_config imported it already)
+  return gin.config_scope(scope)
+
+
+def _default_layer_stack(side: str, configurables: dict) -> LayerStack:
+  """make_layer_stack() without arguments (gin's when registered), or a
+  ValueError saying which binding is missing."""
+  build = configurables.get("make_layer_stack", make_layer_stack)
+  try:
+    return build()
+  except TypeError as e:
+    if "make_layer_stack() missing" not in str(e) or "'layers'" not in str(e):
+      raise
+    how = ("" if configurables else
+           " (first call mesh_tensorflow.transformer.gin_config.register_configurables() "
+           "or gin_config.parse, which registers the names)")
+    raise ValueError(
+        f"make_bitransformer: make_layer_stack has no default layers, so the {side} needs "
+        f"a gin binding{how}, e.g. `{side}/make_layer_stack.layers = "
+        "[@transformer_layers.SelfAttention, @transformer_layers.DenseReluDense]`; or build "
+        "the two Unitransformers yourself and pass them to Bitransformer(encoder, decoder)."
+    ) from e
+
+
+def make_bitransformer(input_vocab_size: Optional[int] = None,
+                       output_vocab_size: Optional[int] = None, layout=None, mesh_shape=None,
+                       encoder_name: str = "encoder", decoder_name: str = "decoder",
+                       bitransformer_cls=Bitransformer):
+  """An encoder-decoder built from gin bindings, as the original's gin files
+  build it (gin: `transformer.make_bitransformer`).
+
+  The encoder is a non-autoregressive Unitransformer without output
+  vocabulary and the decoder an autoregressive one whose input and output
+  vocabularies are output_vocab_size. Each gets the layer stack of
+  `make_layer_stack()` called in the gin scope "encoder" or "decoder", and
+  is itself built in that scope, so a config binds, e.g.
+
+      encoder/make_layer_stack.layers = [@transformer_layers.SelfAttention,
+                                         @transformer_layers.DenseReluDense]
+      decoder/make_layer_stack.layers = [@transformer_layers.SelfAttention,
+                                         @transformer_layers.EncDecAttention,
+                                         @transformer_layers.DenseReluDense]
+      decoder/Unitransformer.d_model = 512
+
+  Unscoped bindings (`Unitransformer.d_model`) apply to both. Before
+  gin_config.register_configurables() the plain classes are used, and since
+  make_layer_stack has no default layers that raises a ValueError saying
+  what to bind.
+
+  Args:
+    input_vocab_size: the encoder's vocabulary size (required; the
+      original's default was gin.REQUIRED).
+    output_vocab_size: the decoder's vocabulary size (required).
+    layout: layout rules, passed to both Unitransformers (layers such as
+      MoE1D read them).
+    mesh_shape: the mesh shape, likewise.
+    encoder_name: the encoder's name (its variable scope).
+    decoder_name: the decoder's name.
+    bitransformer_cls: called as bitransformer_cls(encoder, decoder), e.g.
+      funnel_transformer.BitransformerFunnel. The default is Bitransformer,
+      gin's version of it once registered (so `Bitransformer.*` bindings
+      apply).
+
+  Returns:
+    bitransformer_cls(encoder, decoder).
+
+  Example:
+    >>> gin_config.parse([], ["encoder/make_layer_stack.layers = [...]", ...])
+    >>> model = make_bitransformer(input_vocab_size=32128, output_vocab_size=32128)
+    >>> model.encoder.name, model.decoder.autoregressive
+    ('encoder', True)
+  """
+  for what, size in (("input_vocab_size", input_vocab_size),
+                     ("output_vocab_size", output_vocab_size)):
+    positive_int(size, f"make_bitransformer: {what}",
+                 f" (gin: `make_bitransformer.{what} = 32128`)", (int, np.integer))
+  configurables = gin_configurables()
+  unitransformer = configurables.get("Unitransformer", Unitransformer)
+  if bitransformer_cls is Bitransformer:
+    bitransformer_cls = configurables.get("Bitransformer", Bitransformer)
+  sides = {}
+  for scope, name, input_size, output_size in (
+      ("encoder", encoder_name, input_vocab_size, None),
+      ("decoder", decoder_name, output_vocab_size, output_vocab_size)):
+    with _gin_scope(scope, configurables):
+      sides[scope] = unitransformer(
+          layer_stack=_default_layer_stack(scope, configurables),
+          input_vocab_size=input_size, output_vocab_size=output_size,
+          autoregressive=output_size is not None, name=name, layout=layout,
+          mesh_shape=mesh_shape)
+  return bitransformer_cls(sides["encoder"], sides["decoder"])
