@@ -21,7 +21,7 @@ from mesh_tensorflow.transformer import modeling
 from mesh_tensorflow.transformer import sublayers
 from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import transformer_layers as tl
-from mtf_test_utils import make_impl
+from mtf_test_utils import lower_and_run, make_impl
 
 B, L, V, D = 8, 8, 32, 16
 batch, length = mtf.Dimension("batch", B), mtf.Dimension("length", L)
@@ -87,20 +87,6 @@ def _train(stack_kwargs, mesh_shape="all:1", layout="", steps=4, dropout=0.0):
   return np.array(trainer.train(data, steps=steps)["loss"])
 
 
-def _run(build, mesh_shape="all:1", layout=""):
-  """Lowers build(mesh) -> {key: tensor} in a tf.function; numpy values."""
-  graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, "mesh")
-  outputs = build(mesh)
-  impl = make_impl(mesh_shape, layout)
-
-  @tf.function(autograph=False)
-  def run():
-    lowering = mtf.Lowering(graph, {mesh: impl})
-    return {k: lowering.export_to_tf_tensor(v) for k, v in outputs.items()}
-  return {k: v.numpy() for k, v in run().items()}
-
-
 def _variable_names(stack_kwargs):
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
@@ -132,7 +118,7 @@ def test_layer_outputs_are_those_of_the_built_in_body():
       outputs = []
       _loss(_lm(**kwargs), targets, "eval", layer_outputs=outputs)
       return {i: t for i, t in enumerate(outputs)}
-    return _run(build)
+    return lower_and_run(build, "all:1", "")
   builtin, custom = outputs_of({}), outputs_of(LEGACY)
   # The embeddings, after layer 0, the output: one per layer and one more.
   assert sorted(builtin) == sorted(custom) == [0, 1, 2]
@@ -184,7 +170,7 @@ def test_custom_sublayers_decode_incrementally():
       logits, states = fn(mtf.constant(mesh, p, dtype=tf.int32), ids, states)
       steps.append(logits)
     return {"full": full, "incremental": mtf.stack(steps, "length", axis=1)}
-  out = _run(build)
+  out = lower_and_run(build, "all:1", "")
   np.testing.assert_allclose(out["incremental"][..., 1:], out["full"][..., 1:], rtol=1e-4,
                              atol=1e-5)
 
@@ -273,7 +259,7 @@ def test_sublayer_functions_match_numpy_under_a_split_layout():
         "legacy_dropout": call(transformer.sublayer_legacy_dropout, "train"),
         "clipped": clipped, "grad_x": grad_x,
     }
-  out = _run(build, "rows:2;cols:4", "batch:rows;d_model:cols")
+  out = lower_and_run(build, "rows:2;cols:4", "batch:rows;d_model:cols")
   ms = np.mean(x_np ** 2, -1, keepdims=True)
   close = functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5)
   close(out["rms"], x_np / np.sqrt(ms + 0.1))
