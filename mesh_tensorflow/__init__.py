@@ -25,7 +25,7 @@ from mesh_tensorflow import layers
 from mesh_tensorflow.placement_mesh_impl import PlacementMeshImpl
 from mesh_tensorflow.simd_mesh_impl import SimdMeshImpl
 from mesh_tensorflow import checkpoint
-from mesh_tensorflow.checkpoint import MtfCheckpointSaverListener, MtfRestoreHook  # raise: tf.estimator is gone
+from mesh_tensorflow.checkpoint import MtfCheckpointSaverListener, MtfRestoreHook  # raise: Estimator is gone
 from mesh_tensorflow import training
 from mesh_tensorflow import cluster  # meshes over several processes/hosts
 from mesh_tensorflow import zero

@@ -43,15 +43,15 @@ class _Variables(tf.Module):
 
 
 class _EstimatorHook:
-  """Base of the original's `tf.estimator` checkpoint hooks, which cannot
-  exist here: TensorFlow 2.16 removed `tf.estimator`. Constructing one raises
+  """Base of the original's Estimator checkpoint hooks, which cannot
+  exist here: TensorFlow 2.16 removed the Estimator API. Constructing one raises
   an error that says what replaces it."""
 
   def __init__(self, *args, **kwargs):
     del args, kwargs
     raise NotImplementedError(
-        f"mtf.{type(self).__name__} was a tf.estimator hook, and tf.estimator no longer "
-        "exists in TensorFlow >= 2.16. Save and restore with "
+        f"mtf.{type(self).__name__} was a TensorFlow Estimator hook, and the Estimator "
+        "API no longer exists in TensorFlow >= 2.16. Save and restore with "
         "mtf.checkpoint.CheckpointManager(mesh_impl, model_dir): call "
         "restore_or_initialize() before training and save(step) every N steps "
         "(mtf.training.Trainer does both), or lower in a tf.compat.v1 graph and use "
