@@ -74,6 +74,27 @@ def lower_and_run(builder: Callable[[mtf.Mesh], Dict[str, mtf.Tensor]], mesh_sha
   return result
 
 
+def full_and_incremental_logits(model, ids_np: np.ndarray, batch: mtf.Dimension,
+                                length: mtf.Dimension) -> Callable[[mtf.Mesh], Dict[str, mtf.Tensor]]:
+  """A lower_and_run builder for an autoregressive Unitransformer: "full",
+  the logits of one pass over ids shifted right, and "incremental", the
+  logits of decoding them one position at a time with cached keys and
+  values; the two agree when incremental decoding is right."""
+  def build(mesh):
+    ids = mtf.import_tf_tensor(mesh, tf.constant(ids_np), [batch, length])
+    full, _ = model.call_simple(mtf.shift(ids, 1, length, wrap=False), None, False,
+                                mode="infer")
+    vdtype = mtf.VariableDType()
+    states, constants = model.first_part(mtf.zeros_like(ids), [batch], length, vdtype)
+    fn = model.incremental_logits_fn([batch], length, vdtype, constants)
+    steps = []
+    for p in range(length.size):
+      logits, states = fn(mtf.constant(mesh, p, dtype=tf.int32), ids, states)
+      steps.append(logits)
+    return {"full": full, "incremental": mtf.stack(steps, length.name, axis=1)}
+  return build
+
+
 def assert_allclose(actual, expected, rtol=1e-5, atol=1e-5, msg=""):
   np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=rtol,
                              atol=atol, err_msg=msg)

@@ -17,7 +17,7 @@ from mesh_tensorflow.transformer import attention
 from mesh_tensorflow.transformer import moe
 from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import transformer_layers as tl
-from mtf_test_utils import make_impl
+from mtf_test_utils import full_and_incremental_logits, lower_and_run, make_impl
 
 B, L, V, D = 8, 8, 32, 16
 batch, length = mtf.Dimension("batch", B), mtf.Dimension("length", L)
@@ -111,16 +111,7 @@ def test_expert_parallel_matches_single_device():
 
 def _run(builder, mesh_shape="all:1", layout=""):
   """Lowers builder(mesh) -> {key: tensor} in a tf.function; numpy values."""
-  graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, "mesh")
-  outputs = builder(mesh)
-  impl = make_impl(mesh_shape, layout)
-
-  @tf.function(autograph=False)
-  def run():
-    lowering = mtf.Lowering(graph, {mesh: impl})
-    return {k: lowering.export_to_tf_tensor(v) for k, v in outputs.items()}
-  return {k: v.numpy() for k, v in run().items()}
+  return lower_and_run(builder, mesh_shape, layout)
 
 
 def test_moe_outputs_equal_with_and_without_splitting_experts():
@@ -291,20 +282,8 @@ def test_incremental_decoding_matches_full_recomputation():
   model = transformer.Unitransformer(stack, d_model=D, input_vocab_size=V, output_vocab_size=V,
                                      autoregressive=True, max_length=L, vocab_divisor=8,
                                      positional_embedding="sinusoidal")
-  ids_np = TARGETS[:B]
 
-  def build(mesh):
-    ids = mtf.import_tf_tensor(mesh, tf.constant(ids_np), [batch, length])
-    full, _ = model.call_simple(mtf.shift(ids, 1, length, wrap=False), None, False,
-                                mode="infer")
-    vdtype = mtf.VariableDType()
-    states, constants = model.first_part(mtf.zeros_like(ids), [batch], length, vdtype)
-    fn = model.incremental_logits_fn([batch], length, vdtype, constants)
-    steps = []
-    for p in range(L):
-      logits, states = fn(mtf.constant(mesh, p, dtype=tf.int32), ids, states)
-      steps.append(logits)
-    return {"full": full, "incremental": mtf.stack(steps, "length", axis=1)}
+  build = full_and_incremental_logits(model, TARGETS[:B], batch, length)
   for mesh_shape, layout in [("all:1", ""), ("rows:2;cols:4", "batch:rows;vocab:cols;d_ff:cols")]:
     out = _run(build, mesh_shape, layout)
     # Decoding never produces id 0 (padding): its logit is -1e9 there.

@@ -21,7 +21,7 @@ from mesh_tensorflow.transformer import modeling
 from mesh_tensorflow.transformer import sublayers
 from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import transformer_layers as tl
-from mtf_test_utils import lower_and_run, make_impl
+from mtf_test_utils import full_and_incremental_logits, lower_and_run, make_impl
 
 B, L, V, D = 8, 8, 32, 16
 batch, length = mtf.Dimension("batch", B), mtf.Dimension("length", L)
@@ -158,18 +158,7 @@ def test_custom_sublayers_decode_incrementally():
   their variables again) equal one pass over the whole sequence."""
   model = _lm(**CUSTOM)
 
-  def build(mesh):
-    ids = mtf.import_tf_tensor(mesh, tf.constant(np.abs(TARGETS)), [batch, length])
-    full, _ = model.call_simple(mtf.shift(ids, 1, length, wrap=False), None, False,
-                                mode="infer")
-    vdtype = mtf.VariableDType()
-    states, constants = model.first_part(mtf.zeros_like(ids), [batch], length, vdtype)
-    fn = model.incremental_logits_fn([batch], length, vdtype, constants)
-    steps = []
-    for p in range(L):
-      logits, states = fn(mtf.constant(mesh, p, dtype=tf.int32), ids, states)
-      steps.append(logits)
-    return {"full": full, "incremental": mtf.stack(steps, "length", axis=1)}
+  build = full_and_incremental_logits(model, np.abs(TARGETS), batch, length)
   out = lower_and_run(build, "all:1", "")
   np.testing.assert_allclose(out["incremental"][..., 1:], out["full"][..., 1:], rtol=1e-4,
                              atol=1e-5)
