@@ -321,7 +321,8 @@ class LayerStack(TransformerLayer):
       raise ValueError("LayerStack: custom sublayers (sublayers_initial/_per_layer/_final) "
                        "do not support " + " or ".join(unsupported) + ".")
     lists = []
-    for (name, value), default in zip(given.items(), sublayers_lib.default_sublayers()):
+    defaults = sublayers_lib.default_sublayers(gin_configurables())
+    for (name, value), default in zip(given.items(), defaults):
       if value is None:
         value = default
       if callable(value) or isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):

@@ -27,8 +27,7 @@ Import them from `transformer` (which re-exports them) or from here.
 from __future__ import annotations
 
 import math
-import sys
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import tensorflow as tf
 
@@ -86,9 +85,16 @@ def sublayer_rms_norm(x: mtf.Tensor, layer_stack, context, epsilon: float = 1e-6
     >>> y = sublayer_rms_norm(x, stack, context, name="pre_norm")
   """
   del layer_stack
+  return _rms_normalized(x, context, epsilon, name, scale_over_d_model=True)
+
+
+def _rms_normalized(x: mtf.Tensor, context, epsilon: float, name: str,
+                    scale_over_d_model: bool) -> mtf.Tensor:
+  """x / sqrt(mean over d_model of x^2 + epsilon) times the learned
+  "<name>/scale": one per d_model channel, or one scalar."""
   d_model = context.model.model_dim
   with mtf.name_scope(context.mesh, name):
-    scale = _scale(context, "scale", [d_model])
+    scale = _scale(context, "scale", [d_model] if scale_over_d_model else [])
     variance = mtf.reduce_mean(mtf.square(x), reduced_dim=d_model)
     return x * mtf.rsqrt(variance + epsilon) * scale
 
@@ -162,11 +168,7 @@ def sublayer_scale_norm(x: mtf.Tensor, layer_stack, context, epsilon: float = 1e
     >>> y = sublayer_scale_norm(x, stack, context)
   """
   del layer_stack
-  d_model = context.model.model_dim
-  with mtf.name_scope(context.mesh, name):
-    scale = _scale(context, "scale", [])
-    variance = mtf.reduce_mean(mtf.square(x), reduced_dim=d_model)
-    return x * mtf.rsqrt(variance + epsilon) * scale
+  return _rms_normalized(x, context, epsilon, name, scale_over_d_model=False)
 
 
 def sublayer_residual(x: mtf.Tensor, layer_stack, context) -> mtf.Tensor:
@@ -230,19 +232,18 @@ def sublayer_clip_activation_gradient(x: mtf.Tensor, layer_stack, context,
   return mtf.layers.clip_activation_gradient(x, rms_norm)
 
 
-def default_sublayers() -> Tuple[List[Sublayer], List[Sublayer], List[Sublayer]]:
-  """The original's default (initial, per-layer, final) sublayer lists;
-  their gin-configurable versions once gin_config has registered them, so
-  bindings such as `transformer.sublayer_dropout.dropout_rate` apply.
+def default_sublayers(configurables: Dict[str, Callable]
+                      ) -> Tuple[List[Sublayer], List[Sublayer], List[Sublayer]]:
+  """The original's default (initial, per-layer, final) sublayer lists,
+  each function taken from `configurables` (gin's versions by name, from
+  layer_stack.gin_configurables()) where it is there, so bindings such as
+  `transformer.sublayer_dropout.dropout_rate` apply.
 
   Example:
-    >>> initial, per_layer, final = default_sublayers()
+    >>> initial, per_layer, final = default_sublayers({})
     >>> [f.__name__ for f in per_layer]
     ['sublayer_rms_norm', 'sublayer_call_layer', 'sublayer_dropout', 'sublayer_residual']
   """
-  gin_config = sys.modules.get("mesh_tensorflow.transformer.gin_config")
-  configurables = gin_config.CONFIGURABLES if gin_config is not None else {}
-
   def pick(fn):
     return configurables.get(fn.__name__, fn)
   return ([pick(sublayer_dropout)],
