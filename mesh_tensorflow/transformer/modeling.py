@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import gin_config
+from mesh_tensorflow.transformer.transformer import shift_right_within_segments
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 
 MODEL_TYPES = ("lm", "bitransformer")
@@ -107,12 +108,7 @@ def autoregressive_inputs(targets: mtf.Tensor,
     >>> # targets [5, 6, 1, 7, 1], segmentation [1, 1, 1, 2, 2] -> [0, 5, 6, 0, 7]
     >>> inputs = autoregressive_inputs(targets, segmentation)
   """
-  length_dim = targets.shape.dims[-1]
-  shifted = mtf.shift(targets, 1, length_dim, wrap=False)
-  if segmentation is not None:
-    same = mtf.equal(segmentation, mtf.shift(segmentation, 1, length_dim, wrap=False))
-    shifted = shifted * mtf.cast(same, shifted.dtype)
-  return shifted
+  return shift_right_within_segments(targets, segmentation)
 
 
 @dataclasses.dataclass

@@ -246,17 +246,32 @@ def autoregressive_inputs(targets: mtf.Tensor,
     >>> inputs = autoregressive_inputs(targets, sequence_id)
   """
   length_dim = _check_ids("autoregressive_inputs", targets)
-  inputs = mtf.abs(mtf.shift(targets, offset=1, dim=length_dim, wrap=False))
+  if sequence_id is not None:
+    _check_ids("autoregressive_inputs", sequence_id, "sequence_id")
+    if length_dim not in sequence_id.shape.dims or not set(sequence_id.shape.dims) <= set(
+        targets.shape.dims):
+      raise ValueError(f"autoregressive_inputs: sequence_id {sequence_id.shape} must have "
+                       f"targets' length dimension and no dimension targets {targets.shape} "
+                       "lacks.")
+  return shift_right_within_segments(mtf.abs(targets), sequence_id)
+
+
+def shift_right_within_segments(ids: mtf.Tensor,
+                                sequence_id: Optional[mtf.Tensor] = None) -> mtf.Tensor:
+  """ids shifted right by one along their last (length) dimension, 0 first
+  and 0 at the first position of every segment of `sequence_id` (packed
+  examples): a decoder's inputs, unchecked (see autoregressive_inputs).
+
+  Example:
+    >>> # ids [5, 6, 1, 7, 1], sequence_id [1, 1, 1, 2, 2] -> [0, 5, 6, 0, 7]
+    >>> inputs = shift_right_within_segments(ids, sequence_id)
+  """
+  length_dim = ids.shape.dims[-1]
+  shifted = mtf.shift(ids, offset=1, dim=length_dim, wrap=False)
   if sequence_id is None:
-    return inputs
-  _check_ids("autoregressive_inputs", sequence_id, "sequence_id")
-  if length_dim not in sequence_id.shape.dims or not set(sequence_id.shape.dims) <= set(
-      targets.shape.dims):
-    raise ValueError(f"autoregressive_inputs: sequence_id {sequence_id.shape} must have "
-                     f"targets' length dimension and no dimension targets {targets.shape} "
-                     "lacks.")
-  previous = mtf.shift(sequence_id, offset=1, dim=length_dim, wrap=False)
-  return inputs * mtf.cast(mtf.equal(sequence_id, previous), inputs.dtype)
+    return shifted
+  same = mtf.equal(sequence_id, mtf.shift(sequence_id, offset=1, dim=length_dim, wrap=False))
+  return shifted * mtf.cast(same, shifted.dtype)
 
 
 def delimited_lm_inputs_mask(ids: mtf.Tensor, eos_id: int = 1) -> mtf.Tensor:
@@ -985,12 +1000,7 @@ class Bitransformer:
     encoder_output, encoder_sequence_id, encoder_layer_outputs, encoder_loss = self._encode(
         inputs, mode, variable_dtype, encoder_sequence_id, encoder_position, shared_params,
         compute_loss)
-    length_dim = targets.shape.dims[-1]
-    shifted = mtf.shift(targets, offset=1, dim=length_dim, wrap=False)
-    if decoder_sequence_id is not None:
-      same = mtf.equal(decoder_sequence_id,
-                       mtf.shift(decoder_sequence_id, offset=1, dim=length_dim, wrap=False))
-      shifted = shifted * mtf.to_int32(same)
+    shifted = shift_right_within_segments(targets, decoder_sequence_id)
     logits, loss = self.decoder.call_simple(
         shifted, targets, compute_loss, mode=mode, variable_dtype=variable_dtype,
         sequence_id=decoder_sequence_id, subsequence_id=decoder_subsequence_id,
