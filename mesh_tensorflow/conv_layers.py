@@ -481,10 +481,13 @@ def conv3d_transpose_with_blocks(x: Tensor, output_dim: Dimension,
                                        [d_blocks_dim, h_blocks_dim, w_blocks_dim], what)
 
 
-def max_pool2d(x: Tensor, ksize: IntOrInts = (2, 2), strides: Optional[IntOrInts] = None,
-               padding: str = "VALID", h_blocks_dim=None, w_blocks_dim=None,
-               name: str = "max_pool2d") -> Tensor:
+def max_pool2d(x: Tensor, ksize: IntOrInts = (2, 2), name: str = "max_pool2d",
+               strides: Optional[IntOrInts] = None, padding: str = "VALID",
+               h_blocks_dim=None, w_blocks_dim=None) -> Tensor:
   """2D max pooling over x [..., h, w, channels] (strides default to ksize).
+
+  The first three arguments are the original's (x, ksize, name); strides,
+  padding and blocks dimensions are this library's additions.
 
   With blocks dimensions, pools each block (windows must not cross blocks).
 
@@ -495,10 +498,11 @@ def max_pool2d(x: Tensor, ksize: IntOrInts = (2, 2), strides: Optional[IntOrInts
                              name=name)
 
 
-def avg_pool2d(x: Tensor, ksize: IntOrInts = (2, 2), strides: Optional[IntOrInts] = None,
-               padding: str = "VALID", h_blocks_dim=None, w_blocks_dim=None,
-               name: str = "avg_pool2d") -> Tensor:
-  """2D average pooling over x [..., h, w, channels] (strides default to ksize).
+def avg_pool2d(x: Tensor, ksize: IntOrInts = (2, 2), name: str = "avg_pool2d",
+               strides: Optional[IntOrInts] = None, padding: str = "VALID",
+               h_blocks_dim=None, w_blocks_dim=None) -> Tensor:
+  """2D average pooling over x [..., h, w, channels] (strides default to ksize;
+  arguments as in `max_pool2d`).
 
   Example:
     >>> y = mtf.layers.avg_pool2d(x, ksize=(2, 2))
@@ -507,9 +511,10 @@ def avg_pool2d(x: Tensor, ksize: IntOrInts = (2, 2), strides: Optional[IntOrInts
                              name=name)
 
 
-def max_pool3d(x: Tensor, ksize: IntOrInts = (2, 2, 2), strides: Optional[IntOrInts] = None,
-               padding: str = "VALID", name: str = "max_pool3d") -> Tensor:
-  """3D max pooling over x [..., d, h, w, channels] (strides default to ksize).
+def max_pool3d(x: Tensor, ksize: IntOrInts = (2, 2, 2), name: str = "max_pool3d",
+               strides: Optional[IntOrInts] = None, padding: str = "VALID") -> Tensor:
+  """3D max pooling over x [..., d, h, w, channels] (strides default to ksize;
+  the first three arguments are the original's).
 
   Example:
     >>> y = mtf.layers.max_pool3d(x, ksize=(2, 2, 2))
@@ -517,9 +522,10 @@ def max_pool3d(x: Tensor, ksize: IntOrInts = (2, 2, 2), strides: Optional[IntOrI
   return conv_ops.max_pool3d(x, ksize, strides, padding, name=name)
 
 
-def avg_pool3d(x: Tensor, ksize: IntOrInts = (2, 2, 2), strides: Optional[IntOrInts] = None,
-               padding: str = "VALID", name: str = "avg_pool3d") -> Tensor:
-  """3D average pooling over x [..., d, h, w, channels] (strides default to ksize).
+def avg_pool3d(x: Tensor, ksize: IntOrInts = (2, 2, 2), name: str = "avg_pool3d",
+               strides: Optional[IntOrInts] = None, padding: str = "VALID") -> Tensor:
+  """3D average pooling over x [..., d, h, w, channels] (strides default to ksize;
+  the first three arguments are the original's).
 
   Example:
     >>> y = mtf.layers.avg_pool3d(x, ksize=(2, 2, 2))

@@ -21,7 +21,7 @@ import tensorflow as tf
 from mesh_tensorflow import initializers
 from mesh_tensorflow import rng
 from mesh_tensorflow.graph import Mesh, Tensor
-from mesh_tensorflow.layers_core import _dim_list, layer_scope
+from mesh_tensorflow.layers_core import _dim_list, check_is_training, layer_scope
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops import random_ops
 from mesh_tensorflow.ops.einsum import einsum
@@ -213,8 +213,8 @@ def multihead_attention_vars(mesh: Mesh, heads: Dimension, io_channels: Dimensio
 
 # ---------------------------------------------------------------- attention
 def dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor],
-                          dropout: float = 0.0, dropout_broadcast_dims=None,
-                          extra_logit=None, is_training: bool = True) -> Tensor:
+                          is_training: bool = True, dropout: float = 0.0,
+                          dropout_broadcast_dims=None, extra_logit=None) -> Tensor:
   """softmax(q.k + mask) . v over the memory length.
 
   The logits are not scaled: as in the original, the 1/sqrt(depth) factor
@@ -226,11 +226,12 @@ def dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor
     v: [..., length_kv, depth_v].
     mask: an additive bias broadcastable to the logits [..., length_q,
       length_kv], or None.
+    is_training: dropout is applied only when true (the fifth argument, as in
+      the original).
     dropout: dropout rate on the attention weights.
     dropout_broadcast_dims: dimensions along which the dropout mask is shared.
     extra_logit: an optional extra logit (a scalar or tensor) in the softmax
       normalizer, as if attending to one more position whose value is zero.
-    is_training: dropout is applied only when true.
 
   Returns:
     [..., length_q, depth_v].
@@ -238,6 +239,7 @@ def dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor
   Example:
     >>> o = dot_product_attention(q, k, v, mask=None)
   """
+  check_is_training(is_training, "mtf.layers.dot_product_attention")
   length_kv = k.shape.dims[-2]
   depth_v = v.shape.dims[-1]
   logits = einsum([q, k], output_shape=Shape(q.shape.dims[:-1] + [length_kv]))
@@ -254,9 +256,9 @@ def dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor
 
 def multihead_attention(query_antecedent: Tensor, memory_antecedent: Optional[Tensor],
                         mask: Optional[Tensor], kv_channels: Dimension, heads: Dimension,
-                        dropout: float = 0.0, dropout_broadcast_dims=None,
-                        master_dtype=tf.float32, slice_dtype=tf.float32,
-                        name: Optional[str] = None, is_training: bool = True) -> Tensor:
+                        is_training: bool = True, dropout: float = 0.0,
+                        dropout_broadcast_dims=None, master_dtype=tf.float32,
+                        slice_dtype=tf.float32, name: Optional[str] = None) -> Tensor:
   """Multi-head attention with input and output projections.
 
   Args:
@@ -300,8 +302,7 @@ def multihead_attention(query_antecedent: Tensor, memory_antecedent: Optional[Te
     kv_shape = batch_dims + [heads, memory_length, kv_channels]
     k = einsum([memory_antecedent, wk], output_shape=kv_shape)
     v = einsum([memory_antecedent, wv], output_shape=kv_shape)
-    o = dot_product_attention(q, k, v, mask, dropout, dropout_broadcast_dims,
-                              is_training=is_training)
+    o = dot_product_attention(q, k, v, mask, is_training, dropout, dropout_broadcast_dims)
     return einsum([o, wo], output_shape=batch_dims + [length, io_channels])
 
 
@@ -314,8 +315,9 @@ def _block_length(length_per_split: int, window_size: int) -> int:
 
 
 def masked_local_attention_1d(x: Tensor, kv_channels: Dimension, heads: Dimension,
-                              window_size: int = 128, master_dtype=tf.float32,
-                              slice_dtype=tf.float32, length_per_split: Optional[int] = None,
+                              is_training: bool = False, window_size: int = 128,
+                              master_dtype=tf.float32, slice_dtype=tf.float32,
+                              length_per_split: Optional[int] = None,
                               return_kv: Optional[list] = None,
                               params: Optional[Tuple[Tensor, Tensor, Tensor, Tensor]] = None,
                               name: Optional[str] = None) -> Tensor:
@@ -331,6 +333,8 @@ def masked_local_attention_1d(x: Tensor, kv_channels: Dimension, heads: Dimensio
     x: [batch..., length, io_channels].
     kv_channels: per-head key/value dimension.
     heads: heads dimension.
+    is_training: accepted in the original's position; this layer has no
+      dropout, so it changes nothing.
     window_size: how many positions (including itself) each query sees.
     master_dtype: variable storage dtype.
     slice_dtype: variable slice dtype.
@@ -396,9 +400,9 @@ def masked_local_attention_1d(x: Tensor, kv_channels: Dimension, heads: Dimensio
 
 def multihead_self_attention_memory_compressed(
     x: Tensor, mask_right: bool, compression_factor: int, kv_channels: Dimension,
-    heads: Dimension, dropout: float = 0.0, dropout_broadcast_dims=None,
-    master_dtype=tf.float32, slice_dtype=tf.float32, name: Optional[str] = None,
-    is_training: bool = True) -> Tensor:
+    heads: Dimension, is_training: bool = True, dropout: float = 0.0,
+    dropout_broadcast_dims=None, master_dtype=tf.float32, slice_dtype=tf.float32,
+    name: Optional[str] = None) -> Tensor:
   """Multi-head self-attention to a memory shortened by mean pooling.
 
   The keys and values come from the means of consecutive groups of
@@ -448,6 +452,6 @@ def multihead_self_attention_memory_compressed(
       group_end = (mtf_range(mesh, memory_length, tf.int32) * compression_factor
                    + compression_factor - 1)
       mask = _bias(ew.greater(group_end, query_pos), x.dtype)
-    o = dot_product_attention(q, k, v, mask, dropout, dropout_broadcast_dims, extra_logit=0.0,
-                              is_training=is_training)
+    o = dot_product_attention(q, k, v, mask, is_training, dropout, dropout_broadcast_dims,
+                              extra_logit=0.0)
     return einsum([o, wo], output_shape=x.shape)

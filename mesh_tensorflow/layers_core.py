@@ -82,6 +82,19 @@ def layer_scope(mesh: Mesh, name: Optional[str], default_name: str):
 
 
 # ---------------------------------------------------------------- helpers
+def check_is_training(is_training, what: str) -> None:
+  """Rejects a number given where the original's `is_training` argument goes.
+
+  The original's layers take is_training right before dropout; a call written
+  for an older order (`dense_relu_dense(x, hidden, 0.1)`) would otherwise
+  silently train without dropout.
+  """
+  if isinstance(is_training, (float, int)) and not isinstance(is_training, bool):
+    raise TypeError(
+        f"{what}: is_training must be a bool (or a boolean tensor), got {is_training!r}. It "
+        "comes before dropout, as in the original Mesh TensorFlow; pass the rate as dropout=.")
+
+
 def _dim_list(dims: Optional[DimOrDims]) -> List[Dimension]:
   if dims is None:
     return []
@@ -145,8 +158,8 @@ def dense(x: Tensor, new_dims: Optional[DimOrDims] = None,
           reduced_dims: Optional[DimOrDims] = None,
           expert_dims: Optional[DimOrDims] = None, use_bias: bool = True,
           activation: Activation = None, master_dtype=tf.float32, slice_dtype=tf.float32,
-          variable_dtype: Optional[VariableDType] = None, name: Optional[str] = None,
-          kernel_initializer=None, kernel_weights: Optional[Tensor] = None,
+          variable_dtype: Optional[VariableDType] = None, kernel_initializer=None,
+          kernel_weights: Optional[Tensor] = None, name: Optional[str] = None,
           output_dim: Optional[Dimension] = None) -> Tensor:
   """Dense layer: activation(einsum(x, kernel) + bias).
 
@@ -249,10 +262,10 @@ def dense_product(x: Tensor, reduced_dims: DimOrDims, new_dims: DimOrDims,
   return functools.reduce(ew.multiply, factors)
 
 
-def dense_relu_dense(x: Tensor, hidden_channels: Dimension, dropout: float = 0.0,
-                     dropout_broadcast_dims: Optional[DimOrDims] = None,
+def dense_relu_dense(x: Tensor, hidden_channels: Dimension, is_training: bool = True,
+                     dropout: float = 0.0, dropout_broadcast_dims: Optional[DimOrDims] = None,
                      master_dtype=tf.float32, slice_dtype=tf.float32,
-                     name: Optional[str] = None, is_training: bool = True) -> Tensor:
+                     name: Optional[str] = None) -> Tensor:
   """The transformer feed-forward block: dense (ReLU), dropout, dense.
 
   The output has x's shape; x's last dimension is the io dimension. No
@@ -262,16 +275,18 @@ def dense_relu_dense(x: Tensor, hidden_channels: Dimension, dropout: float = 0.0
   Args:
     x: input tensor; its last dimension is the io dimension.
     hidden_channels: the hidden dimension.
+    is_training: dropout is applied only when true (the third argument, as in
+      the original).
     dropout: dropout rate on the hidden activations.
     dropout_broadcast_dims: dimensions along which the dropout mask is shared.
     master_dtype: variable storage dtype.
     slice_dtype: variable slice dtype.
     name: scope name.
-    is_training: dropout is applied only when true.
 
   Example:
     >>> y = dense_relu_dense(x, mtf.Dimension("d_ff", 2048), dropout=0.1)
   """
+  check_is_training(is_training, "mtf.layers.dense_relu_dense")
   io_channels = x.shape.dims[-1]
   with layer_scope(x.mesh, name, "dense_relu_dense"):
     h = dense(x, hidden_channels, reduced_dims=[io_channels], use_bias=False,

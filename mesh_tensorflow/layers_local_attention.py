@@ -175,7 +175,8 @@ def _check_rank(x: Tensor, n: int, layout: str, what: str) -> None:
 
 
 def local_self_attention_spatial_blocks(query_antecedent: Tensor, kv_channels: Dimension,
-                                        heads: Dimension, memory_w_dim=None,
+                                        heads: Dimension, is_training: bool = False,
+                                        memory_w_dim=None,
                                         mask_right: bool = False, master_dtype=tf.float32,
                                         slice_dtype=tf.float32,
                                         name: Optional[str] = None) -> Tensor:
@@ -191,6 +192,8 @@ def local_self_attention_spatial_blocks(query_antecedent: Tensor, kv_channels: D
     query_antecedent: [batch..., num_w_blocks, w, io_channels].
     kv_channels: per-head key/value dimension.
     heads: heads dimension.
+    is_training: accepted in the original's position; this layer has no
+      dropout, so it changes nothing.
     memory_w_dim: ignored (the memory dimension is always "memory_" + w's
       name); accepted because the original's signature has it.
     mask_right: causal attention (for decoders).
@@ -206,7 +209,7 @@ def local_self_attention_spatial_blocks(query_antecedent: Tensor, kv_channels: D
     >>> x = mtf.reshape(x, [batch, mtf.Dimension("num_w_blocks", 8), w, d_model])
     >>> y = local_self_attention_spatial_blocks(x, d_kv, heads, mask_right=True)
   """
-  del memory_w_dim
+  del is_training, memory_w_dim
   x = query_antecedent
   what = "local_self_attention_spatial_blocks"
   _check_rank(x, 3, "batch..., num_w_blocks, w, io_channels", what)
@@ -231,7 +234,8 @@ def local_self_attention_spatial_blocks(query_antecedent: Tensor, kv_channels: D
 
 
 def local_2d_self_attention_spatial_blocks(query_antecedent: Tensor, kv_channels: Dimension,
-                                           heads: Dimension, memory_h_dim=None,
+                                           heads: Dimension, is_training: bool = False,
+                                           memory_h_dim=None,
                                            memory_w_dim=None, mask_right: bool = False,
                                            master_dtype=tf.float32, slice_dtype=tf.float32,
                                            name: Optional[str] = None) -> Tensor:
@@ -249,6 +253,8 @@ def local_2d_self_attention_spatial_blocks(query_antecedent: Tensor, kv_channels
     query_antecedent: [batch..., num_h_blocks, num_w_blocks, h, w, io_channels].
     kv_channels: per-head key/value dimension.
     heads: heads dimension.
+    is_training: accepted in the original's position; this layer has no
+      dropout, so it changes nothing.
     memory_h_dim: ignored (the memory dimensions are always "memory_" + h's
       and w's names); accepted because the original's signature has it.
     memory_w_dim: ignored, as memory_h_dim.
@@ -265,7 +271,7 @@ def local_2d_self_attention_spatial_blocks(query_antecedent: Tensor, kv_channels
     >>> # x: [batch, h_blocks:4, w_blocks:4, h:8, w:8, d_model], a 32 x 32 image.
     >>> y = local_2d_self_attention_spatial_blocks(x, d_kv, heads)
   """
-  del memory_h_dim, memory_w_dim
+  del is_training, memory_h_dim, memory_w_dim
   x = query_antecedent
   what = "local_2d_self_attention_spatial_blocks"
   _check_rank(x, 5, "batch..., num_h_blocks, num_w_blocks, h, w, io_channels", what)

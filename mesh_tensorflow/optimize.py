@@ -120,13 +120,14 @@ def _advance_step_counters(graph: Graph) -> List[Operation]:
   return ops
 
 
-def reduce_rms(x: Tensor) -> Tensor:
-  """Root mean square of all elements of `x`, a scalar mtf Tensor.
+def reduce_rms(x: Tensor, output_shape=None) -> Tensor:
+  """Root mean square of the elements of `x`: a scalar, or one value per
+  position of `output_shape` (dimensions of x kept, the others averaged).
 
   Example:
     >>> scale = mtf.optimize.reduce_rms(weights)
   """
-  return ew.sqrt(reduction.reduce_mean(ew.square(x)))
+  return ew.sqrt(reduction.reduce_mean(ew.square(x), output_shape=output_shape))
 
 
 def clip_by_global_norm(grads: Sequence[Optional[Tensor]],
@@ -547,24 +548,33 @@ class Optimizer:
     return scope.cache[key][1]
 
 
+def _one_learning_rate(learning_rate, lr, what: str):
+  """The learning rate given as `learning_rate` (the original's name) or `lr`."""
+  if (learning_rate is None) == (lr is None):
+    raise TypeError(f"{what}: give the learning rate once, as learning_rate= (or lr=).")
+  return lr if learning_rate is None else learning_rate
+
+
 class SgdOptimizer(Optimizer):
   """Plain gradient descent: `var <- var - lr * grad`.
 
   Args:
-    lr: learning rate: a number, a scalar mtf or TensorFlow tensor, or a
+    learning_rate: a number, a scalar mtf or TensorFlow tensor, or a
       function of the step (see `mesh_tensorflow.learning_rate_schedules`).
     clip_gradients_by_global_norm: see `Optimizer`.
     offload_slots: see `Optimizer`.
+    lr: another name for learning_rate.
 
   Example:
     >>> ops = mtf.optimize.SgdOptimizer(0.1).apply_grads(grads, variables)
+    >>> opt = mtf.optimize.SgdOptimizer(learning_rate=0.1)   # the original's keyword
   """
 
-  def __init__(self, lr: LearningRate,
+  def __init__(self, learning_rate: Optional[LearningRate] = None,
                clip_gradients_by_global_norm: Optional[float] = None,
-               offload_slots: bool = False):
+               offload_slots: bool = False, lr: Optional[LearningRate] = None):
     super().__init__(clip_gradients_by_global_norm, offload_slots)
-    self._lr = lr
+    self._lr = _one_learning_rate(learning_rate, lr, "SgdOptimizer")
 
   @property
   def lr(self) -> LearningRate:
@@ -583,22 +593,26 @@ class MomentumOptimizer(Optimizer):
   `v <- momentum * v - lr * grad; var <- var + v`.
 
   Args:
-    lr: learning rate: a number, a scalar mtf or TensorFlow tensor, or a
+    learning_rate: a number, a scalar mtf or TensorFlow tensor, or a
       function of the step.
     momentum: decay of the velocity, e.g. 0.9.
     clip_gradients_by_global_norm: see `Optimizer`.
     offload_slots: see `Optimizer`.
+    lr: another name for learning_rate.
 
   Example:
     >>> opt = mtf.optimize.MomentumOptimizer(0.1, momentum=0.9)
     >>> ops = opt.apply_grads(grads, variables)
   """
 
-  def __init__(self, lr: LearningRate, momentum: float,
+  def __init__(self, learning_rate: Optional[LearningRate] = None,
+               momentum: Optional[float] = None,
                clip_gradients_by_global_norm: Optional[float] = None,
-               offload_slots: bool = False):
+               offload_slots: bool = False, lr: Optional[LearningRate] = None):
     super().__init__(clip_gradients_by_global_norm, offload_slots)
-    self._lr = lr
+    if momentum is None:
+      raise TypeError("MomentumOptimizer: give momentum (e.g. 0.9).")
+    self._lr = _one_learning_rate(learning_rate, lr, "MomentumOptimizer")
     self._momentum = momentum
 
   lr = property(lambda self: self._lr)
@@ -679,14 +693,16 @@ class AdamWeightDecayOptimizer(Optimizer):
     return not any(re.search(p, param_name) for p in self.exclude_from_weight_decay)
 
 
-def adafactor_decay_rate_pow(exponent: float = 0.8) -> lrs.Schedule:
-  """Adafactor's second-moment decay `1 - (step + 1) ** -exponent`.
+def adafactor_decay_rate_pow(exponent: float = 0.8, offset: int = 0) -> lrs.Schedule:
+  """Adafactor's second-moment decay `1 - (step - offset + 1) ** -exponent`.
 
-  The averaging window grows like step**exponent; the first update (step 0)
-  uses the squared gradient alone.
+  The averaging window grows like step**exponent; the first update (step
+  `offset`) uses the squared gradient alone.
 
   Args:
     exponent: in (0, 1]; the paper uses 0.8.
+    offset: the step the averaging starts from, e.g. the first step of a
+      fine-tuning run (steps before it count as `offset`).
 
   Returns:
     A function of the step (Python, TensorFlow or mtf scalar) giving the rate.
@@ -699,9 +715,13 @@ def adafactor_decay_rate_pow(exponent: float = 0.8) -> lrs.Schedule:
   """
   if not 0 < exponent <= 1:
     raise ValueError(f"adafactor_decay_rate_pow: exponent must be in (0, 1], got {exponent}.")
+  if offset < 0:
+    raise ValueError(f"adafactor_decay_rate_pow: offset must be >= 0, got {offset}.")
 
   def decay_rate(step: lrs.Step) -> lrs.Value:
     ops, s = lrs._math_for(step)  # pylint: disable=protected-access
+    if offset:
+      s = ops.maximum(s - float(offset), 0.0)
     return 1.0 - ops.exp(-exponent * ops.log(s + 1.0))
   return decay_rate
 
@@ -798,6 +818,11 @@ class AdafactorOptimizer(Optimizer):
       variables still move.
     min_dim_size_to_factor: factor only when the second largest dimension has
       at least this size.
+    stacked_dim_names: names of dimensions that stack independent parameters
+      (e.g. "layers"): never factored over, and the parameter scale is taken
+      per entry of them.
+    exclude_from_parameter_scale: substrings of variable names whose step
+      size is not multiplied by the parameter scale.
     clip_gradients_by_global_norm: see `Optimizer`.
     offload_slots: see `Optimizer`.
 
@@ -815,6 +840,8 @@ class AdafactorOptimizer(Optimizer):
                epsilon1: float = 1e-30,
                epsilon2: float = 1e-3,
                min_dim_size_to_factor: int = 128,
+               stacked_dim_names: Optional[Sequence[str]] = None,
+               exclude_from_parameter_scale: Optional[Sequence[str]] = None,
                clip_gradients_by_global_norm: Optional[float] = None,
                offload_slots: bool = False):
     super().__init__(clip_gradients_by_global_norm, offload_slots)
@@ -839,11 +866,13 @@ class AdafactorOptimizer(Optimizer):
     self.epsilon1 = epsilon1
     self.epsilon2 = epsilon2
     self.min_dim_size_to_factor = min_dim_size_to_factor
+    self.stacked_dim_names = list(stacked_dim_names or [])
+    self.exclude_from_parameter_scale = list(exclude_from_parameter_scale or [])
 
   def factored_dims(self, shape: Shape) -> Optional[Tuple[Dimension, Dimension]]:
     """The two dimensions (largest first) to factor over, or None.
 
-    Ties in size keep the shape's order.
+    Ties in size keep the shape's order; stacked dimensions are never picked.
 
     Args:
       shape: the variable's mtf Shape.
@@ -853,9 +882,10 @@ class AdafactorOptimizer(Optimizer):
       ...     mtf.convert_to_shape("a:2;b:8;c:4"))
       (Dimension(name='b', size=8), Dimension(name='c', size=4))
     """
-    if not self.factored or shape.ndims < 2:
+    dims = [d for d in shape.dims if d.name not in self.stacked_dim_names]
+    if not self.factored or len(dims) < 2:
       return None
-    largest = sorted(shape.dims, key=lambda d: -d.size)[:2]
+    largest = sorted(dims, key=lambda d: -d.size)[:2]
     if largest[1].size < self.min_dim_size_to_factor:
       return None
     return largest[0], largest[1]
@@ -866,9 +896,11 @@ class AdafactorOptimizer(Optimizer):
     return None if dims is None else list(dims)
 
   def _parameter_scale(self, var) -> Tensor:
-    """max(rms(var), epsilon2): the scale a relative step size is multiplied by."""
+    """max(rms(var), epsilon2): the scale a relative step size is multiplied by
+    (one per entry of the stacked dimensions)."""
     value = var.value if isinstance(var, var_ops.Variable) else var
-    return ew.maximum(reduce_rms(value), self.epsilon2)
+    stacked = [d for d in value.shape.dims if d.name in self.stacked_dim_names]
+    return ew.maximum(reduce_rms(value, output_shape=stacked), self.epsilon2)
 
   def _decay_rate_default(self) -> lrs.Schedule:
     return adafactor_decay_rate_pow(0.8)
@@ -904,8 +936,9 @@ class AdafactorOptimizer(Optimizer):
       update = update / ew.maximum(reduce_rms(update) * (1.0 / self.clipping_threshold),
                                    1.0)
     step_size = lr
-    if self.multiply_by_parameter_scale:
-      step_size = lr * ew.maximum(reduce_rms(value), self.epsilon2)
+    if self.multiply_by_parameter_scale and not any(
+        s in var.name for s in self.exclude_from_parameter_scale):
+      step_size = lr * self._parameter_scale(value)
     delta = update * step_size
     if self.beta1:
       m = _slot(var, "adafactor_m")

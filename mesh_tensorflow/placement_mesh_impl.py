@@ -388,7 +388,7 @@ def _unique(tensors):
 
 
 def _take_block(t: tf.Tensor, axis: int, index: int, num_blocks: int) -> tf.Tensor:
-  size = t.shape[axis] // num_blocks
+  size = t.shape.as_list()[axis] // num_blocks
   begin = [0] * t.shape.rank
   sizes = [-1] * t.shape.rank
   begin[axis] = index * size
@@ -486,8 +486,9 @@ def alltoall_ring(xs: Sequence[tf.Tensor], devices: Sequence[str], split_axis: i
   if n == 1:
     return list(xs)
   for i, x in enumerate(xs):
-    if x.shape[split_axis] is not None and x.shape[split_axis] % n:
-      raise ValueError(f"alltoall_ring: tensor {i} has {x.shape[split_axis]} entries along "
+    length = x.shape.as_list()[split_axis]
+    if length is not None and length % n:
+      raise ValueError(f"alltoall_ring: tensor {i} has {length} entries along "
                        f"split_axis {split_axis}, not divisible by {n} devices.")
   parts = _on_each(devices, lambda i: tf.split(xs[i], n, axis=split_axis))
   return _on_each(devices, lambda j: tf.concat([p[j] for p in parts], axis=concat_axis))

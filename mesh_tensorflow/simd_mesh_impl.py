@@ -126,6 +126,12 @@ class SimdMeshImpl(MeshImpl):
       needed for the "tpu" backend.
     device_assignment: for the TPU backend, a
       `tf.tpu.experimental.DeviceAssignment`; see `tpu_device_assignment`.
+    logical_to_physical: the original's processor permutation: processor p
+      runs on `devices[logical_to_physical[p]]` (devices listed in physical
+      order; see `auto_logical_to_physical_tpu`). On TPUs, build the
+      placement into the device assignment instead (`tpu_device_assignment`).
+    allreduce_in_bfloat16_max_group_size: accepted for the original's call
+      form; collectives here always reduce in the tensor's own dtype.
     backend: "devices", "tpu", or "auto" ("tpu" when TPU devices or a
       device_assignment are given).
     collective_timeout: seconds after which a collective whose peers never
@@ -141,8 +147,10 @@ class SimdMeshImpl(MeshImpl):
   """
 
   def __init__(self, shape, layout, devices: Optional[Sequence[str]] = None,
-               device_assignment=None, backend: str = "auto",
+               device_assignment=None, logical_to_physical: Optional[Sequence[int]] = None,
+               allreduce_in_bfloat16_max_group_size: int = 32, backend: str = "auto",
                collective_timeout: float = 0.0):
+    del allreduce_in_bfloat16_max_group_size
     super().__init__(shape, layout)
     if backend not in _BACKENDS:
       raise ValueError(f"SimdMeshImpl: backend={backend!r}; choose one of {_BACKENDS}.")
@@ -161,7 +169,18 @@ class SimdMeshImpl(MeshImpl):
             f"given. Pass one device per processor, e.g. ['cpu:%d' % i for i in "
             f"range({self.size})].")
       self._devices = [tf.DeviceSpec.from_string(d).to_string() for d in devices]
+      if logical_to_physical is not None:
+        order = [int(p) for p in logical_to_physical]
+        if sorted(order) != list(range(self.size)):
+          raise ValueError(
+              f"SimdMeshImpl: logical_to_physical must be a permutation of "
+              f"range({self.size}) (one physical device per processor), got {order}.")
+        self._devices = [self._devices[p] for p in order]
     else:
+      if logical_to_physical is not None:
+        raise ValueError(
+            "SimdMeshImpl: logical_to_physical is not used by the TPU backend; build the "
+            "placement into device_assignment with simd_mesh_impl.tpu_device_assignment().")
       self._devices = list(devices) if devices else [""] * self.size
     self._backend = backend
     self._timeout = float(collective_timeout)
@@ -255,7 +274,7 @@ class SimdMeshImpl(MeshImpl):
     if n == 1:
       return x
     t = x.tensor_list[0]
-    size = t.shape[tensor_axis] // n
+    size = t.shape.as_list()[tensor_axis] // n
     begin = [tf.constant(0, tf.int32)] * t.shape.rank
     begin[tensor_axis] = self.coordinate(mesh_axis) * size
     sizes = [-1] * t.shape.rank
@@ -397,7 +416,7 @@ class SimdMeshImpl(MeshImpl):
     return LaidOutTensor([tf.concat(tf.unstack(received, n, axis=0), axis=concat_axis)])
 
   def _devices_alltoall(self, chunks: tf.Tensor, mesh_axis: int) -> tf.Tensor:
-    n = chunks.shape[0]
+    n = chunks.shape.as_list()[0]
     table = self._rank_table([mesh_axis])
     if table is not None:  # chunk for rank r goes in row r; rows come back by rank
       ranks = tf.gather(tf.constant(table), self._group_index([mesh_axis]))
@@ -666,76 +685,7 @@ def _device_sort_key(device: str):
           spec.device_index or 0)
 
 
-def logical_to_physical(mesh_shape, physical_shape, cores_per_chip: int = 1) -> List[tuple]:
-  """Physical coordinates (x, y, z, core) for each pnum of a logical mesh.
-
-  Processors adjacent along the LAST mesh dimension (the one collectives of
-  model parallelism use most) land on physically adjacent chips: the chips
-  are walked in a serpentine (boustrophedon) order through the physical
-  grid, which never jumps between non-neighbouring chips, and the logical
-  mesh is laid over that walk in row-major order.
-
-  Args:
-    mesh_shape: the logical mesh (an mtf Shape, string or list of sizes).
-    physical_shape: chips per physical axis, e.g. [4, 4, 1] for a 4x4 slice.
-    cores_per_chip: TPU cores per chip (each core is one processor).
-
-  Returns:
-    One (x, y, z, core) tuple per pnum.
-
-  Example:
-    >>> logical_to_physical("rows:4;cols:4", [4, 4, 1])[:5]
-    [(0, 0, 0, 0), (1, 0, 0, 0), (2, 0, 0, 0), (3, 0, 0, 0), (3, 1, 0, 0)]
-  """
-  if isinstance(mesh_shape, (list, tuple)) and all(isinstance(s, int) for s in mesh_shape):
-    size = int(np.prod(mesh_shape))
-  else:
-    size = convert_to_shape(mesh_shape).size
-  physical_shape = list(physical_shape) + [1] * (3 - len(physical_shape))
-  x_n, y_n, z_n = physical_shape[:3]
-  if x_n * y_n * z_n * cores_per_chip != size:
-    raise ValueError(
-        f"logical_to_physical: the mesh has {size} processors but the physical slice "
-        f"{physical_shape} with {cores_per_chip} core(s) per chip has "
-        f"{x_n * y_n * z_n * cores_per_chip}. Pick a mesh whose size matches the slice.")
-  walk = []
-  for z in range(z_n):
-    ys = range(y_n) if z % 2 == 0 else reversed(range(y_n))
-    for j, y in enumerate(ys):
-      forward = (j + z * y_n) % 2 == 0
-      xs = range(x_n) if forward else reversed(range(x_n))
-      for x in xs:
-        for core in range(cores_per_chip):
-          walk.append((x, y, z, core))
-  return walk
-
-
-def tpu_device_assignment(mesh_shape, physical_shape, cores_per_chip: int = 1,
-                          topology=None):
-  """A `tf.tpu.experimental.DeviceAssignment` placing pnum p on the chip
-  `logical_to_physical(...)[p]`: replica p runs SIMD processor p.
-
-  Without a TPU system, pass no `topology`: one is described from
-  `physical_shape` (single host), which is enough to build and inspect the
-  program.
-
-  Example:
-    >>> da = tpu_device_assignment("rows:2;cols:4", [2, 2, 1], cores_per_chip=2)
-    >>> da.num_replicas
-    8
-  """
-  coords = logical_to_physical(mesh_shape, physical_shape, cores_per_chip)
-  physical_shape = list(physical_shape) + [1] * (3 - len(physical_shape))
-  if topology is None:
-    device_coordinates = []
-    for z in range(physical_shape[2]):
-      for y in range(physical_shape[1]):
-        for x in range(physical_shape[0]):
-          for core in range(cores_per_chip):
-            device_coordinates.append([x, y, z, core])
-    topology = tf.tpu.experimental.Topology(
-        mesh_shape=physical_shape + [cores_per_chip],
-        device_coordinates=np.array([device_coordinates], np.int32))
-  core_assignment = np.array([[list(c)] for c in coords], np.int32)
-  return tf.tpu.experimental.DeviceAssignment(topology, core_assignment)
-
+# The original kept its TPU topology helpers here.
+from mesh_tensorflow.tpu_topology import (  # noqa: E402,F401  pylint: disable=g-import-not-at-top
+    HierarchicalTiling, auto_logical_to_physical_tpu, logical_to_physical,
+    tpu_device_assignment)

@@ -15,6 +15,12 @@ _CPU = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(
     _CPU, [tf.config.LogicalDeviceConfiguration()] * 8)
 
+# Legacy TF1 programs often call tf.compat.v1.disable_v2_behavior(), which
+# among other things makes TensorShape[i] a Dimension object instead of an
+# int; tests/test_v1_tensorshape.py reruns tests under that setting.
+if os.environ.get("MTF_TEST_V1_TENSORSHAPE") == "1":
+  tf.compat.v1.disable_v2_tensorshape()
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pytest  # pylint: disable=g-import-not-at-top

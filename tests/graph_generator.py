@@ -1067,15 +1067,17 @@ class _Generator:
       return None
     name = self.fresh_name("t")
     self.registry[name] = k
-    out = tuple((name, k) if e == d else e for e in x.dims)
+    # reduced dimension removed, k last (the original's order)
+    out = tuple(e for e in x.dims if e != d) + ((name, k),)
 
     def ref(b, ins):
       order = np.argsort(-b.to_numpy(ins[0]), axis=axis, kind="stable")
       idx = np.take(order, np.arange(k), axis=axis)
-      return [b.xp.take_along_axis(ins[0], b.xp.asarray(idx), axis), idx]
+      values = b.xp.take_along_axis(ins[0], b.xp.asarray(idx), axis)
+      return [b.xp.moveaxis(values, axis, -1), np.moveaxis(idx, axis, -1)]
     return self.add(f"top_k(k={k})", [x], [(out, "f"), (out, "i")],
                     lambda mesh, ins: list(mtf.top_k(ins[0], to_shape((d,))[0],
-                                                     k_dim=to_shape(out)[axis])),
+                                                     k_dim=to_shape(out)[-1])),
                     ref)
 
   def op_argmax(self):

@@ -118,7 +118,8 @@ class _Placeholder(Operation):
 class WhileLoopOperation(Operation):
   """Runs body_fn while cond_fn holds, as one tf.while_loop over the slices."""
 
-  def __init__(self, cond_fn, body_fn, inputs, num_loop_vars=None, name=None):
+  def __init__(self, cond_fn, body_fn, inputs, num_loop_vars=None, name=None,
+               has_accumulators: bool = False):
     inputs = list(inputs)
     if not inputs:
       raise ValueError("mtf.while_loop needs at least one loop variable.")
@@ -126,14 +127,28 @@ class WhileLoopOperation(Operation):
     mesh = inputs[0].mesh
     graph = mesh.graph
     start = len(graph.operations)
-    self._placeholders = [_Placeholder(mesh, t.shape, t.dtype, "while_loop/var").outputs[0]
-                          for t in inputs[:n]]
-    cond = cond_fn(*self._placeholders)
-    body = body_fn(*self._placeholders)
-    body = list(body) if isinstance(body, (list, tuple)) else [body]
-    if len(body) != n:
+    try:
+      self._placeholders = [_Placeholder(mesh, t.shape, t.dtype, "while_loop/var").outputs[0]
+                            for t in inputs[:n]]
+      cond = cond_fn(*self._placeholders)
+      body = body_fn(*self._placeholders)
+      body = list(body) if isinstance(body, (list, tuple)) else [body]
+      if has_accumulators and len(body) > n:
+        # Each extra output is summed over the iterations: a loop variable
+        # that starts at zero and adds the output (made among the body's ops).
+        extra = body[n:]
+        sums = [_Placeholder(mesh, t.shape, t.dtype, "while_loop/accumulator").outputs[0]
+                for t in extra]
+        body = body[:n] + [s + t for s, t in zip(sums, extra)]
+        self._placeholders += sums
+    finally:
+      # The body's ops run only inside the loop (and a failed call leaves none).
+      self._body_ops = graph.operations[start:]
+      del graph.operations[start:]
+    if len(body) != len(self._placeholders):
       raise ValueError(f"mtf.while_loop: body_fn returned {len(body)} tensors for "
-                       f"{n} loop variables.")
+                       f"{n} loop variables (extra outputs are allowed only with "
+                       "has_accumulators=True).")
     for t, b in zip(inputs[:n], body):
       if t.shape != b.shape or t.dtype != b.dtype:
         raise ValueError(
@@ -141,14 +156,14 @@ class WhileLoopOperation(Operation):
             f"{t.dtype.name} to {b.shape} {b.dtype.name}; shapes and dtypes must stay.")
     if cond.shape.ndims != 0 or cond.dtype != tf.bool:
       raise ValueError("mtf.while_loop: cond_fn must return a scalar boolean mtf.Tensor.")
-    self._body_ops = graph.operations[start:]
-    del graph.operations[start:]
     for op in self._body_ops:
       if getattr(op, "is_variable", False):
         raise ValueError("mtf.while_loop: create variables outside the loop body.")
     self._cond, self._body = cond, body
-    super().__init__(inputs[:n], mesh=mesh, name=name or "while_loop")
-    self._outputs = [Tensor(self, t.shape, t.dtype, index=i) for i, t in enumerate(inputs[:n])]
+    from mesh_tensorflow.ops.constant import zeros  # pylint: disable=g-import-not-at-top
+    initial = inputs[:n] + [zeros(mesh, t.shape, t.dtype) for t in self._placeholders[n:]]
+    super().__init__(initial, mesh=mesh, name=name or "while_loop")
+    self._outputs = [Tensor(self, t.shape, t.dtype, index=i) for i, t in enumerate(initial)]
 
   def gradient(self, grad_ys):
     raise ValueError(
@@ -219,14 +234,24 @@ def _ancestors_within(targets, ops):
 
 
 def while_loop(cond_fn: Callable, body_fn: Callable, inputs: Sequence[Tensor],
-               num_loop_vars=None, name=None, **kwargs) -> List[Tensor]:
+               num_loop_vars=None, has_accumulators: bool = False, name=None,
+               **kwargs) -> List[Tensor]:
   """Repeats body_fn(*vars) while cond_fn(*vars) is true; returns the vars.
+
+  With `has_accumulators`, body_fn may return more tensors than there are
+  loop variables: each extra one is summed over the iterations and returned
+  after the loop variables (zero when the loop runs no iteration), e.g. the
+  gradients of several micro-batches.
 
   Example:
     >>> i, total = mtf.while_loop(lambda i, t: mtf.less(i, 10),
     ...                           lambda i, t: [i + 1, t + x], [i0, t0])
+    >>> i, grad_sum = mtf.while_loop(lambda i: mtf.less(i, 4),
+    ...                              lambda i: [i + 1, grad_of(i)], [i0],
+    ...                              has_accumulators=True)
   """
-  return WhileLoopOperation(cond_fn, body_fn, inputs, num_loop_vars, name=name).outputs
+  return WhileLoopOperation(cond_fn, body_fn, inputs, num_loop_vars, name=name,
+                            has_accumulators=has_accumulators).outputs
 
 
 class CustomGradientOperation(Operation):
@@ -278,7 +303,8 @@ def _run_and_capture(fn, explicit_inputs):
   return outputs, single, captured
 
 
-def custom_gradient(fn: Callable, grad_fn: Callable, inputs: Sequence[Tensor], name=None):
+def custom_gradient(fn: Callable, grad_fn: Callable, explicit_inputs: Sequence[Tensor],
+                    name=None):
   """Computes fn(*inputs) but differentiates it with grad_fn.
 
   grad_fn(inputs, captured, outputs, output_grads) returns one gradient per
@@ -289,7 +315,7 @@ def custom_gradient(fn: Callable, grad_fn: Callable, inputs: Sequence[Tensor], n
     >>> y = mtf.custom_gradient(lambda x: x * 2.0,
     ...                         lambda xs, cap, ys, gs: [gs[0] * 2.0], [x])
   """
-  inputs = list(inputs)
+  inputs = list(explicit_inputs)
   outputs, single, captured = _run_and_capture(fn, inputs)
   op = CustomGradientOperation(inputs, captured, outputs, grad_fn, name=name)
   return op.outputs[0] if single else op.outputs
@@ -339,13 +365,18 @@ class _ForwardScope:
         graph.__dict__[self._LAYER_SCOPES] = layer_scopes
 
 
-def recompute_grad(fn: Callable, explicit_inputs: Sequence[Tensor], name=None):
+def recompute_grad(fn: Callable, explicit_inputs: Sequence[Tensor],
+                   control_dependencies: bool = True, name=None):
   """Calls fn(*explicit_inputs) and recomputes it during backprop instead of
   keeping its activations (variables fn uses get their gradients too).
 
   The recomputation runs in the forward call's name scopes, so fn may
   create its variables with `mtf.get_variable` (it finds them again), and
   its random operations (dropout) repeat the forward pass's numbers.
+
+  With `control_dependencies` (the default), the recomputation waits for the
+  output gradients, so its activations are not alive before they are needed;
+  without, TensorFlow may schedule it earlier.
 
   Example:
     >>> y = mtf.recompute_grad(lambda x: block(x), [x])
@@ -361,7 +392,7 @@ def recompute_grad(fn: Callable, explicit_inputs: Sequence[Tensor], name=None):
     graph = xs[0].graph
     start = len(graph.operations)
     # Recompute only once the output gradients exist (to free the memory).
-    xs2 = [depend(x, dys_real) for x in xs]
+    xs2 = [depend(x, dys_real) for x in xs] if control_dependencies else list(xs)
     with forward.replay():
       outs = fn(*xs2)
     outs = [outs] if isinstance(outs, Tensor) else list(outs)

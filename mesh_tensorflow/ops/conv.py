@@ -383,7 +383,7 @@ class ConvBackpropInputOperation(_ConvBase):
 
     def fn(tdy, tf_filter):
       t, others, sizes = _to_canonical(tdy, dy_names, spatial, c2)
-      shape = [t.shape[0]] + out_spatial + [tf_filter.shape[-2]]
+      shape = [t.shape.as_list()[0]] + out_spatial + [tf_filter.shape.as_list()[-2]]
       x = transpose_fn(t, tf_filter, int_constant(shape), strides=tf_strides,
                        padding=padding)
       return _from_canonical(x, others, sizes, spatial, c1, out_names)
@@ -441,7 +441,7 @@ class ConvBackpropFilterOperation(_ConvBase):
     def fn(tx, tdy):
       t, x_others, _ = _to_canonical(tx, x_names, spatial, c1)
       d, _, _ = _to_canonical(tdy, dy_names, spatial, c2, others=x_others)
-      sizes = list(ksize) + [t.shape[-1], d.shape[-1]]
+      sizes = list(ksize) + [t.shape.as_list()[-1], d.shape.as_list()[-1]]
       k = backprop_fn(input=t, filter_sizes=int_constant(sizes), out_backprop=d,
                       strides=tf_strides, padding=padding)
       current = list(k_names) + [c1, c2]
@@ -951,7 +951,7 @@ class PoolBackpropOperation(_PoolBase):
       sizes = canon[-1][2]
       c = [ct[0] for ct in canon]
       if kind == "avg":
-        orig = [c[0].shape[0]] + in_spatial + [c[0].shape[-1]]
+        orig = [c[0].shape.as_list()[0]] + in_spatial + [c[0].shape.as_list()[-1]]
         grad_fn = tf.raw_ops.AvgPoolGrad if n == 2 else tf.raw_ops.AvgPool3DGrad
         r = grad_fn(orig_input_shape=int_constant(orig), grad=c[0], ksize=ksize,
                     strides=strides, padding=padding)

@@ -155,7 +155,7 @@ def _batchable_axis(impl, inputs, slices, out):
     layout = impl.tensor_layout(t.shape)
     split = [a for a in layout if a is not None]
     if (len(split) != 1 or layout[0] is None or t.shape.dims[0] != out.shape.dims[0]
-        or laid.tensor_list[0].shape[0] == t.shape.dims[0].size):
+        or laid.tensor_list[0].shape.as_list()[0] == t.shape.dims[0].size):
       return None
     candidate = (i, layout[0])
   # Only where gathering the split operand copies nothing: a copy (ConcatV2 of

@@ -408,11 +408,16 @@ def add_n(xs: Sequence[Tensor], name=None) -> Tensor:
   return total
 
 
-def where(condition: Tensor, x, y, output_shape=None, name=None) -> Tensor:
-  """Elementwise x where condition is true, else y (broadcasting by name)."""
-  t = first_tensor(x, y)
-  x = to_tensor(t.mesh, x, t.dtype)
-  y = to_tensor(t.mesh, y, t.dtype)
+def where(condition: Tensor, if_true, if_false, output_shape=None, name=None) -> Tensor:
+  """Elementwise if_true where condition holds, else if_false (tensors or
+  numbers, broadcast by dimension name).
+
+  Example:
+    >>> clipped = mtf.where(mtf.greater(x, 0.0), x, 0.0)
+  """
+  t = first_tensor(if_true, if_false)
+  x = to_tensor(t.mesh, if_true, t.dtype)
+  y = to_tensor(t.mesh, if_false, t.dtype)
   if condition.dtype != tf.bool:
     condition = cast(condition, tf.bool)
 

@@ -327,10 +327,10 @@ class TopKOperation(Operation):
       raise ValueError(f"mtf.top_k: k={k_dim.size} exceeds {reduced_dim} of {x.name}.")
     super().__init__([x], name=name or "top_k")
     self._reduced_dim, self._k_dim = reduced_dim, k_dim
-    shape = x.shape.dims
-    shape[x.shape.index_of(reduced_dim.name)] = k_dim
-    self._outputs = [Tensor(self, Shape(shape), x.dtype, index=0),
-                     Tensor(self, Shape(shape), tf.int32, index=1)]
+    # As in the original: reduced_dim removed, k_dim appended last.
+    shape = x.shape - [reduced_dim] + [k_dim]
+    self._outputs = [Tensor(self, shape, x.dtype, index=0),
+                     Tensor(self, shape, tf.int32, index=1)]
 
   def gradient(self, grad_ys):
     g = grad_ys[0]
@@ -346,21 +346,26 @@ class TopKOperation(Operation):
     k = self._k_dim.size
     rank = x.shape.ndims
     perm = [i for i in list(builtin_range(rank)) if i != axis] + [axis]
-    inv = [perm.index(i) for i in builtin_range(rank)]
 
     def fn(t):
-      v, i = tf.math.top_k(tf.transpose(t, perm), k=k)
-      return tf.transpose(v, inv), tf.transpose(i, inv)
+      if axis != rank - 1:
+        t = tf.transpose(t, perm)  # tf.math.top_k works on the last axis
+      return tuple(tf.math.top_k(t, k=k))
     lower_with_unsplit(lowering, self, [self._reduced_dim.name, self._k_dim.name], fn)
 
 
 builtin_range = __builtins__["range"] if isinstance(__builtins__, dict) else __builtins__.range
 
 
-def top_k(x: Tensor, reduced_dim, k_dim=None, k=None, name=None):
-  """The k largest values along reduced_dim and their indices.
+def top_k(x: Tensor, reduced_dim, k_dim=None, name=None, k=None):
+  """The k largest values along reduced_dim and their indices, largest first.
 
-  Returns (values, indices), both with reduced_dim replaced by k_dim.
+  Returns (values, indices), both shaped as x without reduced_dim and with
+  k_dim last (as in the original Mesh TensorFlow). Ties go to the lower index.
+
+  Example:
+    >>> values, indices = mtf.top_k(logits, vocab_dim, k_dim=mtf.Dimension("k", 4))
+    >>> # logits [batch, length, vocab] -> values, indices [batch, length, k]
   """
   if k_dim is None:
     if k is None:
@@ -388,15 +393,32 @@ class ArgmaxOperation(Operation):
                        lambda t: tf.argmax(t, axis=axis, output_type=dtype))
 
 
-def argmax(x: Tensor, reduced_dim, dtype=tf.int32, name=None) -> Tensor:
-  """Index of the maximum along reduced_dim (the first one on ties)."""
+def argmax(x: Tensor, reduced_dim, name=None, dtype=tf.int32) -> Tensor:
+  """Index of the maximum along reduced_dim (the first one on ties).
+
+  The third argument is the name, as in the original 0.1.x; a dtype given
+  there (older releases' order) is taken as the dtype.
+
+  Example:
+    >>> best = mtf.argmax(logits, vocab_dim)             # int32, no vocab_dim
+  """
+  if isinstance(name, tf.DType):
+    name, dtype = None, name
   return ArgmaxOperation(x, reduced_dim, dtype=dtype, name=name).outputs[0]
 
 
-def top_1(x: Tensor, reduced_dim, dtype=tf.int32, name=None):
-  """(argmax, max) along reduced_dim."""
+def top_1(x: Tensor, reduced_dim, name=None, dtype=tf.int32):
+  """(max, argmax) along reduced_dim: the values and their indices, in the
+  order of the original Mesh TensorFlow 0.1.x (`values, indices = top_1(...)`).
+
+  Example:
+    >>> gate, expert_index = mtf.top_1(raw_gates, reduced_dim=experts_dim)
+  """
   from mesh_tensorflow.ops.reduction import reduce_max
-  return argmax(x, reduced_dim, dtype=dtype), reduce_max(x, reduced_dim=_dim_named(x, reduced_dim))
+  if isinstance(name, tf.DType):
+    name, dtype = None, name
+  return (reduce_max(x, reduced_dim=_dim_named(x, reduced_dim)),
+          argmax(x, reduced_dim, dtype=dtype, name=name))
 
 
 def sample_with_temperature(logits: Tensor, dim, temperature=1.0, name=None) -> Tensor:

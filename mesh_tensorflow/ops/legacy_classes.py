@@ -136,25 +136,88 @@ class Conv3dOperation(conv.ConvOperation):
 
 
 class Conv2or3dBackpropInputOperation(conv.ConvBackpropInputOperation):
-  """The original's class for the gradient of a 2D/3D convolution in its input
-  (`conv_dimension` 2 or 3)."""
+  """The original's class for the gradient of a 2D/3D convolution
+  (`conv_dimension` 2 or 3) in its input; with `is_transpose`, of a transposed
+  convolution, which is a plain convolution of dy (an instance of a
+  `ConvOperation` subclass is returned then).
+
+  As in the original, every dimension is reported splittable; the lowering
+  gathers split spatial dimensions itself.
+
+  Example:
+    >>> dx = mtf.Conv2or3dBackpropInputOperation(
+    ...     2, False, x.shape, kernel, dy, [1, 1, 1, 1], "SAME").outputs[0]
+  """
+
+  def __new__(cls, conv_dimension: int, is_transpose: bool, *args, **kwargs):
+    if is_transpose:
+      return _TransposedConvBackpropInput(conv_dimension, *args, **kwargs)
+    return super().__new__(cls)
+
+  def __init__(self, conv_dimension: int, is_transpose: bool, input_shape,
+               conv_filter: Tensor, dy: Tensor, strides, padding, name=None):
+    del is_transpose  # False here: __new__ builds the transposed case
+    _check_conv_dimension(conv_dimension, "Conv2or3dBackpropInputOperation")
+    input_shape = convert_to_shape(input_shape)
+    in_channels = conv_filter.shape.dims[conv_dimension].name
+    super().__init__(dy, conv_filter, input_shape, strides, padding,
+                     _spatial_names(input_shape, in_channels, conv_dimension),
+                     name=name or f"conv{conv_dimension}d_backprop")
+
+  def _unsplittable_dim_names(self):
+    return ()
+
+
+class _TransposedConvBackpropInput(conv.ConvOperation):
+  """Conv2or3dBackpropInputOperation(n, True, ...): the input gradient of a
+  transposed convolution with filter [k..., out_channels, in_channels]."""
 
   def __init__(self, conv_dimension: int, input_shape, conv_filter: Tensor, dy: Tensor,
                strides, padding, name=None):
-    in_channels = conv_filter.shape.dims[conv_dimension].name
-    super().__init__(dy, conv_filter, input_shape, strides, padding,
-                     _spatial_names(input_shape, in_channels, conv_dimension), name=name)
+    what = "Conv2or3dBackpropInputOperation"
+    _check_conv_dimension(conv_dimension, what)
+    out_channels = conv_filter.shape.dims[conv_dimension].name
+    super().__init__(dy, conv_filter, strides, padding,
+                     _spatial_names(dy.shape, out_channels, conv_dimension),
+                     name=name or f"conv{conv_dimension}d_trans_backprop")
+    if self.outputs[0].shape != convert_to_shape(input_shape):
+      raise ValueError(f"{what}: the gradient of {dy.name} has shape {self.outputs[0].shape}, "
+                       f"not the input shape {input_shape}; check strides and padding.")
+
+  def _unsplittable_dim_names(self):
+    return ()
 
 
 class Conv2or3dBackpropFilterOperation(conv.ConvBackpropFilterOperation):
-  """The original's class for the gradient of a 2D/3D convolution in its
-  filter (`conv_dimension` 2 or 3)."""
+  """The original's class for the gradient of a 2D/3D convolution
+  (`conv_dimension` 2 or 3) in its filter; with `is_transpose`, of a
+  transposed convolution (whose image and gradient swap roles).
 
-  def __init__(self, conv_dimension: int, conv_input: Tensor, filter_shape, dy: Tensor,
-               strides, padding, name=None):
-    in_channels = convert_to_shape(filter_shape).dims[conv_dimension].name
-    super().__init__(conv_input, dy, filter_shape, strides, padding,
-                     _spatial_names(conv_input.shape, in_channels, conv_dimension), name=name)
+  Every dimension is reported splittable, as in the original.
+
+  Example:
+    >>> dk = mtf.Conv2or3dBackpropFilterOperation(
+    ...     2, False, x, kernel.shape, dy, [1, 1, 1, 1], "SAME").outputs[0]
+  """
+
+  def __init__(self, conv_dimension: int, is_transpose: bool, conv_input: Tensor,
+               filter_shape, dy: Tensor, strides, padding, name=None):
+    _check_conv_dimension(conv_dimension, "Conv2or3dBackpropFilterOperation")
+    filter_shape = convert_to_shape(filter_shape)
+    image, grad = (dy, conv_input) if is_transpose else (conv_input, dy)
+    channels = filter_shape.dims[conv_dimension].name
+    trans = "_trans" if is_transpose else ""
+    super().__init__(image, grad, filter_shape, strides, padding,
+                     _spatial_names(image.shape, channels, conv_dimension),
+                     name=name or f"conv{conv_dimension}d{trans}_backprop_filter")
+
+  def _unsplittable_dim_names(self):
+    return ()
+
+
+def _check_conv_dimension(conv_dimension, what: str) -> None:
+  if conv_dimension not in (2, 3):
+    raise ValueError(f"{what}: conv_dimension must be 2 or 3, got {conv_dimension!r}.")
 
 
 class _ConvTransposeOperation(conv.ConvBackpropInputOperation):

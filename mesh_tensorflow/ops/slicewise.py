@@ -98,8 +98,9 @@ class GenericGradOperation(Operation):
                      mesh=forward_op.mesh, name=name or f"{forward_op.name}/grad")
     self._outputs = [Tensor(self, x.shape, x.dtype, index=i)
                      for i, x in enumerate(forward_op.inputs)]
-    self._splittable_dims = forward_op.splittable_dims
-    self._unsplittable_dims = forward_op.unsplittable_dims
+    # Reported splittable everywhere, as in the original: the dimensions the
+    # forward op needs whole are gathered here too, whatever is reported.
+    self._gathered_dims = forward_op.unsplittable_dims
 
   def lower(self, lowering):
     fwd = self._forward_op
@@ -122,7 +123,7 @@ class GenericGradOperation(Operation):
     # An input without a split dimension of the outputs saw only this
     # processor's part of them: its gradient is a partial sum over that axis.
     impl = lowering.mesh_impl(self)
-    unsplit = self._unsplittable_dims
+    unsplit = self._gathered_dims
     out_names = set(_names(fwd.outputs))
     partial = []
     for x in fwd.inputs:

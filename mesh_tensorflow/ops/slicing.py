@@ -282,7 +282,7 @@ def _take(t, axis, begin, size):
 def _local_shift(t, offset, axis, wrap):
   if wrap:
     return tf.roll(t, offset, axis)
-  size = t.shape[axis]
+  size = t.shape.as_list()[axis]
   k = min(abs(offset), size)
   zero_shape = t.shape.as_list()
   zero_shape[axis] = k

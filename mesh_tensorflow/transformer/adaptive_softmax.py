@@ -268,12 +268,13 @@ class AdaptiveSoftmaxVocabEmbedding:
     return _mean_loss(decoder, total, weights)
 
 
-def adaptive_softmax_loss_fn(context: transformer.Context, logits: mtf.Tensor,
-                             targets: mtf.Tensor,
+def adaptive_softmax_loss_fn(decoder, context: transformer.Context, logits: mtf.Tensor,
+                             targets: Optional[mtf.Tensor] = None,
                              output_vocab_dim: Optional[mtf.Dimension] = None) -> mtf.Tensor:
-  """The original's Unitransformer.loss_fn for the adaptive softmax, in this
-  library's loss_fn convention (the model is context.model): the same loss
-  as the Unitransformer computes without it.
+  """The original's Unitransformer.loss_fn for the adaptive softmax, with its
+  signature (decoder, context, logits, targets, output_vocab_dim); the
+  four-argument form (context, logits, targets, output_vocab_dim) works too.
+  The same loss as the Unitransformer computes without it.
 
   In training, the embedding's `compute_loss` of the stack's output (which
   the Unitransformer leaves in context.cache["vocab_embedding_hidden"]; a
@@ -283,9 +284,14 @@ def adaptive_softmax_loss_fn(context: transformer.Context, logits: mtf.Tensor,
 
   Example:
     >>> # gin: Unitransformer.loss_fn = @adaptive_softmax.adaptive_softmax_loss_fn
-    >>> loss = adaptive_softmax_loss_fn(context, logits, targets, vocab_dim)
+    >>> loss = adaptive_softmax_loss_fn(model, context, logits, targets, vocab_dim)
   """
-  decoder = context.model
+  if isinstance(decoder, transformer.Context):  # (context, logits, targets[, dim])
+    decoder, context, logits, targets, output_vocab_dim = (
+        decoder.model, decoder, context, logits, targets)
+  if targets is None:
+    raise TypeError("adaptive_softmax_loss_fn(decoder, context, logits, targets, "
+                    "output_vocab_dim): targets is missing.")
   embedding = context.cache.get("vocab_embedding", context.shared_params.get("embedding"))
   if not hasattr(embedding, "compute_loss"):
     raise ValueError("adaptive_softmax_loss_fn needs the model's vocab_embedding_cls to be "

@@ -96,6 +96,11 @@ class Context:
     write_priority: int [length]; with read_priority, position q may attend
       to memory position m iff read_priority[q] >= write_priority[m].
     read_priority: int, like write_priority.
+    inputs: the model's input ids [batch..., length], for layers that read
+      them (the original's field).
+    encoder_inputs: the encoder's input ids, for decoder layers.
+    num_microbatches: how many micro-batches the step is cut into (the
+      original's field, for layers whose statistics depend on it).
 
   A LayerStack also sets `layer_index` (the number of layers run so far)
   and, while the sublayers of one layer run (stacks given sublayer lists),
@@ -114,7 +119,8 @@ class Context:
                initial_position=None, layer_outputs=None, encoder_output=None,
                encoder_sequence_id=None, constant_states=None,
                shared_params: Optional[Dict[str, mtf.Tensor]] = None,
-               encoder_layer_outputs=None, write_priority=None, read_priority=None):
+               encoder_layer_outputs=None, write_priority=None, read_priority=None,
+               inputs=None, encoder_inputs=None, num_microbatches: int = 1):
     self.model = model
     self.mesh = mesh
     self.batch_dims = list(batch_dims)
@@ -139,6 +145,9 @@ class Context:
     self.encoder_layer_outputs = encoder_layer_outputs
     self.write_priority = write_priority
     self.read_priority = read_priority
+    self.inputs = inputs
+    self.encoder_inputs = encoder_inputs
+    self.num_microbatches = num_microbatches
     self.layer_index = 0
     self.current_layer = None
     self.current_layer_input = None
@@ -264,6 +273,7 @@ class LayerStack(TransformerLayer):
       is given).
     sublayers_per_layer: sublayer functions run for each layer.
     sublayers_final: sublayer functions run after the last layer.
+    recompute_grads: the original's switch: True means recompute="layer".
 
   Example:
     >>> stack = LayerStack([SelfAttention(), DenseReluDense()], dropout_rate=0.1)
@@ -279,7 +289,13 @@ class LayerStack(TransformerLayer):
                pipeline_schedule: str = "gpipe", stages_dim_name: str = "stages",
                sublayers_initial: Optional[Sequence[sublayers_lib.Sublayer]] = None,
                sublayers_per_layer: Optional[Sequence[sublayers_lib.Sublayer]] = None,
-               sublayers_final: Optional[Sequence[sublayers_lib.Sublayer]] = None):
+               sublayers_final: Optional[Sequence[sublayers_lib.Sublayer]] = None,
+               recompute_grads: bool = False):
+    if recompute_grads:
+      if recompute not in ("none", "layer"):
+        raise ValueError(f"LayerStack: recompute_grads=True asks for recompute='layer' but "
+                         f"recompute={recompute!r} was given; set one of them.")
+      recompute = "layer"
     if norm_type not in ("rms", "layer"):
       raise ValueError(f"LayerStack: norm_type must be 'rms' or 'layer', got {norm_type!r}.")
     if recompute not in RECOMPUTE_POLICIES:
@@ -779,8 +795,8 @@ def make_layer_stack(layers: Sequence[Any], num_layers: int = 6, dropout_rate: f
                      stages_dim_name: str = "stages",
                      sublayers_initial: Optional[Sequence[sublayers_lib.Sublayer]] = None,
                      sublayers_per_layer: Optional[Sequence[sublayers_lib.Sublayer]] = None,
-                     sublayers_final: Optional[Sequence[sublayers_lib.Sublayer]] = None
-                     ) -> LayerStack:
+                     sublayers_final: Optional[Sequence[sublayers_lib.Sublayer]] = None,
+                     layer_stack_cls=None) -> LayerStack:
   """A LayerStack repeating the block `layers` num_layers times.
 
   Elements of `layers` may be TransformerLayer instances (reused: layers
@@ -791,7 +807,8 @@ def make_layer_stack(layers: Sequence[Any], num_layers: int = 6, dropout_rate: f
   the original's sublayers; gin: `transformer.make_layer_stack.num_stages =
   4`). The stack is built by gin's LayerStack once gin_config has
   registered it, so `transformer.LayerStack.sublayers_per_layer = [...]`
-  in a gin file applies, as in the original.
+  in a gin file applies, as in the original; `layer_stack_cls` (the
+  original's argument) builds it with another LayerStack class instead.
 
   Example:
     >>> stack = make_layer_stack(
@@ -808,7 +825,7 @@ def make_layer_stack(layers: Sequence[Any], num_layers: int = 6, dropout_rate: f
                                            ("sublayers_per_layer", sublayers_per_layer),
                                            ("sublayers_final", sublayers_final)]
            if value is not None}
-  return _layer_stack_cls()(
+  return (layer_stack_cls or _layer_stack_cls())(
       block, dropout_rate=dropout_rate, norm_epsilon=norm_epsilon, norm_type=norm_type,
       recompute=recompute, num_stages=num_stages, num_microbatches=num_microbatches,
       pipeline_schedule=pipeline_schedule, stages_dim_name=stages_dim_name, **lists)

@@ -42,6 +42,7 @@ caches, so a step costs O(length) rather than a full recomputation.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from typing import Optional, Union
 
@@ -412,6 +413,21 @@ def _default_vocab_embedding_cls():
   return configurables.get("VocabEmbedding", cls) if cls is VocabEmbedding else cls
 
 
+
+def _call_loss_fn(loss_fn, model, context, logits, targets, vocab_dim):
+  """loss_fn(model, context, logits, targets, vocab_dim), the original's
+  convention, or loss_fn(context, logits, targets, vocab_dim) for a function
+  with four positional parameters."""
+  try:
+    params = list(inspect.signature(loss_fn).parameters.values())
+  except (TypeError, ValueError):  # no signature to read: the original's form
+    params = None
+  if params is not None and not any(p.kind == p.VAR_POSITIONAL for p in params):
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) == 4:
+      return loss_fn(context, logits, targets, vocab_dim)
+  return loss_fn(model, context, logits, targets, vocab_dim)
+
 class Unitransformer:
   """A Transformer with one layer stack: a language model or an encoder, or
   (inside a Bitransformer) the encoder or decoder.
@@ -435,8 +451,9 @@ class Unitransformer:
     mesh_shape: optional mesh shape, with layout.
     vocab_divisor: vocabulary sizes are rounded up to a multiple of this, so
       that a layout can split "vocab".
-    loss_fn: optional loss_fn(context, logits, targets, vocab_dim) -> scalar
-      replacing the cross-entropy below.
+    loss_fn: optional loss_fn(model, context, logits, targets, vocab_dim) ->
+      scalar (the original's convention; a four-argument loss_fn(context,
+      logits, targets, vocab_dim) works too) replacing the cross-entropy below.
     positional_embedding: "learned" (or True), "sinusoidal", or "none"
       (False/None; e.g. with relative attention bias).
     input_full_attention: for "[inputs] EOS [targets]" language models: the
@@ -619,7 +636,7 @@ class Unitransformer:
   def _compute_loss(self, context: Context, logits: mtf.Tensor, targets: mtf.Tensor,
                     vocab_dim: mtf.Dimension) -> mtf.Tensor:
     if self._loss_fn is not None:
-      return self._loss_fn(context, logits, targets, vocab_dim)
+      return _call_loss_fn(self._loss_fn, self, context, logits, targets, vocab_dim)
     dtype = logits.dtype
     loss = mtf.layers.softmax_cross_entropy_with_logits(
         logits, targets, vocab_dim, z_loss=self.z_loss if context.train else 0.0,
@@ -690,7 +707,7 @@ class Unitransformer:
         position_is_default=position_is_default, encoder_output=encoder_output,
         encoder_sequence_id=encoder_sequence_id, shared_params=shared_params,
         layer_outputs=layer_outputs, encoder_layer_outputs=encoder_layer_outputs,
-        write_priority=write_priority, read_priority=read_priority)
+        write_priority=write_priority, read_priority=read_priority, inputs=inputs)
     with mtf.name_scope(inputs.mesh, self.name):
       logits = self._call_internal(context, inputs, targets)
     loss = mtf.add_n(context.losses) if compute_loss and context.losses else None
@@ -719,7 +736,7 @@ class Unitransformer:
         encoder_output=encoder_output, encoder_sequence_id=encoder_sequence_id,
         constant_states=[], shared_params=shared_params,
         encoder_layer_outputs=encoder_layer_outputs, write_priority=priority,
-        read_priority=priority)
+        read_priority=priority, inputs=inputs)
     shifted = mtf.shift(inputs, offset=1, dim=length_dim, wrap=False)
     with mtf.name_scope(inputs.mesh, self.name):
       self._call_internal(context, shifted)
