@@ -199,6 +199,12 @@ def _softmax_of_integers():
   return mtf.softmax(ids, "vocab")
 
 
+def _rate_where_is_training_goes():
+  graph, mesh = _mesh()
+  x = mtf.zeros(mesh, "batch:4;d_model:8")
+  return mtf.layers.dense_relu_dense(x, mtf.Dimension("d_ff", 16), 0.1)
+
+
 def _simd_lowering_outside_run():
   graph, mesh = _mesh()
   mtf.zeros(mesh, "batch:8")
@@ -289,6 +295,10 @@ ERROR_CASES = [
     ErrorCase("softmax_of_integers",
               "softmax of an integer tensor",
               _softmax_of_integers, TypeError, ("ids:0", "int32", "cast")),
+    ErrorCase("rate_where_is_training_goes",
+              "A dropout rate passed where the original's is_training argument goes",
+              _rate_where_is_training_goes, TypeError,
+              ("dense_relu_dense", "is_training", "0.1", "dropout=")),
 ]
 
 

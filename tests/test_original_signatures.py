@@ -357,3 +357,25 @@ def test_shift_without_wrap(layout):
   left[:, :-1] = X[:, 1:]
   assert_allclose(got["right"], right)
   assert_allclose(got["left"], left)
+
+
+def test_unitransformer_sinusoid_positional_embedding_is_the_original_table():
+  from mesh_tensorflow.transformer import transformer, transformer_layers
+  stack = transformer.LayerStack([transformer_layers.DenseReluDense(hidden_size=8)])
+  model = transformer.Unitransformer(stack, d_model=8, input_vocab_size=16,
+                                     output_vocab_size=16, max_length=10,
+                                     sinusoid_positional_embedding=True)
+  batch, length = mtf.Dimension("batch", 2), mtf.Dimension("length", 6)
+
+  def build(mesh):
+    context = transformer.Context(model, mesh, [batch], length, mtf.VariableDType(),
+                                  position=mtf.range(mesh, length, tf.int32),
+                                  position_is_default=True)
+    x = mtf.zeros(mesh, [batch, length, model.model_dim])
+    return {"emb": model._position_embedding(context, x)}
+  got = lower_and_run(build, "all:2", "d_model:all")
+  angle = np.arange(6)[:, None] * np.exp(-np.log(1e4) / 3 * np.arange(4))
+  assert_allclose(got["emb"], np.concatenate([np.sin(angle), np.cos(angle)], 1), atol=1e-5)
+  with pytest.raises(ValueError, match="sinusoid_positional_embedding=True"):
+    transformer.Unitransformer(stack, d_model=8, input_vocab_size=16, output_vocab_size=16,
+                               positional_embedding="none", sinusoid_positional_embedding=True)

@@ -210,7 +210,18 @@ class WhileLoopOperation(Operation):
     def body(iteration, *values):
       outs = run_ops(values, iteration, self._body_ops, self._body)
       return [iteration + 1] + [s for laid in outs for s in laid.tensor_list]
-    results = tf.while_loop(cond, body, [tf.constant(0, tf.int64)] + flat)[1:]
+    # Built as a V2 While op even where TF1 control flow is the default
+    # (tf.compat.v1.disable_v2_behavior): a TF1 while frame whose ops span
+    # several devices never finished in a Session here (tests/legacy_v1_program.py).
+    v1_flow = (not tf.executing_eagerly() and not tf.compat.v1.control_flow_v2_enabled()
+               and not tf.compat.v1.get_default_graph().building_function)
+    if v1_flow:
+      tf.compat.v1.enable_control_flow_v2()
+    try:
+      results = tf.while_loop(cond, body, [tf.constant(0, tf.int64)] + flat)[1:]
+    finally:
+      if v1_flow:
+        tf.compat.v1.disable_control_flow_v2()
     for out, laid in zip(self.outputs, unflatten(results)):
       lowering.set_tensor_lowering(out, laid)
 

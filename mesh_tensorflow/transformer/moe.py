@@ -34,7 +34,19 @@ same fraction of tokens the loss is exactly 1 (times loss_coef) whatever the
 gate probabilities; routing concentrated on experts with high mean gate
 probability makes it larger.
 
+Switch gating (`moe_gating="switch"`, Fedus et al. 2021): each token goes to
+its single most likely expert (or, with the "sample" policy, to one sampled
+from the gate's softmax at `switch_temperature`), scaled by that expert's
+gate probability (not renormalized). In training the gate's input may be
+perturbed first: "input_jitter" multiplies it by noise uniform in
+[1 - switch_jitter, 1 + switch_jitter], "input_dropout" drops it at rate
+`switch_dropout`; "argmax" leaves it alone. Slots are taken in order of
+position, the balancing loss is the one above, and `z_loss` (if set) adds
+z_loss * mean(logsumexp(gate logits)^2) over the non-padding tokens (the
+router z-loss of ST-MoE), which keeps the gate's logits small.
+
     >>> layer = MoE1D(num_experts=8, hidden_size=256, capacity_factor_train=1.25)
+    >>> switch = MoE1D(num_experts=8, moe_gating="switch", z_loss=1e-3)
 """
 
 from __future__ import annotations
@@ -48,6 +60,8 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import transformer
 
 _POLICIES = ("all", "none", "threshold", "random")
+_GATINGS = ("top_2", "switch")
+_SWITCH_POLICIES = ("argmax", "input_jitter", "input_dropout", "sample")
 
 
 def split_into_groups(num_tokens: int, max_group_size: int, multiple: int) -> Tuple[int, int]:
@@ -106,6 +120,15 @@ class MoE1D(transformer.TransformerLayer):
     dropout_rate: dropout on the experts' hidden activations (training).
     hidden_dim_name: name of the experts' hidden dimension ("d_ff", so the
       layout rule of the feed-forward layers applies to experts too).
+    moe_gating: "top_2" or "switch" (one expert per token; module docstring).
+    switch_policy_train: "input_jitter", "input_dropout", "argmax" or
+      "sample": how switch gating perturbs or samples in training.
+    switch_policy_eval: the same outside training (where jitter and dropout
+      do nothing).
+    switch_dropout: rate of the "input_dropout" policy.
+    switch_temperature: temperature of the "sample" policy.
+    switch_jitter: epsilon of the "input_jitter" policy.
+    z_loss: weight of the router z-loss of switch gating (None: none).
 
   Example:
     >>> layer = MoE1D(num_experts=16, hidden_size=1024, group_size=512)
@@ -117,13 +140,25 @@ class MoE1D(transformer.TransformerLayer):
                min_expert_capacity: int = 4, use_second_place_loss: bool = False,
                second_policy_train: str = "random", second_policy_eval: str = "random",
                second_threshold_train: float = 0.2, second_threshold_eval: float = 0.2,
-               activation="relu", dropout_rate: float = 0.0, hidden_dim_name: str = "d_ff"):
+               activation="relu", dropout_rate: float = 0.0, hidden_dim_name: str = "d_ff",
+               moe_gating: str = "top_2", switch_policy_train: str = "input_jitter",
+               switch_policy_eval: str = "input_jitter", switch_dropout: float = 0.1,
+               switch_temperature: float = 1.0, switch_jitter: float = 1e-2,
+               z_loss: Optional[float] = None):
     if use_second_place_loss:
       raise NotImplementedError("MoE1D: use_second_place_loss is not supported.")
+    if moe_gating not in _GATINGS:
+      raise ValueError(f"MoE1D: moe_gating must be one of {_GATINGS}, got {moe_gating!r}.")
+    for p in (switch_policy_train, switch_policy_eval):
+      if p not in _SWITCH_POLICIES:
+        raise ValueError(f"MoE1D: switch policy must be one of {_SWITCH_POLICIES}, got {p!r}.")
+    if z_loss is not None and moe_gating != "switch":
+      raise ValueError("MoE1D: z_loss is applied by switch gating only; set "
+                       "moe_gating='switch' or leave z_loss unset.")
     for p in (second_policy_train, second_policy_eval):
       if p not in _POLICIES:
         raise ValueError(f"MoE1D: second policy must be one of {_POLICIES}, got {p!r}.")
-    if num_experts < 2:
+    if num_experts < 2 and moe_gating == "top_2":
       raise ValueError(f"MoE1D: top-2 gating needs num_experts >= 2, got {num_experts}.")
     self.num_experts = num_experts
     self.loss_coef = loss_coef
@@ -140,6 +175,13 @@ class MoE1D(transformer.TransformerLayer):
     self.activation = activation
     self.dropout_rate = dropout_rate
     self.hidden_dim_name = hidden_dim_name
+    self.moe_gating = moe_gating
+    self.switch_policy_train = switch_policy_train
+    self.switch_policy_eval = switch_policy_eval
+    self.switch_dropout = switch_dropout
+    self.switch_temperature = switch_temperature
+    self.switch_jitter = switch_jitter
+    self.z_loss = z_loss
 
   def _group_multiple(self, context: transformer.Context, x: mtf.Tensor) -> int:
     """Number of groups must be a multiple of this, so the "batch"-named groups
@@ -174,12 +216,19 @@ class MoE1D(transformer.TransformerLayer):
     capacity = min(capacity, group_size)
     experts_unsplit = mtf.Dimension("experts_unsplit", self.num_experts)
     capacity_dim = mtf.Dimension("expert_capacity", capacity)
-    dispatch, combine, loss = top_2_gating(
-        xg, experts_unsplit, capacity_dim, context.variable_dtype, train=context.train,
-        policy=self.second_policy_train if context.train else self.second_policy_eval,
-        threshold=(self.second_threshold_train if context.train
-                   else self.second_threshold_eval),
-        nonpadding=nonpadding)
+    if self.moe_gating == "switch":
+      dispatch, combine, loss = switch_gating(
+          xg, experts_unsplit, capacity_dim, context.variable_dtype, train=context.train,
+          policy=self.switch_policy_train if context.train else self.switch_policy_eval,
+          jitter=self.switch_jitter, dropout_rate=self.switch_dropout,
+          temperature=self.switch_temperature, z_loss=self.z_loss, nonpadding=nonpadding)
+    else:
+      dispatch, combine, loss = top_2_gating(
+          xg, experts_unsplit, capacity_dim, context.variable_dtype, train=context.train,
+          policy=self.second_policy_train if context.train else self.second_policy_eval,
+          threshold=(self.second_threshold_train if context.train
+                     else self.second_threshold_eval),
+          nonpadding=nonpadding)
     y = self._experts(context, xg, dispatch, combine, groups_dim, capacity_dim)
     if context.losses is not None:
       context.losses.append(loss * self.loss_coef)
@@ -317,6 +366,104 @@ def top_2_routing(gate_logits: mtf.Tensor, capacity_dim: mtf.Dimension, policy: 
   dispatch = dispatch1 + dispatch2
   combine = gate1 * dispatch1 + gate2 * dispatch2
   return dispatch, combine, loss
+
+
+def switch_gating(x: mtf.Tensor, experts_dim: mtf.Dimension, capacity_dim: mtf.Dimension,
+                  variable_dtype: mtf.VariableDType, train: bool = True,
+                  policy: str = "argmax", jitter: float = 1e-2, dropout_rate: float = 0.1,
+                  temperature: float = 1.0, z_loss: Optional[float] = None,
+                  nonpadding: Optional[mtf.Tensor] = None):
+  """Switch (top-1) gating: the learned gate "gate/kernel" [d_model, experts]
+  on x perturbed by `policy` (module docstring), then `top_1_routing`.
+
+  Args:
+    x: [groups, group, d_model].
+    experts_dim: the experts dimension of the gate.
+    capacity_dim: slots per expert and group.
+    variable_dtype: dtype of the gate variable.
+    train: whether training (jitter and dropout apply only then).
+    policy: "argmax", "input_jitter", "input_dropout" or "sample".
+    jitter: epsilon of "input_jitter".
+    dropout_rate: rate of "input_dropout".
+    temperature: of "sample".
+    z_loss: weight of the router z-loss, or None.
+    nonpadding: optional float [groups, group], 0 at padding (not routed).
+
+  Returns:
+    (dispatch, combine, balancing loss + z_loss * router z-loss).
+
+  Example:
+    >>> dispatch, combine, loss = switch_gating(xg, experts, capacity, vdtype)
+  """
+  if policy not in _SWITCH_POLICIES:
+    raise ValueError(f"switch_gating: policy must be one of {_SWITCH_POLICIES}, got {policy!r}.")
+  d_model = x.shape.dims[2]
+  gate_inputs = mtf.to_float(x)
+  if train and policy == "input_jitter":
+    gate_inputs = mtf.layers.multiplicative_jitter(gate_inputs, jitter)
+  elif train and policy == "input_dropout" and dropout_rate > 0.0:
+    gate_inputs = mtf.dropout(gate_inputs, True, rate=dropout_rate)
+  gate_logits = mtf.layers.dense(gate_inputs, experts_dim, reduced_dims=[d_model],
+                                 use_bias=False, variable_dtype=variable_dtype, name="gate")
+  choice = None
+  if policy == "sample":
+    choice = mtf.sample_with_temperature(mtf.to_float(gate_logits), experts_dim, temperature)
+  dispatch, combine, loss = top_1_routing(gate_logits, capacity_dim, nonpadding, choice)
+  if z_loss is not None:
+    loss = loss + z_loss * router_z_loss(gate_logits, experts_dim, nonpadding)
+  return dispatch, combine, loss
+
+
+def top_1_routing(gate_logits: mtf.Tensor, capacity_dim: mtf.Dimension,
+                  nonpadding: Optional[mtf.Tensor] = None,
+                  choice: Optional[mtf.Tensor] = None):
+  """Top-1 (Switch) routing of grouped tokens given their gate logits: each
+  token takes the next free slot of its expert, in order of position, or is
+  dropped (all-zero combine row) when the expert's `capacity` slots are taken.
+
+  Args:
+    gate_logits: [groups, group, experts].
+    capacity_dim: slots per expert and group.
+    nonpadding: optional float [groups, group], 0 at padding (not routed).
+    choice: optional int [groups, group] expert of each token (default: the
+      argmax of the gate).
+
+  Returns:
+    (dispatch, combine, balancing loss): dispatch is 0/1 and combine the
+    chosen expert's gate probability, float32 [groups, group, experts,
+    capacity].
+
+  Example:
+    >>> dispatch, combine, loss = top_1_routing(logits, mtf.Dimension("expert_capacity", 4))
+  """
+  group_dim, experts_dim = gate_logits.shape.dims[1], gate_logits.shape.dims[2]
+  raw = mtf.softmax(mtf.to_float(gate_logits), experts_dim)
+  if choice is None:
+    choice = mtf.argmax(raw, experts_dim)
+  mask = mtf.one_hot(choice, experts_dim, dtype=tf.float32)
+  gate = mtf.reduce_sum(raw * mask, reduced_dim=experts_dim)
+  if nonpadding is not None:
+    mask = mask * nonpadding
+  loss = balancing_loss(raw, mask, group_dim, experts_dim, nonpadding)
+  position = mtf.cumsum(mask, group_dim, exclusive=True) * mask
+  mask = mask * mtf.to_float(mtf.less(position, float(capacity_dim.size)))
+  slot = mtf.one_hot(mtf.to_int32(mtf.reduce_sum(position * mask, reduced_dim=experts_dim)),
+                     capacity_dim, dtype=tf.float32)
+  dispatch = mask * slot
+  return dispatch, gate * dispatch, loss
+
+
+def router_z_loss(gate_logits: mtf.Tensor, experts_dim: mtf.Dimension,
+                  nonpadding: Optional[mtf.Tensor] = None) -> mtf.Tensor:
+  """mean over (non-padding) tokens of logsumexp(gate logits)^2.
+
+  Example:
+    >>> loss = loss + 1e-3 * router_z_loss(gate_logits, experts_dim)
+  """
+  z = mtf.square(mtf.reduce_logsumexp(mtf.to_float(gate_logits), experts_dim))
+  if nonpadding is None:
+    return mtf.reduce_mean(z)
+  return mtf.reduce_sum(z * nonpadding) / mtf.maximum(mtf.reduce_sum(nonpadding), 1.0)
 
 
 def balancing_loss(gates: mtf.Tensor, first_choice: mtf.Tensor, group_dim: mtf.Dimension,

@@ -456,6 +456,9 @@ class Unitransformer:
       logits, targets, vocab_dim) works too) replacing the cross-entropy below.
     positional_embedding: "learned" (or True), "sinusoidal", or "none"
       (False/None; e.g. with relative attention bias).
+    sinusoid_positional_embedding: the original's switch: a fixed table of
+      sinusoids (`sinusoid_positional_embedding_weights`: sines in the first
+      half of d_model, cosines in the second) instead of a learned one.
     input_full_attention: for "[inputs] EOS [targets]" language models: the
       inputs part attends to all of itself.
     loss_on_targets_only: for the same: no loss on the inputs part.
@@ -486,7 +489,8 @@ class Unitransformer:
                layout=None, mesh_shape=None, vocab_divisor: int = 128, loss_fn=None,
                positional_embedding: Union[str, bool, None] = "learned",
                input_full_attention: bool = False, loss_on_targets_only: bool = False,
-               loss_denominator: Optional[float] = None, vocab_embedding_cls=None):
+               loss_denominator: Optional[float] = None, vocab_embedding_cls=None,
+               sinusoid_positional_embedding: bool = False):
     if input_vocab_size is None:
       raise ValueError("Unitransformer: input_vocab_size is required.")
     if autoregressive and not output_vocab_size:
@@ -507,6 +511,11 @@ class Unitransformer:
     self.layout = layout
     self.mesh_shape = mesh_shape
     self.positional_embedding = _positional_embedding_kind(positional_embedding)
+    if sinusoid_positional_embedding:
+      if self.positional_embedding != "learned":
+        raise ValueError("Unitransformer: sinusoid_positional_embedding=True replaces the "
+                         "learned table; leave positional_embedding at 'learned'.")
+      self.positional_embedding = "sinusoid_table"
     self.input_full_attention = input_full_attention
     self.loss_on_targets_only = loss_on_targets_only
     self.loss_denominator = loss_denominator
@@ -557,7 +566,10 @@ class Unitransformer:
       if position is None:
         position = mtf.range(context.mesh, context.length_dim, tf.int32)
       return sinusoidal_position_embedding(position, self.model_dim, x.dtype)
-    if "positional_embedding" in context.shared_params:
+    if kind == "sinusoid_table":
+      table = sinusoid_positional_embedding_weights(context.mesh, self.max_length_dim,
+                                                    self.model_dim, x.dtype)
+    elif "positional_embedding" in context.shared_params:
       table = context.shared_params["positional_embedding"]
     else:
       table = mtf.layers.embedding_weights(context.mesh, self.max_length_dim, self.model_dim,
