@@ -350,22 +350,30 @@ def top_2_routing(gate_logits: mtf.Tensor, capacity_dim: mtf.Dimension, policy: 
     u = mtf.random_uniform(gate_logits.mesh, gate2.shape, dtype=tf.float32,
                            name="second_expert_noise")
     mask2 = mask2 * mtf.to_float(mtf.less(u, gate2 / max(threshold, 1e-9)))
-  capacity = capacity_dim.size
   # Slot of each choice in its expert's queue, first choices before second.
-  pos1 = mtf.cumsum(mask1, group_dim, exclusive=True) * mask1
-  mask1 = mask1 * mtf.to_float(mtf.less(pos1, float(capacity)))
-  taken1 = mtf.reduce_sum(mask1, reduced_dim=group_dim)
-  pos2 = (mtf.cumsum(mask2, group_dim, exclusive=True) + taken1) * mask2
-  mask2 = mask2 * mtf.to_float(mtf.less(pos2, float(capacity)))
-  slot1 = mtf.one_hot(mtf.to_int32(mtf.reduce_sum(pos1 * mask1, reduced_dim=experts_dim)),
-                      capacity_dim, dtype=tf.float32)
-  slot2 = mtf.one_hot(mtf.to_int32(mtf.reduce_sum(pos2 * mask2, reduced_dim=experts_dim)),
-                      capacity_dim, dtype=tf.float32)
-  dispatch1 = mask1 * slot1
-  dispatch2 = mask2 * slot2
+  dispatch1 = _take_slots(mask1, capacity_dim)
+  taken1 = mtf.reduce_sum(dispatch1, output_shape=mask1.shape - [group_dim])
+  dispatch2 = _take_slots(mask2, capacity_dim, taken1)
   dispatch = dispatch1 + dispatch2
   combine = gate1 * dispatch1 + gate2 * dispatch2
   return dispatch, combine, loss
+
+
+def _take_slots(mask: mtf.Tensor, capacity_dim: mtf.Dimension,
+                taken: Optional[mtf.Tensor] = None) -> mtf.Tensor:
+  """0/1 [groups, group, experts, capacity]: each token of `mask` [groups,
+  group, experts] (one-hot choices) takes its expert's next free slot, in
+  order of position after the `taken` [groups, experts] slots already used;
+  choices past the capacity get no slot."""
+  group_dim, experts_dim = mask.shape.dims[1], mask.shape.dims[2]
+  position = mtf.cumsum(mask, group_dim, exclusive=True)
+  if taken is not None:
+    position = position + taken
+  position = position * mask
+  mask = mask * mtf.to_float(mtf.less(position, float(capacity_dim.size)))
+  slot = mtf.one_hot(mtf.to_int32(mtf.reduce_sum(position * mask, reduced_dim=experts_dim)),
+                     capacity_dim, dtype=tf.float32)
+  return mask * slot
 
 
 def switch_gating(x: mtf.Tensor, experts_dim: mtf.Dimension, capacity_dim: mtf.Dimension,
@@ -445,11 +453,7 @@ def top_1_routing(gate_logits: mtf.Tensor, capacity_dim: mtf.Dimension,
   if nonpadding is not None:
     mask = mask * nonpadding
   loss = balancing_loss(raw, mask, group_dim, experts_dim, nonpadding)
-  position = mtf.cumsum(mask, group_dim, exclusive=True) * mask
-  mask = mask * mtf.to_float(mtf.less(position, float(capacity_dim.size)))
-  slot = mtf.one_hot(mtf.to_int32(mtf.reduce_sum(position * mask, reduced_dim=experts_dim)),
-                     capacity_dim, dtype=tf.float32)
-  dispatch = mask * slot
+  dispatch = _take_slots(mask, capacity_dim)
   return dispatch, gate * dispatch, loss
 
 
