@@ -31,6 +31,7 @@ from typing import List, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from mesh_tensorflow.layout import processor_coordinates_to_pnum
 from mesh_tensorflow.shapes import Dimension, Shape, convert_to_shape
 
 
@@ -108,12 +109,10 @@ def tpu_device_assignment(mesh_shape, physical_shape, cores_per_chip: int = 1,
   return tf.tpu.experimental.DeviceAssignment(topology, core_assignment)
 
 
-
-def _row_major_pnum(shape: Sequence[int], coordinates: Sequence[int]) -> int:
-  pnum = 0
-  for size, c in zip(shape, coordinates):
-    pnum = pnum * size + c
-  return pnum
+def _physical_pnums(physical_shape: Sequence[int], coordinates) -> List[int]:
+  """Row-major processor numbers of physical `coordinates` on the grid."""
+  grid = Shape([Dimension(f"axis{i}", s) for i, s in enumerate(physical_shape)])
+  return [processor_coordinates_to_pnum(grid, c) for c in coordinates]
 
 
 def auto_logical_to_physical_tpu(logical_shape: Sequence[int], physical_shape: Sequence[int],
@@ -155,7 +154,7 @@ def auto_logical_to_physical_tpu(logical_shape: Sequence[int], physical_shape: S
   coords = [list(c[:len(chips)]) + ([c[3]] if rank == 4 else []) for c in walk]
   if return_coordinates:
     return coords
-  return [_row_major_pnum(physical_shape, c) for c in coords]
+  return _physical_pnums(physical_shape, coords)
 
 
 class HierarchicalTiling:
@@ -212,7 +211,7 @@ class HierarchicalTiling:
         for j, digit in enumerate(np.unravel_index(c, tile)):
           physical[j] += int(digit) * stride[j]
       self._coordinates.append(tuple(physical))
-    self._logical_to_physical = [_row_major_pnum(physical_shape, c) for c in self._coordinates]
+    self._logical_to_physical = _physical_pnums(physical_shape, self._coordinates)
 
   @property
   def mesh_shape(self) -> Shape:

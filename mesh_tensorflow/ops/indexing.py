@@ -415,10 +415,8 @@ def top_1(x: Tensor, reduced_dim, name=None, dtype=tf.int32):
     >>> gate, expert_index = mtf.top_1(raw_gates, reduced_dim=experts_dim)
   """
   from mesh_tensorflow.ops.reduction import reduce_max
-  if isinstance(name, tf.DType):
-    name, dtype = None, name
   return (reduce_max(x, reduced_dim=_dim_named(x, reduced_dim)),
-          argmax(x, reduced_dim, dtype=dtype, name=name))
+          argmax(x, reduced_dim, name, dtype=dtype))  # argmax also takes a dtype as name
 
 
 def sample_with_temperature(logits: Tensor, dim, temperature=1.0, name=None) -> Tensor:
