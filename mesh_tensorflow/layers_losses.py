@@ -17,7 +17,7 @@ import tensorflow as tf
 from mesh_tensorflow.graph import Operation, Tensor
 from mesh_tensorflow.mesh_impl import expand_to_shape, int_constant, reshape_slice, shared_constant
 from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops.indexing import ids_in_block, local_ids, one_hot, slice_offsets
+from mesh_tensorflow.ops.indexing import local_ids, one_hot, slice_offsets
 from mesh_tensorflow.ops.reduction import reduce_logsumexp, reduce_sum
 from mesh_tensorflow.shapes import Dimension, convert_to_dimension
 
@@ -188,27 +188,26 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
 
       def partial(lg, idx, m, offset):
         lg32 = tf.cast(lg, tf.float32)
-        sum_exp = tf.reduce_sum(tf.exp(lg32 - m), axis=last_axis, keepdims=True)
-        clipped, in_block = ids_in_block(idx, offset, local_vocab)
-        target = tf.raw_ops.GatherV2(params=lg32, indices=clipped, axis=last_axis,
-                                     batch_dims=len(out_shape))
-        # Only the processor holding the id's logit contributes it.
-        return sum_exp, tf.where(in_block, target, zero)
-      sum_exp, target = impl.slicewise(partial, lg, idx, maxes, offsets)
-      sum_exp = impl.allreduce(sum_exp, [vocab_axis], "SUM")
-      target = impl.allreduce(target, [vocab_axis], "SUM")
-
-      def finish(lg, idx, m, s, t, offset):
-        log_z_kept = tf.math.log(s) + m
-        log_z = tf.squeeze(log_z_kept, axis=-1)
-        probs = tf.exp(tf.cast(lg, tf.float32) - log_z_kept)
-        # Ids outside the block (negative or past its end) give rows of zeros.
+        exps = tf.exp(lg32 - m)
+        sum_exp = tf.reduce_sum(exps, axis=last_axis, keepdims=True)
+        # Ids outside the block (negative or past its end) give rows of zeros,
+        # so only the processor holding the id's logit contributes it. The
+        # one-hot is the gradient's too.
         onehot = tf.raw_ops.OneHot(indices=local_ids(idx, offset),
                                    depth=int_constant(local_vocab), on_value=one,
                                    off_value=zero)
+        # MulNoNan: a -inf logit elsewhere in the row must not turn 0 * -inf into NaN.
+        target = tf.reduce_sum(tf.raw_ops.MulNoNan(x=lg32, y=onehot), axis=last_axis)
+        return exps, sum_exp, onehot, target
+      exps, sum_exp, onehot, target = impl.slicewise(partial, lg, idx, maxes, offsets)
+      sum_exp = impl.allreduce(sum_exp, [vocab_axis], "SUM")
+      target = impl.allreduce(target, [vocab_axis], "SUM")
+
+      def finish(exps, onehot, m, s, t):
+        log_z = tf.squeeze(tf.math.log(s) + m, axis=-1)
         return (tf.cast(log_z - t, dtype), tf.cast(log_z, dtype),
-                tf.cast(probs - onehot, dtype))
-      loss, log_z, backprop = impl.slicewise(finish, lg, idx, maxes, sum_exp, target, offsets)
+                tf.cast(exps / s - onehot, dtype))
+      loss, log_z, backprop = impl.slicewise(finish, exps, onehot, maxes, sum_exp, target)
     lowering.set_tensor_lowering(self.outputs[0], loss)
     lowering.set_tensor_lowering(self.outputs[1], log_z)
     # The backprop is computed in `ordered` (vocab last): put it in logits' order.

@@ -103,3 +103,59 @@ def test_size_one_axes_dropped_to_reach_a_matmul(eq, shape_a, shape_b):
   b = tf.constant(rng.randn(*shape_b), tf.float32)
   np.testing.assert_allclose(local_einsum(eq, a, b).numpy(), tf.einsum(eq, a, b).numpy(),
                              rtol=1e-5, atol=1e-5)
+
+
+def _op_type_counts(eq, shape_a, shape_b):
+  fn = tf.function(lambda a, b: local_einsum(eq, a, b)).get_concrete_function(
+      tf.TensorSpec(shape_a, tf.float32), tf.TensorSpec(shape_b, tf.float32))
+  counts = {}
+  for op in fn.graph.get_operations():
+    counts[op.type] = counts.get(op.type, 0) + 1
+  return counts, fn.graph
+
+
+@pytest.mark.parametrize("eq,shape_a,shape_b,reshapes", [
+    # Scores come out of the matmul already shaped [b, 1, l, m]: only the two
+    # operands, whose last axes are (1, k), are reshaped.
+    ("blhk,bmhk->bhlm", [2, 3, 1, 5], [2, 6, 1, 5], 2),
+    # The scores [b, 1, l, m] are used as they are; v and the output are reshaped.
+    ("bhlm,bmhk->blhk", [2, 1, 3, 6], [2, 6, 1, 5], 2),
+    # A batch of one broadcasts against the unbatched weight: no reshape at all.
+    ("bld,dk->blk", [1, 3, 4], [4, 5], 0),
+    ("hbl,hbm->hlm", [1, 2, 3], [1, 2, 4], 0),
+])
+def test_size_one_axes_cost_only_the_reshapes_they_must(eq, shape_a, shape_b, reshapes):
+  counts, _ = _op_type_counts(eq, shape_a, shape_b)
+  assert counts.get("Reshape", 0) == reshapes, counts
+  assert counts.get("BatchMatMulV2", 0) + counts.get("MatMul", 0) == 1, counts
+
+
+def test_attention_chain_shares_operand_reshapes():
+  """Forward and backward attention products with one head per slice: each of
+  q, k, v and the output gradient is reshaped once, however many products use
+  it; the scores and their gradient are never reshaped."""
+  b, l, k = 2, 3, 5
+  spec = tf.TensorSpec([b, l, 1, k], tf.float32)
+
+  def attention(q, kk, v, do):
+    s = local_einsum("blhk,bmhk->bhlm", q, kk)
+    o = local_einsum("bhlm,bmhk->blhk", s, v)
+    ds = local_einsum("blhk,bmhk->bhlm", do, v)
+    dv = local_einsum("bhlm,blhk->bmhk", s, do)
+    dq = local_einsum("bhlm,bmhk->blhk", ds, kk)
+    dk = local_einsum("bhlm,blhk->bmhk", ds, q)
+    return o, dv, dq, dk
+  graph = tf.function(attention).get_concrete_function(spec, spec, spec, spec).graph
+  reshapes = [op for op in graph.get_operations() if op.type == "Reshape"]
+  reshaped = [op.inputs[0].op.type for op in reshapes]
+  assert reshaped.count("Placeholder") == 4, reshaped   # q, k, v, do: once each
+  assert len(reshapes) == 4 + 4, reshaped                # + the four [b, l, 1, k] outputs
+  rng = np.random.RandomState(1)
+  args = [tf.constant(rng.randn(b, l, 1, k), tf.float32) for _ in range(4)]
+  q, kk, v, do = args
+  s = tf.einsum("blhk,bmhk->bhlm", q, kk)
+  ds = tf.einsum("blhk,bmhk->bhlm", do, v)
+  want = [tf.einsum("bhlm,bmhk->blhk", s, v), tf.einsum("bhlm,blhk->bmhk", s, do),
+          tf.einsum("bhlm,bmhk->blhk", ds, kk), tf.einsum("bhlm,blhk->bmhk", ds, q)]
+  for got, expected in zip(attention(*args), want):
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)

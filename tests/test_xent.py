@@ -62,3 +62,37 @@ def test_split_vocabulary_costs_three_small_allreduces():
   records = [r for r in lowering.collective_records if "softmax_cross_entropy" in r.op_name]
   assert [r.kind for r in records] == ["allreduce"] * 3
   assert all(r.bytes_per_processor == BATCH * LENGTH * 4 for r in records)
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("all:8", "vocab:all")])
+def test_masked_logits_stay_finite(mesh_shape, layout):
+  """-inf logits (a masked vocabulary) away from the targets give the loss of
+  the remaining entries and a zero gradient there, not NaN: the split
+  vocabulary picks the target logit with a one-hot product that must not
+  compute 0 * -inf."""
+  logits = LOGITS.transpose(1, 0, 2).copy()                     # [batch, length, vocab]
+  masked = np.zeros_like(logits, bool)
+  masked[..., ::3] = True
+  masked[np.arange(BATCH)[:, None], np.arange(LENGTH)[None, :], IDS] = False
+  logits[masked] = -np.inf
+
+  def builder(mesh):
+    batch = mtf.Dimension("batch", BATCH)
+    length = mtf.Dimension("length", LENGTH)
+    vocab = mtf.Dimension("vocab", VOCAB)
+    w = mtf.get_variable(mesh, "logits", [batch, length, vocab],
+                         initializer=tf.constant_initializer(logits))
+    ids = mtf.import_tf_tensor(mesh, IDS, [batch, length])
+    loss = mtf.layers.softmax_cross_entropy_with_logits(w, ids, vocab)
+    [grad] = mtf.gradients([mtf.reduce_sum(loss)], [w])
+    return {"loss": loss, "grad": grad}
+  got = lower_and_run(builder, mesh_shape, layout)
+  kept = np.where(masked, -np.inf, logits.astype(np.float64))
+  m = kept.max(-1, keepdims=True)
+  log_z = np.log(np.exp(kept - m).sum(-1)) + m[..., 0]
+  target = np.take_along_axis(kept, IDS[..., None], -1)[..., 0]
+  assert np.isfinite(got["loss"]).all() and np.isfinite(got["grad"]).all()
+  assert_allclose(got["loss"], log_z - target, rtol=1e-5, atol=1e-5)
+  probs = np.exp(kept - log_z[..., None])
+  assert_allclose(got["grad"], probs - np.eye(VOCAB)[IDS], rtol=1e-4, atol=1e-6)
+  assert (got["grad"][masked] == 0).all()

@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 import tensorflow as tf
 
 from mesh_tensorflow.graph import Operation, Tensor
-from mesh_tensorflow.mesh_impl import LazyAllreduceSum, expand_to_shape
+from mesh_tensorflow.mesh_impl import LazyAllreduceSum, expand_to_shape, once_per_graph
 from mesh_tensorflow.ops._common import first_tensor, is_scalar_value, num_elements, to_tensor
 from mesh_tensorflow.shapes import Shape, convert_to_shape, shape_union
 
@@ -76,7 +76,7 @@ class ElementwiseOperation(Operation):
     fn = self._tf_fn
 
     def slice_fn(*slices):
-      expanded = [expand_to_shape(s, sh, out.shape) for s, sh in zip(slices, in_shapes)]
+      expanded = [_expanded_slice(s, sh, out.shape) for s, sh in zip(slices, in_shapes)]
       y = fn(*expanded)
       if y.shape.as_list() != slice_shape:
         y = tf.broadcast_to(y, slice_shape)
@@ -84,6 +84,17 @@ class ElementwiseOperation(Operation):
     result = impl.slicewise(slice_fn, *[lowering.laid_out(t) for t in self._inputs])
     lowering.add_flops(num_elements(result.tensor_list[0]))
     lowering.set_tensor_lowering(out, result)
+
+
+def _expanded_slice(t: tf.Tensor, shape: Shape, out_shape: Shape) -> tf.Tensor:
+  """expand_to_shape, created once per graph for each slice: a replicated
+  input (the same slice on every processor of a mesh row, when replicas are
+  shared) is transposed or reshaped once, not once per processor."""
+  if shape == out_shape:
+    return t
+  return once_per_graph(
+      ("expand", t, tuple(shape.dimension_names), tuple(out_shape.dimension_names)),
+      lambda: expand_to_shape(t, shape, out_shape))
 
 
 def shape_union_checked(shapes, inputs, op_name) -> Shape:

@@ -45,8 +45,8 @@ def clipped_ids(ids: tf.Tensor, offset, block_size: int) -> tf.Tensor:
   """local_ids clipped into [0, block_size): safe to gather with."""
   return once_per_graph(
       ("clipped_ids", ids, offset, block_size),
-      lambda: tf.clip_by_value(local_ids(ids, offset), int_constant(0),
-                               int_constant(block_size - 1)))
+      lambda: tf.raw_ops.ClipByValue(t=local_ids(ids, offset), clip_value_min=int_constant(0),
+                                     clip_value_max=int_constant(block_size - 1)))
 
 
 def ids_in_block(ids: tf.Tensor, offset, block_size: int):
@@ -260,7 +260,6 @@ class ScatterAddGradOperation(Operation):
     others = [d for d in out.shape.dims if d.name != dim.name]
     src_shape = Shape(indices.shape.dims + others)
     dest_shape = Shape([dim] + others)
-    n_idx = indices.shape.ndims
 
     use_offsets = mesh_axis is not None and not gather_out
     minus_one, num_segments = int_constant(-1), int_constant(local_size)
@@ -268,10 +267,10 @@ class ScatterAddGradOperation(Operation):
     def fn(gs, idx, offset):
       gs = expand_to_shape(gs, g.shape, src_shape)
       clipped, in_block = ids_in_block(idx, offset if use_offsets else None, local_size)
-      # Segment -1 (ids outside this processor's block) is dropped.
-      seg = tf.reshape(tf.where(in_block, clipped, minus_one), int_constant([-1]))
-      flat = tf.reshape(gs, int_constant([-1] + gs.shape.as_list()[n_idx:]))
-      summed = tf.math.unsorted_segment_sum(flat, seg, num_segments)
+      # Segment -1 (ids outside this processor's block) is dropped. The segment
+      # ids keep the indices' shape, which prefixes gs's: no flattening reshapes.
+      seg = tf.raw_ops.SelectV2(condition=in_block, t=clipped, e=minus_one)
+      summed = tf.raw_ops.UnsortedSegmentSum(data=gs, segment_ids=seg, num_segments=num_segments)
       return expand_to_shape(summed, dest_shape, out.shape)
     offsets = (slice_offsets(impl, out.shape, out.shape.index_of(dim.name))
                if use_offsets else 0)

@@ -13,14 +13,16 @@ saved.
 Dimensions of size 1 are the exception. A layout that splits a dimension as
 many ways as it is long (8 heads over 8 processors) leaves each slice a size-1
 axis that hides a batched matrix product: "blhk,bmhk->bhlm" with h of size 1 is
-"blk,bmk->blm". Reshapes that drop or restore size-1 axes copy nothing, and the
+"blk,bmk->blm". Reshapes that move size-1 axes copy nothing, and the
 `BatchMatMulV2` they enable beat the `Einsum` kernel at every batch size tried
 (two attention products on 8 devices: 3.6 vs 4.5 ms at batch 16, 1.3 vs 1.7 ms
 at batch 1). On the model-parallel benchmark transformer (heads:all) the step
-took 6-8% less time in three interleaved A/B runs; the price is up to three
-Reshape ops per product to create (operand reshapes are shared between the
-products that reuse an operand), 12% more ops to lower on the 64-device mesh
-of benchmarks/lowering_time.py.
+took 6-8% less time in three interleaved A/B runs. The price is Reshape ops to
+create, which on a large mesh is lowering time: `BatchMatMulV2` broadcasts the
+axes before the last two, so size-1 axes may stay there, and only tensors
+whose last two axes are not their matrix axes are reshaped (operand reshapes
+are shared by the products that reuse an operand). Attention then costs 8
+reshapes per layer and processor (forward and backward), not 12-24.
 
     >>> local_einsum("bp,bh->ph", x, dh)   # MatMul(x, dh, transpose_a=True)
 """
@@ -50,13 +52,9 @@ def local_einsum(equation: str, *operands: tf.Tensor) -> tf.Tensor:
     plan = _matmul_plan(equation)
     if plan is not None:
       return _matmul(plan, *operands)
-    squeezed = _without_unit_axes(equation, operands)
-    if squeezed is not None:
-      equation_1, kept_shapes, out_shape = squeezed
-      plan = _matmul_plan(equation_1)
-      if plan is not None:
-        a, b = (_reshaped(x, s) for x, s in zip(operands, kept_shapes))
-        return reshape_slice(_matmul(plan, a, b), out_shape)
+    product = _unit_axes_matmul(equation, *operands)
+    if product is not None:
+      return product
   return tf.raw_ops.Einsum(inputs=list(operands), equation=equation)
 
 
@@ -66,8 +64,9 @@ def _reshaped(x: tf.Tensor, shape) -> tf.Tensor:
   return once_per_graph(("reshape", x, tuple(shape)), lambda: reshape_slice(x, shape))
 
 
-def _matmul(plan, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
-  swap, transpose_a, transpose_b, batched = plan
+def _matmul(plan, a: tf.Tensor, b: tf.Tensor, batched: Optional[bool] = None) -> tf.Tensor:
+  swap, transpose_a, transpose_b, plan_batched = plan
+  batched = plan_batched if batched is None else batched
   if swap:
     a, b = b, a
   if batched:
@@ -103,24 +102,87 @@ def _matmul_plan(equation: str) -> Optional[Tuple[bool, bool, bool, bool]]:
   return swap, sa == k + free_a, sb == free_b + k, batched
 
 
+def _unit_axes_matmul(equation: str, a: tf.Tensor, b: tf.Tensor) -> Optional[tf.Tensor]:
+  """The product as one matmul once the letters of size 1 are set aside, or None.
+
+  `BatchMatMulV2` multiplies the last two axes and broadcasts everything before
+  them, so size-1 axes may sit anywhere in that prefix. A tensor whose last two
+  axes are its two matrix letters is used as it is; the others are reshaped
+  (a copy-free op, still an op to create) to a common prefix. Of the prefixes
+  the three tensors suggest, the one needing the fewest reshapes wins: the
+  attention scores "blhk,bmhk->bhlm" with h of size 1 come out of the matmul
+  already shaped [b, 1, l, m], and the next product takes them as they are.
+  """
+  squeezed = _without_unit_axes(equation, (a, b))
+  if squeezed is None:
+    return None
+  equation_1, unit, sizes = squeezed
+  plan = _matmul_plan(equation_1)
+  if plan is None:
+    return None
+  batch = equation_1.split("->")[1][0] if plan[3] else None
+  specs = equation.split("->")[0].split(",") + [equation.split("->")[1]]
+  natural = [_matmul_prefix(spec, unit, batch, sizes) for spec in specs]
+  candidates = [p for p in natural if p is not None] + [[sizes[batch]] if batch else []]
+  best = None
+  for prefix in candidates:
+    operand_prefixes = [q if q is not None and _aligned(q, prefix, batch, sizes) else prefix
+                        for q in natural[:2]]
+    out_prefix = _broadcast(*operand_prefixes)
+    cost = sum(q is not n for q, n in zip(operand_prefixes, natural))
+    cost += out_prefix != natural[2]
+    if best is None or cost < best[0]:
+      best = (cost, operand_prefixes, out_prefix)
+  _, operand_prefixes, out_prefix = best
+  matrices = [_reshaped(x, prefix + _core_shape(spec, unit, batch, sizes))
+              for x, spec, prefix in zip((a, b), specs, operand_prefixes)]
+  product = _matmul(plan, *matrices, batched=bool(out_prefix))
+  return reshape_slice(product, [sizes[c] for c in specs[2]])
+
+
 def _without_unit_axes(equation: str, operands):
-  """(equation without the letters of size 1, the operands' shapes without
-  those axes, the output's shape) when some letter has size 1 everywhere and
-  all shapes are static; else None."""
+  """(the equation without its letters of size 1, those letters, every
+  letter's size) when some letter has size 1 everywhere and all shapes are
+  static and agree; else None."""
   inputs, out = equation.split("->")
   specs = inputs.split(",")
-  shapes = [x.shape.as_list() for x in operands]
   sizes = {}
-  for spec, shape in zip(specs, shapes):
+  for spec, x in zip(specs, operands):
+    shape = x.shape.as_list()
     if len(spec) != len(shape) or None in shape:
       return None
     for letter, n in zip(spec, shape):
-      sizes.setdefault(letter, set()).add(n)
-  unit = {letter for letter, ns in sizes.items() if ns == {1}}
-  if not unit or any(len(ns) != 1 for ns in sizes.values()) or not set(out) <= set(sizes):
+      if sizes.setdefault(letter, n) != n:
+        return None
+  unit = {letter for letter, n in sizes.items() if n == 1}
+  if not unit or not set(out) <= set(sizes):
     return None
   keep = lambda spec: "".join(c for c in spec if c not in unit)
-  kept_shapes = [[n for c, n in zip(spec, shape) if c not in unit]
-                 for spec, shape in zip(specs, shapes)]
-  out_shape = [next(iter(sizes[c])) for c in out]
-  return ",".join(keep(spec) for spec in specs) + "->" + keep(out), kept_shapes, out_shape
+  return ",".join(keep(spec) for spec in specs) + "->" + keep(out), unit, sizes
+
+
+def _matmul_prefix(spec: str, unit, batch, sizes):
+  """The shape before the last two axes when those are the tensor's two matrix
+  letters (and the rest is size-1 axes and the batch letter), else None."""
+  if len(spec) < 2 or spec[-1] in unit or spec[-2] in unit or batch in (spec[-1], spec[-2]):
+    return None
+  return [sizes[c] for c in spec[:-2]]
+
+
+def _core_shape(spec: str, unit, batch, sizes):
+  return [sizes[c] for c in spec if c not in unit and c != batch]
+
+
+def _aligned(prefix, target, batch, sizes) -> bool:
+  """Whether `prefix` broadcasts like `target`: the batch axis (if any) at the
+  same distance from the matrix axes, all else size 1."""
+  if not batch:
+    return True
+  where = lambda p: len(p) - p.index(sizes[batch])
+  return where(prefix) == where(target)
+
+
+def _broadcast(p, q):
+  longest = max(len(p), len(q))
+  p, q = [1] * (longest - len(p)) + p, [1] * (longest - len(q)) + q
+  return [max(x, y) for x, y in zip(p, q)]
