@@ -195,8 +195,8 @@ class SoftmaxOperation(Operation):
   Each processor runs one fused kernel (tf.nn.softmax / tf.nn.log_softmax)
   when the dimension is whole on it; when the layout splits the dimension, the
   maximum and the sum of exponentials are allreduced over the mesh dimension
-  that splits it (one MAX and one SUM allreduce). The gradient is written in
-  mtf ops, so it is laid out like any other computation.
+  that splits it (one MAX and one SUM allreduce). The gradient is one
+  `SoftmaxGradOperation` (one SUM allreduce when the dimension is split).
   """
 
   def __init__(self, x: Tensor, dim, log: bool, name=None):
@@ -219,9 +219,11 @@ class SoftmaxOperation(Operation):
 
   def gradient(self, grad_ys):
     dy, y = grad_ys[0], self.outputs[0]
-    if self._log:
-      return [dy - ew.exp(y) * reduce_sum(dy, reduced_dim=self._dim)]
-    return [y * (dy - reduce_sum(dy * y, reduced_dim=self._dim))]
+    if dy.shape != y.shape or dy.dtype != y.dtype:  # only from unusual grad_ys
+      if self._log:
+        return [dy - ew.exp(y) * reduce_sum(dy, reduced_dim=self._dim)]
+      return [y * (dy - reduce_sum(dy * y, reduced_dim=self._dim))]
+    return [SoftmaxGradOperation(y, dy, self._dim, self._log).outputs[0]]
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
@@ -229,6 +231,8 @@ class SoftmaxOperation(Operation):
     axis = x.shape.index_of(self._dim)
     mesh_axis = impl.tensor_dimension_to_mesh_axis(self._dim)
     laid = lowering.laid_out(x)
+    if mesh_axis is not None:
+      axis = int_constant(axis)  # one shared constant, not one per processor
     if mesh_axis is None:
       fn = tf.nn.log_softmax if self._log else _softmax_any_rank
       result = impl.slicewise(lambda t: fn(t, axis=axis), laid)
@@ -246,6 +250,58 @@ class SoftmaxOperation(Operation):
         result = impl.slicewise(tf.math.divide, exps, sums)
     # Max, subtract, exp, sum and normalize: about five operations per element.
     lowering.add_flops(5 * num_elements(result.tensor_list[0]))
+    lowering.set_tensor_lowering(self.outputs[0], result)
+
+
+class SoftmaxGradOperation(Operation):
+  """The gradient of softmax (log=False) or log_softmax (log=True) over `dim`,
+  given the output y and its gradient dy:
+
+      softmax:      y * (dy - sum(y * dy))
+      log_softmax:  dy - exp(y) * sum(dy)
+
+  One operation rather than five mtf ones, because the sum keeps `dim` (size 1)
+  to broadcast back: no reshape per processor, which is lowering time on large
+  meshes. With `dim` split, the sum is allreduced over its mesh axis. Its own
+  gradient (second order) is written in mtf ops.
+  """
+
+  def __init__(self, y: Tensor, dy: Tensor, dim, log: bool, name=None):
+    super().__init__([y, dy], name=name or ("log_softmax_grad" if log else "softmax_grad"))
+    self._dim, self._log = dim, log
+    self.has_gradient = True
+    self._outputs = [Tensor(self, y.shape, y.dtype)]
+
+  def gradient(self, grad_ys):
+    g = grad_ys[0]
+    y, dy = self.inputs
+    if self._log:
+      probs = ew.exp(y)
+      return [-g * probs * reduce_sum(dy, reduced_dim=self._dim),
+              g - reduce_sum(g * probs, reduced_dim=self._dim)]
+    g_dot_y = reduce_sum(g * y, reduced_dim=self._dim)
+    return [g * (dy - reduce_sum(y * dy, reduced_dim=self._dim)) - dy * g_dot_y,
+            SoftmaxGradOperation(y, g, self._dim, False).outputs[0]]
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    y, dy = self.inputs
+    axis = y.shape.index_of(self._dim)
+    mesh_axis = impl.tensor_dimension_to_mesh_axis(self._dim)
+    ly, ldy = lowering.laid_out(y), lowering.laid_out(dy)
+    axis = int_constant(axis)  # one shared constant, not one per processor
+    if self._log:
+      sums = impl.slicewise(lambda d: tf.reduce_sum(d, axis=axis, keepdims=True), ldy)
+    else:
+      sums = impl.slicewise(
+          lambda a, d: tf.reduce_sum(a * d, axis=axis, keepdims=True), ly, ldy)
+    if mesh_axis is not None:
+      sums = impl.allreduce(sums, [mesh_axis], "SUM")
+    if self._log:
+      result = impl.slicewise(lambda a, d, s: d - tf.exp(a) * s, ly, ldy, sums)
+    else:
+      result = impl.slicewise(lambda a, d, s: a * (d - s), ly, ldy, sums)
+    lowering.add_flops(4 * num_elements(result.tensor_list[0]))
     lowering.set_tensor_lowering(self.outputs[0], result)
 
 
