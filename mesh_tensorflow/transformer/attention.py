@@ -41,6 +41,8 @@ class AttentionParams:
     variable_dtype: an mtf.VariableDType.
     single_memory_head: k and v without a heads dimension.
     shared_kv: one variable for k and v.
+    fold_scaling_into_initializer: the scores' 1/sqrt(d_kv) is in the query
+      weights' initial scale (default); False: pass `scale` to `attend`.
 
   Example:
     >>> params = AttentionParams(mesh, d_model, heads, d_kv, mtf.VariableDType())
@@ -48,7 +50,8 @@ class AttentionParams:
 
   def __init__(self, mesh: mtf.Mesh, d_model: mtf.Dimension, heads: mtf.Dimension,
                key_dim: mtf.Dimension, variable_dtype: mtf.VariableDType,
-               single_memory_head: bool = False, shared_kv: bool = False):
+               single_memory_head: bool = False, shared_kv: bool = False,
+               fold_scaling_into_initializer: bool = True):
     self.d_model, self.heads, self.key_dim = d_model, heads, key_dim
     self.memory_heads = [] if single_memory_head else [heads]
     normal = mtf.initializers.random_normal
@@ -56,7 +59,10 @@ class AttentionParams:
     def var(name, shape, stddev):
       return mtf.get_variable(mesh, name, mtf.Shape(shape), initializer=normal(stddev=stddev),
                               dtype=variable_dtype)
-    self.wq = var("q", [d_model, heads, key_dim], (d_model.size * key_dim.size) ** -0.5)
+    q_stddev = d_model.size ** -0.5
+    if fold_scaling_into_initializer:
+      q_stddev *= key_dim.size ** -0.5  # attend() then needs no 1/sqrt(d_kv)
+    self.wq = var("q", [d_model, heads, key_dim], q_stddev)
     self.wk = var("k", [d_model] + self.memory_heads + [key_dim], d_model.size ** -0.5)
     self.wv = self.wk if shared_kv else var(
         "v", [d_model] + self.memory_heads + [key_dim], d_model.size ** -0.5)
@@ -86,9 +92,10 @@ class AttentionParams:
 
 def attend(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, memory_dim: mtf.Dimension,
            key_dim: mtf.Dimension, bias: Optional[mtf.Tensor] = None,
-           dropout_rate: float = 0.0, train: bool = False) -> mtf.Tensor:
-  """softmax(q.k + bias) . v over memory_dim (no 1/sqrt(d_kv): see
-  AttentionParams).
+           dropout_rate: float = 0.0, train: bool = False, scale: Optional[float] = None,
+           log_z: Optional[list] = None) -> mtf.Tensor:
+  """softmax(scale * q.k + bias) . v over memory_dim (no 1/sqrt(d_kv) unless
+  `scale` says so: see AttentionParams).
 
   Args:
     q: [batch..., heads, (length,) d_kv].
@@ -99,6 +106,9 @@ def attend(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, memory_dim: mtf.Dimensio
     bias: additive, broadcastable to the logits, or None.
     dropout_rate: dropout on the attention weights (training only).
     train: whether training.
+    scale: multiplies the scores q.k (None: 1).
+    log_z: if a list, the log-partition of the softmax, [batch..., heads,
+      (length)], is appended to it (for an auxiliary z-loss).
 
   Returns:
     [batch..., heads, (length,) d_kv], q's shape.
@@ -109,8 +119,12 @@ def attend(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor, memory_dim: mtf.Dimensio
   logits_dims = [d for d in q.shape.dims if d != key_dim]
   logits_dims += [d for d in k.shape.dims if d not in logits_dims and d != key_dim]
   logits = mtf.einsum([q, k], output_shape=mtf.Shape(logits_dims))
+  if scale is not None:
+    logits = logits * scale
   if bias is not None:
     logits = logits + mtf.cast(bias, logits.dtype)
+  if log_z is not None:
+    log_z.append(mtf.reduce_logsumexp(logits, memory_dim))
   weights = mtf.softmax(logits, memory_dim)
   if train and dropout_rate > 0.0:
     weights = mtf.dropout(weights, True, rate=dropout_rate)

@@ -48,24 +48,61 @@ class SelfAttention(transformer.TransformerLayer):
       for all such layers of the model).
     relative_attention_num_buckets: number of buckets (T5: 32).
     relative_attention_max_distance: distances beyond share the last bucket.
+    attention_kwargs, combine_dims, hyperprompt_task_num: accepted for
+      compatibility, no effect (the weights are kept per head and d_kv,
+      which computes the same products as combined ones).
+    fold_scaling_into_initializer: True (default): the 1/sqrt(d_kv) of the
+      scores is folded into the query weights' initializer; False: the query
+      weights are initialized like the keys and the scores are scaled.
+    z_loss_coeff: if set, training adds z_loss_coeff * mean(log(Z)^2) of the
+      attention softmax (over non-padding queries, divided by the number of
+      micro-batches) to the model's auxiliary losses, which keeps the scores
+      small (helps bfloat16).
+    attention_func, keep_query_heads_dims, use_hyperprompt and the other
+      hyperprompt options: the original's experimental variants, not
+      supported; anything but their defaults is a ValueError.
+
+  The positional order is the original's: `SelfAttention(8, 0, 64, False,
+  0.1)` is 8 heads of size 64 with dropout 0.1.
 
   Example:
     >>> layer = SelfAttention(num_heads=8, key_value_size=64,
-    ...                       relative_attention_type="bias")
+    ...                       relative_attention_type="bias", z_loss_coeff=1e-4)
   """
 
   def __init__(self, num_heads: int = 8, num_memory_heads: int = 0,
                key_value_size: int = 128, shared_kv: bool = False,
-               dropout_rate: float = 0.0, relative_attention_type: Optional[str] = None,
-               relative_attention_num_buckets: int = 32,
-               relative_attention_max_distance: int = 128, attention_kwargs=None):
+               dropout_rate: float = 0.0, attention_kwargs=None,
+               relative_attention_type: Optional[str] = None,
+               relative_attention_num_buckets: int = 32, attention_func=None,
+               combine_dims: bool = True, keep_query_heads_dims: bool = False,
+               fold_scaling_into_initializer: bool = True,
+               z_loss_coeff: Optional[float] = None, use_hyperprompt: bool = False,
+               hyperprompt_mtlshare: bool = False, hyperprompt_length_encoder=None,
+               hyperprompt_length_decoder=None, hyperprompt_hidden_dim=None,
+               hyperprompt_task_num: int = 8, relative_attention_max_distance: int = 128):
     del attention_kwargs  # accepted for compatibility
+    name = type(self).__name__
     if num_memory_heads not in (0, 1, num_heads):
-      raise ValueError(f"{type(self).__name__}: num_memory_heads must be 0, 1 or "
+      raise ValueError(f"{name}: num_memory_heads must be 0, 1 or "
                        f"num_heads={num_heads}, got {num_memory_heads}.")
     if relative_attention_type not in _RELATIVE_TYPES:
-      raise ValueError(f"{type(self).__name__}: relative_attention_type must be one of "
+      raise ValueError(f"{name}: relative_attention_type must be one of "
                        f"{_RELATIVE_TYPES}, got {relative_attention_type!r}.")
+    unsupported = {"attention_func": (attention_func, None),
+                   "keep_query_heads_dims": (keep_query_heads_dims, False),
+                   "use_hyperprompt": (use_hyperprompt, False),
+                   "hyperprompt_mtlshare": (hyperprompt_mtlshare, False),
+                   "hyperprompt_length_encoder": (hyperprompt_length_encoder, None),
+                   "hyperprompt_length_decoder": (hyperprompt_length_decoder, None),
+                   "hyperprompt_hidden_dim": (hyperprompt_hidden_dim, None)}
+    for option, (value, default) in unsupported.items():
+      if value != default:
+        raise ValueError(f"{name}: {option}={value!r} is not supported (the original's "
+                         f"experimental option); leave it at {default!r}.")
+    if z_loss_coeff is not None and z_loss_coeff < 0:
+      raise ValueError(f"{name}: z_loss_coeff must be >= 0 or None, got {z_loss_coeff}.")
+    del combine_dims, hyperprompt_task_num  # no effect here: see the class docstring
     self.num_heads = num_heads
     self.num_memory_heads = num_memory_heads
     self.key_value_size = key_value_size
@@ -74,6 +111,8 @@ class SelfAttention(transformer.TransformerLayer):
     self.relative_attention_type = relative_attention_type
     self.relative_attention_num_buckets = relative_attention_num_buckets
     self.relative_attention_max_distance = relative_attention_max_distance
+    self.fold_scaling_into_initializer = fold_scaling_into_initializer
+    self.z_loss_coeff = z_loss_coeff
 
   @property
   def heads_dim(self) -> mtf.Dimension:
@@ -87,7 +126,8 @@ class SelfAttention(transformer.TransformerLayer):
     return attention.AttentionParams(
         context.mesh, context.model.model_dim, self.heads_dim, self.kv_dim,
         context.variable_dtype, single_memory_head=self.num_memory_heads == 1,
-        shared_kv=self.shared_kv)
+        shared_kv=self.shared_kv,
+        fold_scaling_into_initializer=getattr(self, "fold_scaling_into_initializer", True))
 
   # ---- relative position bias ------------------------------------------------
   def _buckets_dim(self) -> mtf.Dimension:
@@ -176,16 +216,33 @@ class SelfAttention(transformer.TransformerLayer):
       if context.mode == transformer.ModeKeys.FIRST_PART:
         context.record_new_states([k, v])
       bias = self._full_bias(context, x.dtype)
-    o = _attend(context, q, k, v, memory_dim, params.key_dim, bias, self.dropout_rate)
+    o = _attend(self, context, q, k, v, memory_dim, params.key_dim, bias)
     return params.compute_output(o, x.shape)
 
 
-def _attend(context, q, k, v, memory_dim, key_dim, bias, dropout_rate):
-  """attention.attend, recomputed in the backward pass when the layer stack
-  asks for it (LayerStack(recompute="selective") sets
-  context.recompute_attention)."""
+def _attend(layer, context, q, k, v, memory_dim, key_dim, bias):
+  """attention.attend with the layer's dropout, score scaling and z-loss,
+  recomputed in the backward pass when the layer stack asks for it
+  (LayerStack(recompute="selective") sets context.recompute_attention)."""
+  scale = None if getattr(layer, "fold_scaling_into_initializer", True) else (
+      key_dim.size ** -0.5)
+  z_loss_coeff = getattr(layer, "z_loss_coeff", None)
+  if z_loss_coeff and context.train and context.losses is not None:
+    # The z-loss reads the scores, so this layer is not recomputed: a loss
+    # taken from inside a recomputed function would have no gradient path.
+    z_losses = []
+    o = attention.attend(q, k, v, memory_dim, key_dim, bias, layer.dropout_rate,
+                         context.train, scale=scale, log_z=z_losses)
+    z = mtf.square(z_losses[0])
+    if isinstance(context.sequence_id, mtf.Tensor):
+      z = z * mtf.cast(mtf.not_equal(context.sequence_id, 0), z.dtype)
+    loss = z_loss_coeff * mtf.reduce_mean(z) / max(context.num_microbatches or 1, 1)
+    context.losses.append(mtf.cast(loss, tf.float32))
+    return o
+
   def fn(q, k, v):
-    return attention.attend(q, k, v, memory_dim, key_dim, bias, dropout_rate, context.train)
+    return attention.attend(q, k, v, memory_dim, key_dim, bias, layer.dropout_rate,
+                            context.train, scale=scale)
   recompute = getattr(context, "recompute_attention", None)
   return recompute(fn, [q, k, v]) if recompute is not None else fn(q, k, v)
 
@@ -198,17 +255,21 @@ class LocalSelfAttention(SelfAttention):
   decoding uses the same caches as SelfAttention.
 
   Args:
-    radius: how far each position looks.
-    **kwargs: SelfAttention's arguments.
+    radius: how far each position looks (first, as in the original:
+      `LocalSelfAttention(64, 8)` is radius 64 with 8 heads).
+    num_heads ... attention_kwargs, **kwargs: SelfAttention's arguments.
 
   Example:
     >>> layer = LocalSelfAttention(radius=64, num_heads=8, key_value_size=64)
   """
 
-  def __init__(self, radius: int = 128, **kwargs):
+  def __init__(self, radius: int = 128, num_heads: int = 8, num_memory_heads: int = 0,
+               key_value_size: int = 128, shared_kv: bool = False,
+               dropout_rate: float = 0.0, attention_kwargs=None, **kwargs):
     if radius < 0:
       raise ValueError(f"LocalSelfAttention: radius must be >= 0, got {radius}.")
-    super().__init__(**kwargs)
+    super().__init__(num_heads, num_memory_heads, key_value_size, shared_kv, dropout_rate,
+                     attention_kwargs, **kwargs)
     self.radius = radius
 
   def _extra_hidden(self, query_position, memory_position):
@@ -228,9 +289,8 @@ class EncDecAttention(SelfAttention):
     >>> layer = EncDecAttention(num_heads=8, key_value_size=64)
   """
 
-  def __init__(self, **kwargs):
-    kwargs.setdefault("relative_attention_type", None)
-    super().__init__(**kwargs)
+  def __init__(self, relative_attention_type: Optional[str] = None, **kwargs):
+    super().__init__(relative_attention_type=relative_attention_type, **kwargs)
 
   def call(self, context: transformer.Context, x: mtf.Tensor) -> mtf.Tensor:
     memory = context.encoder_output
@@ -254,7 +314,7 @@ class EncDecAttention(SelfAttention):
       else:
         hidden = mtf.equal(enc_ids, 0)
       bias = attention.bias_where(hidden, x.dtype)
-    o = _attend(context, q, k, v, memory_dim, params.key_dim, bias, self.dropout_rate)
+    o = _attend(self, context, q, k, v, memory_dim, params.key_dim, bias)
     return params.compute_output(o, x.shape)
 
 

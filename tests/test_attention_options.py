@@ -1,0 +1,93 @@
+"""SelfAttention's options from the original: its positional order (and
+LocalSelfAttention's, EncDecAttention's), fold_scaling_into_initializer,
+z_loss_coeff, and clear errors for the experimental variants not provided."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import attention
+from mesh_tensorflow.transformer import transformer
+from mesh_tensorflow.transformer import transformer_layers as tl
+from mtf_test_utils import lower_and_run
+
+B, L, V, D = 4, 8, 16, 16
+TARGETS = np.random.RandomState(5).randint(1, V, size=(B, L)).astype(np.int32)
+TARGETS[1, 6:] = 0  # padding
+
+
+def test_positional_order_is_the_originals():
+  layer = tl.SelfAttention(4, 0, 8, True, 0.1, None, "bias", 16)
+  assert (layer.num_heads, layer.key_value_size, layer.shared_kv, layer.dropout_rate,
+          layer.relative_attention_type, layer.relative_attention_num_buckets) == (
+              4, 8, True, 0.1, "bias", 16)
+  local = tl.LocalSelfAttention(3, 2, 0, 8)
+  assert (local.radius, local.num_heads, local.key_value_size) == (3, 2, 8)
+  assert tl.EncDecAttention("bias", num_heads=2).relative_attention_type == "bias"
+
+
+@pytest.mark.parametrize("option,value", [
+    ("attention_func", "hybrid"), ("keep_query_heads_dims", True),
+    ("use_hyperprompt", True), ("hyperprompt_length_encoder", 4)])
+def test_experimental_variants_are_clear_errors(option, value):
+  with pytest.raises(ValueError, match=option):
+    tl.SelfAttention(**{option: value})
+
+
+def _loss(layer_kwargs, mode="train", mesh_shape="all:1", layout=""):
+  def build(mesh):
+    batch, length = mtf.Dimension("batch", B), mtf.Dimension("length", L)
+    stack = transformer.make_layer_stack(
+        [tl.SelfAttention(num_heads=4, key_value_size=4, **layer_kwargs),
+         tl.DenseReluDense(hidden_size=32)], num_layers=2, dropout_rate=0.0)
+    model = transformer.Unitransformer(stack, d_model=D, input_vocab_size=V,
+                                       output_vocab_size=V, autoregressive=True, max_length=L)
+    targets = mtf.import_tf_tensor(mesh, tf.constant(TARGETS), [batch, length])
+    inputs = mtf.shift(targets, 1, length, wrap=False)
+    return {"loss": model.call_simple(inputs, targets, True, mode=mode)[1]}
+  return float(lower_and_run(build, mesh_shape, layout)["loss"])
+
+
+def test_z_loss_is_added_in_training_only_and_scales_with_its_coefficient():
+  base = _loss({})
+  assert _loss({"z_loss_coeff": None}) == pytest.approx(base, rel=1e-6)
+  one = _loss({"z_loss_coeff": 1e-2}) - base
+  two = _loss({"z_loss_coeff": 2e-2}) - base
+  assert one > 1e-4, one                     # log(Z)^2 of the attention scores is positive
+  assert two == pytest.approx(2 * one, rel=1e-3)
+  assert _loss({"z_loss_coeff": 1e-2}, mode="eval") == pytest.approx(
+      _loss({}, mode="eval"), rel=1e-6)
+  # The same under a layout that splits the heads and the batch.
+  split = _loss({"z_loss_coeff": 1e-2}, mesh_shape="rows:2;cols:4",
+                layout="batch:rows;heads:cols")
+  assert split == pytest.approx(base + one, rel=1e-5)
+
+
+def test_attend_log_z_and_scale_match_numpy():
+  rng = np.random.RandomState(2)
+  q_np, k_np, v_np = (rng.randn(2, 3, 4).astype(np.float32) for _ in range(3))
+
+  def build(mesh):
+    heads, length = mtf.Dimension("heads", 2), mtf.Dimension("length", 3)
+    memory, d_kv = mtf.Dimension("memory_length", 3), mtf.Dimension("d_kv", 4)
+    q = mtf.import_tf_tensor(mesh, q_np, [heads, length, d_kv])
+    k = mtf.import_tf_tensor(mesh, k_np, [heads, memory, d_kv])
+    v = mtf.import_tf_tensor(mesh, v_np, [heads, memory, d_kv])
+    log_z = []
+    o = attention.attend(q, k, v, memory, d_kv, scale=0.5, log_z=log_z)
+    return {"o": o, "log_z": log_z[0]}
+  got = lower_and_run(build, "all:2", "heads:all")
+  scores = 0.5 * np.einsum("hlk,hmk->hlm", q_np, k_np)
+  log_z = np.log(np.exp(scores).sum(-1))
+  np.testing.assert_allclose(got["log_z"], log_z, rtol=1e-5)
+  weights = np.exp(scores - log_z[..., None])
+  np.testing.assert_allclose(got["o"], np.einsum("hlm,hmk->hlk", weights, v_np), rtol=1e-5,
+                             atol=1e-6)
+
+
+def test_unfolded_scaling_is_the_same_model():
+  """fold_scaling_into_initializer=False initializes the query weights
+  sqrt(d_kv) times larger and scales the scores by 1/sqrt(d_kv): the same
+  function at initialization, so the same loss."""
+  assert _loss({"fold_scaling_into_initializer": False}) == pytest.approx(_loss({}), rel=1e-5)
