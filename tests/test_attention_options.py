@@ -1,6 +1,8 @@
-"""SelfAttention's options from the original: its positional order (and
-LocalSelfAttention's, EncDecAttention's), fold_scaling_into_initializer,
-z_loss_coeff, and clear errors for the experimental variants not provided."""
+"""Transformer options from the original: SelfAttention's positional order
+(and LocalSelfAttention's, EncDecAttention's), fold_scaling_into_initializer,
+z_loss_coeff, clear errors for the experimental variants not provided,
+Unitransformer's token_dropout_rate, and make_layer_stack's list-form layer
+specs (also from gin)."""
 
 import numpy as np
 import pytest
@@ -91,3 +93,53 @@ def test_unfolded_scaling_is_the_same_model():
   sqrt(d_kv) times larger and scales the scores by 1/sqrt(d_kv): the same
   function at initialization, so the same loss."""
   assert _loss({"fold_scaling_into_initializer": False}) == pytest.approx(_loss({}), rel=1e-5)
+
+
+def test_token_dropout_replaces_inputs_by_padding_in_training_only():
+  with pytest.raises(ValueError, match="token_dropout_rate"):
+    transformer.Unitransformer(transformer.make_layer_stack([], num_layers=0),
+                               input_vocab_size=V, output_vocab_size=V, token_dropout_rate=1.0)
+
+  def loss_with(rate, mode):
+    def build(mesh):
+      batch, length = mtf.Dimension("batch", B), mtf.Dimension("length", L)
+      stack = transformer.make_layer_stack([tl.DenseReluDense(hidden_size=8)], num_layers=1)
+      model = transformer.Unitransformer(stack, d_model=D, input_vocab_size=V,
+                                         output_vocab_size=V, max_length=L,
+                                         token_dropout_rate=rate)
+      targets = mtf.import_tf_tensor(mesh, tf.constant(TARGETS), [batch, length])
+      return {"loss": model.call_simple(targets, targets, True, mode=mode)[1]}
+    return float(lower_and_run(build, "all:1", "")["loss"])
+  assert loss_with(0.5, "eval") == pytest.approx(loss_with(0.0, "eval"), rel=1e-6)
+  assert loss_with(0.5, "train") != pytest.approx(loss_with(0.0, "train"), rel=1e-3)
+
+
+def test_layer_specs_in_the_original_list_form():
+  """make_layer_stack's layers may be [class, name, {kwargs}] as in the
+  original's gin files; block_scope is accepted."""
+  stack = transformer.make_layer_stack(
+      [tl.SelfAttention, [tl.DenseReluDense, "feedforward", {"hidden_size": 24}]],
+      num_layers=2, block_scope=False)
+  kinds = [(type(layer).__name__, getattr(layer, "hidden_size", None)) for layer in stack.layers]
+  assert kinds == [("SelfAttention", None), ("DenseReluDense", 24)] * 2
+  with pytest.raises(ValueError, match="names no layer class"):
+    transformer.make_layer_stack([["feedforward", {"hidden_size": 24}]], num_layers=1)
+
+
+def test_layer_specs_in_the_list_form_from_gin():
+  import gin
+  from mesh_tensorflow.transformer import gin_config
+  gin_config.register_configurables()
+  try:
+    gin.parse_config("""
+        make_layer_stack.layers = [
+            @transformer_layers.SelfAttention,
+            [@transformer_layers.DenseReluDense, "feedforward", {"hidden_size": 12}]]
+        make_layer_stack.num_layers = 1
+        transformer_layers.SelfAttention.z_loss_coeff = 1e-3
+    """)
+    stack = gin_config.register_configurables()["make_layer_stack"]()
+  finally:
+    gin.clear_config()
+  attention_layer, ffn = stack.layers
+  assert attention_layer.z_loss_coeff == 1e-3 and ffn.hidden_size == 12

@@ -796,12 +796,17 @@ def make_layer_stack(layers: Sequence[Any], num_layers: int = 6, dropout_rate: f
                      sublayers_initial: Optional[Sequence[sublayers_lib.Sublayer]] = None,
                      sublayers_per_layer: Optional[Sequence[sublayers_lib.Sublayer]] = None,
                      sublayers_final: Optional[Sequence[sublayers_lib.Sublayer]] = None,
-                     layer_stack_cls=None) -> LayerStack:
+                     layer_stack_cls=None, block_scope: bool = True) -> LayerStack:
   """A LayerStack repeating the block `layers` num_layers times.
 
   Elements of `layers` may be TransformerLayer instances (reused: layers
-  keep only hyperparameters, so each slot still gets its own variables) or
-  classes / factories called once per slot. recompute, num_stages,
+  keep only hyperparameters, so each slot still gets its own variables),
+  classes / factories called once per slot, or the original's gin form: a
+  list or tuple holding a class, optionally a name (a string, accepted and
+  not used: variables are named "layer_%03d/<Class>") and a dict of keyword
+  arguments, e.g. `[@transformer_layers.DenseReluDense, "feedforward",
+  {"hidden_size": 2048}]`. `block_scope` is accepted for compatibility
+  (variable scopes are always "layer_%03d"). recompute, num_stages,
   num_microbatches, pipeline_schedule, stages_dim_name and the sublayer
   lists are LayerStack's (activation recomputation, pipeline parallelism,
   the original's sublayers; gin: `transformer.make_layer_stack.num_stages =
@@ -816,10 +821,11 @@ def make_layer_stack(layers: Sequence[Any], num_layers: int = 6, dropout_rate: f
     >>> stack.num_layers
     4
   """
+  del block_scope
   block = []
   for _ in range(num_layers):
     for layer in layers:
-      block.append(layer() if isinstance(layer, type) or not hasattr(layer, "call") else layer)
+      block.append(_make_layer(layer))
   # Only the lists given here are passed: gin's bindings yield to arguments.
   lists = {name: value for name, value in [("sublayers_initial", sublayers_initial),
                                            ("sublayers_per_layer", sublayers_per_layer),
@@ -829,6 +835,24 @@ def make_layer_stack(layers: Sequence[Any], num_layers: int = 6, dropout_rate: f
       block, dropout_rate=dropout_rate, norm_epsilon=norm_epsilon, norm_type=norm_type,
       recompute=recompute, num_stages=num_stages, num_microbatches=num_microbatches,
       pipeline_schedule=pipeline_schedule, stages_dim_name=stages_dim_name, **lists)
+
+
+def _make_layer(spec):
+  """One layer from a make_layer_stack spec (see there)."""
+  if isinstance(spec, (list, tuple)):
+    factory, kwargs = None, {}
+    for item in spec:
+      if isinstance(item, str):
+        continue  # the original's scope name
+      if isinstance(item, dict):
+        kwargs = item
+      else:
+        factory = item
+    if factory is None:
+      raise ValueError(f"make_layer_stack: the layer spec {spec!r} names no layer class; "
+                       "give [LayerClass, optional name, optional {kwargs}].")
+    return factory(**kwargs)
+  return spec() if isinstance(spec, type) or not hasattr(spec, "call") else spec
 
 
 def gin_configurables() -> dict:

@@ -456,6 +456,8 @@ class Unitransformer:
       logits, targets, vocab_dim) works too) replacing the cross-entropy below.
     positional_embedding: "learned" (or True), "sinusoidal", or "none"
       (False/None; e.g. with relative attention bias).
+    token_dropout_rate: in training, each input token is replaced by id 0
+      (padding) with this probability (the original's option).
     sinusoid_positional_embedding: the original's switch: a fixed table of
       sinusoids (`sinusoid_positional_embedding_weights`: sines in the first
       half of d_model, cosines in the second) instead of a learned one.
@@ -490,7 +492,11 @@ class Unitransformer:
                positional_embedding: Union[str, bool, None] = "learned",
                input_full_attention: bool = False, loss_on_targets_only: bool = False,
                loss_denominator: Optional[float] = None, vocab_embedding_cls=None,
-               sinusoid_positional_embedding: bool = False):
+               sinusoid_positional_embedding: bool = False, token_dropout_rate: float = 0.0):
+    if not 0.0 <= token_dropout_rate < 1.0:
+      raise ValueError(f"Unitransformer: token_dropout_rate must be in [0, 1), got "
+                       f"{token_dropout_rate}.")
+    self.token_dropout_rate = token_dropout_rate
     if input_vocab_size is None:
       raise ValueError("Unitransformer: input_vocab_size is required.")
     if autoregressive and not output_vocab_size:
@@ -589,6 +595,13 @@ class Unitransformer:
     """Logits [batch..., (length,) vocab] (or activations for an encoder)."""
     vocab_embedding = self._vocab_embedding(context)
     context.cache["vocab_embedding"] = vocab_embedding
+    if context.train and getattr(self, "token_dropout_rate", 0.0):
+      # Dropped input tokens become id 0 (padding), each with probability
+      # token_dropout_rate, the same under every layout.
+      keep = mtf.greater_equal(
+          mtf.random_uniform(context.mesh, inputs.shape, name="token_dropout"),
+          self.token_dropout_rate)
+      inputs = mtf.where(keep, inputs, mtf.zeros_like(inputs))
     x = vocab_embedding.ids_to_embedding(inputs, context)
     pos = self._position_embedding(context, x)
     if pos is not None:

@@ -234,8 +234,8 @@ def _attend(layer, context, q, k, v, memory_dim, key_dim, bias):
     o = attention.attend(q, k, v, memory_dim, key_dim, bias, layer.dropout_rate,
                          context.train, scale=scale, log_z=z_losses)
     z = mtf.square(z_losses[0])
-    if isinstance(context.sequence_id, mtf.Tensor):
-      z = z * mtf.cast(mtf.not_equal(context.sequence_id, 0), z.dtype)
+    if context.nonpadding is not None:
+      z = z * mtf.cast(context.nonpadding, z.dtype)
     loss = z_loss_coeff * mtf.reduce_mean(z) / max(context.num_microbatches or 1, 1)
     context.losses.append(mtf.cast(loss, tf.float32))
     return o
