@@ -129,6 +129,15 @@ class MoE1D(transformer.TransformerLayer):
     switch_temperature: temperature of the "sample" policy.
     switch_jitter: epsilon of the "input_jitter" policy.
     z_loss: weight of the router z-loss of switch gating (None: none).
+    ntlb_top_k, top_n_num_experts_per_token: accepted for compatibility
+      (options of gatings not provided here).
+    use_second_place_loss, output_dim, use_experts_attention,
+      word_embed_mode, use_second_place_expert_prob(_temp): the original's
+      experimental variants, not supported: anything but the default is a
+      ValueError.
+
+  The positional order is the original's (`MoE1D(16, 1e-2, 1024, 512)`);
+  expert_capacity and hidden_dim_name, this library's, come last.
 
   Example:
     >>> layer = MoE1D(num_experts=16, hidden_size=1024, group_size=512)
@@ -136,17 +145,31 @@ class MoE1D(transformer.TransformerLayer):
 
   def __init__(self, num_experts: int = 16, loss_coef: float = 1e-2, hidden_size: int = 4096,
                group_size: int = 1024, capacity_factor_train: float = 1.25,
-               capacity_factor_eval: float = 2.0, expert_capacity: Optional[int] = None,
-               min_expert_capacity: int = 4, use_second_place_loss: bool = False,
+               capacity_factor_eval: float = 2.0, use_second_place_loss: bool = False,
                second_policy_train: str = "random", second_policy_eval: str = "random",
                second_threshold_train: float = 0.2, second_threshold_eval: float = 0.2,
-               activation="relu", dropout_rate: float = 0.0, hidden_dim_name: str = "d_ff",
-               moe_gating: str = "top_2", switch_policy_train: str = "input_jitter",
+               dropout_rate: float = 0.0, activation="relu", moe_gating: str = "top_2",
+               min_expert_capacity: int = 4, switch_policy_train: str = "input_jitter",
                switch_policy_eval: str = "input_jitter", switch_dropout: float = 0.1,
                switch_temperature: float = 1.0, switch_jitter: float = 1e-2,
-               z_loss: Optional[float] = None):
-    if use_second_place_loss:
-      raise NotImplementedError("MoE1D: use_second_place_loss is not supported.")
+               ntlb_top_k: int = 4, output_dim=None, use_experts_attention: bool = False,
+               z_loss: Optional[float] = None, word_embed_mode=None,
+               use_second_place_expert_prob=None, use_second_place_expert_prob_temp=None,
+               top_n_num_experts_per_token: int = 3, expert_capacity: Optional[int] = None,
+               hidden_dim_name: str = "d_ff"):
+    unsupported = {"use_second_place_loss": (use_second_place_loss, False),
+                   "output_dim": (output_dim, None),
+                   "use_experts_attention": (use_experts_attention, False),
+                   "word_embed_mode": (word_embed_mode, None),
+                   "use_second_place_expert_prob": (use_second_place_expert_prob, None),
+                   "use_second_place_expert_prob_temp": (use_second_place_expert_prob_temp, None)}
+    for option, (value, default) in unsupported.items():
+      if value != default:
+        raise ValueError(f"MoE1D: {option}={value!r} is not supported (one of the original's "
+                         f"experimental options); leave it at {default!r}.")
+    # Used only by the original's "ntlb" and expert-choice gatings, which
+    # _GATINGS does not include: accepted so that gin files setting them parse.
+    del ntlb_top_k, top_n_num_experts_per_token
     if moe_gating not in _GATINGS:
       raise ValueError(f"MoE1D: moe_gating must be one of {_GATINGS}, got {moe_gating!r}.")
     for p in (switch_policy_train, switch_policy_eval):
@@ -263,16 +286,29 @@ class MoE1D(transformer.TransformerLayer):
 
 class MoE2D(MoE1D):
   """Kept for compatibility: a one-level mixture of expert_x * expert_y
-  experts (the original's two-level routing is not implemented).
+  experts (the original's two-level routing is not implemented). Arguments
+  in the original's positional order; capacity_factor_second_level has no
+  effect (one level), other MoE1D arguments go by keyword.
 
   Example:
     >>> layer = MoE2D(expert_x=4, expert_y=4, hidden_size=1024)
   """
 
-  def __init__(self, expert_x: int = 8, expert_y: int = 8, capacity_factor_second_level=None,
+  def __init__(self, expert_x: int = 8, expert_y: int = 8, loss_coef: float = 1e-2,
+               hidden_size: int = 4096, group_size: int = 1024,
+               capacity_factor_train: float = 1.25, capacity_factor_eval: float = 2.0,
+               capacity_factor_second_level=None, use_second_place_loss: bool = False,
+               second_policy_train: str = "random", second_policy_eval: str = "random",
+               second_threshold_train: float = 0.2, second_threshold_eval: float = 0.2,
                **kwargs):
     del capacity_factor_second_level
-    super().__init__(num_experts=expert_x * expert_y, **kwargs)
+    super().__init__(
+        num_experts=expert_x * expert_y, loss_coef=loss_coef, hidden_size=hidden_size,
+        group_size=group_size, capacity_factor_train=capacity_factor_train,
+        capacity_factor_eval=capacity_factor_eval, use_second_place_loss=use_second_place_loss,
+        second_policy_train=second_policy_train, second_policy_eval=second_policy_eval,
+        second_threshold_train=second_threshold_train,
+        second_threshold_eval=second_threshold_eval, **kwargs)
 
   @property
   def scope_name(self) -> str:

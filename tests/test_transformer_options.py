@@ -143,3 +143,23 @@ def test_layer_specs_in_the_list_form_from_gin():
     gin.clear_config()
   attention_layer, ffn = stack.layers
   assert attention_layer.z_loss_coeff == 1e-3 and ffn.hidden_size == 12
+
+
+def test_moe1d_takes_the_originals_positional_order_and_options():
+  from mesh_tensorflow.transformer import moe
+  layer = moe.MoE1D(8, 1e-3, 32, 16, 1.5, 3.0, False, "all", "none", 0.3, 0.4, 0.1, "gelu",
+                    "switch", 2)
+  assert (layer.num_experts, layer.loss_coef, layer.hidden_size, layer.group_size,
+          layer.capacity_factor_train, layer.capacity_factor_eval, layer.second_policy_train,
+          layer.second_policy_eval, layer.second_threshold_train, layer.second_threshold_eval,
+          layer.dropout_rate, layer.activation, layer.moe_gating, layer.min_expert_capacity) == (
+              8, 1e-3, 32, 16, 1.5, 3.0, "all", "none", 0.3, 0.4, 0.1, "gelu", "switch", 2)
+  moe.MoE1D(ntlb_top_k=2, top_n_num_experts_per_token=1)  # gin files may set them
+  for option, value in [("use_second_place_loss", True), ("output_dim", 8),
+                        ("use_experts_attention", True), ("word_embed_mode", "concat"),
+                        ("use_second_place_expert_prob", 0.5)]:
+    with pytest.raises(ValueError, match=option):
+      moe.MoE1D(**{option: value})
+  layer = moe.MoE2D(2, 4, 1e-3, 32, 16)
+  assert (layer.num_experts, layer.loss_coef, layer.hidden_size, layer.group_size) == (
+      8, 1e-3, 32, 16)
