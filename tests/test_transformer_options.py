@@ -163,3 +163,53 @@ def test_moe1d_takes_the_originals_positional_order_and_options():
   layer = moe.MoE2D(2, 4, 1e-3, 32, 16)
   assert (layer.num_experts, layer.loss_coef, layer.hidden_size, layer.group_size) == (
       8, 1e-3, 32, 16)
+
+
+def test_call_simple_num_microbatches_and_encoder_inputs():
+  """As in the original: num_microbatches divides the token loss (the caller
+  sums the micro-batches' losses) and encoder_inputs reaches the context."""
+  seen = {}
+
+  class Probe(tl.DenseReluDense):
+    def call(self, context, x):
+      seen["encoder_inputs"] = context.encoder_inputs
+      seen["num_microbatches"] = context.num_microbatches
+      return super().call(context, x)
+
+  def build(mesh, num_microbatches):
+    batch, length = mtf.Dimension("batch", B), mtf.Dimension("length", L)
+    stack = transformer.make_layer_stack([Probe(hidden_size=8)], num_layers=1)
+    model = transformer.Unitransformer(stack, d_model=D, input_vocab_size=V,
+                                       output_vocab_size=V, max_length=L)
+    targets = mtf.import_tf_tensor(mesh, tf.constant(TARGETS), [batch, length])
+    marker = mtf.zeros_like(targets)
+    loss = model.call_simple(targets, targets, True, "eval", None, None, None, None, None,
+                             None, marker, num_microbatches=num_microbatches)[1]
+    assert seen["encoder_inputs"] is marker and seen["num_microbatches"] == num_microbatches
+    return {"loss": loss}
+  whole = float(lower_and_run(lambda m: build(m, 1), "all:1", "")["loss"])
+  quarter = float(lower_and_run(lambda m: build(m, 4), "all:1", "")["loss"])
+  assert quarter == pytest.approx(whole / 4, rel=1e-6)
+
+
+def test_decoding_signatures_take_encoder_inputs_and_reject_other_bos_ids():
+  import inspect
+  params = lambda fn: list(inspect.signature(fn).parameters)
+  assert params(transformer.Unitransformer.sample_autoregressive)[8:10] == [
+      "encoder_inputs", "shared_params"]
+  assert params(transformer.Unitransformer.beam_search)[6:8] == ["encoder_inputs", "alpha"]
+  assert params(transformer.Bitransformer.decode)[6] == "sampling_keep_top_k"
+  assert params(transformer.LayerStack)[1:4] == [
+      "sublayers_initial", "sublayers_per_layer", "sublayers_final"]
+  assert params(transformer.make_layer_stack)[1:4] == ["layer_stack_cls", "num_layers",
+                                                        "block_scope"]
+  with pytest.raises(ValueError, match="ensemble"):
+    transformer.Unitransformer(transformer.LayerStack([]), input_vocab_size=V,
+                               output_vocab_size=V, ensemble=2)
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  model = transformer.Unitransformer(transformer.LayerStack([]), d_model=D, input_vocab_size=V,
+                                     output_vocab_size=V, max_length=L)
+  with pytest.raises(ValueError, match="bos_id=2"):
+    model.sample_autoregressive(mtf.zeros(mesh, f"batch:{B};length:{L}", dtype=tf.int32),
+                                bos_id=2)

@@ -283,14 +283,14 @@ class LayerStack(TransformerLayer):
     ...                         num_stages=4, num_microbatches=8, recompute="layer")
   """
 
-  def __init__(self, layers: Sequence[TransformerLayer], dropout_rate: float = 0.0,
-               norm_epsilon: float = 1e-6, norm_type: str = "rms", recompute: str = "none",
-               num_stages: int = 1, num_microbatches: int = 1,
-               pipeline_schedule: str = "gpipe", stages_dim_name: str = "stages",
+  def __init__(self, layers: Sequence[TransformerLayer],
                sublayers_initial: Optional[Sequence[sublayers_lib.Sublayer]] = None,
                sublayers_per_layer: Optional[Sequence[sublayers_lib.Sublayer]] = None,
                sublayers_final: Optional[Sequence[sublayers_lib.Sublayer]] = None,
-               recompute_grads: bool = False):
+               dropout_rate: float = 0.0, norm_epsilon: float = 1e-6,
+               recompute_grads: bool = False, norm_type: str = "rms", recompute: str = "none",
+               num_stages: int = 1, num_microbatches: int = 1,
+               pipeline_schedule: str = "gpipe", stages_dim_name: str = "stages"):
     if recompute_grads:
       if recompute not in ("none", "layer"):
         raise ValueError(f"LayerStack: recompute_grads=True asks for recompute='layer' but "
@@ -788,15 +788,16 @@ def _batch_dim(context: Context, x: mtf.Tensor) -> mtf.Dimension:
   return x.shape.dims[0]
 
 
-def make_layer_stack(layers: Sequence[Any], num_layers: int = 6, dropout_rate: float = 0.0,
+def make_layer_stack(layers: Sequence[Any], layer_stack_cls=None, num_layers: int = 6,
+                     block_scope: bool = True, dropout_rate: float = 0.0,
                      norm_epsilon: float = 1e-6, norm_type: str = "rms",
                      recompute: str = "none", num_stages: int = 1, num_microbatches: int = 1,
                      pipeline_schedule: str = "gpipe",
                      stages_dim_name: str = "stages",
                      sublayers_initial: Optional[Sequence[sublayers_lib.Sublayer]] = None,
                      sublayers_per_layer: Optional[Sequence[sublayers_lib.Sublayer]] = None,
-                     sublayers_final: Optional[Sequence[sublayers_lib.Sublayer]] = None,
-                     layer_stack_cls=None, block_scope: bool = True) -> LayerStack:
+                     sublayers_final: Optional[Sequence[sublayers_lib.Sublayer]] = None
+                     ) -> LayerStack:
   """A LayerStack repeating the block `layers` num_layers times.
 
   Elements of `layers` may be TransformerLayer instances (reused: layers

@@ -456,6 +456,7 @@ class Unitransformer:
       logits, targets, vocab_dim) works too) replacing the cross-entropy below.
     positional_embedding: "learned" (or True), "sinusoidal", or "none"
       (False/None; e.g. with relative attention bias).
+    ensemble: the original's ensemble size; not supported (None or 0 only).
     token_dropout_rate: in training, each input token is replaced by id 0
       (padding) with this probability (the original's option).
     sinusoid_positional_embedding: the original's switch: a fixed table of
@@ -488,11 +489,15 @@ class Unitransformer:
                output_vocab_size: Optional[int] = None, autoregressive: bool = True,
                max_length: int = 512, shared_embedding_and_softmax_weights: bool = False,
                label_smoothing: float = 0.0, z_loss: float = 1e-4, name: str = "transformer",
-               layout=None, mesh_shape=None, vocab_divisor: int = 128, loss_fn=None,
-               positional_embedding: Union[str, bool, None] = "learned",
+               layout=None, mesh_shape=None, vocab_divisor: int = 128, ensemble=None,
+               loss_fn=None, positional_embedding: Union[str, bool, None] = "learned",
+               sinusoid_positional_embedding: bool = False,
                input_full_attention: bool = False, loss_on_targets_only: bool = False,
-               loss_denominator: Optional[float] = None, vocab_embedding_cls=None,
-               sinusoid_positional_embedding: bool = False, token_dropout_rate: float = 0.0):
+               loss_denominator: Optional[float] = None, token_dropout_rate: float = 0.0,
+               vocab_embedding_cls=None):
+    if ensemble:
+      raise ValueError(f"Unitransformer: ensemble={ensemble} (an ensemble dimension on every "
+                       "variable) is not supported; train the models separately.")
     if not 0.0 <= token_dropout_rate < 1.0:
       raise ValueError(f"Unitransformer: token_dropout_rate must be in [0, 1), got "
                        f"{token_dropout_rate}.")
@@ -628,10 +633,12 @@ class Unitransformer:
     if targets is not None and context.losses is not None:
       own_loss = self._own_loss(vocab_embedding, context)
       if own_loss is not None:
-        context.losses.append(own_loss(self, x, targets, context))
+        loss = own_loss(self, x, targets, context)
       else:
-        context.losses.append(
-            self._compute_loss(context, logits, targets, self.output_vocab_dim))
+        loss = self._compute_loss(context, logits, targets, self.output_vocab_dim)
+      if (context.num_microbatches or 1) > 1:
+        loss = loss / float(context.num_microbatches)
+      context.losses.append(loss)
     return logits
 
   def _own_loss(self, vocab_embedding, context: Context):
@@ -688,8 +695,8 @@ class Unitransformer:
                   compute_loss: bool, mode: str = ModeKeys.TRAIN,
                   variable_dtype: Optional[mtf.VariableDType] = None, sequence_id=None,
                   subsequence_id=None, position=None, encoder_output=None,
-                  encoder_sequence_id=None, shared_params=None, layer_outputs=None,
-                  encoder_layer_outputs=None):
+                  encoder_sequence_id=None, encoder_inputs=None, shared_params=None,
+                  layer_outputs=None, encoder_layer_outputs=None, num_microbatches: int = 1):
     """Logits (and the loss) for all positions in parallel: training and eval.
 
     Args:
@@ -705,10 +712,15 @@ class Unitransformer:
       encoder_output: for a decoder, the encoder's output with its length
         renamed "memory_length".
       encoder_sequence_id: the encoder's segment ids [batch..., memory_length].
+      encoder_inputs: the encoder's input ids, for decoder layers that read
+        them (context.encoder_inputs).
       shared_params: variables shared with another Unitransformer.
       layer_outputs: an optional list collecting each layer's output.
       encoder_layer_outputs: the encoder's layer outputs, for layers that
         read them.
+      num_microbatches: how many micro-batches the caller cuts the step into
+        and sums the losses of (as the original's): the token loss is divided
+        by it, so the sum is the whole batch's mean.
 
     Returns:
       (logits [batch..., length, vocab], scalar loss or None).
@@ -732,7 +744,8 @@ class Unitransformer:
         position_is_default=position_is_default, encoder_output=encoder_output,
         encoder_sequence_id=encoder_sequence_id, shared_params=shared_params,
         layer_outputs=layer_outputs, encoder_layer_outputs=encoder_layer_outputs,
-        write_priority=write_priority, read_priority=read_priority, inputs=inputs)
+        write_priority=write_priority, read_priority=read_priority, inputs=inputs,
+        encoder_inputs=encoder_inputs, num_microbatches=num_microbatches)
     with mtf.name_scope(inputs.mesh, self.name):
       logits = self._call_internal(context, inputs, targets)
     loss = mtf.add_n(context.losses) if compute_loss and context.losses else None
@@ -741,7 +754,7 @@ class Unitransformer:
   # ---- decoding --------------------------------------------------------------
   def first_part(self, inputs, batch_dims, length_dim, variable_dtype, encoder_output=None,
                  encoder_sequence_id=None, shared_params=None, encoder_layer_outputs=None,
-                 initial_position=None, beam_dim=None):
+                 initial_position=None, beam_dim=None, encoder_inputs=None):
     """The prefix pass before decoding ("first_part" mode).
 
     Runs the known prefix (inputs, shifted right) through the stack and
@@ -761,7 +774,7 @@ class Unitransformer:
         encoder_output=encoder_output, encoder_sequence_id=encoder_sequence_id,
         constant_states=[], shared_params=shared_params,
         encoder_layer_outputs=encoder_layer_outputs, write_priority=priority,
-        read_priority=priority, inputs=inputs)
+        read_priority=priority, inputs=inputs, encoder_inputs=encoder_inputs)
     shifted = mtf.shift(inputs, offset=1, dim=length_dim, wrap=False)
     with mtf.name_scope(inputs.mesh, self.name):
       self._call_internal(context, shifted)
@@ -777,7 +790,7 @@ class Unitransformer:
   def incremental_logits_fn(self, batch_dims, length_dim, variable_dtype, constant_states,
                             encoder_output=None, encoder_sequence_id=None, shared_params=None,
                             encoder_layer_outputs=None, beam_dim=None, never_end_token=None,
-                            initial_position=None):
+                            initial_position=None, encoder_inputs=None):
     """logits_fn(step, ids, states) -> (logits, new_states): one incremental
     decoding step, in the form mtf.beam_search's decoders take.
 
@@ -797,7 +810,7 @@ class Unitransformer:
           position=step, states=list(states), new_states=[], sequence_id=None,
           encoder_output=encoder_output, encoder_sequence_id=encoder_sequence_id,
           constant_states=constant_states, shared_params=shared_params,
-          encoder_layer_outputs=encoder_layer_outputs,
+          encoder_layer_outputs=encoder_layer_outputs, encoder_inputs=encoder_inputs,
           write_priority=self._decode_priority(mtf.range(ids.mesh, length_dim, tf.int32),
                                                initial_position),
           read_priority=step)
@@ -815,11 +828,12 @@ class Unitransformer:
                             max_steps=None, temperature: float = 0.0,
                             variable_dtype: Optional[mtf.VariableDType] = None,
                             encoder_output=None, encoder_sequence_id=None,
-                            shared_params=None, has_partial_sequences: bool = True,
+                            encoder_inputs=None, shared_params=None,
+                            has_partial_sequences: bool = True,
                             encoder_layer_outputs=None, never_end: bool = False,
                             remove_partial_sequences: bool = False,
-                            top_k: Optional[int] = None,
-                            sampling_keep_top_k: Optional[int] = None) -> mtf.Tensor:
+                            sampling_keep_top_k: Optional[int] = None, bos_id: int = 0,
+                            top_k: Optional[int] = None) -> mtf.Tensor:
     """Continues sequences one token at a time with cached keys and values.
 
     Each sequence's known prefix is its leading nonzero tokens; decoding fills
@@ -843,7 +857,10 @@ class Unitransformer:
       remove_partial_sequences: shift each output left so it starts with
         the first new token.
       top_k: sample only among the k most likely tokens.
-      sampling_keep_top_k: the original's name for top_k.
+      sampling_keep_top_k: the original's name for top_k (-1: no limit).
+      encoder_inputs: the encoder's input ids, for decoder layers that read them.
+      bos_id: the id read before the first token; only 0 (the id decoding
+        starts from here) is supported.
 
     Returns:
       int32 [batch..., length]: the prefixes followed by the new tokens.
@@ -854,6 +871,7 @@ class Unitransformer:
     if not self.autoregressive:
       raise ValueError("sample_autoregressive needs an autoregressive Unitransformer.")
     variable_dtype = variable_dtype or mtf.VariableDType(tf.float32)
+    _check_bos_id(bos_id, "sample_autoregressive")
     if top_k is None and sampling_keep_top_k is not None and sampling_keep_top_k > 0:
       top_k = sampling_keep_top_k
     inputs = partial_sequences
@@ -863,14 +881,14 @@ class Unitransformer:
                                       reduced_dim=length_dim)
     states, constant_states = self.first_part(
         inputs, batch_dims, length_dim, variable_dtype, encoder_output, encoder_sequence_id,
-        shared_params, encoder_layer_outputs, initial_position)
+        shared_params, encoder_layer_outputs, initial_position, encoder_inputs=encoder_inputs)
     if not has_partial_sequences:
       states = [mtf.zeros_like(s) for s in states]
     logits_fn = self.incremental_logits_fn(
         batch_dims, length_dim, variable_dtype, constant_states, encoder_output,
         encoder_sequence_id, shared_params, encoder_layer_outputs,
         never_end_token=stop_at_token if never_end else None,
-        initial_position=initial_position)
+        initial_position=initial_position, encoder_inputs=encoder_inputs)
     outputs = beam_search_lib.greedy_decode(
         logits_fn, inputs, temperature=temperature, initial_states=states,
         eos_id=stop_at_token, max_steps=max_steps, top_k=top_k,
@@ -881,9 +899,9 @@ class Unitransformer:
 
   def beam_search(self, inputs: mtf.Tensor, decode_length=None,
                   variable_dtype: Optional[mtf.VariableDType] = None, encoder_output=None,
-                  encoder_sequence_id=None, alpha: float = 0.6, shared_params=None,
-                  encoder_layer_outputs=None, stop_at_token: int = 1,
-                  return_all_beams: bool = False):
+                  encoder_sequence_id=None, encoder_inputs=None, alpha: float = 0.6,
+                  shared_params=None, encoder_layer_outputs=None, bos_id: int = 0,
+                  stop_at_token: int = 1, return_all_beams: bool = False):
     """Beam search from position 0 (see `mtf.beam_search.beam_search`).
 
     Args:
@@ -893,9 +911,11 @@ class Unitransformer:
       variable_dtype: an mtf.VariableDType.
       encoder_output: for a decoder, the encoder output ("memory_length").
       encoder_sequence_id: the encoder's segment ids.
+      encoder_inputs: the encoder's input ids, for decoder layers that read them.
       alpha: length penalty exponent: scores are log P / ((5 + n) / 6)^alpha.
       shared_params: variables shared with the encoder.
       encoder_layer_outputs: the encoder's layer outputs.
+      bos_id: only 0 is supported (see sample_autoregressive).
       stop_at_token: end-of-sequence id.
       return_all_beams: return ([batch, beam, length], scores [batch, beam])
         instead of the best sequence [batch, length].
@@ -907,21 +927,30 @@ class Unitransformer:
     if not self.autoregressive:
       raise ValueError("beam_search needs an autoregressive Unitransformer.")
     variable_dtype = variable_dtype or mtf.VariableDType(tf.float32)
+    _check_bos_id(bos_id, "beam_search")
     batch_dims = inputs.shape.dims[:-2]
     beam_dim, length_dim = inputs.shape.dims[-2:]
     states, constant_states = self.first_part(
         inputs, batch_dims + [beam_dim], length_dim, variable_dtype, encoder_output,
-        encoder_sequence_id, shared_params, encoder_layer_outputs, beam_dim=beam_dim)
+        encoder_sequence_id, shared_params, encoder_layer_outputs, beam_dim=beam_dim,
+        encoder_inputs=encoder_inputs)
     states = [mtf.zeros_like(s) for s in states]
     logits_fn = self.incremental_logits_fn(
         batch_dims + [beam_dim], length_dim, variable_dtype, constant_states, encoder_output,
-        encoder_sequence_id, shared_params, encoder_layer_outputs, beam_dim=beam_dim)
+        encoder_sequence_id, shared_params, encoder_layer_outputs, beam_dim=beam_dim,
+        encoder_inputs=encoder_inputs)
     beams, scores = beam_search_lib.beam_search(
         logits_fn, inputs, alpha, states=states, eos_id=stop_at_token,
         decode_length=decode_length, dtype=tf.float32)
     if return_all_beams:
       return beams, scores
     return beam_search_lib.best_beam(beams)
+
+
+def _check_bos_id(bos_id: int, fn_name: str) -> None:
+  if bos_id:
+    raise ValueError(f"{fn_name}: bos_id={bos_id} is not supported; decoding reads id 0 "
+                     "before the first token (train with shift_targets(targets, bos_id=0)).")
 
 
 def _shift_left(ids: mtf.Tensor, amount: mtf.Tensor, length_dim: mtf.Dimension) -> mtf.Tensor:
@@ -1014,7 +1043,8 @@ class Bitransformer:
                   mode: str = ModeKeys.TRAIN,
                   variable_dtype: Optional[mtf.VariableDType] = None,
                   encoder_sequence_id=None, decoder_sequence_id=None,
-                  decoder_subsequence_id=None, encoder_position=None, decoder_position=None):
+                  decoder_subsequence_id=None, encoder_position=None, decoder_position=None,
+                  num_microbatches: int = 1):
     """Logits and loss with teacher forcing (training and eval).
 
     Args:
@@ -1030,6 +1060,7 @@ class Bitransformer:
       decoder_subsequence_id: accepted for compatibility.
       encoder_position: positions of packed inputs.
       decoder_position: positions of packed targets.
+      num_microbatches: see Unitransformer.call_simple.
 
     Returns:
       (logits [batch..., length, vocab], loss or None).
@@ -1048,13 +1079,15 @@ class Bitransformer:
         sequence_id=decoder_sequence_id, subsequence_id=decoder_subsequence_id,
         encoder_output=encoder_output, encoder_sequence_id=encoder_sequence_id,
         position=decoder_position, shared_params=shared_params,
-        encoder_layer_outputs=encoder_layer_outputs)
+        encoder_layer_outputs=encoder_layer_outputs, encoder_inputs=inputs,
+        num_microbatches=num_microbatches)
     if loss is not None and encoder_loss is not None:
       loss = loss + encoder_loss
     return logits, loss
 
   def decode(self, inputs: mtf.Tensor, variable_dtype: Optional[mtf.VariableDType] = None,
              beam_size: int = 1, alpha: float = 0.6, temperature: float = 0.0,
+             sampling_keep_top_k: Optional[int] = None,
              decode_length_multiplier: float = 1.5, decode_length_constant: float = 10,
              max_decode_length: Optional[int] = None, top_k: Optional[int] = None,
              stop_at_token: int = 1) -> mtf.Tensor:
@@ -1072,6 +1105,7 @@ class Bitransformer:
       beam_size: 1 for greedy decoding or sampling, more for beam search.
       alpha: beam search length penalty exponent.
       temperature: sampling temperature (0.0: greedy; must be 0 with beams).
+      sampling_keep_top_k: the original's name for top_k (-1: no limit).
       decode_length_multiplier: see above.
       decode_length_constant: see above.
       max_decode_length: the output length (default: the input length).
@@ -1085,6 +1119,8 @@ class Bitransformer:
       >>> outputs = model.decode(inputs, beam_size=4, alpha=0.6)
     """
     variable_dtype = variable_dtype or mtf.VariableDType(tf.float32)
+    if top_k is None and sampling_keep_top_k is not None and sampling_keep_top_k > 0:
+      top_k = sampling_keep_top_k
     mesh = inputs.mesh
     shared_params = self._shared_params(mesh, variable_dtype)
     encoder_output, encoder_sequence_id, encoder_layer_outputs, _ = self._encode(
