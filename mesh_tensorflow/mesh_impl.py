@@ -292,9 +292,13 @@ class MeshImpl:
     raise NotImplementedError
 
   def import_tf_tensor(self, x: tf.Tensor, shape) -> LaidOutTensor:
+    """x (a tf.Tensor of `shape`'s full size) cut into this mesh's slices.
+    The original's order, `import_tf_tensor(mtf_tensor, tf_x)`, works too."""
     raise NotImplementedError
 
   def export_to_tf_tensor(self, x: LaidOutTensor, shape) -> tf.Tensor:
+    """The full tf.Tensor of the laid-out `x` of `shape`. The original's
+    order, `export_to_tf_tensor(mtf_tensor, laid_out_x)`, works too."""
     raise NotImplementedError
 
   def make_slices(self, fn: Callable[[int, List[int]], tf.Tensor], shape) -> LaidOutTensor:
@@ -425,6 +429,15 @@ def _tensor_axis_of(layout, mesh_axis):
 
 
 _CACHE_ATTRIBUTE = "_mesh_tensorflow_lowering_cache"
+
+
+def value_and_shape(value, shape):
+  """(value, shape) of an import or export call given in this library's
+  order (value, shape) or the original's (mtf_tensor, value)."""
+  from mesh_tensorflow.graph import Tensor  # pylint: disable=g-import-not-at-top
+  if isinstance(value, Tensor):
+    return shape, value.shape  # the original's order: the mtf.Tensor first
+  return value, shape
 
 
 def graph_cache(graph: tf.Graph) -> dict:

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.collective_keys import placement_group_key
 from mesh_tensorflow.mesh_impl import (LaidOutTensor, MeshImpl, as_laid_out, graph_cache,
-                                      int_constant)
+                                      int_constant, value_and_shape)
 from mesh_tensorflow.shapes import convert_to_shape
 
 _COLLECTIVE_CHOICES = ("auto", "direct", "collective")
@@ -307,6 +307,7 @@ class PlacementMeshImpl(MeshImpl):
 
   # ---- import / export -----------------------------------------------------
   def import_tf_tensor(self, x, shape) -> LaidOutTensor:
+    x, shape = value_and_shape(x, shape)
     slice_shape = self.slice_shape(shape)
     full = convert_to_shape(shape).to_integer_list()
     if slice_shape == full:
@@ -321,6 +322,7 @@ class PlacementMeshImpl(MeshImpl):
     return laid
 
   def export_to_tf_tensor(self, x, shape) -> tf.Tensor:
+    x, shape = value_and_shape(x, shape)
     x = as_laid_out(x)
     layout = self.tensor_layout(shape)
     if layout.is_fully_replicated:

@@ -44,7 +44,7 @@ import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow.collective_keys import allocate_simd_keys
-from mesh_tensorflow.mesh_impl import LaidOutTensor, MeshImpl, as_laid_out
+from mesh_tensorflow.mesh_impl import LaidOutTensor, MeshImpl, as_laid_out, value_and_shape
 from mesh_tensorflow.shapes import convert_to_shape
 from mesh_tensorflow.slice_variables import NOT_CAPTURED_BY_TF_FUNCTION
 
@@ -455,6 +455,7 @@ class SimdMeshImpl(MeshImpl):
 
   # ---- import / export -----------------------------------------------------
   def import_tf_tensor(self, x, shape) -> LaidOutTensor:
+    x, shape = value_and_shape(x, shape)
     shape = convert_to_shape(shape)
     slice_shape = self.slice_shape(shape)
     x = tf.convert_to_tensor(x)
@@ -463,6 +464,7 @@ class SimdMeshImpl(MeshImpl):
     return LaidOutTensor([tf.slice(x, tf.stack(self._slice_begin_tensors(shape)), slice_shape)])
 
   def export_to_tf_tensor(self, x, shape) -> tf.Tensor:
+    x, shape = value_and_shape(x, shape)
     """The full tensor, on every processor (allgather over split axes)."""
     x = as_laid_out(x)
     layout = self.tensor_layout(shape)

@@ -379,3 +379,28 @@ def test_unitransformer_sinusoid_positional_embedding_is_the_original_table():
   with pytest.raises(ValueError, match="sinusoid_positional_embedding=True"):
     transformer.Unitransformer(stack, d_model=8, input_vocab_size=16, output_vocab_size=16,
                                positional_embedding="none", sinusoid_positional_embedding=True)
+
+
+def test_mesh_impl_import_and_export_take_the_originals_argument_order():
+  """A custom operation written against the original lowers with
+  impl.import_tf_tensor(mtf_output, tf_value) and
+  impl.export_to_tf_tensor(mtf_tensor, laid_out); ours are (value, shape)."""
+  value = np.arange(8 * 4, dtype=np.float32).reshape(8, 4)
+
+  class Doubled(mtf.Operation):
+    def __init__(self, x):
+      super().__init__([x], name="doubled")
+      self._outputs = [mtf.Tensor(self, x.shape, x.dtype)]
+
+    def lower(self, lowering):
+      impl = lowering.mesh_impl(self)
+      x = self.inputs[0]
+      full = impl.export_to_tf_tensor(x, lowering.tensors[x])
+      lowering.set_tensor_lowering(self.outputs[0],
+                                   impl.import_tf_tensor(self.outputs[0], full * 2.0))
+
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, value, "rows:8;cols:4")
+    return {"y": Doubled(x).outputs[0]}
+  for mesh_shape, layout in [("all:1", ""), ("r:2;c:4", "rows:r;cols:c")]:
+    np.testing.assert_array_equal(lower_and_run(build, mesh_shape, layout)["y"], 2 * value)
