@@ -1006,6 +1006,22 @@ def _softmax(est: _Estimator, op):
   est.state[out] = est.slicewise([shifted if op.log else exps, sums], 2 * nbytes)
 
 
+def _softmax_grad(est: _Estimator, op):
+  """Per slice a product and a sum that keeps the dimension, a SUM allreduce
+  of the sums when the dimension is split, then one elementwise kernel."""
+  y, dy = op.inputs
+  ids_y, ids_dy = est.laid_out(y), est.laid_out(dy)
+  nbytes = est.slice_bytes(y)
+  est.current.flops += 4 * est.slice_elems(y.shape)
+  dim = op.reduced_dim
+  a = est.axis(dim)
+  stats_bytes = est.slice_elems(y.shape - [dim]) * y.dtype.size
+  sums = est.slicewise([ids_y, ids_dy], 2 * nbytes + stats_bytes)
+  if a is not None:
+    sums = est.allreduce(stats_bytes, [a], sums)
+  est.state[op.outputs[0]] = est.slicewise([ids_y, ids_dy, sums], 3 * nbytes)
+
+
 def _source(est: _Estimator, op):
   """Imports and constants: one tensor per distinct slice (a fully
   replicated import: one identity of the shared input)."""
@@ -1051,6 +1067,7 @@ _HANDLERS = {
     "ScatterAddGradOperation": _scatter_add_grad,
     "SparseSoftmaxCrossEntropyOperation": _sparse_xent,
     "SoftmaxOperation": _softmax,
+    "SoftmaxGradOperation": _softmax_grad,
     "_IdentityLike": _passthrough,
     "ImportOperation": _source,
     "ConstantOperation": _source,

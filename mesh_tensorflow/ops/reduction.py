@@ -272,6 +272,9 @@ class SoftmaxGradOperation(Operation):
     self.has_gradient = True
     self._outputs = [Tensor(self, y.shape, y.dtype)]
 
+  reduced_dim = property(lambda self: self._dim)
+  log = property(lambda self: self._log)
+
   def gradient(self, grad_ys):
     g = grad_ys[0]
     y, dy = self.inputs
