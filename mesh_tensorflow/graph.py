@@ -137,8 +137,11 @@ class Mesh:
   """A named, logical device mesh in an mtf graph.
 
   Its shape and devices are given only at lowering time, by a `MeshImpl`.
-  `variable_placer` is accepted for compatibility and unused: variables exist
-  only as slices on the mesh's own devices (see mesh_tensorflow/utils.py).
+  With a `variable_placer` (e.g. `mtf.utils.BalancedVariablePlacer`, or any
+  object with a TF device function `device_function(op)`), every variable
+  also gets a full-size master copy on the device the placer picks, as in the
+  original (see mesh_tensorflow/master_variables.py); without one, variables
+  exist only as slices on the mesh's own devices.
 
   Example:
     >>> mesh = mtf.Mesh(graph, "my_mesh")
@@ -154,6 +157,11 @@ class Mesh:
   @property
   def graph(self) -> Graph:
     return self._graph
+
+  @property
+  def variable_placer(self):
+    """The placer of master variables, or None (no master copies)."""
+    return self._variable_placer
 
   @property
   def name(self) -> str:

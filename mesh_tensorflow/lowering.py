@@ -153,12 +153,17 @@ class Lowering:
     raise ValueError(f"Operation {op.name!r} has no lowered TensorFlow operation.")
 
   def copy_masters_to_slices(self):
-    """No-op kept for compatibility: variables exist only as slices."""
-    return tf.no_op()
+    """Assigns the slices of every variable from its master copy (kept only
+    when the mesh has a variable placer, see master_variables.py; otherwise a
+    no-op)."""
+    from mesh_tensorflow import master_variables  # pylint: disable=g-import-not-at-top
+    return master_variables.copy_masters_to_slices(self)
 
   def copy_slices_to_masters(self):
-    """No-op kept for compatibility: variables exist only as slices."""
-    return tf.no_op()
+    """Assigns every master copy the full value of its slices (a no-op
+    without master copies)."""
+    from mesh_tensorflow import master_variables  # pylint: disable=g-import-not-at-top
+    return master_variables.copy_slices_to_masters(self)
 
   def random_key(self, mesh_impl) -> tf.Tensor:
     """A per-execution int64 key for layout-invariant random ops."""

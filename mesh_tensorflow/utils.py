@@ -5,10 +5,10 @@
     ...   a = tf.compat.v1.get_variable("a", [1000])   # on cpu:0
     ...   b = tf.compat.v1.get_variable("b", [10])     # on cpu:1, the emptier one
 
-mtf variables themselves never go through a placer: they exist only as
-per-processor slices on the mesh's own devices (there is no master copy to
-place), so `mtf.Mesh(graph, name, variable_placer)` accepts a placer for
-compatibility and does not use it.
+mtf variables live as per-processor slices on the mesh's own devices. Given
+to a mesh, `mtf.Mesh(graph, name, placer)`, a placer asks for a full-size
+master copy of each variable as well, placed by it (see
+mesh_tensorflow/master_variables.py).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import math
 
 import tensorflow as tf
 
+from mesh_tensorflow import master_variables
 from mesh_tensorflow import rng
 from mesh_tensorflow import slice_variables
 from mesh_tensorflow.slice_variables import variable_store  # noqa: F401 (public)
@@ -71,6 +72,20 @@ class Variable(Operation):
     # The shape the slices are stored in: same sizes, possibly renamed dims so
     # that the layout splits it further (ZeRO stage 3, mesh_tensorflow/zero.py).
     self.storage_shape = self._shape
+    # A full-size master copy, only when the mesh has a variable placer
+    # (the original's way to ask for one; master_variables.py).
+    self.master = None
+    placer = getattr(mesh, "variable_placer", None)
+    if placer is not None:
+      self.master = master_variables.create_master(
+          placer, name, self._shape, self.master_dtype, self._full_initial_value, trainable)
+
+  def _full_initial_value(self) -> tf.Tensor:
+    full = self._shape.to_integer_list()
+    if hasattr(type(self._initializer), "slice_value"):
+      return self._initializer.slice_value(self._name, full, [0] * len(full), full,
+                                           self.master_dtype)
+    return _call_initializer(self._initializer, full, self.master_dtype, self._name)
 
   shape = property(lambda self: self._shape)
   trainable = property(lambda self: self._trainable)
@@ -108,6 +123,8 @@ class Variable(Operation):
     full_value = []  # computed at most once, for TF initializers
 
     def init_fn(begin, slice_shape):
+      if self.master is not None:
+        return master_variables.initial_slice(self.master, begin, slice_shape)
       if hasattr(type(self._initializer), "slice_value"):  # not a mock's any-attribute
         return self._initializer.slice_value(self._name, full, begin, slice_shape,
                                              self.master_dtype)
