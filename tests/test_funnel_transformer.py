@@ -352,3 +352,17 @@ def test_bad_placements_are_rejected():
                                   max_length=L, vocab_divisor=8)
   with pytest.raises(ValueError, match="non-autoregressive encoder"):
     lm.call_simple(ids, ids, True)
+
+
+def test_the_originals_default_sublayer_lists_are_accepted():
+  """The original's funnel tests pass its default sublayer lists, which are
+  the built-in body: accepted; anything else is refused above."""
+  defaults = dict(
+      sublayers_initial=[transformer.sublayer_dropout],
+      sublayers_per_layer=[transformer.sublayer_rms_norm, transformer.sublayer_call_layer,
+                           transformer.sublayer_dropout, transformer.sublayer_residual],
+      sublayers_final=[transformer.sublayer_rms_norm, transformer.sublayer_dropout])
+  stack = _stack(**defaults)
+  assert stack.sublayers_per_layer is None  # the built-in body runs
+  with pytest.raises(ValueError, match="sublayers_per_layer is not supported"):
+    _stack(sublayers_per_layer=[transformer.sublayer_call_layer, transformer.sublayer_residual])

@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import sublayers as sublayers_lib
 from mesh_tensorflow.transformer import transformer
 
 POOLING_TYPES = ("mean", "max", "min")
@@ -147,6 +148,15 @@ def stride_tensor_1d(x: mtf.Tensor, pool_dim: mtf.Dimension, pool_size: int = 2)
   return mtf.reduce_sum(_windows(x, pool_dim, pool_size) * first, reduced_dim=window)
 
 
+def _sublayer_names(functions):
+  """The function names of a sublayer list (gin's configurable versions keep
+  them), or None for something that is not a list of functions."""
+  try:
+    return [getattr(fn, "__name__", None) for fn in functions]
+  except TypeError:
+    return None
+
+
 def _instantiate(layer):
   """A layer instance from an instance, a class or a factory."""
   return layer() if isinstance(layer, type) or not hasattr(layer, "call") else layer
@@ -235,14 +245,18 @@ class FunnelTransformerLayerStack(transformer.LayerStack):
     if pooling_type not in POOLING_TYPES:
       raise ValueError(f"{name}: pooling_type must be one of {POOLING_TYPES}, got "
                        f"{pooling_type!r}.")
-    for arg, value in (("sublayers_initial", sublayers_initial),
-                       ("sublayers_per_layer", sublayers_per_layer),
-                       ("sublayers_final", sublayers_final)):
-      if value is not None:
+    defaults = sublayers_lib.default_sublayers({})
+    for (arg, value), default in zip((("sublayers_initial", sublayers_initial),
+                                      ("sublayers_per_layer", sublayers_per_layer),
+                                      ("sublayers_final", sublayers_final)), defaults):
+      # The original's default lists are the built-in body (tested in
+      # test_transformer_sublayers.py): accepted; any other list is refused.
+      if value is not None and _sublayer_names(value) != _sublayer_names(default):
         raise ValueError(
             f"{name}: {arg} is not supported: the stack's sublayers are fixed (pre-norm "
-            "residual layers and a final norm: LayerStack's built-in body); leave it "
-            "unset and use dropout_rate, norm_type and norm_epsilon instead.")
+            "residual layers and a final norm: LayerStack's built-in body, which is "
+            "also what the original's default lists give); leave it unset and use "
+            "dropout_rate, norm_type and norm_epsilon instead.")
     layers = list(layers)
     n_params = sum(block_param_size)
     needed = n_params * n_submodules
