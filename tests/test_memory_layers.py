@@ -173,9 +173,29 @@ def test_language_model_from_gin_trains_alike_on_any_layout():
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(key_size=8, n_keys=4, n_heads=2, knn=5), r"knn \(5\) must not exceed n_keys \(4\)"),
-    (dict(key_size=7, n_keys=4, n_heads=2, knn=2), "key_size must be even"),
+    (dict(key_size=1, n_keys=4, n_heads=2, knn=2), "key_size must be at least 2"),
     (dict(key_size=8, n_keys=0, n_heads=2, knn=2), "n_keys must be a positive integer"),
 ])
 def test_bad_arguments_are_rejected(kwargs, message):
   with pytest.raises(ValueError, match=message):
     memory_layers.ProductKeyValueMemory(**kwargs)
+
+
+def test_odd_key_size_and_the_originals_get_indices():
+  """As in the original: an odd key_size gives halves of key_size // 2, and
+  get_indices(keys, query) is best_rows(query, keys)."""
+  layer = memory_layers.ProductKeyValueMemory(key_size=5, n_keys=4, n_heads=2, knn=2)
+  assert layer.half_key_dim.size == 2
+
+  def build(mesh):
+    rng = np.random.RandomState(4)
+    query = mtf.import_tf_tensor(mesh, rng.randn(3, 2, 2, 2).astype(np.float32),
+                                 "length:3;n_heads:2;product_key:2;key:2")
+    keys = mtf.import_tf_tensor(mesh, rng.randn(2, 2, 4, 2).astype(np.float32),
+                                "n_heads:2;product_key:2;n_keys:4;key:2")
+    s1, r1 = layer.get_indices(keys, query)
+    s2, r2 = layer.best_rows(query, keys)
+    return {"s1": s1, "r1": r1, "s2": s2, "r2": r2}
+  got = lower_and_run(build, "all:1", "")
+  np.testing.assert_array_equal(got["s1"], got["s2"])
+  np.testing.assert_array_equal(got["r1"], got["r2"])

@@ -63,7 +63,8 @@ class ProductKeyValueMemory(transformer.TransformerLayer):
   n_values = n_keys**2.
 
   Args:
-    key_size: the size of a query (both halves); must be even.
+    key_size: the size of a query (both halves): each half has
+      key_size // 2 (an odd size drops one, as in the original).
     n_keys: sub-keys per half; the memory has n_keys**2 value rows.
     n_heads: memory heads (each with its own query, sub-keys and top knn).
     knn: rows read per head and token; at most n_keys.
@@ -78,9 +79,9 @@ class ProductKeyValueMemory(transformer.TransformerLayer):
     for arg, value in (("key_size", key_size), ("n_keys", n_keys), ("n_heads", n_heads),
                        ("knn", knn)):
       transformer.positive_int(value, f"{name}: {arg}")
-    if key_size % 2:
-      raise ValueError(f"{name}: key_size must be even (the query is cut into two halves "
-                       f"of key_size / 2), got {key_size}.")
+    if key_size < 2:
+      raise ValueError(f"{name}: key_size must be at least 2 (the query is cut into two "
+                       f"halves of key_size // 2), got {key_size}.")
     if knn > n_keys:
       raise ValueError(f"{name}: knn ({knn}) must not exceed n_keys ({n_keys}): each half "
                        f"of the query keeps its knn best of n_keys sub-keys.")
@@ -138,6 +139,10 @@ class ProductKeyValueMemory(transformer.TransformerLayer):
     weights = mtf.softmax(scores, self.knn_dim)
     read = mtf.gather(mtf.cast(values, x.dtype), rows, self.values_dim)
     return mtf.einsum([read, weights], output_shape=x.shape)
+
+  def get_indices(self, keys: mtf.Tensor, query: mtf.Tensor) -> Tuple[mtf.Tensor, mtf.Tensor]:
+    """best_rows(query, keys) under the original's name and argument order."""
+    return self.best_rows(query, keys)
 
   def best_rows(self, query: mtf.Tensor,
                 keys: mtf.Tensor) -> Tuple[mtf.Tensor, mtf.Tensor]:
