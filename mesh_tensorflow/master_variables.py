@@ -91,10 +91,7 @@ def copy_slices_to_masters(lowering) -> Optional[tf.Operation]:
   """Assigns every master the full value of its slices; a no-op without
   masters."""
   ops = []
-  for variable, laid_out in lowering.variables.items():
-    master = getattr(variable, "master", None)
-    if master is None:
-      continue
+  for variable, laid_out, master in _with_masters(lowering):
     impl = laid_out.mesh_impl
     slices = impl.slicewise(lambda v: v.value() if hasattr(v, "value") else tf.identity(v),
                             laid_out.laid_out_tensor)
@@ -107,14 +104,19 @@ def copy_masters_to_slices(lowering) -> Optional[tf.Operation]:
   """Assigns every variable's slices from its master; a no-op without
   masters."""
   ops = []
-  for variable, laid_out in lowering.variables.items():
-    master = getattr(variable, "master", None)
-    if master is None:
-      continue
-    impl = laid_out.mesh_impl
-    values = impl.import_tf_tensor(master.value(), variable.storage_shape)
+  for variable, laid_out, master in _with_masters(lowering):
+    values = laid_out.mesh_impl.import_tf_tensor(master.value(), variable.storage_shape)
     ops.append(laid_out.assign_to_slices(lambda v, t: v.assign(t), values.tensor_list))
   return _group(ops)
+
+
+def _with_masters(lowering):
+  """(variable, its LaidOutVariable, its master) for the lowered variables
+  that have a master."""
+  for variable, laid_out in lowering.variables.items():
+    master = getattr(variable, "master", None)
+    if master is not None:
+      yield variable, laid_out, master
 
 
 def _group(ops):

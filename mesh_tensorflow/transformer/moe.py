@@ -157,16 +157,13 @@ class MoE1D(transformer.TransformerLayer):
                use_second_place_expert_prob=None, use_second_place_expert_prob_temp=None,
                top_n_num_experts_per_token: int = 3, expert_capacity: Optional[int] = None,
                hidden_dim_name: str = "d_ff"):
-    unsupported = {"use_second_place_loss": (use_second_place_loss, False),
-                   "output_dim": (output_dim, None),
-                   "use_experts_attention": (use_experts_attention, False),
-                   "word_embed_mode": (word_embed_mode, None),
-                   "use_second_place_expert_prob": (use_second_place_expert_prob, None),
-                   "use_second_place_expert_prob_temp": (use_second_place_expert_prob_temp, None)}
-    for option, (value, default) in unsupported.items():
-      if value != default:
-        raise ValueError(f"MoE1D: {option}={value!r} is not supported (one of the original's "
-                         f"experimental options); leave it at {default!r}.")
+    transformer.refuse_unsupported("MoE1D", {
+        "use_second_place_loss": (use_second_place_loss, False),
+        "output_dim": (output_dim, None),
+        "use_experts_attention": (use_experts_attention, False),
+        "word_embed_mode": (word_embed_mode, None),
+        "use_second_place_expert_prob": (use_second_place_expert_prob, None),
+        "use_second_place_expert_prob_temp": (use_second_place_expert_prob_temp, None)})
     # Used only by the original's "ntlb" and expert-choice gatings, which
     # _GATINGS does not include: accepted so that gin files setting them parse.
     del ntlb_top_k, top_n_num_experts_per_token

@@ -76,6 +76,20 @@ def positive_int(value, what: str, hint: str = "", integer_types=(int,)) -> int:
   return value
 
 
+def refuse_unsupported(owner: str, options) -> None:
+  """A ValueError for the first of the original's options (name -> (value,
+  default)) set to something else than its default: options this library
+  accepts so that ported code and gin files parse, but does not provide.
+
+  Example:
+    >>> refuse_unsupported("MoE1D", {"output_dim": (None, None)})   # fine
+  """
+  for option, (value, default) in options.items():
+    if value != default:
+      raise ValueError(f"{owner}: {option}={value!r} is not supported (one of the "
+                       f"original's experimental options); leave it at {default!r}.")
+
+
 def _round_up(n: int, divisor: int) -> int:
   return n if not divisor else -(-n // divisor) * divisor
 

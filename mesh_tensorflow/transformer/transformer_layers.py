@@ -89,17 +89,14 @@ class SelfAttention(transformer.TransformerLayer):
     if relative_attention_type not in _RELATIVE_TYPES:
       raise ValueError(f"{name}: relative_attention_type must be one of "
                        f"{_RELATIVE_TYPES}, got {relative_attention_type!r}.")
-    unsupported = {"attention_func": (attention_func, None),
-                   "keep_query_heads_dims": (keep_query_heads_dims, False),
-                   "use_hyperprompt": (use_hyperprompt, False),
-                   "hyperprompt_mtlshare": (hyperprompt_mtlshare, False),
-                   "hyperprompt_length_encoder": (hyperprompt_length_encoder, None),
-                   "hyperprompt_length_decoder": (hyperprompt_length_decoder, None),
-                   "hyperprompt_hidden_dim": (hyperprompt_hidden_dim, None)}
-    for option, (value, default) in unsupported.items():
-      if value != default:
-        raise ValueError(f"{name}: {option}={value!r} is not supported (the original's "
-                         f"experimental option); leave it at {default!r}.")
+    transformer.refuse_unsupported(name, {
+        "attention_func": (attention_func, None),
+        "keep_query_heads_dims": (keep_query_heads_dims, False),
+        "use_hyperprompt": (use_hyperprompt, False),
+        "hyperprompt_mtlshare": (hyperprompt_mtlshare, False),
+        "hyperprompt_length_encoder": (hyperprompt_length_encoder, None),
+        "hyperprompt_length_decoder": (hyperprompt_length_decoder, None),
+        "hyperprompt_hidden_dim": (hyperprompt_hidden_dim, None)})
     if z_loss_coeff is not None and z_loss_coeff < 0:
       raise ValueError(f"{name}: z_loss_coeff must be >= 0 or None, got {z_loss_coeff}.")
     del combine_dims, hyperprompt_task_num  # no effect here: see the class docstring
