@@ -514,8 +514,7 @@ def expand_to_shape(x: tf.Tensor, old_shape: Shape, new_shape: Shape,
   if order != list(range(len(order))):
     x = tf.transpose(x, int_constant(order))
   if len(old_names) != len(new_names):
-    idx = {n: i for i, n in enumerate(new_names)}
-    present = {old_names[i] for i in order}
+    present = set(old_names)
     # Insert size-1 axes where new_shape has dims that old_shape lacks.
     target = []
     src_dims = tf.shape(x) if not x.shape.is_fully_defined() else x.shape.as_list()
@@ -526,7 +525,6 @@ def expand_to_shape(x: tf.Tensor, old_shape: Shape, new_shape: Shape,
         j += 1
       else:
         target.append(1)
-    del idx
     x = tf.reshape(x, int_constant(target) if all(
         isinstance(v, int) for v in target) else target)
   if new_slice_shape is not None and x.shape.as_list() != list(new_slice_shape):
