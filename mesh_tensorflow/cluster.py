@@ -32,7 +32,7 @@ and, in the client:
 
 Failures: when a worker process dies, TensorFlow's next remote call fails
 with `tf.errors.UnavailableError` ("Socket closed") within about a second
-(measured, see README); `worker_errors` turns that into a `WorkerLostError`
+(see docs/multihost.md); `worker_errors` turns that into a `WorkerLostError`
 naming the task and its address. A worker that hangs without dying leaves
 TensorFlow's calls waiting forever; `Watchdog` bounds that: it checks every
 worker's port and runs a tiny heartbeat op on each worker, and if a worker

@@ -26,8 +26,7 @@ def _cyclic_gc_paused():
   Lowering a large mesh creates tens of thousands of TensorFlow ops, and with
   them enough Python objects to start many collections, each of which walks
   every live object (the traced graph included). Paused, the lowering of the
-  64-device benchmark transformer took about 5% less time (benchmarks/RESULTS.md,
-  2026-12-02).
+  64-device benchmark transformer takes about 5% less time.
   Reference counting still frees everything that is not in a cycle, and the
   collector resumes (if it was on) as soon as lowering ends or fails.
   """

@@ -1,5 +1,5 @@
 """Names, spellings and small behaviours of the original Mesh TensorFlow API that
-ported code relies on (see ../shared/GUIDE.md section 1): string separators,
+ported code relies on: string separators,
 TensorLayout and Graph helpers, splittability, legacy class names, the
 `mtf.*` utility functions, three-argument assign functions."""
 

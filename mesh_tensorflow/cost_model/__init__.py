@@ -883,11 +883,10 @@ def fuses_allreduce(operand_bytes: int, partial_bytes: int, contiguous: bool) ->
   larger when gathering them is a contiguous copy (`contiguous`: see
   split_outermost). The second case is the weight gradient of a
   data-parallel layout: one product on the whole batch instead of a small one
-  per processor plus an AddN. Interleaved A/B of the data-parallel benchmark
-  transformer (operands 1.25x to 2x the gradients): 1.068 -> 1.012 and 1.059
-  -> 0.998 of the single-device step. Gathering an inner dimension (the 2x4
-  layout's products summed over split heads or d_ff, operands 1.25x) measured
-  slower: 1.036 and 1.058 -> 1.077 and 1.071.
+  per processor plus an AddN: on the data-parallel benchmark transformer
+  (operands 1.25x to 2x the gradients) it brings the step to the single-device
+  time. Gathering an inner dimension (the 2x4 layout's products summed over
+  split heads or d_ff, operands 1.25x) is slower, so it is not done.
   """
   return operand_bytes < (3 if contiguous else 1) * partial_bytes
 

@@ -159,8 +159,8 @@ def _batchable_axis(impl, inputs, slices, out):
       return None
     candidate = (i, layout[0])
   # Only where gathering the split operand copies nothing: a copy (ConcatV2 of
-  # computed activations) cost more than the one large product saved (measured
-  # on the data-parallel transformer of benchmarks/step_time.py: 1.11 -> 1.04).
+  # computed activations) costs more than the one large product saves (see the
+  # data-parallel transformer of benchmarks/step_time.py).
   if candidate is not None and not impl.gathers_without_copy(slices[candidate[0]],
                                                              candidate[1], 0):
     return None
