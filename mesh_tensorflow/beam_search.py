@@ -31,10 +31,10 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import tensorflow as tf
 
 from mesh_tensorflow.graph import Tensor
-from mesh_tensorflow.ops import constant as const_ops
+from mesh_tensorflow.ops import constant_ops as const_ops
 from mesh_tensorflow.ops import control
 from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops.einsum import einsum
+from mesh_tensorflow.ops.einsum_ops import einsum
 from mesh_tensorflow.ops.indexing import mtf_range, one_hot, sample_with_temperature, top_k
 from mesh_tensorflow.ops.reduction import log_softmax, reduce_all, reduce_min, reduce_sum
 from mesh_tensorflow.ops.shape_ops import broadcast, rename_dimension, reshape, transpose

@@ -25,7 +25,7 @@ from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops import random_ops
 from mesh_tensorflow.layers_unit_scaling import us_einsum
 from mesh_tensorflow.ops.control import custom_gradient
-from mesh_tensorflow.ops.einsum import einsum
+from mesh_tensorflow.ops.einsum_ops import einsum
 from mesh_tensorflow.ops.indexing import gather
 from mesh_tensorflow.ops.reduction import reduce_mean, reduce_sum
 from mesh_tensorflow.ops.shape_ops import rename_dimension

@@ -75,6 +75,44 @@ class LazyAllreduceSum:
     return self.combine(other, tf.add)
 
 
+def compatible_lazy_allreduce_sums(xs) -> bool:
+  """Whether `xs` is a non-empty list of pending sums (`LazyAllreduceSum`) on
+  one mesh implementation over the same mesh axes, so that they can be
+  combined before a single allreduce.
+
+  Example:
+    >>> if mtf.compatible_lazy_allreduce_sums([a, b]):
+    ...   total = a.combine(b, tf.add)
+  """
+  xs = list(xs)
+  if not xs or not all(isinstance(x, LazyAllreduceSum) for x in xs):
+    return False
+  return all(x.mesh_impl is xs[0].mesh_impl and x.mesh_axes == xs[0].mesh_axes
+             for x in xs[1:])
+
+
+class LazyLaidOutTensor:
+  """A laid-out tensor computed on demand: `to_laid_out_tensor()` calls
+  `to_laid_out_tensor_fn()` each time (a lowering may store one of these in
+  `lowering.tensors` to recompute a cheap value where it is used).
+
+  Example:
+    >>> lazy = mtf.LazyLaidOutTensor(lambda: impl.slicewise(tf.zeros_like, x),
+    ...                              impl.slice_shape(shape))
+  """
+
+  def __init__(self, to_laid_out_tensor_fn: Callable[[], LaidOutTensor], slice_shape):
+    self._to_laid_out_tensor_fn = to_laid_out_tensor_fn
+    self._slice_shape = slice_shape
+
+  def to_laid_out_tensor(self) -> LaidOutTensor:
+    return self._to_laid_out_tensor_fn()
+
+  @property
+  def slice_shape(self):
+    return self._slice_shape
+
+
 def as_laid_out(x):
   return x.to_laid_out_tensor() if hasattr(x, "to_laid_out_tensor") else x
 

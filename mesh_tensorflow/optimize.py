@@ -47,7 +47,7 @@ from mesh_tensorflow import learning_rate_schedules as lrs
 from mesh_tensorflow import offload
 from mesh_tensorflow import zero
 from mesh_tensorflow.graph import Graph, Mesh, Operation, Tensor
-from mesh_tensorflow.ops import constant as constant_ops
+from mesh_tensorflow.ops import constant_ops as constant_ops
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops import reduction
 from mesh_tensorflow.ops import variables as var_ops
