@@ -112,8 +112,6 @@ from mesh_tensorflow import cost_model
 from mesh_tensorflow import auto_mtf
 from mesh_tensorflow.layout_report import layout_report
 from mesh_tensorflow import tpu_variables
-# Last: it re-exports the names above (mesh_tensorflow.ops resolves them here).
-from mesh_tensorflow import ops_with_redefined_builtins
 
 # AutoGraph would rewrite these (and all they call) inside users' tf.functions.
 from mesh_tensorflow.autograph_exempt import exempt as _exempt
@@ -129,5 +127,9 @@ from mesh_tensorflow.ops import local_einsum as _local_einsum
 for _namespace in (vars(_mesh_impl), vars(_local_einsum)):
   _exempt(_namespace, public_only=True)
 del _namespace, _exempt, _mesh_impl, _local_einsum
+
+# Last: it re-exports the names above as they finally are (mesh_tensorflow.ops
+# resolves them from this package).
+from mesh_tensorflow import ops_with_redefined_builtins  # noqa: E402
 
 __version__ = "0.2.0"
