@@ -226,3 +226,12 @@ def test_script_reads_a_source_tree(tmp_path):
   assert json.loads("".join(out)) == {"mesh_tensorflow": [], "mesh_tensorflow.m": ["h"]}
   with pytest.raises(SystemExit):
     script.main(["--src", str(tmp_path / "nothing")], write=out.append)
+
+
+def test_docs_examples_run():
+  import re  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(_HERE, "..", "docs", "original_api.md"), encoding="utf-8") as f:
+    blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+  assert len(blocks) >= 3
+  for block in blocks:
+    exec(compile(block, "docs/original_api.md", "exec"), {})  # pylint: disable=exec-used

@@ -322,7 +322,7 @@ class CustomGradientOperation(Operation):
       lowering.set_tensor_lowering(out, lowering.laid_out(t))
 
 
-_ORIGINAL_GRAD_FN_KEYWORDS = ("all_inputs", "forward_operations", "output_grads")
+_ORIGINAL_GRAD_FN_KEYWORDS = ("all_inputs", "forward_operations")
 
 
 def _takes_original_keywords(grad_fn) -> bool:
@@ -364,10 +364,11 @@ def custom_gradient(fn: Callable, grad_fn: Callable, explicit_inputs: Sequence[T
   - grad_fn(inputs, captured, outputs, output_grads), returning one gradient
     per input (optionally followed by one per captured tensor, i.e. each
     tensor such as a variable that fn used without it being in `inputs`);
-  - the original's: a grad_fn with keyword parameters `explicit_inputs`,
-    `all_inputs` (inputs, then captured), `forward_operations`, `outputs`
-    (fn's outputs) and `output_grads` returns one gradient per tensor of
-    all_inputs (or per explicit input).
+  - the original's (a grad_fn with an `all_inputs` or `forward_operations`
+    parameter): called with the keywords `explicit_inputs`, `all_inputs`
+    (inputs, then captured), `forward_operations`, `outputs` (fn's outputs)
+    and `output_grads`, it returns one gradient per tensor of all_inputs (or
+    per explicit input).
 
   Example:
     >>> y = mtf.custom_gradient(lambda x: x * 2.0,
