@@ -47,15 +47,19 @@ class LaidOutTensor:
 class LazyAllreduceSum:
   """Per-processor partial sums whose allreduce over `mesh_axes` is deferred."""
 
-  def __init__(self, mesh_impl, laid_out_input: LaidOutTensor, mesh_axes):
+  def __init__(self, mesh_impl, laid_out_input: LaidOutTensor, mesh_axes,
+               add_counter_fn: Optional[Callable[[], None]] = None):
     self.mesh_impl = mesh_impl
     self.laid_out_input = laid_out_input
     self.mesh_axes = tuple(sorted(mesh_axes))
+    self.add_counter_fn = add_counter_fn  # called when the allreduce is made
     self._reduced = None
 
   def to_laid_out_tensor(self) -> LaidOutTensor:
     if self._reduced is None:
       self._reduced = self.mesh_impl.allreduce(self.laid_out_input, self.mesh_axes, "SUM")
+      if self.add_counter_fn is not None:
+        self.add_counter_fn()
     return self._reduced
 
   def combine(self, other, tf_fn) -> "LazyAllreduceSum | LaidOutTensor":

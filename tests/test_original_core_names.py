@@ -470,3 +470,37 @@ def test_replicated_variable_reads_the_first_copy_and_writes_all():
     mtf.tpu_variables.ReplicatedVariable("bad", [tf.Variable([1.0]), tf.Variable([1.0, 2.0])])
   with pytest.raises(ValueError, match="cast it"):
     tf.convert_to_tensor(w, dtype=tf.int32)
+
+
+@pytest.mark.parametrize("mesh_layout", LAYOUTS[:2], ids=LAYOUT_IDS[:2])
+def test_while_loop_original_call_forms_pass_tf_while_loop_arguments(mesh_layout):
+  x = _rand(22)
+
+  def build(mesh):
+    t = mtf.import_tf_tensor(mesh, x, SHAPE)
+    i0 = mtf.constant(mesh, 0, dtype=tf.int32)
+    # The original's positional form: (cond_fn, body_fn, inputs, tf_kwargs).
+    i, y = mtf.WhileLoopOperation(lambda i, y: mtf.less(i, 10), lambda i, y: [i + 1, y * 2.0],
+                                  [i0, t], {"maximum_iterations": 3}).outputs
+    j, z = mtf.while_loop(lambda j, z: mtf.less(j, 10), lambda j, z: [j + 1, z + 1.0], [i0, t],
+                          maximum_iterations=2, parallel_iterations=1, back_prop=False)
+    return {"i": i, "y": y, "j": j, "z": z}
+  got = _run(build, mesh_layout)
+  assert got["i"] == 3 and got["j"] == 2
+  assert_allclose(got["y"], x * 8.0)
+  assert_allclose(got["z"], x + 2.0)
+  with pytest.raises(TypeError, match="unexpected arguments \\['first_n'\\]"):
+    _run(lambda mesh: {"i": mtf.while_loop(lambda i: mtf.less(i, 2), lambda i: [i + 1],
+                                           [mtf.constant(mesh, 0, dtype=tf.int32)],
+                                           first_n=2)[0]}, mesh_layout)
+
+
+def test_lazy_allreduce_sum_counter_fn():
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "", DEVICES[:2])
+  calls = []
+  lazy = mtf.LazyAllreduceSum(impl, mtf.LaidOutTensor([tf.constant(1.0), tf.constant(2.0)]),
+                              [0], lambda: calls.append(1))
+  assert not calls
+  assert [float(t) for t in lazy.to_laid_out_tensor().tensor_list] == [3.0, 3.0]
+  lazy.to_laid_out_tensor()
+  assert calls == [1]  # counted once, when the allreduce is made

@@ -120,7 +120,15 @@ class WhileLoopOperation(Operation):
   """Runs body_fn while cond_fn holds, as one tf.while_loop over the slices."""
 
   def __init__(self, cond_fn, body_fn, inputs, num_loop_vars=None, name=None,
-               has_accumulators: bool = False):
+               has_accumulators: bool = False, tf_kwargs=None):
+    if isinstance(num_loop_vars, dict) or isinstance(name, bool):
+      # The original's positional order: (cond_fn, body_fn, inputs, tf_kwargs,
+      # has_accumulators, name).
+      tf_kwargs, has_accumulators, name = (
+          num_loop_vars, bool(name), has_accumulators if isinstance(has_accumulators, str)
+          else None)
+      num_loop_vars = None
+    self._tf_kwargs = _while_loop_kwargs(tf_kwargs)
     inputs = list(inputs)
     if not inputs:
       raise ValueError("mtf.while_loop needs at least one loop variable.")
@@ -219,12 +227,28 @@ class WhileLoopOperation(Operation):
     if v1_flow:
       tf.compat.v1.enable_control_flow_v2()
     try:
-      results = tf.while_loop(cond, body, [tf.constant(0, tf.int64)] + flat)[1:]
+      results = tf.while_loop(cond, body, [tf.constant(0, tf.int64)] + flat,
+                              **self._tf_kwargs)[1:]
     finally:
       if v1_flow:
         tf.compat.v1.disable_control_flow_v2()
     for out, laid in zip(self.outputs, unflatten(results)):
       lowering.set_tensor_lowering(out, laid)
+
+
+_TF_WHILE_LOOP_KWARGS = ("maximum_iterations", "parallel_iterations", "swap_memory")
+
+
+def _while_loop_kwargs(tf_kwargs) -> dict:
+  """The tf.while_loop arguments of an mtf while_loop (`back_prop`, which
+  TensorFlow 2 ignores, is dropped)."""
+  tf_kwargs = dict(tf_kwargs or {})
+  tf_kwargs.pop("back_prop", None)
+  unknown = sorted(set(tf_kwargs) - set(_TF_WHILE_LOOP_KWARGS))
+  if unknown:
+    raise TypeError(f"mtf.while_loop: unexpected arguments {unknown}; the tf.while_loop "
+                    f"arguments it passes on are {list(_TF_WHILE_LOOP_KWARGS)}.")
+  return tf_kwargs
 
 
 # Odd multiplier that spreads iteration numbers over the random key's 32 bits.
@@ -253,7 +277,9 @@ def while_loop(cond_fn: Callable, body_fn: Callable, inputs: Sequence[Tensor],
   With `has_accumulators`, body_fn may return more tensors than there are
   loop variables: each extra one is summed over the iterations and returned
   after the loop variables (zero when the loop runs no iteration), e.g. the
-  gradients of several micro-batches.
+  gradients of several micro-batches. Other keyword arguments
+  (`maximum_iterations`, `parallel_iterations`, `swap_memory`) go to
+  tf.while_loop, as in the original.
 
   Example:
     >>> i, total = mtf.while_loop(lambda i, t: mtf.less(i, 10),
@@ -263,7 +289,7 @@ def while_loop(cond_fn: Callable, body_fn: Callable, inputs: Sequence[Tensor],
     ...                              has_accumulators=True)
   """
   return WhileLoopOperation(cond_fn, body_fn, inputs, num_loop_vars, name=name,
-                            has_accumulators=has_accumulators).outputs
+                            has_accumulators=has_accumulators, tf_kwargs=kwargs).outputs
 
 
 class CustomGradientOperation(Operation):
