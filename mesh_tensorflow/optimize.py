@@ -1065,13 +1065,18 @@ class _MultiLRSchedule:
     self.variable_search = variable_search
     self.alt_lr_schedules = alt_lr_schedules
     self.train_steps = train_steps
+    # One schedule function per pattern (None: the optimizer's own rate), made
+    # once so that every update in a step shares its resolved value.
+    self._alt_rates = None if alt_lr_schedules is None else compute_lr_for_step(
+        alt_lr_schedules, None, train_steps)
 
   def apply_grad(self, grad: Tensor, var) -> List[Operation]:
     if self.alt_lr_schedules is None or self.variable_search is None:
       return super().apply_grad(grad, var)
     name = getattr(var, "name", "")
-    for pattern, rate in zip(self.variable_search, compute_lr_for_step(
-        self.alt_lr_schedules, self.learning_rate, self.train_steps)):
+    for pattern, rate in zip(self.variable_search, self._alt_rates):
+      if rate is None:
+        rate = self.learning_rate
       if re.search(pattern, name) is not None:
         default = self.learning_rate
         self.learning_rate = rate
