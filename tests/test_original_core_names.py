@@ -510,3 +510,22 @@ def test_lazy_allreduce_sum_counter_fn():
   assert [float(t) for t in lazy.to_laid_out_tensor().tensor_list] == [3.0, 3.0]
   lazy.to_laid_out_tensor()
   assert calls == [1]  # counted once, when the allreduce is made
+
+
+def test_pool_backprop_with_overlapping_windows():
+  """Unlike the original, ksize may differ from strides."""
+  x, dy = _rand(23, (1, 8, 8, 2)), _rand(24, (1, 7, 7, 2))
+  tx = tf.constant(x)
+  with tf.GradientTape() as tape:
+    tape.watch(tx)
+    ty = tf.nn.max_pool2d(tx, 2, 1, "VALID")
+  expected = tape.gradient(ty, tx, output_gradients=tf.constant(dy)).numpy()
+  shape = [mtf.Dimension("b", 1), mtf.Dimension("h", 8), mtf.Dimension("w", 8),
+           mtf.Dimension("c", 2)]
+
+  def build(mesh):
+    mx = mtf.import_tf_tensor(mesh, x, shape)
+    my = mtf.PoolOperation(mx, [2, 2], [1, 1], "MAX_2D").outputs[0]
+    mdy = mtf.import_tf_tensor(mesh, dy, my.shape)
+    return {"dx": mtf.pool_backprop(mx, my, mdy, [2, 2], [1, 1], "MAX_2D")}
+  assert_allclose(_run(build, ("all:2", "c:all"))["dx"], expected)
