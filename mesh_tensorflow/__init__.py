@@ -12,7 +12,8 @@ from mesh_tensorflow.layout import (
     processor_coordinates_to_pnum, processor_groups)
 from mesh_tensorflow.graph import Graph, Mesh, Operation, Tensor, name_scope
 from mesh_tensorflow.mesh_impl import (
-    LaidOutTensor, LazyAllreduceSum, MeshImpl, convert_args_to_laid_out_tensors)
+    LaidOutTensor, LazyAllreduceSum, LazyLaidOutTensor, MeshImpl,
+    compatible_lazy_allreduce_sums, convert_args_to_laid_out_tensors)
 from mesh_tensorflow.lowering import Lowering, pretty_print_counters
 from mesh_tensorflow.gradients import gradients
 from mesh_tensorflow import placement_mesh_impl
@@ -36,7 +37,7 @@ from mesh_tensorflow.ops import replica_stats
 from mesh_tensorflow.ops.replica_stats import replica_squared_norm
 from mesh_tensorflow.training import scalar_summary
 
-from mesh_tensorflow.ops.constant import (
+from mesh_tensorflow.ops.constant_ops import (
     constant, fill, import_fully_replicated, import_laid_out_tensor, import_tf_tensor,
     ones, ones_like, zeros, zeros_like)
 from mesh_tensorflow.ops.elementwise import (
@@ -47,7 +48,7 @@ from mesh_tensorflow.ops.elementwise import (
     reciprocal, relu, relu6, round, rsqrt, selu, sigmoid, sign, silu, sin, softplus, sqrt,
     square, squared_difference, squared_relu, sub, subtract, swish, tanh, to_bfloat16,
     to_float, to_int32, truediv, where)
-from mesh_tensorflow.ops.einsum import EinsumOperation, einsum, matmul
+from mesh_tensorflow.ops.einsum_ops import EinsumOperation, einsum, matmul
 from mesh_tensorflow.ops.reduction import (
     ReduceOperation, SoftmaxOperation, log_softmax, pool_tensor_1d, reduce_all, reduce_any,
     reduce_first, reduce_logsumexp, reduce_max, reduce_mean, reduce_min, reduce_sum, softmax,
@@ -65,9 +66,13 @@ from mesh_tensorflow.ops.variables import (
     read_variable)
 from mesh_tensorflow.ops.conv import (avg_pool2d, avg_pool3d, conv2d, conv2d_backprop_filter, conv2d_backprop_input, conv2d_transpose, conv2d_transpose_backprop_filter, conv2d_transpose_backprop_input, conv2d_with_blocks, conv3d, conv3d_backprop_filter, conv3d_backprop_input, conv3d_transpose, conv3d_transpose_backprop_filter, conv3d_transpose_backprop_input, conv3d_with_blocks, halo_exchange, max_pool2d, max_pool3d)  # pylint: disable=line-too-long
 from mesh_tensorflow.ops.control import (
-    Print, custom_gradient, depend, recompute_grad, stop_gradient, while_loop)
-from mesh_tensorflow.ops.slicewise import (
+    CustomGradientOperation, Print, custom_gradient, depend, recompute_grad, stop_gradient,
+    while_loop)
+from mesh_tensorflow.ops.slicewise_ops import (
     GenericGradOperation, SlicewiseOperation, cwise, slicewise)
+from mesh_tensorflow.ops.legacy_classes import (
+    AddOperation, MinMaxOperation, PoolBackPropOperation, ScalarSummaryOperation,
+    StackedVariable, pool_backprop)
 from mesh_tensorflow.ops.legacy_classes import (
     BinaryOpWithBroadcasting, Conv2dOperation, Conv2dTransposeOperation,
     Conv2or3dBackpropFilterOperation, Conv2or3dBackpropInputOperation, Conv3dOperation,
@@ -84,7 +89,7 @@ from mesh_tensorflow.ops.utilities import (
     pool_fn, reduction_fn, tensor_dim_to_mesh_dim_size, tensor_dim_to_size_per_split,
     transpose_list_of_lists, verify_no_new_dims)
 # The original's class names for this library's own operation classes.
-from mesh_tensorflow.ops.constant import (  # noqa: E402
+from mesh_tensorflow.ops.constant_ops import (  # noqa: E402
     ConstantOperation, ImportLaidOutOperation, ImportOperation)
 from mesh_tensorflow.ops.shape_ops import (  # noqa: E402
     BroadcastOperation, ReshapeOperation, TransposeOperation)
@@ -106,6 +111,7 @@ from mesh_tensorflow import transformer  # the model library (its modules import
 from mesh_tensorflow import cost_model
 from mesh_tensorflow import auto_mtf
 from mesh_tensorflow.layout_report import layout_report
+from mesh_tensorflow import tpu_variables
 
 # AutoGraph would rewrite these (and all they call) inside users' tf.functions.
 from mesh_tensorflow.autograph_exempt import exempt as _exempt
@@ -121,5 +127,9 @@ from mesh_tensorflow.ops import local_einsum as _local_einsum
 for _namespace in (vars(_mesh_impl), vars(_local_einsum)):
   _exempt(_namespace, public_only=True)
 del _namespace, _exempt, _mesh_impl, _local_einsum
+
+# Last: it re-exports the names above as they finally are (mesh_tensorflow.ops
+# resolves them from this package).
+from mesh_tensorflow import ops_with_redefined_builtins  # noqa: E402
 
 __version__ = "0.2.0"

@@ -31,10 +31,10 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import tensorflow as tf
 
 from mesh_tensorflow.graph import Tensor
-from mesh_tensorflow.ops import constant as const_ops
+from mesh_tensorflow.ops import constant_ops as const_ops
 from mesh_tensorflow.ops import control
 from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops.einsum import einsum
+from mesh_tensorflow.ops.einsum_ops import einsum
 from mesh_tensorflow.ops.indexing import mtf_range, one_hot, sample_with_temperature, top_k
 from mesh_tensorflow.ops.reduction import log_softmax, reduce_all, reduce_min, reduce_sum
 from mesh_tensorflow.ops.shape_ops import broadcast, rename_dimension, reshape, transpose
@@ -61,6 +61,43 @@ def select(x: Tensor, selector: Tensor, old_dim: Dimension, new_dim: Dimension) 
   dims = [new_dim if d == old_dim else d for d in x.shape.dims]
   dims += [d for d in sel.shape.dims if d not in dims and d != old_dim]
   return einsum([x, sel], output_shape=Shape(dims))
+
+
+def compute_topk_scores_and_seq(sequences: Tensor, scores: Tensor, scores_to_gather: Tensor,
+                                flags: Tensor, beam_dim: Dimension, prefix: str = "default"
+                                ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+  """The `beam_dim.size` best entries of the old beam dimension (the second
+  of `sequences` [batch, old_beam, length]) by `scores` [batch, old_beam]: the
+  chosen sequences, their `scores_to_gather` and `flags`, each with beam_dim
+  in place of the old beam dimension, and the one-hot float32 selector
+  [batch, beam_dim, old_beam]. Ties go to the lower index.
+
+  Example:
+    >>> seq, picked_scores, done, selector = compute_topk_scores_and_seq(
+    ...     seqs, scores, log_probs, finished, mtf.Dimension("beam", 4))
+  """
+  if sequences.shape.ndims != 3:
+    raise ValueError(f"compute_topk_scores_and_seq: sequences {sequences.name} must be "
+                     f"[batch, beam, length], got {sequences.shape}.")
+  old_beam_dim = sequences.shape.dims[1]
+  for t in (scores, scores_to_gather, flags):
+    if old_beam_dim not in t.shape.dims:
+      raise ValueError(f"compute_topk_scores_and_seq: {t.name} {t.shape} lacks the beam "
+                       f"dimension {old_beam_dim} of sequences.")
+  if beam_dim.size > old_beam_dim.size:
+    raise ValueError(f"compute_topk_scores_and_seq: beam_dim {beam_dim} is larger than "
+                     f"the {old_beam_dim} to choose from.")
+  with tf.name_scope(prefix):
+    _, topk_indices = top_k(scores, old_beam_dim, k_dim=beam_dim)
+    selector = one_hot(topk_indices, old_beam_dim, dtype=tf.float32)
+    topk_seq = select(sequences, selector, old_beam_dim, beam_dim)
+    topk_scores = select(scores_to_gather, selector, old_beam_dim, beam_dim)
+    if flags.dtype == tf.bool:
+      topk_flags = ew.cast(select(ew.cast(flags, tf.int32), selector, old_beam_dim,
+                                  beam_dim), tf.bool)
+    else:
+      topk_flags = select(flags, selector, old_beam_dim, beam_dim)
+  return topk_seq, topk_scores, topk_flags, selector
 
 
 def _as_scalar(mesh, value: IntLike, default: int) -> Tensor:

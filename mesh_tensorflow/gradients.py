@@ -24,7 +24,7 @@ def gradients(ys: Sequence[Tensor], xs: Sequence[Tensor],
   Example:
     >>> [dw] = mtf.gradients([loss], [w])
   """
-  from mesh_tensorflow.ops.constant import ones_like
+  from mesh_tensorflow.ops.constant_ops import ones_like
   ys, xs = list(ys), list(xs)
   if not ys:
     raise ValueError("mtf.gradients: ys is empty.")

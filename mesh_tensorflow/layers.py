@@ -51,6 +51,8 @@ from mesh_tensorflow.layers_attention import (
     memory_name, multihead_attention, multihead_attention_params, multihead_attention_vars,
     multihead_self_attention_memory_compressed, rename_length_to_memory_length)
 from mesh_tensorflow.layers_core import (
+    annealed_dropout, summary_for_clip_activation_gradient)
+from mesh_tensorflow.layers_core import (
     batch_norm, clip_activation_gradient, compress_mean, corr, dense, dense_product,
     dense_relu_dense, dropout, embedding, embedding_weights, get_dense_kernel_weights,
     layer_norm, layer_scope, multiplicative_jitter, rms_norm, unique_layer_name)
@@ -67,6 +69,8 @@ from mesh_tensorflow.layers_reversible import reversible_half_residual_and_swap
 from mesh_tensorflow.layers_unit_scaling import unit_scaling_convention, us_einsum
 
 __all__ = [
+    "annealed_dropout",
+    "summary_for_clip_activation_gradient",
     "Constant",
     "DenseInitializer",
     "Initializer",

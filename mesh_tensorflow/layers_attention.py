@@ -24,7 +24,7 @@ from mesh_tensorflow.graph import Mesh, Tensor
 from mesh_tensorflow.layers_core import _dim_list, check_is_training, layer_scope
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops import random_ops
-from mesh_tensorflow.ops.einsum import einsum
+from mesh_tensorflow.ops.einsum_ops import einsum
 from mesh_tensorflow.ops.indexing import range as mtf_range
 from mesh_tensorflow.ops.reduction import softmax
 from mesh_tensorflow.ops.shape_ops import rename_dimension, reshape

@@ -25,12 +25,12 @@ from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops import random_ops
 from mesh_tensorflow.layers_unit_scaling import us_einsum
 from mesh_tensorflow.ops.control import custom_gradient
-from mesh_tensorflow.ops.einsum import einsum
+from mesh_tensorflow.ops.einsum_ops import einsum
 from mesh_tensorflow.ops.indexing import gather
 from mesh_tensorflow.ops.reduction import reduce_mean, reduce_sum
 from mesh_tensorflow.ops.shape_ops import rename_dimension
 from mesh_tensorflow.ops.variables import VariableDType, assign, get_variable
-from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension
+from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
 DimOrDims = Union[Dimension, Sequence[Dimension], Shape]
 Activation = Union[None, str, Callable[[Tensor], Tensor]]
@@ -551,3 +551,78 @@ def clip_activation_gradient(x: Tensor, clip_rms_norm: Optional[float] = None) -
     denominator = ew.maximum(rms * (1.0 / clip_rms_norm), 1.0)
     return [g / ew.cast(denominator, g.dtype)]
   return custom_gradient(ew.identity, grad_fn, [x], name="clip_activation_gradient")
+
+
+def annealed_dropout(x: Tensor, is_training: bool, start_step, end_step,
+                     init_rate: Optional[float] = None, noise_shape=None, name=None,
+                     step: Optional[Tensor] = None) -> Tensor:
+  """Dropout whose rate falls linearly from `init_rate` at `start_step` to 0
+  at `end_step` (the original's `annealed_dropout`).
+
+  The step is the optimizer's step counter (`mtf.optimize.step_counter`, the
+  number of updates applied), or `step` (a scalar mtf Tensor) where given;
+  the original read TensorFlow's global step, which TF2 does not keep. Unlike
+  the original, steps before `start_step` use `init_rate` (the original
+  extrapolated to a higher rate there).
+
+  Args:
+    x: an mtf Tensor.
+    is_training: dropout only when True.
+    start_step: the step annealing starts at.
+    end_step: the step from which no dropout is applied.
+    init_rate: the dropout rate up to start_step; None or 0: no dropout.
+    noise_shape: an optional Shape (a subset of x's) sharing the mask.
+    name: an optional name.
+    step: an optional scalar mtf Tensor to use instead of the step counter.
+
+  Returns:
+    x with dropout applied.
+
+  Example:
+    >>> h = mtf.layers.annealed_dropout(h, True, 1000, 5000, init_rate=0.1)
+  """
+  if not is_training or not init_rate:
+    return x
+  if not 0.0 < init_rate < 1.0:
+    raise ValueError(f"annealed_dropout of {x.name}: init_rate must be in [0, 1), got "
+                     f"{init_rate}.")
+  if end_step <= start_step:
+    raise ValueError(f"annealed_dropout of {x.name}: end_step ({end_step}) must be after "
+                     f"start_step ({start_step}).")
+  if step is None:
+    from mesh_tensorflow.optimize import step_counter  # pylint: disable=import-outside-toplevel
+    step = step_counter(x.mesh)
+  step = ew.cast(step, tf.float32)
+  fraction = ew.maximum((step - float(start_step)) * (1.0 / float(end_step - start_step)), 0.0)
+  keep_prob = ew.minimum((1.0 - init_rate) + fraction * init_rate, 1.0)
+  noise_shape = x.shape if noise_shape is None else convert_to_shape(noise_shape)
+  u = random_ops.random_uniform(x.mesh, noise_shape, dtype=tf.float32,
+                                name=name or "annealed_dropout")
+  keep = ew.cast(ew.less(u, keep_prob), tf.float32) / keep_prob
+  return x * ew.cast(keep, x.dtype)
+
+
+def summary_for_clip_activation_gradient(t: Tensor, name: Optional[str] = None,
+                                         batch_dims=None) -> None:
+  """Records scalar summaries of an activation (the original's companion of
+  `clip_activation_gradient`): its mean ("mean/") and maximum ("max/"), and,
+  with `batch_dims`, the mean, maximum and variance over the batch of the
+  per-example root mean square ("rms_mean/<name>", "rms_max/<name>",
+  "rms_var/<name>"). The Trainer writes them to TensorBoard.
+
+  Example:
+    >>> mtf.layers.summary_for_clip_activation_gradient(h, "block_0", h.shape[:-1])
+  """
+  from mesh_tensorflow.ops.reduction import reduce_max  # pylint: disable=import-outside-toplevel
+  from mesh_tensorflow.training import scalar_summary  # pylint: disable=import-outside-toplevel
+  if not isinstance(t, Tensor):
+    raise TypeError(f"summary_for_clip_activation_gradient: expected an mtf.Tensor, got {t!r}.")
+  t32 = ew.cast(t, tf.float32)
+  scalar_summary("mean/", reduce_mean(t32))
+  scalar_summary("max/", reduce_max(t32))
+  if batch_dims:
+    rms = ew.sqrt(reduce_mean(ew.square(t32), output_shape=convert_to_shape(batch_dims)))
+    mean_rms = reduce_mean(rms)
+    scalar_summary(f"rms_mean/{name}", mean_rms)
+    scalar_summary(f"rms_max/{name}", reduce_max(rms))
+    scalar_summary(f"rms_var/{name}", reduce_mean(ew.square(rms - mean_rms)))

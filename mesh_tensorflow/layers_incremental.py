@@ -23,8 +23,8 @@ from mesh_tensorflow.graph import Mesh, Tensor
 from mesh_tensorflow.layers_attention import _bias, dot_product_attention, multihead_attention_vars
 from mesh_tensorflow.layers_core import layer_scope
 from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops.constant import constant
-from mesh_tensorflow.ops.einsum import einsum
+from mesh_tensorflow.ops.constant_ops import constant
+from mesh_tensorflow.ops.einsum_ops import einsum
 from mesh_tensorflow.ops.indexing import range as mtf_range
 from mesh_tensorflow.shapes import Shape
 

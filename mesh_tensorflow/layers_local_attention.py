@@ -32,7 +32,7 @@ from mesh_tensorflow.layers_core import layer_scope
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops.control import stop_gradient
 from mesh_tensorflow.ops.conv import halo_exchange
-from mesh_tensorflow.ops.einsum import einsum
+from mesh_tensorflow.ops.einsum_ops import einsum
 from mesh_tensorflow.ops.indexing import range as mtf_range
 from mesh_tensorflow.ops.reduction import reduce_max, reduce_sum
 from mesh_tensorflow.ops.shape_ops import rename_dimension, transpose

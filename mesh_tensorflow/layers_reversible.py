@@ -18,7 +18,7 @@ from typing import Callable, List, Optional, Tuple
 
 from mesh_tensorflow.gradients import gradients
 from mesh_tensorflow.graph import Tensor
-from mesh_tensorflow.ops.constant import zeros_like
+from mesh_tensorflow.ops.constant_ops import zeros_like
 from mesh_tensorflow.ops.control import _ForwardScope, custom_gradient, depend
 
 def _sum(values: List[Optional[Tensor]]) -> Optional[Tensor]:

@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow.graph import Tensor
-from mesh_tensorflow.ops import constant as constant_ops
+from mesh_tensorflow.ops import constant_ops as constant_ops
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.shapes import Shape
 

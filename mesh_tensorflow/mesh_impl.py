@@ -47,15 +47,19 @@ class LaidOutTensor:
 class LazyAllreduceSum:
   """Per-processor partial sums whose allreduce over `mesh_axes` is deferred."""
 
-  def __init__(self, mesh_impl, laid_out_input: LaidOutTensor, mesh_axes):
+  def __init__(self, mesh_impl, laid_out_input: LaidOutTensor, mesh_axes,
+               add_counter_fn: Optional[Callable[[], None]] = None):
     self.mesh_impl = mesh_impl
     self.laid_out_input = laid_out_input
     self.mesh_axes = tuple(sorted(mesh_axes))
+    self.add_counter_fn = add_counter_fn  # called when the allreduce is made
     self._reduced = None
 
   def to_laid_out_tensor(self) -> LaidOutTensor:
     if self._reduced is None:
       self._reduced = self.mesh_impl.allreduce(self.laid_out_input, self.mesh_axes, "SUM")
+      if self.add_counter_fn is not None:
+        self.add_counter_fn()
     return self._reduced
 
   def combine(self, other, tf_fn) -> "LazyAllreduceSum | LaidOutTensor":
@@ -73,6 +77,44 @@ class LazyAllreduceSum:
 
   def __add__(self, other):
     return self.combine(other, tf.add)
+
+
+def compatible_lazy_allreduce_sums(xs) -> bool:
+  """Whether `xs` is a non-empty list of pending sums (`LazyAllreduceSum`) on
+  one mesh implementation over the same mesh axes, so that they can be
+  combined before a single allreduce.
+
+  Example:
+    >>> if mtf.compatible_lazy_allreduce_sums([a, b]):
+    ...   total = a.combine(b, tf.add)
+  """
+  xs = list(xs)
+  if not xs or not all(isinstance(x, LazyAllreduceSum) for x in xs):
+    return False
+  return all(x.mesh_impl is xs[0].mesh_impl and x.mesh_axes == xs[0].mesh_axes
+             for x in xs[1:])
+
+
+class LazyLaidOutTensor:
+  """A laid-out tensor computed on demand: `to_laid_out_tensor()` calls
+  `to_laid_out_tensor_fn()` each time (a lowering may store one of these in
+  `lowering.tensors` to recompute a cheap value where it is used).
+
+  Example:
+    >>> lazy = mtf.LazyLaidOutTensor(lambda: impl.slicewise(tf.zeros_like, x),
+    ...                              impl.slice_shape(shape))
+  """
+
+  def __init__(self, to_laid_out_tensor_fn: Callable[[], LaidOutTensor], slice_shape):
+    self._to_laid_out_tensor_fn = to_laid_out_tensor_fn
+    self._slice_shape = slice_shape
+
+  def to_laid_out_tensor(self) -> LaidOutTensor:
+    return self._to_laid_out_tensor_fn()
+
+  @property
+  def slice_shape(self):
+    return self._slice_shape
 
 
 def as_laid_out(x):

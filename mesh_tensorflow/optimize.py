@@ -47,7 +47,7 @@ from mesh_tensorflow import learning_rate_schedules as lrs
 from mesh_tensorflow import offload
 from mesh_tensorflow import zero
 from mesh_tensorflow.graph import Graph, Mesh, Operation, Tensor
-from mesh_tensorflow.ops import constant as constant_ops
+from mesh_tensorflow.ops import constant_ops as constant_ops
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops import reduction
 from mesh_tensorflow.ops import variables as var_ops
@@ -994,3 +994,129 @@ def make_optimizer(hparams, lr: Hyperparameter) -> Optimizer:
     return adafactor_optimizer_from_hparams(hparams, lr)
   raise ValueError(f"make_optimizer: hparams.optimizer is {name!r}; use 'SGD' or 'Adafactor' "
                    "(or build an mtf.optimize optimizer directly).")
+
+
+# ---- the original's multi-schedule optimizers -----------------------------------
+def product_learning_rate(step, total_train_steps, factors=None, offset=0):
+  """The product of `factors`: numbers and schedules called as
+  f(step - offset, total_train_steps - offset) (the original's
+  `optimize.product_learning_rate`; the gin-configurable one is
+  `mesh_tensorflow.transformer.learning_rate_schedules.product_learning_rate`).
+
+  Args:
+    step: the step: a number, a TensorFlow scalar or a scalar mtf Tensor.
+    total_train_steps: a number.
+    factors: a list of numbers and functions (step, total_train_steps) -> rate.
+    offset: subtracted from step and total_train_steps first.
+
+  Returns:
+    The learning rate, of step's kind.
+
+  Example:
+    >>> mtf.optimize.product_learning_rate(10, 100, factors=[0.5, 2.0])
+    1.0
+  """
+  if factors is None:
+    raise TypeError("product_learning_rate: factors is required (a list of numbers and "
+                    "schedules).")
+  from mesh_tensorflow.transformer import learning_rate_schedules as t_lrs  # pylint: disable=import-outside-toplevel
+  return t_lrs.product_learning_rate(step, total_train_steps, factors=factors, offset=offset)
+
+
+def compute_lr_for_step(schedules, learning_rate, train_steps: int = 524288, step=None):
+  """One learning rate per entry of `schedules` (the original's
+  `compute_lr_for_step`): `learning_rate` for a None entry, else the product
+  of the entry's factors (see `product_learning_rate`) over `train_steps`.
+
+  The original evaluated the schedules at TensorFlow's global step, which TF2
+  does not keep: here, without `step`, each rate is a function of the step
+  that the optimizers resolve per update (see `Optimizer.hyperparameter`);
+  with `step` (a number or scalar tensor), the rates at that step.
+
+  Example:
+    >>> lrs = mtf.optimize.compute_lr_for_step([None, [0.1, 2.0]], 0.01, step=5)
+    >>> [float(r) for r in lrs]
+    [0.01, 0.2]
+  """
+  rates = []
+  for factors in schedules:
+    if factors is None:
+      rates.append(learning_rate)
+      continue
+
+    def schedule(s, factors=factors):
+      return product_learning_rate(s, train_steps, factors=factors)
+    rates.append(schedule if step is None else schedule(step))
+  return rates
+
+
+class _MultiLRSchedule:
+  """apply_grad with another learning rate for the variables whose name
+  matches a pattern of `variable_search` (the first match wins)."""
+
+  def _init_multi(self, variable_search, alt_lr_schedules, train_steps):
+    variable_search = list(variable_search) if variable_search is not None else None
+    alt_lr_schedules = list(alt_lr_schedules) if alt_lr_schedules is not None else None
+    if (variable_search is not None and alt_lr_schedules is not None
+        and len(variable_search) != len(alt_lr_schedules)):
+      raise ValueError(f"{type(self).__name__}: variable_search has {len(variable_search)} "
+                       f"patterns but alt_lr_schedules has {len(alt_lr_schedules)} "
+                       "schedules; give one schedule per pattern.")
+    self.variable_search = variable_search
+    self.alt_lr_schedules = alt_lr_schedules
+    self.train_steps = train_steps
+    # One schedule function per pattern (None: the optimizer's own rate), made
+    # once so that every update in a step shares its resolved value.
+    self._alt_rates = None if alt_lr_schedules is None else compute_lr_for_step(
+        alt_lr_schedules, None, train_steps)
+
+  def apply_grad(self, grad: Tensor, var) -> List[Operation]:
+    if self.alt_lr_schedules is None or self.variable_search is None:
+      return super().apply_grad(grad, var)
+    name = getattr(var, "name", "")
+    for pattern, rate in zip(self.variable_search, self._alt_rates):
+      if rate is None:
+        rate = self.learning_rate
+      if re.search(pattern, name) is not None:
+        default = self.learning_rate
+        self.learning_rate = rate
+        try:
+          return super().apply_grad(grad, var)
+        finally:
+          self.learning_rate = default
+    return super().apply_grad(grad, var)
+
+
+class AdafactorWithMultiLRSchedule(_MultiLRSchedule, AdafactorOptimizer):
+  """Adafactor where the variables whose name matches `variable_search[i]`
+  (a regular expression; the first match wins) use the learning rate
+  `alt_lr_schedules[i]` (a list of `product_learning_rate` factors over
+  `train_steps`, or None for the default), the others the optimizer's own.
+
+  The original applied a matched variable's update once per pattern; here
+  each variable is updated once.
+
+  Example:
+    >>> opt = mtf.optimize.AdafactorWithMultiLRSchedule(
+    ...     variable_search=["embedding"], alt_lr_schedules=[[0.1]], learning_rate=0.01)
+  """
+
+  def __init__(self, variable_search=None, alt_lr_schedules=None,
+               train_steps: int = 524288, **kwargs):
+    super().__init__(**kwargs)
+    self._init_multi(variable_search, alt_lr_schedules, train_steps)
+
+
+class AdamWithMultiLRSchedule(_MultiLRSchedule, AdamWeightDecayOptimizer):
+  """AdamWeightDecayOptimizer with per-variable learning-rate schedules (see
+  `AdafactorWithMultiLRSchedule`).
+
+  Example:
+    >>> opt = mtf.optimize.AdamWithMultiLRSchedule(
+    ...     variable_search=["bias"], alt_lr_schedules=[[0.0]], learning_rate=1e-3)
+  """
+
+  def __init__(self, variable_search=None, alt_lr_schedules=None,
+               train_steps: int = 524288, **kwargs):
+    super().__init__(**kwargs)
+    self._init_multi(variable_search, alt_lr_schedules, train_steps)

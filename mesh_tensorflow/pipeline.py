@@ -57,9 +57,9 @@ import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow.graph import Mesh, Tensor
-from mesh_tensorflow.ops import constant as const_ops
+from mesh_tensorflow.ops import constant_ops as const_ops
 from mesh_tensorflow.ops import control
-from mesh_tensorflow.ops import einsum as einsum_ops
+from mesh_tensorflow.ops import einsum_ops as einsum_ops
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops import indexing
 from mesh_tensorflow.ops import reduction

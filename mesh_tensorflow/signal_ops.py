@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import tensorflow as tf
 
 from mesh_tensorflow.graph import Tensor
-from mesh_tensorflow.ops.slicewise import slicewise
+from mesh_tensorflow.ops.slicewise_ops import slicewise
 from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension
 
 

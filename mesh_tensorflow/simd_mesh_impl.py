@@ -690,4 +690,4 @@ def _device_sort_key(device: str):
 # The original kept its TPU topology helpers here.
 from mesh_tensorflow.tpu_topology import (  # noqa: E402,F401  pylint: disable=g-import-not-at-top
     HierarchicalTiling, auto_logical_to_physical_tpu, logical_to_physical,
-    tpu_device_assignment)
+    physical_shape_3d_from_topology_proto_4d, tpu_device_assignment)

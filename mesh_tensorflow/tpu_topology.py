@@ -248,3 +248,40 @@ class HierarchicalTiling:
       raise ValueError(f"HierarchicalTiling: spec {spec} gives {sizes}, not "
                        f"{num_processors} processors in all.")
     return Shape([Dimension(name, s) for (name, _), s in zip(spec, sizes)])
+
+
+def physical_shape_3d_from_topology_proto_4d(mesh_shape: Sequence[int]) -> List[int]:
+  """The 3-D physical shape [y * z, x, cores] that `auto_logical_to_physical_tpu`
+  takes, from a TPU topology's 4-D mesh shape [x, y, z, cores_per_chip]
+  (`tf.tpu.experimental.Topology.mesh_shape`).
+
+  Example:
+    >>> physical_shape_3d_from_topology_proto_4d([4, 4, 2, 2])
+    [8, 4, 2]
+  """
+  mesh_shape = [int(n) for n in mesh_shape]
+  if len(mesh_shape) != 4:
+    raise ValueError(f"physical_shape_3d_from_topology_proto_4d: expected a 4-D topology "
+                     f"mesh shape [x, y, z, cores_per_chip], got {mesh_shape}.")
+  return [mesh_shape[1] * mesh_shape[2], mesh_shape[0], mesh_shape[3]]
+
+
+def topology_rank(topology) -> int:
+  """The number of dimensions of a TPU topology's mesh shape.
+
+  Args:
+    topology: a `tf.tpu.experimental.Topology` or its serialized proto (bytes,
+      as `tf.tpu.experimental.initialize_tpu_system` returns it).
+
+  Example:
+    >>> topology_rank(tf.tpu.experimental.Topology(
+    ...     mesh_shape=[2, 1, 1, 2],
+    ...     device_coordinates=[[[0, 0, 0, 0], [0, 0, 0, 1], [1, 0, 0, 0], [1, 0, 0, 1]]]))
+    4
+  """
+  if isinstance(topology, bytes):
+    topology = tf.tpu.experimental.Topology(serialized=topology)
+  if not isinstance(topology, tf.tpu.experimental.Topology):
+    raise ValueError(f"topology_rank: expected a tf.tpu.experimental.Topology or its "
+                     f"serialized bytes, got {type(topology).__name__}.")
+  return len(topology.mesh_shape)

@@ -29,7 +29,7 @@ from mesh_tensorflow import zero
 from mesh_tensorflow.gradients import gradients
 from mesh_tensorflow.graph import Graph, Mesh, Tensor
 from mesh_tensorflow.lowering import Lowering
-from mesh_tensorflow.ops import constant as const_ops
+from mesh_tensorflow.ops import constant_ops as const_ops
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops import variables as var_ops
 from mesh_tensorflow.shapes import Shape, convert_to_shape

@@ -78,3 +78,65 @@ def remove_summaries() -> None:
   """Clears the mtf scalar summaries recorded in the default TF1 graph."""
   graph = tf.compat.v1.get_default_graph()
   del graph.get_collection_ref(SCALAR_SUMMARIES_COLLECTION_KEY)[:]
+
+
+def create_host_call(model_dir: str):
+  """The original's TPUEstimator host call writing the scalar summaries of the
+  default TF1 graph (collection `SCALAR_SUMMARIES_COLLECTION_KEY`, pairs of
+  (name, scalar tensor)) to `model_dir` at the global step.
+
+  For code that still builds TF1 graphs; mtf models trained with
+  `mtf.training.Trainer` need none: `mtf.scalar_summary` values are written to
+  TensorBoard by the Trainer.
+
+  Returns:
+    (host_call_fn, args) for `host_call_fn(*args)`, or None when there is no
+    summary.
+
+  Raises:
+    ValueError: there are summaries but the graph has no global step.
+
+  Example:
+    >>> with tf.Graph().as_default():
+    ...   tf.compat.v1.train.get_or_create_global_step()
+    ...   tf.compat.v1.add_to_collection(SCALAR_SUMMARIES_COLLECTION_KEY,
+    ...                                  ("loss", tf.constant(1.5)))
+    ...   fn, args = create_host_call("/tmp/model")
+  """
+  graph = tf.compat.v1.get_default_graph()
+  summaries = list(graph.get_collection(SCALAR_SUMMARIES_COLLECTION_KEY))
+  if not summaries:
+    return None
+
+  def as_scalar(name, t):
+    if not t.shape.is_compatible_with([]):
+      raise ValueError(f"create_host_call: summary {name!r} has shape {t.shape}; "
+                       "summaries must be scalars.")
+    if t.dtype == tf.int64:
+      t = tf.cast(t, tf.int32)
+    elif t.dtype == tf.bfloat16:
+      t = tf.cast(t, tf.float32)
+    return tf.reshape(t, [1])
+  names = [name for name, _ in summaries]
+  tensors = [as_scalar(name, t) for name, t in summaries]
+  global_step = tf.compat.v1.train.get_global_step(graph)
+  if global_step is None:
+    raise ValueError("create_host_call: the default graph has no global step; create it "
+                     "with tf.compat.v1.train.get_or_create_global_step() (or train with "
+                     "mtf.training.Trainer, which writes mtf.scalar_summary values itself).")
+
+  def host_call_fn(global_step, *args):
+    """Writes one scalar summary per argument (averaged over replicas)."""
+    if len(args) != len(names):
+      raise ValueError(f"host_call_fn: {len(args)} values for {len(names)} summaries.")
+    step = tf.cast(tf.reshape(global_step, [-1])[0], tf.int64)
+    with tf.summary.create_file_writer(model_dir).as_default():
+      written = [tf.summary.scalar(name, tf.reduce_mean(t), step=step)
+                 for name, t in zip(names, args)]
+    return written
+
+  step = tf.reshape(tf.cast(global_step, tf.int32), [1])
+  return host_call_fn, [step] + tensors
+
+
+from mesh_tensorflow.tpu_topology import topology_rank  # noqa: E402,F401  pylint: disable=g-import-not-at-top

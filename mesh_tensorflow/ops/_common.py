@@ -20,7 +20,7 @@ def to_tensor(mesh: Mesh, x, dtype) -> Tensor:
   if isinstance(x, Tensor):
     return x
   if is_scalar_value(x):
-    from mesh_tensorflow.ops.constant import constant
+    from mesh_tensorflow.ops.constant_ops import constant
     return constant(mesh, x, shape=Shape([]), dtype=dtype)
   raise TypeError(
       f"Expected an mtf.Tensor or a Python number, got {type(x).__name__} {x!r}. "

@@ -8,6 +8,7 @@ custom_gradient, recompute_grad, Print.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Callable, List, Sequence
 
 import tensorflow as tf
@@ -119,7 +120,15 @@ class WhileLoopOperation(Operation):
   """Runs body_fn while cond_fn holds, as one tf.while_loop over the slices."""
 
   def __init__(self, cond_fn, body_fn, inputs, num_loop_vars=None, name=None,
-               has_accumulators: bool = False):
+               has_accumulators: bool = False, tf_kwargs=None):
+    if isinstance(num_loop_vars, dict) or isinstance(name, bool):
+      # The original's positional order: (cond_fn, body_fn, inputs, tf_kwargs,
+      # has_accumulators, name).
+      tf_kwargs, has_accumulators, name = (
+          num_loop_vars, bool(name), has_accumulators if isinstance(has_accumulators, str)
+          else None)
+      num_loop_vars = None
+    self._tf_kwargs = _while_loop_kwargs(tf_kwargs)
     inputs = list(inputs)
     if not inputs:
       raise ValueError("mtf.while_loop needs at least one loop variable.")
@@ -160,7 +169,7 @@ class WhileLoopOperation(Operation):
       if getattr(op, "is_variable", False):
         raise ValueError("mtf.while_loop: create variables outside the loop body.")
     self._cond, self._body = cond, body
-    from mesh_tensorflow.ops.constant import zeros  # pylint: disable=g-import-not-at-top
+    from mesh_tensorflow.ops.constant_ops import zeros  # pylint: disable=g-import-not-at-top
     initial = inputs[:n] + [zeros(mesh, t.shape, t.dtype) for t in self._placeholders[n:]]
     super().__init__(initial, mesh=mesh, name=name or "while_loop")
     self._outputs = [Tensor(self, t.shape, t.dtype, index=i) for i, t in enumerate(initial)]
@@ -218,12 +227,28 @@ class WhileLoopOperation(Operation):
     if v1_flow:
       tf.compat.v1.enable_control_flow_v2()
     try:
-      results = tf.while_loop(cond, body, [tf.constant(0, tf.int64)] + flat)[1:]
+      results = tf.while_loop(cond, body, [tf.constant(0, tf.int64)] + flat,
+                              **self._tf_kwargs)[1:]
     finally:
       if v1_flow:
         tf.compat.v1.disable_control_flow_v2()
     for out, laid in zip(self.outputs, unflatten(results)):
       lowering.set_tensor_lowering(out, laid)
+
+
+_TF_WHILE_LOOP_KWARGS = ("maximum_iterations", "parallel_iterations", "swap_memory")
+
+
+def _while_loop_kwargs(tf_kwargs) -> dict:
+  """The tf.while_loop arguments of an mtf while_loop (`back_prop`, which
+  TensorFlow 2 ignores, is dropped)."""
+  tf_kwargs = dict(tf_kwargs or {})
+  tf_kwargs.pop("back_prop", None)
+  unknown = sorted(set(tf_kwargs) - set(_TF_WHILE_LOOP_KWARGS))
+  if unknown:
+    raise TypeError(f"mtf.while_loop: unexpected arguments {unknown}; the tf.while_loop "
+                    f"arguments it passes on are {list(_TF_WHILE_LOOP_KWARGS)}.")
+  return tf_kwargs
 
 
 # Odd multiplier that spreads iteration numbers over the random key's 32 bits.
@@ -252,7 +277,9 @@ def while_loop(cond_fn: Callable, body_fn: Callable, inputs: Sequence[Tensor],
   With `has_accumulators`, body_fn may return more tensors than there are
   loop variables: each extra one is summed over the iterations and returned
   after the loop variables (zero when the loop runs no iteration), e.g. the
-  gradients of several micro-batches.
+  gradients of several micro-batches. Other keyword arguments
+  (`maximum_iterations`, `parallel_iterations`, `swap_memory`) go to
+  tf.while_loop, as in the original.
 
   Example:
     >>> i, total = mtf.while_loop(lambda i, t: mtf.less(i, 10),
@@ -262,37 +289,77 @@ def while_loop(cond_fn: Callable, body_fn: Callable, inputs: Sequence[Tensor],
     ...                              has_accumulators=True)
   """
   return WhileLoopOperation(cond_fn, body_fn, inputs, num_loop_vars, name=name,
-                            has_accumulators=has_accumulators).outputs
+                            has_accumulators=has_accumulators, tf_kwargs=kwargs).outputs
 
 
 class CustomGradientOperation(Operation):
-  """Identity on fn's outputs whose gradient is given by grad_fn."""
+  """Identity on fn's outputs whose gradient is given by grad_fn (see
+  `custom_gradient`); the original's constructor signature.
 
-  def __init__(self, explicit_inputs, captured, fn_outputs, grad_fn, name=None):
-    super().__init__(list(explicit_inputs) + list(captured) + list(fn_outputs),
-                     name=name or "custom_gradient")
+  Args:
+    explicit_inputs: the tensors fn was called with.
+    all_inputs: explicit_inputs followed by the tensors fn used without
+      receiving them (variables, closures).
+    fn_outputs: fn's outputs.
+    grad_fn: see `custom_gradient`.
+    forward_operations: the operations fn created.
+    name: optional name.
+  """
+
+  def __init__(self, explicit_inputs, all_inputs, fn_outputs, grad_fn,
+               forward_operations=(), name=None):
+    explicit_inputs, all_inputs = list(explicit_inputs), list(all_inputs)
+    if all_inputs[:len(explicit_inputs)] != explicit_inputs:
+      raise ValueError("CustomGradientOperation: all_inputs must begin with explicit_inputs.")
+    super().__init__(all_inputs + list(fn_outputs), name=name or "custom_gradient")
     self._n_explicit = len(explicit_inputs)
-    self._n_captured = len(captured)
+    self._n_all = len(all_inputs)
     self._grad_fn = grad_fn
+    self._forward_operations = list(forward_operations)
     self.has_gradient = True
     self._outputs = [Tensor(self, t.shape, t.dtype, index=i) for i, t in enumerate(fn_outputs)]
 
+  @property
+  def forward_operations(self):
+    return list(self._forward_operations)
+
   def gradient(self, grad_ys):
-    k = self._n_explicit + self._n_captured
+    k = self._n_all
     explicit = self.inputs[:self._n_explicit]
-    captured = self.inputs[self._n_explicit:k]
-    grads = list(self._grad_fn(explicit, captured, self.outputs, grad_ys))
+    fn_outputs = self.inputs[k:]
+    if _takes_original_keywords(self._grad_fn):
+      grads = list(self._grad_fn(
+          explicit_inputs=explicit, all_inputs=self.inputs[:k],
+          forward_operations=self.forward_operations, outputs=fn_outputs,
+          output_grads=list(grad_ys)))
+    else:
+      grads = list(self._grad_fn(explicit, self.inputs[self._n_explicit:k], self.outputs,
+                                 grad_ys))
     if len(grads) == self._n_explicit:
-      grads += [None] * self._n_captured
+      grads += [None] * (k - self._n_explicit)
     if len(grads) != k:
       raise ValueError(f"{self.name}: grad_fn returned {len(grads)} gradients for "
                        f"{k} inputs.")
     return grads + [None] * len(self.outputs)
 
   def lower(self, lowering):
-    k = self._n_explicit + self._n_captured
+    k = self._n_all
     for out, t in zip(self.outputs, self.inputs[k:]):
       lowering.set_tensor_lowering(out, lowering.laid_out(t))
+
+
+_ORIGINAL_GRAD_FN_KEYWORDS = ("all_inputs", "forward_operations")
+
+
+def _takes_original_keywords(grad_fn) -> bool:
+  """Whether grad_fn is written for the original's keyword call
+  (explicit_inputs=, all_inputs=, forward_operations=, outputs=,
+  output_grads=) rather than this library's positional one."""
+  try:
+    params = inspect.signature(grad_fn).parameters
+  except (TypeError, ValueError):
+    return False
+  return any(k in params for k in _ORIGINAL_GRAD_FN_KEYWORDS)
 
 
 def _run_and_capture(fn, explicit_inputs):
@@ -301,9 +368,10 @@ def _run_and_capture(fn, explicit_inputs):
   outputs = fn(*explicit_inputs)
   single = isinstance(outputs, Tensor)
   outputs = [outputs] if single else list(outputs)
+  forward_operations = list(graph.operations[start:])
   # Variables fn creates on its first call are inputs like any other: they
   # outlive fn and need gradients.
-  created = [op for op in graph.operations[start:] if not getattr(op, "is_variable", False)]
+  created = [op for op in forward_operations if not getattr(op, "is_variable", False)]
   created_tensors = {t for op in created for t in op.outputs}
   explicit = set(explicit_inputs)
   captured = []
@@ -311,24 +379,31 @@ def _run_and_capture(fn, explicit_inputs):
     for t in op.inputs:
       if t not in created_tensors and t not in explicit and t not in captured:
         captured.append(t)
-  return outputs, single, captured
+  return outputs, single, captured, forward_operations
 
 
 def custom_gradient(fn: Callable, grad_fn: Callable, explicit_inputs: Sequence[Tensor],
                     name=None):
   """Computes fn(*inputs) but differentiates it with grad_fn.
 
-  grad_fn(inputs, captured, outputs, output_grads) returns one gradient per
-  input (optionally followed by one per captured tensor, i.e. each tensor such
-  as a variable that fn used without it being in `inputs`).
+  grad_fn is called in one of two forms:
+  - grad_fn(inputs, captured, outputs, output_grads), returning one gradient
+    per input (optionally followed by one per captured tensor, i.e. each
+    tensor such as a variable that fn used without it being in `inputs`);
+  - the original's (a grad_fn with an `all_inputs` or `forward_operations`
+    parameter): called with the keywords `explicit_inputs`, `all_inputs`
+    (inputs, then captured), `forward_operations`, `outputs` (fn's outputs)
+    and `output_grads`, it returns one gradient per tensor of all_inputs (or
+    per explicit input).
 
   Example:
     >>> y = mtf.custom_gradient(lambda x: x * 2.0,
     ...                         lambda xs, cap, ys, gs: [gs[0] * 2.0], [x])
   """
   inputs = list(explicit_inputs)
-  outputs, single, captured = _run_and_capture(fn, inputs)
-  op = CustomGradientOperation(inputs, captured, outputs, grad_fn, name=name)
+  outputs, single, captured, forward_operations = _run_and_capture(fn, inputs)
+  op = CustomGradientOperation(inputs, inputs + captured, outputs, grad_fn,
+                               forward_operations, name=name)
   return op.outputs[0] if single else op.outputs
 
 

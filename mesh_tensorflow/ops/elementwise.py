@@ -445,7 +445,7 @@ def where(condition: Tensor, if_true, if_false, output_shape=None, name=None) ->
 
 
 def zeros_like_fn(x):
-  from mesh_tensorflow.ops.constant import zeros_like
+  from mesh_tensorflow.ops.constant_ops import zeros_like
   return zeros_like(x)
 
 

@@ -209,7 +209,7 @@ def gather(weights: Tensor, indices: Tensor, dim, output_shape=None, name=None) 
     >>> per_row = mtf.gather(counts, segment_ids, segments)  # counts [batch, segments]
   """
   if not isinstance(indices, Tensor):
-    from mesh_tensorflow.ops.constant import constant
+    from mesh_tensorflow.ops.constant_ops import constant
     indices = constant(weights.mesh, indices, [], dtype=tf.int32)
   dim = _dim_named(weights, dim)
   if any(d.name != dim.name and d in weights.shape.dims for d in indices.shape.dims):
@@ -220,7 +220,7 @@ def gather(weights: Tensor, indices: Tensor, dim, output_shape=None, name=None) 
 def _batched_gather(weights: Tensor, indices: Tensor, dim: Dimension, output_shape,
                     name) -> Tensor:
   """gather where weights and indices share dimensions: a one-hot einsum."""
-  from mesh_tensorflow.ops.einsum import einsum  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.ops.einsum_ops import einsum  # pylint: disable=g-import-not-at-top
   shape = _gather_output_shape(weights, indices, dim, output_shape)
   if weights.dtype == tf.bool:
     return ew.cast(_batched_gather(ew.cast(weights, tf.int32), indices, dim, shape, name),
@@ -335,7 +335,7 @@ class TopKOperation(Operation):
     g = grad_ys[0]
     if g is None:
       return [None]
-    from mesh_tensorflow.ops.einsum import einsum
+    from mesh_tensorflow.ops.einsum_ops import einsum
     onehot = one_hot(self.outputs[1], self._reduced_dim, dtype=g.dtype)
     return [einsum([onehot, g], output_shape=self.inputs[0].shape)]
 

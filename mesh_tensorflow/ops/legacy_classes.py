@@ -20,7 +20,7 @@ from mesh_tensorflow.ops import control, conv, elementwise
 from mesh_tensorflow.ops.shape_ops import lower_with_unsplit
 from mesh_tensorflow.ops.slicing import split_sizes
 from mesh_tensorflow.ops.variables import Variable, _as_variable
-from mesh_tensorflow.shapes import convert_to_shape
+from mesh_tensorflow.shapes import Dimension, Shape, convert_to_shape
 
 
 class ScalarMultiplyOperation(elementwise.ElementwiseOperation):
@@ -259,3 +259,142 @@ class PoolOperation(conv.PoolOperation):
     spatial = [d.name for d in x.shape.dims[-n - 1:-1]]
     super().__init__(x, kind, tuple(ksize), tuple(strides), "VALID", spatial,
                      name=name or f"{kind}_pool{n}d")
+
+
+class AddOperation(elementwise._LazyAwareAdd):  # pylint: disable=protected-access
+  """x1 + x2 with broadcasting to `output_shape` (mtf.add); two pending sums
+  over the same mesh axes stay pending, as with mtf.add.
+
+  Example:
+    >>> z = mtf.AddOperation(x, bias, x.shape).outputs[0]
+  """
+
+  def __init__(self, x1: Tensor, x2: Tensor, output_shape, name=None):
+    x1, x2 = elementwise._binary_inputs(x1, x2, "AddOperation")  # pylint: disable=protected-access
+    grads = None
+    if x1.dtype.is_floating:
+      grads = [lambda op, dy: elementwise.reduce_to_shape(dy, op.inputs[0].shape),
+               lambda op, dy: elementwise.reduce_to_shape(dy, op.inputs[1].shape)]
+    super().__init__(tf.add, [x1, x2], output_shape=output_shape, name=name or "add",
+                     input_grads=grads, zero_gradient=grads is None)
+
+
+class MinMaxOperation(elementwise.ElementwiseOperation):
+  """tf_fn (tf.minimum or tf.maximum) of x1 and x2 with broadcasting; the
+  gradient goes to each input where it equals the output (to both on a tie,
+  as in the original).
+
+  Example:
+    >>> hi = mtf.MinMaxOperation(tf.maximum, x, y, x.shape).outputs[0]
+  """
+
+  def __init__(self, tf_fn: Callable, x1: Tensor, x2: Tensor, output_shape, name=None):
+    x1, x2 = elementwise._binary_inputs(x1, x2, "MinMaxOperation")  # pylint: disable=protected-access
+
+    def grad(i):
+      def fn(op, dy):
+        hit = elementwise.cast(elementwise.equal(op.inputs[i], op.outputs[0]), dy.dtype)
+        return elementwise.reduce_to_shape(dy * hit, op.inputs[i].shape)
+      return fn
+    grads = [grad(0), grad(1)] if x1.dtype.is_floating else None
+    super().__init__(tf_fn, [x1, x2], output_shape=output_shape,
+                     name=name or getattr(tf_fn, "__name__", "min_max"),
+                     input_grads=grads, zero_gradient=grads is None)
+
+
+_POOL_KINDS = {"MAX_2D": ("max", 2), "AVG_2D": ("avg", 2), "MAX_3D": ("max", 3),
+               "AVG_3D": ("avg", 3)}
+
+
+def _pool_kind(pool_fn_string: str, what: str):
+  if pool_fn_string not in _POOL_KINDS:
+    raise ValueError(f"{what}: pool_fn_string {pool_fn_string!r} is not one of "
+                     f"{sorted(_POOL_KINDS)}.")
+  return _POOL_KINDS[pool_fn_string]
+
+
+class PoolBackPropOperation(conv.PoolBackpropOperation):
+  """The original's pooling-gradient class: dx of x for y = pool(x) and the
+  output gradient dy (`pool_fn_string` "MAX_2D", "AVG_2D", "MAX_3D" or
+  "AVG_3D"; VALID padding, spatial dimensions just before the last).
+
+  Example:
+    >>> dx = mtf.PoolBackPropOperation(x, y, dy, [2, 2], [2, 2], "MAX_2D").outputs[0]
+  """
+
+  def __init__(self, x: Tensor, y: Tensor, dy: Tensor, ksize, strides,
+               pool_fn_string: str, name=None):
+    kind, n = _pool_kind(pool_fn_string, "PoolBackPropOperation")
+    if len(ksize) != n or len(strides) != n:
+      raise ValueError(f"PoolBackPropOperation: {pool_fn_string} needs {n} ksize and "
+                       f"strides values, got ksize={ksize!r}, strides={strides!r}.")
+    spatial = [d.name for d in x.shape.dims[-n - 1:-1]]
+    inputs = [x, y, dy] if kind == "max" else [dy]
+    super().__init__(kind, inputs, x.shape, tuple(ksize), tuple(strides), "VALID",
+                     spatial, name=name or "pool_backprop")
+
+
+def pool_backprop(x: Tensor, y: Tensor, dy: Tensor, ksize, strides, pool_fn_string: str,
+                  name=None) -> Tensor:
+  """The gradient in x of y = pool(x) for output gradient dy (the original's
+  function; see `PoolBackPropOperation`).
+
+  Example:
+    >>> y = mtf.max_pool2d(x, [2, 2])
+    >>> dx = mtf.pool_backprop(x, y, dy, [2, 2], [2, 2], "MAX_2D")
+  """
+  return PoolBackPropOperation(x, y, dy, ksize, strides, pool_fn_string, name).outputs[0]
+
+
+class ScalarSummaryOperation(control._IdentityLike):  # pylint: disable=protected-access
+  """The original's summary class: identity on the scalar x that also records
+  it (under `name`) for the Trainer to write to TensorBoard, as
+  `mtf.scalar_summary` does.
+
+  Example:
+    >>> z_loss = mtf.ScalarSummaryOperation("z_loss", z_loss).outputs[0]
+  """
+
+  def __init__(self, name: str, x: Tensor):
+    if not isinstance(x, Tensor) or x.shape.ndims != 0:
+      raise ValueError(f"ScalarSummaryOperation {name!r}: expected a scalar mtf.Tensor, "
+                       f"got {x!r}.")
+    super().__init__([x], 1, name, grad=lambda op, g: [g[0]])
+    from mesh_tensorflow.training import scalar_summary  # pylint: disable=import-outside-toplevel
+    scalar_summary(name, self.outputs[0])
+
+
+class StackedVariable(Variable):
+  """One variable holding several variables of one shape and dtype, stacked
+  along a new first dimension "stacked" (the original's way to cut the number
+  of slice variables). It is named "stacked/<first name>", starts from the
+  stacked initial values and remembers `original_names`.
+
+  Example:
+    >>> stacked = mtf.StackedVariable([w1_var, w2_var])
+    >>> w = stacked.outputs[0]   # shape [stacked=2] + w1's shape
+  """
+
+  def __init__(self, vs):
+    vs = [_as_variable(v) for v in vs]
+    if not vs:
+      raise ValueError("StackedVariable: needs at least one variable.")
+    for v in vs[1:]:
+      if v.shape != vs[0].shape or v.variable_dtype.master_dtype != vs[0].master_dtype:
+        raise ValueError(f"StackedVariable: {v.name} {v.shape} ({v.master_dtype.name}) "
+                         f"differs from {vs[0].name} {vs[0].shape} "
+                         f"({vs[0].master_dtype.name}); stack variables of one shape "
+                         "and dtype.")
+    initial_values = [v._full_initial_value for v in vs]  # pylint: disable=protected-access
+
+    def initializer(shape, dtype=None):
+      del shape, dtype
+      return tf.stack([fn() for fn in initial_values])
+    shape = Shape([Dimension("stacked", len(vs))] + vs[0].shape.dims)
+    super().__init__(vs[0].mesh, "stacked/" + vs[0].name, shape, vs[0].variable_dtype,
+                     initializer, vs[0].trainable)
+    self._original_names = [v.name for v in vs]
+
+  @property
+  def original_names(self):
+    return list(self._original_names)

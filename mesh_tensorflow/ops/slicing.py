@@ -213,7 +213,7 @@ class UnstackOperation(Operation):
     return [self._dim.name]
 
   def gradient(self, grad_ys):
-    from mesh_tensorflow.ops.constant import zeros
+    from mesh_tensorflow.ops.constant_ops import zeros
     gs = [g if g is not None else zeros(self.mesh, self.outputs[0].shape, self.inputs[0].dtype)
           for g in grad_ys]
     return [stack(gs, self._dim.name, self.inputs[0].shape.index_of(self._dim.name))]
@@ -314,7 +314,7 @@ def dynamic_shift(x: Tensor, offset: Tensor, dim, wrap: bool, name=None) -> Tens
     >>> y = mtf.dynamic_shift(x, offsets, length_dim, wrap=False)
   """
   from mesh_tensorflow.ops import elementwise as ew  # pylint: disable=import-outside-toplevel
-  from mesh_tensorflow.ops.einsum import einsum  # pylint: disable=import-outside-toplevel
+  from mesh_tensorflow.ops.einsum_ops import einsum  # pylint: disable=import-outside-toplevel
   from mesh_tensorflow.ops.indexing import mtf_range, one_hot  # pylint: disable=import-outside-toplevel
   from mesh_tensorflow.ops.shape_ops import rename_dimension  # pylint: disable=import-outside-toplevel
   dim = _dim_named(x, dim)
