@@ -29,6 +29,7 @@ This module imports nothing heavy, so a program can use it before TensorFlow.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
@@ -188,6 +189,18 @@ def run_main(main: Callable[[List[str]], Optional[int]],
   return 0 if status is None else int(status)
 
 
+class ArgumentParser(argparse.ArgumentParser):
+  """argparse.ArgumentParser whose errors are `UserError`s (so `run_main`
+  prints them as one `error:` line, status 2) instead of a usage block.
+
+  Example:
+    >>> parser = ArgumentParser(prog="python -m mesh_tensorflow.report")
+  """
+
+  def error(self, message):
+    raise UserError(message, hint=f"{self.prog} --help lists the options")
+
+
 def run_absl_main(main: Callable[[List[str]], Optional[int]],
                   argv: Optional[Sequence[str]] = None) -> int:
   """`run_main` for a program with absl flags: parses them (a bad flag is a
@@ -214,6 +227,19 @@ def run_absl_main(main: Callable[[List[str]], Optional[int]],
     return 0
 
   return run_main(program, argv)
+
+
+def require(module: str, program: str, install: str) -> None:
+  """Raises a UserError saying what to install if `module` is missing.
+
+  Example:
+    >>> require("sklearn", "examples/mnist.py", 'pip install -e ".[examples]"')
+  """
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  if importlib.util.find_spec(module) is None:
+    package = {"sklearn": "scikit-learn"}.get(module, module)
+    raise UserError(f"{program} needs {package}, which is not installed",
+                    hint=f"{install}   (or: pip install {package})")
 
 
 # ------------------------------------------------------ TensorFlow start-up

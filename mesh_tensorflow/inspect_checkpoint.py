@@ -23,6 +23,10 @@ def _checkpoints(path: str) -> List[str]:
   """The checkpoints `path` names: a prefix, or those of a directory."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(path):
+    if not tf.io.gfile.glob(path + ".*"):
+      raise cli.UserError(f"{path}: no such directory or checkpoint",
+                          hint="give a model_dir or a checkpoint prefix such as "
+                          "MODEL_DIR/ckpt-100")
     return [path]
   state = tf.train.get_checkpoint_state(path)
   if state is None or not state.all_model_checkpoint_paths:
@@ -56,7 +60,7 @@ def _verify(path: str) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """`python -m mesh_tensorflow.inspect_checkpoint [--verify] PATH`."""
-  parser = argparse.ArgumentParser(
+  parser = cli.ArgumentParser(
       prog="python -m mesh_tensorflow.inspect_checkpoint",
       description="List a checkpoint's mtf variables (a model_dir means its latest "
       "checkpoint); --verify reads every tensor back.")
