@@ -475,6 +475,12 @@ def main(argv):
   if len(argv) > 1:
     raise cli.UserError(f"unexpected arguments {argv[1:]}: every setting is a --flag",
                         hint="pass --helpfull to list the flags")
+  for name in ("train_steps", "batch_size", "hidden_size", "grad_accum_steps"):
+    if FLAGS[name].value < 1:
+      raise cli.UserError(f"--{name}={FLAGS[name].value}: must be a positive integer")
+  for name in ("log_every", "eval_every", "checkpoint_every"):
+    if FLAGS[name].value < 0:
+      raise cli.UserError(f"--{name}={FLAGS[name].value}: must be >= 0 (0: never)")
   cli.require("sklearn", "examples/mnist.py", 'pip install -e ".[examples]"')
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # INFO would show TF's chatter on every save.

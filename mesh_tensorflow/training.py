@@ -141,7 +141,13 @@ class Trainer:
       restored = self._manager.restore_or_initialize(checkpoint_path)
       if restored:
         self._log(f"restored checkpoint {restored} (step {self.global_step})")
-      self._writer = tf.summary.create_file_writer(model_dir)
+
+  def _summary_writer(self) -> Optional[tf.summary.SummaryWriter]:
+    """model_dir's TensorBoard writer, made at the first summary (so a run
+    that fails before its first step writes nothing into model_dir)."""
+    if self._writer is None and self._model_dir:
+      self._writer = tf.summary.create_file_writer(self._model_dir)
+    return self._writer
 
   # ---- state ---------------------------------------------------------------
   def _step_variable(self) -> tf.Variable:
@@ -360,7 +366,7 @@ class Trainer:
       history["step"].append(step)
       for k, v in out.items():
         history.setdefault(k, []).append(v)
-      if self._writer is not None:
+      if self._summary_writer() is not None:
         with self._writer.as_default(step=step):
           for k, v in out.items():
             tf.summary.scalar(k.replace("summary/", ""), v)
@@ -406,7 +412,7 @@ class Trainer:
     if n == 0:
       raise ValueError("Trainer.evaluate: the dataset is empty.")
     result = {k: v / n for k, v in totals.items()}
-    if self._writer is not None:
+    if self._summary_writer() is not None:
       with self._writer.as_default(step=self.global_step):
         for k, v in result.items():
           tf.summary.scalar(f"eval/{k}", v)

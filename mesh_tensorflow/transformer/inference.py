@@ -384,7 +384,8 @@ def infer(setup: modeling.Setup, input_file: Optional[str], output_file: Optiona
     outputs = bi_decode(setup, lines, temperature, top_k, beam_size, alpha)
   write_lines(output_file, outputs)
   for line, out in list(zip(lines, outputs))[:3]:
-    log(f"{line!r} -> {out!r}")
+    shown = line if len(line) <= 60 else f"...{line[-57:]}"
+    log(f"{shown!r} -> {out!r}")
   log(f"decoded {len(lines)} inputs to {output_file} in {time.perf_counter() - start:.1f} s")
   return {"examples": float(len(lines))}
 
