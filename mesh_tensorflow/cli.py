@@ -243,7 +243,7 @@ def require(module: str, program: str, install: str) -> None:
 
 
 # ------------------------------------------------------ TensorFlow start-up
-_LOG_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d\d")
+_LOG_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d")
 _SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
 _QUIET_LEVEL = "3"
 

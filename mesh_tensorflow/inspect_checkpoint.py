@@ -19,14 +19,19 @@ from typing import List, Optional, Sequence
 from mesh_tensorflow import cli
 
 
+def _check_exists(path: str) -> None:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if not tf.io.gfile.isdir(path) and not tf.io.gfile.glob(path + ".*"):
+    raise cli.UserError(f"{path}: no such directory or checkpoint",
+                        hint="give a model_dir or a checkpoint prefix such as "
+                        "MODEL_DIR/ckpt-100")
+
+
 def _checkpoints(path: str) -> List[str]:
   """The checkpoints `path` names: a prefix, or those of a directory."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  _check_exists(path)
   if not os.path.isdir(path):
-    if not tf.io.gfile.glob(path + ".*"):
-      raise cli.UserError(f"{path}: no such directory or checkpoint",
-                          hint="give a model_dir or a checkpoint prefix such as "
-                          "MODEL_DIR/ckpt-100")
     return [path]
   state = tf.train.get_checkpoint_state(path)
   if state is None or not state.all_model_checkpoint_paths:
@@ -71,6 +76,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if args.verify:
     return _verify(args.path)
   from mesh_tensorflow.checkpoint import list_variables  # pylint: disable=g-import-not-at-top
+  _check_exists(args.path)
   try:
     rows = list_variables(args.path)
   except ValueError as e:

@@ -159,7 +159,11 @@ def _snapshot(directory):
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-  work = str(tmp_path_factory.mktemp("cli"))
+  return make_work(str(tmp_path_factory.mktemp("cli")))
+
+
+def make_work(work):
+  """The files the cases use, in directory `work`."""
   os.makedirs(os.path.join(work, "model"))
   with open(os.path.join(work, "model", "keep.txt"), "w") as f:
     f.write("not to be touched")
@@ -188,7 +192,7 @@ def _env(**extra):
 def _start_driver(entry, cases, work):
   cases_path = os.path.join(work, f"{entry}.cases.json")
   with open(cases_path, "w") as f:
-    json.dump([[a.format(work=work) for a in c.argv] for c in cases], f)
+    json.dump([[a.replace("{work}", work) for a in c.argv] for c in cases], f)
   results_path = os.path.join(work, f"{entry}.results.json")
   env = _env(MTF_COMMAND_LINE="1")
   if entry in ("mnist", "conv_spatial"):
@@ -222,7 +226,7 @@ def results(work):
     started[entry] = _start_driver(entry, [c for c in CLI_CASES if c.entry == entry], work)
   real = {}
   for name, argv, env, _ in REAL_CASES:
-    real[name] = subprocess.Popen([sys.executable] + [a.format(work=work) for a in argv],
+    real[name] = subprocess.Popen([sys.executable] + [a.replace("{work}", work) for a in argv],
                                   cwd=REPO_ROOT, env=_env(**env), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
   out = {}
