@@ -147,7 +147,7 @@ def describe(exc: BaseException) -> str:
   if cls.__module__.startswith("tensorflow") and hasattr(exc, "message"):
     return one_line(f"{cls.__name__}: {exc.message}")
   text = one_line(str(exc)) or cls.__name__
-  return text
+  return re.sub(r"^\[Errno \d+\] ", "", text)
 
 
 def report_user_error(exc: BaseException, stream=None) -> None:

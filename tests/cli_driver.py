@@ -3,10 +3,12 @@ tests/test_cli_errors.py): each through the same wrapper as the real command
 (mesh_tensorflow.cli.run_main / run_absl_main), with stdout and stderr
 captured, so a case costs milliseconds instead of a TensorFlow start-up.
 
-    python tests/cli_driver.py ENTRY CASES.json RESULTS.json
+    python tests/cli_driver.py CASES.json RESULTS.json
 
-CASES.json is a list of argv lists (without the program name); RESULTS.json
-gets one {"code", "stdout", "stderr"} per case. ENTRY is one of ENTRIES.
+CASES.json is a list of [entry, argv] pairs (argv without the program name,
+entry one of ENTRIES); RESULTS.json gets one {"code", "stdout", "stderr"} per
+case. Programs with absl flags define the same flag names, so one process
+runs cases of at most one of "transformer", "mnist" and "conv_spatial".
 """
 
 import contextlib
@@ -24,6 +26,7 @@ def _example(name):
   path = os.path.join(REPO_ROOT, "examples", f"{name}.py")
   spec = importlib.util.spec_from_file_location(f"example_{name}", path)
   module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # dataclasses look their module up there
   spec.loader.exec_module(module)
   return module
 
@@ -71,12 +74,15 @@ ENTRIES = ("transformer", "mnist", "conv_spatial", "report", "inspect_checkpoint
 
 
 def main():
-  entry, cases_path, results_path = sys.argv[1:4]
+  cases_path, results_path = sys.argv[1:3]
   with open(cases_path) as f:
     cases = json.load(f)
-  run = _entry(entry)
+  runners = {}
   results = []
-  for argv in cases:
+  for entry, argv in cases:
+    if entry not in runners:
+      runners[entry] = _entry(entry)
+    run = runners[entry]
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
       try:

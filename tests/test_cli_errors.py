@@ -130,7 +130,15 @@ CLI_CASES = [
             ("is a directory",)),
 ]
 
-ENTRIES = sorted({c.entry for c in CLI_CASES})
+# Cases run in one driver process per group (absl programs each need their own).
+ABSL_PROGRAMS = ("transformer", "mnist", "conv_spatial")
+
+
+def _group(case):
+  return case.entry if case.entry in ABSL_PROGRAMS else "tools"
+
+
+GROUPS = sorted({_group(c) for c in CLI_CASES})
 
 
 def _save_checkpoints(directory, count):
@@ -189,15 +197,15 @@ def _env(**extra):
   return env
 
 
-def _start_driver(entry, cases, work):
-  cases_path = os.path.join(work, f"{entry}.cases.json")
+def _start_driver(group, cases, work):
+  cases_path = os.path.join(work, f"{group}.cases.json")
   with open(cases_path, "w") as f:
-    json.dump([[a.replace("{work}", work) for a in c.argv] for c in cases], f)
-  results_path = os.path.join(work, f"{entry}.results.json")
+    json.dump([[c.entry, [a.replace("{work}", work) for a in c.argv]] for c in cases], f)
+  results_path = os.path.join(work, f"{group}.results.json")
   env = _env(MTF_COMMAND_LINE="1")
-  if entry in ("mnist", "conv_spatial"):
+  if group in ("mnist", "conv_spatial"):
     env["CLI_DRIVER_HIDE_SKLEARN"] = "1"
-  proc = subprocess.Popen([sys.executable, DRIVER, entry, cases_path, results_path],
+  proc = subprocess.Popen([sys.executable, DRIVER, cases_path, results_path],
                           cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
   return proc, results_path
@@ -222,19 +230,19 @@ def results(work):
   """{case id: {"code", "stdout", "stderr"}} of every case, driver and real."""
   before = {d: _snapshot(os.path.join(work, d)) for d in ("model", "ckpts", "all_damaged")}
   started = {}
-  for entry in ENTRIES:
-    started[entry] = _start_driver(entry, [c for c in CLI_CASES if c.entry == entry], work)
+  for group in GROUPS:
+    started[group] = _start_driver(group, [c for c in CLI_CASES if _group(c) == group], work)
   real = {}
   for name, argv, env, _ in REAL_CASES:
     real[name] = subprocess.Popen([sys.executable] + [a.replace("{work}", work) for a in argv],
                                   cwd=REPO_ROOT, env=_env(**env), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
   out = {}
-  for entry, (proc, path) in started.items():
+  for group, (proc, path) in started.items():
     log, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, f"driver for {entry} failed:\n{log[-3000:]}"
+    assert proc.returncode == 0, f"driver for {group} failed:\n{log[-3000:]}"
     with open(path) as f:
-      for case, result in zip([c for c in CLI_CASES if c.entry == entry], json.load(f)):
+      for case, result in zip([c for c in CLI_CASES if _group(c) == group], json.load(f)):
         out[case.id] = result
   for name, proc in real.items():
     stdout, stderr = proc.communicate(timeout=300)

@@ -90,9 +90,9 @@ def read_lines(path: str, encoding: str = "utf-8", errors: str = "strict") -> Li
   if errors not in ("strict", "replace", "ignore"):
     raise ValueError(f"input errors {errors!r}: use 'strict', 'replace' or 'ignore'.")
   if not tf.io.gfile.exists(path):
-    raise FileNotFoundError(2, "no such file", path)
+    raise FileNotFoundError(2, "no such input file", path)
   if tf.io.gfile.isdir(path):
-    raise IsADirectoryError(21, "is a directory, not a file with one text per line", path)
+    raise IsADirectoryError(21, "is a directory, not an input file with one text per line", path)
   with tf.io.gfile.GFile(path, "rb") as f:
     data = f.read()
   out = []
