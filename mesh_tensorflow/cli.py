@@ -70,12 +70,26 @@ def verbose_requested(argv: Optional[Sequence[str]] = None) -> bool:
   """
   argv = sys.argv if argv is None else argv
   env = os.environ.get(VERBOSE_ENV, "").strip().lower()
-  return VERBOSE_FLAG in argv or env not in ("", "0", "false", "no")
+  return VERBOSE_FLAG in _own(argv) or env not in ("", "0", "false", "no")
+
+
+def _own(argv: Sequence[str]) -> List[str]:
+  """The arguments before "--" (after it: another program's, as in launch)."""
+  argv = list(argv)
+  return argv[:argv.index("--")] if "--" in argv else argv
 
 
 def strip_verbose(argv: Sequence[str]) -> List[str]:
-  """argv without --verbose (the programs' own parsers do not know it)."""
-  return [a for a in argv if a != VERBOSE_FLAG]
+  """argv without --verbose before any "--" (the programs' own parsers do
+  not know it).
+
+  Example:
+    >>> strip_verbose(["prog", "--verbose", "--", "client.py", "--verbose"])
+    ['prog', '--', 'client.py', '--verbose']
+  """
+  argv = list(argv)
+  own = _own(argv)
+  return [a for a in own if a != VERBOSE_FLAG] + argv[len(own):]
 
 
 def _innermost_file(exc: BaseException) -> str:

@@ -416,7 +416,19 @@ def _parser() -> cli.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  """`python -m mesh_tensorflow.launch`: returns the exit status (2, with one `error:` line, for a
+  mistake on the command line; see mesh_tensorflow.cli).
+
+  Example:
+    >>> main(["--help"])
+  """
+  from mesh_tensorflow import cli as cli_lib  # pylint: disable=g-import-not-at-top
   argv = list(sys.argv[1:] if argv is None else argv)
+  return cli_lib.run_main(lambda args: _main(args[1:]), ["python -m mesh_tensorflow.launch"] + argv)
+
+
+def _main(argv: Sequence[str]) -> int:
+  argv = list(argv)
   program: List[str] = []
   if "--" in argv:
     split = argv.index("--")
@@ -461,4 +473,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run_main(lambda argv: main(argv[1:])))
+  sys.exit(main())

@@ -118,6 +118,18 @@ def report_for_current_config(mesh_shape: Optional[str] = None, layout: Optional
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  """`python -m mesh_tensorflow.report`: returns the exit status (2, with one `error:` line, for a
+  mistake on the command line; see mesh_tensorflow.cli).
+
+  Example:
+    >>> main(["--help"])
+  """
+  from mesh_tensorflow import cli as cli_lib  # pylint: disable=g-import-not-at-top
+  argv = list(sys.argv[1:] if argv is None else argv)
+  return cli_lib.run_main(lambda args: _main(args[1:]), ["python -m mesh_tensorflow.report"] + argv)
+
+
+def _main(argv: Sequence[str]) -> int:
   """`python -m mesh_tensorflow.report --gin_file=... [--png=out.png]`."""
   parser = cli.ArgumentParser(
       prog="python -m mesh_tensorflow.report",
@@ -159,4 +171,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-  raise SystemExit(cli.run_main(lambda argv: main(argv[1:])))
+  raise SystemExit(main())

@@ -42,8 +42,7 @@ def _absl(main):
 
 
 def _argparse(main):
-  from mesh_tensorflow import cli  # pylint: disable=g-import-not-at-top
-  return lambda argv: cli.run_main(lambda a: main(a[1:]), ["prog"] + argv)
+  return main  # these main(argv) functions wrap themselves in cli.run_main
 
 
 def _entry(name):

@@ -33,6 +33,7 @@ import dataclasses
 import itertools
 import json
 import os
+import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from mesh_tensorflow.layout import convert_to_layout_rules, pnum_to_processor_coordinates
@@ -1359,6 +1360,18 @@ def calibrate(num_devices: int = 8, repeats: int = 5) -> DeviceParams:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  """`python -m mesh_tensorflow.cost_model`: returns the exit status (2, with one `error:` line, for a
+  mistake on the command line; see mesh_tensorflow.cli).
+
+  Example:
+    >>> main(["--help"])
+  """
+  from mesh_tensorflow import cli as cli_lib  # pylint: disable=g-import-not-at-top
+  argv = list(sys.argv[1:] if argv is None else argv)
+  return cli_lib.run_main(lambda args: _main(args[1:]), ["python -m mesh_tensorflow.cost_model"] + argv)
+
+
+def _main(argv: Sequence[str]) -> int:
   """`python -m mesh_tensorflow.cost_model --calibrate [--devices 8]
   [--output params.json]`: prints (and writes) calibrated DeviceParams."""
   from mesh_tensorflow import cli  # pylint: disable=g-import-not-at-top

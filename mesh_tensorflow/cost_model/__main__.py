@@ -1,7 +1,6 @@
 """`python -m mesh_tensorflow.cost_model --calibrate [--output params.json]`."""
 
-from mesh_tensorflow import cli
 from mesh_tensorflow.cost_model import main
 
 if __name__ == "__main__":
-  raise SystemExit(cli.run_main(lambda argv: main(argv[1:])))
+  raise SystemExit(main())

@@ -459,6 +459,8 @@ def run(model_dir: Optional[str],
   if mode in ("infer", "score"):
     if not model_dir:
       raise ValueError(f"mode {mode!r} needs a model_dir with a checkpoint.")
+    if not checkpoint_path and tf.train.get_checkpoint_state(model_dir) is None:
+      raise ValueError(f"No checkpoint in {model_dir!r}: train first (--mode=train).")
     lines = inference.read_input_file(mode, input_file, input_encoding, input_errors)
     inference.restore(mesh_impl, model_dir, checkpoint_path)
     if mode == "infer":
