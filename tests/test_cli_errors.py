@@ -308,6 +308,11 @@ def test_cli_classifies_errors():
     np.zeros(3).reshape(4)
   except ValueError as e:  # raised by NumPy, not by our validation: a bug
     assert not cli.is_user_error(e)
+  assert cli.strip_verbose(["p", "--verbose", "--", "c.py", "--verbose"]) == [
+      "p", "--", "c.py", "--verbose"]
+  assert cli.verbose_requested(["p", "--verbose"])
+  assert not cli.verbose_requested(["p", "--", "c.py", "--verbose"]) or os.environ.get(
+      "MTF_VERBOSE")
   assert cli.one_line("bad\n  In call to configurable 'run' (<function run at 0x1>)") == "bad"
 
   def bug(argv):
