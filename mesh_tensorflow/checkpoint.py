@@ -9,6 +9,11 @@ Saving uses `tf.train.Checkpoint` and `tf.train.CheckpointManager`: the
 checkpoint state file is replaced atomically after the data files are complete,
 so a run killed during a save leaves the previous checkpoint usable.
 
+Restoring first reads every saved tensor back (mtf.checkpoint_verify): a
+damaged or incomplete newest checkpoint is reported in one line and the newest
+intact one restored instead; an explicitly chosen damaged one is an error that
+names the intact ones. Each save removes what interrupted saves left behind.
+
 Restoring checks every variable against the checkpoint: a trainable variable
 the checkpoint lacks, or one saved with another logical shape, is a ValueError
 (pass allow_missing=True to start missing ones from their initializers).
@@ -22,6 +27,7 @@ counters) starts from its initial value, so a run may switch optimizers.
 List a checkpoint's variables with their logical shapes:
 
     python -m mesh_tensorflow.inspect_checkpoint /tmp/model
+    python -m mesh_tensorflow.inspect_checkpoint --verify /tmp/model
 """
 
 from __future__ import annotations
