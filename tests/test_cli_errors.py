@@ -43,6 +43,8 @@ class CliCase:
 
 
 _TINY = ("--gin_file=models/tiny_lm.gin", "--model_dir={work}/model")
+# infer/score look for a checkpoint before reading the input file.
+_WITH_CKPTS = ("--gin_file=models/tiny_lm.gin", "--model_dir={work}/ckpts")
 
 CLI_CASES = [
     CliCase("transformer-unknown-flag", T, "A flag the program does not have",
@@ -67,15 +69,18 @@ CLI_CASES = [
     CliCase("transformer-layout-unknown-mesh-dim", T,
             "A layout rule naming a mesh dimension the mesh lacks",
             _TINY + ("--gin_param=run.layout_rules = 'batch:columns'",), ("columns",)),
-    CliCase("transformer-input-missing", T, "--input_file that does not exist (score)",
-            _TINY + ("--mode=score", "--input_file={work}/missing.txt"), ("missing.txt",)),
-    CliCase("transformer-input-not-utf8", T, "--input_file with bytes that are not UTF-8",
+    CliCase("transformer-no-checkpoint", T, "--mode=infer with a --model_dir that has no checkpoint",
             _TINY + ("--mode=infer", "--input_file={work}/latin1.txt"),
+            ("No checkpoint in", "train first")),
+    CliCase("transformer-input-missing", T, "--input_file that does not exist (score)",
+            _WITH_CKPTS + ("--mode=score", "--input_file={work}/missing.txt"), ("missing.txt",)),
+    CliCase("transformer-input-not-utf8", T, "--input_file with bytes that are not UTF-8",
+            _WITH_CKPTS + ("--mode=infer", "--input_file={work}/latin1.txt"),
             ("latin1.txt, line 2", "0xe9", "--input_encoding")),
     CliCase("transformer-input-is-directory", T, "--input_file naming a directory",
-            _TINY + ("--mode=infer", "--input_file={work}"), ("is a directory",)),
+            _WITH_CKPTS + ("--mode=infer", "--input_file={work}"), ("is a directory",)),
     CliCase("transformer-unknown-encoding", T, "--input_encoding that is no codec",
-            _TINY + ("--mode=infer", "--input_file={work}/latin1.txt",
+            _WITH_CKPTS + ("--mode=infer", "--input_file={work}/latin1.txt",
                      "--input_encoding=klingon"), ("klingon",)),
     CliCase("transformer-damaged-checkpoint-path", T,
             "--checkpoint_path naming a damaged checkpoint",
