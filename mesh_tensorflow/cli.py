@@ -298,8 +298,12 @@ def quiet_tensorflow_startup() -> None:
     import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
     return
   import tempfile  # pylint: disable=g-import-not-at-top
-  sys.stderr.flush()
-  saved = os.dup(2)
+  try:
+    sys.stderr.flush()
+    saved = os.dup(2)
+  except (OSError, ValueError):  # no usable stderr descriptor: import as it is
+    import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import,redefined-outer-name
+    return
   with tempfile.TemporaryFile(mode="w+b") as captured:
     os.dup2(captured.fileno(), 2)
     try:
