@@ -11,7 +11,6 @@ is an `error:` line naming the file and what is wrong (exit status 2).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from typing import List, Optional, Sequence

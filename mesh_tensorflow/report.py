@@ -17,7 +17,6 @@ communication from a real lowering (slower, every op type).
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from typing import Optional, Sequence
 
