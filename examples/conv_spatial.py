@@ -34,7 +34,13 @@ Each run ends with a machine readable line:
 
 from __future__ import annotations
 
+import os
+if __name__ == "__main__":
+  os.environ.setdefault("MTF_COMMAND_LINE", "1")  # quiet TensorFlow's start-up lines
+from mesh_tensorflow import cli  # noqa: E402  (imports TensorFlow, quietly when run)
+
 import math
+import sys
 import time
 from typing import Callable, Dict, List, Tuple
 
@@ -48,7 +54,6 @@ try:
 except RuntimeError:
   pass  # Already initialized (e.g. imported by a test that configured them).
 
-from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -257,7 +262,9 @@ def train(layout: str, mesh_shape: str = "all:4", train_steps: int = 200,
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    raise cli.UserError(f"unexpected arguments {argv[1:]}: every setting is a --flag",
+                        hint="pass --helpfull to list the flags")
+  cli.require("sklearn", "examples/conv_spatial.py", 'pip install -e ".[examples]"')
   results = []
   for layout in FLAGS.layouts:
     r = train(layout, FLAGS.mesh_shape, FLAGS.train_steps, FLAGS.batch_size,
@@ -280,4 +287,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  sys.exit(cli.run_absl_main(main))

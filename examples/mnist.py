@@ -50,17 +50,20 @@ training updates. Optimizer slots work the same way.
 
 from __future__ import annotations
 
+import os
+if __name__ == "__main__":
+  os.environ.setdefault("MTF_COMMAND_LINE", "1")  # quiet TensorFlow's start-up lines
+from mesh_tensorflow import cli  # noqa: E402  (imports TensorFlow, quietly when run)
+
 import dataclasses
 import glob
 import math
-import os
 import shutil
 import sys
 import tempfile
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
-from absl import app
 from absl import flags
 from absl import logging
 import numpy as np
@@ -470,7 +473,15 @@ def train(layout: str = "2x4", mesh_shape: str = "", train_steps: int = 600,
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    raise cli.UserError(f"unexpected arguments {argv[1:]}: every setting is a --flag",
+                        hint="pass --helpfull to list the flags")
+  for name in ("train_steps", "batch_size", "hidden_size", "grad_accum_steps"):
+    if FLAGS[name].value < 1:
+      raise cli.UserError(f"--{name}={FLAGS[name].value}: must be a positive integer")
+  for name in ("log_every", "eval_every", "checkpoint_every"):
+    if FLAGS[name].value < 0:
+      raise cli.UserError(f"--{name}={FLAGS[name].value}: must be >= 0 (0: never)")
+  cli.require("sklearn", "examples/mnist.py", 'pip install -e ".[examples]"')
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # INFO would show TF's chatter on every save.
   cluster = mtf.cluster.resolve(FLAGS.cluster)
@@ -490,14 +501,13 @@ def main(argv):
                      grad_accum_steps=FLAGS.grad_accum_steps, devices=devices,
                      lowering=FLAGS.lowering)
   except ValueError as e:
-    if FLAGS.model_dir and "heckpoint" in str(e):
-      print(f"error: {e}\nThe checkpoint in --model_dir={FLAGS.model_dir} does not fit this "
-            "model: pass --fresh to start over, or another --model_dir.",
-            file=sys.stderr)
-      sys.exit(1)
+    if FLAGS.model_dir and "heckpoint" in str(e) and "intact" not in str(e):
+      raise cli.UserError(
+          str(e), hint=f"if the checkpoint in --model_dir={FLAGS.model_dir} is of another "
+          "model, pass --fresh to start over, or another --model_dir") from e
     raise
   print(result.summary_line(), flush=True)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  sys.exit(cli.run_absl_main(main))

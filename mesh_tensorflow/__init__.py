@@ -6,6 +6,10 @@ device meshes.
     >>> mesh = mtf.Mesh(graph, "mesh")
 """
 
+from mesh_tensorflow import cli as _cli
+if _cli.started_as_command():
+  _cli.quiet_tensorflow_startup()  # before anything imports TensorFlow
+
 from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 from mesh_tensorflow.layout import (
     LayoutRules, TensorLayout, convert_to_layout_rules, pnum_to_processor_coordinates,

@@ -9,6 +9,11 @@ Saving uses `tf.train.Checkpoint` and `tf.train.CheckpointManager`: the
 checkpoint state file is replaced atomically after the data files are complete,
 so a run killed during a save leaves the previous checkpoint usable.
 
+Restoring first reads every saved tensor back (mtf.checkpoint_verify): a
+damaged or incomplete newest checkpoint is reported in one line and the newest
+intact one restored instead; an explicitly chosen damaged one is an error that
+names the intact ones. Each save removes what interrupted saves left behind.
+
 Restoring checks every variable against the checkpoint: a trainable variable
 the checkpoint lacks, or one saved with another logical shape, is a ValueError
 (pass allow_missing=True to start missing ones from their initializers).
@@ -22,6 +27,7 @@ counters) starts from its initial value, so a run may switch optimizers.
 List a checkpoint's variables with their logical shapes:
 
     python -m mesh_tensorflow.inspect_checkpoint /tmp/model
+    python -m mesh_tensorflow.inspect_checkpoint --verify /tmp/model
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
+from mesh_tensorflow import checkpoint_verify
 from mesh_tensorflow import slice_variables
 
 
@@ -91,6 +98,7 @@ class CheckpointManager:
       mesh_impls = [mesh_impls]
     self._impls = list(mesh_impls)
     self._directory = directory
+    self._checkpoint_name = checkpoint_name
     self._options = options
     self._root = _Variables()
     self._checkpoint = tf.train.Checkpoint(model=self._root)
@@ -143,9 +151,12 @@ class CheckpointManager:
       options = copy.copy(self._options)
       options.experimental_write_callbacks = list(
           self._options.experimental_write_callbacks or [])
-    return self._manager.save(checkpoint_number=int(step), options=options)
+    path = self._manager.save(checkpoint_number=int(step), options=options)
+    checkpoint_verify.clean_leftovers(self._directory, self._checkpoint_name)
+    return path
 
-  def restore(self, checkpoint_path: Optional[str] = None, allow_missing: bool = False) -> str:
+  def restore(self, checkpoint_path: Optional[str] = None, allow_missing: bool = False,
+              verify: bool = True) -> str:
     """Restores existing variables from a checkpoint (default: the latest) and
     makes variables created later start from it.
 
@@ -154,12 +165,15 @@ class CheckpointManager:
         the latest in the directory.
       allow_missing: let trainable variables that the checkpoint lacks keep (or
         start from) their initial values instead of raising.
+      verify: read every saved tensor back first (see mtf.checkpoint_verify):
+        a damaged checkpoint_path raises, a damaged latest checkpoint is
+        reported and the newest intact one restored instead.
 
     Returns:
       The checkpoint path restored.
 
     Raises:
-      ValueError: if there is no checkpoint, or a trainable variable is missing
+      ValueError: if there is no (intact) checkpoint, or a trainable variable is missing
         from it (unless allow_missing), or a variable has another shape. For
         variables created later, the error comes when they are created (when
         the step function is first traced).
@@ -168,7 +182,10 @@ class CheckpointManager:
       >>> manager.restore()                     # latest, before or after tracing
       >>> manager.restore(".../ckpt-100", allow_missing=True)
     """
-    path = checkpoint_path or self.latest_checkpoint
+    if verify:
+      path = checkpoint_verify.choose(self._directory, checkpoint_path, self.checkpoints)
+    else:
+      path = checkpoint_path or self.latest_checkpoint
     if not path:
       raise ValueError(f"No checkpoint found in {self._directory!r}.")
     try:
@@ -197,10 +214,11 @@ class CheckpointManager:
       slice_variables.set_pending_checkpoint(impl, path, allow_missing)
     return path
 
-  def restore_or_initialize(self) -> Optional[str]:
-    """Restores the latest checkpoint if there is one; returns its path."""
-    if self.latest_checkpoint:
-      return self.restore()
+  def restore_or_initialize(self, checkpoint_path: Optional[str] = None) -> Optional[str]:
+    """Restores `checkpoint_path`, else the newest intact checkpoint if there
+    is one (see `restore`); returns its path (None: nothing to restore)."""
+    if checkpoint_path or self.latest_checkpoint:
+      return self.restore(checkpoint_path)
     return None
 
 
@@ -224,7 +242,7 @@ def list_variables(checkpoint: str) -> List[Tuple[str, List[int], str]]:
       raise ValueError(f"No checkpoint in directory {checkpoint!r}.")
   try:
     reader = tf.train.load_checkpoint(path)
-  except (tf.errors.NotFoundError, tf.errors.DataLossError, ValueError) as e:
+  except (tf.errors.OpError, ValueError) as e:
     raise ValueError(f"Cannot read checkpoint {path!r}: {e}") from e
   dtypes = reader.get_variable_to_dtype_map()
   prefix, suffix = "model/variables_by_name/", "/.ATTRIBUTES/value"

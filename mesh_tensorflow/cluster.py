@@ -220,6 +220,11 @@ def start_worker(config: ClusterConfig, devices_per_worker: int = 1,
   The server's ConfigProto sets the CPU device count (logical device
   configurations made with tf.config do not reach a server's devices).
 
+  TensorFlow's server listens on 0.0.0.0 (every interface) at the task's
+  port, whatever host the cluster spec names, and runs any graph it is sent
+  without authentication: start workers only where untrusted machines cannot
+  reach the port (a private network, or behind a firewall).
+
   Example:
     >>> server = start_worker(parse_cluster("127.0.0.1:23001", task=0), 4)
     >>> server.join()
@@ -602,6 +607,9 @@ def serve(config: ClusterConfig, devices_per_worker: int = 1,
   if exit_with_parent:
     _exit_when_orphaned()
   server = start_worker(config, devices_per_worker)
+  port = config.workers[config.task].rpartition(":")[2]
   print(f"worker task {config.task} serving {devices_per_worker} CPU devices at "
-        f"{config.workers[config.task]} (pid {os.getpid()})", flush=True)
+        f"{config.workers[config.task]} (pid {os.getpid()}); TensorFlow listens on "
+        f"0.0.0.0:{port}, every interface, without authentication: keep the port behind "
+        "a firewall", flush=True)
   server.join()

@@ -28,6 +28,15 @@ Supervision:
   launcher killed with SIGKILL leaves no workers behind either (they exit when
   their parent does) and its client then fails on the lost workers.
 
+Who can reach the workers: a TensorFlow worker server runs any graph it is
+sent, without authentication, and it listens on every network interface of
+the machine (TensorFlow binds 0.0.0.0:PORT whatever host the cluster names;
+no public API narrows that). The launcher keeps the exposure short: workers
+use fresh ports, start only for an attempt, are stopped as soon as the client
+ends, and exit when the launcher dies. It says so in its first line. Run it,
+and any cluster, only on a machine or network that untrusted hosts cannot
+reach (a private network, or behind a firewall that blocks the ports).
+
 Workers log to `--log_dir` (default: a new temporary directory); the last
 lines of a failed worker's log are printed. The program after `--` is run with
 this Python if it ends in ".py" or starts with "-m", else as a command.
@@ -40,7 +49,6 @@ One worker by hand (what the launcher runs for each task):
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import signal
@@ -51,6 +59,7 @@ import tempfile
 import time
 from typing import Callable, IO, List, Optional, Sequence
 
+from mesh_tensorflow import cli
 from mesh_tensorflow import cluster as cluster_lib
 
 EXIT_TIMEOUT = 124
@@ -113,6 +122,24 @@ def free_ports(n: int, host: str = "127.0.0.1") -> List[int]:
     for s in sockets:
       s.close()
   return ports
+
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def exposure_notice(host: str) -> str:
+  """The launcher's first line: who can reach the workers.
+
+  Example:
+    >>> exposure_notice("127.0.0.1")[:40]
+    'note: TensorFlow worker servers take una'
+  """
+  where = ("the cluster names 127.0.0.1 but TensorFlow listens on every interface"
+           if host in _LOOPBACK else
+           f"--host={host} is reachable from other machines by design")
+  return ("note: TensorFlow worker servers take unauthenticated requests that run any "
+          f"graph on 0.0.0.0:PORT ({where}); they live only while the client runs. Use "
+          "clusters only on a private network or behind a firewall.")
 
 
 def program_command(program: Sequence[str]) -> List[str]:
@@ -275,6 +302,8 @@ class Launcher:
                               stderr=subprocess.STDOUT if self._stdout is not None else None)
     self.worker_processes, self.client_process = workers, client
     attempt = Attempt(number, addresses, [w.pid for w in workers], client.pid)
+    if number == 0:
+      self.log(exposure_notice(self.host))
     self.log(f"attempt {number}: {self.workers} workers x {self.devices_per_worker} CPU "
              f"devices on {', '.join(addresses)} (pids "
              f"{' '.join(str(w.pid) for w in workers)}; logs in {self.log_dir}); client pid "
@@ -349,8 +378,8 @@ def launch(program: Sequence[str], **kwargs) -> LaunchResult:
   return Launcher(program, **kwargs).run()
 
 
-def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+def _parser() -> cli.ArgumentParser:
+  parser = cli.ArgumentParser(
       prog="python -m mesh_tensorflow.launch",
       usage="python -m mesh_tensorflow.launch [options] -- PROGRAM [ARGS...]\n"
             "       python -m mesh_tensorflow.launch --serve --cluster=H:P,... --task=N "
@@ -387,7 +416,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  """`python -m mesh_tensorflow.launch`: returns the exit status (2, with one `error:` line, for a
+  mistake on the command line; see mesh_tensorflow.cli).
+
+  Example:
+    >>> main(["--help"])
+  """
+  from mesh_tensorflow import cli as cli_lib  # pylint: disable=g-import-not-at-top
   argv = list(sys.argv[1:] if argv is None else argv)
+  return cli_lib.run_main(lambda args: _main(args[1:]), ["python -m mesh_tensorflow.launch"] + argv)
+
+
+def _main(argv: Sequence[str]) -> int:
+  argv = list(argv)
   program: List[str] = []
   if "--" in argv:
     split = argv.index("--")

@@ -144,6 +144,12 @@ class MeshImpl:
     self._shape = convert_to_shape(shape)
     if self._shape is None:
       raise ValueError(f"Invalid mesh shape {shape!r}; write e.g. 'rows:2;cols:4'.")
+    empty = [d for d in self._shape.dims if d.size < 1]
+    if empty:
+      raise ValueError(
+          f"Mesh shape {shape if isinstance(shape, str) else self._shape.to_string!r}: mesh "
+          f"dimension {empty[0].name!r} has size {empty[0].size}; every mesh dimension "
+          "needs at least 1 processor (e.g. 'rows:2;cols:4').")
     self._layout_rules = layout_lib.convert_to_layout_rules(layout_rules)
     self._layout_rules.check_mesh_shape(self._shape)
     self._layout_cache = {}

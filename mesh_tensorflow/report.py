@@ -16,11 +16,11 @@ communication from a real lowering (slower, every op type).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import os
 import sys
 from typing import Optional, Sequence
+
+from mesh_tensorflow import cli
 
 
 @dataclasses.dataclass
@@ -117,8 +117,20 @@ def report_for_current_config(mesh_shape: Optional[str] = None, layout: Optional
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  """`python -m mesh_tensorflow.report`: returns the exit status (2, with one `error:` line, for a
+  mistake on the command line; see mesh_tensorflow.cli).
+
+  Example:
+    >>> main(["--help"])
+  """
+  from mesh_tensorflow import cli as cli_lib  # pylint: disable=g-import-not-at-top
+  argv = list(sys.argv[1:] if argv is None else argv)
+  return cli_lib.run_main(lambda args: _main(args[1:]), ["python -m mesh_tensorflow.report"] + argv)
+
+
+def _main(argv: Sequence[str]) -> int:
   """`python -m mesh_tensorflow.report --gin_file=... [--png=out.png]`."""
-  parser = argparse.ArgumentParser(
+  parser = cli.ArgumentParser(
       prog="python -m mesh_tensorflow.report",
       description="Layout report (tensors' splits, per-op compute and communication, "
       "memory per device) of a transformer configured by gin files.")
@@ -140,16 +152,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--memory_budget_bytes", type=int, default=None,
                       help="with --auto: bytes per device a layout may use")
   args = parser.parse_args(argv)
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  if args.memory_budget_bytes is not None and args.memory_budget_bytes <= 0:
+    parser.error(f"--memory_budget_bytes={args.memory_budget_bytes}: must be a positive "
+                 "number of bytes")
   from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
-  try:
-    gin_config.parse(args.gin_file, args.gin_param)
-    report = report_for_current_config(args.mesh_shape, args.layout, exact=args.exact,
-                                       params=args.params, auto=args.auto,
-                                       memory_budget_bytes=args.memory_budget_bytes)
-  except (ValueError, OSError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+  gin_config.parse(args.gin_file, args.gin_param)
+  report = report_for_current_config(args.mesh_shape, args.layout, exact=args.exact,
+                                     params=args.params, auto=args.auto,
+                                     memory_budget_bytes=args.memory_budget_bytes)
   if report.search_explanation:
     print(report.search_explanation + "\n")
   print(report)

@@ -92,6 +92,8 @@ class Trainer:
     loss_scale: a `mtf.mixed_precision.DynamicLossScale` for float16
       training: steps with non-finite gradients are skipped (variables and
       slots unchanged; the global step still advances) and logged.
+    checkpoint_path: restore this checkpoint of model_dir's run instead of
+      the newest intact one (a damaged one is an error naming the intact ones).
 
   An `mtf.adascale.AdaScale` optimizer takes its gradient samples from the
   data-parallel replicas (grad_accum_steps=1) or from the micro-batches
@@ -109,7 +111,7 @@ class Trainer:
                eval_feature_shapes: Optional[Dict[str, object]] = None,
                checkpoint_options: Optional[tf.train.CheckpointOptions] = None,
                zero_stage: int = 0, zero_mesh_dim: Optional[str] = None,
-               loss_scale=None):
+               loss_scale=None, checkpoint_path: Optional[str] = None):
     if grad_accum_steps < 1:
       raise ValueError(f"Trainer: grad_accum_steps must be >= 1, got {grad_accum_steps}.")
     if zero_stage not in zero.STAGES:
@@ -136,10 +138,16 @@ class Trainer:
     if model_dir:
       self._manager = checkpoint_lib.CheckpointManager(
           mesh_impl, model_dir, max_to_keep=keep_checkpoints, options=checkpoint_options)
-      restored = self._manager.restore_or_initialize()
+      restored = self._manager.restore_or_initialize(checkpoint_path)
       if restored:
         self._log(f"restored checkpoint {restored} (step {self.global_step})")
-      self._writer = tf.summary.create_file_writer(model_dir)
+
+  def _summary_writer(self) -> Optional[tf.summary.SummaryWriter]:
+    """model_dir's TensorBoard writer, made at the first summary (so a run
+    that fails before its first step writes nothing into model_dir)."""
+    if self._writer is None and self._model_dir:
+      self._writer = tf.summary.create_file_writer(self._model_dir)
+    return self._writer
 
   # ---- state ---------------------------------------------------------------
   def _step_variable(self) -> tf.Variable:
@@ -358,7 +366,7 @@ class Trainer:
       history["step"].append(step)
       for k, v in out.items():
         history.setdefault(k, []).append(v)
-      if self._writer is not None:
+      if self._summary_writer() is not None:
         with self._writer.as_default(step=step):
           for k, v in out.items():
             tf.summary.scalar(k.replace("summary/", ""), v)
@@ -404,7 +412,7 @@ class Trainer:
     if n == 0:
       raise ValueError("Trainer.evaluate: the dataset is empty.")
     result = {k: v / n for k, v in totals.items()}
-    if self._writer is not None:
+    if self._summary_writer() is not None:
       with self._writer.as_default(step=self.global_step):
         for k, v in result.items():
           tf.summary.scalar(f"eval/{k}", v)

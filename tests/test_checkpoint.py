@@ -239,4 +239,4 @@ def test_list_variables_and_inspect_checkpoint_cli(saved, tmp_path):
   assert f"{len(values)} variables" in proc.stdout
   bad = subprocess.run(cmd + [str(tmp_path)], capture_output=True, text=True, env=env,
                        cwd=REPO_ROOT, timeout=600, check=False)
-  assert bad.returncode == 1 and "No checkpoint in directory" in bad.stderr
+  assert bad.returncode == 2 and "No checkpoint in directory" in bad.stderr

@@ -91,6 +91,15 @@ def _too_few_devices():
   return mtf.placement_mesh_impl.PlacementMeshImpl("rows:2;cols:4", "", DEVICES[:6])
 
 
+def _mesh_dim_of_size_zero():
+  return mtf.placement_mesh_impl.PlacementMeshImpl("rows:0;cols:4", "", DEVICES)
+
+
+def _run_negative_train_steps():
+  from mesh_tensorflow.transformer import utils  # pylint: disable=g-import-not-at-top
+  return utils.check_settings("train", train_steps=-5)
+
+
 def _tensor_from_another_graph():
   _, mesh1 = _mesh()
   _, mesh2 = _mesh()
@@ -243,6 +252,12 @@ ERROR_CASES = [
     ErrorCase("device_count",
               "Number of devices differs from the number of processors in the mesh",
               _too_few_devices, ValueError, ("8 processors", "6 devices")),
+    ErrorCase("mesh_dim_size_zero",
+              "A mesh dimension of size 0",
+              _mesh_dim_of_size_zero, ValueError, ("'rows'", "size 0")),
+    ErrorCase("run_negative_train_steps",
+              "A negative step count for the transformer's run",
+              _run_negative_train_steps, ValueError, ("run.train_steps", "-5")),
     ErrorCase("tensor_from_other_graph",
               "Combining a tensor from another mtf.Graph",
               _tensor_from_another_graph, ValueError, ("from_other_graph", "mtf.Graph")),

@@ -32,6 +32,8 @@ import collections
 import dataclasses
 import itertools
 import json
+import os
+import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from mesh_tensorflow.layout import convert_to_layout_rules, pnum_to_processor_coordinates
@@ -1357,11 +1359,22 @@ def calibrate(num_devices: int = 8, repeats: int = 5) -> DeviceParams:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  """`python -m mesh_tensorflow.cost_model`: returns the exit status (2, with one `error:` line, for a
+  mistake on the command line; see mesh_tensorflow.cli).
+
+  Example:
+    >>> main(["--help"])
+  """
+  from mesh_tensorflow import cli as cli_lib  # pylint: disable=g-import-not-at-top
+  argv = list(sys.argv[1:] if argv is None else argv)
+  return cli_lib.run_main(lambda args: _main(args[1:]), ["python -m mesh_tensorflow.cost_model"] + argv)
+
+
+def _main(argv: Sequence[str]) -> int:
   """`python -m mesh_tensorflow.cost_model --calibrate [--devices 8]
   [--output params.json]`: prints (and writes) calibrated DeviceParams."""
-  import argparse  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
-  parser = argparse.ArgumentParser(
+  from mesh_tensorflow import cli  # pylint: disable=g-import-not-at-top
+  parser = cli.ArgumentParser(
       prog="python -m mesh_tensorflow.cost_model",
       description="Device parameters of the mtf cost model.")
   parser.add_argument("--calibrate", action="store_true",
@@ -1371,11 +1384,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--show_defaults", action="store_true",
                       help="print the built-in defaults for cpu, gpu and tpu")
   args = parser.parse_args(argv)
+  if args.devices < 1:
+    parser.error(f"--devices={args.devices}: must be at least 1")
+  if args.output and os.path.isdir(args.output):
+    parser.error(f"--output={args.output} is a directory; give a file name such as "
+                 "params.json")
   if args.show_defaults or not args.calibrate:
     print(json.dumps({k: dataclasses.asdict(v) for k, v in _DEFAULTS.items()}, indent=2))
     if not args.calibrate:
       return 0
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   cpu = tf.config.list_physical_devices("CPU")[0]
   try:

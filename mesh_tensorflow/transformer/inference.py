@@ -17,6 +17,7 @@ stay one line each.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -65,14 +66,64 @@ def unescape(line: str) -> str:
   return "".join(out)
 
 
-def read_lines(path: str) -> List[str]:
+def read_lines(path: str, encoding: str = "utf-8", errors: str = "strict") -> List[str]:
   """The lines of a text file (unescaped, without line ends).
+
+  Args:
+    path: the file.
+    encoding: its text encoding (any Python codec name).
+    errors: "strict" (an undecodable line is an error), "replace" (such bytes
+      become U+FFFD) or "ignore".
+
+  Raises:
+    ValueError: naming the file, line and byte that do not decode, or an
+      unknown encoding; FileNotFoundError if there is no such file.
 
   Example:
     >>> read_lines("/tmp/prompts.txt")
   """
-  with tf.io.gfile.GFile(path, "r") as f:
-    return [unescape(line.rstrip("\r\n")) for line in f]
+  try:
+    "".encode(encoding)
+  except LookupError:
+    raise ValueError(f"input encoding {encoding!r} is not a known codec (try utf-8, "
+                     "latin-1, cp1252, utf-16).") from None
+  if errors not in ("strict", "replace", "ignore"):
+    raise ValueError(f"input errors {errors!r}: use 'strict', 'replace' or 'ignore'.")
+  if not tf.io.gfile.exists(path):
+    raise FileNotFoundError(2, "no such input file", path)
+  if tf.io.gfile.isdir(path):
+    raise IsADirectoryError(21, "is a directory, not an input file with one text per line", path)
+  with tf.io.gfile.GFile(path, "rb") as f:
+    data = f.read()
+  out = []
+  for number, raw in enumerate(data.splitlines(), start=1):
+    try:
+      text = raw.decode(encoding, errors=errors)
+    except UnicodeDecodeError as e:
+      raise ValueError(
+          f"{path}, line {number}: byte 0x{raw[e.start]:02x} at column {e.start + 1} is "
+          f"not valid {encoding} ({e.reason}). Pass --input_encoding=latin-1 (or the "
+          "file's encoding), or --input_errors=replace to replace such bytes "
+          "(gin: run.input_encoding, run.input_errors).") from None
+    out.append(unescape(text))
+  return out
+
+
+def read_input_file(mode: str, path: Optional[str], encoding: str = "utf-8",
+                    errors: str = "strict") -> List[str]:
+  """The texts of infer/score's input_file (see `read_lines`).
+
+  Raises:
+    ValueError: without a path, or for a line that does not decode.
+    FileNotFoundError: for a missing file.
+
+  Example:
+    >>> read_input_file("infer", "/tmp/prompts.txt")
+  """
+  if not path:
+    what = "one input per line" if mode == "infer" else "one text, or input<TAB>target, per line"
+    raise ValueError(f"mode {mode!r} needs --input_file ({what}).")
+  return read_lines(path, encoding, errors)
 
 
 def write_lines(path: str, lines: Sequence[str]) -> None:
@@ -82,6 +133,7 @@ def write_lines(path: str, lines: Sequence[str]) -> None:
     >>> write_lines("/tmp/outputs.txt", ["a", "b\\nc"])
   """
   with tf.io.gfile.GFile(path, "w") as f:
+    f.write("")  # creates the file even when there are no lines
     for line in lines:
       f.write(escape(line) + "\n")
 
@@ -140,10 +192,30 @@ def padded_batch_size(n: int, multiple: int) -> int:
   return max(1, math.ceil(n / multiple)) * multiple
 
 
+def prompt_room(length: int, decode_length: int) -> int:
+  """How many tokens a prompt that fills the sequence keeps (its last ones):
+  room is left for min(decode_length, length // 2) new tokens.
+
+  Example:
+    >>> prompt_room(128, 96)
+    64
+  """
+  return max(1, length - max(1, min(decode_length, length // 2)))
+
+
+def warn(line: str) -> None:
+  """Prints a warning line (stderr, flushed)."""
+  print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
 def encode_batch(vocabulary: vocabulary_lib.Vocabulary, texts: Sequence[str], length: int,
-                 batch_size: int, append_eos: bool) -> Tuple[np.ndarray, List[int]]:
+                 batch_size: int, append_eos: bool,
+                 keep_last: Optional[int] = None) -> Tuple[np.ndarray, List[int]]:
   """Ids [batch_size, length] of `texts` (cut to `length`, zero-padded, with
   empty rows filling the batch) and the number of ids of each text.
+
+  With keep_last, a text of `length` or more ids keeps only its last
+  keep_last ids (a prompt that leaves room to generate).
 
   Example:
     >>> ids, lengths = encode_batch(ByteVocabulary(), ["hi"], 8, 2, append_eos=True)
@@ -154,6 +226,8 @@ def encode_batch(vocabulary: vocabulary_lib.Vocabulary, texts: Sequence[str], le
   lengths = []
   for row, text in enumerate(texts):
     tokens = vocabulary.encode(text)
+    if keep_last is not None and len(tokens) >= length:
+      tokens = tokens[-keep_last:]
     if append_eos:
       tokens = tokens[:length - 1] + [vocabulary.eos_id]
     tokens = tokens[:length]
@@ -163,9 +237,9 @@ def encode_batch(vocabulary: vocabulary_lib.Vocabulary, texts: Sequence[str], le
 
 
 # --------------------------------------------------------- infer and score
-def restore(mesh_impl, model_dir: str) -> str:
-  """Makes the variables of `mesh_impl` start from model_dir's latest
-  checkpoint; returns its path.
+def restore(mesh_impl, model_dir: str, checkpoint_path: Optional[str] = None) -> str:
+  """Makes the variables of `mesh_impl` start from `checkpoint_path`, else
+  model_dir's newest intact checkpoint; returns its path.
 
   Raises:
     ValueError: if model_dir has no checkpoint.
@@ -175,7 +249,7 @@ def restore(mesh_impl, model_dir: str) -> str:
     '/tmp/lm/ckpt-600'
   """
   manager = mtf.checkpoint.CheckpointManager(mesh_impl, model_dir)
-  restored = manager.restore_or_initialize()
+  restored = manager.restore_or_initialize(checkpoint_path)
   if not restored:
     raise ValueError(f"No checkpoint in {model_dir!r}: train first (--mode=train).")
   log(f"restored {restored}")
@@ -189,6 +263,15 @@ def _chunks(items: Sequence, size: int) -> Iterator[Sequence]:
 
 def _top_k(top_k: Optional[int]) -> Optional[int]:
   return top_k if top_k and top_k > 0 else None
+
+
+def _warn_cut(setup: modeling.Setup, texts: Sequence[str], length: int, what: str) -> None:
+  """Warns about texts that do not fit `length` ids with their end token."""
+  rows = [i for i, t in enumerate(texts) if len(setup.vocabulary.encode(t)) >= length]
+  if rows:
+    warn(f"{len(rows)} {what}(s) (input line(s) {', '.join(str(i + 1) for i in rows[:5])}"
+         f"{', ...' if len(rows) > 5 else ''}) are longer than the sequence length {length}: "
+         f"only their first {length - 1} tokens are used (raise run.sequence_length).")
 
 
 def lm_decode(setup: modeling.Setup, prompts: Sequence[str], decode_length: int,
@@ -212,9 +295,17 @@ def lm_decode(setup: modeling.Setup, prompts: Sequence[str], decode_length: int,
   """
   length = setup.sequence_length["targets"]
   batch = padded_batch_size(min(len(prompts), setup.batch_size), setup.batch_split)
+  keep = prompt_room(length, decode_length)
+  long_rows = [i for i, p in enumerate(prompts) if len(setup.vocabulary.encode(p)) >= length]
+  if long_rows:
+    warn(f"{len(long_rows)} prompt(s) (input line(s) "
+         f"{', '.join(str(i + 1) for i in long_rows[:5])}{', ...' if len(long_rows) > 5 else ''})"
+         f" fill the sequence length {length}: each keeps its last {keep} tokens so that "
+         f"{length - keep} can be generated (raise run.sequence_length to keep more).")
   cache, outputs = {}, []
   for chunk in _chunks(list(prompts), batch):
-    ids, lengths = encode_batch(setup.vocabulary, chunk, length, batch, append_eos=False)
+    ids, lengths = encode_batch(setup.vocabulary, chunk, length, batch, append_eos=False,
+                                keep_last=keep)
 
     def build(mesh, features):
       del mesh
@@ -251,6 +342,7 @@ def bi_decode(setup: modeling.Setup, sources: Sequence[str], temperature: float 
   """
   in_length = setup.sequence_length["inputs"]
   batch = padded_batch_size(min(len(sources), setup.batch_size), setup.batch_split)
+  _warn_cut(setup, sources, in_length, "input")
   cache, outputs = {}, []
   for chunk in _chunks(list(sources), batch):
     ids, _ = encode_batch(setup.vocabulary, chunk, in_length, batch, append_eos=True)
@@ -271,7 +363,7 @@ def bi_decode(setup: modeling.Setup, sources: Sequence[str], temperature: float 
 
 def infer(setup: modeling.Setup, input_file: Optional[str], output_file: Optional[str],
           decode_length: int, temperature: float, top_k: Optional[int], beam_size: int,
-          alpha: float) -> Dict[str, float]:
+          alpha: float, lines: Optional[Sequence[str]] = None) -> Dict[str, float]:
   """Decodes every line of input_file (prompts for "lm", inputs for
   "bitransformer") and writes one output per line to output_file (default
   input_file + ".outputs").
@@ -280,18 +372,20 @@ def infer(setup: modeling.Setup, input_file: Optional[str], output_file: Optiona
     >>> infer(setup, "prompts.txt", None, 64, 0.0, None, 1, 0.6)
     {'examples': 2.0}
   """
-  if not input_file:
-    raise ValueError("mode 'infer' needs input_file (one input per line).")
+  if lines is None:
+    lines = read_input_file("infer", input_file)
   output_file = output_file or input_file + ".outputs"
-  lines = read_lines(input_file)
   start = time.perf_counter()
-  if setup.model_type == "lm":
+  if not lines:
+    outputs = []
+  elif setup.model_type == "lm":
     outputs = lm_decode(setup, lines, decode_length, temperature, top_k)
   else:
     outputs = bi_decode(setup, lines, temperature, top_k, beam_size, alpha)
   write_lines(output_file, outputs)
   for line, out in list(zip(lines, outputs))[:3]:
-    log(f"{line!r} -> {out!r}")
+    shown = line if len(line) <= 60 else f"...{line[-57:]}"
+    log(f"{shown!r} -> {out!r}")
   log(f"decoded {len(lines)} inputs to {output_file} in {time.perf_counter() - start:.1f} s")
   return {"examples": float(len(lines))}
 
@@ -316,7 +410,7 @@ def _score_features(setup: modeling.Setup, lines: Sequence[str],
 
 
 def score(setup: modeling.Setup, input_file: Optional[str],
-          output_file: Optional[str]) -> Dict[str, float]:
+          output_file: Optional[str], lines: Optional[Sequence[str]] = None) -> Dict[str, float]:
   """Writes the log-likelihood (nats) of every line of input_file, a text
   for "lm" or "input<TAB>target" for "bitransformer" (the target's), one per
   line to output_file (default input_file + ".scores"). Texts longer than the
@@ -326,11 +420,12 @@ def score(setup: modeling.Setup, input_file: Optional[str],
     >>> score(setup, "texts.txt", None)
     {'examples': 3.0, 'mean_score': -41.2}
   """
-  if not input_file:
-    raise ValueError("mode 'score' needs input_file (one text, or input<TAB>target, per "
-                     "line).")
+  if lines is None:
+    lines = read_input_file("score", input_file)
+  lines = list(lines)
   output_file = output_file or input_file + ".scores"
-  lines = read_lines(input_file)
+  if setup.model_type == "lm":
+    _warn_cut(setup, lines, setup.sequence_length["targets"], "text")
   batch = padded_batch_size(setup.batch_size, setup.batch_split)
   cache, scores = {}, []
   for chunk in _chunks(lines, batch):
@@ -345,6 +440,7 @@ def score(setup: modeling.Setup, input_file: Optional[str],
                   setup.feature_shapes(batch), build, cache, "score")
     scores.extend(float(s) for s in out["score"][:len(chunk)])
   with tf.io.gfile.GFile(output_file, "w") as f:
+    f.write("")  # creates the file even when there are no lines
     for s in scores:
       f.write(f"{s:.6f}\n")
   mean = float(np.mean(scores)) if scores else float("nan")

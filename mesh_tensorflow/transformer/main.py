@@ -22,6 +22,11 @@ read after gin/defaults.gin, then single bindings:
 --mode is train (train, evaluate, print samples), eval (held-out loss,
 perplexity, token accuracy), infer (decode each line of --input_file into
 --output_file) or score (log-likelihood of each line, in nats).
+
+A mistake (bad flag, gin binding, layout, mesh, file, checkpoint) is one
+`error:` line and one `hint:` line with exit status 2; --verbose (or
+MTF_VERBOSE=1) adds the traceback. A damaged newest checkpoint is reported and
+the newest intact one restored; --checkpoint_path picks one.
 """
 
 from __future__ import annotations
@@ -30,9 +35,10 @@ import os
 import sys
 import tempfile
 
-from absl import app
 from absl import flags
 from absl import logging
+
+from mesh_tensorflow import cli
 
 NUM_CPU_DEVICES = 8
 DEFAULT_MODEL_DIR = os.path.join(tempfile.gettempdir(), "mesh_tensorflow_transformer")
@@ -54,6 +60,14 @@ flags.DEFINE_string("output_file", None,
 flags.DEFINE_bool("fresh", False, "train: delete model_dir's checkpoints and events first.")
 flags.DEFINE_integer("cpu_devices", NUM_CPU_DEVICES,
                      "Logical CPU devices to create (the mesh may use fewer).")
+flags.DEFINE_string("checkpoint_path", None,
+                    "Restore this checkpoint (e.g. MODEL_DIR/ckpt-400) instead of the newest "
+                    "intact one of --model_dir.")
+flags.DEFINE_string("input_encoding", None,
+                    "infer/score: the text encoding of --input_file (default utf-8).")
+flags.DEFINE_enum("input_errors", None, ["strict", "replace", "ignore"],
+                  "infer/score: what an undecodable byte of --input_file does: strict "
+                  "(an error naming the line, the default), replace or ignore.")
 flags.DEFINE_bool("print_layout_report", False,
                   "Print the layout report (tensor splits, per-op compute and "
                   "communication, memory per device) of the configured model first.")
@@ -61,8 +75,8 @@ flags.DEFINE_bool("print_layout_report", False,
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    raise cli.UserError(f"unexpected arguments {argv[1:]}: every setting is a --flag",
+                        hint="pass --helpfull to list the flags")
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # INFO shows TensorFlow's chatter on every save.
   # Logical devices must be configured before TensorFlow initializes them.
@@ -74,7 +88,8 @@ def main(argv):
     from mesh_tensorflow import report  # pylint: disable=g-import-not-at-top
     print(report.report_for_current_config(), flush=True)
   overrides = {"model_dir": FLAGS.model_dir or None}
-  for name in ("mode", "input_file", "output_file"):
+  for name in ("mode", "input_file", "output_file", "checkpoint_path", "input_encoding",
+               "input_errors"):
     if getattr(FLAGS, name) is not None:
       overrides[name] = getattr(FLAGS, name)
   if FLAGS.fresh:
@@ -82,16 +97,17 @@ def main(argv):
   try:
     utils.run(**overrides)
   except ValueError as e:
-    if FLAGS.model_dir and "heckpoint" in str(e):
-      print(f"error: {e}\nIf --model_dir={FLAGS.model_dir} holds another model, pass --fresh "
-            "to start over or choose another --model_dir.", file=sys.stderr)
-      sys.exit(1)
+    if (FLAGS.model_dir and "heckpoint" in str(e) and cli.is_user_error(e)
+        and "intact" not in str(e)):
+      raise cli.UserError(
+          str(e), hint=f"if --model_dir={FLAGS.model_dir} holds another model, pass --fresh "
+          "to start over or choose another --model_dir") from e
     raise
 
 
 def console_main():
   """Entry point of the `mtf-transformer` command."""
-  app.run(main)
+  sys.exit(cli.run_absl_main(main))
 
 
 if __name__ == "__main__":

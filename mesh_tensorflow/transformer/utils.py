@@ -281,6 +281,47 @@ def _write_scalars(model_dir: Optional[str], step: int, values: Dict[str, float]
 
 
 # ------------------------------------------------------------------ run
+_POSITIVE = ("batch_size", "train_steps", "eval_steps", "keep_checkpoints",
+             "grad_accum_steps", "decode_length", "beam_size")
+_NON_NEGATIVE = ("eval_every", "num_samples", "checkpoint_every", "log_every")
+
+
+def check_settings(mode: str, sequence_length: Optional[Mapping[str, int]] = None,
+                   **settings) -> None:
+  """Rejects counts that cannot work, naming the gin setting (run.<name>).
+
+  Steps, batch sizes, sequence lengths and the like must be positive
+  integers (train_steps only matters, and is only checked, in "train" mode);
+  eval_every, num_samples, checkpoint_every and log_every may be 0 (never,
+  or only at the end).
+
+  Raises:
+    ValueError: naming the setting, its value and what it needs.
+
+  Example:
+    >>> check_settings("train", train_steps=-5)
+    Traceback (most recent call last):
+    ValueError: run.train_steps = -5: must be a positive integer ...
+  """
+  def bad(name, value, need):
+    hint = " (use --mode=eval to evaluate without training)" if name == "train_steps" else ""
+    raise ValueError(f"run.{name} = {value!r}: must be {need}{hint}; set it with "
+                     f"--gin_param=\"run.{name} = ...\".")
+
+  for name, value in settings.items():
+    if name == "train_steps" and mode != "train":
+      continue
+    if name in _POSITIVE or name in _NON_NEGATIVE:
+      ok_type = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+      lowest = 1 if name in _POSITIVE else 0
+      if not ok_type or value < lowest:
+        bad(name, value, "a positive integer" if lowest else "an integer >= 0")
+  for key, value in dict(sequence_length or {}).items():
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+      raise ValueError(f"run.sequence_length[{key!r}] = {value!r}: must be a positive "
+                       "integer, e.g. run.sequence_length = {'inputs': 128, 'targets': 128}.")
+
+
 @gin.configurable
 def run(model_dir: Optional[str],
         mode: str = "train",
@@ -315,7 +356,10 @@ def run(model_dir: Optional[str],
         temperature: float = 0.6,
         top_k: int = 40,
         beam_size: int = 1,
-        alpha: float = 0.6) -> Dict[str, float]:
+        alpha: float = 0.6,
+        checkpoint_path: Optional[str] = None,
+        input_encoding: str = "utf-8",
+        input_errors: str = "strict") -> Dict[str, float]:
   """Trains, evaluates, decodes or scores a transformer (see module docstring).
 
   Args:
@@ -368,6 +412,11 @@ def run(model_dir: Optional[str],
     top_k: sample from the k most likely tokens (0 or -1: all).
     beam_size: beam search width ("bitransformer"; 1: greedy or sampling).
     alpha: beam search length penalty.
+    checkpoint_path: restore this checkpoint (e.g. ".../ckpt-400") instead of
+      the newest intact one of model_dir (see mtf.checkpoint_verify).
+    input_encoding: infer/score: the encoding of input_file.
+    input_errors: infer/score: "strict" (an undecodable byte is an error
+      naming the file and line), "replace" or "ignore".
 
   Returns:
     The final metrics (e.g. {"step", "loss", "eval_loss", "perplexity"});
@@ -377,6 +426,12 @@ def run(model_dir: Optional[str],
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
   if model_type not in MODEL_TYPES:
     raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}.")
+  check_settings(mode, sequence_length=sequence_length, batch_size=batch_size,
+                 train_steps=train_steps, eval_steps=eval_steps, eval_every=eval_every,
+                 checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
+                 log_every=log_every, grad_accum_steps=grad_accum_steps,
+                 decode_length=decode_length, num_samples=num_samples,
+                 beam_size=beam_size)
   vocabulary = vocabulary or vocabulary_lib.ByteVocabulary()
   sequence_length = dict(sequence_length or {"inputs": 128, "targets": 128})
   mesh_impl = make_mesh_impl(mesh_shape, layout_rules, lowering=lowering)
@@ -404,11 +459,14 @@ def run(model_dir: Optional[str],
   if mode in ("infer", "score"):
     if not model_dir:
       raise ValueError(f"mode {mode!r} needs a model_dir with a checkpoint.")
-    inference.restore(mesh_impl, model_dir)
+    if not checkpoint_path and tf.train.get_checkpoint_state(model_dir) is None:
+      raise ValueError(f"No checkpoint in {model_dir!r}: train first (--mode=train).")
+    lines = inference.read_input_file(mode, input_file, input_encoding, input_errors)
+    inference.restore(mesh_impl, model_dir, checkpoint_path)
     if mode == "infer":
       return inference.infer(setup, input_file, output_file, decode_length, temperature,
-                             top_k, beam_size, alpha)
-    return inference.score(setup, input_file, output_file)
+                             top_k, beam_size, alpha, lines=lines)
+    return inference.score(setup, input_file, output_file, lines=lines)
 
   if model_dir and fresh and mode == "train":
     _clear_model_dir(model_dir)
@@ -418,7 +476,7 @@ def run(model_dir: Optional[str],
           learning_rate_schedule, train_steps)), model_dir=model_dir or None,
       grad_accum_steps=grad_accum_steps, checkpoint_every=checkpoint_every,
       keep_checkpoints=keep_checkpoints, log_every=log_every, log_fn=log,
-      zero_stage=zero_stage, loss_scale=loss_scale)
+      zero_stage=zero_stage, loss_scale=loss_scale, checkpoint_path=checkpoint_path)
   eval_data = data(dataset_lib.VALIDATION, False, 0)
 
   def evaluate() -> Dict[str, float]:

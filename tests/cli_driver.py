@@ -1,0 +1,100 @@
+"""Runs many command lines of one entry point in one process (for
+tests/test_cli_errors.py): each through the same wrapper as the real command
+(mesh_tensorflow.cli.run_main / run_absl_main), with stdout and stderr
+captured, so a case costs milliseconds instead of a TensorFlow start-up.
+
+    python tests/cli_driver.py CASES.json RESULTS.json
+
+CASES.json is a list of [entry, argv] pairs (argv without the program name,
+entry one of ENTRIES); RESULTS.json gets one {"code", "stdout", "stderr"} per
+case. Programs with absl flags define the same flag names, so one process
+runs cases of at most one of "transformer", "mnist" and "conv_spatial".
+"""
+
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import sys
+import traceback
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _example(name):
+  path = os.path.join(REPO_ROOT, "examples", f"{name}.py")
+  spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # dataclasses look their module up there
+  spec.loader.exec_module(module)
+  return module
+
+
+def _absl(main):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow import cli  # pylint: disable=g-import-not-at-top
+
+  def run(argv):
+    flags.FLAGS.unparse_flags()
+    return cli.run_absl_main(main, ["prog"] + argv)
+  return run
+
+
+def _argparse(main):
+  return main  # these main(argv) functions wrap themselves in cli.run_main
+
+
+def _entry(name):
+  if name == "transformer":
+    from mesh_tensorflow.transformer import main  # pylint: disable=g-import-not-at-top
+    return _absl(main.main)
+  if name in ("mnist", "conv_spatial"):
+    if os.environ.get("CLI_DRIVER_HIDE_SKLEARN"):
+      sys.modules["sklearn"] = None  # as if scikit-learn were not installed
+    return _absl(_example(name).main)
+  if name == "report":
+    from mesh_tensorflow import report  # pylint: disable=g-import-not-at-top
+    return _argparse(report.main)
+  if name == "inspect_checkpoint":
+    from mesh_tensorflow import inspect_checkpoint  # pylint: disable=g-import-not-at-top
+    return _argparse(inspect_checkpoint.main)
+  if name == "launch":
+    from mesh_tensorflow import launch  # pylint: disable=g-import-not-at-top
+    return _argparse(launch.main)
+  if name == "cost_model":
+    from mesh_tensorflow import cost_model  # pylint: disable=g-import-not-at-top
+    return _argparse(cost_model.main)
+  raise SystemExit(f"unknown entry {name!r}")
+
+
+ENTRIES = ("transformer", "mnist", "conv_spatial", "report", "inspect_checkpoint", "launch",
+           "cost_model")
+
+
+def main():
+  cases_path, results_path = sys.argv[1:3]
+  with open(cases_path) as f:
+    cases = json.load(f)
+  runners = {}
+  results = []
+  for entry, argv in cases:
+    if entry not in runners:
+      runners[entry] = _entry(entry)
+    run = runners[entry]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+      try:
+        code = run(argv)
+      except SystemExit as e:
+        code = e.code
+      except BaseException:  # pylint: disable=broad-except
+        traceback.print_exc()
+        code = "uncaught"
+    results.append({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
+  with open(results_path, "w") as f:
+    json.dump(results, f)
+
+
+if __name__ == "__main__":
+  main()
