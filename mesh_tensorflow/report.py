@@ -70,9 +70,9 @@ def build_training_step(mesh_shape: Optional[str] = None,
   setup = modeling.Setup(
       model_type=b.get("model_type", "lm"), vocabulary=vocabulary, mesh_impl=impl,
       sequence_length=sequence_length, batch_size=batch_size,
-      vocab_size=vocabulary.vocab_size, vocab_divisor=int(b.get("vocab_divisor", 8)),
+      vocab_size=vocabulary.vocab_size, vocab_divisor=b.get("vocab_divisor"),
       variable_dtype=mtf.VariableDType(tf.float32, tf.float32,
-                                       b.get("activation_dtype", "float32")))
+                                       b.get("activation_dtype") or "float32"))
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
   features = {}
