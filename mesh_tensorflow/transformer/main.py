@@ -22,6 +22,15 @@ read after gin/defaults.gin, then single bindings:
 --mode is train (train, evaluate, print samples), eval (held-out loss,
 perplexity, token accuracy), infer (decode each line of --input_file into
 --output_file) or score (log-likelihood of each line, in nats).
+
+A model directory of the original Mesh TensorFlow or T5 runs with its own
+operative config (see docs/porting_t5_models.md):
+
+    python -m mesh_tensorflow.transformer.main --model_dir=DIR \
+        --gin_file=DIR/operative_config.gin --mode=score --input_file=pairs.tsv \
+        --gin_param="utils.run.mesh_shape = 'batch:2,model:4'"
+
+and --init_checkpoint=DIR fine-tunes it into a new --model_dir.
 """
 
 from __future__ import annotations
@@ -52,6 +61,15 @@ flags.DEFINE_string("output_file", None,
                     "infer/score: where the outputs go (default: input_file + "
                     "'.outputs' or '.scores').")
 flags.DEFINE_bool("fresh", False, "train: delete model_dir's checkpoints and events first.")
+flags.DEFINE_string(
+    "init_checkpoint", None,
+    "train: start a model_dir without checkpoints from this checkpoint (a path prefix, "
+    "or a model directory for its latest; this library's format or the original Mesh "
+    "TensorFlow's): fine-tuning. Same as gin's run.init_checkpoint.")
+flags.DEFINE_bool(
+    "init_checkpoint_reset_optimizer", None,
+    "With --init_checkpoint: start the optimizer state and the step afresh (gin: "
+    "run.init_checkpoint_reset_optimizer).")
 flags.DEFINE_integer("cpu_devices", NUM_CPU_DEVICES,
                      "Logical CPU devices to create (the mesh may use fewer).")
 flags.DEFINE_bool("print_layout_report", False,
@@ -74,7 +92,8 @@ def main(argv):
     from mesh_tensorflow import report  # pylint: disable=g-import-not-at-top
     print(report.report_for_current_config(), flush=True)
   overrides = {"model_dir": FLAGS.model_dir or None}
-  for name in ("mode", "input_file", "output_file"):
+  for name in ("mode", "input_file", "output_file", "init_checkpoint",
+               "init_checkpoint_reset_optimizer"):
     if getattr(FLAGS, name) is not None:
       overrides[name] = getattr(FLAGS, name)
   if FLAGS.fresh:

@@ -84,18 +84,22 @@ gin.configurable("VarianceScalingInitializer", module="mesh_tensorflow.layers")(
 
 # ------------------------------------------- the original's run-level helpers
 @gin.configurable
-def tpu_mesh_shape(tpu_topology: str = "v3-8", model_parallelism=1,
+def tpu_mesh_shape(tpu_topology: Optional[str] = None, model_parallelism=1,
                    ensemble_parallelism: Optional[int] = None) -> mtf.Shape:
   """The original's mesh for a TPU topology: "batch" (data parallelism) x
   "model" (model_parallelism cores per replica), from the topology's core
-  count ("v3-8": 8 cores; "4x4": 4 * 4 * 2 cores). The mesh needs that many
-  devices here too; on fewer, set `utils.run.mesh_shape` directly.
+  count ("v3-8": 8 cores; "4x4": 4 * 4 * 2 cores; None: the accelerators, or
+  else the logical CPUs, of this machine). The mesh needs that many devices
+  here too; on fewer, set `utils.run.mesh_shape` directly.
 
   Example:
     >>> tpu_mesh_shape("v3-8", 2).to_string()
     'batch:4;model:2'
   """
-  if tpu_topology.startswith("v"):
+  if tpu_topology is None:
+    cores = (len(tf.config.list_logical_devices("GPU"))
+             or len(tf.config.list_logical_devices("CPU")))
+  elif tpu_topology.startswith("v"):
     cores = int(tpu_topology.split("-")[-1])
   else:
     cores = int(np.prod([int(x) for x in tpu_topology.split("x")])) * 2
@@ -253,7 +257,8 @@ def make_mesh_impl(mesh_shape: str, layout_rules: str,
     raise ValueError(
         f"mesh_shape {mesh_shape!r} needs {shape.size} devices, but this machine has "
         f"{len(devices)} ({', '.join(devices)}). Pick a layout gin file whose mesh fits "
-        "(layouts/single.gin, layouts/2x4.gin, ...) or set mesh_shape.")
+        "(layouts/single.gin, layouts/2x4.gin, ...) or set the mesh, e.g. "
+        "--gin_param=\"utils.run.mesh_shape = 'batch:2,model:4'\".")
   if lowering == "simd":
     return mtf.simd_mesh_impl.SimdMeshImpl(shape, layout_rules, list(devices)[:shape.size])
   if lowering != "placement":
