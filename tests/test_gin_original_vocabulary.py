@@ -215,3 +215,14 @@ def test_values_the_config_sets_are_not_overridden():
   dense = [layer for layer in bi.decoder.layer_stack.layers
            if isinstance(layer, transformer_layers.DenseReluDense)]
   assert dense and dense[0].activation == ["gelu", "linear"]
+
+
+def test_t5_sentencepiece_vocabulary_means_this_librarys():
+  gin_config.parse([], [
+      "run.vocabulary = @t5.data.sentencepiece_vocabulary.SentencePieceVocabulary()",
+      "t5.data.sentencepiece_vocabulary.SentencePieceVocabulary.extra_ids = 100",
+      "SentencePieceVocabulary.sentencepiece_model_file = 'spm.model'"], defaults=False)
+  reference = gin.query_parameter("run.vocabulary")
+  assert reference.configurable.wrapped is vocabulary_lib.SentencePieceVocabulary
+  assert gin.query_parameter("SentencePieceVocabulary.extra_ids") == 100
+  assert gin.query_parameter("SentencePieceVocabulary.sentencepiece_model_file") == "spm.model"

@@ -168,6 +168,13 @@ class ForeignValue:
     return self
 
 
+# Classes of other packages that mean the same as one of this library's (the
+# t5 / seqio vocabularies with the same arguments): a reference to them, or a
+# binding of their parameters, is taken as this library's.
+_SAME_MEANING = {
+    "SentencePieceVocabulary": "mesh_tensorflow.transformer.vocabulary.SentencePieceVocabulary",
+    "ByteVocabulary": "mesh_tensorflow.transformer.vocabulary.ByteVocabulary",
+}
 # Parameters whose foreign value is kept as a ForeignValue (the callee raises
 # a clear error unless a later binding replaces it), rather than dropped.
 _KEEP_FOREIGN = {("mesh_tensorflow.transformer.utils.run", "vocabulary")}
@@ -194,6 +201,10 @@ class _Delegate(gin.config.ParserDelegate):
     except ValueError as e:
       if "No configurable matching" not in str(e):
         raise
+      *scopes, selector = scoped_configurable_name.split("/")
+      same = _SAME_MEANING.get(selector.split(".")[-1])
+      if same:
+        return super().configurable_reference("/".join(scopes + [same]), evaluate)
       self.unknown.append("@" + scoped_configurable_name + ("()" if evaluate else ""))
       return gin.config.ParserDelegate(skip_unknown=True).configurable_reference(
           scoped_configurable_name, evaluate)
@@ -229,6 +240,14 @@ class _ParseState:
 
   def __init__(self):
     self.skipped: List[str] = []
+
+
+def _matches(selector: str) -> bool:
+  try:
+    gin.config.ParsedBindingKey.parse(("", selector, "__any__"))
+  except ValueError as e:
+    return "No configurable matching" not in str(e)
+  return True
 
 
 def _is_mtf_reference(reference: str) -> bool:
@@ -278,6 +297,9 @@ def _parse_text(text: str, source: str, state: _ParseState, directory: Optional[
         continue
       gin.bind_parameter((macro_name, "gin.macro", "value"), value)
       continue
+    same = _SAME_MEANING.get(selector.split(".")[-1])
+    if same and selector != same and not _matches(selector):
+      selector = same
     key = f"{scope + '/' if scope else ''}{selector}.{arg_name}"
     try:
       parsed = gin.config.ParsedBindingKey.parse((scope, selector, arg_name))
