@@ -33,6 +33,7 @@ from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
+from mesh_tensorflow import original_checkpoint
 from mesh_tensorflow import slice_variables
 
 
@@ -145,15 +146,26 @@ class CheckpointManager:
           self._options.experimental_write_callbacks or [])
     return self._manager.save(checkpoint_number=int(step), options=options)
 
-  def restore(self, checkpoint_path: Optional[str] = None, allow_missing: bool = False) -> str:
+  def restore(self, checkpoint_path: Optional[str] = None, allow_missing: bool = False,
+              include_optimizer_state: bool = True) -> str:
     """Restores existing variables from a checkpoint (default: the latest) and
     makes variables created later start from it.
 
+    The checkpoint may also be one the original Mesh TensorFlow wrote (a
+    name-based TF1 checkpoint, detected automatically): see
+    mesh_tensorflow/original_checkpoint.py. Then every problem (a model
+    variable it lacks, a checkpoint variable nothing takes, a shape
+    mismatch) is listed in one ValueError.
+
     Args:
-      checkpoint_path: a checkpoint path prefix (e.g. ".../ckpt-100"); None for
-        the latest in the directory.
+      checkpoint_path: a checkpoint path prefix (e.g. ".../ckpt-100") or a
+        model directory (its latest checkpoint); None for the latest in this
+        manager's directory.
       allow_missing: let trainable variables that the checkpoint lacks keep (or
         start from) their initial values instead of raising.
+      include_optimizer_state: False: optimizer slots, the step and other
+        non-trainable state keep (or start from) their initial values, e.g.
+        to fine-tune from a pretrained checkpoint.
 
     Returns:
       The checkpoint path restored.
@@ -171,8 +183,16 @@ class CheckpointManager:
     path = checkpoint_path or self.latest_checkpoint
     if not path:
       raise ValueError(f"No checkpoint found in {self._directory!r}.")
+    path = original_checkpoint.resolve(path)
+    if original_checkpoint.is_original_format(path):
+      plan = original_checkpoint.restore_into(self._variables(), path, allow_missing,
+                                              include_optimizer_state)
+      for impl in self._impls:
+        slice_variables.set_pending(impl, plan)
+      return path
     try:
-      pending = slice_variables.PendingCheckpoint(path, allow_missing)
+      pending = slice_variables.PendingCheckpoint(path, allow_missing,
+                                                  include_optimizer_state)
     except (tf.errors.NotFoundError, tf.errors.DataLossError) as e:
       raise ValueError(f"Cannot read checkpoint {path!r}: {e}") from e
     variables = self._variables()
@@ -191,10 +211,11 @@ class CheckpointManager:
             f"the model needs {var.full_shape}.")
     for name, var in variables.items():
       key = slice_variables.checkpoint_key(name)
-      if key in pending.shapes:
+      if key in pending.shapes and (include_optimizer_state or var.trainable):
         var.restore_from(path, key, pending.dtypes[key])
     for impl in self._impls:
-      slice_variables.set_pending_checkpoint(impl, path, allow_missing)
+      slice_variables.set_pending_checkpoint(impl, path, allow_missing,
+                                             include_optimizer_state)
     return path
 
   def restore_or_initialize(self) -> Optional[str]:
@@ -228,6 +249,9 @@ def list_variables(checkpoint: str) -> List[Tuple[str, List[int], str]]:
     raise ValueError(f"Cannot read checkpoint {path!r}: {e}") from e
   dtypes = reader.get_variable_to_dtype_map()
   prefix, suffix = "model/variables_by_name/", "/.ATTRIBUTES/value"
+  if original_checkpoint.is_original_format(path):  # names as saved
+    return sorted((k, list(v), dtypes[k].name)
+                  for k, v in reader.get_variable_to_shape_map().items())
   out = []
   for key, shape in reader.get_variable_to_shape_map().items():
     if key.startswith(prefix) and key.endswith(suffix):
