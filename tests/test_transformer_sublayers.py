@@ -200,9 +200,11 @@ def test_original_gin_bindings_build_and_run_a_model(clean_gin):
   targets = mtf.import_tf_tensor(mesh, tf.constant(TARGETS), [batch, length])
   loss = _loss(model, targets, "eval")
   names = {v.name for v in graph.trainable_variables}
-  assert {"decoder/block_000/layer_000/pre_norm/scale",
-          "decoder/block_000/layer_001/pre_norm/scale",
-          "decoder/true_layer_norm/layer_prepostprocess/layer_norm/layer_norm_scale"} <= names
+  # A language model is named "transformer" (Unitransformer's default), as
+  # in the original.
+  assert {"transformer/block_000/layer_000/pre_norm/scale",
+          "transformer/block_000/layer_001/pre_norm/scale",
+          "transformer/true_layer_norm/layer_prepostprocess/layer_norm/layer_norm_scale"} <= names
   assert not any("rms_norm" in n or "final_layer_norm" in n for n in names)
   # defaults.gin binds sublayer_dropout.dropout_rate to the dropout_rate macro.
   ones = mtf.ones(mesh, mtf.Shape([batch, length, d_model]))
