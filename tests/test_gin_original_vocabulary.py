@@ -226,3 +226,28 @@ def test_t5_sentencepiece_vocabulary_means_this_librarys():
   assert reference.configurable.wrapped is vocabulary_lib.SentencePieceVocabulary
   assert gin.query_parameter("SentencePieceVocabulary.extra_ids") == 100
   assert gin.query_parameter("SentencePieceVocabulary.sentencepiece_model_file") == "spm.model"
+
+
+@pytest.mark.parametrize("block_scope, expected", [
+    (True, {"transformer/block_000/layer_000/SelfAttention/q",
+            "transformer/block_001/layer_001/DenseReluDense/wo/kernel",
+            "transformer/block_001/layer_001/rms_norm/scale"}),
+    (False, {"transformer/layer_000/SelfAttention/q",
+             "transformer/layer_003/DenseReluDense/wo/kernel",
+             "transformer/layer_003/rms_norm/scale"}),
+])
+def test_block_scope_the_config_sets_names_the_variables(block_scope, expected):
+  gin_config.parse([], ["num_layers = 2", "d_model = 8", "d_ff = 16", "num_heads = 2",
+                        "d_kv = 4", f"make_layer_stack.block_scope = {block_scope}",
+                        "transformer.LayerStack.sublayers_per_layer = ["
+                        "@transformer.sublayer_rms_norm, @transformer.sublayer_call_layer, "
+                        "@transformer.sublayer_residual]"])
+  model = _setup("lm").new_model()
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  batch, length = mtf.Dimension("batch", 2), mtf.Dimension("length", 16)
+  targets = mtf.import_tf_tensor(mesh, tf.ones([2, 16], tf.int32), [batch, length])
+  model.call_simple(targets, targets, True, mode="eval")
+  names = {v.name for v in graph.trainable_variables}
+  assert expected <= names, sorted(names)
+  assert any("block_" in n for n in names) == block_scope
