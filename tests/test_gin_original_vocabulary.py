@@ -251,3 +251,24 @@ def test_block_scope_the_config_sets_names_the_variables(block_scope, expected):
   names = {v.name for v in graph.trainable_variables}
   assert expected <= names, sorted(names)
   assert any("block_" in n for n in names) == block_scope
+
+
+def test_eval_checkpoint_step_and_init_checkpoint_paths(tmp_path):
+  (tmp_path / "checkpoint").write_text(
+      'model_checkpoint_path: "model.ckpt-1200"\n'
+      'all_model_checkpoint_paths: "model.ckpt-1000"\n'
+      'all_model_checkpoint_paths: "model.ckpt-1200"\n')
+  for step in (1000, 1200):
+    (tmp_path / f"model.ckpt-{step}.index").write_text("")
+  assert utils.checkpoint_at_step(str(tmp_path), 1000) == str(tmp_path / "model.ckpt-1000")
+  with pytest.raises(ValueError, match="has no checkpoint of that step.*1000, 1200"):
+    utils.checkpoint_at_step(str(tmp_path), 5)
+  assert utils.resolve_checkpoint(str(tmp_path)) == str(tmp_path / "model.ckpt-1200")
+  assert utils.resolve_checkpoint(str(tmp_path / "model.ckpt-1000")) == str(
+      tmp_path / "model.ckpt-1000")
+  with pytest.raises(ValueError, match="no such checkpoint"):
+    utils.resolve_checkpoint(str(tmp_path / "model.ckpt-7"))
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  with pytest.raises(ValueError, match="directory without a checkpoint"):
+    utils.resolve_checkpoint(str(empty))

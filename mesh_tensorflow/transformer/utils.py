@@ -512,7 +512,7 @@ def resolve_checkpoint(path: str) -> str:
       raise ValueError(f"init_checkpoint {path!r} is a directory without a checkpoint "
                        "(no 'checkpoint' state file naming one).")
     return latest
-  if not tf.io.gfile.glob(path + ".index") and not tf.io.gfile.glob(path + "*"):
+  if not tf.io.gfile.exists(path + ".index"):
     raise ValueError(f"init_checkpoint {path!r}: no such checkpoint (give a path prefix "
                      "such as DIR/model.ckpt-1000000, or a model directory).")
   return path
