@@ -25,6 +25,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import io
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -212,7 +213,8 @@ class _Delegate(gin.config.ParserDelegate):
 
 def _where(location) -> str:
   name = getattr(location, "filename", None) or "<bindings>"
-  return f"{name}:{getattr(location, 'line_num', '?')}"
+  line = getattr(location, "line_num", None)
+  return f"{name}:{line}" if isinstance(line, int) else name
 
 
 def _known_names() -> List[str]:
@@ -258,7 +260,9 @@ def _is_mtf_reference(reference: str) -> bool:
 def _parse_text(text: str, source: str, state: _ParseState, directory: Optional[str]) -> None:
   """Applies the statements of one gin file or binding string (see `parse`)."""
   delegate = _Delegate()
-  parser = gin.config_parser.ConfigParser(text, delegate)
+  stream = io.StringIO(text)
+  stream.name = source  # error messages then say file:line
+  parser = gin.config_parser.ConfigParser(stream, delegate)
   statements = iter(parser)
   while True:
     try:
