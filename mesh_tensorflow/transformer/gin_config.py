@@ -119,7 +119,7 @@ def resolve(path: str) -> str:
     >>> os.path.basename(resolve("layouts/2x4.gin"))
     '2x4.gin'
   """
-  if os.path.exists(path):
+  if tf.io.gfile.exists(path):
     return path
   candidate = os.path.join(GIN_DIR, path)
   if os.path.exists(candidate):
