@@ -272,3 +272,12 @@ def test_eval_checkpoint_step_and_init_checkpoint_paths(tmp_path):
   empty.mkdir()
   with pytest.raises(ValueError, match="directory without a checkpoint"):
     utils.resolve_checkpoint(str(empty))
+
+
+def test_layout_report_of_an_operative_config():
+  from mesh_tensorflow import report  # pylint: disable=g-import-not-at-top
+  gin_config.parse([OPERATIVE], ["run.vocabulary = @vocabulary.ByteVocabulary()"])
+  text = str(report.report_for_current_config())
+  # tpu_mesh_shape's mesh, the config's layout without its ensemble rule.
+  assert "mesh 'batch:2;model:4' (8 processors)" in text
+  assert "layout 'batch:batch;d_ff:model;heads:model;vocab:model;experts:batch'" in text

@@ -443,25 +443,32 @@ def _write_scalars(model_dir: Optional[str], step: int, values: Dict[str, float]
   writer.flush()
 
 
+# Mesh dimensions the original's layouts name whether or not the mesh has
+# them (T5's say "ensemble:ensemble" on meshes without an ensemble dimension).
+OPTIONAL_MESH_DIMENSIONS = ("ensemble",)
+
+
 def rules_for_mesh(layout_rules, mesh_shape) -> str:
-  """The layout rules whose mesh dimension `mesh_shape` has: as in the
-  original, a rule naming an absent mesh dimension (T5's layouts say
-  "ensemble:ensemble" on meshes without one) splits nothing. Dropped rules
-  are logged.
+  """The layout rules without those naming an optional mesh dimension
+  (`OPTIONAL_MESH_DIMENSIONS`) that `mesh_shape` lacks: as in the original,
+  such a rule splits nothing. Dropped rules are logged; a rule naming any
+  other absent mesh dimension is left for the mesh to refuse.
 
   Example:
     >>> rules_for_mesh("ensemble:ensemble,batch:batch,heads:model", "batch:2;model:4")
     'batch:batch;heads:model'
   """
-  names = set(mtf.convert_to_shape(mesh_shape).dimension_names)
+  shape = mtf.convert_to_shape(mesh_shape)
+  names = set(shape.dimension_names)
   rules = mtf.convert_to_layout_rules(layout_rules)
-  kept = [(t, m) for t, m in rules.pairs if m in names]
-  dropped = [f"{t}:{m}" for t, m in rules.pairs if m not in names]
-  if dropped:
-    log(f"layout rules {', '.join(dropped)} name mesh dimensions that mesh "
-        f"'{mtf.convert_to_shape(mesh_shape).to_string()}' lacks: those tensor dimensions "
-        "are not split")
-  return ";".join(f"{t}:{m}" for t, m in kept)
+
+  def dropped(mesh_dim):
+    return mesh_dim not in names and mesh_dim in OPTIONAL_MESH_DIMENSIONS
+  gone = [f"{t}:{m}" for t, m in rules.pairs if dropped(m)]
+  if gone:
+    log(f"layout rules {', '.join(gone)} name mesh dimensions that mesh "
+        f"'{shape.to_string()}' lacks: those tensor dimensions are not split")
+  return ";".join(f"{t}:{m}" for t, m in rules.pairs if not dropped(m))
 
 
 def _schedule(learning_rate_schedule):
