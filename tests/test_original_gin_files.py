@@ -32,6 +32,7 @@ TINY = [
     "MoE1D.hidden_size = 32", "MoE1D.num_experts = 4",
     "utils.run.sequence_length = {'inputs': 8, 'targets': 8}",
     "utils.run.batch_size = 8", "utils.run.train_steps = 1", "utils.run.eval_steps = 1",
+    "utils.run.total_run_steps = 100",  # what the schedules see
     "utils.run.num_samples = 0", "dataset_fn.unit = 'line'",
     "dataset_fn.shuffle_buffer = 16", "utils.run.log_every = 1",
 ]

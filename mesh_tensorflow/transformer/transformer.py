@@ -771,7 +771,11 @@ class Unitransformer:
         encoder_inputs=encoder_inputs, num_microbatches=num_microbatches)
     with mtf.name_scope(inputs.mesh, self.name):
       logits = self._call_internal(context, inputs, targets)
-    loss = mtf.add_n(context.losses) if compute_loss and context.losses else None
+    loss = None
+    if compute_loss and context.losses:
+      # float32, as layers' auxiliary losses (MoE balancing) are, whatever
+      # the activation dtype of the main loss.
+      loss = mtf.add_n([mtf.to_float(x) for x in context.losses])
     return logits, loss
 
   # ---- decoding --------------------------------------------------------------
