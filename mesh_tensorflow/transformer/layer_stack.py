@@ -445,10 +445,12 @@ class LayerStack(TransformerLayer):
       >>> make_layer_stack([SelfAttention, DenseReluDense], num_layers=2).layer_scope(3)
       'block_001/layer_001'
     """
+    return "layer_%03d" % index if self.pipelined else self._slot_name(index)
+
+  def _slot_name(self, index: int) -> str:
+    """Layer `index`'s scope in the unpipelined stack."""
     name = getattr(self._layers[index], "name", None)
-    if isinstance(name, str) and name and not self.pipelined:
-      return name
-    return "layer_%03d" % index
+    return name if isinstance(name, str) and name else "layer_%03d" % index
 
   def _norm_names(self) -> Tuple[str, str]:
     """(per-layer norm scope, final norm scope)."""
@@ -662,7 +664,7 @@ class LayerStack(TransformerLayer):
       if i < 0:
         return f"{name}/stage_{stage}"
       j = int(name[i + len(scope):i + len(scope) + 3])
-      return name[:i] + "layer_%03d" % (stage * k + j) + name[i + len(scope) + 3:]
+      return name[:i] + self._slot_name(stage * k + j) + name[i + len(scope) + 3:]
     return fn
 
   def _call_pipelined(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
