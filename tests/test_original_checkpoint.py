@@ -503,3 +503,19 @@ def test_export_round_trip_and_cli(tmp_path, capsys):
   assert code == 2 and "error: No checkpoint at" in capsys.readouterr().err
   assert export_original_checkpoint.main(["export", "--dtype=float16"]) == 2
   assert "error: " in capsys.readouterr().err
+
+
+def test_make_layer_stack_names_slots_as_the_original():
+  layers = [tl.SelfAttention, [tl.DenseReluDense, "ffn", {"hidden_size": 8}]]
+  stack = transformer.make_layer_stack(layers, num_layers=2)
+  assert [stack.layer_scope(i) for i in range(4)] == [
+      "block_000/layer_000", "block_000/ffn", "block_001/layer_000", "block_001/ffn"]
+  flat = transformer.make_layer_stack(layers, num_layers=2, block_scope=False)
+  assert [flat.layer_scope(i) for i in range(4)] == ["layer_000", "ffn", "layer_002", "ffn"]
+  # One instance in several slots: each slot has its own name.
+  shared = tl.DenseReluDense(hidden_size=8)
+  stack = transformer.make_layer_stack([shared], num_layers=3)
+  assert [stack.layer_scope(i) for i in range(3)] == [
+      "block_000/layer_000", "block_001/layer_000", "block_002/layer_000"]
+  assert not stack.legacy and transformer.LayerStack([], dropout_rate=0.1,
+                                                     norm_epsilon=1e-6).legacy
