@@ -262,8 +262,8 @@ class LayerStack(TransformerLayer):
   Sublayers (the original's configurable body): given any of
   `sublayers_initial`, `sublayers_per_layer` and `sublayers_final` (lists of
   functions called as `s(x, layer_stack, context)`, see sublayers.py), the
-  stack runs the initial sublayers in order; then for each layer, in the
-  scope "layer_%03d" with `context.current_layer` and
+  stack runs the initial sublayers in order; then for each layer, in its
+  slot scope (`layer_scope`) with `context.current_layer` and
   `context.current_layer_input` set, its per-layer sublayers in order (their
   result must keep x's shape); then the final sublayers and the padding mask.
   A list not given is the original's default: [sublayer_dropout];
@@ -505,7 +505,8 @@ class LayerStack(TransformerLayer):
   # ---- the layers ------------------------------------------------------------
   def _apply_layers(self, context: Context, x: mtf.Tensor, layers, first: int,
                     collect: bool = False) -> mtf.Tensor:
-    """x through `layers` (scopes "layer_%03d" from `first`)."""
+    """x through `layers` (the stack's own: their slot scopes; a pipeline
+    stage's: "layer_%03d" from `first`)."""
     policy = self.recompute if context.train else "none"
     if policy != "none":
       self._check_recompute(context, layers)
