@@ -24,15 +24,23 @@ from mesh_tensorflow import original_checkpoint
 
 _DTYPES = {"bfloat16": tf.bfloat16, "float32": tf.float32, "saved": None}
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("checkpoint", None, "This library's checkpoint prefix or model directory.")
-flags.DEFINE_string("output_dir", None, "Directory for the original-format checkpoint.")
+# Its own FlagValues: importing this module never clashes with another
+# program's flags of the same names.
+FLAGS = flags.FlagValues()
+flags.DEFINE_string("checkpoint", None,
+                    "This library's checkpoint prefix or model directory.", flag_values=FLAGS)
+flags.DEFINE_string("output_dir", None, "Directory for the original-format checkpoint.",
+                    flag_values=FLAGS)
 flags.DEFINE_enum("dtype", "saved", list(_DTYPES),
-                  "dtype of floating variables: bfloat16, float32, or saved (unchanged).")
-flags.DEFINE_integer("step", None, "Step number to write (default: the saved global_step).")
-flags.DEFINE_bool("include_optimizer_state", True, "Also write the Adafactor slots.")
+                  "dtype of floating variables: bfloat16, float32, or saved (unchanged).",
+                  flag_values=FLAGS)
+flags.DEFINE_integer("step", None, "Step number to write (default: the saved global_step).",
+                     flag_values=FLAGS)
+flags.DEFINE_bool("include_optimizer_state", True, "Also write the Adafactor slots.",
+                  flag_values=FLAGS)
 flags.DEFINE_integer("min_dim_size_to_factor", 128,
-                     "The original AdafactorOptimizer's min_dim_size_to_factor.")
+                     "The original AdafactorOptimizer's min_dim_size_to_factor.",
+                     flag_values=FLAGS)
 
 
 def _run(argv) -> int:

@@ -312,6 +312,14 @@ class Plan:
                       f"{', '.join(unmapped)}")
     if mismatched:
       problems.append(f"{len(mismatched)} shape mismatch(es): {'; '.join(mismatched)}")
+    if missing and unmapped:
+      ours = sorted({n.split("/")[0] for n in missing})
+      theirs = sorted({k.split("/")[0] for k in unmapped})
+      if not set(ours) & set(theirs):
+        problems.append(f"the model's missing variables are under {ours} and the "
+                        f"checkpoint's unused ones under {theirs}: name the stacks alike "
+                        "(e.g. Unitransformer.name = 'transformer' for the original's "
+                        "language models)")
     if problems:
       raise ValueError(f"Checkpoint {self.prefix} (the original Mesh TensorFlow's format) "
                        "does not fit the model: " + " | ".join(problems) + ". List its "

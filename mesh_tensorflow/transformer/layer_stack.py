@@ -262,8 +262,8 @@ class LayerStack(TransformerLayer):
   Sublayers (the original's configurable body): given any of
   `sublayers_initial`, `sublayers_per_layer` and `sublayers_final` (lists of
   functions called as `s(x, layer_stack, context)`, see sublayers.py), the
-  stack runs the initial sublayers in order; then for each layer, in the
-  scope "layer_%03d" with `context.current_layer` and
+  stack runs the initial sublayers in order; then for each layer, in its
+  slot scope (`layer_scope`) with `context.current_layer` and
   `context.current_layer_input` set, its per-layer sublayers in order (their
   result must keep x's shape); then the final sublayers and the padding mask.
   A list not given is the original's default: [sublayer_dropout];
@@ -445,10 +445,12 @@ class LayerStack(TransformerLayer):
       >>> make_layer_stack([SelfAttention, DenseReluDense], num_layers=2).layer_scope(3)
       'block_001/layer_001'
     """
+    return "layer_%03d" % index if self.pipelined else self._slot_name(index)
+
+  def _slot_name(self, index: int) -> str:
+    """Layer `index`'s scope in the unpipelined stack."""
     name = getattr(self._layers[index], "name", None)
-    if isinstance(name, str) and name and not self.pipelined:
-      return name
-    return "layer_%03d" % index
+    return name if isinstance(name, str) and name else "layer_%03d" % index
 
   def _norm_names(self) -> Tuple[str, str]:
     """(per-layer norm scope, final norm scope)."""
@@ -503,7 +505,8 @@ class LayerStack(TransformerLayer):
   # ---- the layers ------------------------------------------------------------
   def _apply_layers(self, context: Context, x: mtf.Tensor, layers, first: int,
                     collect: bool = False) -> mtf.Tensor:
-    """x through `layers` (scopes "layer_%03d" from `first`)."""
+    """x through `layers` (the stack's own: their slot scopes; a pipeline
+    stage's: "layer_%03d" from `first`)."""
     policy = self.recompute if context.train else "none"
     if policy != "none":
       self._check_recompute(context, layers)
@@ -662,7 +665,7 @@ class LayerStack(TransformerLayer):
       if i < 0:
         return f"{name}/stage_{stage}"
       j = int(name[i + len(scope):i + len(scope) + 3])
-      return name[:i] + "layer_%03d" % (stage * k + j) + name[i + len(scope) + 3:]
+      return name[:i] + self._slot_name(stage * k + j) + name[i + len(scope) + 3:]
     return fn
 
   def _call_pipelined(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
