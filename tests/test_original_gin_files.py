@@ -28,7 +28,7 @@ ORIGINAL_DIR = os.environ.get("MTF_ORIGINAL_GIN_DIR")
 # Sizes and run settings small enough for one quick step; bound after the
 # files, so they win over the files' sizes (never over their structure).
 TINY = [
-    "num_layers = 1", "d_model = 16", "d_ff = 32", "num_heads = 4", "d_kv = 4",
+    "num_layers = 1", "d_model = 16", "d_ff = 32", "num_heads = 8", "d_kv = 2",
     "MoE1D.hidden_size = 32", "MoE1D.num_experts = 4",
     "utils.run.sequence_length = {'inputs': 8, 'targets': 8}",
     "utils.run.batch_size = 8", "utils.run.train_steps = 1", "utils.run.eval_steps = 1",
