@@ -40,6 +40,7 @@ from typing import Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from mesh_tensorflow import checkpoint_verify
+from mesh_tensorflow import original_checkpoint
 from mesh_tensorflow import slice_variables
 
 
@@ -156,15 +157,25 @@ class CheckpointManager:
     return path
 
   def restore(self, checkpoint_path: Optional[str] = None, allow_missing: bool = False,
-              verify: bool = True) -> str:
+              include_optimizer_state: bool = True, verify: bool = True) -> str:
     """Restores existing variables from a checkpoint (default: the latest) and
     makes variables created later start from it.
 
+    The checkpoint may also be one the original Mesh TensorFlow wrote (a
+    name-based TF1 checkpoint, detected automatically): see
+    mesh_tensorflow/original_checkpoint.py. Then every problem (a model
+    variable it lacks, a checkpoint variable nothing takes, a shape
+    mismatch) is listed in one ValueError.
+
     Args:
-      checkpoint_path: a checkpoint path prefix (e.g. ".../ckpt-100"); None for
-        the latest in the directory.
+      checkpoint_path: a checkpoint path prefix (e.g. ".../ckpt-100") or a
+        model directory (its latest checkpoint); None for the latest in this
+        manager's directory.
       allow_missing: let trainable variables that the checkpoint lacks keep (or
         start from) their initial values instead of raising.
+      include_optimizer_state: False: optimizer slots, the step and other
+        non-trainable state keep (or start from) their initial values, e.g.
+        to fine-tune from a pretrained checkpoint.
       verify: read every saved tensor back first (see mtf.checkpoint_verify):
         a damaged checkpoint_path raises, a damaged latest checkpoint is
         reported and the newest intact one restored instead.
@@ -182,14 +193,24 @@ class CheckpointManager:
       >>> manager.restore()                     # latest, before or after tracing
       >>> manager.restore(".../ckpt-100", allow_missing=True)
     """
+    if checkpoint_path:
+      checkpoint_path = original_checkpoint.resolve(checkpoint_path)
     if verify:
       path = checkpoint_verify.choose(self._directory, checkpoint_path, self.checkpoints)
     else:
       path = checkpoint_path or self.latest_checkpoint
     if not path:
       raise ValueError(f"No checkpoint found in {self._directory!r}.")
+    path = original_checkpoint.resolve(path)
+    if original_checkpoint.is_original_format(path):
+      plan = original_checkpoint.restore_into(self._variables(), path, allow_missing,
+                                              include_optimizer_state)
+      for impl in self._impls:
+        slice_variables.set_pending(impl, plan)
+      return path
     try:
-      pending = slice_variables.PendingCheckpoint(path, allow_missing)
+      pending = slice_variables.PendingCheckpoint(path, allow_missing,
+                                                  include_optimizer_state)
     except (tf.errors.NotFoundError, tf.errors.DataLossError) as e:
       raise ValueError(f"Cannot read checkpoint {path!r}: {e}") from e
     variables = self._variables()
@@ -208,10 +229,11 @@ class CheckpointManager:
             f"the model needs {var.full_shape}.")
     for name, var in variables.items():
       key = slice_variables.checkpoint_key(name)
-      if key in pending.shapes:
+      if key in pending.shapes and (include_optimizer_state or var.trainable):
         var.restore_from(path, key, pending.dtypes[key])
     for impl in self._impls:
-      slice_variables.set_pending_checkpoint(impl, path, allow_missing)
+      slice_variables.set_pending_checkpoint(impl, path, allow_missing,
+                                             include_optimizer_state)
     return path
 
   def restore_or_initialize(self, checkpoint_path: Optional[str] = None) -> Optional[str]:
@@ -246,6 +268,9 @@ def list_variables(checkpoint: str) -> List[Tuple[str, List[int], str]]:
     raise ValueError(f"Cannot read checkpoint {path!r}: {e}") from e
   dtypes = reader.get_variable_to_dtype_map()
   prefix, suffix = "model/variables_by_name/", "/.ATTRIBUTES/value"
+  if original_checkpoint.is_original_format(path):  # names as saved
+    return sorted((k, list(v), dtypes[k].name)
+                  for k, v in reader.get_variable_to_shape_map().items())
   out = []
   for key, shape in reader.get_variable_to_shape_map().items():
     if key.startswith(prefix) and key.endswith(suffix):

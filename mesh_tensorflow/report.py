@@ -62,17 +62,29 @@ def build_training_step(mesh_shape: Optional[str] = None,
   mesh_shape = mesh_shape or b.get("mesh_shape", "rows:2;cols:4")
   layout = layout if layout is not None else b.get(
       "layout_rules", "batch:rows;d_ff:cols;heads:cols;experts:rows")
+  if isinstance(mesh_shape, mtf.Shape):  # the original's @utils.tpu_mesh_shape()
+    mesh_shape = mesh_shape.to_string()
+  layout = utils.rules_for_mesh(layout, mesh_shape)
   vocabulary = b.get("vocabulary") or vocabulary_lib.ByteVocabulary()
-  sequence_length = dict(b.get("sequence_length") or {"inputs": 128, "targets": 128})
-  grad_accum = int(b.get("grad_accum_steps", 1))
-  batch_size = int(b.get("batch_size", 32)) // grad_accum
+  if not hasattr(vocabulary, "vocab_size"):
+    raise ValueError(f"run.vocabulary is {vocabulary!r}: set one of this library's "
+                     "vocabularies (see docs/porting_t5_models.md).")
+  sequence_length = b.get("sequence_length") or {"inputs": 128, "targets": 128}
+  if isinstance(sequence_length, int):
+    sequence_length = {"inputs": sequence_length, "targets": sequence_length}
+  sequence_length = dict(sequence_length)
+  grad_accum = int(b.get("grad_accum_steps") or 1)
+  batch_size = b.get("batch_size", 32)
+  if not isinstance(batch_size, int):  # the original's (method, value) form
+    batch_size = utils.compute_batch_size(sequence_length, mesh_shape, layout, batch_size)
+  batch_size //= grad_accum
   impl = mtf.MeshImpl(mesh_shape, layout)
   setup = modeling.Setup(
       model_type=b.get("model_type", "lm"), vocabulary=vocabulary, mesh_impl=impl,
       sequence_length=sequence_length, batch_size=batch_size,
-      vocab_size=vocabulary.vocab_size, vocab_divisor=int(b.get("vocab_divisor", 8)),
+      vocab_size=vocabulary.vocab_size, vocab_divisor=b.get("vocab_divisor"),
       variable_dtype=mtf.VariableDType(tf.float32, tf.float32,
-                                       b.get("activation_dtype", "float32")))
+                                       b.get("activation_dtype") or "float32"))
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
   features = {}
@@ -83,7 +95,12 @@ def build_training_step(mesh_shape: Optional[str] = None,
   loss, _ = modeling.make_model_fn(setup)(mesh, features, "train")
   variables = graph.trainable_variables
   grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
-  optimizer = utils.make_optimizer(b.get("optimizer"), b.get("learning_rate_schedule"))
+  from mesh_tensorflow.transformer import learning_rate_schedules  # pylint: disable=g-import-not-at-top
+  steps = b.get("total_run_steps") or b.get("train_steps")
+  schedule = learning_rate_schedules.bind_total_train_steps(
+      utils._schedule(b.get("learning_rate_schedule")),  # pylint: disable=protected-access
+      steps if isinstance(steps, int) else 1000)
+  optimizer = utils.make_optimizer(b.get("optimizer"), schedule)
   updates = optimizer.apply_grads(grads, variables)
   return TrainingStep(graph, mesh, loss, updates, mtf.convert_to_shape(mesh_shape).to_string(),
                       mtf.convert_to_layout_rules(layout).to_string())

@@ -163,29 +163,44 @@ class PendingCheckpoint:
       gradient accumulators and step counters, always may).
   """
 
-  def __init__(self, prefix: str, allow_missing: bool = False):
+  def __init__(self, prefix: str, allow_missing: bool = False,
+               include_optimizer_state: bool = True):
     reader = tf.train.load_checkpoint(prefix)
     self.prefix = prefix
     self.shapes = {k: list(v) for k, v in reader.get_variable_to_shape_map().items()}
     self.dtypes = dict(reader.get_variable_to_dtype_map())
     self.allow_missing = allow_missing
+    self.include_optimizer_state = include_optimizer_state
 
 
 def set_pending_checkpoint(mesh_impl, prefix: Optional[str],
-                           allow_missing: bool = False) -> None:
+                           allow_missing: bool = False,
+                           include_optimizer_state: bool = True) -> None:
   """Variables created later on `mesh_impl` start from checkpoint `prefix`
   (None: from their initializers).
 
   Example:
     >>> set_pending_checkpoint(mesh_impl, "/tmp/run/ckpt-100")
   """
-  mesh_impl.__dict__[_META_KEY] = (PendingCheckpoint(prefix, allow_missing)
-                                   if prefix else None)
+  mesh_impl.__dict__[_META_KEY] = (
+      PendingCheckpoint(prefix, allow_missing, include_optimizer_state) if prefix else None)
 
 
-def _pending_value(mesh_impl, name, full_shape, begin, size, trainable):
+def set_pending(mesh_impl, pending) -> None:
+  """Variables created later on `mesh_impl` start from `pending`: any object
+  with a method pending_value(name, full_shape, begin, size, trainable,
+  graph) returning a slice value or None (e.g. an original-format checkpoint's
+  `original_checkpoint.Plan`)."""
+  mesh_impl.__dict__[_META_KEY] = pending
+
+
+def _pending_value(mesh_impl, name, full_shape, begin, size, trainable, graph=None):
   pending = mesh_impl.__dict__.get(_META_KEY)
   if pending is None:
+    return None
+  if hasattr(pending, "pending_value"):
+    return pending.pending_value(name, full_shape, begin, size, trainable, graph)
+  if not trainable and not getattr(pending, "include_optimizer_state", True):
     return None
   key = checkpoint_key(name)
   if key not in pending.shapes:
@@ -205,13 +220,15 @@ def _pending_value(mesh_impl, name, full_shape, begin, size, trainable):
 
 
 def get_or_create(mesh_impl, name: str, shape, master_dtype, slice_dtype,
-                  trainable: bool, init_fn: Callable) -> SlicedVariable:
+                  trainable: bool, init_fn: Callable, graph=None) -> SlicedVariable:
   """The SlicedVariable `name` (an mtf Shape `shape`) of mesh_impl, created on
   first use.
 
   init_fn(begin, slice_shape) gives a slice's initial value (in master dtype)
   unless a pending checkpoint has the variable (set_pending_checkpoint). Creation is lifted out of any
-  tf.function (tf.init_scope), so it happens once.
+  tf.function (tf.init_scope), so it happens once. `graph` (the mtf Graph
+  the variable belongs to) lets a pending checkpoint check all of the
+  graph's variables at once.
   """
   shape = convert_to_shape(shape)
   full_shape = shape.to_integer_list()
@@ -238,7 +255,8 @@ def get_or_create(mesh_impl, name: str, shape, master_dtype, slice_dtype,
         slices.append(by_begin[tuple(begin)])
         continue
       with tf.device(mesh_impl.variable_device(pnum)):
-        value = _pending_value(mesh_impl, name, full_shape, begin, slice_shape, trainable)
+        value = _pending_value(mesh_impl, name, full_shape, begin, slice_shape, trainable,
+                               graph)
         if value is None:
           value = init_fn(begin, slice_shape)
         v = tf.Variable(tf.cast(value, slice_dtype), trainable=trainable,

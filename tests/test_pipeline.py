@@ -59,7 +59,8 @@ def _run(num_stages, mesh_shape, layout, **kwargs):
 
 def _unstacked(pipelined_grads, layers_per_stage):
   """Pipelined gradients renamed as the unpipelined model's: row s of
-  "pipeline/layer_00j/..." is layer s * layers_per_stage + j."""
+  "pipeline/layer_00j/..." is layer i = s * layers_per_stage + j, which
+  make_layer_stack names "block_%03d/layer_%03d" (blocks of two layers)."""
   out = {}
   for name, g in pipelined_grads.items():
     i = name.find("pipeline/layer_")
@@ -68,7 +69,8 @@ def _unstacked(pipelined_grads, layers_per_stage):
       continue
     j = int(name[i + 15:i + 18])
     for s in range(g.shape[0]):
-      out[name[:i] + "layer_%03d" % (s * layers_per_stage + j) + name[i + 18:]] = g[s]
+      index = s * layers_per_stage + j
+      out[name[:i] + "block_%03d/layer_%03d" % divmod(index, 2) + name[i + 18:]] = g[s]
   return out
 
 

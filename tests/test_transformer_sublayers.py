@@ -98,11 +98,17 @@ def _variable_names(stack_kwargs):
 # ------------------------------------------------ the original's defaults
 def test_original_default_sublayers_train_like_the_built_in_body():
   builtin = _variable_names({})
-  # The original's lists name the norms "rms_norm"; the legacy ones keep ours.
-  renamed = sorted(n.replace("final_layer_norm", "rms_norm").replace("layer_norm", "rms_norm")
-                   for n in builtin)
-  assert _variable_names(ORIGINAL_DEFAULTS) == renamed != builtin
-  assert _variable_names(LEGACY) == builtin
+  # The built-in body names its norms as the original's default lists do
+  # ("rms_norm"); the legacy lists, and the legacy mode (dropout_rate and
+  # norm_epsilon both given), name them "layer_norm" / "final_layer_norm".
+  assert "transformer/block_000/layer_000/rms_norm/scale" in builtin
+  assert "transformer/rms_norm/scale" in builtin
+  legacy = _variable_names(LEGACY)
+  assert "transformer/final_layer_norm/scale" in legacy
+  assert sorted(n.replace("final_layer_norm", "rms_norm").replace("layer_norm", "rms_norm")
+                for n in legacy) == builtin != legacy
+  assert _variable_names(ORIGINAL_DEFAULTS) == builtin
+  assert _variable_names({"dropout_rate": 0.0, "norm_epsilon": 1e-6}) == legacy
   # Other weights are initialized by name and the norm scales are ones, so
   # the same training steps must give the same losses.
   reference = _train({})
@@ -138,8 +144,8 @@ def test_custom_sublayers_train_alike_on_2x4_and_with_recompute():
   np.testing.assert_allclose(recomputed, single, rtol=2e-5, atol=2e-5)
   # The body really is the custom one: its own variables, no built-in norms.
   names = _variable_names(CUSTOM)
-  assert "transformer/layer_000/rezero_weight" in names
-  assert ("transformer/layer_001/true_layer_norm/layer_prepostprocess/layer_norm/"
+  assert "transformer/block_000/layer_000/rezero_weight" in names
+  assert ("transformer/block_000/layer_001/true_layer_norm/layer_prepostprocess/layer_norm/"
           "layer_norm_scale") in names
   assert "transformer/scale_norm/scale" in names
   assert not any("layer_norm/scale" in n or "rms_norm" in n for n in names)
@@ -194,8 +200,11 @@ def test_original_gin_bindings_build_and_run_a_model(clean_gin):
   targets = mtf.import_tf_tensor(mesh, tf.constant(TARGETS), [batch, length])
   loss = _loss(model, targets, "eval")
   names = {v.name for v in graph.trainable_variables}
-  assert {"decoder/layer_000/pre_norm/scale", "decoder/layer_001/pre_norm/scale",
-          "decoder/true_layer_norm/layer_prepostprocess/layer_norm/layer_norm_scale"} <= names
+  # A language model is named "transformer" (Unitransformer's default), as
+  # in the original.
+  assert {"transformer/block_000/layer_000/pre_norm/scale",
+          "transformer/block_000/layer_001/pre_norm/scale",
+          "transformer/true_layer_norm/layer_prepostprocess/layer_norm/layer_norm_scale"} <= names
   assert not any("rms_norm" in n or "final_layer_norm" in n for n in names)
   # defaults.gin binds sublayer_dropout.dropout_rate to the dropout_rate macro.
   ones = mtf.ones(mesh, mtf.Shape([batch, length, d_model]))

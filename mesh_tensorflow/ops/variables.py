@@ -137,7 +137,7 @@ class Variable(Operation):
       return tf.slice(full_value[0], begin, slice_shape)
     sliced = slice_variables.get_or_create(
         impl, self._name, self.storage_shape, self.master_dtype, self.slice_dtype,
-        self._trainable, init_fn)
+        self._trainable, init_fn, graph=self.mesh.graph)
     return impl.program_slices(sliced)
 
 

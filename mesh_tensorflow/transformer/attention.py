@@ -29,7 +29,8 @@ class AttentionParams:
 
   q is [d_model, heads, d_kv]; k and v are [d_model, heads, d_kv], or
   [d_model, d_kv] with a single memory head (multi-query attention); o is
-  [heads, d_kv, d_model]. Initialized normal with stddev (d_model * d_kv)^-0.5
+  [heads, d_kv, d_model]; with shared_kv one variable "kv" serves k and v (the
+  original's names). Initialized normal with stddev (d_model * d_kv)^-0.5
   for q (which takes the place of the 1/sqrt(d_kv) logit scaling),
   d_model^-0.5 for k and v and (heads * d_kv)^-0.5 for o, as T5.
 
@@ -63,7 +64,8 @@ class AttentionParams:
     if fold_scaling_into_initializer:
       q_stddev *= key_dim.size ** -0.5  # attend() then needs no 1/sqrt(d_kv)
     self.wq = var("q", [d_model, heads, key_dim], q_stddev)
-    self.wk = var("k", [d_model] + self.memory_heads + [key_dim], d_model.size ** -0.5)
+    self.wk = var("kv" if shared_kv else "k", [d_model] + self.memory_heads + [key_dim],
+                  d_model.size ** -0.5)
     self.wv = self.wk if shared_kv else var(
         "v", [d_model] + self.memory_heads + [key_dim], d_model.size ** -0.5)
     self.wo = var("o", [heads, key_dim, d_model], (heads.size * key_dim.size) ** -0.5)

@@ -22,10 +22,16 @@ as "models/tiny_lm.gin" or "layouts/2x4.gin"), then the bindings:
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import inspect
+import io
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
+from absl import logging
 import gin
+import tensorflow as tf
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gin")
 
@@ -34,7 +40,11 @@ GIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gin")
 CONFIGURABLES: Dict[str, object] = {}
 _SEARCH_PATH_ADDED: List[bool] = []
 
-# (module of this package, gin module, names).
+# (module of this package, gin module, names). Each is registered under the
+# original's full module path (mesh_tensorflow.transformer.<gin module>), so
+# a config may name it by any suffix of that path:
+# `@mesh_tensorflow.transformer.transformer_layers.SelfAttention`,
+# `@transformer_layers.SelfAttention` or `@SelfAttention`.
 _MODEL_NAMES = [
     ("transformer", "transformer",
      ["Unitransformer", "Bitransformer", "LayerStack", "make_layer_stack", "VocabEmbedding",
@@ -75,7 +85,6 @@ def register_configurables() -> Dict[str, object]:
   """
   if CONFIGURABLES:
     return CONFIGURABLES
-  import importlib  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import utils  # noqa: F401 (registers run & co.)
   for module_name, gin_module, names in _MODEL_NAMES:
     try:
@@ -86,7 +95,8 @@ def register_configurables() -> Dict[str, object]:
       obj = getattr(module, name, None)
       if obj is None:
         continue
-      CONFIGURABLES[name] = gin.external_configurable(obj, module=gin_module)
+      CONFIGURABLES[name] = gin.external_configurable(
+          obj, module=f"mesh_tensorflow.transformer.{gin_module}")
   return CONFIGURABLES
 
 
@@ -109,7 +119,7 @@ def resolve(path: str) -> str:
     >>> os.path.basename(resolve("layouts/2x4.gin"))
     '2x4.gin'
   """
-  if os.path.exists(path):
+  if tf.io.gfile.exists(path):
     return path
   candidate = os.path.join(GIN_DIR, path)
   if os.path.exists(candidate):
@@ -134,19 +144,243 @@ def gin_files(subdir: Optional[str] = None) -> List[str]:
   return sorted(out)
 
 
+class ForeignValue:
+  """A binding this library skipped because its value names a configurable of
+  another package (e.g. `run.vocabulary = @t5.models.mesh_transformer.get_vocabulary()`),
+  kept where a silent default would be wrong so the call can say what to set.
+
+  Example:
+    >>> ForeignValue("run.vocabulary", "@t5.data.get_default_vocabulary()").binding
+    'run.vocabulary = @t5.data.get_default_vocabulary()'
+  """
+
+  def __init__(self, key: str, value: str):
+    self.key = key
+    self.value = value
+
+  @property
+  def binding(self) -> str:
+    return f"{self.key} = {self.value}"
+
+  def __repr__(self) -> str:
+    return f"ForeignValue({self.binding!r})"
+
+  def __deepcopy__(self, memo):
+    return self
+
+
+# Classes of other packages that mean the same as one of this library's (the
+# t5 / seqio vocabularies with the same arguments): a reference to them, or a
+# binding of their parameters, is taken as this library's.
+_SAME_MEANING = {
+    "SentencePieceVocabulary": "mesh_tensorflow.transformer.vocabulary.SentencePieceVocabulary",
+    "ByteVocabulary": "mesh_tensorflow.transformer.vocabulary.ByteVocabulary",
+}
+# Parameters whose foreign value is kept as a ForeignValue (the callee raises
+# a clear error unless a later binding replaces it), rather than dropped.
+_KEEP_FOREIGN = {("mesh_tensorflow.transformer.utils.run", "vocabulary")}
+# First selector components of the original library's configurables: an
+# unknown reference with one of these is a layer or function of Mesh
+# TensorFlow that this library lacks, an error rather than a skipped binding.
+_MTF_MODULES = {"mesh_tensorflow", "transformer", "transformer_layers", "moe", "utils",
+                "optimize", "learning_rate_schedules", "vocabulary", "dataset",
+                "memory_layers", "funnel_transformer", "vocab_embeddings",
+                "adaptive_softmax", "layers", "attention", "heterogeneous_moe"}
+
+
+class _Delegate(gin.config.ParserDelegate):
+  """gin's parser delegate, but records references to unknown configurables
+  (and returns gin's placeholder for them) instead of raising."""
+
+  def __init__(self):
+    super().__init__(skip_unknown=False)
+    self.unknown: List[str] = []
+
+  def configurable_reference(self, scoped_configurable_name, evaluate):
+    try:
+      return super().configurable_reference(scoped_configurable_name, evaluate)
+    except ValueError as e:
+      if "No configurable matching" not in str(e):
+        raise
+      *scopes, selector = scoped_configurable_name.split("/")
+      same = _SAME_MEANING.get(selector.split(".")[-1])
+      if same:
+        return super().configurable_reference("/".join(scopes + [same]), evaluate)
+      self.unknown.append("@" + scoped_configurable_name + ("()" if evaluate else ""))
+      return gin.config.ParserDelegate(skip_unknown=True).configurable_reference(
+          scoped_configurable_name, evaluate)
+
+
+def _where(location) -> str:
+  name = getattr(location, "filename", None) or "<bindings>"
+  line = getattr(location, "line_num", None)
+  return f"{name}:{line}" if isinstance(line, int) else name
+
+
+def _known_names() -> List[str]:
+  names = list(CONFIGURABLES) + ["run", "build_model", "dataset_fn", "tpu_mesh_shape",
+                                 "get_variable_dtype", "serialize_num_microbatches",
+                                 "AdafactorOptimizer", "ByteVocabulary",
+                                 "SentencePieceVocabulary", "VarianceScalingInitializer"]
+  return sorted(set(names))
+
+
+def _parameters_of(selector: str) -> Optional[List[str]]:
+  obj = CONFIGURABLES.get(selector.split(".")[-1])
+  obj = getattr(obj, "__wrapped__", obj)
+  if obj is None:
+    return None
+  try:
+    fn = obj.__init__ if inspect.isclass(obj) else obj
+    return [p for p in inspect.signature(fn).parameters if p != "self"]
+  except (TypeError, ValueError):
+    return None
+
+
+class _ParseState:
+  """What one `parse` call skipped, for its single warning."""
+
+  def __init__(self):
+    self.skipped: List[str] = []
+
+
+def _matches(selector: str) -> bool:
+  try:
+    gin.config.ParsedBindingKey.parse(("", selector, "__any__"))
+  except ValueError as e:
+    return "No configurable matching" not in str(e)
+  return True
+
+
+def _is_mtf_reference(reference: str) -> bool:
+  selector = reference.lstrip("@").split("/")[-1].rstrip("()")
+  return "." in selector and selector.split(".")[0] in _MTF_MODULES
+
+
+def _parse_text(text: str, source: str, state: _ParseState, directory: Optional[str]) -> None:
+  """Applies the statements of one gin file or binding string (see `parse`)."""
+  delegate = _Delegate()
+  stream = io.StringIO(text)
+  stream.name = source  # error messages then say file:line
+  parser = gin.config_parser.ConfigParser(stream, delegate)
+  statements = iter(parser)
+  while True:
+    try:
+      statement = next(statements)
+    except StopIteration:
+      break
+    except SyntaxError as e:
+      raise ValueError(f"{source}: gin syntax error: {e}") from e
+    unknown, delegate.unknown = delegate.unknown, []
+    if isinstance(statement, gin.config_parser.ImportStatement):
+      if statement.module.startswith("__gin__"):
+        state.skipped.append(f"from {statement.module}")
+        continue
+      try:
+        __import__(statement.module, fromlist=[""])
+      except ImportError:
+        state.skipped.append(f"import {statement.module}")
+      continue
+    if isinstance(statement, gin.config_parser.IncludeStatement):
+      _parse_file(_resolve_include(statement.filename, directory), state)
+      continue
+    if not isinstance(statement, gin.config_parser.BindingStatement):
+      continue  # a block declaration: nothing to bind
+    scope, selector, arg_name, value, location = statement
+    where = _where(location) if getattr(location, "filename", None) else source
+    mtf_refs = [r for r in unknown if _is_mtf_reference(r)]
+    if mtf_refs:
+      raise ValueError(
+          f"{where}: {mtf_refs[0]} is a Mesh TensorFlow configurable that this library "
+          f"does not have (used by {selector}.{arg_name or ''}); replace it, or drop the "
+          "binding.")
+    if not arg_name:  # a macro
+      macro_name = f"{scope}/{selector}" if scope else selector
+      if unknown:
+        state.skipped.append(f"{macro_name} = {unknown[0]}")
+        continue
+      gin.bind_parameter((macro_name, "gin.macro", "value"), value)
+      continue
+    same = _SAME_MEANING.get(selector.split(".")[-1])
+    if same and selector != same and not _matches(selector):
+      selector = same
+    key = f"{scope + '/' if scope else ''}{selector}.{arg_name}"
+    try:
+      parsed = gin.config.ParsedBindingKey.parse((scope, selector, arg_name))
+    except ValueError as e:
+      message = str(e)
+      if "No configurable matching" in message:
+        short = selector.split(".")[-1]
+        close = difflib.get_close_matches(short, _known_names(), n=1, cutoff=0.85)
+        if close and close[0] != short:
+          raise ValueError(f"{where}: no configurable {selector!r}; did you mean "
+                           f"{close[0]!r}?") from None
+        state.skipped.append(key)
+        continue
+      if "doesn't have a parameter named" in message:
+        params = _parameters_of(selector) or []
+        close = difflib.get_close_matches(arg_name, params, n=1, cutoff=0.8)
+        if close:
+          raise ValueError(f"{where}: {selector} has no parameter {arg_name!r}; did you "
+                           f"mean {close[0]!r}?") from None
+        state.skipped.append(key)
+        continue
+      raise ValueError(f"{where}: {message}") from None
+    if unknown:
+      if (parsed.complete_selector, arg_name) in _KEEP_FOREIGN:
+        gin.bind_parameter((scope, selector, arg_name), ForeignValue(key, unknown[0]))
+      else:
+        state.skipped.append(f"{key} = {unknown[0]}")
+      continue
+    gin.bind_parameter((scope, selector, arg_name), value)
+
+
+def _resolve_include(filename: str, directory: Optional[str]) -> str:
+  for base in ([directory] if directory else []) + [GIN_DIR, os.getcwd()]:
+    candidate = os.path.join(base, filename)
+    if tf.io.gfile.exists(candidate):
+      return candidate
+  return resolve(filename)
+
+
+def _parse_file(path: str, state: _ParseState) -> None:
+  with tf.io.gfile.GFile(path, "r") as f:
+    text = f.read()
+  _parse_text(text, path, state, os.path.dirname(path))
+
+
 def parse(files: Sequence[str] = (), bindings: Sequence[str] = (),
-          defaults: bool = True, clear: bool = True) -> None:
+          defaults: bool = True, clear: bool = True) -> List[str]:
   """Parses defaults.gin, then `files`, then `bindings` (later ones win).
 
+  The original Mesh TensorFlow's vocabulary is accepted: full module paths
+  (`@mesh_tensorflow.transformer.transformer_layers.SelfAttention`,
+  `mesh_tensorflow.transformer.transformer.make_layer_stack.layers`),
+  `utils.run.*`, and operative configs as gin writes them (import lines,
+  macros, every default spelled out). What belongs to other packages (the
+  `t5` package's datasets and vocabularies, TPUEstimator settings,
+  parameters of the original that have no counterpart here) is skipped, and
+  the skipped bindings are listed in ONE warning. A near-miss of a name this
+  library has (`Unitransformr`, `d_modle`) is an error that suggests it, and
+  a reference to a Mesh TensorFlow layer or function missing here is an
+  error, so a typo or a missing layer never passes silently.
+
   Args:
-    files: gin files (see `resolve`).
+    files: gin files (see `resolve`): paths, or names under the package's
+      gin directory.
     bindings: gin statements such as "run.train_steps = 100"; each may hold
       several lines.
     defaults: parse the package's gin/defaults.gin first.
     clear: forget earlier configs first.
 
+  Returns:
+    The skipped bindings and imports (also logged as one warning).
+
   Example:
     >>> parse(["models/tiny_lm.gin"], ["run.batch_size = 16"])
+    []
+    >>> parse([], ["t5.models.mesh_transformer.tsv_dataset_fn.filename = 'a.tsv'"])
+    ['t5.models.mesh_transformer.tsv_dataset_fn.filename']
   """
   register_configurables()
   if clear:
@@ -154,6 +388,16 @@ def parse(files: Sequence[str] = (), bindings: Sequence[str] = (),
   if not _SEARCH_PATH_ADDED:
     gin.add_config_file_search_path(GIN_DIR)  # for `include "models/..."` in gin files
     _SEARCH_PATH_ADDED.append(True)
+  state = _ParseState()
   paths = ([os.path.join(GIN_DIR, "defaults.gin")] if defaults else [])
   paths += [resolve(f) for f in files]
-  gin.parse_config_files_and_bindings(paths, list(bindings), finalize_config=False)
+  for path in paths:
+    _parse_file(path, state)
+  for binding in bindings:
+    _parse_text(binding, "--gin_param " + repr(binding), state, None)
+  if state.skipped:
+    logging.warning(
+        "gin: skipped %d bindings and imports that name other packages or settings with no "
+        "meaning in this library (t5 datasets and vocabularies, TPU settings, ...): %s",
+        len(state.skipped), "; ".join(state.skipped))
+  return state.skipped

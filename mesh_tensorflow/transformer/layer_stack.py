@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import copy
 import sys
+
+from absl import logging
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -60,6 +62,17 @@ class TransformerLayer:
   def scope_name(self) -> str:
     """The variable scope of this layer inside its stack slot."""
     return type(self).__name__
+
+  @property
+  def name(self) -> Optional[str]:
+    """The layer's slot scope in its stack ("block_000/layer_001"), as
+    `make_layer_stack` sets it; None for a layer not placed by it."""
+    value = self.__dict__.get("_name")
+    return value if isinstance(value, str) else None
+
+  def set_name(self, name: Optional[str]) -> None:
+    """Sets the slot scope (the original's API; `make_layer_stack` calls it)."""
+    self._name = name
 
 
 class Context:
@@ -210,8 +223,17 @@ class LayerStack(TransformerLayer):
   For each layer: x = x + dropout(layer(norm(x))); then the output is
   dropout(norm(x)). Norms are RMS norms with a learned scale over d_model
   ("rms", as T5) or layer norms ("layer"). Padding positions (sequence_id 0)
-  are zeroed before each norm and at the end. Layer i's variables live under
-  "layer_%03d/<LayerClass>".
+  are zeroed before each norm and at the end.
+
+  Variable names are the original's: a layer's variables live under its
+  name (`make_layer_stack` names them "block_%03d/layer_%03d", the layer
+  counted within its block) or, for layers without one, "layer_%03d", then
+  "<LayerClass>"; the norms are "<layer>/rms_norm/scale" and the final one
+  "rms_norm/scale" at the stack's scope. With both `dropout_rate` and
+  `norm_epsilon` given (the original's legacy mode, T5 v1.0 checkpoints)
+  they are "<layer>/layer_norm/scale" and "final_layer_norm/scale" instead,
+  and sublayer lists are ignored (with a warning), as in the original. A
+  "layer" norm_type keeps the legacy names.
 
   Activation recomputation (`recompute`, training only):
 
@@ -240,8 +262,8 @@ class LayerStack(TransformerLayer):
   Sublayers (the original's configurable body): given any of
   `sublayers_initial`, `sublayers_per_layer` and `sublayers_final` (lists of
   functions called as `s(x, layer_stack, context)`, see sublayers.py), the
-  stack runs the initial sublayers in order; then for each layer, in the
-  scope "layer_%03d" with `context.current_layer` and
+  stack runs the initial sublayers in order; then for each layer, in its
+  slot scope (`layer_scope`) with `context.current_layer` and
   `context.current_layer_input` set, its per-layer sublayers in order (their
   result must keep x's shape); then the final sublayers and the padding mask.
   A list not given is the original's default: [sublayer_dropout];
@@ -287,7 +309,7 @@ class LayerStack(TransformerLayer):
                sublayers_initial: Optional[Sequence[sublayers_lib.Sublayer]] = None,
                sublayers_per_layer: Optional[Sequence[sublayers_lib.Sublayer]] = None,
                sublayers_final: Optional[Sequence[sublayers_lib.Sublayer]] = None,
-               dropout_rate: float = 0.0, norm_epsilon: float = 1e-6,
+               dropout_rate: Optional[float] = None, norm_epsilon: Optional[float] = None,
                recompute_grads: bool = False, norm_type: str = "rms", recompute: str = "none",
                num_stages: int = 1, num_microbatches: int = 1,
                pipeline_schedule: str = "gpipe", stages_dim_name: str = "stages"):
@@ -305,8 +327,16 @@ class LayerStack(TransformerLayer):
       if not hasattr(layer, "call"):
         raise TypeError(f"LayerStack: {layer!r} is not a TransformerLayer (no call method).")
     self._layers = list(layers)
-    self._dropout_rate = dropout_rate
-    self._norm_epsilon = norm_epsilon
+    # The original's legacy mode: both given. Its norms are named
+    # "layer_norm"/"final_layer_norm" and sublayer lists are ignored.
+    self.legacy = dropout_rate is not None and norm_epsilon is not None
+    if self.legacy and any(lst is not None for lst in (
+        sublayers_initial, sublayers_per_layer, sublayers_final)):
+      logging.warning("LayerStack: dropout_rate and norm_epsilon are both set (the "
+                      "original's legacy mode), so the sublayer lists are ignored.")
+      sublayers_initial = sublayers_per_layer = sublayers_final = None
+    self._dropout_rate = 0.0 if dropout_rate is None else dropout_rate
+    self._norm_epsilon = 1e-6 if norm_epsilon is None else norm_epsilon
     self._norm_type = norm_type
     self.recompute = recompute
     self.recompute_ops: List[Any] = []
@@ -369,7 +399,7 @@ class LayerStack(TransformerLayer):
     k = n // num_stages
     for i, layer in enumerate(self._layers):
       ref = self._layers[i % k]
-      if type(layer) is not type(ref) or vars(layer) != vars(ref):
+      if type(layer) is not type(ref) or _hyperparameters(layer) != _hyperparameters(ref):
         raise ValueError(
             f"LayerStack: pipeline stages must have the same layers; layer {i} "
             f"({type(layer).__name__}) differs from layer {i % k} of stage 0 "
@@ -407,6 +437,27 @@ class LayerStack(TransformerLayer):
   def num_layers(self) -> int:
     return len(self._layers)
 
+  def layer_scope(self, index: int) -> str:
+    """The scope of layer `index`'s slot: its name ("block_000/layer_001")
+    or "layer_%03d" (layers without a name, and pipelined stacks).
+
+    Example:
+      >>> make_layer_stack([SelfAttention, DenseReluDense], num_layers=2).layer_scope(3)
+      'block_001/layer_001'
+    """
+    return "layer_%03d" % index if self.pipelined else self._slot_name(index)
+
+  def _slot_name(self, index: int) -> str:
+    """Layer `index`'s scope in the unpipelined stack."""
+    name = getattr(self._layers[index], "name", None)
+    return name if isinstance(name, str) and name else "layer_%03d" % index
+
+  def _norm_names(self) -> Tuple[str, str]:
+    """(per-layer norm scope, final norm scope)."""
+    if self.legacy or self._norm_type != "rms":
+      return "layer_norm", "final_layer_norm"
+    return "rms_norm", "rms_norm"
+
   @property
   def layers_per_stage(self) -> int:
     return len(self._layers) // self.num_stages
@@ -443,7 +494,7 @@ class LayerStack(TransformerLayer):
       x = sublayers_lib.sublayer_mask_padding(x, self, context)
     else:
       mask = context.nonpadding
-      x = self._norm(context, x, name="final_layer_norm")
+      x = self._norm(context, x, name=self._norm_names()[1])
       x = self._dropout(context, x)
       if mask is not None:
         x = x * mask
@@ -454,13 +505,15 @@ class LayerStack(TransformerLayer):
   # ---- the layers ------------------------------------------------------------
   def _apply_layers(self, context: Context, x: mtf.Tensor, layers, first: int,
                     collect: bool = False) -> mtf.Tensor:
-    """x through `layers` (scopes "layer_%03d" from `first`)."""
+    """x through `layers` (the stack's own: their slot scopes; a pipeline
+    stage's: "layer_%03d" from `first`)."""
     policy = self.recompute if context.train else "none"
     if policy != "none":
       self._check_recompute(context, layers)
     for j, layer in enumerate(layers):
       lnum = first + j
-      x = self._sublayer(context, x, layer, "layer_%03d" % lnum, policy, f"layer {lnum}")
+      scope = self.layer_scope(lnum) if layers is self._layers else "layer_%03d" % lnum
+      x = self._sublayer(context, x, layer, scope, policy, f"layer {lnum}")
       if collect and context.layer_outputs is not None and lnum != len(self._layers) - 1:
         context.layer_outputs.append(x)
       context.layer_index += 1
@@ -479,9 +532,10 @@ class LayerStack(TransformerLayer):
       with mtf.name_scope(context.mesh, scope):
         if policy == "selective":
           norm_x = self._recompute(
-              lambda t: self._norm(context, t if mask is None else t * mask), [x], policy)
+              lambda t: self._norm(context, t if mask is None else t * mask,
+                                   self._norm_names()[0]), [x], policy)
         else:
-          norm_x = self._norm(context, x if mask is None else x * mask)
+          norm_x = self._norm(context, x if mask is None else x * mask, self._norm_names()[0])
         with mtf.name_scope(context.mesh, getattr(layer, "scope_name", type(layer).__name__)):
           y = layer.call(context, norm_x)
         if y.shape != x.shape:
@@ -611,7 +665,7 @@ class LayerStack(TransformerLayer):
       if i < 0:
         return f"{name}/stage_{stage}"
       j = int(name[i + len(scope):i + len(scope) + 3])
-      return name[:i] + "layer_%03d" % (stage * k + j) + name[i + len(scope) + 3:]
+      return name[:i] + self._slot_name(stage * k + j) + name[i + len(scope) + 3:]
     return fn
 
   def _call_pipelined(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
@@ -781,6 +835,11 @@ def kept_activation_bytes(graph: mtf.Graph, num_forward_ops: int, mesh_impl=None
 _PER_EXAMPLE_CONTEXT = ("sequence_id", "position", "read_priority", "write_priority")
 
 
+def _hyperparameters(layer) -> dict:
+  """A layer's attributes without its slot name."""
+  return {k: v for k, v in vars(layer).items() if k != "_name"}
+
+
 def _batch_dim(context: Context, x: mtf.Tensor) -> mtf.Dimension:
   for d in context.batch_dims:
     if d in x.shape.dims:
@@ -789,8 +848,8 @@ def _batch_dim(context: Context, x: mtf.Tensor) -> mtf.Dimension:
 
 
 def make_layer_stack(layers: Sequence[Any], layer_stack_cls=None, num_layers: int = 6,
-                     block_scope: bool = True, dropout_rate: float = 0.0,
-                     norm_epsilon: float = 1e-6, norm_type: str = "rms",
+                     block_scope: bool = True, dropout_rate: Optional[float] = None,
+                     norm_epsilon: Optional[float] = None, norm_type: str = "rms",
                      recompute: str = "none", num_stages: int = 1, num_microbatches: int = 1,
                      pipeline_schedule: str = "gpipe",
                      stages_dim_name: str = "stages",
@@ -803,11 +862,15 @@ def make_layer_stack(layers: Sequence[Any], layer_stack_cls=None, num_layers: in
   Elements of `layers` may be TransformerLayer instances (reused: layers
   keep only hyperparameters, so each slot still gets its own variables),
   classes / factories called once per slot, or the original's gin form: a
-  list or tuple holding a class, optionally a name (a string, accepted and
-  not used: variables are named "layer_%03d/<Class>") and a dict of keyword
-  arguments, e.g. `[@transformer_layers.DenseReluDense, "feedforward",
-  {"hidden_size": 2048}]`. `block_scope` is accepted for compatibility
-  (variable scopes are always "layer_%03d"). recompute, num_stages,
+  list or tuple holding a class, optionally a name (a string) and a dict of
+  keyword arguments, e.g. `[@transformer_layers.DenseReluDense,
+  "feedforward", {"hidden_size": 2048}]`. Each slot is named as in the
+  original: with `block_scope` (default) "block_%03d/<name>", the name
+  defaulting to "layer_%03d" counted within the block (variables
+  "block_001/layer_000/SelfAttention/q"); without it "<name>" or
+  "layer_%03d" counted over the stack. dropout_rate and norm_epsilon are
+  passed on only when given (both given: the legacy norm names, see
+  LayerStack). recompute, num_stages,
   num_microbatches, pipeline_schedule, stages_dim_name and the sublayer
   lists are LayerStack's (activation recomputation, pipeline parallelism,
   the original's sublayers; gin: `transformer.make_layer_stack.num_stages =
@@ -822,20 +885,42 @@ def make_layer_stack(layers: Sequence[Any], layer_stack_cls=None, num_layers: in
     >>> stack.num_layers
     4
   """
-  del block_scope
   block = []
-  for _ in range(num_layers):
-    for layer in layers:
-      block.append(_make_layer(layer))
-  # Only the lists given here are passed: gin's bindings yield to arguments.
-  lists = {name: value for name, value in [("sublayers_initial", sublayers_initial),
+  for b in range(num_layers):
+    for n, spec in enumerate(layers):
+      layer = _make_layer(spec)
+      if layer is spec:  # one instance in several slots: each slot gets its own name
+        layer = copy.copy(layer)
+      name = _spec_name(spec)
+      if block_scope:
+        name = "block_%03d/%s" % (b, name or "layer_%03d" % n)
+      else:
+        name = name or "layer_%03d" % len(block)
+      if hasattr(layer, "set_name"):
+        layer.set_name(name)
+      else:
+        layer._name = name  # pylint: disable=protected-access
+      block.append(layer)
+  # Only the arguments given here are passed: gin's bindings yield to arguments.
+  given = {name: value for name, value in [("sublayers_initial", sublayers_initial),
                                            ("sublayers_per_layer", sublayers_per_layer),
-                                           ("sublayers_final", sublayers_final)]
+                                           ("sublayers_final", sublayers_final),
+                                           ("dropout_rate", dropout_rate),
+                                           ("norm_epsilon", norm_epsilon)]
            if value is not None}
   return (layer_stack_cls or _layer_stack_cls())(
-      block, dropout_rate=dropout_rate, norm_epsilon=norm_epsilon, norm_type=norm_type,
+      block, norm_type=norm_type,
       recompute=recompute, num_stages=num_stages, num_microbatches=num_microbatches,
-      pipeline_schedule=pipeline_schedule, stages_dim_name=stages_dim_name, **lists)
+      pipeline_schedule=pipeline_schedule, stages_dim_name=stages_dim_name, **given)
+
+
+def _spec_name(spec) -> Optional[str]:
+  """The name string of a make_layer_stack spec, if it has one."""
+  if isinstance(spec, (list, tuple)):
+    for item in spec:
+      if isinstance(item, str):
+        return item
+  return None
 
 
 def _make_layer(spec):

@@ -27,6 +27,15 @@ A mistake (bad flag, gin binding, layout, mesh, file, checkpoint) is one
 `error:` line and one `hint:` line with exit status 2; --verbose (or
 MTF_VERBOSE=1) adds the traceback. A damaged newest checkpoint is reported and
 the newest intact one restored; --checkpoint_path picks one.
+
+A model directory of the original Mesh TensorFlow or T5 runs with its own
+operative config (see docs/porting_t5_models.md):
+
+    python -m mesh_tensorflow.transformer.main --model_dir=DIR \
+        --gin_file=DIR/operative_config.gin --mode=score --input_file=pairs.tsv \
+        --gin_param="utils.run.mesh_shape = 'batch:2,model:4'"
+
+and --init_checkpoint=DIR fine-tunes it into a new --model_dir.
 """
 
 from __future__ import annotations
@@ -58,6 +67,15 @@ flags.DEFINE_string("output_file", None,
                     "infer/score: where the outputs go (default: input_file + "
                     "'.outputs' or '.scores').")
 flags.DEFINE_bool("fresh", False, "train: delete model_dir's checkpoints and events first.")
+flags.DEFINE_string(
+    "init_checkpoint", None,
+    "train: start a model_dir without checkpoints from this checkpoint (a path prefix, "
+    "or a model directory for its latest; this library's format or the original Mesh "
+    "TensorFlow's): fine-tuning. Same as gin's run.init_checkpoint.")
+flags.DEFINE_bool(
+    "init_checkpoint_reset_optimizer", None,
+    "With --init_checkpoint: start the optimizer state and the step afresh (gin: "
+    "run.init_checkpoint_reset_optimizer).")
 flags.DEFINE_integer("cpu_devices", NUM_CPU_DEVICES,
                      "Logical CPU devices to create (the mesh may use fewer).")
 flags.DEFINE_string("checkpoint_path", None,
@@ -89,7 +107,7 @@ def main(argv):
     print(report.report_for_current_config(), flush=True)
   overrides = {"model_dir": FLAGS.model_dir or None}
   for name in ("mode", "input_file", "output_file", "checkpoint_path", "input_encoding",
-               "input_errors"):
+               "input_errors", "init_checkpoint", "init_checkpoint_reset_optimizer"):
     if getattr(FLAGS, name) is not None:
       overrides[name] = getattr(FLAGS, name)
   if FLAGS.fresh:

@@ -46,23 +46,28 @@ def round_up(n: int, multiple: int) -> int:
 
 @gin.configurable
 def build_model(model_type: str, input_vocab_size: int, output_vocab_size: int,
-                max_length: int, vocab_divisor: int = 8, layout: Optional[str] = None,
+                max_length: int, vocab_divisor: Optional[int] = None,
+                layout: Optional[str] = None,
                 mesh_shape: Optional[str] = None, encoder_layer_stack=None,
                 decoder_layer_stack=None, bitransformer_cls=None):
   """The transformer of `model_type`; its sizes and layers come from gin
   (see gin/defaults.gin and gin/models/*.gin).
 
-  A language model is a `Unitransformer` named "decoder"; an encoder-decoder
-  is a `Bitransformer` of an "encoder" and a "decoder", built in the gin
-  scopes "encoder" and "decoder" (so `decoder/make_layer_stack.layers = ...`
-  configures one side only).
+  A language model is a `Unitransformer` with the name gin gives it
+  (`Unitransformer.name`, default "transformer", as in the original); an
+  encoder-decoder is a `Bitransformer` of an "encoder" and a "decoder",
+  built in the gin scopes "encoder" and "decoder" (so
+  `decoder/make_layer_stack.layers = ...` configures one side only). What
+  the config sets is never overridden here: the vocabulary rounding is the
+  model's `Unitransformer.vocab_divisor` unless `vocab_divisor` is given.
 
   Args:
     model_type: "lm" (decoder-only) or "bitransformer".
     input_vocab_size: ids of inputs.
     output_vocab_size: ids of outputs.
     max_length: the longest sequence (size of learned position tables).
-    vocab_divisor: vocabulary sizes are rounded up to a multiple of this.
+    vocab_divisor: vocabulary sizes are rounded up to a multiple of this
+      (None: the Unitransformer's own, from gin or its default).
     layout: the layout rules, for layers that adapt to them (mixture of
       experts groups tokens by how the batch is split).
     mesh_shape: the mesh shape, likewise.
@@ -80,16 +85,22 @@ def build_model(model_type: str, input_vocab_size: int, output_vocab_size: int,
   make_layer_stack = gin_config.configurable("make_layer_stack")
   stacks = {"encoder": encoder_layer_stack, "decoder": decoder_layer_stack}
 
-  def side(name: str, input_size: int, output_size: Optional[int], autoregressive: bool):
-    stack = stacks[name] if stacks[name] is not None else make_layer_stack()
+  def side(name: Optional[str], input_size: int, output_size: Optional[int],
+           autoregressive: bool):
+    stack = stacks[name or "decoder"]
+    stack = stack if stack is not None else make_layer_stack()
+    kwargs = {"name": name} if name else {}
+    if vocab_divisor is not None:
+      kwargs["vocab_divisor"] = vocab_divisor
+    if max_length is not None and not _bound("Unitransformer", "max_length"):
+      kwargs["max_length"] = max_length
     return unitransformer(
         layer_stack=stack, input_vocab_size=input_size,
         output_vocab_size=output_size, autoregressive=autoregressive,
-        max_length=max_length, name=name, vocab_divisor=vocab_divisor, layout=layout,
-        mesh_shape=mesh_shape)
+        layout=layout, mesh_shape=mesh_shape, **kwargs)
 
   if model_type == "lm":
-    return side("decoder", input_vocab_size, output_vocab_size, True)
+    return side(None, input_vocab_size, output_vocab_size, True)
   if model_type == "bitransformer":
     with gin.config_scope("encoder"):
       encoder = side("encoder", input_vocab_size, None, False)
@@ -97,6 +108,19 @@ def build_model(model_type: str, input_vocab_size: int, output_vocab_size: int,
       decoder = side("decoder", output_vocab_size, output_vocab_size, True)
     return (bitransformer_cls or gin_config.configurable("Bitransformer"))(encoder, decoder)
   raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}.")
+
+
+def _bound(configurable: str, parameter: str) -> bool:
+  """Whether the gin config binds configurable.parameter in the current
+  scope or any (a value the config sets wins over one computed here)."""
+  for scope in [""] + [s for s in gin.current_scope() if s]:
+    key = f"{scope}/{configurable}.{parameter}" if scope else f"{configurable}.{parameter}"
+    try:
+      gin.query_parameter(key)
+      return True
+    except ValueError:
+      continue
+  return False
 
 
 def autoregressive_inputs(targets: mtf.Tensor,
@@ -124,7 +148,8 @@ class Setup:
     sequence_length: {"targets": n} (and "inputs" for an encoder-decoder).
     batch_size: rows per (micro-)batch.
     vocab_size: the vocabulary's size (the model rounds it up).
-    vocab_divisor: the model's vocabulary is a multiple of this.
+    vocab_divisor: the model's vocabulary is a multiple of this (None: the
+      model's own `Unitransformer.vocab_divisor`).
     variable_dtype: master, slice and activation dtypes.
 
   Example:
@@ -139,8 +164,13 @@ class Setup:
   sequence_length: Dict[str, int]
   batch_size: int
   vocab_size: int
-  vocab_divisor: int
+  vocab_divisor: Optional[int]
   variable_dtype: mtf.VariableDType
+
+  def model_vocab_size(self) -> int:
+    """The model's (rounded-up) output vocabulary size."""
+    model = self.new_model()
+    return getattr(model, "decoder", model).output_vocab_dim.size
 
   def new_model(self):
     """A new model object (its variables are found or created by name)."""

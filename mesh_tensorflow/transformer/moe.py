@@ -363,6 +363,8 @@ def top_2_routing(gate_logits: mtf.Tensor, capacity_dim: mtf.Dimension, policy: 
   """
   group_dim, experts_dim = gate_logits.shape.dims[1], gate_logits.shape.dims[2]
   raw = mtf.softmax(mtf.to_float(gate_logits), experts_dim)
+  if nonpadding is not None:  # routing is float32 whatever the activation dtype
+    nonpadding = mtf.to_float(nonpadding)
   choice1 = mtf.one_hot(mtf.argmax(raw, experts_dim), experts_dim, dtype=tf.float32)
   gate1 = mtf.reduce_sum(raw * choice1, reduced_dim=experts_dim)
   choice2 = mtf.one_hot(mtf.argmax(raw * (1.0 - choice1), experts_dim), experts_dim,
@@ -479,6 +481,8 @@ def top_1_routing(gate_logits: mtf.Tensor, capacity_dim: mtf.Dimension,
   """
   group_dim, experts_dim = gate_logits.shape.dims[1], gate_logits.shape.dims[2]
   raw = mtf.softmax(mtf.to_float(gate_logits), experts_dim)
+  if nonpadding is not None:  # routing is float32 whatever the activation dtype
+    nonpadding = mtf.to_float(nonpadding)
   if choice is None:
     choice = mtf.argmax(raw, experts_dim)
   mask = mtf.one_hot(choice, experts_dim, dtype=tf.float32)

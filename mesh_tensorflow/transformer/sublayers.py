@@ -7,9 +7,9 @@ x's shape. Its other arguments are keywords with defaults, bound in gin
 (`transformer.sublayer_dropout.dropout_rate = 0.1`) or with
 `functools.partial`. While a layer's sublayers run, `context.current_layer`
 is that layer and `context.current_layer_input` its input (what
-`sublayer_residual` adds back), and variables go under the layer's scope
-"layer_%03d"; the initial and final sublayers create theirs at the stack's
-own scope.
+`sublayer_residual` adds back), and variables go under the layer's slot
+scope ("block_%03d/layer_%03d", see `LayerStack.layer_scope`); the initial
+and final sublayers create theirs at the stack's own scope.
 
 The original's default lists (its defaults.gin), which `LayerStack` uses for
 any list it is not given:

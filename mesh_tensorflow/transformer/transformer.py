@@ -673,10 +673,19 @@ class Unitransformer:
 
   def _shared_layer_params(self, context: Context) -> None:
     """Variables that several layers of the stack share (relative attention
-    biases of type "bias_shared"), created once at the model scope."""
-    for layer in self.layer_stack.layers:
+    biases of type "bias_shared"), created once, outside any recomputed or
+    pipelined region, in the scope of the first layer that uses them (where
+    the original creates them: "<stack>/block_000/layer_000/SelfAttention/
+    relative_attention_bias")."""
+    stack = self.layer_stack
+    for i, layer in enumerate(stack.layers):
       make = getattr(layer, "make_shared_params", None)
-      if make is not None:
+      if make is None:
+        continue
+      scope = (stack.layer_scope(i) if hasattr(stack, "layer_scope")
+               else "layer_%03d" % i)
+      with mtf.name_scope(context.mesh, scope), mtf.name_scope(
+          context.mesh, getattr(layer, "scope_name", type(layer).__name__)):
         make(context)
 
   def _compute_loss(self, context: Context, logits: mtf.Tensor, targets: mtf.Tensor,
@@ -762,7 +771,11 @@ class Unitransformer:
         encoder_inputs=encoder_inputs, num_microbatches=num_microbatches)
     with mtf.name_scope(inputs.mesh, self.name):
       logits = self._call_internal(context, inputs, targets)
-    loss = mtf.add_n(context.losses) if compute_loss and context.losses else None
+    loss = None
+    if compute_loss and context.losses:
+      # float32, as layers' auxiliary losses (MoE balancing) are, whatever
+      # the activation dtype of the main loss.
+      loss = mtf.add_n([mtf.to_float(x) for x in context.losses])
     return logits, loss
 
   # ---- decoding --------------------------------------------------------------

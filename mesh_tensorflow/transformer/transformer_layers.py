@@ -45,7 +45,8 @@ class SelfAttention(transformer.TransformerLayer):
     dropout_rate: dropout on the attention weights (training).
     relative_attention_type: None, "bias" (a learned bias per head and
       relative-position bucket, for each layer) or "bias_shared" (one bias
-      for all such layers of the model).
+      for all such layers of the stack, the variable of the first one:
+      "<stack>/block_000/layer_000/SelfAttention/relative_attention_bias").
     relative_attention_num_buckets: number of buckets (T5: 32).
     relative_attention_max_distance: distances beyond share the last bucket.
     attention_kwargs, combine_dims, hyperprompt_task_num: accepted for
@@ -135,8 +136,8 @@ class SelfAttention(transformer.TransformerLayer):
     if self.relative_attention_type != "bias_shared":
       return
     key = "relative_attention_bias_shared"
-    if key not in context.cache:
-      context.cache[key] = self._bias_variable(context, key)
+    if key not in context.cache:  # the first such layer's, as in the original
+      context.cache[key] = self._bias_variable(context, "relative_attention_bias")
 
   def _bias_variable(self, context, name):
     return mtf.get_variable(

@@ -27,12 +27,15 @@ import os
 import time
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
+from absl import logging
 import gin
 import numpy as np
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+
 from mesh_tensorflow.transformer import dataset as dataset_lib
+from mesh_tensorflow.transformer import gin_config
 from mesh_tensorflow.transformer import inference
 from mesh_tensorflow.transformer import learning_rate_schedules
 from mesh_tensorflow.transformer import modeling
@@ -42,12 +45,171 @@ from mesh_tensorflow.transformer.modeling import MODEL_TYPES
 
 MODES = ("train", "eval", "infer", "score")
 
-# The optimizers, configurable from gin as @optimize.AdafactorOptimizer etc.
-for _cls in (mtf.optimize.AdafactorOptimizer, mtf.optimize.AdamWeightDecayOptimizer,
-             mtf.optimize.SgdOptimizer, mtf.optimize.MomentumOptimizer):
-  gin.external_configurable(_cls, module="optimize")
-gin.external_configurable(mtf.mixed_precision.DynamicLossScale, module="mixed_precision")
+# The optimizers, configurable from gin under the original's module path:
+# @optimize.AdafactorOptimizer or @mesh_tensorflow.optimize.AdafactorOptimizer.
+adafactor_decay_rate_pow = gin.external_configurable(
+    mtf.optimize.adafactor_decay_rate_pow, module="mesh_tensorflow.optimize")
+adafactor_decay_rate_adam = gin.external_configurable(
+    mtf.optimize.adafactor_decay_rate_adam, module="mesh_tensorflow.optimize")
+
+
+class AdafactorOptimizer(mtf.optimize.AdafactorOptimizer):
+  """`mtf.optimize.AdafactorOptimizer` whose default `decay_rate` is gin's
+  `adafactor_decay_rate_pow()`, so `adafactor_decay_rate_pow.offset = 0` (as
+  the original's operative configs write it) applies, as in the original.
+
+  Example:
+    >>> gin.parse_config("adafactor_decay_rate_pow.exponent = 0.5")
+    >>> AdafactorOptimizer(learning_rate=0.01).decay_rate(3)   # 1 - 4 ** -0.5
+    0.5
+  """
+
+  def _decay_rate_default(self):
+    return adafactor_decay_rate_pow()
+
+
+gin.external_configurable(AdafactorOptimizer, "AdafactorOptimizer",
+                          module="mesh_tensorflow.optimize")
+for _cls in (mtf.optimize.AdamWeightDecayOptimizer, mtf.optimize.SgdOptimizer,
+             mtf.optimize.MomentumOptimizer):
+  gin.external_configurable(_cls, module="mesh_tensorflow.optimize")
+gin.external_configurable(mtf.mixed_precision.DynamicLossScale,
+                          module="mesh_tensorflow.mixed_precision")
 gin.external_configurable(vocabulary_lib.get_vocabulary, module="vocabulary")
+# The initializer of the dense layers: configured in place, so the original's
+# `VarianceScalingInitializer.scale = ...` applies wherever layers create one.
+gin.configurable("VarianceScalingInitializer", module="mesh_tensorflow.layers")(
+    mtf.initializers.VarianceScalingInitializer)
+
+
+# ------------------------------------------- the original's run-level helpers
+@gin.configurable
+def tpu_mesh_shape(tpu_topology: Optional[str] = None, model_parallelism=1,
+                   ensemble_parallelism: Optional[int] = None) -> mtf.Shape:
+  """The original's mesh for a TPU topology: "batch" (data parallelism) x
+  "model" (model_parallelism cores per replica), from the topology's core
+  count ("v3-8": 8 cores; "4x4": 4 * 4 * 2 cores; None: the accelerators, or
+  else the logical CPUs, of this machine). The mesh needs that many devices
+  here too; on fewer, set `utils.run.mesh_shape` directly.
+
+  Example:
+    >>> tpu_mesh_shape("v3-8", 2).to_string()
+    'batch:4;model:2'
+  """
+  if tpu_topology is None:
+    cores = (len(tf.config.list_logical_devices("GPU"))
+             or len(tf.config.list_logical_devices("CPU")))
+  elif tpu_topology.startswith("v"):
+    cores = int(tpu_topology.split("-")[-1])
+  else:
+    cores = int(np.prod([int(x) for x in tpu_topology.split("x")])) * 2
+  if isinstance(model_parallelism, (list, tuple)):
+    raise ValueError(
+        f"tpu_mesh_shape.model_parallelism = {model_parallelism!r} (a hierarchical tiling "
+        "spec) is not supported; give an integer or set utils.run.mesh_shape.")
+  data = cores // int(model_parallelism)
+  if ensemble_parallelism:
+    data //= int(ensemble_parallelism)
+  dims = []
+  if ensemble_parallelism and ensemble_parallelism > 1:
+    dims.append(mtf.Dimension("ensemble", int(ensemble_parallelism)))
+  if data > 1:
+    dims.append(mtf.Dimension("batch", data))
+  if model_parallelism > 1:
+    dims.append(mtf.Dimension("model", int(model_parallelism)))
+  return mtf.Shape(dims)
+
+
+@gin.configurable
+def get_variable_dtype(master_dtype="float32", slice_dtype="float32",
+                       activation_dtype="float32") -> mtf.VariableDType:
+  """The run's dtypes (gin: `utils.get_variable_dtype.activation_dtype =
+  "bfloat16"`): master (checkpointed) weights, their in-memory slices, and
+  activations. Unlike the original, whose default master dtype was bfloat16,
+  the default here is float32 (a bfloat16 checkpoint still restores into it
+  exactly); set `get_variable_dtype.master_dtype = "bfloat16"` to keep the
+  original's.
+
+  Example:
+    >>> get_variable_dtype(activation_dtype="bfloat16").activation_dtype
+    tf.bfloat16
+  """
+  return mtf.VariableDType(tf.as_dtype(master_dtype), tf.as_dtype(slice_dtype),
+                           tf.as_dtype(activation_dtype))
+
+
+def compute_batch_size(sequence_length: Mapping[str, int], mesh_shape, layout_rules,
+                       method_and_value) -> int:
+  """Sequences per batch from the original's (method, value) form:
+  "sequences_per_batch", "tokens_per_batch", "sequences_per_replica" or
+  "tokens_per_replica" (replicas: the mesh's split of "batch" times
+  "outer_batch").
+
+  Example:
+    >>> compute_batch_size({"targets": 128}, "batch:4", "batch:batch",
+    ...                    ("tokens_per_replica", 512))
+    16
+  """
+  try:
+    method, value = method_and_value
+  except (TypeError, ValueError):
+    raise ValueError(f"run.batch_size = {method_and_value!r}: give an integer or a "
+                     "(method, value) pair such as ('tokens_per_batch', 65536).") from None
+  shape = mtf.convert_to_shape(mesh_shape)
+  rules = mtf.convert_to_layout_rules(layout_rules)
+  replicas = 1
+  for name in ("batch", "outer_batch"):
+    axis = rules.tensor_dimension_to_mesh_axis(mtf.Dimension(name, shape.size), shape)
+    replicas *= 1 if axis is None else shape.dims[axis].size
+  longest = max(sequence_length.values())
+
+  def tokens_to_sequences(tokens):
+    if tokens % longest:
+      raise ValueError(f"run.batch_size = {method_and_value!r}: {tokens} tokens are not a "
+                       f"whole number of sequences of length {longest}.")
+    return tokens // longest
+  if method == "sequences_per_batch":
+    return int(value)
+  if method == "tokens_per_batch":
+    return tokens_to_sequences(value)
+  if method == "sequences_per_replica":
+    return int(value) * replicas
+  if method == "tokens_per_replica":
+    return tokens_to_sequences(value) * replicas
+  raise ValueError(f"run.batch_size: unknown method {method!r}; use sequences_per_batch, "
+                   "tokens_per_batch, sequences_per_replica or tokens_per_replica.")
+
+
+@gin.configurable
+def serialize_num_microbatches(batch_per_replica: int, sequence_length: Mapping[str, int],
+                               tokens_per_microbatch_per_replica: Optional[int] = None) -> int:
+  """Micro-batches per training step (gradient accumulation), as the
+  original chose them: the largest micro-batch of at most
+  `tokens_per_microbatch_per_replica` tokens per replica that divides the
+  replica's batch (1 micro-batch when unset).
+
+  Example:
+    >>> serialize_num_microbatches(16, {"targets": 128}, 512)
+    4
+  """
+  if not tokens_per_microbatch_per_replica:
+    return 1
+  size = max(1, int(tokens_per_microbatch_per_replica) // max(sequence_length.values()))
+  while batch_per_replica % size:
+    size -= 1
+  return batch_per_replica // size
+
+
+@gin.configurable
+def auto_train_steps(batch_size: int, sequence_length: Mapping[str, int],
+                     train_tokens: int = 2 ** 36) -> int:
+  """The original's default train_steps: train_tokens / tokens per batch.
+
+  Example:
+    >>> auto_train_steps(128, {"inputs": 512, "targets": 128}, 2 ** 20)
+    16
+  """
+  return int(train_tokens) // (batch_size * max(sequence_length.values()))
 
 
 # ------------------------------------------------------------------ the mesh
@@ -95,7 +257,8 @@ def make_mesh_impl(mesh_shape: str, layout_rules: str,
     raise ValueError(
         f"mesh_shape {mesh_shape!r} needs {shape.size} devices, but this machine has "
         f"{len(devices)} ({', '.join(devices)}). Pick a layout gin file whose mesh fits "
-        "(layouts/single.gin, layouts/2x4.gin, ...) or set mesh_shape.")
+        "(layouts/single.gin, layouts/2x4.gin, ...) or set the mesh, e.g. "
+        "--gin_param=\"utils.run.mesh_shape = 'batch:2,model:4'\".")
   if lowering == "simd":
     return mtf.simd_mesh_impl.SimdMeshImpl(shape, layout_rules, list(devices)[:shape.size])
   if lowering != "placement":
@@ -141,7 +304,7 @@ def make_optimizer(optimizer, learning_rate_schedule):
     ...                functools.partial(lrs.cosine_with_warmup, peak=0.05))
   """
   if optimizer is None:
-    optimizer = mtf.optimize.AdafactorOptimizer
+    optimizer = AdafactorOptimizer
   if isinstance(optimizer, mtf.optimize.Optimizer):
     return optimizer  # Already an optimizer.
   if learning_rate_schedule is None:
@@ -280,6 +443,135 @@ def _write_scalars(model_dir: Optional[str], step: int, values: Dict[str, float]
   writer.flush()
 
 
+# Mesh dimensions the original's layouts name whether or not the mesh has
+# them (T5's say "ensemble:ensemble" on meshes without an ensemble dimension).
+OPTIONAL_MESH_DIMENSIONS = ("ensemble",)
+
+
+def rules_for_mesh(layout_rules, mesh_shape) -> str:
+  """The layout rules without those naming an optional mesh dimension
+  (`OPTIONAL_MESH_DIMENSIONS`) that `mesh_shape` lacks: as in the original,
+  such a rule splits nothing. Dropped rules are logged; a rule naming any
+  other absent mesh dimension is left for the mesh to refuse.
+
+  Example:
+    >>> rules_for_mesh("ensemble:ensemble,batch:batch,heads:model", "batch:2;model:4")
+    'batch:batch;heads:model'
+  """
+  shape = mtf.convert_to_shape(mesh_shape)
+  names = set(shape.dimension_names)
+  rules = mtf.convert_to_layout_rules(layout_rules)
+
+  def dropped(mesh_dim):
+    return mesh_dim not in names and mesh_dim in OPTIONAL_MESH_DIMENSIONS
+  gone = [f"{t}:{m}" for t, m in rules.pairs if dropped(m)]
+  if gone:
+    log(f"layout rules {', '.join(gone)} name mesh dimensions that mesh "
+        f"'{shape.to_string()}' lacks: those tensor dimensions are not split")
+  return ";".join(f"{t}:{m}" for t, m in rules.pairs if not dropped(m))
+
+
+def _schedule(learning_rate_schedule):
+  """The original's forms of run.learning_rate_schedule: a number (constant),
+  a list of factors (their product), or a schedule."""
+  if isinstance(learning_rate_schedule, (list, tuple)):
+    factors = list(learning_rate_schedule)
+    return lambda step, total_train_steps: learning_rate_schedules.product_learning_rate(
+        step, total_train_steps, factors=factors)
+  if isinstance(learning_rate_schedule, (int, float)) and not isinstance(
+      learning_rate_schedule, bool):
+    value = float(learning_rate_schedule)
+    return lambda step: value
+  return learning_rate_schedule
+
+
+def checkpoint_at_step(model_dir: str, step: int) -> str:
+  """The checkpoint of model_dir written at `step` (either library's naming:
+  ckpt-N or model.ckpt-N).
+
+  Raises:
+    ValueError: naming the steps model_dir has, when none is at `step`.
+
+  Example:
+    >>> checkpoint_at_step("/tmp/lm", 400)
+    '/tmp/lm/ckpt-400'
+  """
+  state = tf.train.get_checkpoint_state(model_dir)
+  paths = list(state.all_model_checkpoint_paths) if state else []
+  for path in paths:
+    if path.rsplit("-", 1)[-1] == str(int(step)):
+      return path if os.path.isabs(path) or "://" in path else os.path.join(model_dir, path)
+  steps = [p.rsplit("-", 1)[-1] for p in paths]
+  raise ValueError(f"run.eval_checkpoint_step = {step}: {model_dir} has no checkpoint of that "
+                   f"step (it has steps {', '.join(steps) or 'none'}).")
+
+
+def resolve_checkpoint(path: str) -> str:
+  """A checkpoint path prefix: `path` itself, or a directory's latest.
+
+  Example:
+    >>> resolve_checkpoint("/models/t5_small")
+    '/models/t5_small/model.ckpt-1000000'
+  """
+  if tf.io.gfile.isdir(path):
+    latest = tf.train.latest_checkpoint(path)
+    if not latest:
+      raise ValueError(f"init_checkpoint {path!r} is a directory without a checkpoint "
+                       "(no 'checkpoint' state file naming one).")
+    return latest
+  if not tf.io.gfile.exists(path + ".index"):
+    raise ValueError(f"init_checkpoint {path!r}: no such checkpoint (give a path prefix "
+                     "such as DIR/model.ckpt-1000000, or a model directory).")
+  return path
+
+
+def start_from_checkpoint(trainer: "mtf.training.Trainer", mesh_impl, init_checkpoint: str,
+                          reset_optimizer: bool = False) -> Optional[str]:
+  """Fine-tuning: makes a Trainer whose model_dir has no checkpoint yet start
+  from `init_checkpoint` (this library's or the original's format); a
+  Trainer that already resumed from its model_dir keeps that.
+
+  Args:
+    trainer: the Trainer (before its first step).
+    mesh_impl: its mesh implementation.
+    init_checkpoint: checkpoint path prefix or model directory.
+    reset_optimizer: start the optimizer state and the global step afresh.
+
+  Returns:
+    The checkpoint path restored, or None when the trainer had resumed.
+
+  Example:
+    >>> start_from_checkpoint(trainer, impl, "/models/t5_small", reset_optimizer=True)
+    '/models/t5_small/model.ckpt-1000000'
+  """
+  manager = trainer.checkpoint_manager
+  if manager is not None and manager.latest_checkpoint:
+    log(f"init_checkpoint {init_checkpoint} not used: {manager.directory} already has "
+        f"{manager.latest_checkpoint}")
+    return None
+  path = resolve_checkpoint(init_checkpoint)
+  if manager is None:
+    manager = mtf.checkpoint.CheckpointManager(mesh_impl, os.path.dirname(path) or ".")
+  kwargs = {}
+  import inspect  # pylint: disable=g-import-not-at-top
+  if "include_optimizer_state" in inspect.signature(manager.restore).parameters:
+    kwargs["include_optimizer_state"] = not reset_optimizer
+  elif reset_optimizer:
+    kwargs["allow_missing"] = True
+  manager.restore(path, **kwargs)
+  if reset_optimizer:
+    step = slice_variables_step(mesh_impl)
+    step.assign(0)
+  log(f"initialized from {path} (step {trainer.global_step}"
+      f"{', optimizer state and step reset' if reset_optimizer else ''})")
+  return path
+
+
+def slice_variables_step(mesh_impl) -> tf.Variable:
+  """The Trainer's global step variable on mesh_impl."""
+  return mtf.slice_variables.scalar_state(mesh_impl, "global_step", tf.int64)
+
+
 # ------------------------------------------------------------------ run
 _POSITIVE = ("batch_size", "train_steps", "eval_steps", "keep_checkpoints",
              "grad_accum_steps", "decode_length", "beam_size")
@@ -322,29 +614,43 @@ def check_settings(mode: str, sequence_length: Optional[Mapping[str, int]] = Non
                        "integer, e.g. run.sequence_length = {'inputs': 128, 'targets': 128}.")
 
 
+# run()'s parameters from the original that have no meaning here (TPU and
+# Estimator settings, export, input-pipeline bookkeeping): accepted, ignored,
+# and listed in one warning when given.
+_IGNORED_RUN_PARAMETERS = (
+    "tpu_job_name", "tpu", "gcp_project", "tpu_zone", "autostack", "dataset_split",
+    "export_checkpoint_step", "export_path", "iterations_per_loop", "eval_summary_dir",
+    "mesh_devices", "predict_fn", "train_model_fn", "skip_seen_data", "seen_data_init_step",
+    "output_eval_examples", "checkpoint_input_pipeline", "train_dataset_fn",
+    "eval_dataset_fn")
+_UNSET = object()
+# The original's modes and what they are here.
+_MODE_ALIASES = {"perplexity_eval": "eval", "score_from_strings": "score"}
+
+
 @gin.configurable
 def run(model_dir: Optional[str],
         mode: str = "train",
         model_type: str = "lm",
         vocabulary: Optional[vocabulary_lib.Vocabulary] = None,
         dataset_fn: Callable = dataset_lib.dataset_fn,
-        sequence_length: Optional[Mapping[str, int]] = None,
-        batch_size: int = 32,
-        train_steps: int = 1000,
+        sequence_length=None,
+        batch_size=32,
+        train_steps=1000,
         eval_steps: int = 20,
         eval_every: int = 0,
-        mesh_shape: str = "rows:2;cols:4",
+        mesh_shape="rows:2;cols:4",
         layout_rules: str = "batch:rows;d_ff:cols;heads:cols;experts:rows",
         lowering: str = "placement",
         optimizer=None,
-        learning_rate_schedule: Optional[Callable] = None,
+        learning_rate_schedule=None,
         checkpoint_every: int = 500,
         keep_checkpoints: int = 3,
         log_every: int = 50,
-        grad_accum_steps: int = 1,
+        grad_accum_steps: Optional[int] = None,
         seed: int = 1,
-        vocab_divisor: int = 8,
-        activation_dtype: str = "float32",
+        vocab_divisor: Optional[int] = None,
+        activation_dtype: Optional[str] = None,
         zero_stage: int = 0,
         loss_scale=None,
         fresh: bool = False,
@@ -359,7 +665,23 @@ def run(model_dir: Optional[str],
         alpha: float = 0.6,
         checkpoint_path: Optional[str] = None,
         input_encoding: str = "utf-8",
-        input_errors: str = "strict") -> Dict[str, float]:
+        input_errors: str = "strict",
+        init_checkpoint: Optional[str] = None,
+        init_checkpoint_reset_optimizer: bool = False,
+        save_checkpoints_steps: Optional[int] = None,
+        keep_checkpoint_max: Optional[int] = None,
+        total_run_steps: Optional[int] = None,
+        perplexity_eval_steps: Optional[int] = None,
+        eval_checkpoint_step: Optional[int] = None,
+        variable_filter: Optional[str] = None,
+        ensemble_inputs: Optional[int] = None,
+        tpu_job_name=_UNSET, tpu=_UNSET, gcp_project=_UNSET, tpu_zone=_UNSET,
+        autostack=_UNSET, dataset_split=_UNSET, export_checkpoint_step=_UNSET,
+        export_path=_UNSET, iterations_per_loop=_UNSET, eval_summary_dir=_UNSET,
+        mesh_devices=_UNSET, predict_fn=_UNSET, train_model_fn=_UNSET,
+        skip_seen_data=_UNSET, seen_data_init_step=_UNSET, output_eval_examples=_UNSET,
+        checkpoint_input_pipeline=_UNSET, train_dataset_fn=_UNSET,
+        eval_dataset_fn=_UNSET) -> Dict[str, float]:
   """Trains, evaluates, decodes or scores a transformer (see module docstring).
 
   Args:
@@ -417,40 +739,122 @@ def run(model_dir: Optional[str],
     input_encoding: infer/score: the encoding of input_file.
     input_errors: infer/score: "strict" (an undecodable byte is an error
       naming the file and line), "replace" or "ignore".
+    init_checkpoint: train: a checkpoint (path prefix, or a model directory
+      for its latest) of this library or of the original Mesh TensorFlow to
+      start from when model_dir has none yet (fine-tuning); later runs
+      resume from model_dir as usual.
+    init_checkpoint_reset_optimizer: with init_checkpoint: start the
+      optimizer state (slots) and the global step afresh instead of taking
+      them from the checkpoint (the original continued both, so T5-style
+      fine-tuning sets train_steps to the pretrained step plus the new
+      steps).
+
+  The original's `run` parameters are accepted too. Those with a meaning
+  here are honoured: `batch_size` as a (method, value) pair such as
+  ("tokens_per_batch", 65536), `train_steps` as a function such as
+  @utils.auto_train_steps, `sequence_length` as an int, `mesh_shape` as an
+  mtf.Shape (@utils.tpu_mesh_shape()), `learning_rate_schedule` as a number
+  or a list of factors, `save_checkpoints_steps` (checkpoint_every),
+  `keep_checkpoint_max` (keep_checkpoints), `total_run_steps` (the
+  schedule's total steps), `perplexity_eval_steps` (eval_steps),
+  `eval_checkpoint_step` (the checkpoint eval/infer/score read), the modes
+  "perplexity_eval" (eval) and "score_from_strings" (score). The dtypes come
+  from `utils.get_variable_dtype` (activation_dtype here overrides its
+  activation dtype), micro-batches from `utils.serialize_num_microbatches`
+  when grad_accum_steps is None, and the vocabulary rounding from the
+  model's own `Unitransformer.vocab_divisor` unless vocab_divisor is given.
+  TPU and Estimator settings (tpu*, autostack, iterations_per_loop,
+  mesh_devices, export_*, train/eval_dataset_fn of other packages, ...) are
+  ignored with one warning that lists them. `variable_filter` and
+  `ensemble_inputs` are refused (not supported here).
 
   Returns:
     The final metrics (e.g. {"step", "loss", "eval_loss", "perplexity"});
     after training also "losses" (of the steps run now) and "samples".
   """
+  given = {name: value for name, value in (
+      ("tpu_job_name", tpu_job_name), ("tpu", tpu), ("gcp_project", gcp_project),
+      ("tpu_zone", tpu_zone), ("autostack", autostack), ("dataset_split", dataset_split),
+      ("export_checkpoint_step", export_checkpoint_step), ("export_path", export_path),
+      ("iterations_per_loop", iterations_per_loop), ("eval_summary_dir", eval_summary_dir),
+      ("mesh_devices", mesh_devices), ("predict_fn", predict_fn),
+      ("train_model_fn", train_model_fn), ("skip_seen_data", skip_seen_data),
+      ("seen_data_init_step", seen_data_init_step),
+      ("output_eval_examples", output_eval_examples),
+      ("checkpoint_input_pipeline", checkpoint_input_pipeline),
+      ("train_dataset_fn", train_dataset_fn), ("eval_dataset_fn", eval_dataset_fn))
+      if value is not _UNSET}
+  if given:
+    logging.warning("utils.run: ignoring %d of the original's parameters that have no "
+                    "meaning here (TPU/Estimator settings, export, data of other "
+                    "packages; use run.dataset_fn for data): %s", len(given),
+                    ", ".join(f"{k}={v!r}" for k, v in given.items()))
+  if variable_filter:
+    raise ValueError(f"run.variable_filter = {variable_filter!r}: training only some "
+                     "variables is not supported here; remove the binding.")
+  if ensemble_inputs:
+    raise ValueError(f"run.ensemble_inputs = {ensemble_inputs!r}: ensembles are not "
+                     "supported here; remove the binding.")
+  mode = _MODE_ALIASES.get(mode, mode)
   if mode not in MODES:
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
   if model_type not in MODEL_TYPES:
     raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}.")
+  if isinstance(vocabulary, gin_config.ForeignValue):
+    raise ValueError(
+        f"The config's `{vocabulary.binding}` names another package's vocabulary. Set one "
+        "of this library's: --gin_param=\"run.vocabulary = "
+        "@vocabulary.SentencePieceVocabulary()\" --gin_param=\"SentencePieceVocabulary."
+        "sentencepiece_model_file = 'spm.model'\" --gin_param=\"SentencePieceVocabulary."
+        "extra_ids = 100\" (T5's), or @vocabulary.ByteVocabulary().")
+  if isinstance(vocabulary, (list, tuple)):
+    if len(vocabulary) != 2 or vocabulary[0] is not vocabulary[1]:
+      raise ValueError("run.vocabulary: separate inputs and targets vocabularies are not "
+                       "supported; give one vocabulary.")
+    vocabulary = vocabulary[0]
+  vocabulary = vocabulary or vocabulary_lib.ByteVocabulary()
+  if isinstance(sequence_length, int):
+    sequence_length = {"inputs": sequence_length, "targets": sequence_length}
+  sequence_length = dict(sequence_length or {"inputs": 128, "targets": 128})
+  if isinstance(mesh_shape, mtf.Shape):
+    mesh_shape = mesh_shape.to_string()
+  if not isinstance(batch_size, int):
+    batch_size = compute_batch_size(sequence_length, mesh_shape, layout_rules, batch_size)
+  if callable(train_steps):
+    train_steps = int(train_steps(batch_size, sequence_length))
+  checkpoint_every = save_checkpoints_steps or checkpoint_every
+  keep_checkpoints = keep_checkpoint_max or keep_checkpoints
+  eval_steps = perplexity_eval_steps or eval_steps
+  layout_rules = rules_for_mesh(layout_rules, mesh_shape)
   check_settings(mode, sequence_length=sequence_length, batch_size=batch_size,
                  train_steps=train_steps, eval_steps=eval_steps, eval_every=eval_every,
                  checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
-                 log_every=log_every, grad_accum_steps=grad_accum_steps,
+                 log_every=log_every, grad_accum_steps=1 if grad_accum_steps is None else grad_accum_steps,
                  decode_length=decode_length, num_samples=num_samples,
                  beam_size=beam_size)
-  vocabulary = vocabulary or vocabulary_lib.ByteVocabulary()
-  sequence_length = dict(sequence_length or {"inputs": 128, "targets": 128})
   mesh_impl = make_mesh_impl(mesh_shape, layout_rules, lowering=lowering)
   split = modeling.batch_split(mesh_impl)
+  if grad_accum_steps is None:
+    grad_accum_steps = (serialize_num_microbatches(batch_size // split, sequence_length)
+                        if batch_size % split == 0 else 1)
   if batch_size % (split * grad_accum_steps):
     raise ValueError(
         f"batch_size {batch_size} must be a multiple of the batch split {split} (layout "
         f"{layout_rules!r} on mesh {mesh_shape!r}) times grad_accum_steps "
         f"{grad_accum_steps}.")
+  variable_dtype = get_variable_dtype()
+  if activation_dtype is not None:
+    variable_dtype = mtf.VariableDType(variable_dtype.master_dtype, variable_dtype.slice_dtype,
+                                       tf.as_dtype(activation_dtype))
   setup = modeling.Setup(
       model_type=model_type, vocabulary=vocabulary, mesh_impl=mesh_impl,
       sequence_length=sequence_length, batch_size=batch_size // grad_accum_steps,
       vocab_size=vocabulary.vocab_size, vocab_divisor=vocab_divisor,
-      variable_dtype=mtf.VariableDType(tf.float32, tf.float32, activation_dtype))
+      variable_dtype=variable_dtype)
   log(f"mode {mode}, model {model_type}, mesh '{mesh_shape}', layout '{layout_rules}', "
       f"batch {batch_size}, sequence length {sequence_length}, vocabulary "
       f"{type(vocabulary).__name__} ({vocabulary.vocab_size} ids, model "
-      f"{modeling.round_up(vocabulary.vocab_size, vocab_divisor)}),"
-      f" model_dir {model_dir or '(none)'}")
+      f"{setup.model_vocab_size()}), model_dir {model_dir or '(none)'}")
 
   def data(split_name: str, repeat: bool, data_seed: Optional[int]):
     return dataset_fn(split_name, vocabulary, sequence_length, setup.batch_size, data_seed,
@@ -459,10 +863,16 @@ def run(model_dir: Optional[str],
   if mode in ("infer", "score"):
     if not model_dir:
       raise ValueError(f"mode {mode!r} needs a model_dir with a checkpoint.")
-    if not checkpoint_path and tf.train.get_checkpoint_state(model_dir) is None:
+    if not checkpoint_path and eval_checkpoint_step is None and \
+        tf.train.get_checkpoint_state(model_dir) is None:
       raise ValueError(f"No checkpoint in {model_dir!r}: train first (--mode=train).")
     lines = inference.read_input_file(mode, input_file, input_encoding, input_errors)
-    inference.restore(mesh_impl, model_dir, checkpoint_path)
+    if eval_checkpoint_step is not None:
+      path = checkpoint_at_step(model_dir, eval_checkpoint_step)
+      mtf.checkpoint.CheckpointManager(mesh_impl, model_dir).restore(path)
+      log(f"restored {path}")
+    else:
+      inference.restore(mesh_impl, model_dir, checkpoint_path)
     if mode == "infer":
       return inference.infer(setup, input_file, output_file, decode_length, temperature,
                              top_k, beam_size, alpha, lines=lines)
@@ -473,10 +883,18 @@ def run(model_dir: Optional[str],
   trainer = mtf.training.Trainer(
       modeling.make_model_fn(setup), setup.feature_shapes(), mesh_impl,
       make_optimizer(optimizer, learning_rate_schedules.bind_total_train_steps(
-          learning_rate_schedule, train_steps)), model_dir=model_dir or None,
+          _schedule(learning_rate_schedule), total_run_steps or train_steps)),
+      model_dir=model_dir or None,
       grad_accum_steps=grad_accum_steps, checkpoint_every=checkpoint_every,
       keep_checkpoints=keep_checkpoints, log_every=log_every, log_fn=log,
       zero_stage=zero_stage, loss_scale=loss_scale, checkpoint_path=checkpoint_path)
+  if mode == "eval" and eval_checkpoint_step is not None and model_dir:
+    path = checkpoint_at_step(model_dir, eval_checkpoint_step)
+    trainer.checkpoint_manager.restore(path)
+    log(f"restored {path}")
+  if mode == "train" and init_checkpoint:
+    start_from_checkpoint(trainer, mesh_impl, init_checkpoint,
+                          reset_optimizer=init_checkpoint_reset_optimizer)
   eval_data = data(dataset_lib.VALIDATION, False, 0)
 
   def evaluate() -> Dict[str, float]:
