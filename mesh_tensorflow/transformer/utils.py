@@ -12,7 +12,9 @@ by `mode`:
 * "eval": held-out loss, perplexity and token accuracy of the checkpoint;
 * "infer": decodes every line of `input_file` into `output_file`;
 * "score": writes the log-likelihood of every line of `input_file` (a text
-  for "lm", "input<TAB>target" for "bitransformer") to `output_file`.
+  for "lm", "input<TAB>target" for "bitransformer") to `output_file`;
+* "export": writes a SavedModel of the checkpoint to `export_dir`, served
+  without this library (see `mesh_tensorflow.transformer.export`).
 
     >>> from mesh_tensorflow.transformer import gin_config
     >>> gin_config.parse(["models/tiny_lm.gin", "layouts/2x4.gin"], ["run.train_steps = 10"])
@@ -33,6 +35,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import dataset as dataset_lib
+from mesh_tensorflow.transformer import export as export_lib
 from mesh_tensorflow.transformer import inference
 from mesh_tensorflow.transformer import learning_rate_schedules
 from mesh_tensorflow.transformer import modeling
@@ -40,7 +43,7 @@ from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer.inference import log
 from mesh_tensorflow.transformer.modeling import MODEL_TYPES
 
-MODES = ("train", "eval", "infer", "score")
+MODES = ("train", "eval", "infer", "score", "export")
 
 # The optimizers, configurable from gin as @optimize.AdafactorOptimizer etc.
 for _cls in (mtf.optimize.AdafactorOptimizer, mtf.optimize.AdamWeightDecayOptimizer,
@@ -315,13 +318,14 @@ def run(model_dir: Optional[str],
         temperature: float = 0.6,
         top_k: int = 40,
         beam_size: int = 1,
-        alpha: float = 0.6) -> Dict[str, float]:
+        alpha: float = 0.6,
+        export_dir: Optional[str] = None) -> Dict[str, float]:
   """Trains, evaluates, decodes or scores a transformer (see module docstring).
 
   Args:
     model_dir: checkpoints and TensorBoard events (None: neither; only train
       and eval work then).
-    mode: "train", "eval", "infer" or "score".
+    mode: "train", "eval", "infer", "score" or "export".
     model_type: "lm" or "bitransformer".
     vocabulary: a Vocabulary (default ByteVocabulary()).
     dataset_fn: dataset_fn(split, vocabulary, sequence_length, batch_size,
@@ -368,6 +372,9 @@ def run(model_dir: Optional[str],
     top_k: sample from the k most likely tokens (0 or -1: all).
     beam_size: beam search width ("bitransformer"; 1: greedy or sampling).
     alpha: beam search length penalty.
+    export_dir: export: where the SavedModel goes (default
+      `<model_dir>/export/<step>`); its mesh is `export_saved_model.mesh_shape`
+      (default one device), not `mesh_shape`.
 
   Returns:
     The final metrics (e.g. {"step", "loss", "eval_loss", "perplexity"});
@@ -379,6 +386,12 @@ def run(model_dir: Optional[str],
     raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}.")
   vocabulary = vocabulary or vocabulary_lib.ByteVocabulary()
   sequence_length = dict(sequence_length or {"inputs": 128, "targets": 128})
+  if mode == "export":
+    return export_lib.export_saved_model(
+        model_dir, export_dir, model_type=model_type, vocabulary=vocabulary,
+        sequence_length=sequence_length, vocab_divisor=vocab_divisor,
+        activation_dtype=activation_dtype, decode_length=decode_length, beam_size=beam_size,
+        alpha=alpha)
   mesh_impl = make_mesh_impl(mesh_shape, layout_rules, lowering=lowering)
   split = modeling.batch_split(mesh_impl)
   if batch_size % (split * grad_accum_steps):

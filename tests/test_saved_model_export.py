@@ -1,0 +1,228 @@
+"""SavedModel export (`--mode=export`): a process that imports only TensorFlow
+loads the SavedModel and reproduces `--mode=infer` (greedy) and `--mode=score`
+of a tiny trained language model and encoder-decoder."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import gin
+import numpy as np
+import pytest
+
+from mesh_tensorflow.transformer import export
+from mesh_tensorflow.transformer import gin_config
+from mesh_tensorflow.transformer import inference
+from mesh_tensorflow.transformer import utils
+from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY = [
+    "num_layers = 1", "d_model = 32", "d_ff = 64", "num_heads = 4", "d_kv = 8",
+    "run.batch_size = 8", "run.train_steps = 3", "run.eval_steps = 1", "run.log_every = 0",
+    "run.checkpoint_every = 100", "run.num_samples = 0", "run.decode_length = 8",
+    "run.temperature = 0.0", "dataset_fn.shuffle_buffer = 100",
+    "cosine_with_warmup.warmup_steps = 0", "dataset_fn.unit = 'line'",
+]
+# Training and the CLI's infer/score run on a 2x4 mesh; the default export is
+# one device.
+LAYOUT = ["mesh_shape = 'rows:2;cols:4'", "layout = 'batch:rows;d_ff:cols;heads:cols'"]
+MODELS = {
+    "lm": ["run.model_type = 'lm'", "run.sequence_length = {'inputs': 24, 'targets': 24}"],
+    "bi": ["run.model_type = 'bitransformer'",
+           "run.sequence_length = {'inputs': 16, 'targets': 12}"],
+}
+# Texts with a newline, a tab, non-ASCII and an empty line; one longer than
+# the sequence length (cut alike).
+TEXTS = ["def ", "import os\nimport sys", "", "class Café:\tpass", "x" * 40, "return "]
+PAIRS = [("def add(a, b):", "Return a + b."), ("", "x"), ("é z", ""),
+         ("y" * 30, "Return the sum of the values")]
+
+
+def _data_bindings(root) -> list:
+  """Small training and held-out files (no stdlib corpus to scan)."""
+  lines = [f"def f{i}(x):\treturn x + {i}" for i in range(64)]
+  path = os.path.join(root, "data.tsv")
+  with open(path, "w") as f:
+    f.write("\n".join(lines) + "\n")
+  return [f"dataset_fn.train_files = [{path!r}]", f"dataset_fn.eval_files = [{path!r}]"]
+
+
+def _run(model, data, **kwargs):
+  gin_config.parse([], TINY + LAYOUT + MODELS[model] + data)
+  try:
+    return utils.run(**kwargs)
+  finally:
+    gin.clear_config()
+
+
+def _loader(script: str) -> dict:
+  """Runs `script` in a fresh Python that cannot import mesh_tensorflow; it
+  prints one JSON line."""
+  guard = "import sys\nsys.modules['mesh_tensorflow'] = None  # any import of it fails\n"
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  env.pop("PYTHONPATH", None)
+  proc = subprocess.run([sys.executable, "-c", guard + textwrap.dedent(script)],
+                        cwd="/", env=env, capture_output=True, text=True, timeout=300,
+                        check=False)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+  """Trains both models, runs the CLI modes infer and score, and exports."""
+  root = tmp_path_factory.mktemp("export")
+  data = _data_bindings(str(root))
+  out = {"data": data}
+  for model in MODELS:
+    model_dir = str(root / model)
+    _run(model, data, model_dir=model_dir, mode="train")
+    inputs = str(root / f"{model}.txt")
+    lines = TEXTS if model == "lm" else [p[0] for p in PAIRS]
+    inference.write_lines(inputs, lines)
+    _run(model, data, model_dir=model_dir, mode="infer", input_file=inputs)
+    scored = str(root / f"{model}_pairs.txt")
+    inference.write_lines(scored, TEXTS if model == "lm" else [f"{a}\t{b}" for a, b in PAIRS])
+    _run(model, data, model_dir=model_dir, mode="score", input_file=scored)
+    info = _run(model, data, model_dir=model_dir, mode="export")
+    with open(scored + ".scores") as f:
+      scores = [float(line) for line in f]
+    out[model] = {"dir": info["export_dir"], "info": info, "model_dir": model_dir,
+                  "outputs": inference.read_lines(inputs + ".outputs"), "scores": scores}
+  return out
+
+
+_LOAD_BOTH = """
+import json
+import tensorflow as tf
+result = {}
+for name, path, texts, inputs, targets in json.loads(sys.argv[1]):
+  model = tf.saved_model.load(path)
+  sig = model.signatures
+  decoded = sig["serving_default"](inputs=tf.constant(texts))["outputs"].numpy()
+  if inputs is None:
+    scores = sig["score"](targets=tf.constant(targets))["scores"]
+  else:
+    scores = sig["score"](inputs=tf.constant(inputs), targets=tf.constant(targets))["scores"]
+  ids = sig["decode_ids"](inputs=tf.constant([[104, 105, 120, 35], [70, 0, 0, 0]]))
+  result[name] = {"signatures": sorted(sig), "outputs": [d.decode("utf-8") for d in decoded],
+                  "scores": scores.numpy().tolist(),
+                  "decode_ids": ids["outputs"].numpy().tolist()}
+print(json.dumps(result))
+"""
+
+
+def test_fresh_process_reproduces_infer_and_score(exported):
+  jobs = [["lm", exported["lm"]["dir"], TEXTS, None, TEXTS],
+          ["bi", exported["bi"]["dir"], [p[0] for p in PAIRS], [p[0] for p in PAIRS],
+           [p[1] for p in PAIRS]]]
+  script = _LOAD_BOTH.replace("json.loads(sys.argv[1])", repr(json.dumps(jobs)).join(
+      ["json.loads(", ")"]))
+  got = _loader(script)
+  for name in ("lm", "bi"):
+    assert got[name]["signatures"] == ["decode", "decode_ids", "score", "score_ids",
+                                       "serving_default"]
+    assert got[name]["outputs"] == exported[name]["outputs"], name
+    np.testing.assert_allclose(got[name]["scores"], exported[name]["scores"], rtol=1e-4,
+                               atol=1e-4, err_msg=name)
+    assert all(s < 0 for s in got[name]["scores"])
+  # The LM's ids signature returns the continuation only, left-aligned; its
+  # text is what serving_default gives for the same prompt ("def ").
+  vocab = vocabulary_lib.ByteVocabulary()
+  assert vocab.decode(got["lm"]["decode_ids"][0]) == exported["lm"]["outputs"][0]
+  assert len(got["lm"]["decode_ids"][0]) == 24
+  assert len(got["bi"]["decode_ids"][0]) == 12
+
+
+def test_default_export_dir_and_step(exported):
+  info = exported["lm"]["info"]
+  assert info["step"] == 3
+  assert info["export_dir"] == os.path.join(exported["lm"]["model_dir"], "export", "3")
+  assert os.path.exists(os.path.join(info["export_dir"], "saved_model.pb"))
+
+
+def test_cli_export_on_a_split_mesh(exported, tmp_path):
+  """--export_dir and --export_mesh_shape/--export_layout: a model-parallel
+  export computes the same scores (and greedy texts), loaded on a machine
+  with one CPU device."""
+  target = str(tmp_path / "split")
+  command = [sys.executable, "-m", "mesh_tensorflow.transformer.main",
+             f"--model_dir={exported['lm']['model_dir']}", "--mode=export",
+             f"--export_dir={target}", "--export_mesh_shape=rows:2;cols:2",
+             "--export_layout=batch:rows;heads:cols;d_ff:cols"]
+  command += [f"--gin_param={p}" for p in TINY + LAYOUT + MODELS["lm"] + exported["data"]]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO_ROOT)
+  proc = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                        timeout=300, check=False)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+  assert "mesh 'rows:2;cols:2'" in proc.stdout
+  got = _loader(f"""
+      import json
+      import tensorflow as tf
+      sig = tf.saved_model.load({target!r}).signatures
+      texts = tf.constant({TEXTS!r})
+      print(json.dumps({{
+          "outputs": [t.decode("utf-8") for t in
+                      sig["serving_default"](inputs=texts)["outputs"].numpy()],
+          "scores": sig["score"](targets=texts)["scores"].numpy().tolist(),
+          "devices": len(tf.config.list_logical_devices("CPU"))}}))
+      """)
+  assert got["devices"] == 1
+  np.testing.assert_allclose(got["scores"], exported["lm"]["scores"], rtol=1e-4, atol=1e-4)
+  assert got["outputs"] == exported["lm"]["outputs"]
+
+
+class _PythonBytes(vocabulary_lib.Vocabulary):
+  """The byte vocabulary's ids, encoded by Python code (as SentencePiece is)."""
+
+  _bytes = vocabulary_lib.ByteVocabulary()
+  vocab_size = 259
+
+  def encode(self, text):
+    return self._bytes.encode(text)
+
+  def decode(self, ids):
+    return self._bytes.decode(ids)
+
+  def encode_tf(self, text):
+    raise NotImplementedError
+
+  def decode_tf(self, ids):
+    raise NotImplementedError
+
+
+def test_python_vocabulary_exports_ids_signatures_only(exported, tmp_path):
+  assert export.has_graph_ops(vocabulary_lib.ByteVocabulary())
+  assert not export.has_graph_ops(_PythonBytes())
+  info = export.export_saved_model(
+      exported["lm"]["model_dir"], str(tmp_path / "ids"), model_type="lm",
+      vocabulary=_PythonBytes(), sequence_length={"inputs": 24, "targets": 24},
+      decode_length=8)
+  assert info["signatures"] == ["decode_ids", "score_ids", "serving_default"]
+  prompts = [vocabulary_lib.ByteVocabulary().encode(t) for t in TEXTS[:2]]
+  width = max(len(p) for p in prompts)
+  padded = [p + [0] * (width - len(p)) for p in prompts]
+  # score_ids takes the ids as they are: append EOS as --mode=score does.
+  scored = [p + [1] + [0] * (width - len(p)) for p in prompts]
+  got = _loader(f"""
+      import json
+      import tensorflow as tf
+      sig = tf.saved_model.load({info['export_dir']!r}).signatures
+      out = sig["serving_default"](inputs=tf.constant({padded!r}))["outputs"].numpy()
+      scores = sig["score_ids"](targets=tf.constant({scored!r}))["scores"].numpy()
+      print(json.dumps({{"ids": out.tolist(), "scores": scores.tolist()}}))
+      """)
+  decoded = [vocabulary_lib.ByteVocabulary().decode(row) for row in got["ids"]]
+  assert decoded == exported["lm"]["outputs"][:2]
+  np.testing.assert_allclose(got["scores"], exported["lm"]["scores"][:2], rtol=1e-4, atol=1e-4)
+
+
+def test_export_without_checkpoint_is_one_clear_error(tmp_path):
+  with pytest.raises(ValueError, match="No checkpoint in"):
+    export.export_saved_model(str(tmp_path), model_type="lm")
+  with pytest.raises(ValueError, match="needs --model_dir"):
+    export.export_saved_model("", model_type="lm")
