@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import gin
 import numpy as np
@@ -64,124 +63,6 @@ def _run(model, data, layout=tuple(LAYOUT), **kwargs):
     gin.clear_config()
 
 
-def _loader(script: str) -> dict:
-  """Runs `script` in a fresh Python that cannot import mesh_tensorflow; it
-  prints one JSON line."""
-  guard = "import sys\nsys.modules['mesh_tensorflow'] = None  # any import of it fails\n"
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  env.pop("PYTHONPATH", None)
-  proc = subprocess.run([sys.executable, "-c", guard + textwrap.dedent(script)],
-                        cwd="/", env=env, capture_output=True, text=True, timeout=300,
-                        check=False)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-  """Trains both models, runs the CLI modes infer and score, and exports."""
-  root = tmp_path_factory.mktemp("export")
-  data = _data_bindings(str(root))
-  out = {"data": data}
-  for model in MODELS:
-    model_dir = str(root / model)
-    _run(model, data, model_dir=model_dir, mode="train")
-    inputs = str(root / f"{model}.txt")
-    lines = TEXTS if model == "lm" else [p[0] for p in PAIRS]
-    inference.write_lines(inputs, lines)
-    _run(model, data, SINGLE, model_dir=model_dir, mode="infer", input_file=inputs)
-    scored = str(root / f"{model}_pairs.txt")
-    inference.write_lines(scored, TEXTS if model == "lm" else [f"{a}\t{b}" for a, b in PAIRS])
-    _run(model, data, SINGLE, model_dir=model_dir, mode="score", input_file=scored)
-    info = _run(model, data, model_dir=model_dir, mode="export")
-    with open(scored + ".scores") as f:
-      scores = [float(line) for line in f]
-    out[model] = {"dir": info["export_dir"], "info": info, "model_dir": model_dir,
-                  "outputs": inference.read_lines(inputs + ".outputs"), "scores": scores}
-  return out
-
-
-_LOAD_BOTH = """
-import json
-import tensorflow as tf
-result = {}
-for name, path, texts, inputs, targets in json.loads(sys.argv[1]):
-  model = tf.saved_model.load(path)
-  sig = model.signatures
-  decoded = sig["serving_default"](inputs=tf.constant(texts))["outputs"].numpy()
-  if inputs is None:
-    scores = sig["score"](targets=tf.constant(targets))["scores"]
-  else:
-    scores = sig["score"](inputs=tf.constant(inputs), targets=tf.constant(targets))["scores"]
-  ids = sig["decode_ids"](inputs=tf.constant([[103, 104, 105, 35], [70, 0, 0, 0]]))
-  result[name] = {"signatures": sorted(sig), "outputs": [d.decode("utf-8") for d in decoded],
-                  "scores": scores.numpy().tolist(),
-                  "decode_ids": ids["outputs"].numpy().tolist()}
-print(json.dumps(result))
-"""
-
-
-def test_fresh_process_reproduces_infer_and_score(exported):
-  jobs = [["lm", exported["lm"]["dir"], TEXTS, None, TEXTS],
-          ["bi", exported["bi"]["dir"], [p[0] for p in PAIRS], [p[0] for p in PAIRS],
-           [p[1] for p in PAIRS]]]
-  script = _LOAD_BOTH.replace("json.loads(sys.argv[1])", repr(json.dumps(jobs)).join(
-      ["json.loads(", ")"]))
-  got = _loader(script)
-  for name in ("lm", "bi"):
-    assert got[name]["signatures"] == ["decode", "decode_ids", "score", "score_ids",
-                                       "serving_default"]
-    assert got[name]["outputs"] == exported[name]["outputs"], name
-    np.testing.assert_allclose(got[name]["scores"], exported[name]["scores"], rtol=1e-4,
-                               atol=1e-4, err_msg=name)
-    assert all(s < 0 for s in got[name]["scores"])
-  # The LM's ids signature returns the continuation only, left-aligned; its
-  # text is what serving_default gives for the same prompt ("def ").
-  vocab = vocabulary_lib.ByteVocabulary()
-  assert vocab.decode(got["lm"]["decode_ids"][0]) == exported["lm"]["outputs"][0]
-  assert len(got["lm"]["decode_ids"][0]) == 24
-  assert len(got["bi"]["decode_ids"][0]) == 12
-
-
-def test_default_export_dir_and_step(exported):
-  info = exported["lm"]["info"]
-  assert info["step"] == 3
-  assert info["export_dir"] == os.path.join(exported["lm"]["model_dir"], "export", "3")
-  assert os.path.exists(os.path.join(info["export_dir"], "saved_model.pb"))
-
-
-def test_cli_export_on_a_split_mesh(exported, tmp_path):
-  """--export_dir and --export_mesh_shape/--export_layout: a data- and
-  model-parallel export computes the same scores, loaded on a machine with
-  one CPU device."""
-  target = str(tmp_path / "split")
-  command = [sys.executable, "-m", "mesh_tensorflow.transformer.main",
-             f"--model_dir={exported['lm']['model_dir']}", "--mode=export",
-             f"--export_dir={target}", "--export_mesh_shape=rows:2;cols:2",
-             "--export_layout=batch:rows;heads:cols;d_ff:cols"]
-  command += [f"--gin_param={p}" for p in TINY + LAYOUT + MODELS["lm"] + exported["data"]]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO_ROOT)
-  proc = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                        timeout=300, check=False)
-  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-  assert "mesh 'rows:2;cols:2'" in proc.stdout
-  got = _loader(f"""
-      import json
-      import tensorflow as tf
-      sig = tf.saved_model.load({target!r}).signatures
-      texts = tf.constant({TEXTS!r})
-      print(json.dumps({{
-          "outputs": [t.decode("utf-8") for t in
-                      sig["serving_default"](inputs=texts)["outputs"].numpy()],
-          "scores": sig["score"](targets=texts)["scores"].numpy().tolist(),
-          "devices": len(tf.config.list_logical_devices("CPU"))}}))
-      """)
-  assert got["devices"] == 1
-  np.testing.assert_allclose(got["scores"], exported["lm"]["scores"], rtol=1e-4, atol=1e-4)
-  assert len(got["outputs"]) == len(TEXTS)
-  assert got["outputs"][4] == ""  # the prompt fills the sequence: nothing to add
-
-
 class _PythonBytes(vocabulary_lib.Vocabulary):
   """The byte vocabulary's ids, encoded by Python code (as SentencePiece is)."""
 
@@ -201,35 +82,162 @@ class _PythonBytes(vocabulary_lib.Vocabulary):
     raise NotImplementedError
 
 
-def test_python_vocabulary_exports_ids_signatures_only(exported, tmp_path):
-  assert export.has_graph_ops(vocabulary_lib.ByteVocabulary())
-  assert not export.has_graph_ops(_PythonBytes())
-  gin_config.parse([], TINY + SINGLE + MODELS["lm"] + exported["data"])
+def _cli_export(model_dir, target, data):
+  """--mode=export with --export_dir and --export_mesh_shape/--export_layout."""
+  command = [sys.executable, "-m", "mesh_tensorflow.transformer.main",
+             f"--model_dir={model_dir}", "--mode=export", f"--export_dir={target}",
+             "--export_mesh_shape=rows:2;cols:2",
+             "--export_layout=batch:rows;heads:cols;d_ff:cols"]
+  command += [f"--gin_param={p}" for p in TINY + LAYOUT + MODELS["lm"] + data]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO_ROOT)
+  proc = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                        timeout=300, check=False)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+  return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+  """Trains both models, runs the CLI modes infer and score, and exports: each
+  model on the default mesh, the LM also on a 2x2 mesh (by the CLI) and with a
+  vocabulary that has no TensorFlow ops."""
+  root = tmp_path_factory.mktemp("export")
+  data = _data_bindings(str(root))
+  out = {"data": data}
+  for model in MODELS:
+    model_dir = str(root / model)
+    _run(model, data, model_dir=model_dir, mode="train")
+    inputs = str(root / f"{model}.txt")
+    lines = TEXTS if model == "lm" else [p[0] for p in PAIRS]
+    inference.write_lines(inputs, lines)
+    _run(model, data, SINGLE, model_dir=model_dir, mode="infer", input_file=inputs)
+    scored = str(root / f"{model}_pairs.txt")
+    inference.write_lines(scored, TEXTS if model == "lm" else [f"{a}\t{b}" for a, b in PAIRS])
+    _run(model, data, SINGLE, model_dir=model_dir, mode="score", input_file=scored)
+    info = _run(model, data, model_dir=model_dir, mode="export")
+    with open(scored + ".scores") as f:
+      scores = [float(line) for line in f]
+    out[model] = {"dir": info["export_dir"], "info": info, "model_dir": model_dir,
+                  "outputs": inference.read_lines(inputs + ".outputs"), "scores": scores}
+  out["split_dir"] = str(root / "split")
+  out["split_log"] = _cli_export(out["lm"]["model_dir"], out["split_dir"], data)
+  gin_config.parse([], TINY + SINGLE + MODELS["lm"] + data)
   try:
-    info = export.export_saved_model(
-        exported["lm"]["model_dir"], str(tmp_path / "ids"), model_type="lm",
+    out["ids_info"] = export.export_saved_model(
+        out["lm"]["model_dir"], str(root / "ids"), model_type="lm",
         vocabulary=_PythonBytes(), sequence_length={"inputs": 24, "targets": 24},
         decode_length=8)
   finally:
     gin.clear_config()
-  assert info["signatures"] == ["decode_ids", "score_ids", "serving_default"]
-  prompts = [vocabulary_lib.ByteVocabulary().encode(t) for t in TEXTS[:2] + TEXTS[5:]]
-  width = max(len(p) for p in prompts)
-  padded = [p + [0] * (width - len(p)) for p in prompts]
-  # score_ids takes the ids as they are: append EOS as --mode=score does.
-  scored = [p + [1] + [0] * (width - len(p)) for p in prompts]
-  got = _loader(f"""
-      import json
-      import tensorflow as tf
-      sig = tf.saved_model.load({info['export_dir']!r}).signatures
-      out = sig["serving_default"](inputs=tf.constant({padded!r}))["outputs"].numpy()
-      scores = sig["score_ids"](targets=tf.constant({scored!r}))["scores"].numpy()
-      print(json.dumps({{"ids": out.tolist(), "scores": scores.tolist()}}))
-      """)
-  decoded = [vocabulary_lib.ByteVocabulary().decode(row) for row in got["ids"]]
-  want = [exported["lm"][k][:2] + exported["lm"][k][5:] for k in ("outputs", "scores")]
-  assert decoded == want[0]
-  np.testing.assert_allclose(got["scores"], want[1], rtol=1e-4, atol=1e-4)
+  return out
+
+
+# The rows of TEXTS the ids-only SavedModel decodes, as zero-padded ids, and
+# the same with EOS appended for scoring (as --mode=score does).
+_IDS_ROWS = [0, 1, 5, 6, 7]
+
+
+def _ids_requests():
+  prompts = [vocabulary_lib.ByteVocabulary().encode(TEXTS[i]) for i in _IDS_ROWS]
+  width = max(len(p) for p in prompts) + 1
+  return ([p + [0] * (width - len(p)) for p in prompts],
+          [p + [1] + [0] * (width - len(p) - 1) for p in prompts])
+
+
+_LOAD_ALL = """
+import json
+import tensorflow as tf
+jobs, ids_job = json.loads(JOBS)
+result = {"devices": len(tf.config.list_logical_devices("CPU"))}
+for name, path, texts, inputs, targets in jobs:
+  sig = tf.saved_model.load(path).signatures
+  decoded = sig["serving_default"](inputs=tf.constant(texts))["outputs"].numpy()
+  if inputs is None:
+    scores = sig["score"](targets=tf.constant(targets))["scores"]
+  else:
+    scores = sig["score"](inputs=tf.constant(inputs), targets=tf.constant(targets))["scores"]
+  ids = sig["decode_ids"](inputs=tf.constant([[103, 104, 105, 35], [70, 0, 0, 0]]))
+  result[name] = {"signatures": sorted(sig), "outputs": [d.decode("utf-8") for d in decoded],
+                  "scores": scores.numpy().tolist(),
+                  "decode_ids": ids["outputs"].numpy().tolist()}
+path, prompts, scored = ids_job
+sig = tf.saved_model.load(path).signatures
+result["ids"] = {
+    "signatures": sorted(sig),
+    "outputs": sig["serving_default"](inputs=tf.constant(prompts))["outputs"].numpy().tolist(),
+    "scores": sig["score_ids"](targets=tf.constant(scored))["scores"].numpy().tolist()}
+print(json.dumps(result))
+"""
+
+
+@pytest.fixture(scope="module")
+def loaded(exported):
+  """What one fresh process that never imports mesh_tensorflow (any import of
+  it would fail) gets from every SavedModel."""
+  lm, bi = exported["lm"], exported["bi"]
+  sources, targets = [p[0] for p in PAIRS], [p[1] for p in PAIRS]
+  jobs = [[["lm", lm["dir"], TEXTS, None, TEXTS], ["bi", bi["dir"], sources, sources, targets],
+           ["split", exported["split_dir"], TEXTS, None, TEXTS]],
+          [exported["ids_info"]["export_dir"], *_ids_requests()]]
+  script = _LOAD_ALL.replace("JOBS", repr(json.dumps(jobs)))
+  guard = "import sys\nsys.modules['mesh_tensorflow'] = None  # any import of it fails\n"
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  env.pop("PYTHONPATH", None)
+  proc = subprocess.run([sys.executable, "-c", guard + script], cwd="/", env=env,
+                        capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", ["lm", "bi"])
+def test_fresh_process_reproduces_infer_and_score(exported, loaded, name):
+  got = loaded[name]
+  assert got["signatures"] == ["decode", "decode_ids", "score", "score_ids",
+                               "serving_default"]
+  assert got["outputs"] == exported[name]["outputs"]
+  np.testing.assert_allclose(got["scores"], exported[name]["scores"], rtol=1e-4, atol=1e-4)
+  assert all(s < 0 for s in got["scores"])
+
+
+def test_decode_ids_returns_the_new_ids(exported, loaded):
+  # A language model's ids signature gives the continuation only, moved to
+  # the front; as text it is what serving_default gives for "def ".
+  vocab = vocabulary_lib.ByteVocabulary()
+  lm = loaded["lm"]["decode_ids"]
+  assert len(lm[0]) == 24 and vocab.decode(lm[0]) == exported["lm"]["outputs"][0]
+  assert len(loaded["bi"]["decode_ids"][0]) == 12
+
+
+def test_default_export_dir_and_step(exported):
+  info = exported["lm"]["info"]
+  assert info["step"] == 3
+  assert info["export_dir"] == os.path.join(exported["lm"]["model_dir"], "export", "3")
+  assert os.path.exists(os.path.join(info["export_dir"], "saved_model.pb"))
+
+
+def test_cli_export_on_a_split_mesh(exported, loaded):
+  """A data- and model-parallel SavedModel, loaded where there is one CPU
+  device, computes the same scores (greedy texts can differ only by a near
+  tie, summing in another order: not compared)."""
+  assert "mesh 'rows:2;cols:2'" in exported["split_log"]
+  assert loaded["devices"] == 1
+  np.testing.assert_allclose(loaded["split"]["scores"], exported["lm"]["scores"], rtol=1e-4,
+                             atol=1e-4)
+  assert len(loaded["split"]["outputs"]) == len(TEXTS)
+  assert loaded["split"]["outputs"][4] == ""  # the prompt fills the sequence
+
+
+def test_python_vocabulary_exports_ids_signatures_only(exported, loaded):
+  assert export.has_graph_ops(vocabulary_lib.ByteVocabulary())
+  assert not export.has_graph_ops(_PythonBytes())
+  assert exported["ids_info"]["signatures"] == ["decode_ids", "score_ids", "serving_default"]
+  assert loaded["ids"]["signatures"] == ["decode_ids", "score_ids", "serving_default"]
+  vocab = vocabulary_lib.ByteVocabulary()
+  assert ([vocab.decode(row) for row in loaded["ids"]["outputs"]]
+          == [exported["lm"]["outputs"][i] for i in _IDS_ROWS])
+  np.testing.assert_allclose(loaded["ids"]["scores"],
+                             [exported["lm"]["scores"][i] for i in _IDS_ROWS],
+                             rtol=1e-4, atol=1e-4)
 
 
 def test_export_without_checkpoint_is_one_clear_error(tmp_path):
