@@ -37,3 +37,25 @@ def test_simd_laid_out_size_is_the_total_over_all_slices():
   impl = mtf.simd_mesh_impl.SimdMeshImpl("rows:2;cols:4", "batch:rows",
                                          mtf_test_utils.DEVICES)
   assert impl.laid_out_size("batch:8;d:4") == 16 * 8
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""), ("rows:2;cols:4", "b:rows;c:cols")])
+def test_batch_norm_default_epsilon_is_the_originals(mesh_shape, layout):
+  # A variance of 1e-4: an epsilon of 1e-3 would shrink the output ~3.3x.
+  x_np = (np.random.RandomState(0).randn(8, 4) * 1e-2).astype(np.float32)
+  b, c = mtf.Dimension("b", 8), mtf.Dimension("c", 4)
+
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(x_np), [b, c])
+    y, _ = mtf.layers.batch_norm(x, True, dims_idx_start=0, dims_idx_end=1)
+    return {"y": y}
+  got = mtf_test_utils.lower_and_run(build, mesh_shape, layout)["y"]
+  mean, var = x_np.mean(0), x_np.var(0)
+  np.testing.assert_allclose(got, (x_np - mean) / np.sqrt(var + 1e-9), rtol=1e-3, atol=1e-3)
+  assert np.allclose(got.std(0), 1.0, atol=1e-3)
+
+
+def test_simd_bfloat16_allreduce_group_size_default_is_the_originals():
+  import inspect  # pylint: disable=g-import-not-at-top
+  params = inspect.signature(mtf.simd_mesh_impl.SimdMeshImpl).parameters
+  assert params["allreduce_in_bfloat16_max_group_size"].default == 8
