@@ -344,7 +344,7 @@ def rms_norm(x: Tensor, dim: DimOrDims, epsilon: float = 1e-6,
     return x * ew.rsqrt(mean_square + epsilon) * scale
 
 
-def batch_norm(x: Tensor, is_training: bool, momentum: float = 0.99, epsilon: float = 1e-3,
+def batch_norm(x: Tensor, is_training: bool, momentum: float = 0.99, epsilon: float = 1e-9,
                dims_idx_start: int = 0, dims_idx_end: int = -1, init_zero: bool = False,
                name: Optional[str] = None) -> Tuple[Tensor, List[Operation]]:
   """Batch normalization over x.shape.dims[dims_idx_start:dims_idx_end].
@@ -354,7 +354,8 @@ def batch_norm(x: Tensor, is_training: bool, momentum: float = 0.99, epsilon: fl
   `lowering.lowered_operation(op)`); otherwise normalizes with the moving
   averages and returns no ops. Scale (ones, or zeros with init_zero) and bias
   (zeros) have the remaining dimensions, as do the non-trainable
-  "bn_moving_mean" (zeros) and "bn_moving_variance" (ones).
+  "bn_moving_mean" (zeros) and "bn_moving_variance" (ones). `epsilon`
+  defaults to the original's 1e-9.
 
   Returns:
     (normalized x, list of update operations).

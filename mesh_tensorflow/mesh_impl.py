@@ -223,11 +223,16 @@ class MeshImpl:
     return [0 if a is None else coords[a] * s for a, s in zip(layout, sizes)]
 
   def laid_out_size(self, tensor_shape) -> int:
-    """Number of elements per processor."""
-    n = 1
-    for s in self.slice_shape(tensor_shape):
-      n *= s
-    return n
+    """Number of elements of all processors' slices together (replicas
+    counted): `slice_size(tensor_shape) * size`, as in the original. For the
+    elements one processor holds, use `slice_size`.
+
+    Example:
+      >>> impl = PlacementMeshImpl("rows:2;cols:4", "batch:rows", devices)
+      >>> impl.slice_size("batch:8;d:4"), impl.laid_out_size("batch:8;d:4")
+      (16, 128)
+    """
+    return self.slice_size(tensor_shape) * self.size
 
   def pnum_to_processor_coordinates(self, pnum: int) -> List[int]:
     return layout_lib.pnum_to_processor_coordinates(self._shape, pnum)

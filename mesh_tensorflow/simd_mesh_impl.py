@@ -148,7 +148,7 @@ class SimdMeshImpl(MeshImpl):
 
   def __init__(self, shape, layout, devices: Optional[Sequence[str]] = None,
                device_assignment=None, logical_to_physical: Optional[Sequence[int]] = None,
-               allreduce_in_bfloat16_max_group_size: int = 32, backend: str = "auto",
+               allreduce_in_bfloat16_max_group_size: int = 8, backend: str = "auto",
                collective_timeout: float = 0.0):
     del allreduce_in_bfloat16_max_group_size
     super().__init__(shape, layout)

@@ -192,7 +192,7 @@ def _reference(values, cot):
     out["layer_norm"] = _norm(x, [2], 1e-6) * var[ln + "scale"] + var[ln + "bias"]
     out["rms_norm"] = x / tf.sqrt(tf.reduce_mean(x * x, 2, keepdims=True) + 1e-6) * var[
         "rms_norm/scale"]
-    out["batch_norm"] = _norm(x, [0, 1], 1e-3) * var["batch_norm/batch_norm_scale"] + var[
+    out["batch_norm"] = _norm(x, [0, 1], 1e-9) * var["batch_norm/batch_norm_scale"] + var[
         "batch_norm/batch_norm_bias"]
     out["embedding"] = tf.gather(var["embedding"], IDS)
     self_mask = tf.constant(ar[None] + same)
@@ -390,7 +390,7 @@ def test_batch_norm_updates_moving_statistics_and_uses_them_in_eval():
   keep = momentum ** 2
   moving_mean = (1 - keep) * mean
   moving_var = keep * 1.0 + (1 - keep) * var
-  np.testing.assert_allclose(evaluate().numpy(), (X - moving_mean) / np.sqrt(moving_var + 1e-3),
+  np.testing.assert_allclose(evaluate().numpy(), (X - moving_mean) / np.sqrt(moving_var + 1e-9),
                              rtol=1e-5, atol=1e-5)
 
 

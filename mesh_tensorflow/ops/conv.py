@@ -266,7 +266,7 @@ class _ConvBase(Operation):
 
   def _conv_flops(self, impl, small_shape: Shape) -> int:
     """2 * (local elements of the c2-side image) * filter window * local c1."""
-    local = impl.laid_out_size(small_shape)
+    local = impl.slice_size(small_shape)
     for name in self._spatial:
       a = impl.tensor_layout(small_shape)[small_shape.index_of(name)]
       if a is not None:

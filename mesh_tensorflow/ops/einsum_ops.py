@@ -91,14 +91,14 @@ class EinsumOperation(Operation):
       gather.append(names)
       local_bytes += size
     fuse = bool(reduced_axes) and getattr(impl, "shares_replicas", False) and fuses_allreduce(
-        local_bytes, impl.laid_out_size(out.shape) * out.dtype.size,
+        local_bytes, impl.slice_size(out.shape) * out.dtype.size,
         not any(gather) and split_outermost(impl.tensor_layout, self.inputs, reduced_axes))
     if fuse:
       # Shared memory: sum the partial products by gathering the (smaller)
       # operands along the summed dimensions and multiplying once per group.
       # Counted as the allreduce that the layout implies.
       impl.record_collective(
-          "allreduce", impl.laid_out_size(out.shape) * out.dtype.size, sorted(reduced_axes))
+          "allreduce", impl.slice_size(out.shape) * out.dtype.size, sorted(reduced_axes))
       summed = {d.name for t in self.inputs for d in t.shape.dims if d.name not in out_names}
       with impl.unrecorded():
         slices = [impl.gather_dims(lowering.laid_out(t), t.shape, names | summed)

@@ -164,9 +164,9 @@ class GatherOperation(Operation):
     w_laid = lowering.laid_out(weights)
     if mesh_axis is not None and (
         any(impl.tensor_dimension_to_mesh_axis(d) == mesh_axis for d in indices.shape.dims)
-        or gathers_table_first(impl.laid_out_size(weights.shape) * weights.dtype.size,
+        or gathers_table_first(impl.slice_size(weights.shape) * weights.dtype.size,
                                impl.mesh_axis_size(mesh_axis),
-                               impl.laid_out_size(out.shape) * out.dtype.size)):
+                               impl.slice_size(out.shape) * out.dtype.size)):
       w_laid = impl.gather_dims(w_laid, weights.shape, {dim.name})
       mesh_axis = None
     axis = weights.shape.index_of(dim.name)

@@ -21,7 +21,9 @@ read after gin/defaults.gin, then single bindings:
 
 --mode is train (train, evaluate, print samples), eval (held-out loss,
 perplexity, token accuracy), infer (decode each line of --input_file into
---output_file) or score (log-likelihood of each line, in nats).
+--output_file), score (log-likelihood of each line, in nats) or export (a
+SavedModel in --export_dir that serves without this library; see
+docs/serving.md).
 
 A mistake (bad flag, gin binding, layout, mesh, file, checkpoint) is one
 `error:` line and one `hint:` line with exit status 2; --verbose (or
@@ -36,6 +38,9 @@ operative config (see docs/porting_t5_models.md):
         --gin_param="utils.run.mesh_shape = 'batch:2,model:4'"
 
 and --init_checkpoint=DIR fine-tunes it into a new --model_dir.
+--output_file), score (log-likelihood of each line, in nats) or export (a
+SavedModel in --export_dir that serves without this library; see
+docs/serving.md).
 """
 
 from __future__ import annotations
@@ -60,12 +65,20 @@ flags.DEFINE_multi_string(
 flags.DEFINE_multi_string("gin_param", [], "gin bindings, e.g. 'run.train_steps = 100'.")
 flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR,
                     "Checkpoints and TensorBoard events; training resumes from here.")
-flags.DEFINE_enum("mode", None, ["train", "eval", "infer", "score"],
+flags.DEFINE_enum("mode", None, ["train", "eval", "infer", "score", "export"],
                   "What to do (default: run.mode of the config, 'train').")
 flags.DEFINE_string("input_file", None, "infer/score: one input per line.")
 flags.DEFINE_string("output_file", None,
                     "infer/score: where the outputs go (default: input_file + "
                     "'.outputs' or '.scores').")
+flags.DEFINE_string("export_dir", None,
+                    "export: where the SavedModel goes (default <model_dir>/export/<step>).")
+flags.DEFINE_string("export_mesh_shape", None,
+                    "export: the SavedModel's mesh, e.g. 'all:2' (default one device; gin "
+                    "export_saved_model.mesh_shape).")
+flags.DEFINE_string("export_layout", None,
+                    "export: the SavedModel's layout rules, e.g. 'batch:all' (gin "
+                    "export_saved_model.layout_rules).")
 flags.DEFINE_bool("fresh", False, "train: delete model_dir's checkpoints and events first.")
 flags.DEFINE_string(
     "init_checkpoint", None,
@@ -101,13 +114,17 @@ def main(argv):
   from mesh_tensorflow.transformer import utils  # pylint: disable=g-import-not-at-top
   utils.configure_cpu_devices(FLAGS.cpu_devices)
   from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
-  gin_config.parse(FLAGS.gin_file, FLAGS.gin_param)
+  bindings = list(FLAGS.gin_param)
+  for flag, name in (("export_mesh_shape", "mesh_shape"), ("export_layout", "layout_rules")):
+    if getattr(FLAGS, flag) is not None:
+      bindings.append(f"export_saved_model.{name} = {getattr(FLAGS, flag)!r}")
+  gin_config.parse(FLAGS.gin_file, bindings)
   if FLAGS.print_layout_report:
     from mesh_tensorflow import report  # pylint: disable=g-import-not-at-top
     print(report.report_for_current_config(), flush=True)
   overrides = {"model_dir": FLAGS.model_dir or None}
   for name in ("mode", "input_file", "output_file", "checkpoint_path", "input_encoding",
-               "input_errors", "init_checkpoint", "init_checkpoint_reset_optimizer"):
+               "input_errors", "init_checkpoint", "init_checkpoint_reset_optimizer", "export_dir"):
     if getattr(FLAGS, name) is not None:
       overrides[name] = getattr(FLAGS, name)
   if FLAGS.fresh:

@@ -12,7 +12,9 @@ by `mode`:
 * "eval": held-out loss, perplexity and token accuracy of the checkpoint;
 * "infer": decodes every line of `input_file` into `output_file`;
 * "score": writes the log-likelihood of every line of `input_file` (a text
-  for "lm", "input<TAB>target" for "bitransformer") to `output_file`.
+  for "lm", "input<TAB>target" for "bitransformer") to `output_file`;
+* "export": writes a SavedModel of the checkpoint to `export_dir`, served
+  without this library (see `mesh_tensorflow.transformer.export`).
 
     >>> from mesh_tensorflow.transformer import gin_config
     >>> gin_config.parse(["models/tiny_lm.gin", "layouts/2x4.gin"], ["run.train_steps = 10"])
@@ -35,6 +37,7 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 
 from mesh_tensorflow.transformer import dataset as dataset_lib
+from mesh_tensorflow.transformer import export as export_lib
 from mesh_tensorflow.transformer import gin_config
 from mesh_tensorflow.transformer import inference
 from mesh_tensorflow.transformer import learning_rate_schedules
@@ -43,7 +46,7 @@ from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer.inference import log
 from mesh_tensorflow.transformer.modeling import MODEL_TYPES
 
-MODES = ("train", "eval", "infer", "score")
+MODES = ("train", "eval", "infer", "score", "export")
 
 # The optimizers, configurable from gin under the original's module path:
 # @optimize.AdafactorOptimizer or @mesh_tensorflow.optimize.AdafactorOptimizer.
@@ -681,13 +684,14 @@ def run(model_dir: Optional[str],
         mesh_devices=_UNSET, predict_fn=_UNSET, train_model_fn=_UNSET,
         skip_seen_data=_UNSET, seen_data_init_step=_UNSET, output_eval_examples=_UNSET,
         checkpoint_input_pipeline=_UNSET, train_dataset_fn=_UNSET,
-        eval_dataset_fn=_UNSET) -> Dict[str, float]:
+        eval_dataset_fn=_UNSET,
+        export_dir: Optional[str] = None) -> Dict[str, float]:
   """Trains, evaluates, decodes or scores a transformer (see module docstring).
 
   Args:
     model_dir: checkpoints and TensorBoard events (None: neither; only train
       and eval work then).
-    mode: "train", "eval", "infer" or "score".
+    mode: "train", "eval", "infer", "score" or "export".
     model_type: "lm" or "bitransformer".
     vocabulary: a Vocabulary (default ByteVocabulary()).
     dataset_fn: dataset_fn(split, vocabulary, sequence_length, batch_size,
@@ -767,6 +771,9 @@ def run(model_dir: Optional[str],
   mesh_devices, export_*, train/eval_dataset_fn of other packages, ...) are
   ignored with one warning that lists them. `variable_filter` and
   `ensemble_inputs` are refused (not supported here).
+    export_dir: export: where the SavedModel goes (default
+      `<model_dir>/export/<step>`); its mesh is `export_saved_model.mesh_shape`
+      (default one device), not `mesh_shape`.
 
   Returns:
     The final metrics (e.g. {"step", "loss", "eval_loss", "perplexity"});
@@ -832,6 +839,12 @@ def run(model_dir: Optional[str],
                  log_every=log_every, grad_accum_steps=1 if grad_accum_steps is None else grad_accum_steps,
                  decode_length=decode_length, num_samples=num_samples,
                  beam_size=beam_size)
+  if mode == "export":
+    return export_lib.export_saved_model(
+        model_dir, export_dir, model_type=model_type, vocabulary=vocabulary,
+        sequence_length=sequence_length, vocab_divisor=vocab_divisor,
+        activation_dtype=activation_dtype, decode_length=decode_length, beam_size=beam_size,
+        alpha=alpha)
   mesh_impl = make_mesh_impl(mesh_shape, layout_rules, lowering=lowering)
   split = modeling.batch_split(mesh_impl)
   if grad_accum_steps is None:
