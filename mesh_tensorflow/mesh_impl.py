@@ -52,11 +52,26 @@ class LazyAllreduceSum:
     self.laid_out_input = laid_out_input
     self.mesh_axes = tuple(sorted(mesh_axes))
     self._reduced = None
+    note = getattr(mesh_impl, "note_pending_sum", None)
+    if note is not None:  # an implementation that reduces pending sums together
+      note(self)
 
   def to_laid_out_tensor(self) -> LaidOutTensor:
     if self._reduced is None:
-      self._reduced = self.mesh_impl.allreduce(self.laid_out_input, self.mesh_axes, "SUM")
+      reduce_pending = getattr(self.mesh_impl, "reduce_pending_sums", None)
+      if reduce_pending is not None:
+        reduce_pending(self)  # sets _reduced, of this sum and of others pending
+      if self._reduced is None:
+        self._reduced = self.mesh_impl.allreduce(self.laid_out_input, self.mesh_axes, "SUM")
     return self._reduced
+
+  def set_reduced(self, value: "LaidOutTensor") -> None:
+    """Completes the sum with `value` (its allreduce, done by the caller)."""
+    self._reduced = value
+
+  @property
+  def is_pending(self) -> bool:
+    return self._reduced is None
 
   def combine(self, other, tf_fn) -> "LazyAllreduceSum | LaidOutTensor":
     """tf_fn (add or subtract) of self and other: two pending sums over the

@@ -115,6 +115,7 @@ class _ProgramState:
     self.handles = dict(zip(variable_names, handles))
     self.wrappers = {}
     self.graph = tf.compat.v1.get_default_graph()
+    self.pending = []  # LazyAllreduceSums made at the program's top level, not yet reduced
     self.cache = {}  # index tensors computed once per program (coordinates, group indices)
 
   def cached(self, key, make: Callable[[], tf.Tensor]) -> tf.Tensor:
@@ -158,6 +159,12 @@ class SimdMeshImpl(MeshImpl):
     communication: how the collective ops communicate: "auto" (NCCL on GPU
       when available), "nccl", or "ring" (for logical GPUs carved out of one
       physical GPU, where NCCL cannot run one rank per logical device).
+    coalesce_sums: when a pending sum (`LazyAllreduceSum`, e.g. a weight
+      gradient) must be reduced, reduce every other pending sum over the same
+      mesh axes and of the same dtype in the same collective (flattened and
+      concatenated): one allreduce for all the gradients of a step instead of
+      one per variable. The collectives recorded in the lowering's counters
+      stay one per sum, as the layout implies.
     jit_compile: compile each processor's program with XLA. True: always (an
       error where TensorFlow cannot compile the program's collectives, as on
       CPU); "auto": on GPUs, and on any device when the mesh has a single
@@ -172,8 +179,9 @@ class SimdMeshImpl(MeshImpl):
                device_assignment=None, logical_to_physical: Optional[Sequence[int]] = None,
                allreduce_in_bfloat16_max_group_size: int = 32, backend: str = "auto",
                collective_timeout: float = 0.0, communication: str = "auto",
-               jit_compile=False):
+               jit_compile=False, coalesce_sums: bool = True):
     del allreduce_in_bfloat16_max_group_size
+    self.coalesce_sums = bool(coalesce_sums)
     super().__init__(shape, layout)
     if backend not in _BACKENDS:
       raise ValueError(f"SimdMeshImpl: backend={backend!r}; choose one of {_BACKENDS}.")
@@ -352,6 +360,48 @@ class SimdMeshImpl(MeshImpl):
     return None
 
   # ---- collectives ---------------------------------------------------------
+  def note_pending_sum(self, lazy) -> None:
+    """Called by every new LazyAllreduceSum of this mesh."""
+    state = self._state
+    if (state is not None and self.coalesce_sums and self._backend == "devices"
+        and tf.compat.v1.get_default_graph() is state.graph):
+      state.pending.append(lazy)
+
+  def reduce_pending_sums(self, lazy) -> None:
+    """Reduces `lazy` together with the other pending sums over its mesh
+    axes and of its dtype (one collective), when it was made at the program's
+    top level and is reduced there (a sum inside a loop body is reduced
+    alone)."""
+    state = self._state
+    if (state is None or tf.compat.v1.get_default_graph() is not state.graph
+        or not any(p is lazy for p in state.pending)):
+      return
+    dtype = lazy.laid_out_input.tensor_list[0].dtype
+    group, rest = [], []
+    for p in state.pending:
+      if not p.is_pending:
+        continue
+      t = p.laid_out_input.tensor_list[0]
+      if p.mesh_axes == lazy.mesh_axes and t.dtype == dtype and t.shape.is_fully_defined():
+        group.append(p)
+      else:
+        rest.append(p)
+    state.pending = rest
+    axes = [a for a in lazy.mesh_axes if self.mesh_axis_size(a) > 1]
+    if len(group) < 2 or not axes:
+      for p in group:
+        p.set_reduced(self.allreduce(p.laid_out_input, p.mesh_axes, "SUM"))
+      return
+    for p in group:  # counted as the layout implies: one allreduce per sum
+      self.record_collective("allreduce", p.laid_out_input, axes)
+    slices = [p.laid_out_input.tensor_list[0] for p in group]
+    flat = tf.concat([tf.reshape(t, [-1]) for t in slices], 0)
+    with self.unrecorded():
+      total = self.allreduce(LaidOutTensor([flat]), axes, "SUM").tensor_list[0]
+    pieces = tf.split(total, [t.shape.num_elements() for t in slices], 0)
+    for p, t, piece in zip(group, slices, pieces):
+      p.set_reduced(LaidOutTensor([tf.reshape(piece, t.shape)]))
+
   def _group_size(self, mesh_axes) -> int:
     n = 1
     for a in mesh_axes:
@@ -372,7 +422,9 @@ class SimdMeshImpl(MeshImpl):
     # groups): a reused instance key would join two different collectives.
     instance_key = next(self._instance_keys)
     size = self._group_size(mesh_axes)
-    group_size = self._state.cached(("group size", size), lambda: tf.constant(size, tf.int32))
+    # cached per mesh-axis set (not per size), so the program's op count does
+    # not depend on the mesh's sizes
+    group_size = self._state.cached(("group size", mask), lambda: tf.constant(size, tf.int32))
     return group_size, group_key, instance_key
 
   def _token(self) -> list:
@@ -545,16 +597,22 @@ class SimdMeshImpl(MeshImpl):
       with self._program(_ProgramState(pnum, False, names, handles, token)):
         return step_fn(*step_args)
     handle_specs = [tf.TensorSpec([], tf.resource) for _ in names]
-    # Not inlined into the caller: a collective's rendezvous key includes the id
-    # of the while-loop frame it runs in, and that id is only the same on every
-    # processor when each runs the program's own (identically named) loops.
-    # Inlined, each processor's copy of a loop gets its own name and
-    # collectives inside mtf.while_loop (decoding) never meet.
+    # Inlined into the caller (one executor runs every processor's ops: fewer
+    # function-call overheads per step), unless the program has a loop: a
+    # collective's rendezvous key includes the id of the while-loop frame it
+    # runs in, and that id is only the same on every processor when each runs
+    # the program's own (identically named) loops. Inlined, each processor's
+    # copy of a loop gets its own name and collectives inside mtf.while_loop
+    # (decoding) never meet.
     jit = self.compiles_program
-    concrete = tf.function(program, autograph=False, jit_compile=True if jit else None,
-                           experimental_attributes={"_noinline": True}).get_concrete_function(
-        tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.resource), handle_specs,
-        *flat_specs)
+    specs = (tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.resource), handle_specs,
+             *flat_specs)
+    concrete = tf.function(program, autograph=False, jit_compile=True if jit else None
+                           ).get_concrete_function(*specs)
+    if _has_loops(concrete):
+      concrete = tf.function(program, autograph=False, jit_compile=True if jit else None,
+                             experimental_attributes={"_noinline": True}
+                             ).get_concrete_function(*specs)
     if jit and not self._on_gpus():
       collectives = sorted({op.type for op in concrete.graph.get_operations()
                             if op.type.startswith("Collective")})
@@ -742,6 +800,15 @@ class SimdMeshImpl(MeshImpl):
         return step_fn(*step_args)
     return tf.compat.v1.tpu.replicate(
         computation, inputs=replica_inputs, device_assignment=self._device_assignment)
+
+
+def _has_loops(concrete) -> bool:
+  """Whether a traced program runs a while loop (in its body or a nested function)."""
+  loop_ops = ("While", "StatelessWhile", "_While")
+  if any(op.type in loop_ops for op in concrete.graph.get_operations()):
+    return True
+  library = concrete.graph.as_graph_def().library
+  return any(node.op in loop_ops for f in library.function for node in f.node_def)
 
 
 def _local_devices(n: int) -> List[str]:
