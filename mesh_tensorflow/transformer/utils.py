@@ -306,6 +306,7 @@ def run(model_dir: Optional[str],
         activation_dtype: str = "float32",
         zero_stage: int = 0,
         loss_scale=None,
+        jit_compile=False,
         fresh: bool = False,
         input_file: Optional[str] = None,
         output_file: Optional[str] = None,
@@ -356,6 +357,9 @@ def run(model_dir: Optional[str],
       (mtf.zero): shard optimizer slots, gradients, variables.
     loss_scale: dynamic loss scaling for float16 (gin:
       @mixed_precision.DynamicLossScale()), or None.
+    jit_compile: compile the train and eval steps with XLA (gin:
+      run.jit_compile = True; see Trainer's jit_compile and
+      docs/accelerators.md).
     fresh: delete model_dir's checkpoints and events first (train only).
     input_file: infer/score: one text per line (escaped, see inference.escape).
     output_file: infer/score: where results go (default: input_file +
@@ -418,7 +422,7 @@ def run(model_dir: Optional[str],
           learning_rate_schedule, train_steps)), model_dir=model_dir or None,
       grad_accum_steps=grad_accum_steps, checkpoint_every=checkpoint_every,
       keep_checkpoints=keep_checkpoints, log_every=log_every, log_fn=log,
-      zero_stage=zero_stage, loss_scale=loss_scale)
+      zero_stage=zero_stage, loss_scale=loss_scale, jit_compile=jit_compile)
   eval_data = data(dataset_lib.VALIDATION, False, 0)
 
   def evaluate() -> Dict[str, float]:
