@@ -69,6 +69,14 @@ class LazyAllreduceSum:
     """Completes the sum with `value` (its allreduce, done by the caller)."""
     self._reduced = value
 
+  def derived(self) -> None:
+    """Tells the implementation that a new pending sum was made from this
+    one's partial sums: this one is then reduced only if something needs it
+    (not along with others)."""
+    forget = getattr(self.mesh_impl, "forget_pending_sum", None)
+    if forget is not None:
+      forget(self)
+
   @property
   def is_pending(self) -> bool:
     return self._reduced is None
@@ -82,6 +90,8 @@ class LazyAllreduceSum:
       >>> total = lazy_a.combine(lazy_b, tf.add)   # still one pending allreduce
     """
     if isinstance(other, LazyAllreduceSum) and other.mesh_axes == self.mesh_axes:
+      self.derived()
+      other.derived()
       return LazyAllreduceSum(self.mesh_impl, self.mesh_impl.slicewise(
           tf_fn, self.laid_out_input, other.laid_out_input), self.mesh_axes)
     return self.mesh_impl.slicewise(tf_fn, self.to_laid_out_tensor(), as_laid_out(other))

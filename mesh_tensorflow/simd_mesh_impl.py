@@ -367,6 +367,12 @@ class SimdMeshImpl(MeshImpl):
         and tf.compat.v1.get_default_graph() is state.graph):
       state.pending.append(lazy)
 
+  def forget_pending_sum(self, lazy) -> None:
+    """`lazy` was folded into another pending sum: reduce it only on demand."""
+    state = self._state
+    if state is not None:
+      state.pending = [p for p in state.pending if p is not lazy]
+
   def reduce_pending_sums(self, lazy) -> None:
     """Reduces `lazy` together with the other pending sums over its mesh
     axes and of its dtype (one collective), when it was made at the program's

@@ -288,9 +288,8 @@ def test_program_size_does_not_grow_with_the_mesh():
 
 
 def test_pending_sums_share_one_collective():
-  """The gradients of both weights and the scaled loss (sums over "rows",
-  pending together) are reduced by one collective; results and recorded
-  collectives as without."""
+  """The gradients of both weights (sums over "rows", pending together) are
+  reduced by one collective; results and recorded collectives as without."""
   from mesh_tensorflow import reference_models as rm  # pylint: disable=g-import-not-at-top
   config = dict(batch=8, pixels=12, hidden=16, classes=4)
   data = [tf.constant(x) for x in rm.mlp_data(config, seed=4)]
@@ -315,9 +314,9 @@ def test_pending_sums_share_one_collective():
   together = train(simd_mesh_impl.SimdMeshImpl("rows:2;cols:4", layout, DEVICES))
   alone = train(simd_mesh_impl.SimdMeshImpl("rows:2;cols:4", layout, DEVICES,
                                             coalesce_sums=False))
-  # logits over cols (needed at once), then the loss, dw1 and dw2 over rows:
-  # 4 sums, 2 collectives
-  assert (together[1], alone[1]) == (2, 4)
+  # logits over cols and the loss over rows (each needed at once), then dw1
+  # and dw2 over rows: 4 sums, 3 collectives
+  assert (together[1], alone[1]) == (3, 4)
   assert together[2] == alone[2]
   np.testing.assert_allclose(together[0], alone[0], rtol=1e-6)
   assert together[0][0] > together[0][-1]

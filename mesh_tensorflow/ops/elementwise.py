@@ -312,17 +312,6 @@ class _ScalarOperandOperation(ElementwiseOperation):
     def slice_fn(t, c):
       t = expand_to_shape(t, in_shape, out.shape, impl.slice_shape(out.shape))
       return fn(c, t) if first else fn(t, c)
-    pending = lowering.tensors.get(x)
-    if (fn is tf.multiply and isinstance(pending, LazyAllreduceSum) and pending.is_pending
-        and in_shape == out.shape
-        and getattr(impl, "coalesce_sums", False)):
-      # c * (sum of partials) = sum of (c * partial): the sum stays pending, to
-      # be reduced together with others (SimdMeshImpl(coalesce_sums=True)).
-      result = LazyAllreduceSum(impl, impl.slicewise(slice_fn, pending.laid_out_input, c),
-                                pending.mesh_axes)
-      lowering.add_flops(num_elements(result.laid_out_input.tensor_list[0]))
-      lowering.set_tensor_lowering(out, result)
-      return
     result = impl.slicewise(slice_fn, lowering.laid_out(x), c)
     lowering.add_flops(num_elements(result.tensor_list[0]))
     lowering.set_tensor_lowering(out, result)
