@@ -82,7 +82,8 @@ def lower_simd(n: int, repeats: int):
 
 
 def step_times(steps: int, repeats: int):
-  """{model: (placement median s, simd median s)} on 8 logical CPUs."""
+  """{model: (placement median s, simd median s, sorted per-repeat
+  SIMD / placement ratios)} on 8 logical CPUs."""
   devices = [f"cpu:{i}" for i in range(8)]
   out = {}
   for model, builder, data in (("mlp", bm.build_mtf_mlp, bm.mlp_data()),
@@ -108,7 +109,8 @@ def step_times(steps: int, repeats: int):
         samples[name].append((time.perf_counter() - t0) / steps)
     for name in runners:
       medians[name] = statistics.median(samples[name])
-    out[model] = (medians["placement"], medians["simd"])
+    paired = sorted(s / p for p, s in zip(samples["placement"], samples["simd"]))
+    out[model] = (medians["placement"], medians["simd"], paired)
   return out
 
 
@@ -135,9 +137,12 @@ def main():
           "(target <= 1.2)")
   print()
   print("step time on 8 logical CPUs, mesh 2x4 (median seconds per step)")
-  for model, (p, s) in step_times(args.steps, args.repeats).items():
+  print("(ratio of medians; then the ratios of the interleaved repeats, min / median / max:")
+  print(" their spread is the machine's noise)")
+  for model, (p, s, paired) in step_times(args.steps, args.repeats).items():
     print(f"{model:<12} placement {p * 1000:8.1f} ms   SIMD {s * 1000:8.1f} ms   "
-          f"SIMD / placement {s / p:.2f}")
+          f"SIMD / placement {s / p:.2f}   per repeat {paired[0]:.2f} / "
+          f"{statistics.median(paired):.2f} / {paired[-1]:.2f}")
 
 
 if __name__ == "__main__":

@@ -54,13 +54,36 @@ class LazyAllreduceSum:
     self.mesh_axes = tuple(sorted(mesh_axes))
     self.add_counter_fn = add_counter_fn  # called when the allreduce is made
     self._reduced = None
+    note = getattr(mesh_impl, "note_pending_sum", None)
+    if note is not None:  # an implementation that reduces pending sums together
+      note(self)
 
   def to_laid_out_tensor(self) -> LaidOutTensor:
     if self._reduced is None:
-      self._reduced = self.mesh_impl.allreduce(self.laid_out_input, self.mesh_axes, "SUM")
-      if self.add_counter_fn is not None:
-        self.add_counter_fn()
+      reduce_pending = getattr(self.mesh_impl, "reduce_pending_sums", None)
+      if reduce_pending is not None:
+        reduce_pending(self)  # sets _reduced, of this sum and of others pending
+      if self._reduced is None:
+        self._reduced = self.mesh_impl.allreduce(self.laid_out_input, self.mesh_axes, "SUM")
+        if self.add_counter_fn is not None:
+          self.add_counter_fn()
     return self._reduced
+
+  def set_reduced(self, value: "LaidOutTensor") -> None:
+    """Completes the sum with `value` (its allreduce, done by the caller)."""
+    self._reduced = value
+
+  def derived(self) -> None:
+    """Tells the implementation that a new pending sum was made from this
+    one's partial sums: this one is then reduced only if something needs it
+    (not along with others)."""
+    forget = getattr(self.mesh_impl, "forget_pending_sum", None)
+    if forget is not None:
+      forget(self)
+
+  @property
+  def is_pending(self) -> bool:
+    return self._reduced is None
 
   def combine(self, other, tf_fn) -> "LazyAllreduceSum | LaidOutTensor":
     """tf_fn (add or subtract) of self and other: two pending sums over the
@@ -71,6 +94,8 @@ class LazyAllreduceSum:
       >>> total = lazy_a.combine(lazy_b, tf.add)   # still one pending allreduce
     """
     if isinstance(other, LazyAllreduceSum) and other.mesh_axes == self.mesh_axes:
+      self.derived()
+      other.derived()
       return LazyAllreduceSum(self.mesh_impl, self.mesh_impl.slicewise(
           tf_fn, self.laid_out_input, other.laid_out_input), self.mesh_axes)
     return self.mesh_impl.slicewise(tf_fn, self.to_laid_out_tensor(), as_laid_out(other))

@@ -23,6 +23,7 @@ from mesh_tensorflow.mesh_impl import (LaidOutTensor, MeshImpl, as_laid_out, gra
 from mesh_tensorflow.shapes import convert_to_shape
 
 _COLLECTIVE_CHOICES = ("auto", "direct", "collective")
+COMMUNICATION_CHOICES = ("auto", "ring", "nccl")
 
 _instance_counter = itertools.count(1)
 
@@ -60,6 +61,10 @@ class PlacementMeshImpl(MeshImpl):
       waits forever. TensorFlow keeps a thread alive per collective execution
       for the whole timeout (measured: 2 per collective per device), so a
       long timeout with many collectives per step piles up threads.
+    communication: how TensorFlow's collective ops communicate: "auto"
+      (NCCL on GPU when available), "nccl", or "ring" (needed for logical
+      GPUs carved out of one physical GPU, where NCCL cannot run one rank
+      per logical device).
 
   Example:
     >>> impl = mtf.placement_mesh_impl.PlacementMeshImpl(
@@ -67,7 +72,8 @@ class PlacementMeshImpl(MeshImpl):
   """
 
   def __init__(self, shape, layout, devices: Sequence[str], collectives: str = "auto",
-               share_replicas="auto", collective_timeout: float = 0.0):
+               share_replicas="auto", collective_timeout: float = 0.0,
+               communication: str = "auto"):
     super().__init__(shape, layout)
     devices = list(devices)
     if len(devices) != self.size:
@@ -86,6 +92,11 @@ class PlacementMeshImpl(MeshImpl):
           (tf.DeviceSpec.from_string(d).device_type or "").upper() == "GPU"
           for d in self._devices)
       collectives = "collective" if all_gpu and self.size > 1 else "direct"
+    if communication not in COMMUNICATION_CHOICES:
+      raise ValueError(
+          f"PlacementMeshImpl: communication={communication!r}; choose one of "
+          f"{COMMUNICATION_CHOICES}.")
+    self._communication = communication
     self._collectives = collectives
     self._collective_timeout = float(collective_timeout)
     if share_replicas == "auto":
@@ -176,6 +187,7 @@ class PlacementMeshImpl(MeshImpl):
             reduced.append(tf.raw_ops.CollectiveReduce(
                 input=s, group_size=len(group), group_key=gkey, instance_key=ikey,
                 merge_op=merge, final_op="Id", subdiv_offsets=[0],
+                communication_hint=self._communication,
                 timeout_seconds=self._collective_timeout))
           self._set_last_collective(p, reduced[-1])
         # Every member must run, or those that do wait forever: using any one

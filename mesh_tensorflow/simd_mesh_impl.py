@@ -79,7 +79,9 @@ class _ProcessorVariable:
 
   def read_value(self) -> tf.Tensor:
     value = tf.raw_ops.ReadVariableOp(resource=self.handle, dtype=self.dtype)
-    return tf.ensure_shape(value, self.shape)
+    # The program is always traced: a static shape suffices (no runtime check op).
+    value.set_shape(self.shape)
+    return value
 
   value = read_value
 
@@ -112,6 +114,20 @@ class _ProgramState:
     self.used = []  # SlicedVariables in first-use order (discovery pass)
     self.handles = dict(zip(variable_names, handles))
     self.wrappers = {}
+    self.graph = tf.compat.v1.get_default_graph()
+    self.pending = []  # LazyAllreduceSums made at the program's top level, not yet reduced
+    self.cache = {}  # index tensors computed once per program (coordinates, group indices)
+
+  def cached(self, key, make: Callable[[], tf.Tensor]) -> tf.Tensor:
+    """make(), computed once per program: only at the program's top level
+    (a tensor made inside a loop or branch cannot be used outside it) and with
+    no control dependencies, so reusing it orders nothing."""
+    if tf.compat.v1.get_default_graph() is not self.graph:
+      return make()
+    if key not in self.cache:
+      with tf.control_dependencies(None):
+        self.cache[key] = make()
+    return self.cache[key]
 
 
 class SimdMeshImpl(MeshImpl):
@@ -140,6 +156,19 @@ class SimdMeshImpl(MeshImpl):
       for the whole timeout, so with a long timeout and many collectives per
       step threads pile up (measured: 2 per collective per device); use a
       short one (seconds to minutes) to debug hangs or on multi-host meshes.
+    communication: how the collective ops communicate: "auto" (NCCL on GPU
+      when available), "nccl", or "ring" (for logical GPUs carved out of one
+      physical GPU, where NCCL cannot run one rank per logical device).
+    coalesce_sums: when a pending sum (`LazyAllreduceSum`, e.g. a weight
+      gradient) must be reduced, reduce every other pending sum over the same
+      mesh axes and of the same dtype in the same collective (flattened and
+      concatenated): one allreduce for all the gradients of a step instead of
+      one per variable. The collectives recorded in the lowering's counters
+      stay one per sum, as the layout implies.
+    jit_compile: compile each processor's program with XLA. True: always (an
+      error where TensorFlow cannot compile the program's collectives, as on
+      CPU); "auto": on GPUs, and on any device when the mesh has a single
+      processor (no collectives); False: never.
 
   Example:
     >>> impl = mtf.simd_mesh_impl.SimdMeshImpl(
@@ -149,8 +178,10 @@ class SimdMeshImpl(MeshImpl):
   def __init__(self, shape, layout, devices: Optional[Sequence[str]] = None,
                device_assignment=None, logical_to_physical: Optional[Sequence[int]] = None,
                allreduce_in_bfloat16_max_group_size: int = 8, backend: str = "auto",
-               collective_timeout: float = 0.0):
+               collective_timeout: float = 0.0, communication: str = "auto",
+               jit_compile=False, coalesce_sums: bool = True):
     del allreduce_in_bfloat16_max_group_size
+    self.coalesce_sums = bool(coalesce_sums)
     super().__init__(shape, layout)
     if backend not in _BACKENDS:
       raise ValueError(f"SimdMeshImpl: backend={backend!r}; choose one of {_BACKENDS}.")
@@ -182,6 +213,14 @@ class SimdMeshImpl(MeshImpl):
             "SimdMeshImpl: logical_to_physical is not used by the TPU backend; build the "
             "placement into device_assignment with simd_mesh_impl.tpu_device_assignment().")
       self._devices = list(devices) if devices else [""] * self.size
+    if communication not in ("auto", "ring", "nccl"):
+      raise ValueError(f"SimdMeshImpl: communication={communication!r}; choose one of "
+                       "('auto', 'ring', 'nccl').")
+    if jit_compile not in (True, False, "auto"):
+      raise ValueError(f"SimdMeshImpl: jit_compile={jit_compile!r}; choose True, False or "
+                       "'auto'.")
+    self._communication = communication
+    self.jit_compile = jit_compile
     self._backend = backend
     self._timeout = float(collective_timeout)
     self._device_assignment = device_assignment
@@ -229,28 +268,40 @@ class SimdMeshImpl(MeshImpl):
     stride = 1
     for d in self.shape.dims[mesh_axis + 1:]:
       stride *= d.size
-    return (self.pnum // stride) % self.mesh_axis_size(mesh_axis)
+    size = self.mesh_axis_size(mesh_axis)
+    pnum = self.pnum
+    return self._state.cached(("coordinate", mesh_axis), lambda: (pnum // stride) % size)
 
   def _group_index(self, mesh_axes) -> tf.Tensor:
     """Which of the groups over `mesh_axes` this processor belongs to,
     numbered like `processor_groups(mesh_axes)`."""
-    index = tf.constant(0, tf.int32)
-    for a in range(self.ndims):
-      if a not in mesh_axes:
-        index = index * self.mesh_axis_size(a) + self.coordinate(a)
-    return index
+    return self._mixed_radix([a for a in range(self.ndims) if a not in mesh_axes])
 
   def _position_in_group(self, mesh_axes) -> tf.Tensor:
-    pos = tf.constant(0, tf.int32)
-    for a in sorted(mesh_axes):
-      pos = pos * self.mesh_axis_size(a) + self.coordinate(a)
-    return pos
+    return self._mixed_radix(sorted(mesh_axes))
+
+  def _mixed_radix(self, axes) -> tf.Tensor:
+    """The row-major index of this processor's coordinates along `axes`."""
+    def make():
+      index = None
+      for a in axes:
+        c = self.coordinate(a)
+        index = c if index is None else index * self.mesh_axis_size(a) + c
+      return tf.constant(0, tf.int32) if index is None else index
+    return self._state.cached(("mixed radix", tuple(axes)), make)
+
+  def _zero(self) -> tf.Tensor:
+    return self._state.cached("zero", lambda: tf.constant(0, tf.int32))
 
   def _slice_begin_tensors(self, shape) -> List[tf.Tensor]:
     layout = self.tensor_layout(shape)
     sizes = self.slice_shape(shape)
-    return [tf.constant(0, tf.int32) if a is None else self.coordinate(a) * s
-            for a, s in zip(layout, sizes)]
+    return [self._zero() if a is None else self._offset(a, s) for a, s in zip(layout, sizes)]
+
+  def _offset(self, mesh_axis: int, size: int) -> tf.Tensor:
+    """coordinate(mesh_axis) * size, once per program."""
+    return self._state.cached(("offset", mesh_axis, size),
+                              lambda: self.coordinate(mesh_axis) * size)
 
   # ---- computation ---------------------------------------------------------
   def slicewise(self, fn: Callable, *inputs):
@@ -275,8 +326,8 @@ class SimdMeshImpl(MeshImpl):
       return x
     t = x.tensor_list[0]
     size = t.shape.as_list()[tensor_axis] // n
-    begin = [tf.constant(0, tf.int32)] * t.shape.rank
-    begin[tensor_axis] = self.coordinate(mesh_axis) * size
+    begin = [self._zero()] * t.shape.rank
+    begin[tensor_axis] = self._offset(mesh_axis, size)
     sizes = [-1] * t.shape.rank
     sizes[tensor_axis] = size
     return LaidOutTensor([tf.slice(t, tf.stack(begin), sizes)])
@@ -309,6 +360,54 @@ class SimdMeshImpl(MeshImpl):
     return None
 
   # ---- collectives ---------------------------------------------------------
+  def note_pending_sum(self, lazy) -> None:
+    """Called by every new LazyAllreduceSum of this mesh."""
+    state = self._state
+    if (state is not None and self.coalesce_sums and self._backend == "devices"
+        and tf.compat.v1.get_default_graph() is state.graph):
+      state.pending.append(lazy)
+
+  def forget_pending_sum(self, lazy) -> None:
+    """`lazy` was folded into another pending sum: reduce it only on demand."""
+    state = self._state
+    if state is not None:
+      state.pending = [p for p in state.pending if p is not lazy]
+
+  def reduce_pending_sums(self, lazy) -> None:
+    """Reduces `lazy` together with the other pending sums over its mesh
+    axes and of its dtype (one collective), when it was made at the program's
+    top level and is reduced there (a sum inside a loop body is reduced
+    alone)."""
+    state = self._state
+    if (state is None or tf.compat.v1.get_default_graph() is not state.graph
+        or not any(p is lazy for p in state.pending)):
+      return
+    dtype = lazy.laid_out_input.tensor_list[0].dtype
+    group, rest = [], []
+    for p in state.pending:
+      if not p.is_pending:
+        continue
+      t = p.laid_out_input.tensor_list[0]
+      if p.mesh_axes == lazy.mesh_axes and t.dtype == dtype and t.shape.is_fully_defined():
+        group.append(p)
+      else:
+        rest.append(p)
+    state.pending = rest
+    axes = [a for a in lazy.mesh_axes if self.mesh_axis_size(a) > 1]
+    if len(group) < 2 or not axes:
+      for p in group:
+        p.set_reduced(self.allreduce(p.laid_out_input, p.mesh_axes, "SUM"))
+      return
+    for p in group:  # counted as the layout implies: one allreduce per sum
+      self.record_collective("allreduce", p.laid_out_input, axes)
+    slices = [p.laid_out_input.tensor_list[0] for p in group]
+    flat = tf.concat([tf.reshape(t, [-1]) for t in slices], 0)
+    with self.unrecorded():
+      total = self.allreduce(LaidOutTensor([flat]), axes, "SUM").tensor_list[0]
+    pieces = tf.split(total, [t.shape.num_elements() for t in slices], 0)
+    for p, t, piece in zip(group, slices, pieces):
+      p.set_reduced(LaidOutTensor([tf.reshape(piece, t.shape)]))
+
   def _group_size(self, mesh_axes) -> int:
     n = 1
     for a in mesh_axes:
@@ -319,13 +418,20 @@ class SimdMeshImpl(MeshImpl):
     """(group_size, group_key, instance_key) tensors for a collective."""
     mask = sum(1 << a for a in mesh_axes)
     num_groups = self.size // self._group_size(mesh_axes)
-    group_key = self._key_base + mask * (self.size + 1) + self._group_index(mesh_axes)
+    base = self._key_base + mask * (self.size + 1)
     if num_groups == 1:
-      group_key = tf.constant(self._key_base + mask * (self.size + 1), tf.int32)
+      group_key = self._state.cached(("group key", mask), lambda: tf.constant(base, tf.int32))
+    else:
+      group_key = self._state.cached(("group key", mask),
+                                     lambda: base + self._group_index(mesh_axes))
     # Unique over every program of this mesh (train and eval steps share
     # groups): a reused instance key would join two different collectives.
     instance_key = next(self._instance_keys)
-    return self._group_size(mesh_axes), group_key, instance_key
+    size = self._group_size(mesh_axes)
+    # cached per mesh-axis set (not per size), so the program's op count does
+    # not depend on the mesh's sizes
+    group_size = self._state.cached(("group size", mask), lambda: tf.constant(size, tf.int32))
+    return group_size, group_key, instance_key
 
   def _token(self) -> list:
     """The ordering token: collectives sharing it run in program order
@@ -356,6 +462,7 @@ class SimdMeshImpl(MeshImpl):
     dtype = t.dtype
     send = tf.cast(t, tf.int32) if dtype == tf.bool else t
     gathered = tf.raw_ops.CollectiveGatherV2(
+        communication_hint=self._communication,
         input=tf.expand_dims(send, 0), group_size=group_size, group_key=group_key,
         instance_key=instance_key, ordering_token=self._token(), timeout_seconds=self._timeout)
     table = self._rank_table(mesh_axes)
@@ -382,6 +489,7 @@ class SimdMeshImpl(MeshImpl):
       merge = "Max"  # a boolean sum is a logical or
     group_size, group_key, instance_key = self._keys(mesh_axes)
     out = tf.raw_ops.CollectiveReduceV2(
+        communication_hint=self._communication,
         input=send, group_size=group_size, group_key=group_key, instance_key=instance_key,
         ordering_token=self._token(), merge_op=merge, final_op="Id", timeout_seconds=self._timeout)
     return LaidOutTensor([tf.cast(out, dtype) if dtype == tf.bool else out])
@@ -426,6 +534,7 @@ class SimdMeshImpl(MeshImpl):
     flat = tf.reshape(send, [-1] + send.shape.as_list()[2:]) if send.shape.rank > 1 else send
     group_size, group_key, instance_key = self._keys([mesh_axis])
     out = tf.raw_ops.CollectiveAllToAllV2(
+        communication_hint=self._communication,
         input=flat, group_size=group_size, group_key=group_key,
         instance_key=instance_key, ordering_token=self._token(), timeout_seconds=self._timeout)
     out = tf.reshape(out, [n] + chunks.shape.as_list()[1:])
@@ -483,7 +592,7 @@ class SimdMeshImpl(MeshImpl):
     exist here.
     """
     flat_specs = [self._spec(a) for a in args]
-    key = (step_fn, tuple(str(s) for s in flat_specs))
+    key = (step_fn, tuple(str(s) for s in flat_specs), self.compiles_program)
     if key in self._programs:
       return self._programs[key]
     discovered = self._discover(step_fn, flat_specs)
@@ -494,17 +603,47 @@ class SimdMeshImpl(MeshImpl):
       with self._program(_ProgramState(pnum, False, names, handles, token)):
         return step_fn(*step_args)
     handle_specs = [tf.TensorSpec([], tf.resource) for _ in names]
-    # Not inlined into the caller: a collective's rendezvous key includes the id
-    # of the while-loop frame it runs in, and that id is only the same on every
-    # processor when each runs the program's own (identically named) loops.
-    # Inlined, each processor's copy of a loop gets its own name and
-    # collectives inside mtf.while_loop (decoding) never meet.
-    concrete = tf.function(program, autograph=False,
-                           experimental_attributes={"_noinline": True}).get_concrete_function(
-        tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.resource), handle_specs,
-        *flat_specs)
+    # Inlined into the caller (one executor runs every processor's ops: fewer
+    # function-call overheads per step), unless the program has a loop: a
+    # collective's rendezvous key includes the id of the while-loop frame it
+    # runs in, and that id is only the same on every processor when each runs
+    # the program's own (identically named) loops. Inlined, each processor's
+    # copy of a loop gets its own name and collectives inside mtf.while_loop
+    # (decoding) never meet.
+    jit = self.compiles_program
+    specs = (tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.resource), handle_specs,
+             *flat_specs)
+    concrete = tf.function(program, autograph=False, jit_compile=True if jit else None
+                           ).get_concrete_function(*specs)
+    if _has_loops(concrete):
+      concrete = tf.function(program, autograph=False, jit_compile=True if jit else None,
+                             experimental_attributes={"_noinline": True}
+                             ).get_concrete_function(*specs)
+    if jit and not self._on_gpus():
+      collectives = sorted({op.type for op in concrete.graph.get_operations()
+                            if op.type.startswith("Collective")})
+      if collectives:
+        raise ValueError(
+            f"SimdMeshImpl(jit_compile=True): XLA cannot compile collective ops on "
+            f"{self._device_kinds()} devices, and this program has {', '.join(collectives)}. "
+            "Use jit_compile='auto' (compiles the program on GPUs and on one-processor "
+            "meshes, runs it uncompiled elsewhere) or jit_compile=False.")
     self._programs[key] = (concrete, discovered)
     return self._programs[key]
+
+  @property
+  def compiles_program(self) -> bool:
+    """Whether each processor's program is compiled with XLA (jit_compile)."""
+    if self.jit_compile == "auto":
+      return self.size == 1 or self._on_gpus()
+    return bool(self.jit_compile)
+
+  def _device_kinds(self) -> str:
+    return "/".join(sorted({(tf.DeviceSpec.from_string(d).device_type or "default").upper()
+                            for d in self._devices}))
+
+  def _on_gpus(self) -> bool:
+    return self._device_kinds() == "GPU"
 
   def _discover(self, step_fn: Callable, arg_specs) -> list:
     """Traces step_fn once (never run) to find the SlicedVariables the program
@@ -667,6 +806,15 @@ class SimdMeshImpl(MeshImpl):
         return step_fn(*step_args)
     return tf.compat.v1.tpu.replicate(
         computation, inputs=replica_inputs, device_assignment=self._device_assignment)
+
+
+def _has_loops(concrete) -> bool:
+  """Whether a traced program runs a while loop (in its body or a nested function)."""
+  loop_ops = ("While", "StatelessWhile", "_While")
+  if any(op.type in loop_ops for op in concrete.graph.get_operations()):
+    return True
+  library = concrete.graph.as_graph_def().library
+  return any(node.op in loop_ops for f in library.function for node in f.node_def)
 
 
 def _local_devices(n: int) -> List[str]:

@@ -94,6 +94,11 @@ class Trainer:
       slots unchanged; the global step still advances) and logged.
     checkpoint_path: restore this checkpoint of model_dir's run instead of
       the newest intact one (a damaged one is an error naming the intact ones).
+    jit_compile: compile the train and eval steps with XLA. With a
+      `SimdMeshImpl` this sets its `jit_compile` (each processor's program
+      is compiled; True or "auto", see there). With a `PlacementMeshImpl` the
+      mesh must have one processor (XLA compiles one device's program);
+      "auto" compiles exactly then.
 
   An `mtf.adascale.AdaScale` optimizer takes its gradient samples from the
   data-parallel replicas (grad_accum_steps=1) or from the micro-batches
@@ -111,7 +116,22 @@ class Trainer:
                eval_feature_shapes: Optional[Dict[str, object]] = None,
                checkpoint_options: Optional[tf.train.CheckpointOptions] = None,
                zero_stage: int = 0, zero_mesh_dim: Optional[str] = None,
-               loss_scale=None, checkpoint_path: Optional[str] = None):
+               loss_scale=None, checkpoint_path: Optional[str] = None,
+               jit_compile=False):
+    if jit_compile not in (True, False, "auto"):
+      raise ValueError(f"Trainer: jit_compile={jit_compile!r}; choose True, False or 'auto'.")
+    if hasattr(mesh_impl, "run_all"):
+      if jit_compile:
+        mesh_impl.jit_compile = jit_compile
+      self._jit = False  # the SIMD program compiles itself
+    elif jit_compile is True and mesh_impl.size > 1:
+      raise ValueError(
+          f"Trainer: jit_compile=True needs a one-processor mesh with "
+          f"{type(mesh_impl).__name__} (its mesh has {mesh_impl.size} processors, one "
+          "program per device in one graph, which XLA does not compile); use "
+          "SimdMeshImpl, whose per-processor program XLA compiles, or jit_compile='auto'.")
+    else:
+      self._jit = bool(jit_compile) and mesh_impl.size == 1
     if grad_accum_steps < 1:
       raise ValueError(f"Trainer: grad_accum_steps must be >= 1, got {grad_accum_steps}.")
     if zero_stage not in zero.STAGES:
@@ -303,7 +323,8 @@ class Trainer:
         self._functions[key] = lambda batch: impl.run(step_fn, batch)
       else:
         self._functions[key] = tf.function(step_fn, input_signature=[signature],
-                                           autograph=False)
+                                           autograph=False,
+                                           jit_compile=True if self._jit else None)
     return self._functions[key]
 
   # ---- loops ---------------------------------------------------------------

@@ -267,6 +267,7 @@ class ZeroRelayout(Operation):
       scatter = [(m, t) for t, m in enumerate(out_layout)
                  if m is not None and m in value.mesh_axes and in_layout[t] is None]
       if scatter:
+        value.derived()
         laid = value.laid_out_input
         rest = [a for a in value.mesh_axes if a not in {m for m, _ in scatter}]
         if rest:

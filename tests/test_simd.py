@@ -287,6 +287,41 @@ def test_program_size_does_not_grow_with_the_mesh():
   assert small == large
 
 
+def test_pending_sums_share_one_collective():
+  """The gradients of both weights (sums over "rows", pending together) are
+  reduced by one collective; results and recorded collectives as without."""
+  from mesh_tensorflow import reference_models as rm  # pylint: disable=g-import-not-at-top
+  config = dict(batch=8, pixels=12, hidden=16, classes=4)
+  data = [tf.constant(x) for x in rm.mlp_data(config, seed=4)]
+
+  def train(impl):
+    holder = {}
+
+    def step(x, y):
+      graph, mesh, loss = rm.build_mtf_mlp(x, y, config)
+      updates = rm.sgd_updates(graph, loss, lr=0.5)
+      lowering = mtf.Lowering(graph, {mesh: impl})
+      holder["lowering"] = lowering
+      tf_loss = lowering.export_to_tf_tensor(loss)
+      with tf.control_dependencies([lowering.lowered_operation(u) for u in updates]):
+        return tf.identity(tf_loss)
+    losses = [float(impl.run(step, *data)) for _ in range(3)]
+    ops = impl.trace_program(step, *data)[0].graph.get_operations()
+    records = sorted((r.kind, r.mesh_axes, r.bytes_per_processor)
+                     for r in holder["lowering"].collective_records)
+    return losses, sum(op.type == "CollectiveReduceV2" for op in ops), records
+  layout = "batch:rows;hidden:cols"
+  together = train(simd_mesh_impl.SimdMeshImpl("rows:2;cols:4", layout, DEVICES))
+  alone = train(simd_mesh_impl.SimdMeshImpl("rows:2;cols:4", layout, DEVICES,
+                                            coalesce_sums=False))
+  # logits over cols and the loss over rows (each needed at once), then dw1
+  # and dw2 over rows: 4 sums, 3 collectives
+  assert (together[1], alone[1]) == (3, 4)
+  assert together[2] == alone[2]
+  np.testing.assert_allclose(together[0], alone[0], rtol=1e-6)
+  assert together[0][0] > together[0][-1]
+
+
 def test_errors_are_clear():
   with pytest.raises(ValueError, match="8 processors but 4 devices"):
     simd_mesh_impl.SimdMeshImpl("all:8", "batch:all", DEVICES[:4])

@@ -77,6 +77,7 @@ class ReduceOperation(Operation):
     value = lowering.tensors[x]
     if (self._reduction == "SUM" and isinstance(value, LazyAllreduceSum)
         and x.dtype != tf.bool):
+      value.derived()
       partial = impl.slicewise(local, value.laid_out_input)
       mesh_axes = sorted(set(mesh_axes) | set(value.mesh_axes))
     else:

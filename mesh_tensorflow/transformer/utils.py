@@ -656,6 +656,7 @@ def run(model_dir: Optional[str],
         activation_dtype: Optional[str] = None,
         zero_stage: int = 0,
         loss_scale=None,
+        jit_compile=False,
         fresh: bool = False,
         input_file: Optional[str] = None,
         output_file: Optional[str] = None,
@@ -726,6 +727,9 @@ def run(model_dir: Optional[str],
       (mtf.zero): shard optimizer slots, gradients, variables.
     loss_scale: dynamic loss scaling for float16 (gin:
       @mixed_precision.DynamicLossScale()), or None.
+    jit_compile: compile the train and eval steps with XLA (gin:
+      run.jit_compile = True; see Trainer's jit_compile and
+      docs/accelerators.md).
     fresh: delete model_dir's checkpoints and events first (train only).
     input_file: infer/score: one text per line (escaped, see inference.escape).
     output_file: infer/score: where results go (default: input_file +
@@ -900,7 +904,8 @@ def run(model_dir: Optional[str],
       model_dir=model_dir or None,
       grad_accum_steps=grad_accum_steps, checkpoint_every=checkpoint_every,
       keep_checkpoints=keep_checkpoints, log_every=log_every, log_fn=log,
-      zero_stage=zero_stage, loss_scale=loss_scale, checkpoint_path=checkpoint_path)
+      zero_stage=zero_stage, loss_scale=loss_scale, checkpoint_path=checkpoint_path,
+      jit_compile=jit_compile)
   if mode == "eval" and eval_checkpoint_step is not None and model_dir:
     path = checkpoint_at_step(model_dir, eval_checkpoint_step)
     trainer.checkpoint_manager.restore(path)
