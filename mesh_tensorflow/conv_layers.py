@@ -198,8 +198,15 @@ def separable_conv1d(x: Tensor, output_dim: Dimension, min_relative_pos: int = -
         f"separable_conv1d: {len(kernel_depth_weights)} kernel_depth_weights for "
         f"{len(offsets)} offsets ({min_relative_pos}..{max_relative_pos}); give one each.")
   output_dim = convert_to_dimension(output_dim)
+  channels = x.shape.dims[-1]
   x = _distinct_channels(x, output_dim)
   length_dim, depth_dim = x.shape.dims[-2], x.shape.dims[-1]
+  if kernel_depth_weights is not None and depth_dim != channels:
+    # Given filters over the input's channels follow them to their new name.
+    from mesh_tensorflow.ops.shape_ops import rename_dimension
+    kernel_depth_weights = [
+        rename_dimension(w, channels.name, depth_dim.name) if channels in w.shape.dims else w
+        for w in kernel_depth_weights]
   variable_dtype = VariableDType(tf.float32, activation_dtype=x.dtype)
   with _layer_scope(x, name, "separable_conv1d"):
     terms = []
