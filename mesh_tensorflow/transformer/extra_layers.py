@@ -897,9 +897,11 @@ class Conv1D(transformer.TransformerLayer):
     return shifted + mtf.one_hot(position, filter_dim, dtype=dtype) * x
 
   def _mask_padding(self, context, x):
-    if isinstance(context.inputs, mtf.Tensor) and context.length_dim in context.inputs.shape:
-      return x * mtf.cast(mtf.not_equal(context.inputs, 0), x.dtype)
-    return x
+    """x zeroed at padding (sequence id 0), so that padding never leaks into
+    real positions (the original compared the input ids with 0, which also
+    hid a start-of-sequence id 0 in training but not when decoding)."""
+    mask = context.nonpadding
+    return x if mask is None else x * mtf.cast(mask, x.dtype)
 
 
 def _activation(owner, activation):
@@ -916,8 +918,8 @@ class SeparableConv1DLayer(Conv1D):
   """Depthwise-separable 1D convolution along the length with d_model as the
   channels (`mtf.layers.separable_conv1d`, bias on): output position l sums
   the inputs at l + r for r in [min_relative_pos, max_relative_pos], each
-  times a per-channel filter, then mixes channels. Padding (input id 0) is
-  zeroed first; nothing stops information crossing between packed examples.
+  times a per-channel filter, then mixes channels. Padding (sequence id 0)
+  is zeroed first; nothing stops information crossing between packed examples.
   Decodes incrementally (exactly so when max_relative_pos <= 0, i.e.
   causal). Variables "separable_conv1d/depthwise_filter_<r>" [d_model] and
   "separable_conv1d/pointwise/kernel", "/bias".
@@ -966,7 +968,7 @@ class SeparableConv1DLayer(Conv1D):
         min_relative_pos=self._min_relative_pos, max_relative_pos=self._max_relative_pos,
         depthwise_filter_initializer_scale=self._depthwise_filter_initializer_scale,
         pointwise_filter_initializer_scale=self._pointwise_filter_initializer_scale,
-        use_bias=True, kernel_depth_weights=all_kernel_wts)
+        use_bias=True, kernel_depth_weights=all_kernel_wts, name="separable_conv1d")
     if context.incremental:
       filter_dim = mtf.Dimension("length", self.filter_size)
       last = mtf.one_hot(mtf.constant(x.mesh, self.filter_size - 1, dtype=tf.int32),
