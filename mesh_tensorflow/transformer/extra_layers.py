@@ -127,7 +127,9 @@ def relative_position_spans(context: transformer.Context, num_sentinels: int = N
   A target token is placed at its sentinel's position in the input (tokens
   before any sentinel at the input's start) and the result is that position
   minus each encoder position. Packed examples (sequence ids) are kept
-  apart. In incremental decoding every target is placed at the start.
+  apart. When decoding ("first_part" and "incremental" modes) every target
+  is placed at the start, as in the original: decoding a model whose
+  targets hold sentinels sees other positions than its training did.
 
   Args:
     context: a decoder Context (inputs, encoder_inputs, sequence ids).
@@ -139,14 +141,19 @@ def relative_position_spans(context: transformer.Context, num_sentinels: int = N
   if num_sentinels is None:
     raise ValueError("relative_position_spans: num_sentinels is required (gin: "
                      "relative_position_spans.num_sentinels = <vocabulary extra_ids>).")
+  decoding = context.mode in (INCREMENTAL, FIRST_PART)
   if not isinstance(context.encoder_inputs, mtf.Tensor):
+    if decoding and isinstance(context.encoder_output, mtf.Tensor):
+      # Decoding places every target at the input's start (see above).
+      encoder_length = _memory_dim(context.encoder_output, "relative_position_spans")
+      return 0 - mtf.range(context.mesh, encoder_length, tf.int32)
     raise ValueError("relative_position_spans needs context.encoder_inputs (a decoder of a "
                      "Bitransformer).")
   encoder_id = _to_memory_length(context.encoder_inputs)
   encoder_length = _memory_dim(encoder_id, "relative_position_spans")
   decoder_id, decoder_length = context.inputs, context.length_dim
   encoder_pos = mtf.range(encoder_id.mesh, encoder_length, tf.int32)
-  if context.incremental or decoder_id is None or decoder_length not in decoder_id.shape.dims:
+  if decoding or decoder_id is None or decoder_length not in decoder_id.shape.dims:
     return 0 - encoder_pos
   model = context.model
   vocab_size = getattr(model, "input_vocab_size_unpadded", None) or getattr(
