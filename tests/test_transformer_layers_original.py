@@ -439,3 +439,44 @@ def test_whole_sequence_only_variants_say_so():
     return {"o": attention.hybrid_attention(x, k, k, _fake_context(mesh), memory, d_kv, d_kv)}
   with pytest.raises(ValueError, match="whole sequences"):
     lower_and_run(build, "all:1", "")
+
+
+def test_conv1d_decoding_states_match_numpy():
+  """Conv1D's state helpers: the prefix before initial_position (zeros before
+  the start), the window shifted by one step, and a bare context (inputs
+  and mode only) for SeparableConv1DLayer, as the original's tests use."""
+  f, rng = 3, np.random.RandomState(4)
+  x = rng.randn(2, L, D).astype(np.float32)
+  state = rng.randn(2, f, D).astype(np.float32)
+  step = rng.randn(2, D).astype(np.float32)
+  two = mtf.Dimension("batch", 2)
+
+  def build(mesh):
+    d_model = mtf.Dimension("d_model", D)
+    model = transformer.Unitransformer(transformer.LayerStack([]), d_model=D,
+                                       input_vocab_size=V, output_vocab_size=V, max_length=L)
+    first = transformer.Context(
+        model, mesh, [two], length, mtf.VariableDType(), mode="first_part", new_states=[],
+        sequence_id=1, initial_position=mtf.constant(mesh, 2, shape=mtf.Shape([two]),
+                                                     dtype=tf.int32))
+    x_m = mtf.import_tf_tensor(mesh, tf.constant(x), [two, length, d_model])
+    tl.Conv1D().record_states_first_part_mode(first, x_m, f)
+    old = mtf.import_tf_tensor(mesh, tf.constant(state), [two, mtf.Dimension("length", f), d_model])
+    inc = transformer.Context(model, mesh, [two], length, mtf.VariableDType(), mode="incremental",
+                              states=[old], new_states=[], sequence_id=1)
+    window = tl.Conv1D().record_states_incremental_mode(
+        inc, mtf.import_tf_tensor(mesh, tf.constant(step), [two, d_model]), f)
+    bare = types.SimpleNamespace(inputs=mtf.zeros(mesh, mtf.Shape([two, length]), tf.int32),
+                                 activation_dtype=tf.float32, mode="train")
+    y = tl.SeparableConv1DLayer(-1, 2, D).call(bare, x_m)
+    return {"first": first.new_states[0], "window": window, "recorded": inc.new_states[0],
+            "y": y}
+  got = lower_and_run(build, "all:2", "batch:all")
+  want = np.zeros((2, f, D), np.float32)
+  want[:, 1:] = x[:, :2]
+  np.testing.assert_allclose(got["first"], want)
+  shifted = np.concatenate([state[:, 1:], step[:, None]], axis=1)
+  np.testing.assert_allclose(got["window"], shifted)
+  np.testing.assert_allclose(got["recorded"], shifted)
+  # All inputs are padding (id 0): only the pointwise bias (zero) is left.
+  np.testing.assert_allclose(got["y"], np.zeros((2, L, D)), atol=1e-6)

@@ -877,14 +877,16 @@ class Conv1D(transformer.TransformerLayer):
     """Records x at the filter_size positions before context.initial_position
     (zeros before the start)."""
     length_dim = x.shape.dims[-2]
-    filter_dim = mtf.Dimension(length_dim_name, filter_size)
+    # Gathered over a window dimension of another name than x's length,
+    # then given the state's name.
+    window_dim = mtf.Dimension("conv1d_window", filter_size)
     start = context.initial_position if context.initial_position is not None else 0
-    indices = mtf.range(x.mesh, filter_dim, dtype=tf.int32) + start
+    indices = mtf.range(x.mesh, window_dim, dtype=tf.int32) + start
     shifted = mtf.shift(x, filter_size, length_dim, wrap=False)
     state = mtf.gather(shifted, indices, length_dim,
-                       output_shape=mtf.Shape(x.shape.dims[:-2] + [filter_dim]
+                       output_shape=mtf.Shape(x.shape.dims[:-2] + [window_dim]
                                               + x.shape.dims[-1:]))
-    context.record_new_states([state])
+    context.record_new_states([mtf.rename_dimension(state, window_dim.name, length_dim_name)])
 
   def record_states_incremental_mode(self, context, x, filter_size,
                                      length_dim_name: str = "length") -> mtf.Tensor:
@@ -907,7 +909,14 @@ class Conv1D(transformer.TransformerLayer):
     """x zeroed at padding (sequence id 0), so that padding never leaks into
     real positions (the original compared the input ids with 0, which also
     hid a start-of-sequence id 0 in training but not when decoding)."""
-    mask = context.nonpadding
+    if hasattr(context, "sequence_id"):
+      mask = context.nonpadding
+    elif isinstance(getattr(context, "inputs", None), mtf.Tensor) and (
+        x.shape.dims[-2] in context.inputs.shape.dims):
+      # A bare context (inputs and mode only): padding is input id 0.
+      mask = mtf.not_equal(context.inputs, 0)
+    else:
+      mask = None
     return x if mask is None else x * mtf.cast(mask, x.dtype)
 
 
@@ -965,7 +974,7 @@ class SeparableConv1DLayer(Conv1D):
     del losses
     if context.mode == FIRST_PART:
       self.record_states_first_part_mode(context, x, self.filter_size)
-    if context.incremental:
+    if context.mode == INCREMENTAL:
       x = self.record_states_incremental_mode(context, x, self.filter_size)
     else:
       x = self._mask_padding(context, x)
@@ -976,7 +985,7 @@ class SeparableConv1DLayer(Conv1D):
         depthwise_filter_initializer_scale=self._depthwise_filter_initializer_scale,
         pointwise_filter_initializer_scale=self._pointwise_filter_initializer_scale,
         use_bias=True, kernel_depth_weights=all_kernel_wts, name="separable_conv1d")
-    if context.incremental:
+    if context.mode == INCREMENTAL:
       filter_dim = mtf.Dimension("length", self.filter_size)
       last = mtf.one_hot(mtf.constant(x.mesh, self.filter_size - 1, dtype=tf.int32),
                          filter_dim, dtype=output.dtype)
@@ -1032,7 +1041,7 @@ class Conv1DLocalAttn(SeparableConv1DLayer):
     repeated = [mtf.Dimension("repeated_kernel_dim",
                               depth_dim.size // self._num_unique_depth_filters)]
     source = x
-    if context.incremental:
+    if context.mode == INCREMENTAL:
       # The dynamic filters of the window's positions, from the window.
       state, = context.get_states(1)
       source = self.update_state(
