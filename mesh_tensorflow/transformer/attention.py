@@ -219,6 +219,24 @@ class AttentionParams:
     return self.query_heads_dims + [self.value_dim]
 
 
+class ExpertsAttentionParams(AttentionParams):
+  """The original's attention parameters computed by a mixture-of-experts
+  layer (MoE1D with use_experts_attention). Not provided: this library's
+  MoE1D has no experts-attention mode, so constructing one is a ValueError
+  that says so (the arguments are the original's: AttentionParams' plus
+  context and experts_hparams).
+  """
+
+  def __init__(self, mesh, query_input_dim, memory_input_dim, output_dim, key_dim, value_dim,
+               query_heads_dims, memory_heads_dims, variable_dtype, shared_kv=False,
+               no_query=False, combine_dims=True, ensemble_dim=None,
+               keep_query_heads_dims=False, fold_scaling_into_initializer=True, context=None,
+               experts_hparams=None):  # pylint: disable=super-init-not-called
+    raise ValueError("ExpertsAttentionParams is not supported: it needs MoE1D's experts-"
+                     "attention mode (use_experts_attention), which this library does not "
+                     "provide; use AttentionParams (SelfAttention) with moe.MoE1D layers.")
+
+
 def attention_params_simple(mesh: mtf.Mesh, io_dim: mtf.Dimension, kv_dim: mtf.Dimension,
                             heads_dim: mtf.Dimension,
                             variable_dtype: mtf.VariableDType) -> AttentionParams:
