@@ -293,7 +293,7 @@ def _bitransformer(relative_attention_type="bias"):
              tl.GeneralBilinearEncDecAttention(heads_dims=[("heads", H)]),
              _branched(tl.BranchedEncDecAttention(num_heads=H, key_value_size=4)),
              tl.TransparentEncDecAttention(1, 2, 3, 2, num_heads=H, key_value_size=4),
-             tl.EncDecAttention(num_heads=H, key_value_size=4)]),
+             tl.EncDecAttention(relative_attention_type, num_heads=H, key_value_size=4)]),
       d_model=D, input_vocab_size=V, output_vocab_size=V, autoregressive=True, max_length=L,
       name="decoder", vocab_divisor=8)
   return transformer.Bitransformer(encoder, decoder)
@@ -324,6 +324,7 @@ def test_encoder_decoder_layers_are_layout_invariant_with_gradients(sentinels):
   _assert_same_loss_and_grads("bi", build)
   names = set(_single_device("bi", build))
   for name in ["TalkingHeadsEncDecAttention/enc_dec_relative_attention_bias",
+               "layer_004/EncDecAttention/enc_dec_relative_attention_bias",
                "TransparentEncDecAttention/w", "BranchedEncDecAttention/alpha"]:
     assert any(name in n for n in names), name
 

@@ -328,7 +328,9 @@ class EncDecAttention(SelfAttention):
   Memory positions of encoder padding are hidden (encoder_sequence_id 0); with
   packed examples each target segment sees only its own input segment
   (decoder sequence_id == encoder sequence_id). The encoder keys and values
-  are computed once per decode (constant states).
+  are computed once per decode (constant states). With a
+  relative_attention_type ("bias", "bias_shared") the bias comes from
+  `enc_dec_attention_bias` (learned, of `relative_position_spans`).
 
   Example:
     >>> layer = EncDecAttention(num_heads=8, key_value_size=64)
@@ -336,6 +338,9 @@ class EncDecAttention(SelfAttention):
 
   def __init__(self, relative_attention_type: Optional[str] = None, **kwargs):
     super().__init__(relative_attention_type=relative_attention_type, **kwargs)
+
+  def make_shared_params(self, context: transformer.Context) -> None:
+    del context  # a "bias_shared" relative bias is made by enc_dec_attention_bias
 
   def call(self, context: transformer.Context, x: mtf.Tensor) -> mtf.Tensor:
     memory = context.encoder_output
@@ -353,7 +358,12 @@ class EncDecAttention(SelfAttention):
         context.record_constant_state((k, v))
     bias = None
     enc_ids = context.encoder_sequence_id
-    if isinstance(enc_ids, mtf.Tensor):
+    if self.relative_attention_type is not None:
+      # The same masks plus the learned relative-position bias (extra_layers.py).
+      bias_fn = transformer.gin_configurables().get("enc_dec_attention_bias",
+                                                    enc_dec_attention_bias)
+      bias = bias_fn(self, context, params.query_heads_dims)
+    elif isinstance(enc_ids, mtf.Tensor):
       if isinstance(context.sequence_id, mtf.Tensor) and not context.incremental:
         hidden = mtf.not_equal(context.sequence_id, enc_ids)
       else:
