@@ -483,3 +483,33 @@ def test_conv1d_decoding_states_match_numpy():
   np.testing.assert_allclose(got["recorded"], shifted)
   # All inputs are padding (id 0): only the pointwise bias (zero) is left.
   np.testing.assert_allclose(got["y"], np.zeros((2, L, D)), atol=1e-6)
+
+
+def test_self_attention_hybrid_attention_func():
+  """SelfAttention(attention_func="hybrid") is hybrid_attention over the
+  layer's projections: its own scalar doubly_coeff; the loss differs from
+  softmax attention's (same weights otherwise); decoding with it says no."""
+  def loss(attention_func):
+    def build(mesh):
+      targets = mtf.import_tf_tensor(mesh, tf.constant(IDS), [batch, length])
+      stack = transformer.LayerStack([tl.SelfAttention(num_heads=H, key_value_size=4,
+                                                       attention_func=attention_func)])
+      model = transformer.Unitransformer(stack, d_model=D, input_vocab_size=V,
+                                         output_vocab_size=V, max_length=L, vocab_divisor=8)
+      out = {"loss": model.call_simple(mtf.shift(targets, 1, length, wrap=False), targets,
+                                       True, mode="eval")[1]}
+      coeff = [v for v in mesh.graph.all_variables if v.name.endswith("doubly_coeff")]
+      if coeff:
+        out["coeff"] = coeff[0].outputs[0]
+      return out
+    return build
+  hybrid = lower_and_run(loss("hybrid"), "all:2", "batch:all")
+  plain = lower_and_run(loss(None), "all:2", "batch:all")
+  assert hybrid["coeff"] == 0.5 and "coeff" not in plain
+  assert np.isfinite(hybrid["loss"]) and abs(hybrid["loss"] - plain["loss"]) > 1e-4
+  model = transformer.Unitransformer(
+      transformer.LayerStack([tl.SelfAttention(num_heads=H, key_value_size=4,
+                                               attention_func="hybrid")]),
+      d_model=D, input_vocab_size=V, output_vocab_size=V, max_length=L, vocab_divisor=8)
+  with pytest.raises(ValueError, match="attention_func='hybrid'"):
+    lower_and_run(full_and_incremental_logits(model, IDS, batch, length), "all:1", "")

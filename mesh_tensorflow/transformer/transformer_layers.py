@@ -87,8 +87,10 @@ class SelfAttention(transformer.TransformerLayer):
 
   Args:
     num_heads: number of heads ("heads" dimension).
-    num_memory_heads: 0 (one key/value head per query head) or 1
-      (multi-query attention: keys and values without a heads dimension).
+    num_memory_heads: 0 (one key/value head per query head), 1
+      (multi-query attention: keys and values without a heads dimension) or
+      a divisor n of num_heads (grouped: keys and values over "heads":n,
+      queries over "heads":n and "query_heads":num_heads/n).
     key_value_size: size of "d_kv".
     shared_kv: one projection for keys and values.
     dropout_rate: dropout on the attention weights (training).
@@ -107,9 +109,12 @@ class SelfAttention(transformer.TransformerLayer):
       attention softmax (over non-padding queries, divided by the number of
       micro-batches) to the model's auxiliary losses, which keeps the scores
       small (helps bfloat16).
-    attention_func, keep_query_heads_dims, use_hyperprompt and the other
-      hyperprompt options: the original's experimental variants, not
-      supported; anything but their defaults is a ValueError.
+    attention_func: None (softmax attention) or "hybrid" (a learned mixture
+      with doubly-normalized attention, `attention.hybrid_attention`; whole
+      sequences only: decoding with it is a ValueError).
+    keep_query_heads_dims, use_hyperprompt and the other hyperprompt
+      options: the original's experimental variants, not supported; anything
+      but their defaults is a ValueError.
 
   The positional order is the original's: `SelfAttention(8, 0, 64, False,
   0.1)` is 8 heads of size 64 with dropout 0.1.
@@ -137,7 +142,6 @@ class SelfAttention(transformer.TransformerLayer):
       raise ValueError(f"{name}: relative_attention_type must be one of "
                        f"{_RELATIVE_TYPES}, got {relative_attention_type!r}.")
     transformer.refuse_unsupported(name, {
-        "attention_func": (attention_func, None),
         "keep_query_heads_dims": (keep_query_heads_dims, False),
         "use_hyperprompt": (use_hyperprompt, False),
         "hyperprompt_mtlshare": (hyperprompt_mtlshare, False),
@@ -157,6 +161,10 @@ class SelfAttention(transformer.TransformerLayer):
     self.relative_attention_max_distance = relative_attention_max_distance
     self.fold_scaling_into_initializer = fold_scaling_into_initializer
     self.z_loss_coeff = z_loss_coeff
+    if attention_func not in (None, "hybrid"):
+      raise ValueError(f"{name}: attention_func must be None or 'hybrid', got "
+                       f"{attention_func!r}.")
+    self.attention_func = attention_func
 
   @property
   def heads_dim(self) -> mtf.Dimension:
@@ -271,6 +279,14 @@ def _attend(layer, context, q, k, v, memory_dim, key_dim, bias):
   recomputed in the backward pass when the layer stack asks for it
   (LayerStack(recompute="selective") sets context.recompute_attention)."""
   scale = None  # an unfolded 1/sqrt(d_kv) is applied by AttentionParams.compute_q
+  if getattr(layer, "attention_func", None) == "hybrid":
+    if context.incremental:
+      raise ValueError(f"{type(layer).__name__}: attention_func='hybrid' normalizes over all "
+                       "query positions and cannot decode one position at a time; use "
+                       "attention_func=None for models that decode.")
+    return attention.hybrid_attention(
+        q, k, v, context, memory_dim, key_dim, key_dim, bias,
+        dropout_rate=layer.dropout_rate if context.train else 0.0)
   z_loss_coeff = getattr(layer, "z_loss_coeff", None)
   if z_loss_coeff and context.train and context.losses is not None:
     # The z-loss reads the scores, so this layer is not recomputed: a loss
