@@ -513,3 +513,27 @@ def test_self_attention_hybrid_attention_func():
       d_model=D, input_vocab_size=V, output_vocab_size=V, max_length=L, vocab_divisor=8)
   with pytest.raises(ValueError, match="attention_func='hybrid'"):
     lower_and_run(full_and_incremental_logits(model, IDS, batch, length), "all:1", "")
+
+
+def test_attention_resplits_over_an_idle_mesh_dimension():
+  """With the model's layout leaving "cols" idle in the attention (only d_ff
+  is laid out there), `attention` cuts the batch into batch x d_ff so that
+  cols splits it too; the values and gradients are the same."""
+  mesh_shape, layout = "rows:2;cols:4", "batch:rows;d_ff:cols"
+  seen = {}
+
+  def build(mesh):
+    q, k, v = _qkv(mesh)
+    context = types.SimpleNamespace(
+        train=False, model=types.SimpleNamespace(layout=layout, mesh_shape=mesh_shape))
+    seen["q"] = attention.maybe_reshape_attention_input_for_2d_sharding(
+        context, q, k, v, None, [d_kv])[0].shape
+    o = attention.attention(q, k, v, memory, d_kv, d_kv, context=context)
+    return _with_grads(mesh, o, q, k, v)
+  got = lower_and_run(build, mesh_shape, layout)
+  assert seen["q"].dims[:2] == [mtf.Dimension("batch", 2), mtf.Dimension("d_ff", 4)]
+
+  def ref(q, k, v):
+    return tf.einsum("bhlm,bhmd->bhld",
+                     tf.nn.softmax(tf.einsum("bhld,bhmd->bhlm", q, k), -1), v)
+  _check(got, _reference(ref))

@@ -733,7 +733,7 @@ def maybe_reshape_attention_input_for_2d_sharding(context, q, k, v, bias, unspli
   for x in inputs:
     if x is None:
       continue
-    for axis in rules.tensor_layout(x.shape, mesh_shape).tensor_axis_to_mesh_axis:
+    for axis in rules.tensor_layout(x.shape, mesh_shape):
       if axis is not None:
         used[axis] = True
   if all(used):
