@@ -19,6 +19,7 @@ from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
+from mesh_tensorflow import initializers
 from mesh_tensorflow.graph import Tensor
 from mesh_tensorflow.layers_core import layer_scope
 from mesh_tensorflow.ops import conv as conv_ops
@@ -198,8 +199,15 @@ def separable_conv1d(x: Tensor, output_dim: Dimension, min_relative_pos: int = -
         f"separable_conv1d: {len(kernel_depth_weights)} kernel_depth_weights for "
         f"{len(offsets)} offsets ({min_relative_pos}..{max_relative_pos}); give one each.")
   output_dim = convert_to_dimension(output_dim)
+  channels = x.shape.dims[-1]
   x = _distinct_channels(x, output_dim)
   length_dim, depth_dim = x.shape.dims[-2], x.shape.dims[-1]
+  if kernel_depth_weights is not None and depth_dim != channels:
+    # Given filters over the input's channels follow them to their new name.
+    from mesh_tensorflow.ops.shape_ops import rename_dimension
+    kernel_depth_weights = [
+        rename_dimension(w, channels.name, depth_dim.name) if channels in w.shape.dims else w
+        for w in kernel_depth_weights]
   variable_dtype = VariableDType(tf.float32, activation_dtype=x.dtype)
   with _layer_scope(x, name, "separable_conv1d"):
     terms = []
@@ -209,13 +217,13 @@ def separable_conv1d(x: Tensor, output_dim: Dimension, min_relative_pos: int = -
       else:
         weights = get_variable(
             x.mesh, f"depthwise_filter_{offset}", [depth_dim], dtype=variable_dtype,
-            initializer=tf.compat.v1.truncated_normal_initializer(
+            initializer=initializers.truncated_normal(
                 stddev=depthwise_filter_initializer_scale))
       moved = x if offset == 0 else shift(x, -offset, length_dim, wrap=False)
       terms.append(moved * weights)
     depthwise = add_n(terms) if len(terms) > 1 else terms[0]
     return dense(depthwise, output_dim, use_bias=use_bias, variable_dtype=variable_dtype,
-                 name="pointwise", kernel_initializer=tf.compat.v1.truncated_normal_initializer(
+                 name="pointwise", kernel_initializer=initializers.truncated_normal(
                      stddev=pointwise_filter_initializer_scale * depth_dim.size ** -0.5))
 
 

@@ -30,7 +30,7 @@ def test_positional_order_is_the_originals():
 
 
 @pytest.mark.parametrize("option,value", [
-    ("attention_func", "hybrid"), ("keep_query_heads_dims", True),
+    ("attention_func", "doubly"), ("keep_query_heads_dims", True),
     ("use_hyperprompt", True), ("hyperprompt_length_encoder", 4)])
 def test_experimental_variants_are_clear_errors(option, value):
   with pytest.raises(ValueError, match=option):

@@ -26,6 +26,55 @@ from mesh_tensorflow.transformer import transformer
 _RELATIVE_TYPES = (None, "bias", "bias_shared")
 
 
+def _check_heads(owner: str, num_heads: int, num_memory_heads: int) -> None:
+  if num_heads < 1:
+    raise ValueError(f"{owner}: num_heads must be positive, got {num_heads}.")
+  if num_memory_heads < 0 or (num_memory_heads > 1 and num_heads % num_memory_heads):
+    raise ValueError(f"{owner}: num_memory_heads must be 0 (one per head), 1 (multi-query) "
+                     f"or a divisor of num_heads={num_heads}, got {num_memory_heads}.")
+
+
+def _heads_dims(num_heads: int, num_memory_heads: int):
+  """(query heads dims, memory heads dims) as the original laid them out."""
+  if num_heads == 1:
+    return [], []
+  if num_memory_heads == 0:
+    heads = [mtf.Dimension("heads", num_heads)]
+    return heads, heads
+  if num_memory_heads == 1:
+    return [mtf.Dimension("heads", num_heads)], []
+  if num_heads % num_memory_heads:
+    raise ValueError(f"num_memory_heads={num_memory_heads} must divide num_heads={num_heads}.")
+  memory = [mtf.Dimension("heads", num_memory_heads)]
+  return memory + [mtf.Dimension("query_heads", num_heads // num_memory_heads)], memory
+
+
+def attention_params(context: transformer.Context, kv_dim: mtf.Dimension, num_heads: int,
+                     num_memory_heads: int = 0, shared_kv: bool = False,
+                     no_query: bool = False, combine_dims: bool = True,
+                     keep_query_heads_dims: bool = False,
+                     fold_scaling_into_initializer: bool = True) -> attention.AttentionParams:
+  """The AttentionParams of a transformer attention layer (d_model in and out).
+
+  num_heads read-heads; num_memory_heads 0: as many write-heads ("heads"
+  for all); 1: a single write-head (multi-query attention, keys and values
+  without heads); n > 1 (dividing num_heads): keys and values over
+  "heads":n and queries over "heads":n and "query_heads":num_heads/n. One
+  head: no heads dimension at all.
+
+  Example:
+    >>> params = attention_params(context, mtf.Dimension("d_kv", 64), num_heads=8)
+  """
+  query_heads, memory_heads = _heads_dims(num_heads, num_memory_heads)
+  d_model = context.model.model_dim
+  return attention.AttentionParams(
+      context.mesh, d_model, d_model, d_model, kv_dim, kv_dim, query_heads, memory_heads,
+      context.variable_dtype, shared_kv=shared_kv, no_query=no_query,
+      combine_dims=combine_dims, ensemble_dim=getattr(context.model, "ensemble_dim", None),
+      keep_query_heads_dims=keep_query_heads_dims,
+      fold_scaling_into_initializer=fold_scaling_into_initializer)
+
+
 class SelfAttention(transformer.TransformerLayer):
   """Multi-head self-attention.
 
@@ -38,8 +87,10 @@ class SelfAttention(transformer.TransformerLayer):
 
   Args:
     num_heads: number of heads ("heads" dimension).
-    num_memory_heads: 0 (one key/value head per query head) or 1
-      (multi-query attention: keys and values without a heads dimension).
+    num_memory_heads: 0 (one key/value head per query head), 1
+      (multi-query attention: keys and values without a heads dimension) or
+      a divisor n of num_heads (grouped: keys and values over "heads":n,
+      queries over "heads":n and "query_heads":num_heads/n).
     key_value_size: size of "d_kv".
     shared_kv: one projection for keys and values.
     dropout_rate: dropout on the attention weights (training).
@@ -59,9 +110,12 @@ class SelfAttention(transformer.TransformerLayer):
       attention softmax (over non-padding queries, divided by the number of
       micro-batches) to the model's auxiliary losses, which keeps the scores
       small (helps bfloat16).
-    attention_func, keep_query_heads_dims, use_hyperprompt and the other
-      hyperprompt options: the original's experimental variants, not
-      supported; anything but their defaults is a ValueError.
+    attention_func: None (softmax attention) or "hybrid" (a learned mixture
+      with doubly-normalized attention, `attention.hybrid_attention`; whole
+      sequences only: decoding with it is a ValueError).
+    keep_query_heads_dims, use_hyperprompt and the other hyperprompt
+      options: the original's experimental variants, not supported; anything
+      but their defaults is a ValueError.
 
   The positional order is the original's: `SelfAttention(8, 0, 64, False,
   0.1)` is 8 heads of size 64 with dropout 0.1.
@@ -84,14 +138,11 @@ class SelfAttention(transformer.TransformerLayer):
                hyperprompt_task_num: int = 8, relative_attention_max_distance: int = 128):
     del attention_kwargs  # accepted for compatibility
     name = type(self).__name__
-    if num_memory_heads not in (0, 1, num_heads):
-      raise ValueError(f"{name}: num_memory_heads must be 0, 1 or "
-                       f"num_heads={num_heads}, got {num_memory_heads}.")
+    _check_heads(name, num_heads, num_memory_heads)
     if relative_attention_type not in _RELATIVE_TYPES:
       raise ValueError(f"{name}: relative_attention_type must be one of "
                        f"{_RELATIVE_TYPES}, got {relative_attention_type!r}.")
     transformer.refuse_unsupported(name, {
-        "attention_func": (attention_func, None),
         "keep_query_heads_dims": (keep_query_heads_dims, False),
         "use_hyperprompt": (use_hyperprompt, False),
         "hyperprompt_mtlshare": (hyperprompt_mtlshare, False),
@@ -111,6 +162,10 @@ class SelfAttention(transformer.TransformerLayer):
     self.relative_attention_max_distance = relative_attention_max_distance
     self.fold_scaling_into_initializer = fold_scaling_into_initializer
     self.z_loss_coeff = z_loss_coeff
+    if attention_func not in (None, "hybrid"):
+      raise ValueError(f"{name}: attention_func must be None or 'hybrid', got "
+                       f"{attention_func!r}.")
+    self.attention_func = attention_func
 
   @property
   def heads_dim(self) -> mtf.Dimension:
@@ -121,11 +176,13 @@ class SelfAttention(transformer.TransformerLayer):
     return mtf.Dimension("d_kv", self.key_value_size)
 
   def make_params(self, context: transformer.Context) -> attention.AttentionParams:
-    return attention.AttentionParams(
-        context.mesh, context.model.model_dim, self.heads_dim, self.kv_dim,
-        context.variable_dtype, single_memory_head=self.num_memory_heads == 1,
-        shared_kv=self.shared_kv,
+    return attention_params(
+        context, self.kv_dim, self.num_heads, self.num_memory_heads, self.shared_kv,
         fold_scaling_into_initializer=getattr(self, "fold_scaling_into_initializer", True))
+
+  def query_heads_dims(self) -> list:
+    """The heads dimensions of the queries (see `attention_params`)."""
+    return _heads_dims(self.num_heads, self.num_memory_heads)[0]
 
   # ---- relative position bias ------------------------------------------------
   def _buckets_dim(self) -> mtf.Dimension:
@@ -141,7 +198,7 @@ class SelfAttention(transformer.TransformerLayer):
 
   def _bias_variable(self, context, name):
     return mtf.get_variable(
-        context.mesh, name, mtf.Shape([self.heads_dim, self._buckets_dim()]),
+        context.mesh, name, mtf.Shape(self.query_heads_dims() + [self._buckets_dim()]),
         initializer=mtf.initializers.random_normal(stddev=0.5),
         dtype=context.variable_dtype)
 
@@ -222,8 +279,15 @@ def _attend(layer, context, q, k, v, memory_dim, key_dim, bias):
   """attention.attend with the layer's dropout, score scaling and z-loss,
   recomputed in the backward pass when the layer stack asks for it
   (LayerStack(recompute="selective") sets context.recompute_attention)."""
-  scale = None if getattr(layer, "fold_scaling_into_initializer", True) else (
-      key_dim.size ** -0.5)
+  scale = None  # an unfolded 1/sqrt(d_kv) is applied by AttentionParams.compute_q
+  if getattr(layer, "attention_func", None) == "hybrid":
+    if context.incremental:
+      raise ValueError(f"{type(layer).__name__}: attention_func='hybrid' normalizes over all "
+                       "query positions and cannot decode one position at a time; use "
+                       "attention_func=None for models that decode.")
+    return attention.hybrid_attention(
+        q, k, v, context, memory_dim, key_dim, key_dim, bias,
+        dropout_rate=layer.dropout_rate if context.train else 0.0)
   z_loss_coeff = getattr(layer, "z_loss_coeff", None)
   if z_loss_coeff and context.train and context.losses is not None:
     # The z-loss reads the scores, so this layer is not recomputed: a loss
@@ -281,7 +345,9 @@ class EncDecAttention(SelfAttention):
   Memory positions of encoder padding are hidden (encoder_sequence_id 0); with
   packed examples each target segment sees only its own input segment
   (decoder sequence_id == encoder sequence_id). The encoder keys and values
-  are computed once per decode (constant states).
+  are computed once per decode (constant states). With a
+  relative_attention_type ("bias", "bias_shared") the bias comes from
+  `enc_dec_attention_bias` (learned, of `relative_position_spans`).
 
   Example:
     >>> layer = EncDecAttention(num_heads=8, key_value_size=64)
@@ -289,6 +355,9 @@ class EncDecAttention(SelfAttention):
 
   def __init__(self, relative_attention_type: Optional[str] = None, **kwargs):
     super().__init__(relative_attention_type=relative_attention_type, **kwargs)
+
+  def make_shared_params(self, context: transformer.Context) -> None:
+    del context  # a "bias_shared" relative bias is made by enc_dec_attention_bias
 
   def call(self, context: transformer.Context, x: mtf.Tensor) -> mtf.Tensor:
     memory = context.encoder_output
@@ -306,7 +375,12 @@ class EncDecAttention(SelfAttention):
         context.record_constant_state((k, v))
     bias = None
     enc_ids = context.encoder_sequence_id
-    if isinstance(enc_ids, mtf.Tensor):
+    if self.relative_attention_type is not None:
+      # The same masks plus the learned relative-position bias (extra_layers.py).
+      bias_fn = transformer.gin_configurables().get("enc_dec_attention_bias",
+                                                    enc_dec_attention_bias)
+      bias = bias_fn(self, context, params.query_heads_dims)
+    elif isinstance(enc_ids, mtf.Tensor):
       if isinstance(context.sequence_id, mtf.Tensor) and not context.incremental:
         hidden = mtf.not_equal(context.sequence_id, enc_ids)
       else:
@@ -397,3 +471,13 @@ class Conv1DLayer(transformer.TransformerLayer):
                           variable_dtype=getattr(context, "variable_dtype", None))
     activation = layers_core._resolve_activation(self.activation)  # pylint: disable=protected-access
     return y if activation is None else activation(y)
+
+
+# The original's further layers and helpers (extra_layers.py), importable from here.
+from mesh_tensorflow.transformer.extra_layers import (  # noqa: E402,F401 pylint: disable=g-import-not-at-top,wrong-import-position
+    BranchedEncDecAttention, BranchedSelfAttention, Conv1D, Conv1DLocalAttn,
+    DynamicConv1DLocalAttn, ExpertsEncDecAttention, ExpertsSelfAttention,
+    GeneralBilinearEncDecAttention, GeneralBilinearSelfAttention, LightweightConv1DLocalAttn,
+    LocalConvAttnBlock, ParallelLayer, SeparableConv1DLayer, Synthesizer,
+    TalkingHeadsEncDecAttention, TalkingHeadsSelfAttention, TransparentEncDecAttention,
+    enc_dec_attention, enc_dec_attention_bias, relative_position_spans)
