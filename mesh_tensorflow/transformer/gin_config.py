@@ -62,6 +62,10 @@ _MODEL_NAMES = [
       "reduce_ensemble_logits", "reduce_ensemble_logits_select",
       "reduce_ensemble_logits_mean_prob", "reduce_ensemble_logits_mean_logit",
       "sublayer_annealed_dropout"]),
+    ("evolved_transformer", "evolved_transformer",
+     ["GatedLinearUnitLayer", "EncoderConvolutionalLayer", "DecoderAttentionLayer",
+      "DecoderConvolutionalLayer"]),
+    ("universal_transformer", "universal_transformer", ["UTLayerStack"]),
 ]
 
 
