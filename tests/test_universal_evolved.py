@@ -147,3 +147,29 @@ def test_bad_options_are_clear_errors():
     lower_and_run(lambda mesh: {"y": et.DecoderConvolutionalLayer(D, 0.0).call(
         _context(mesh, mode="incremental"), mtf.ones(mesh, mtf.Shape([batch, length, d_model])))},
         "all:1", "")
+
+
+# ------------------------------------------------ through utils.run (the CLI's path)
+TINY = [
+    "num_layers = 1", "d_model = 32", "d_ff = 64", "num_heads = 4", "d_kv = 8",
+    "run.sequence_length = {'inputs': 32, 'targets': 32}", "run.batch_size = 8",
+    "run.train_steps = 6", "run.eval_steps = 1", "run.log_every = 0", "run.num_samples = 0",
+    "cosine_with_warmup.warmup_steps = 0", "cosine_with_warmup.peak = 0.05",
+    "dataset_fn.corpus_bytes = 200000", "dataset_fn.shuffle_buffer = 100",
+    "UTLayerStack.num_rec_steps = 2",
+]
+
+
+@pytest.mark.parametrize("gin_file", ["models/tiny_universal_lm.gin",
+                                      "models/tiny_evolved_lm.gin"])
+def test_tiny_configs_train_and_the_loss_falls(gin_file):
+  import gin  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import gin_config, utils  # pylint: disable=g-import-not-at-top
+  gin_config.parse([gin_file, "layouts/2x4.gin"], TINY)
+  try:
+    result = utils.run(model_dir=None, mode="train")
+  finally:
+    gin.clear_config()
+  losses = result["losses"]
+  assert len(losses) == 6 and np.isfinite(losses).all()
+  assert losses[-1] < losses[0] - 0.3, losses
