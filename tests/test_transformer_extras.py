@@ -296,3 +296,43 @@ def test_trainer_advances_the_step_counter_models_read(tmp_path):
   ds = tf.data.Dataset.from_tensors({"x": tf.ones([4])}).repeat()
   history = trainer.train(ds, steps=3, hooks=[lambda step, out: seen.append(out["counter"])])
   assert seen == [0.0, 1.0, 2.0], (seen, history)
+
+
+def test_student_teacher_initialize_loads_the_teacher_checkpoint(tmp_path):
+  from mtf_test_utils import make_impl
+
+  def lower(build, impl):
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    build(mesh)
+    mtf.Lowering(graph, {mesh: impl})  # eager: creates the variables
+    return graph
+
+  def teacher_alone(mesh):
+    targets = mtf.import_tf_tensor(mesh, tf.constant(IDS), [batch, length])
+    _lm(16).call_simple(mtf.shift(targets, 1, length, wrap=False), targets, True)
+
+  teacher_impl = make_impl("all:2", "batch:all")
+  lower(teacher_alone, teacher_impl)
+  from mesh_tensorflow import checkpoint, slice_variables
+  saved = checkpoint.CheckpointManager(teacher_impl, str(tmp_path)).save(5)
+  teacher_values = {n: v.numpy() for n, v in slice_variables.variable_store(teacher_impl).items()}
+
+  model = transformer.StudentTeacher(_lm(16), _lm(16), temperature=2.0, fraction_soft=0.5,
+                                     teacher_checkpoint=saved, initialize_student_weights=True)
+
+  def pair(mesh):
+    targets = mtf.import_tf_tensor(mesh, tf.constant(IDS), [batch, length])
+    model.call_simple(mtf.shift(targets, 1, length, wrap=False), targets, True)
+
+  impl = make_impl("rows:2;cols:4", "batch:rows;d_ff:cols")
+  lower(pair, impl)
+  store = slice_variables.variable_store(impl)
+  before = store["student/transformer/layer_000/DenseReluDense/wi/kernel"].numpy()
+  model.initialize(impl)
+  for name, value in teacher_values.items():
+    np.testing.assert_array_equal(store["teacher/" + name].numpy(), value, err_msg=name)
+    np.testing.assert_array_equal(store["student/" + name].numpy(), value, err_msg=name)
+  assert not np.array_equal(before, teacher_values["transformer/layer_000/DenseReluDense/wi/kernel"])
+  with pytest.raises(ValueError, match="teacher_checkpoint is not set"):
+    transformer.StudentTeacher(_lm(8), _lm(8), fraction_soft=0.5).initialize(impl)
