@@ -367,8 +367,8 @@ class Optimizer:
       step: the number of updates applied so far, for step-dependent
         hyperparameters: a Python number, a TensorFlow scalar or a scalar mtf
         Tensor. Without it the optimizer uses `step_counter(mesh)` where it
-        needs a step, and advances every step counter of the graph (once per
-        graph, however many optimizers run in it).
+        needs a step. Either way every step counter of the graph advances
+        (once per graph, however many optimizers run in it).
       apply_if: a scalar mtf bool: where it is false, every variable and slot
         keeps its value (e.g. a step with non-finite gradients under loss
         scaling); step counters advance either way.
@@ -422,8 +422,9 @@ class Optimizer:
         if target is not var or apply_if is not None:
           self._check_assigns(new_ops, var)
         ops.extend(new_ops)
-      if step is None:
-        ops.extend(_advance_step_counters(pairs[0][1].graph))
+      # Counters advance also when the caller gives the step (a Trainer), so
+      # models that read step_counter() see the number of updates.
+      ops.extend(_advance_step_counters(pairs[0][1].graph))
     finally:
       self._step_scope = outer
     return ops

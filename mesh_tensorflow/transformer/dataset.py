@@ -28,7 +28,10 @@ can be used instead when it is installed and its data is reachable
 
 from __future__ import annotations
 
-from typing import List, Mapping, Optional, Sequence, Tuple, Union
+import collections
+import os
+from typing import (Callable, Collection, Dict, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 import gin
 import tensorflow as tf
@@ -193,27 +196,6 @@ def trim(ds: tf.data.Dataset, lengths: Mapping[str, int],
   return ds.map(plain_tf(cut))
 
 
-def pack_dataset(dataset: tf.data.Dataset, length: Lengths,
-                 keys: Optional[Sequence[str]] = None,
-                 use_custom_ops: bool = False) -> tf.data.Dataset:
-  """The original Mesh TensorFlow's packing call: cuts every feature in `keys`
-  (default: all) to `length` tokens, then packs (see packing.pack).
-
-  Args:
-    dataset: a dataset of {key: integer vector}.
-    length: the row length, one for all keys or {key: length}.
-    keys: the features to pack; None packs every feature of the dataset.
-    use_custom_ops: accepted and ignored (packing is plain TensorFlow here).
-
-  Example:
-    >>> ds = pack_dataset(ds, length={"inputs": 64, "targets": 32})
-  """
-  del use_custom_ops
-  keys = list(dataset.element_spec) if keys is None else list(keys)
-  lengths = as_lengths(length, keys)
-  return pack(trim(dataset, lengths, keep_eos=False), lengths, keys)
-
-
 def finish(ds: tf.data.Dataset, batch_size: int, repeat: bool) -> tf.data.Dataset:
   """Repeats (if asked), batches rows (dropping a short last batch) and
   prefetches. Examples are shuffled before packing, not here."""
@@ -367,3 +349,530 @@ def dataset_fn(split: str, vocabulary: vocabulary_lib.Vocabulary,
                          shuffle_buffer)
   raise ValueError(f"dataset_fn: model_type must be 'lm' or 'bitransformer', got "
                    f"{model_type!r}.")
+
+
+# ------------------------------------------- the original's dataset functions
+# Same names, arguments and output features as the original Mesh TensorFlow's
+# transformer/dataset.py, on tf.data; padding is id 0 and EOS is id 1.
+
+EvalDataset = collections.namedtuple(
+    "EvalDataset", ["name", "dataset_fn", "postprocess_fn", "metric_fns"])
+EvalDataset.__doc__ = """An evaluation task: its name, a function returning its
+tf.data.Dataset, a function turning decodes into strings to score, and a list of
+metric_fn(targets, predictions) -> {name: value}.
+
+Example:
+  >>> task = EvalDataset("copy", lambda: ds, lambda s: s, [])
+"""
+
+
+def _keys_of(dataset: tf.data.Dataset, what: str) -> List[str]:
+  spec = dataset.element_spec
+  if not isinstance(spec, dict):
+    raise ValueError(f"{what}: the dataset must yield a dict of features, got elements "
+                     f"{spec}; map them to {{'targets': ...}} first.")
+  return list(spec)
+
+
+def _length_of(length: Union[int, Mapping[str, int]], key: str, what: str) -> int:
+  if isinstance(length, int):
+    return length
+  if key not in length:
+    raise ValueError(f"{what}: no length for feature {key!r} in {dict(length)}; give one "
+                     f"int or a length for every feature.")
+  return int(length[key])
+
+
+def _pack_group(batch: Dict[str, tf.Tensor], keys: List[str],
+                lengths: Dict[str, int]) -> Dict[str, tf.Tensor]:
+  """Packs one padded batch of examples into rows, next fit in order."""
+  # Example i's tokens of key k are batch[k][i, :n] with n its count of
+  # non-padding ids (padding follows the tokens).
+  counts = tf.stack([tf.math.count_nonzero(batch[k], axis=1, dtype=tf.int32) for k in keys],
+                    axis=1)  # [examples, keys]
+  limits = tf.constant([lengths[k] for k in keys], tf.int32)
+  zeros = tf.zeros([len(keys)], tf.int32)
+
+  def place(state, n):
+    row, fill, seg = state[0], state[1], state[2]
+    fits = tf.reduce_all(fill + n <= limits)
+    row = tf.where(fits, row, row + 1)
+    fill = tf.where(fits, fill, zeros)
+    seg = tf.where(fits, seg, zeros)
+    seg = seg + tf.cast(n > 0, tf.int32)
+    return row, fill + n, seg, fill
+
+  rows, _, segs, offsets = tf.scan(
+      place, counts, initializer=(tf.constant(0, tf.int32), zeros, zeros, zeros))
+  num_rows = tf.reduce_max(rows) + 1
+  out = {}
+  for i, k in enumerate(keys):
+    tokens = tf.cast(batch[k], tf.int32)
+    width = tf.shape(tokens)[1]
+    position = tf.broadcast_to(tf.range(width)[tf.newaxis, :], tf.shape(tokens))
+    mask = position < counts[:, i:i + 1]
+    row_of = tf.broadcast_to(rows[:, tf.newaxis], tf.shape(tokens))
+    column = offsets[:, i:i + 1] + position
+    index = tf.boolean_mask(tf.stack([row_of, column], axis=-1), mask)
+    shape = tf.stack([num_rows, lengths[k]])
+    seg = tf.broadcast_to(segs[:, i:i + 1], tf.shape(tokens))
+    out[k] = tf.scatter_nd(index, tf.boolean_mask(tokens, mask), shape)
+    out[k + "_segmentation"] = tf.scatter_nd(index, tf.boolean_mask(seg, mask), shape)
+    out[k + "_position"] = tf.scatter_nd(index, tf.boolean_mask(position, mask), shape)
+  return out
+
+
+@gin.configurable
+def pack_dataset(dataset: tf.data.Dataset, length: Lengths,
+                 keys: Optional[Collection[str]] = None,
+                 use_custom_ops: bool = False) -> tf.data.Dataset:
+  """Packs several examples into each fixed-length row, as the original did.
+
+  Every feature in `keys` is cut to its length and its padding (id 0) dropped;
+  consecutive examples then share a row while all their features fit ("next
+  fit"), in groups of max(length) examples (a group's last row is emitted
+  before the next group starts). Each feature `k` comes with
+  `k_segmentation` (1, 2, ... for the examples of the row that have tokens of
+  `k`, 0 for padding) and `k_position` (0, 1, ... inside each example);
+  features not in `keys` are dropped. All outputs are int32 [length].
+
+  Args:
+    dataset: a dataset of {key: integer vector}.
+    length: the row length, one int for all keys or {key: length}.
+    keys: the features to pack; None packs every feature.
+    use_custom_ops: accepted and ignored (packing is plain TensorFlow here).
+
+  Returns:
+    A dataset of {k, k_segmentation, k_position} for each k in keys.
+
+  Example:
+    >>> # {"inputs": [7, 8, 5, 1], "targets": [3, 9, 1]} and
+    >>> # {"inputs": [8, 4, 9, 3, 1], "targets": [4, 1]} with lengths 10 and 7:
+    >>> # inputs [7, 8, 5, 1, 8, 4, 9, 3, 1, 0],
+    >>> # inputs_segmentation [1, 1, 1, 1, 2, 2, 2, 2, 2, 0], ...
+    >>> ds = pack_dataset(ds, length={"inputs": 10, "targets": 7})
+  """
+  del use_custom_ops
+  available = _keys_of(dataset, "pack_dataset")
+  keys = available if keys is None else list(keys)
+  spec = dataset.element_spec
+  for k in keys:
+    if k not in spec:
+      raise ValueError(f"pack_dataset: key {k!r} is not a feature of the dataset; it has "
+                       f"{available}.")
+    if not spec[k].shape.is_compatible_with([None]):
+      raise ValueError(f"pack_dataset: feature {k!r} has shape {spec[k].shape}; packed "
+                       f"features must be vectors.")
+    if not (spec[k].dtype.is_integer):
+      raise ValueError(f"pack_dataset: feature {k!r} is {spec[k].dtype.name}; pack token "
+                       f"ids (encode strings first, e.g. encode_all_features).")
+  lengths = {k: _length_of(length, k, "pack_dataset") for k in keys}
+  for k, n in lengths.items():
+    if n < 1:
+      raise ValueError(f"pack_dataset: length of {k!r} must be >= 1, got {n}.")
+  ds = dataset.map(plain_tf(lambda x: {k: x[k][:lengths[k]] for k in keys}))
+  ds = ds.padded_batch(max(lengths.values()), padded_shapes={k: [None] for k in keys})
+  ds = ds.map(plain_tf(lambda batch: _pack_group(batch, keys, lengths)))
+  ds = ds.unbatch()
+  # A row without any token (a group of empty examples) carries nothing.
+  ds = ds.filter(plain_tf(lambda row: tf.reduce_any([tf.reduce_any(row[k] != 0)
+                                                      for k in keys])))
+
+  widths = {k + suffix: n for k, n in lengths.items()
+            for suffix in ("", "_segmentation", "_position")}
+
+  def fix_shapes(row):
+    return {name: tf.ensure_shape(v, [widths[name]]) for name, v in row.items()}
+
+  return ds.map(plain_tf(fix_shapes))
+
+
+def trim_and_pad_dataset(dataset: tf.data.Dataset, length: Lengths,
+                         feature_keys: Optional[Collection[str]] = None) -> tf.data.Dataset:
+  """Cuts or zero-pads the first axis of features to `length`.
+
+  Args:
+    dataset: a dataset of {key: tensor of rank >= 1}.
+    length: one int for all features or {key: length}.
+    feature_keys: the features to trim and pad; others pass unchanged.
+      Defaults to all features.
+
+  Returns:
+    The dataset with those features of first dimension `length`.
+
+  Example:
+    >>> # [5, 6, 1] with length 5 becomes [5, 6, 1, 0, 0]; with 2, [5, 6].
+    >>> ds = trim_and_pad_dataset(ds, {"inputs": 8, "targets": 4})
+  """
+  spec = _keys_of(dataset, "trim_and_pad_dataset")
+  chosen = set(feature_keys) if feature_keys else set(spec)
+
+  def one(k, t):
+    if k not in chosen:
+      return t
+    if t.shape.rank == 0:
+      raise ValueError(f"trim_and_pad_dataset: feature {k!r} is a scalar; only features "
+                       f"with a first axis can be trimmed and padded.")
+    n = _length_of(length, k, "trim_and_pad_dataset")
+    t = t[:n]
+    t = tf.pad(t, [[0, n - tf.shape(t)[0]]] + [[0, 0]] * (t.shape.rank - 1))
+    return tf.ensure_shape(t, [n] + t.shape.as_list()[1:])
+
+  return dataset.map(plain_tf(lambda x: {k: one(k, t) for k, t in x.items()}))
+
+
+def ensure_dataset_eos(dataset: tf.data.Dataset,
+                       feature_keys: Optional[Collection[str]] = None) -> tf.data.Dataset:
+  """Makes features end in EOS (1) or padding (0): a last id above 1 becomes 1.
+
+  Args:
+    dataset: a dataset of {key: integer vector}.
+    feature_keys: the features to fix; defaults to all.
+
+  Example:
+    >>> # [4, 5, 6] becomes [4, 5, 1]; [4, 5, 0] and [4, 5, 1] stay.
+    >>> ds = ensure_dataset_eos(ds, ["targets"])
+  """
+  chosen = set(feature_keys) if feature_keys else set(_keys_of(dataset, "ensure_dataset_eos"))
+
+  def one(k, v):
+    if k not in chosen:
+      return v
+    return tf.concat([v[:-1], tf.clip_by_value(v[-1:], 0, 1)], axis=0)
+
+  return dataset.map(plain_tf(lambda x: {k: one(k, v) for k, v in x.items()}))
+
+
+@gin.configurable
+def pack_or_pad(dataset: tf.data.Dataset, length: Lengths, pack: bool = True,
+                feature_keys: Optional[Collection[str]] = None,
+                ensure_eos: Union[bool, Collection[str]] = False) -> tf.data.Dataset:
+  """Packs examples into rows of `length` (pack=True) or zero-pads each one.
+
+  Args:
+    dataset: a dataset of {key: integer vector}.
+    length: one int for all features or {key: length}.
+    pack: pack (pack_dataset) or pad one example per row.
+    feature_keys: the features to pack or pad; packing drops the others,
+      padding passes them through. Defaults to all features.
+    ensure_eos: True (all of feature_keys), False, or the features whose last
+      id is set to EOS (1) unless it is padding (0) (see ensure_dataset_eos).
+
+  Returns:
+    A dataset whose chosen features have shape [length] (with
+    `_segmentation` and `_position` when packed).
+
+  Example:
+    >>> ds = pack_or_pad(ds, {"inputs": 64, "targets": 32}, pack=False)
+  """
+  feature_keys = set(feature_keys or _keys_of(dataset, "pack_or_pad"))
+  if pack:
+    dataset = pack_dataset(dataset, length=length, keys=sorted(feature_keys))
+  dataset = trim_and_pad_dataset(dataset, length=length, feature_keys=feature_keys)
+  if ensure_eos:
+    eos_keys = feature_keys if isinstance(ensure_eos, bool) else set(ensure_eos)
+    dataset = ensure_dataset_eos(dataset, eos_keys)
+  return dataset
+
+
+def encode_dataset(dataset: tf.data.Dataset,
+                   vocabulary: vocabulary_lib.Vocabulary) -> tf.data.Dataset:
+  """Encodes every (string) feature to token ids with `vocabulary.encode_tf`
+  (no EOS is added; see encode_all_features for that).
+
+  Example:
+    >>> ds = encode_dataset(ds, ByteVocabulary())   # {"targets": "hi"} -> [107, 108]
+  """
+  _keys_of(dataset, "encode_dataset")
+  return dataset.map(plain_tf(lambda x: {k: vocabulary.encode_tf(v) for k, v in x.items()}))
+
+
+def encode_all_features(dataset: tf.data.Dataset,
+                        vocabulary: vocabulary_lib.Vocabulary) -> tf.data.Dataset:
+  """Encodes the string features and appends EOS (1) as int64 ids; features
+  that are not strings are dropped.
+
+  Example:
+    >>> ds = encode_all_features(ds, ByteVocabulary())   # "hi" -> [107, 108, 1]
+  """
+  _keys_of(dataset, "encode_all_features")
+
+  def encode(features):
+    out = {}
+    for k, v in features.items():
+      if v.dtype == tf.string:
+        ids = tf.cast(vocabulary.encode_tf(v), tf.int64)
+        out[k] = tf.concat([ids, tf.constant([1], tf.int64)], 0)
+    return out
+
+  return dataset.map(plain_tf(encode))
+
+
+def supervised_to_dict(dataset: tf.data.Dataset, text2self: bool) -> tf.data.Dataset:
+  """(inputs, targets) pairs as {"inputs", "targets"}, or {"targets"} with
+  text2self.
+
+  Example:
+    >>> ds = supervised_to_dict(tf.data.Dataset.from_tensor_slices((["a"], ["b"])), False)
+  """
+  if text2self:
+    return dataset.map(plain_tf(lambda inputs, targets: {"targets": targets}))
+  return dataset.map(plain_tf(lambda inputs, targets: {"inputs": inputs, "targets": targets}))
+
+
+def _glob(pattern: str, what: str) -> List[str]:
+  names = sorted(tf.io.gfile.glob(pattern))
+  if not names:
+    raise ValueError(f"{what}: no file matches {pattern!r}.")
+  return names
+
+
+@gin.configurable
+def sample_from_text_line_datasets(glob_weight_list: Sequence[Tuple[str, float]],
+                                   shuffle_buffer_size: int = 100000,
+                                   prefetch: int = 1000) -> tf.data.Dataset:
+  """Lines of several file sets, repeated, shuffled and mixed by weight.
+
+  Args:
+    glob_weight_list: [(glob, weight), ...].
+    shuffle_buffer_size: lines in each set's shuffle buffer.
+    prefetch: lines prefetched per set.
+
+  Example:
+    >>> ds = sample_from_text_line_datasets([("a/*.txt", 0.7), ("b/*.txt", 0.3)])
+  """
+  if not glob_weight_list:
+    raise ValueError("sample_from_text_line_datasets: glob_weight_list is empty; give "
+                     "[(glob, weight), ...].")
+  globs, weights = zip(*glob_weight_list)
+  datasets = [tf.data.TextLineDataset(_glob(g, "sample_from_text_line_datasets"))
+              .repeat().shuffle(shuffle_buffer_size).prefetch(prefetch) for g in globs]
+  return tf.data.Dataset.sample_from_datasets(datasets, weights=[float(w) for w in weights])
+
+
+@gin.configurable
+def make_text_line_dataset(glob: str = gin.REQUIRED) -> tf.data.Dataset:
+  """The lines of the files matching `glob`, repeated and shuffled.
+
+  Example:
+    >>> ds = make_text_line_dataset("corpus/*.txt")
+  """
+  return sample_from_text_line_datasets([(glob, 1.0)])
+
+
+@gin.configurable
+def simple_text_line_dataset(glob: str = gin.REQUIRED,
+                             shuffle_buffer_size: int = 100000) -> tf.data.Dataset:
+  """The lines of the files matching `glob`, shuffled (one pass).
+
+  Example:
+    >>> ds = simple_text_line_dataset("corpus/*.txt", shuffle_buffer_size=1000)
+  """
+  return tf.data.TextLineDataset(_glob(glob, "simple_text_line_dataset")).shuffle(
+      shuffle_buffer_size)
+
+
+@gin.configurable
+def packed_parallel_tsv_dataset(dataset: tf.data.Dataset = gin.REQUIRED,
+                                dataset_split: str = gin.REQUIRED,
+                                batch_size: Optional[int] = None,
+                                sequence_length: Lengths = gin.REQUIRED,
+                                vocabulary=gin.REQUIRED,
+                                append_eos: bool = True, eos_id: int = 1,
+                                max_encoded_len: int = 0) -> tf.data.Dataset:
+  """Packed {"inputs", "targets"} examples from "input<TAB>target" lines.
+
+  Args:
+    dataset: a dataset of lines (e.g. simple_text_line_dataset).
+    dataset_split: unused (the original's argument).
+    batch_size: unused (the original's argument).
+    sequence_length: one int or {"inputs": n, "targets": m}.
+    vocabulary: a Vocabulary, or an (inputs, targets) pair of them.
+    append_eos: append `eos_id` to both features.
+    eos_id: the EOS id.
+    max_encoded_len: if > 0, drop examples with a feature longer than this.
+
+  Returns:
+    Packed rows (see pack_dataset).
+
+  Example:
+    >>> lines = tf.data.Dataset.from_tensor_slices(["ab\\tc", "d\\tef"])
+    >>> ds = packed_parallel_tsv_dataset(lines, "train", None, 8, ByteVocabulary())
+  """
+  del batch_size, dataset_split
+  inputs_vocab, targets_vocab = (vocabulary if isinstance(vocabulary, tuple)
+                                 else (vocabulary, vocabulary))
+
+  def parse(line):
+    fields = tf.io.decode_csv(line, record_defaults=["", ""], field_delim="\t",
+                              use_quote_delim=False)
+    return {"inputs": fields[0], "targets": fields[1]}
+
+  def encode(features):
+    out = {}
+    for k, vocab in (("inputs", inputs_vocab), ("targets", targets_vocab)):
+      ids = tf.cast(vocab.encode_tf(features[k]), tf.int64)
+      if append_eos:
+        ids = tf.concat([ids, tf.constant([eos_id], tf.int64)], 0)
+      out[k] = ids
+    return out
+
+  dataset = dataset.map(plain_tf(parse)).map(plain_tf(encode))
+  if max_encoded_len:
+    dataset = dataset.filter(plain_tf(lambda x: tf.reduce_max(
+        tf.stack([tf.size(v) for v in x.values()])) <= max_encoded_len))
+  return pack_or_pad(dataset, sequence_length)
+
+
+def pretokenized_tfrecord_dataset(filenames: Sequence[str], text2self: bool,
+                                  eos_included: bool, repeat: bool,
+                                  batch_size: Optional[int], sequence_length: Lengths,
+                                  vocab_shift: int = 0) -> tf.data.Dataset:
+  """Packed rows from TFRecord files of tf.train.Example protos with int64
+  "targets" (and "inputs" unless text2self) features, as Tensor2Tensor wrote.
+
+  Args:
+    filenames: the TFRecord files.
+    text2self: read only "targets" (language modelling).
+    eos_included: the ids already end in EOS; else 1 is appended.
+    repeat: repeat forever.
+    batch_size: unused (the original's argument).
+    sequence_length: one int or {key: length}.
+    vocab_shift: added to every id read.
+
+  Example:
+    >>> ds = pretokenized_tfrecord_dataset(["train-00000"], True, True, False, None, 64)
+  """
+  del batch_size
+  dataset = tf.data.TFRecordDataset(list(filenames), buffer_size=64 * 1024 * 1024)
+  if repeat:
+    dataset = dataset.repeat()
+  keys = ["targets"] if text2self else ["inputs", "targets"]
+  spec = {k: tf.io.VarLenFeature(tf.int64) for k in keys}
+
+  def decode(serialized):
+    parsed = tf.io.parse_single_example(serialized, spec)
+    out = {}
+    for k in keys:
+      ids = parsed[k].values + vocab_shift
+      if not eos_included:
+        ids = tf.concat([ids, tf.constant([1], tf.int64)], 0)
+      out[k] = ids
+    return out
+
+  return pack_or_pad(dataset.map(plain_tf(decode)), sequence_length)
+
+
+@gin.configurable
+def pretokenized_t2t_dataset(dataset_name: str = gin.REQUIRED, text2self: bool = False,
+                             data_dir: str = gin.REQUIRED, dataset_split: str = "train",
+                             batch_size: Optional[int] = None,
+                             sequence_length: Lengths = gin.REQUIRED,
+                             vocabulary=None, eos_included: bool = True,
+                             vocab_shift: int = 0) -> tf.data.Dataset:
+  """Packed rows from a Tensor2Tensor data directory: the files
+  `<data_dir>/<dataset_name>-<dataset_split>-*` (see
+  pretokenized_tfrecord_dataset); the train split repeats and is shuffled.
+
+  Example:
+    >>> ds = pretokenized_t2t_dataset("translate_ende", False, "/data/t2t", "dev",
+    ...                               sequence_length=64)
+  """
+  del vocabulary
+  pattern = os.path.join(data_dir, f"{dataset_name}-{dataset_split}-*")
+  filenames = sorted(tf.io.gfile.glob(pattern))
+  if not filenames:
+    raise ValueError(f"pretokenized_t2t_dataset: no file matches {pattern!r}; check "
+                     f"data_dir, dataset_name and dataset_split.")
+  dataset = pretokenized_tfrecord_dataset(
+      filenames=filenames, text2self=text2self, eos_included=eos_included,
+      repeat=dataset_split == "train", batch_size=batch_size,
+      sequence_length=sequence_length, vocab_shift=vocab_shift)
+  if dataset_split == "train":
+    dataset = dataset.shuffle(1000)
+  return dataset
+
+
+def _tfds(what: str):
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(
+        f"{what} needs tensorflow-datasets (`pip install tensorflow-datasets`); without it, "
+        f"read text files (simple_text_line_dataset, packed_parallel_tsv_dataset or "
+        f"dataset_fn with train_files=...).") from e
+  return tfds
+
+
+@gin.configurable
+def pretokenized_tfds_dataset(dataset_name: str = gin.REQUIRED,
+                              text2self: bool = gin.REQUIRED,
+                              tfds_data_dir: str = gin.REQUIRED,
+                              dataset_split: str = gin.REQUIRED,
+                              batch_size: Optional[int] = None,
+                              sequence_length: Lengths = gin.REQUIRED,
+                              vocabulary=None) -> tf.data.Dataset:
+  """Packed rows of a tokenized TensorFlow Datasets dataset (as_supervised):
+  ids are shifted up by one to free EOS (1), which is appended. Needs
+  tensorflow-datasets.
+
+  Example:
+    >>> ds = pretokenized_tfds_dataset("lm1b/subwords8k", True, None, "train",
+    ...                                sequence_length=256)
+  """
+  del batch_size, vocabulary
+  tfds = _tfds("pretokenized_tfds_dataset")
+  dataset = tfds.load(dataset_name, split=dataset_split, as_supervised=True,
+                      data_dir=tfds_data_dir, shuffle_files=dataset_split == "train")
+  if dataset_split == "train":
+    dataset = dataset.repeat().shuffle(1000)
+
+  def shifted(t):
+    t = tf.cast(t, tf.int64)
+    return tf.concat([t + 1, tf.constant([1], tf.int64)], 0)
+
+  def features(inputs, targets):
+    if text2self:
+      return {"targets": shifted(targets)}
+    return {"inputs": shifted(inputs), "targets": shifted(targets)}
+
+  return pack_or_pad(dataset.map(plain_tf(features)), sequence_length)
+
+
+@gin.configurable
+def untokenized_tfds_dataset(dataset_name: str = gin.REQUIRED,
+                             text2self: bool = gin.REQUIRED,
+                             tfds_data_dir: str = gin.REQUIRED,
+                             dataset_split: str = gin.REQUIRED,
+                             batch_size: Optional[int] = None,
+                             sequence_length: Lengths = gin.REQUIRED,
+                             vocabulary=gin.REQUIRED,
+                             pack: bool = gin.REQUIRED) -> tf.data.Dataset:
+  """Rows of a text TensorFlow Datasets dataset, encoded with `vocabulary`
+  (EOS appended) and packed or padded. Needs tensorflow-datasets.
+
+  Example:
+    >>> ds = untokenized_tfds_dataset("lm1b", True, None, "train", None, 256,
+    ...                               ByteVocabulary(), True)
+  """
+  del batch_size
+  tfds = _tfds("untokenized_tfds_dataset")
+  dataset = tfds.load(dataset_name, split=dataset_split, as_supervised=not text2self,
+                      data_dir=tfds_data_dir)
+  if dataset_split == "train":
+    dataset = dataset.repeat().shuffle(1000)
+  if not text2self:
+    dataset = supervised_to_dict(dataset, text2self)
+  dataset = encode_all_features(dataset, vocabulary)
+  return pack_or_pad(dataset, sequence_length, pack)
+
+
+def pad_dataset_with_zeroed_out_examples(ds: tf.data.Dataset) -> tf.data.Dataset:
+  """`ds`, then its examples with every feature zeroed, forever (so that every
+  host of an evaluation gets as many batches).
+
+  Example:
+    >>> ds = pad_dataset_with_zeroed_out_examples(ds).take(100)
+  """
+  return ds.concatenate(ds.map(plain_tf(
+      lambda x: tf.nest.map_structure(tf.zeros_like, x))).repeat())

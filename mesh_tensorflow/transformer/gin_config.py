@@ -73,6 +73,15 @@ _MODEL_NAMES = [
      ["FactorizedVocabEmbedding", "AdaptiveVocabEmbedding", "MixtureOfSoftmaxes", "Mixtape"]),
     ("adaptive_softmax", "adaptive_softmax",
      ["AdaptiveSoftmaxVocabEmbedding", "adaptive_softmax_loss_fn"]),
+    ("transformer_extras", "transformer",
+     ["ReversibleLayerStack", "StudentTeacher", "make_bi_student_teacher",
+      "reduce_ensemble_logits", "reduce_ensemble_logits_select",
+      "reduce_ensemble_logits_mean_prob", "reduce_ensemble_logits_mean_logit",
+      "sublayer_annealed_dropout"]),
+    ("evolved_transformer", "evolved_transformer",
+     ["GatedLinearUnitLayer", "EncoderConvolutionalLayer", "DecoderAttentionLayer",
+      "DecoderConvolutionalLayer"]),
+    ("universal_transformer", "universal_transformer", ["UTLayerStack"]),
 ]
 
 

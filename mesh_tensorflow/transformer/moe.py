@@ -252,7 +252,7 @@ class MoE1D(transformer.TransformerLayer):
     y = self._experts(context, xg, dispatch, combine, groups_dim, capacity_dim)
     if context.losses is not None:
       context.losses.append(loss * self.loss_coef)
-    return mtf.reshape(y, x.shape)
+    return mtf.reshape(y, mtf.Shape(token_dims + [y.shape.dims[-1]]))
 
   def _experts(self, context, xg, dispatch, combine, groups_dim, capacity_dim):
     """Dispatch -> expert feed-forward -> combine; [groups, group, d_model]."""
@@ -272,13 +272,14 @@ class MoE1D(transformer.TransformerLayer):
                          variable_dtype=context.variable_dtype, name="wi")
     if context.train and self.dropout_rate > 0.0:
       h = mtf.dropout(h, True, rate=self.dropout_rate)
-    expert_out = mtf.layers.dense(h, d_model, reduced_dims=[hidden], expert_dims=[experts],
+    out_dim = getattr(self, "output_dim", None) or d_model
+    expert_out = mtf.layers.dense(h, out_dim, reduced_dims=[hidden], expert_dims=[experts],
                                   use_bias=False, variable_dtype=context.variable_dtype,
                                   name="wo")
     expert_out = mtf.reshape(expert_out, mtf.Shape(
-        [experts_unsplit, groups_dim, capacity_dim, d_model]))
+        [experts_unsplit, groups_dim, capacity_dim, out_dim]))
     return mtf.einsum([expert_out, mtf.cast(combine, xg.dtype)],
-                      output_shape=xg.shape)
+                      output_shape=mtf.Shape(xg.shape.dims[:-1] + [out_dim]))
 
 
 class MoE2D(MoE1D):
@@ -531,3 +532,154 @@ def balancing_loss(gates: mtf.Tensor, first_choice: mtf.Tensor, group_dim: mtf.D
   fraction = mtf.reduce_sum(first_choice, reduced_dim=group_dim) / count
   per_group = mtf.reduce_sum(fraction * mean_gate, reduced_dim=experts_dim)
   return mtf.reduce_mean(per_group) * float(experts_dim.size)
+
+
+# ------------------------------------------- the original's functional MoE API
+class HParams:
+  """A bag of hyperparameters (the original's stand-in for
+  tf.contrib.training.HParams): keyword arguments become attributes.
+
+  Example:
+    >>> hparams = HParams(moe_num_experts=8)
+    >>> hparams.add_hparam("moe_hidden_size", 64)
+  """
+
+  def __init__(self, **kwargs):
+    for k, v in kwargs.items():
+      setattr(self, k, v)
+
+  def add_hparam(self, name: str, value) -> None:
+    setattr(self, name, value)
+
+
+def set_default_moe_hparams(hparams) -> None:
+  """Adds the original's mixture-of-experts defaults to `hparams`.
+
+  Example:
+    >>> hparams = HParams()
+    >>> set_default_moe_hparams(hparams)
+    >>> hparams.moe_num_experts, hparams.moe_group_size
+    (16, 1024)
+  """
+  hparams.moe_num_experts = 16
+  hparams.moe_loss_coef = 1e-2
+  for name, value in (("moe_gating", "top_2"), ("moe_capacity_factor_train", 1.25),
+                      ("moe_capacity_factor_eval", 2.0),
+                      ("moe_capacity_factor_second_level", 1.0),
+                      ("moe_hidden_size", 4096), ("moe_group_size", 1024),
+                      ("moe_use_second_place_loss", 0),
+                      ("moe_second_policy_train", "random"),
+                      ("moe_second_policy_eval", "random"),
+                      ("moe_second_threshold_train", 0.2),
+                      ("moe_second_threshold_eval", 0.2)):
+    hparams.add_hparam(name, value)
+
+
+class _Model:
+  def __init__(self, model_dim, layout, mesh_shape):
+    self.model_dim, self.layout, self.mesh_shape = model_dim, layout, mesh_shape
+
+
+class _Context:
+  """What MoE1D.call reads of a transformer Context."""
+
+  def __init__(self, mesh, model, train, variable_dtype, nonpadding):
+    self.mesh, self.model, self.train = mesh, model, train
+    self.variable_dtype, self.nonpadding = variable_dtype, nonpadding
+    self.incremental = False
+    self.losses = []
+
+
+def _hparam(hparams, name: str, default):
+  return getattr(hparams, name, default)
+
+
+def _moe_layer(inputs, output_dim, hparams, train, variable_dtype, layout, mesh_shape,
+               nonpadding, activation, num_experts, what):
+  if not isinstance(output_dim, mtf.Dimension):
+    raise TypeError(f"{what}: output_dim must be an mtf.Dimension, got {output_dim!r}.")
+  gating = _hparam(hparams, "moe_gating", "top_2")
+  if gating not in _GATINGS:
+    raise ValueError(f"{what}: hparams.moe_gating must be one of {_GATINGS}, got {gating!r}.")
+  layer = MoE1D(
+      num_experts=num_experts, loss_coef=_hparam(hparams, "moe_loss_coef", 1e-2),
+      hidden_size=_hparam(hparams, "moe_hidden_size", 4096),
+      group_size=_hparam(hparams, "moe_group_size", 1024),
+      capacity_factor_train=_hparam(hparams, "moe_capacity_factor_train", 1.25),
+      capacity_factor_eval=_hparam(hparams, "moe_capacity_factor_eval", 2.0),
+      second_policy_train=_hparam(hparams, "moe_second_policy_train", "random"),
+      second_policy_eval=_hparam(hparams, "moe_second_policy_eval", "random"),
+      second_threshold_train=_hparam(hparams, "moe_second_threshold_train", 0.2),
+      second_threshold_eval=_hparam(hparams, "moe_second_threshold_eval", 0.2),
+      min_expert_capacity=_hparam(hparams, "moe_min_expert_capacity", 4),
+      activation=activation, moe_gating=gating, hidden_dim_name="expert_hidden")
+  layer.output_dim = output_dim
+  model = _Model(inputs.shape.dims[-1], layout, mesh_shape)
+  if nonpadding is not None:
+    nonpadding = mtf.cast(nonpadding, inputs.dtype)
+  context = _Context(inputs.mesh, model, train, variable_dtype, nonpadding)
+  y = layer.call(context, inputs)
+  return y, context.losses[0]
+
+
+def transformer_moe_layer_v1(inputs: mtf.Tensor, output_dim: mtf.Dimension, hparams,
+                             train: bool, variable_dtype: mtf.VariableDType, layout=None,
+                             mesh_shape=None, nonpadding: Optional[mtf.Tensor] = None,
+                             activation=mtf.relu, num_microbatches=None):
+  """The original's functional mixture of experts: MoE1D's routing and
+  experts on [batch..., length, input_dim], configured by `hparams`
+  (moe_num_experts, moe_hidden_size, moe_group_size, moe_capacity_factor_*,
+  moe_gating, moe_second_policy_*, moe_second_threshold_*, moe_loss_coef;
+  see set_default_moe_hparams). Variables: "gate/kernel", "wi/kernel",
+  "wo/kernel" (the experts' hidden dimension is "expert_hidden").
+
+  Args:
+    inputs: [batch..., length, input_dim].
+    output_dim: the output's last dimension (input_dim for a transformer).
+    hparams: HParams (see set_default_moe_hparams).
+    train: whether training (capacity factor and second-expert policy).
+    variable_dtype: an mtf.VariableDType.
+    layout: layout rules (groups follow how the batch is split).
+    mesh_shape: the mesh shape, likewise.
+    nonpadding: optional [batch..., length], 0 at padding (not routed).
+    activation: the experts' activation.
+    num_microbatches: accepted for compatibility.
+
+  Returns:
+    (outputs [batch..., length, output_dim], balancing loss times moe_loss_coef).
+
+  Example:
+    >>> hparams = HParams(); set_default_moe_hparams(hparams)
+    >>> y, loss = transformer_moe_layer_v1(x, d_model, hparams, True, mtf.VariableDType())
+  """
+  del num_microbatches
+  num_experts = hparams.moe_num_experts
+  if isinstance(num_experts, (list, tuple)):
+    raise ValueError("transformer_moe_layer_v1: hparams.moe_num_experts must be an int; a "
+                     "pair [x, y] is for transformer_moe_layer_v2.")
+  return _moe_layer(inputs, output_dim, hparams, train, variable_dtype, layout, mesh_shape,
+                    nonpadding, activation, int(num_experts), "transformer_moe_layer_v1")
+
+
+def transformer_moe_layer_v2(inputs: mtf.Tensor, output_dim: mtf.Dimension, hparams,
+                             train: bool, variable_dtype: mtf.VariableDType, layout=None,
+                             mesh_shape=None, nonpadding: Optional[mtf.Tensor] = None,
+                             num_microbatches=None):
+  """The original's two-level mixture of experts, as `MoE2D` provides it here:
+  one level of x * y experts for hparams.moe_num_experts = [x, y] (the
+  original's second routing level, and moe_capacity_factor_second_level,
+  are not implemented). Otherwise as transformer_moe_layer_v1 (relu experts).
+
+  Example:
+    >>> hparams = HParams(); set_default_moe_hparams(hparams)
+    >>> hparams.moe_num_experts = [4, 4]
+    >>> y, loss = transformer_moe_layer_v2(x, d_model, hparams, True, mtf.VariableDType())
+  """
+  del num_microbatches
+  num_experts = hparams.moe_num_experts
+  if not isinstance(num_experts, (list, tuple)) or len(num_experts) != 2:
+    raise ValueError(f"transformer_moe_layer_v2: hparams.moe_num_experts must be a pair "
+                     f"[x, y], got {num_experts!r}.")
+  return _moe_layer(inputs, output_dim, hparams, train, variable_dtype, layout, mesh_shape,
+                    nonpadding, mtf.relu, int(num_experts[0]) * int(num_experts[1]),
+                    "transformer_moe_layer_v2")

@@ -1272,3 +1272,9 @@ def make_bitransformer(input_vocab_size: Optional[int] = None,
           autoregressive=output_size is not None, name=name, layout=layout,
           mesh_shape=mesh_shape)
   return bitransformer_cls(sides["encoder"], sides["decoder"])
+
+# The original's reversible stack, distillation and ensemble reductions.
+from mesh_tensorflow.transformer.transformer_extras import (  # noqa: E402,F401
+    ReversibleLayerStack, StudentTeacher, make_bi_student_teacher, reduce_ensemble_logits,
+    reduce_ensemble_logits_mean_logit, reduce_ensemble_logits_mean_prob,
+    reduce_ensemble_logits_select, sublayer_annealed_dropout)

@@ -980,3 +980,6 @@ def run(model_dir: Optional[str],
   return result
 
 
+
+
+from mesh_tensorflow.transformer.estimator_compat import *  # noqa: E402,F401,F403 (the original's helpers)

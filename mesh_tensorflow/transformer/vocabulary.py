@@ -267,3 +267,99 @@ def get_vocabulary(name: Optional[str] = None, **kwargs) -> Vocabulary:
   if name in ("sentencepiece", "spm"):
     return SentencePieceVocabulary(**kwargs)
   raise ValueError(f"Unknown vocabulary {name!r}; choose 'byte' or 'sentencepiece'.")
+
+
+def _python_encode_tf(vocab: Vocabulary, text: tf.Tensor, what: str):
+  """encode_tf for a vocabulary with Python encode() (tf.numpy_function)."""
+  text = tf.convert_to_tensor(text, tf.string)
+
+  def encode_bytes(b):
+    b = b.item() if isinstance(b, np.ndarray) else b
+    return np.asarray(vocab.encode(b.decode("utf-8")), np.int32)
+
+  def encode_one(s):
+    return tf.reshape(tf.numpy_function(encode_bytes, [s], tf.int32, stateful=False), [-1])
+
+  if text.shape.rank == 0:
+    return encode_one(text)
+  if text.shape.rank != 1:
+    raise ValueError(f"{what}.encode_tf takes a string scalar or vector, got shape "
+                     f"{text.shape}.")
+  return tf.map_fn(encode_one, text, fn_output_signature=tf.RaggedTensorSpec([None], tf.int32))
+
+
+def _python_decode_tf(vocab: Vocabulary, ids: tf.Tensor) -> tf.Tensor:
+  """decode_tf for a vocabulary with Python decode() (tf.numpy_function)."""
+  ids = tf.cast(tf.convert_to_tensor(ids), tf.int32)
+  if ids.shape.rank is None or ids.shape.rank < 1:
+    raise ValueError(f"decode_tf takes ids of rank >= 1, got shape {ids.shape}.")
+
+  def decode_rows(array):
+    rows = array.reshape([-1, array.shape[-1]])
+    out = np.asarray([vocab.decode(r).encode("utf-8") for r in rows.tolist()], dtype=object)
+    return out.reshape(array.shape[:-1])
+
+  out = tf.numpy_function(decode_rows, [ids], tf.string, stateful=False)
+  out.set_shape(ids.shape[:-1])
+  return out
+
+
+class TFDSVocabulary(Vocabulary):
+  """A TensorFlow Datasets text encoder (anything with `vocab_size`,
+  `encode(str)` and `decode(ids)`, e.g. a SubwordTextEncoder) as a
+  Vocabulary. TFDS encoders reserve only id 0 (padding), so ids are shifted
+  up by one to free 1 for EOS.
+
+  Args:
+    tfds_encoder: the encoder.
+
+  Example:
+    >>> vocab = TFDSVocabulary(info.features["text"].encoder)
+    >>> vocab.decode(vocab.encode("hello"))
+    'hello'
+  """
+
+  def __init__(self, tfds_encoder):
+    for attribute in ("vocab_size", "encode", "decode"):
+      if not hasattr(tfds_encoder, attribute):
+        raise TypeError(f"TFDSVocabulary: {tfds_encoder!r} has no {attribute!r}; give a "
+                        "tensorflow_datasets text encoder.")
+    self._tfds_encoder = tfds_encoder
+
+  @property
+  def vocab_size(self) -> int:
+    return self._tfds_encoder.vocab_size + 1
+
+  def encode(self, text: str) -> List[int]:
+    return [int(i) + 1 for i in self._tfds_encoder.encode(text)]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    return self._tfds_encoder.decode([i - 1 for i in self._ids_before_eos(ids) if i > 1])
+
+  def encode_tf(self, text: tf.Tensor) -> Union[tf.Tensor, tf.RaggedTensor]:
+    return _python_encode_tf(self, text, "TFDSVocabulary")
+
+  def decode_tf(self, ids: tf.Tensor) -> tf.Tensor:
+    return _python_decode_tf(self, ids)
+
+
+@gin.configurable
+def get_tfds_vocabulary(dataset_name: str = gin.REQUIRED) -> TFDSVocabulary:
+  """The TFDSVocabulary of a TFDS dataset's targets encoder (its supervised
+  targets feature; the inputs are assumed to share it). Needs
+  tensorflow-datasets.
+
+  Example:
+    >>> vocab = get_tfds_vocabulary("lm1b/subwords8k")
+  """
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(
+        "get_tfds_vocabulary needs tensorflow-datasets (`pip install tensorflow-datasets`); "
+        "without it use ByteVocabulary or SentencePieceVocabulary.") from e
+  info = tfds.builder(dataset_name).info
+  if not info.supervised_keys:
+    raise ValueError(f"get_tfds_vocabulary: {dataset_name!r} has no supervised keys to find "
+                     "its text encoder; build TFDSVocabulary(encoder) yourself.")
+  return TFDSVocabulary(info.features[info.supervised_keys[1]].encoder)
