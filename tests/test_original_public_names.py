@@ -40,61 +40,18 @@ NOT_YET_MODULES = {
     "mesh_tensorflow.experimental.offline_data_aug",
     "mesh_tensorflow.experimental.unet",
     # Transformer model variants.
-    "mesh_tensorflow.transformer.evolved_transformer",
     "mesh_tensorflow.transformer.fixup_layers",
-    "mesh_tensorflow.transformer.t2t_vocabulary",
-    "mesh_tensorflow.transformer.universal_transformer",
 }
 
 # Names missing from modules that exist.
 NOT_YET = {
-    # Attention functions and the experts' attention parameters.
-    "mesh_tensorflow.transformer.attention": {
-        "ExpertsAttentionParams", "attention", "attention_params_simple", "hybrid_attention",
-        "local_attention_1d", "maybe_reshape_attention_input_for_2d_sharding",
-        "synthetic_attention", "visibility_mask_to_attention_bias"},
-    # tf.data pipelines (several read TFDS or T2T data).
-    "mesh_tensorflow.transformer.dataset": {
-        "EvalDataset", "encode_all_features", "encode_dataset", "ensure_dataset_eos",
-        "make_text_line_dataset", "pack_or_pad", "packed_parallel_tsv_dataset",
-        "pad_dataset_with_zeroed_out_examples", "pretokenized_t2t_dataset",
-        "pretokenized_tfds_dataset", "pretokenized_tfrecord_dataset",
-        "sample_from_text_line_datasets", "simple_text_line_dataset", "supervised_to_dict",
-        "trim_and_pad_dataset", "untokenized_tfds_dataset"},
-    # The original's mixture-of-experts functions and their hyperparameters.
-    "mesh_tensorflow.transformer.moe": {
-        "HParams", "set_default_moe_hparams", "transformer_moe_layer_v1",
-        "transformer_moe_layer_v2"},
-    # Reversible stacks, distillation and ensembles.
-    "mesh_tensorflow.transformer.transformer": {
-        "ReversibleLayerStack", "StudentTeacher", "make_bi_student_teacher",
-        "reduce_ensemble_logits", "reduce_ensemble_logits_mean_logit",
-        "reduce_ensemble_logits_mean_prob", "reduce_ensemble_logits_select",
-        "sublayer_annealed_dropout"},
-    # Attention and convolution layer variants.
-    "mesh_tensorflow.transformer.transformer_layers": {
-        "BranchedEncDecAttention", "BranchedSelfAttention", "Conv1D", "Conv1DLocalAttn",
-        "DynamicConv1DLocalAttn", "ExpertsEncDecAttention", "ExpertsSelfAttention",
-        "GeneralBilinearEncDecAttention", "GeneralBilinearSelfAttention",
-        "LightweightConv1DLocalAttn", "LocalConvAttnBlock", "ParallelLayer",
-        "SeparableConv1DLayer", "Synthesizer", "TalkingHeadsEncDecAttention",
-        "TalkingHeadsSelfAttention", "TransparentEncDecAttention", "attention_params",
-        "enc_dec_attention", "enc_dec_attention_bias", "relative_position_spans"},
     # The original's Estimator-era entry points (train_model, eval_model, ...).
     "mesh_tensorflow.transformer.utils": {
-        "FLAGS", "auto_train_steps", "build_model", "compute_batch_size",
-        "compute_log_likelihoods", "decode", "decode_from_dataset", "decode_from_file",
-        "encode_delimited_lm", "encode_inputs", "eval_model", "export_model",
-        "flexible_ckpt_init_mapping", "get_checkpoint_iterator", "get_estimator",
-        "get_inputs_from_file", "get_step_from_checkpoint_path", "get_variable_dtype",
-        "infer_model", "init_checkpoint_variable_mapping", "inputs_vocabulary", "metric_max",
-        "metric_sum", "parse_gin_defaults_and_flags", "save_scores", "score_from_dataset",
-        "score_from_strings", "score_with_estimator", "separate_vocabularies",
-        "serialize_num_microbatches", "should_load_variable", "targets_vocabulary",
-        "tpu_estimator_model_fn", "tpu_mesh_shape", "train_model",
-        "variable_filter_max_size", "write_lines_to_file"},
-    # TFDS vocabularies.
-    "mesh_tensorflow.transformer.vocabulary": {"TFDSVocabulary", "get_tfds_vocabulary"},
+        "FLAGS", "build_model", "compute_log_likelihoods", "decode", "decode_from_dataset",
+        "decode_from_file", "eval_model", "export_model", "flexible_ckpt_init_mapping",
+        "get_checkpoint_iterator", "infer_model", "metric_max", "metric_sum",
+        "parse_gin_defaults_and_flags", "save_scores", "score_from_dataset",
+        "score_from_strings", "score_with_estimator", "train_model"},
 }
 
 
