@@ -196,7 +196,11 @@ class CheckpointManager:
     if checkpoint_path:
       checkpoint_path = original_checkpoint.resolve(checkpoint_path)
     if verify:
-      path = checkpoint_verify.choose(self._directory, checkpoint_path, self.checkpoints)
+      # A directory written by other tools (the original's model.ckpt-N) has a
+      # latest checkpoint that tf.train.CheckpointManager does not list as its own.
+      candidates = self.checkpoints or (
+          [self.latest_checkpoint] if self.latest_checkpoint else [])
+      path = checkpoint_verify.choose(self._directory, checkpoint_path, candidates)
     else:
       path = checkpoint_path or self.latest_checkpoint
     if not path:

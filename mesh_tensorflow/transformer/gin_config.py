@@ -101,6 +101,7 @@ def register_configurables() -> Dict[str, object]:
   if CONFIGURABLES:
     return CONFIGURABLES
   from mesh_tensorflow.transformer import utils  # noqa: F401 (registers run & co.)
+  decorated = set()
   for module_name, gin_module, names in _MODEL_NAMES:
     try:
       module = importlib.import_module(f"mesh_tensorflow.transformer.{module_name}")
@@ -110,8 +111,15 @@ def register_configurables() -> Dict[str, object]:
       obj = getattr(module, name, None)
       if obj is None:
         continue
-      CONFIGURABLES[name] = gin.external_configurable(
-          obj, module=f"mesh_tensorflow.transformer.{gin_module}")
+      gin_module_path = f"mesh_tensorflow.transformer.{gin_module}"
+      if isinstance(obj, type) and id(obj) not in decorated:
+        # In place, as the original's @gin.configurable classes were: a
+        # subclass's super().__init__() then takes its base's bindings too
+        # (SelfAttention.num_heads reaches EncDecAttention).
+        decorated.add(id(obj))
+        CONFIGURABLES[name] = gin.configurable(name, module=gin_module_path)(obj)
+      else:
+        CONFIGURABLES[name] = gin.external_configurable(obj, module=gin_module_path)
   return CONFIGURABLES
 
 
