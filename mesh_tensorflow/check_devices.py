@@ -153,8 +153,11 @@ def setup_devices(processors: int) -> Platform:
   if not gpus:
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
-      tf.config.set_logical_device_configuration(
-          cpu, [tf.config.LogicalDeviceConfiguration()] * processors)
+      # A split made already (by a program that imports this check) is kept
+      # when it has enough devices.
+      if len(tf.config.get_logical_device_configuration(cpu) or []) < processors:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * processors)
     except RuntimeError:  # initialized already (in-process use): enough CPUs?
       if len(tf.config.list_logical_devices("CPU")) < processors:
         raise UsageError(

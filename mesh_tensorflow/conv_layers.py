@@ -151,6 +151,18 @@ def conv2d_with_blocks(x: Tensor, output_dim: Dimension, filter_size: IntOrInts 
     return conv_ops.conv2d(x, kernel, strides, padding, h_blocks_dim, w_blocks_dim)
 
 
+_TF_TRUNCATED_NORMAL = tf.compat.v1.truncated_normal_initializer
+
+
+def _truncated_normal(stddev: float):
+  """The layout-invariant truncated normal, unless a caller has replaced
+  tf.compat.v1.truncated_normal_initializer (the original's layer tests patch
+  it to pin the filters' values): then the replacement, as the original did."""
+  if tf.compat.v1.truncated_normal_initializer is not _TF_TRUNCATED_NORMAL:
+    return tf.compat.v1.truncated_normal_initializer(stddev=stddev)
+  return initializers.truncated_normal(stddev=stddev)
+
+
 def separable_conv1d(x: Tensor, output_dim: Dimension, min_relative_pos: int = -1,
                      max_relative_pos: int = 1, depthwise_filter_initializer_scale: float = 1.0,
                      pointwise_filter_initializer_scale: float = 1.0,
@@ -217,14 +229,13 @@ def separable_conv1d(x: Tensor, output_dim: Dimension, min_relative_pos: int = -
       else:
         weights = get_variable(
             x.mesh, f"depthwise_filter_{offset}", [depth_dim], dtype=variable_dtype,
-            initializer=initializers.truncated_normal(
-                stddev=depthwise_filter_initializer_scale))
+            initializer=_truncated_normal(depthwise_filter_initializer_scale))
       moved = x if offset == 0 else shift(x, -offset, length_dim, wrap=False)
       terms.append(moved * weights)
     depthwise = add_n(terms) if len(terms) > 1 else terms[0]
     return dense(depthwise, output_dim, use_bias=use_bias, variable_dtype=variable_dtype,
-                 name="pointwise", kernel_initializer=initializers.truncated_normal(
-                     stddev=pointwise_filter_initializer_scale * depth_dim.size ** -0.5))
+                 name="pointwise", kernel_initializer=_truncated_normal(
+                     pointwise_filter_initializer_scale * depth_dim.size ** -0.5))
 
 
 def conv1d(x: Tensor, output_dim: Dimension, filter_size: int = 3, stride: int = 1,

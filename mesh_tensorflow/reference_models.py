@@ -25,8 +25,8 @@ import tensorflow as tf
 from mesh_tensorflow import layers_losses
 from mesh_tensorflow.gradients import gradients
 from mesh_tensorflow.graph import Graph, Mesh
-from mesh_tensorflow.ops import constant as const_ops
-from mesh_tensorflow.ops import einsum as einsum_ops
+from mesh_tensorflow.ops import constant_ops as const_ops
+from mesh_tensorflow.ops import einsum_ops
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops import indexing
 from mesh_tensorflow.ops import reduction

@@ -59,9 +59,9 @@ def test_reversible_layer_stack_matches_numpy_and_plain_backprop():
   x1 = x2 = X
   for i in range(2):
     p = f"layer_{i:03d}/"
-    h = np.maximum(_rms(x2, got[p + "layer_norm/scale"]) @ got[p + "DenseReluDense/wi/kernel"], 0)
+    h = np.maximum(_rms(x2, got[p + "rms_norm/scale"]) @ got[p + "DenseReluDense/wi/kernel"], 0)
     x1, x2 = x2, x1 + h @ got[p + "DenseReluDense/wo/kernel"]
-  np.testing.assert_allclose(got["y"], _rms(x1 + x2, got["final_layer_norm/scale"]),
+  np.testing.assert_allclose(got["y"], _rms(x1 + x2, got["rms_norm/scale"]),
                              rtol=1e-5, atol=1e-5)
   plain = lower_and_run(_reversible(False), "all:1", "")
   assert sorted(plain) == sorted(got)

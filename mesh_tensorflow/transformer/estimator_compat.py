@@ -21,7 +21,7 @@ __all__ = [
     "inputs_vocabulary", "targets_vocabulary", "separate_vocabularies",
     "init_checkpoint_variable_mapping", "should_load_variable", "variable_filter_max_size",
     "get_inputs_from_file", "write_lines_to_file", "encode_inputs", "encode_delimited_lm",
-    "get_step_from_checkpoint_path", "compute_batch_size", "auto_train_steps", "get_estimator",
+    "get_step_from_checkpoint_path", "get_estimator",
     "tpu_estimator_model_fn"]
 
 import gin
@@ -196,51 +196,6 @@ def get_step_from_checkpoint_path(checkpoint_path: str) -> int:
     raise ValueError(f"get_step_from_checkpoint_path: {checkpoint_path!r} names no "
                      "checkpoint step (expected '...ckpt-<step>').")
   return int(match.group(1))
-
-
-def compute_batch_size(sequence_length: Mapping[str, int], mesh_shape, layout_rules,
-                       method_and_value) -> int:
-  """Sequences per batch from ("sequences_per_batch" | "tokens_per_batch" |
-  "sequences_per_replica" | "tokens_per_replica", value); replicas are how
-  many ways the layout splits "batch" (and "outer_batch").
-
-  Example:
-    >>> compute_batch_size({"targets": 512}, "all:8", "batch:all", ("tokens_per_replica", 1024))
-    16
-  """
-  method, value = method_and_value
-  replicas = (mtf.tensor_dim_to_mesh_dim_size(layout_rules, mesh_shape,
-                                              mtf.Dimension("batch", 0)) *
-              mtf.tensor_dim_to_mesh_dim_size(layout_rules, mesh_shape,
-                                              mtf.Dimension("outer_batch", 0)))
-  if method == "sequences_per_batch":
-    return value
-  length = max(sequence_length.values())
-
-  def divide(a, b):
-    if a % b:
-      raise ValueError(f"compute_batch_size: {method} value {a} is not a multiple of the "
-                       f"sequence length {b}.")
-    return a // b
-  if method == "tokens_per_batch":
-    return divide(value, length)
-  if method == "sequences_per_replica":
-    return value * replicas
-  if method == "tokens_per_replica":
-    return divide(value, length) * replicas
-  raise ValueError(f"compute_batch_size: unknown method {method!r}; use sequences_per_batch, "
-                   "tokens_per_batch, sequences_per_replica or tokens_per_replica.")
-
-
-def auto_train_steps(batch_size: int, sequence_length: Mapping[str, int],
-                     train_tokens: int = 2 ** 36) -> int:
-  """train_tokens // (batch_size * the longest sequence length).
-
-  Example:
-    >>> auto_train_steps(128, {"inputs": 512, "targets": 128}, 2 ** 26)
-    1024
-  """
-  return train_tokens // (batch_size * max(sequence_length.values()))
 
 
 def _no_estimator(name: str, replacement: str):

@@ -249,7 +249,13 @@ def _known_names() -> List[str]:
 
 
 def _parameters_of(selector: str) -> Optional[List[str]]:
-  obj = CONFIGURABLES.get(selector.split(".")[-1])
+  short = selector.split(".")[-1]
+  obj = CONFIGURABLES.get(short)
+  for module_name in ("utils", "dataset", "export", "learning_rate_schedules", "vocabulary"):
+    if obj is not None:
+      break
+    module = importlib.import_module(f"mesh_tensorflow.transformer.{module_name}")
+    obj = getattr(module, short, None)
   obj = getattr(obj, "__wrapped__", obj)
   if obj is None:
     return None

@@ -119,7 +119,8 @@ class ReversibleLayerStack(LayerStack):
           context.current_layer, context.current_layer_input = saved
       else:
         with mtf.name_scope(context.mesh, scope):
-          norm_x = self._norm(context, x if mask is None else x * mask)
+          norm_x = self._norm(context, x if mask is None else x * mask,
+                              self._norm_names()[0])
           with mtf.name_scope(context.mesh, getattr(layer, "scope_name",
                                                     type(layer).__name__)):
             y = self._dropout(context, layer.call(context, norm_x))
