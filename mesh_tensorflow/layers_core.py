@@ -23,6 +23,7 @@ from mesh_tensorflow import initializers
 from mesh_tensorflow.graph import Mesh, Operation, Tensor
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops import random_ops
+from mesh_tensorflow.ops import reduction
 from mesh_tensorflow.layers_unit_scaling import us_einsum
 from mesh_tensorflow.ops.control import custom_gradient
 from mesh_tensorflow.ops.einsum_ops import einsum
@@ -109,8 +110,7 @@ def _resolve_activation(activation: Activation) -> Optional[Callable[[Tensor], T
   if activation is None or activation == "linear":
     return None
   if isinstance(activation, str):
-    import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-    fn = getattr(mtf, activation, None)
+    fn = getattr(ew, activation, None) or getattr(reduction, activation, None)
     if not callable(fn):
       raise ValueError(f"Unknown activation {activation!r}: give a callable or the "
                        "name of an mtf function such as 'relu' or 'gelu'.")
