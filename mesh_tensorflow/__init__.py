@@ -127,6 +127,10 @@ from mesh_tensorflow.ops import local_einsum as _local_einsum
 for _namespace in (vars(_mesh_impl), vars(_local_einsum)):
   _exempt(_namespace, public_only=True)
 del _namespace, _exempt, _mesh_impl, _local_einsum
+# Activation names in layers resolve to the functions above (see layers_core).
+from mesh_tensorflow import layers_core as _layers_core  # noqa: E402
+_layers_core.ACTIVATION_NAMESPACES.insert(0, globals())
+del _layers_core
 
 
 __version__ = "0.2.0"

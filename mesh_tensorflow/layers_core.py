@@ -106,11 +106,17 @@ def _dim_list(dims: Optional[DimOrDims]) -> List[Dimension]:
   return [convert_to_dimension(d) for d in dims]
 
 
+# Where activation names ("relu", "gelu", ...) are looked up, first to last.
+# The `mesh_tensorflow` package puts its own namespace first once loaded, so a
+# name gives the same (AutoGraph-exempt) function as `mtf.<name>`.
+ACTIVATION_NAMESPACES = [vars(ew), vars(reduction)]
+
+
 def _resolve_activation(activation: Activation) -> Optional[Callable[[Tensor], Tensor]]:
   if activation is None or activation == "linear":
     return None
   if isinstance(activation, str):
-    fn = getattr(ew, activation, None) or getattr(reduction, activation, None)
+    fn = next((ns[activation] for ns in ACTIVATION_NAMESPACES if activation in ns), None)
     if not callable(fn):
       raise ValueError(f"Unknown activation {activation!r}: give a callable or the "
                        "name of an mtf function such as 'relu' or 'gelu'.")
