@@ -45,8 +45,6 @@ def round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
 
-@gin.configurable
-
 class ForeignValue:
   """A binding this library skipped because its value names a configurable of
   another package (e.g. `run.vocabulary = @t5.models.mesh_transformer.get_vocabulary()`),
@@ -79,6 +77,8 @@ def _configurable(name: str):
   before then."""
   return layer_stack.gin_configurables().get(name) or getattr(transformer_lib, name)
 
+
+@gin.configurable
 def build_model(model_type: str, input_vocab_size: int, output_vocab_size: int,
                 max_length: int, vocab_divisor: Optional[int] = None,
                 layout: Optional[str] = None,
