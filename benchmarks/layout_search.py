@@ -41,15 +41,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-_cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
+from mesh_tensorflow.testing import DEVICES, use_logical_cpus  # noqa: E402
+
+use_logical_cpus(8)  # before TensorFlow initializes its devices
 
 import bench_models as bm  # noqa: E402
 import mesh_tensorflow as mtf  # noqa: E402
 from mesh_tensorflow import auto_mtf  # noqa: E402
 from mesh_tensorflow import cost_model  # noqa: E402
 
-DEVICES = [f"cpu:{i}" for i in range(8)]
 STAT = "median"  # or "min" (--stat): per layout, over the repeats
 SAMPLES = {}  # (mesh_shape, rules) -> seconds per step of each repeat
 CLOCK = time.perf_counter  # --clock cpu: time.process_time

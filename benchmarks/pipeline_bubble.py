@@ -39,8 +39,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-_CPU = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(_CPU, [tf.config.LogicalDeviceConfiguration()] * 8)
+from mesh_tensorflow.testing import DEVICES, use_logical_cpus  # noqa: E402
+
+use_logical_cpus(8)  # before TensorFlow initializes its devices
 
 import mesh_tensorflow as mtf  # noqa: E402
 from mesh_tensorflow import pipeline as pl  # noqa: E402
@@ -48,7 +49,6 @@ from mesh_tensorflow.transformer import layer_stack as layer_stack_lib  # noqa: 
 from mesh_tensorflow.transformer import transformer  # noqa: E402
 from mesh_tensorflow.transformer import transformer_layers as tl  # noqa: E402
 
-DEVICES = ["cpu:%d" % i for i in range(8)]
 
 
 def measured_gpipe_bubble(stages: int, micro: int) -> float:

@@ -23,8 +23,9 @@ import time
 
 import tensorflow as tf
 
-_cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
+from mesh_tensorflow.testing import use_logical_cpus  # noqa: E402
+
+use_logical_cpus(8)  # before TensorFlow initializes its devices
 
 import bench_models as bm  # noqa: E402
 import mesh_tensorflow as mtf  # noqa: E402

@@ -21,13 +21,13 @@ import tensorflow as tf
 # Each layout's step is its own tf.function, traced once; TensorFlow counts
 # them together and would warn about "retracing".
 tf.get_logger().setLevel("ERROR")
-_cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
+from mesh_tensorflow.testing import DEVICES, use_logical_cpus  # noqa: E402
+
+use_logical_cpus(8)  # before TensorFlow initializes its devices
 
 import bench_dtensor  # noqa: E402
 import bench_models as bm  # noqa: E402
 
-DEVICES = [f"cpu:{i}" for i in range(8)]
 LAYOUTS = {
     "mlp": [
         ("single", "all:1", "", ["cpu:0"]),

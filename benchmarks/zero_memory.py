@@ -22,24 +22,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-_CPU = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(_CPU, [tf.config.LogicalDeviceConfiguration()] * 8)
+from mesh_tensorflow.testing import DEVICES, use_logical_cpus  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+use_logical_cpus(8)  # before TensorFlow initializes its devices
 
 import mesh_tensorflow as mtf  # noqa: E402
 from mesh_tensorflow import zero  # noqa: E402
 from mesh_tensorflow.transformer import gin_config, modeling  # noqa: E402
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib  # noqa: E402
 
-DEVICES = ["cpu:%d" % i for i in range(8)]
 LAYOUTS = {
     "data_parallel_8": ("all:8", "batch:all"),
     "2x4": ("rows:2;cols:4", "batch:rows;d_ff:cols;heads:cols;experts:rows"),

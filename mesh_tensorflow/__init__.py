@@ -111,10 +111,6 @@ mtf_abs = abs
 
 from mesh_tensorflow import beam_search
 from mesh_tensorflow import pipeline  # pipeline parallelism over a "stages" dimension
-from mesh_tensorflow import transformer  # the model library (its modules import mtf)
-from mesh_tensorflow import cost_model
-from mesh_tensorflow import auto_mtf
-from mesh_tensorflow.layout_report import layout_report
 from mesh_tensorflow import tpu_variables
 
 # AutoGraph would rewrite these (and all they call) inside users' tf.functions.
@@ -131,9 +127,58 @@ from mesh_tensorflow.ops import local_einsum as _local_einsum
 for _namespace in (vars(_mesh_impl), vars(_local_einsum)):
   _exempt(_namespace, public_only=True)
 del _namespace, _exempt, _mesh_impl, _local_einsum
+# Activation names in layers resolve to the functions above (see layers_core).
+from mesh_tensorflow import layers_core as _layers_core  # noqa: E402
+_layers_core.ACTIVATION_NAMESPACES.insert(0, globals())
+del _layers_core
 
-# Last: it re-exports the names above as they finally are (mesh_tensorflow.ops
-# resolves them from this package).
-from mesh_tensorflow import ops_with_redefined_builtins  # noqa: E402
 
 __version__ = "0.2.0"
+
+# The layers above the core library load on first use (PEP 562), so that
+# `import mesh_tensorflow` brings in neither the transformer library nor the
+# cost model and layout search: `mtf.transformer`, `mtf.cost_model`,
+# `mtf.auto_mtf`, `mtf.layout_report` and `mtf.ops_with_redefined_builtins`
+# resolve when first read. Name -> (module, attribute or None for the module).
+_LAZY = {
+    "auto_mtf": ("mesh_tensorflow.auto_mtf", None),
+    "cost_model": ("mesh_tensorflow.cost_model", None),
+    "layout_report": ("mesh_tensorflow.layout_report", "layout_report"),
+    "ops_with_redefined_builtins": ("mesh_tensorflow.ops_with_redefined_builtins", None),
+    "transformer": ("mesh_tensorflow.transformer", None),
+}
+
+
+def __getattr__(name: str):
+  if name not in _LAZY:
+    raise AttributeError(f"module 'mesh_tensorflow' has no attribute {name!r}")
+  import importlib  # pylint: disable=g-import-not-at-top
+  module_name, attribute = _LAZY[name]
+  value = importlib.import_module(module_name)
+  if attribute is not None:
+    namespace = {attribute: getattr(value, attribute)}
+    from mesh_tensorflow.autograph_exempt import exempt  # pylint: disable=g-import-not-at-top
+    exempt(namespace)
+    value = namespace[attribute]
+  globals()[name] = value
+  return value
+
+
+def __dir__():
+  hidden = {"_LAZY", "_Package", "__getattr__", "__dir__"}
+  return sorted((set(globals()) | set(_LAZY)) - hidden)
+
+
+class _Package(type(_cli)):
+  """The package's module type: `mtf.layout_report` stays the function when
+  its module (of the same name) is imported."""
+
+  def __setattr__(self, name, value):
+    if name == "layout_report" and isinstance(value, type(_cli)):
+      return
+    super().__setattr__(name, value)
+
+
+import sys as _sys  # noqa: E402  pylint: disable=g-import-not-at-top
+_sys.modules[__name__].__class__ = _Package
+del _sys

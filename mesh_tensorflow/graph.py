@@ -49,6 +49,10 @@ class Graph:
     for v in self.all_variables:
       v._trainable = False  # pylint: disable=protected-access
 
+  # mtf.Assign, set by mesh_tensorflow.ops.variables (which defines it): the
+  # graph, below the operations, only needs it to merge assignments.
+  _assign_operation_class = type(None)
+
   def combine_assignments(self, assignments):
     """The same updates as fewer operations: the Assign operations in
     `assignments` that use one assign function become one Assign, which
@@ -58,7 +62,7 @@ class Graph:
     Example:
       >>> updates = graph.combine_assignments(optimizer.apply_grads(grads, variables))
     """
-    from mesh_tensorflow.ops.variables import Assign
+    Assign = self._assign_operation_class  # pylint: disable=invalid-name
     groups = {}
     for op in assignments:
       if not isinstance(op, Assign):
@@ -199,82 +203,8 @@ class Tensor:
     """A one-line description (also callable, as in the original)."""
     return CallableString(repr(self))
 
-  # Operator overloads, broadcasting by dimension name.
-  def __add__(self, other):
-    from mesh_tensorflow.ops import elementwise
-    return elementwise.add(self, other)
-
-  def __radd__(self, other):
-    from mesh_tensorflow.ops import elementwise
-    return elementwise.add(other, self)
-
-  def __sub__(self, other):
-    from mesh_tensorflow.ops import elementwise
-    return elementwise.sub(self, other)
-
-  def __rsub__(self, other):
-    from mesh_tensorflow.ops import elementwise
-    return elementwise.sub(other, self)
-
-  def __mul__(self, other):
-    from mesh_tensorflow.ops import elementwise
-    return elementwise.multiply(self, other)
-
-  def __rmul__(self, other):
-    from mesh_tensorflow.ops import elementwise
-    return elementwise.multiply(other, self)
-
-  def __truediv__(self, other):
-    from mesh_tensorflow.ops import elementwise
-    return elementwise.divide(self, other)
-
-  def __rtruediv__(self, other):
-    from mesh_tensorflow.ops import elementwise
-    return elementwise.divide(other, self)
-
-  def __floordiv__(self, other):
-    from mesh_tensorflow.ops import elementwise
-    return elementwise.floordiv(self, other)
-
-  def __rfloordiv__(self, other):
-    from mesh_tensorflow.ops import elementwise
-    return elementwise.floordiv(other, self)
-
-  def __mod__(self, other):
-    from mesh_tensorflow.ops import elementwise
-    return elementwise.mod(self, other)
-
-  def __rmod__(self, other):
-    from mesh_tensorflow.ops import elementwise
-    return elementwise.mod(other, self)
-
-  def __pow__(self, other):
-    from mesh_tensorflow.ops import elementwise
-    return elementwise.pow(self, other)
-
-  def __neg__(self):
-    from mesh_tensorflow.ops import elementwise
-    return elementwise.negative(self)
-
-  def __abs__(self):
-    from mesh_tensorflow.ops import elementwise
-    return elementwise.abs(self)
-
-  def __lt__(self, other):
-    from mesh_tensorflow.ops import elementwise
-    return elementwise.less(self, other)
-
-  def __le__(self, other):
-    from mesh_tensorflow.ops import elementwise
-    return elementwise.less_equal(self, other)
-
-  def __gt__(self, other):
-    from mesh_tensorflow.ops import elementwise
-    return elementwise.greater(self, other)
-
-  def __ge__(self, other):
-    from mesh_tensorflow.ops import elementwise
-    return elementwise.greater_equal(self, other)
+  # The arithmetic and comparison operators (broadcasting by dimension name)
+  # are set by mesh_tensorflow.ops.elementwise, which defines those operations.
 
   __hash__ = object.__hash__
 

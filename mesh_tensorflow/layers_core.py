@@ -23,6 +23,7 @@ from mesh_tensorflow import initializers
 from mesh_tensorflow.graph import Mesh, Operation, Tensor
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops import random_ops
+from mesh_tensorflow.ops import reduction
 from mesh_tensorflow.layers_unit_scaling import us_einsum
 from mesh_tensorflow.ops.control import custom_gradient
 from mesh_tensorflow.ops.einsum_ops import einsum
@@ -105,12 +106,17 @@ def _dim_list(dims: Optional[DimOrDims]) -> List[Dimension]:
   return [convert_to_dimension(d) for d in dims]
 
 
+# Where activation names ("relu", "gelu", ...) are looked up, first to last.
+# The `mesh_tensorflow` package puts its own namespace first once loaded, so a
+# name gives the same (AutoGraph-exempt) function as `mtf.<name>`.
+ACTIVATION_NAMESPACES = [vars(ew), vars(reduction)]
+
+
 def _resolve_activation(activation: Activation) -> Optional[Callable[[Tensor], Tensor]]:
   if activation is None or activation == "linear":
     return None
   if isinstance(activation, str):
-    import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-    fn = getattr(mtf, activation, None)
+    fn = next((ns[activation] for ns in ACTIVATION_NAMESPACES if activation in ns), None)
     if not callable(fn):
       raise ValueError(f"Unknown activation {activation!r}: give a callable or the "
                        "name of an mtf function such as 'relu' or 'gelu'.")

@@ -25,6 +25,7 @@ with its step:
 
 from __future__ import annotations
 
+import collections.abc
 import math
 import numbers
 from typing import Callable, Union
@@ -278,3 +279,30 @@ def product(*factors: Union[float, Schedule]) -> Schedule:
       result = result * (f(step) if callable(f) else float(f))
     return result
   return schedule
+
+
+def product_of_factors(step: Step, total_train_steps, factors, offset=0) -> Value:
+  """The product of `factors` at `step`: numbers, and schedules called as
+  f(step - offset, total_train_steps - offset) (the transformer library's and
+  mtf.optimize's `product_learning_rate`).
+
+  Example:
+    >>> product_of_factors(10, 100, [0.5, lambda s, total: s / total])
+    0.05
+  """
+  if isinstance(factors, (str, bytes)) or not isinstance(factors, collections.abc.Sequence):
+    raise TypeError(f"product_learning_rate: factors must be a list of numbers and "
+                    f"schedules, got {factors!r}.")
+  ops, s = _math_for(step)
+  s = s - offset
+  total = total_train_steps - offset
+  result = ops.fill(s, 1.0)
+  for f in factors:
+    if callable(f):
+      result = result * f(s, total)
+    elif isinstance(f, (numbers.Number, np.number)) and not isinstance(f, bool):
+      result = result * float(f)
+    else:
+      raise TypeError(f"product_learning_rate: factor {f!r} is neither a number nor a "
+                      "schedule.")
+  return result

@@ -1020,8 +1020,7 @@ def product_learning_rate(step, total_train_steps, factors=None, offset=0):
   if factors is None:
     raise TypeError("product_learning_rate: factors is required (a list of numbers and "
                     "schedules).")
-  from mesh_tensorflow.transformer import learning_rate_schedules as t_lrs  # pylint: disable=import-outside-toplevel
-  return t_lrs.product_learning_rate(step, total_train_steps, factors=factors, offset=offset)
+  return lrs.product_of_factors(step, total_train_steps, factors, offset=offset)
 
 
 def compute_lr_for_step(schedules, learning_rate, train_steps: int = 524288, step=None):

@@ -25,20 +25,22 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
+_GENERATOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                          "graph_generator.py")
 
 
 def _setup():
-  """Eight logical CPU devices (before TF initializes), and tests/ on the path."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  cpu = tf.config.list_physical_devices("CPU")[0]
-  try:
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
-  except RuntimeError:
-    pass
-  if _TESTS not in sys.path:
-    sys.path.insert(0, _TESTS)
+  """Eight logical CPU devices (before TF initializes); the random program
+  generator of tests/graph_generator.py, loaded from its file."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow import testing  # pylint: disable=g-import-not-at-top
+  testing.use_logical_cpus(8)
+  if "graph_generator" not in sys.modules:
+    spec = importlib.util.spec_from_file_location("graph_generator", _GENERATOR)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["graph_generator"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+  return sys.modules["graph_generator"]
 
 
 def case_seed(base_seed: int, index: int) -> int:
@@ -49,11 +51,11 @@ def run_cases(base_seed: int, indices, unconstrained: int, layouts_per_mesh: int
               num_ops, mode: str):
   """Runs the given cases; returns [(index, [problem, ...])] for failures and
   the number of lowerings and illegal layouts seen."""
-  _setup()
+  gg = _setup()
   import random  # pylint: disable=g-import-not-at-top
   import traceback  # pylint: disable=g-import-not-at-top
-  import graph_generator as gg  # pylint: disable=g-import-not-at-top
-  devices = ["cpu:%d" % i for i in range(8)]
+  from mesh_tensorflow.testing import DEVICES  # pylint: disable=g-import-not-at-top
+  devices = list(DEVICES)
   failures, lowerings, illegal = [], 0, 0
   for index in indices:
     seed = case_seed(base_seed, index)

@@ -5,15 +5,10 @@ initialize its devices, so it is the first thing this file does.
 """
 
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-_CPU = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(
-    _CPU, [tf.config.LogicalDeviceConfiguration()] * 8)
 
 # Legacy TF1 programs often call tf.compat.v1.disable_v2_behavior(), which
 # among other things makes TensorShape[i] a Dimension object instead of an
@@ -21,7 +16,9 @@ tf.config.set_logical_device_configuration(
 if os.environ.get("MTF_TEST_V1_TENSORSHAPE") == "1":
   tf.compat.v1.disable_v2_tensorshape()
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mesh_tensorflow import testing  # pylint: disable=g-import-not-at-top
+
+testing.use_logical_cpus(8)
 
 import pytest  # pylint: disable=g-import-not-at-top
 

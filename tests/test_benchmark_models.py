@@ -3,18 +3,15 @@ benchmarks/bench_models.py, the plain TF baseline and the DTensor versions
 (bench_dtensor.py) compute the same losses step after step, so the ratios
 that benchmarks/step_time.py prints measure only the cost of each layout."""
 
-import os
-import sys
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
+from mtf_test_utils import import_script
 
-import bench_dtensor  # noqa: E402  pylint: disable=wrong-import-position
-import bench_models as bm  # noqa: E402  pylint: disable=wrong-import-position
+# benchmarks/ holds scripts (bench_dtensor imports its sibling bench_models).
+bm = import_script("bench_models", "benchmarks", "bench_models.py")
+bench_dtensor = import_script("bench_dtensor", "benchmarks", "bench_dtensor.py")
 
 
 def _losses(step, n=3):

@@ -24,7 +24,7 @@ from mesh_tensorflow.transformer import gin_config
 from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import transformer_layers as tl
 from mesh_tensorflow.transformer import vocab_embeddings
-from mtf_test_utils import make_impl
+from mtf_test_utils import lower_and_run, make_impl
 
 B, L, V, D = 8, 8, 64, 16
 batch, length = mtf.Dimension("batch", B), mtf.Dimension("length", L)
@@ -87,22 +87,9 @@ def _lm(name, vocab_embedding_cls=None, z_loss=0.0, attention=False, **kwargs):
 
 
 def _run(outputs_fn, mesh_shape="all:1", layout=""):
-  """Lowers outputs_fn(mesh) -> {key: tensor} and returns numpy values, plus
-  every variable's value under its name."""
-  graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, "mesh")
-  outputs = outputs_fn(mesh)
-  variables = {v.name: v.outputs[0] for v in graph.trainable_variables}
-  impl = make_impl(mesh_shape, layout)
-
-  @tf.function(autograph=False)
-  def run():
-    lowering = mtf.Lowering(graph, {mesh: impl})
-    return ({k: lowering.export_to_tf_tensor(t) for k, t in outputs.items()},
-            {k: lowering.export_to_tf_tensor(t) for k, t in variables.items()})
-  values, var_values = run()
-  return ({k: v.numpy() for k, v in values.items()},
-          {k: v.numpy() for k, v in var_values.items()})
+  """Lowers outputs_fn(mesh) -> {key: tensor}: (numpy values, every
+  variable's value under its name)."""
+  return lower_and_run(outputs_fn, mesh_shape, layout, return_variables=True)
 
 
 def _log_softmax(x, axis=-1):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import string
 from typing import Sequence
 
-from mesh_tensorflow.cost_model import fuses_allreduce, split_outermost
+from mesh_tensorflow.lowering_policies import fuses_allreduce, split_outermost
 from mesh_tensorflow.graph import Operation, Tensor
 from mesh_tensorflow.mesh_impl import LazyAllreduceSum
 from mesh_tensorflow.ops.local_einsum import local_einsum

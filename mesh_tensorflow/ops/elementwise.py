@@ -451,3 +451,26 @@ def zeros_like_fn(x):
 
 def clip_by_value(x, clip_value_min, clip_value_max, name=None) -> Tensor:
   return minimum(maximum(x, clip_value_min), clip_value_max)
+
+
+def _register_tensor_operators() -> None:
+  """Give mtf.Tensor its Python operators (`x + y`, `-x`, `x < y`, ...), each
+  the elementwise operation of this module that broadcasts by dimension name."""
+  def forward(fn):
+    return lambda self, other: fn(self, other)
+
+  def reflected(fn):
+    return lambda self, other: fn(other, self)
+
+  for name, fn in (("add", add), ("sub", sub), ("mul", multiply), ("truediv", divide),
+                   ("floordiv", floordiv), ("mod", mod)):
+    setattr(Tensor, f"__{name}__", forward(fn))
+    setattr(Tensor, f"__r{name}__", reflected(fn))
+  for name, fn in (("pow", pow), ("lt", less), ("le", less_equal), ("gt", greater),
+                   ("ge", greater_equal)):
+    setattr(Tensor, f"__{name}__", forward(fn))
+  Tensor.__neg__ = lambda self: negative(self)
+  Tensor.__abs__ = lambda self: abs(self)  # pylint: disable=unnecessary-lambda
+
+
+_register_tensor_operators()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from mesh_tensorflow.cost_model import gathers_table_first
+from mesh_tensorflow.lowering_policies import gathers_table_first
 from mesh_tensorflow.graph import Operation, Tensor
 from mesh_tensorflow.mesh_impl import (LazyAllreduceSum, LaidOutTensor, expand_to_shape,
                                       int_constant, once_per_graph, shared_constant)

@@ -20,7 +20,7 @@ from mesh_tensorflow import master_variables
 from mesh_tensorflow import rng
 from mesh_tensorflow import slice_variables
 from mesh_tensorflow.slice_variables import variable_store  # noqa: F401 (public)
-from mesh_tensorflow.graph import Mesh, Operation, Tensor
+from mesh_tensorflow.graph import Graph, Mesh, Operation, Tensor
 from mesh_tensorflow.mesh_impl import LaidOutTensor
 from mesh_tensorflow.shapes import convert_to_shape
 
@@ -282,6 +282,9 @@ class Assign(Operation):
         fn = functools.partial(self._assign_fn, var)
       ops.append(laid_var.assign_to_slices(fn, laid.tensor_list))
     lowering.operations[self] = _group(ops)
+
+
+Graph._assign_operation_class = Assign  # pylint: disable=protected-access
 
 
 # One function object per kind of update, so that Graph.combine_assignments

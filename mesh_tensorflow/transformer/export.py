@@ -300,15 +300,13 @@ def export_saved_model(model_dir: str,
     ...                    sequence_length={"inputs": 64, "targets": 64})["export_dir"]
     '/tmp/bi/export/600'
   """
-  # Imported here: utils imports this module for its run(mode="export") hook.
-  from mesh_tensorflow.transformer import utils  # pylint: disable=g-import-not-at-top
   if not model_dir:
     raise ValueError("--mode=export needs --model_dir with a checkpoint (train first).")
   if model_type not in modeling.MODEL_TYPES:
     raise ValueError(f"model_type must be one of {modeling.MODEL_TYPES}, got {model_type!r}.")
   vocabulary = vocabulary or vocabulary_lib.ByteVocabulary()
   sequence_length = dict(sequence_length or {"inputs": 128, "targets": 128})
-  mesh_impl = utils.make_mesh_impl(mesh_shape or DEFAULT_MESH_SHAPE, layout_rules or "")
+  mesh_impl = modeling.make_mesh_impl(mesh_shape or DEFAULT_MESH_SHAPE, layout_rules or "")
   split = modeling.batch_split(mesh_impl)
   batch = inference.padded_batch_size(batch_size, split)
   setup = modeling.Setup(

@@ -4,7 +4,7 @@ synthesizer attention, transparent encoder-decoder attention, parallel
 layers and (dynamic / lightweight) separable convolutions, plus the helpers
 `enc_dec_attention`, `enc_dec_attention_bias` and `relative_position_spans`.
 
-Import them from `transformer_layers` (which re-exports everything here):
+Import them from `transformer_layers` (this module adds everything here to it):
 
     >>> from mesh_tensorflow.transformer import transformer_layers as tl
     >>> layers = [tl.TalkingHeadsSelfAttention(key_heads_dims=[("heads", 8)],
@@ -1172,3 +1172,8 @@ __all__ = [
     "TalkingHeadsSelfAttention", "TransparentEncDecAttention", "enc_dec_attention",
     "enc_dec_attention_bias", "relative_position_spans",
 ]
+
+# The original had these in transformer_layers: they are its names too.
+for _name in __all__:
+  setattr(tl, _name, globals()[_name])
+del _name

@@ -33,6 +33,8 @@ from absl import logging
 import gin
 import tensorflow as tf
 
+from mesh_tensorflow.transformer.modeling import ForeignValue  # noqa: F401 (gin_config.ForeignValue)
+
 GIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gin")
 
 # Filled by register_configurables(): gin-aware versions of the model
@@ -48,7 +50,8 @@ _SEARCH_PATH_ADDED: List[bool] = []
 _MODEL_NAMES = [
     ("transformer", "transformer",
      ["Unitransformer", "Bitransformer", "LayerStack", "make_layer_stack", "VocabEmbedding",
-      "get_vocab_embedding_cls", "make_bitransformer", "shift_targets",
+      "get_vocab_embedding_cls", "make_bitransformer", "make_bi_student_teacher",
+      "shift_targets",
       # The original's sublayer functions (sublayers.py):
       # `transformer.LayerStack.sublayers_per_layer = [@transformer.sublayer_rms_norm, ...]`.
       "sublayer_call_layer", "sublayer_mask_padding", "sublayer_rms_norm",
@@ -74,8 +77,7 @@ _MODEL_NAMES = [
     ("adaptive_softmax", "adaptive_softmax",
      ["AdaptiveSoftmaxVocabEmbedding", "adaptive_softmax_loss_fn"]),
     ("transformer_extras", "transformer",
-     ["ReversibleLayerStack", "StudentTeacher", "make_bi_student_teacher",
-      "reduce_ensemble_logits", "reduce_ensemble_logits_select",
+     ["ReversibleLayerStack", "StudentTeacher", "reduce_ensemble_logits", "reduce_ensemble_logits_select",
       "reduce_ensemble_logits_mean_prob", "reduce_ensemble_logits_mean_logit",
       "sublayer_annealed_dropout"]),
     ("evolved_transformer", "evolved_transformer",
@@ -165,31 +167,6 @@ def gin_files(subdir: Optional[str] = None) -> List[str]:
   for dirpath, _, names in os.walk(root):
     out.extend(os.path.join(dirpath, n) for n in names if n.endswith(".gin"))
   return sorted(out)
-
-
-class ForeignValue:
-  """A binding this library skipped because its value names a configurable of
-  another package (e.g. `run.vocabulary = @t5.models.mesh_transformer.get_vocabulary()`),
-  kept where a silent default would be wrong so the call can say what to set.
-
-  Example:
-    >>> ForeignValue("run.vocabulary", "@t5.data.get_default_vocabulary()").binding
-    'run.vocabulary = @t5.data.get_default_vocabulary()'
-  """
-
-  def __init__(self, key: str, value: str):
-    self.key = key
-    self.value = value
-
-  @property
-  def binding(self) -> str:
-    return f"{self.key} = {self.value}"
-
-  def __repr__(self) -> str:
-    return f"ForeignValue({self.binding!r})"
-
-  def __deepcopy__(self, memo):
-    return self
 
 
 # Classes of other packages that mean the same as one of this library's (the

@@ -25,6 +25,19 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import sublayers as sublayers_lib
 
+EOS_ID = 1
+
+
+def inputs_prefix_mask(targets: mtf.Tensor) -> mtf.Tensor:
+  """For "[inputs] EOS [targets] EOS" examples: true up to the first EOS.
+
+  Example:
+    >>> mask = inputs_prefix_mask(targets)   # bool [batch, length]
+  """
+  length_dim = targets.shape.dims[-1]
+  eos_before = mtf.cumsum(mtf.to_int32(mtf.equal(targets, EOS_ID)), length_dim, exclusive=True)
+  return mtf.equal(eos_before, 0)
+
 
 class ModeKeys:
   """Model modes (the mode names estimators used), plus the
@@ -711,8 +724,7 @@ class LayerStack(TransformerLayer):
     vocab_dim = model.output_vocab_dim
     weights = mtf.layers.weights_nonzero(targets, dtype=context.activation_dtype)
     if model.loss_on_targets_only:
-      from mesh_tensorflow.transformer import transformer as transformer_lib  # pylint: disable=import-outside-toplevel
-      weights = weights * mtf.cast(mtf.logical_not(transformer_lib.inputs_prefix_mask(targets)),
+      weights = weights * mtf.cast(mtf.logical_not(inputs_prefix_mask(targets)),
                                    weights.dtype)
     if model.loss_denominator is not None:
       inverse = mtf.constant(context.mesh, 1.0 / float(model.loss_denominator), dtype=tf.float32)

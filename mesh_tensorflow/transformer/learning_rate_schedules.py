@@ -173,22 +173,7 @@ def product_learning_rate(step: lrs.Step, total_train_steps: Number,
     >>> product_learning_rate(50, 100, factors=[0.1, linear_decay], offset=0)
     0.1
   """
-  if isinstance(factors, (str, bytes)) or not isinstance(factors, Sequence):
-    raise TypeError(f"product_learning_rate: factors must be a list of numbers and "
-                    f"schedules, got {factors!r}.")
-  ops, s = _math_for(step)
-  s = s - offset
-  total = total_train_steps - offset
-  result = ops.fill(s, 1.0)
-  for f in factors:
-    if callable(f):
-      result = result * f(s, total)
-    elif isinstance(f, (numbers.Number, np.number)) and not isinstance(f, bool):
-      result = result * float(f)
-    else:
-      raise TypeError(f"product_learning_rate: factor {f!r} is neither a number nor a "
-                      "schedule.")
-  return result
+  return lrs.product_of_factors(step, total_train_steps, factors, offset=offset)
 
 
 @gin.configurable(module=_MODULE)

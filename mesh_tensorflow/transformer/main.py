@@ -120,7 +120,7 @@ def main(argv):
       bindings.append(f"export_saved_model.{name} = {getattr(FLAGS, flag)!r}")
   gin_config.parse(FLAGS.gin_file, bindings)
   if FLAGS.print_layout_report:
-    from mesh_tensorflow import report  # pylint: disable=g-import-not-at-top
+    from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
     print(report.report_for_current_config(), flush=True)
   overrides = {"model_dir": FLAGS.model_dir or None}
   for name in ("mode", "input_file", "output_file", "checkpoint_path", "input_encoding",

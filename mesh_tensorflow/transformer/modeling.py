@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import gin
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer import gin_config
+from mesh_tensorflow.transformer import layer_stack
+from mesh_tensorflow.transformer import transformer as transformer_lib
 from mesh_tensorflow.transformer.transformer import shift_right_within_segments
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 
@@ -42,6 +43,39 @@ def round_up(n: int, multiple: int) -> int:
     264
   """
   return -(-n // multiple) * multiple
+
+
+class ForeignValue:
+  """A binding this library skipped because its value names a configurable of
+  another package (e.g. `run.vocabulary = @t5.models.mesh_transformer.get_vocabulary()`),
+  kept where a silent default would be wrong so the call can say what to set.
+
+  Example:
+    >>> ForeignValue("run.vocabulary", "@t5.data.get_default_vocabulary()").binding
+    'run.vocabulary = @t5.data.get_default_vocabulary()'
+  """
+
+  def __init__(self, key: str, value: str):
+    self.key = key
+    self.value = value
+
+  @property
+  def binding(self) -> str:
+    return f"{self.key} = {self.value}"
+
+  def __repr__(self) -> str:
+    return f"ForeignValue({self.binding!r})"
+
+  def __deepcopy__(self, memo):
+    return self
+
+
+def _configurable(name: str):
+  """The gin-aware version of the model class or function `name` of the
+  transformer module once gin_config.register_configurables() has made them
+  (parsing a gin config does), else the plain one: no gin binding can name it
+  before then."""
+  return layer_stack.gin_configurables().get(name) or getattr(transformer_lib, name)
 
 
 @gin.configurable
@@ -81,8 +115,8 @@ def build_model(model_type: str, input_vocab_size: int, output_vocab_size: int,
   Example:
     >>> model = build_model("lm", 259, 259, 128)
   """
-  unitransformer = gin_config.configurable("Unitransformer")
-  make_layer_stack = gin_config.configurable("make_layer_stack")
+  unitransformer = _configurable("Unitransformer")
+  make_layer_stack = _configurable("make_layer_stack")
   stacks = {"encoder": encoder_layer_stack, "decoder": decoder_layer_stack}
 
   def side(name: Optional[str], input_size: int, output_size: Optional[int],
@@ -106,7 +140,7 @@ def build_model(model_type: str, input_vocab_size: int, output_vocab_size: int,
       encoder = side("encoder", input_vocab_size, None, False)
     with gin.config_scope("decoder"):
       decoder = side("decoder", output_vocab_size, output_vocab_size, True)
-    return (bitransformer_cls or gin_config.configurable("Bitransformer"))(encoder, decoder)
+    return (bitransformer_cls or _configurable("Bitransformer"))(encoder, decoder)
   raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}.")
 
 
@@ -296,3 +330,37 @@ def token_cross_entropy(logits: mtf.Tensor, targets: mtf.Tensor) -> Tuple[mtf.Te
   correct = mtf.cast(mtf.equal(mtf.argmax(logits, vocab_dim), targets), tf.float32)
   return (mtf.reduce_sum(per_token * weights) / total,
           mtf.reduce_sum(correct * weights) / total)
+
+
+def make_mesh_impl(mesh_shape: str, layout_rules: str,
+                   devices: Optional[Sequence[str]] = None,
+                   lowering: str = "placement") -> mtf.MeshImpl:
+  """The mesh implementation of `mesh_shape` on this machine.
+
+  Uses the accelerators if there are enough of them, else logical CPUs.
+  `lowering` is "placement" (PlacementMeshImpl) or "simd" (SimdMeshImpl: one
+  program traced once for every processor).
+
+  Raises:
+    ValueError: if the mesh needs more devices than there are.
+
+  Example:
+    >>> impl = make_mesh_impl("rows:2;cols:4", "batch:rows;d_ff:cols")
+  """
+  shape = mtf.convert_to_shape(mesh_shape)
+  if devices is None:
+    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+    devices = gpus if len(gpus) >= shape.size else cpus
+  if len(devices) < shape.size:
+    raise ValueError(
+        f"mesh_shape {mesh_shape!r} needs {shape.size} devices, but this machine has "
+        f"{len(devices)} ({', '.join(devices)}). Pick a layout gin file whose mesh fits "
+        "(layouts/single.gin, layouts/2x4.gin, ...) or set the mesh, e.g. "
+        "--gin_param=\"utils.run.mesh_shape = 'batch:2,model:4'\".")
+  if lowering == "simd":
+    return mtf.simd_mesh_impl.SimdMeshImpl(shape, layout_rules, list(devices)[:shape.size])
+  if lowering != "placement":
+    raise ValueError(f"run.lowering = {lowering!r}: use 'placement' or 'simd'.")
+  return mtf.placement_mesh_impl.PlacementMeshImpl(shape, layout_rules,
+                                                   list(devices)[:shape.size])

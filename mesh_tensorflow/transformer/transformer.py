@@ -52,14 +52,14 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow import beam_search as beam_search_lib
 from mesh_tensorflow.transformer.layer_stack import (  # noqa: F401 (re-exported)
-    Context, LayerStack, ModeKeys, TransformerLayer, gin_configurables, make_layer_stack)
+    EOS_ID, Context, LayerStack, ModeKeys, TransformerLayer, gin_configurables,
+    inputs_prefix_mask, make_layer_stack)
 from mesh_tensorflow.transformer.sublayers import (  # noqa: F401 (re-exported)
     sublayer_call_layer, sublayer_clip_activation_gradient, sublayer_dropout,
     sublayer_legacy_dropout, sublayer_legacy_final_rms_norm, sublayer_legacy_rms_norm,
     sublayer_mask_padding, sublayer_residual, sublayer_rezero, sublayer_rms_norm,
     sublayer_rms_norm_subsampled, sublayer_scale_norm, sublayer_true_layer_norm)
 
-EOS_ID = 1
 _NEG_INF = -1e9
 
 
@@ -178,17 +178,6 @@ def sinusoid_positional_embedding_weights(mesh: mtf.Mesh, max_length_dim: mtf.Di
   table = mtf.where(is_sin, mtf.sin(angle), mtf.cos(angle),
                     output_shape=mtf.Shape([max_length_dim, model_dim]))
   return mtf.cast(table, tf.as_dtype(dtype))
-
-
-def inputs_prefix_mask(targets: mtf.Tensor) -> mtf.Tensor:
-  """For "[inputs] EOS [targets] EOS" examples: true up to the first EOS.
-
-  Example:
-    >>> mask = inputs_prefix_mask(targets)   # bool [batch, length]
-  """
-  length_dim = targets.shape.dims[-1]
-  eos_before = mtf.cumsum(mtf.to_int32(mtf.equal(targets, EOS_ID)), length_dim, exclusive=True)
-  return mtf.equal(eos_before, 0)
 
 
 text2self_inputs_mask = inputs_prefix_mask
@@ -1275,6 +1264,37 @@ def make_bitransformer(input_vocab_size: Optional[int] = None,
 
 # The original's reversible stack, distillation and ensemble reductions.
 from mesh_tensorflow.transformer.transformer_extras import (  # noqa: E402,F401
-    ReversibleLayerStack, StudentTeacher, make_bi_student_teacher, reduce_ensemble_logits,
+    ReversibleLayerStack, StudentTeacher, reduce_ensemble_logits,
     reduce_ensemble_logits_mean_logit, reduce_ensemble_logits_mean_prob,
     reduce_ensemble_logits_select, sublayer_annealed_dropout)
+
+
+def make_bi_student_teacher(input_vocab_size: Optional[int] = None,
+                            output_vocab_size: Optional[int] = None, layout=None,
+                            mesh_shape=None) -> StudentTeacher:
+  """A StudentTeacher of two Bitransformers built by `make_bitransformer` in
+  the gin scopes "student" and "teacher", so a config binds e.g.
+
+      student/encoder/transformer.make_layer_stack.layers = [...]
+      teacher/decoder/transformer.make_layer_stack.layers = [...]
+
+  Args:
+    input_vocab_size: the encoders' vocabulary size.
+    output_vocab_size: the decoders' vocabulary size.
+    layout: layout rules, passed to the models.
+    mesh_shape: the mesh shape, passed to the models.
+
+  Example:
+    >>> model = make_bi_student_teacher(input_vocab_size=512, output_vocab_size=512)
+  """
+  import gin  # pylint: disable=g-import-not-at-top
+  configurables = gin_configurables()
+  make = configurables.get("make_bitransformer", make_bitransformer)
+  models = {}
+  for scope in ("student", "teacher"):
+    with gin.config_scope(scope):
+      models[scope] = make(input_vocab_size=input_vocab_size,
+                           output_vocab_size=output_vocab_size, layout=layout,
+                           mesh_shape=mesh_shape)
+  cls = configurables.get("StudentTeacher", StudentTeacher)
+  return cls(student=models["student"], teacher=models["teacher"])

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer.layer_stack import Context, LayerStack, gin_configurables
+from mesh_tensorflow.transformer.layer_stack import Context, LayerStack
 
 
 def _step(mesh: mtf.Mesh) -> mtf.Tensor:
@@ -324,38 +324,6 @@ class StudentTeacher:
     if not loaded:
       raise ValueError(f"StudentTeacher.initialize: no variable of {prefix!r} matches the "
                        f"model's teacher variables; build the model (one step) first.")
-
-
-def make_bi_student_teacher(input_vocab_size: Optional[int] = None,
-                            output_vocab_size: Optional[int] = None, layout=None,
-                            mesh_shape=None) -> StudentTeacher:
-  """A StudentTeacher of two Bitransformers built by `make_bitransformer` in
-  the gin scopes "student" and "teacher", so a config binds e.g.
-
-      student/encoder/transformer.make_layer_stack.layers = [...]
-      teacher/decoder/transformer.make_layer_stack.layers = [...]
-
-  Args:
-    input_vocab_size: the encoders' vocabulary size.
-    output_vocab_size: the decoders' vocabulary size.
-    layout: layout rules, passed to the models.
-    mesh_shape: the mesh shape, passed to the models.
-
-  Example:
-    >>> model = make_bi_student_teacher(input_vocab_size=512, output_vocab_size=512)
-  """
-  import gin  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow.transformer import transformer  # pylint: disable=g-import-not-at-top
-  configurables = gin_configurables()
-  make = configurables.get("make_bitransformer", transformer.make_bitransformer)
-  models = {}
-  for scope in ("student", "teacher"):
-    with gin.config_scope(scope):
-      models[scope] = make(input_vocab_size=input_vocab_size,
-                           output_vocab_size=output_vocab_size, layout=layout,
-                           mesh_shape=mesh_shape)
-  cls = configurables.get("StudentTeacher", StudentTeacher)
-  return cls(student=models["student"], teacher=models["teacher"])
 
 
 # --------------------------------------------------------- ensemble logits

@@ -473,11 +473,6 @@ class Conv1DLayer(transformer.TransformerLayer):
     return y if activation is None else activation(y)
 
 
-# The original's further layers and helpers (extra_layers.py), importable from here.
-from mesh_tensorflow.transformer.extra_layers import (  # noqa: E402,F401 pylint: disable=g-import-not-at-top,wrong-import-position
-    BranchedEncDecAttention, BranchedSelfAttention, Conv1D, Conv1DLocalAttn,
-    DynamicConv1DLocalAttn, ExpertsEncDecAttention, ExpertsSelfAttention,
-    GeneralBilinearEncDecAttention, GeneralBilinearSelfAttention, LightweightConv1DLocalAttn,
-    LocalConvAttnBlock, ParallelLayer, SeparableConv1DLayer, Synthesizer,
-    TalkingHeadsEncDecAttention, TalkingHeadsSelfAttention, TransparentEncDecAttention,
-    enc_dec_attention, enc_dec_attention_bias, relative_position_spans)
+# The original's further layers and helpers (TalkingHeadsSelfAttention, ...)
+# are defined in extra_layers.py, which builds on the layers above and adds
+# them to this module's names; the package imports it, so they are always here.

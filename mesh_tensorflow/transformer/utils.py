@@ -38,13 +38,13 @@ import mesh_tensorflow as mtf
 
 from mesh_tensorflow.transformer import dataset as dataset_lib
 from mesh_tensorflow.transformer import export as export_lib
-from mesh_tensorflow.transformer import gin_config
 from mesh_tensorflow.transformer import inference
 from mesh_tensorflow.transformer import learning_rate_schedules
 from mesh_tensorflow.transformer import modeling
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer.inference import log
 from mesh_tensorflow.transformer.modeling import MODEL_TYPES
+from mesh_tensorflow.transformer.modeling import make_mesh_impl  # noqa: F401 (utils.make_mesh_impl)
 
 MODES = ("train", "eval", "infer", "score", "export")
 
@@ -234,40 +234,6 @@ def configure_cpu_devices(num_devices: int = 8) -> List[str]:
   except RuntimeError:
     pass  # Already initialized (e.g. by a test's conftest): use what exists.
   return [d.name for d in tf.config.list_logical_devices("CPU")]
-
-
-def make_mesh_impl(mesh_shape: str, layout_rules: str,
-                   devices: Optional[Sequence[str]] = None,
-                   lowering: str = "placement") -> mtf.MeshImpl:
-  """The mesh implementation of `mesh_shape` on this machine.
-
-  Uses the accelerators if there are enough of them, else logical CPUs.
-  `lowering` is "placement" (PlacementMeshImpl) or "simd" (SimdMeshImpl: one
-  program traced once for every processor).
-
-  Raises:
-    ValueError: if the mesh needs more devices than there are.
-
-  Example:
-    >>> impl = make_mesh_impl("rows:2;cols:4", "batch:rows;d_ff:cols")
-  """
-  shape = mtf.convert_to_shape(mesh_shape)
-  if devices is None:
-    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
-    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
-    devices = gpus if len(gpus) >= shape.size else cpus
-  if len(devices) < shape.size:
-    raise ValueError(
-        f"mesh_shape {mesh_shape!r} needs {shape.size} devices, but this machine has "
-        f"{len(devices)} ({', '.join(devices)}). Pick a layout gin file whose mesh fits "
-        "(layouts/single.gin, layouts/2x4.gin, ...) or set the mesh, e.g. "
-        "--gin_param=\"utils.run.mesh_shape = 'batch:2,model:4'\".")
-  if lowering == "simd":
-    return mtf.simd_mesh_impl.SimdMeshImpl(shape, layout_rules, list(devices)[:shape.size])
-  if lowering != "placement":
-    raise ValueError(f"run.lowering = {lowering!r}: use 'placement' or 'simd'.")
-  return mtf.placement_mesh_impl.PlacementMeshImpl(shape, layout_rules,
-                                                   list(devices)[:shape.size])
 
 
 # ----------------------------------------------------------------- helpers
@@ -811,7 +777,7 @@ def run(model_dir: Optional[str],
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
   if model_type not in MODEL_TYPES:
     raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}.")
-  if isinstance(vocabulary, gin_config.ForeignValue):
+  if isinstance(vocabulary, modeling.ForeignValue):
     raise ValueError(
         f"The config's `{vocabulary.binding}` names another package's vocabulary. Set one "
         "of this library's: --gin_param=\"run.vocabulary = "

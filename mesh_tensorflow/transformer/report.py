@@ -1,0 +1,187 @@
+r"""The layout report of a transformer configured by gin files, the program
+behind `python -m mesh_tensorflow.report`.
+
+Builds one training step (model, loss, gradients, optimizer updates) of the
+transformer that `python -m mesh_tensorflow.transformer.main` would train with
+the same gin files, without data or devices, and prints its layout report
+(see `mesh_tensorflow.layout_report`); optionally draws it as a PNG, or first
+lets auto_mtf choose the layout:
+
+    python -m mesh_tensorflow.report --gin_file=models/tiny_lm.gin \
+        --gin_file=layouts/2x4.gin --png=/tmp/layout.png
+    python -m mesh_tensorflow.report --gin_param='run.batch_size = 16' --auto
+
+--mesh_shape and --layout override the config's; --exact takes the
+communication from a real lowering (slower, every op type).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Optional, Sequence
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow import auto_mtf
+from mesh_tensorflow import cli
+from mesh_tensorflow.layout_report import layout_report
+from mesh_tensorflow.transformer import gin_config
+from mesh_tensorflow.transformer import learning_rate_schedules
+from mesh_tensorflow.transformer import modeling
+from mesh_tensorflow.transformer import utils
+from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
+
+
+@dataclasses.dataclass
+class TrainingStep:
+  """An mtf training step built from a gin config.
+
+  Attributes:
+    graph, mesh: the mtf graph and mesh.
+    loss: the scalar loss.
+    updates: the optimizer's assign operations.
+    mesh_shape, layout: the config's (or the overriding) mesh and layout.
+  """
+  graph: object
+  mesh: object
+  loss: object
+  updates: list
+  mesh_shape: str
+  layout: str
+
+
+def build_training_step(mesh_shape: Optional[str] = None,
+                        layout: Optional[str] = None) -> TrainingStep:
+  """One training step of the transformer configured by the gin config that
+  is parsed now (`gin_config.parse`), as `utils.run` would build it.
+
+  Example:
+    >>> gin_config.parse(["models/tiny_lm.gin"])
+    >>> step = build_training_step()
+  """
+  import gin  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+
+  b = dict(gin.get_bindings("run"))
+  mesh_shape = mesh_shape or b.get("mesh_shape", "rows:2;cols:4")
+  layout = layout if layout is not None else b.get(
+      "layout_rules", "batch:rows;d_ff:cols;heads:cols;experts:rows")
+  if isinstance(mesh_shape, mtf.Shape):  # the original's @utils.tpu_mesh_shape()
+    mesh_shape = mesh_shape.to_string()
+  layout = utils.rules_for_mesh(layout, mesh_shape)
+  vocabulary = b.get("vocabulary") or vocabulary_lib.ByteVocabulary()
+  if not hasattr(vocabulary, "vocab_size"):
+    raise ValueError(f"run.vocabulary is {vocabulary!r}: set one of this library's "
+                     "vocabularies (see docs/porting_t5_models.md).")
+  sequence_length = b.get("sequence_length") or {"inputs": 128, "targets": 128}
+  if isinstance(sequence_length, int):
+    sequence_length = {"inputs": sequence_length, "targets": sequence_length}
+  sequence_length = dict(sequence_length)
+  grad_accum = int(b.get("grad_accum_steps") or 1)
+  batch_size = b.get("batch_size", 32)
+  if not isinstance(batch_size, int):  # the original's (method, value) form
+    batch_size = utils.compute_batch_size(sequence_length, mesh_shape, layout, batch_size)
+  batch_size //= grad_accum
+  impl = mtf.MeshImpl(mesh_shape, layout)
+  setup = modeling.Setup(
+      model_type=b.get("model_type", "lm"), vocabulary=vocabulary, mesh_impl=impl,
+      sequence_length=sequence_length, batch_size=batch_size,
+      vocab_size=vocabulary.vocab_size, vocab_divisor=b.get("vocab_divisor"),
+      variable_dtype=mtf.VariableDType(tf.float32, tf.float32,
+                                       b.get("activation_dtype") or "float32"))
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  features = {}
+  for name, shape in setup.feature_shapes().items():
+    shape = mtf.convert_to_shape(shape)
+    features[name] = mtf.import_tf_tensor(
+        mesh, tf.zeros(shape.to_integer_list(), tf.int32), shape, name=name)
+  loss, _ = modeling.make_model_fn(setup)(mesh, features, "train")
+  variables = graph.trainable_variables
+  grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+  steps = b.get("total_run_steps") or b.get("train_steps")
+  schedule = learning_rate_schedules.bind_total_train_steps(
+      utils._schedule(b.get("learning_rate_schedule")),  # pylint: disable=protected-access
+      steps if isinstance(steps, int) else 1000)
+  optimizer = utils.make_optimizer(b.get("optimizer"), schedule)
+  updates = optimizer.apply_grads(grads, variables)
+  return TrainingStep(graph, mesh, loss, updates, mtf.convert_to_shape(mesh_shape).to_string(),
+                      mtf.convert_to_layout_rules(layout).to_string())
+
+
+def report_for_current_config(mesh_shape: Optional[str] = None, layout: Optional[str] = None,
+                              exact: bool = False, params=None, auto: bool = False,
+                              memory_budget_bytes: Optional[int] = None):
+  """The LayoutReport of the training step of the parsed gin config (with
+  auto=True, of the layout auto_mtf picks on that mesh shape).
+
+  Example:
+    >>> print(report_for_current_config())
+  """
+  # With auto, the config's layout (which may name other mesh dimensions)
+  # plays no part.
+  step = build_training_step(mesh_shape, "" if auto and layout is None else layout)
+  chosen = step.layout
+  explanation = None
+  if auto:
+    result = auto_mtf.search(step.graph, step.mesh_shape, params=params,
+                             memory_budget_bytes=memory_budget_bytes)
+    chosen = result.layout.to_string()
+    explanation = result.explain()
+  report = layout_report(step.graph, step.mesh_shape, chosen, params=params,
+                                       exact=exact)
+  report.search_explanation = explanation
+  return report
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """`python -m mesh_tensorflow.report`: returns the exit status (2, with one `error:` line, for a
+  mistake on the command line; see mesh_tensorflow.cli).
+
+  Example:
+    >>> main(["--help"])
+  """
+  argv = list(sys.argv[1:] if argv is None else argv)
+  return cli.run_main(lambda args: _main(args[1:]), ["python -m mesh_tensorflow.report"] + argv)
+
+
+def _main(argv: Sequence[str]) -> int:
+  """`python -m mesh_tensorflow.report --gin_file=... [--png=out.png]`."""
+  parser = cli.ArgumentParser(
+      prog="python -m mesh_tensorflow.report",
+      description="Layout report (tensors' splits, per-op compute and communication, "
+      "memory per device) of a transformer configured by gin files.")
+  parser.add_argument("--gin_file", action="append", default=[],
+                      help="gin files read after gin/defaults.gin (paths or names under "
+                      "the package's gin/ directory, e.g. models/tiny_lm.gin)")
+  parser.add_argument("--gin_param", action="append", default=[],
+                      help="gin bindings, e.g. 'run.batch_size = 16'")
+  parser.add_argument("--mesh_shape", default=None, help="override the config's mesh shape")
+  parser.add_argument("--layout", default=None, help="override the config's layout rules")
+  parser.add_argument("--png", default=None, help="also draw the report to this PNG")
+  parser.add_argument("--exact", action="store_true",
+                      help="communication from a real lowering (slower)")
+  parser.add_argument("--params", default="cpu",
+                      help="device parameters: cpu, gpu, tpu or a JSON file from "
+                      "python -m mesh_tensorflow.cost_model --calibrate")
+  parser.add_argument("--auto", action="store_true",
+                      help="report the layout auto_mtf picks on the mesh shape instead")
+  parser.add_argument("--memory_budget_bytes", type=int, default=None,
+                      help="with --auto: bytes per device a layout may use")
+  args = parser.parse_args(argv)
+  if args.memory_budget_bytes is not None and args.memory_budget_bytes <= 0:
+    parser.error(f"--memory_budget_bytes={args.memory_budget_bytes}: must be a positive "
+                 "number of bytes")
+  gin_config.parse(args.gin_file, args.gin_param)
+  report = report_for_current_config(args.mesh_shape, args.layout, exact=args.exact,
+                                     params=args.params, auto=args.auto,
+                                     memory_budget_bytes=args.memory_budget_bytes)
+  if report.search_explanation:
+    print(report.search_explanation + "\n")
+  print(report)
+  if args.png:
+    report.to_png(args.png)
+    print(f"\nwrote {args.png}")
+  return 0
+
