@@ -39,8 +39,6 @@ NOT_YET_MODULES = {
     "mesh_tensorflow.experimental.model_executor",
     "mesh_tensorflow.experimental.offline_data_aug",
     "mesh_tensorflow.experimental.unet",
-    # Transformer model variants.
-    "mesh_tensorflow.transformer.fixup_layers",
 }
 
 # Names missing from modules that exist.
