@@ -251,3 +251,13 @@ def test_parse_gin_defaults_and_flags():
       assert gin.query_parameter("run.model_type") == "lm"
     finally:
       gin.clear_config()
+
+
+def test_maybe_add_pretokenized_features():
+  h, i = ord("h") + 3, ord("i") + 3
+  examples = [{"targets": np.array([h, i], np.int64), "inputs": np.array([i], np.int16)},
+              {"inputs_pretokenized": "kept", "inputs": np.array([h])}]
+  out = utils._maybe_add_pretokenized_features(examples, VOCAB)
+  assert out is examples
+  assert out[0]["targets_pretokenized"] == "hi" and out[0]["inputs_pretokenized"] == "i"
+  assert out[1]["inputs_pretokenized"] == "kept" and "targets_pretokenized" not in out[1]

@@ -631,6 +631,27 @@ def infer_model(estimator, vocabulary, sequence_length, batch_size, model_type, 
 
 
 # ------------------------------------------------------------------ scoring
+def _maybe_add_pretokenized_features(examples: List[Dict[str, Any]], vocabulary):
+  """Adds "<feature>_pretokenized" (the vocabulary's decode of the ids) to
+  every example that has "inputs" or "targets" without it; returns examples.
+
+  Example:
+    >>> _maybe_add_pretokenized_features([{"targets": np.array([107, 108])}], vocab)
+    [{'targets': array([107, 108]), 'targets_pretokenized': 'hi'}]
+  """
+  vocabs = {"inputs": compat.inputs_vocabulary(vocabulary),
+            "targets": compat.targets_vocabulary(vocabulary)}
+  warned = set()
+  for example in examples:
+    for key, vocab in vocabs.items():
+      if key in example and key + "_pretokenized" not in example:
+        example[key + "_pretokenized"] = vocab.decode(np.asarray(example[key]).tolist())
+        if key not in warned:
+          warned.add(key)
+          logging.warning("'%s_pretokenized' is approximated by decoding '%s'.", key, key)
+  return examples
+
+
 @gin.configurable(module="utils")
 def save_scores(results, vocabulary, scores_filename=None, save_example_text=True):
   """The scores of scored examples (dicts with "scores", "targets" and
