@@ -91,11 +91,12 @@ def parse_gin_defaults_and_flags(skip_unknown: bool = False,
   return skipped
 
 
-@gin.configurable(module="utils")
-def build_model(model_type: str = "bitransformer", input_vocab_size=gin.REQUIRED,
-                output_vocab_size=gin.REQUIRED, layout_rules=None, mesh_shape=None):
+def build_model(model_type: str = "bitransformer", input_vocab_size: Optional[int] = None,
+                output_vocab_size: Optional[int] = None, layout_rules=None, mesh_shape=None):
   """A `Unitransformer` ("lm") or `Bitransformer` ("bitransformer") whose
-  layers and sizes come from gin, as the original's build_model.
+  layers and sizes come from gin, as the original's build_model. (Not itself
+  a gin configurable: gin's `build_model` is `modeling.build_model`, which
+  this calls.)
 
   Args:
     model_type: "lm" or "bitransformer" (the original's "delimited_lm" is an
@@ -110,6 +111,9 @@ def build_model(model_type: str = "bitransformer", input_vocab_size=gin.REQUIRED
     >>> model.output_vocab_dim.size
     264
   """
+  if not input_vocab_size or not output_vocab_size:
+    raise ValueError("build_model: give input_vocab_size and output_vocab_size (positive "
+                     f"ints), got {input_vocab_size!r} and {output_vocab_size!r}.")
   if model_type == "delimited_lm":
     model_type = "lm"
   if model_type not in _MODEL_TYPES:
