@@ -208,6 +208,23 @@ def random_normal(mean: float = 0.0, stddev: float = 1.0, seed=None) -> RandomNo
   return RandomNormal(mean, stddev, seed)
 
 
+_TF_RANDOM_NORMAL = tf.compat.v1.random_normal_initializer
+
+
+def random_normal_or_replaced(stddev: float = 1.0):
+  """`random_normal(stddev=stddev)`, unless a caller has replaced
+  tf.compat.v1.random_normal_initializer (the original's embedding tests
+  patch it to pin a table's values): then that replacement, as the
+  original's layers used it.
+
+  Example:
+    >>> init = random_normal_or_replaced(stddev=0.5)
+  """
+  if tf.compat.v1.random_normal_initializer is not _TF_RANDOM_NORMAL:
+    return tf.compat.v1.random_normal_initializer(stddev=stddev)
+  return random_normal(stddev=stddev)
+
+
 def truncated_normal(mean: float = 0.0, stddev: float = 1.0, seed=None) -> TruncatedNormal:
   """A layout-invariant truncated normal initializer.
 

@@ -425,7 +425,7 @@ def embedding_weights(mesh: Mesh, vocab_dim: Dimension, output_dim: Dimension,
   """
   shape = Shape(_dim_list(ensemble_dim) + [vocab_dim, output_dim])
   return get_variable(mesh, name, shape, dtype=variable_dtype or VariableDType(tf.float32),
-                      initializer=initializer or initializers.random_normal(stddev=1.0))
+                      initializer=initializer or initializers.random_normal_or_replaced(stddev=1.0))
 
 
 def embedding(indices: Tensor, vocab_dim: Dimension, output_dim: Dimension,

@@ -39,19 +39,10 @@ NOT_YET_MODULES = {
     "mesh_tensorflow.experimental.model_executor",
     "mesh_tensorflow.experimental.offline_data_aug",
     "mesh_tensorflow.experimental.unet",
-    # Transformer model variants.
-    "mesh_tensorflow.transformer.fixup_layers",
 }
 
 # Names missing from modules that exist.
 NOT_YET = {
-    # The original's Estimator-era entry points (train_model, eval_model, ...).
-    "mesh_tensorflow.transformer.utils": {
-        "FLAGS", "build_model", "compute_log_likelihoods", "decode", "decode_from_dataset",
-        "decode_from_file", "eval_model", "export_model", "flexible_ckpt_init_mapping",
-        "get_checkpoint_iterator", "infer_model", "metric_max", "metric_sum",
-        "parse_gin_defaults_and_flags", "save_scores", "score_from_dataset",
-        "score_from_strings", "score_with_estimator", "train_model"},
 }
 
 

@@ -424,9 +424,7 @@ def test_call_forms_and_gin_names():
      "num_unique_depth_filters"),
     (lambda: tl.LocalConvAttnBlock(-1, 0, 8, attention_type="conv"), "attention_type"),
     (lambda: tl.BranchedSelfAttention(num_heads=4, num_memory_heads=1), "num_memory_heads"),
-    (lambda: tl.ExpertsSelfAttention(), "ExpertsSelfAttention is not supported"),
-    (lambda: tl.ExpertsEncDecAttention(), "ExpertsEncDecAttention is not supported"),
-    (lambda: attention.ExpertsAttentionParams(*[None] * 9), "ExpertsAttentionParams is not"),
+    (lambda: tl.ExpertsSelfAttention(shared_kv=False), "shared_kv"),
     (lambda: tl.SelfAttention(num_heads=6, num_memory_heads=4), "num_memory_heads"),
     (lambda: tl.TransparentEncDecAttention(1, 2, 3), "decoder_num_modules"),
 ])

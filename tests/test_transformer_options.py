@@ -156,7 +156,7 @@ def test_moe1d_takes_the_originals_positional_order_and_options():
               8, 1e-3, 32, 16, 1.5, 3.0, "all", "none", 0.3, 0.4, 0.1, "gelu", "switch", 2)
   moe.MoE1D(ntlb_top_k=2, top_n_num_experts_per_token=1)  # gin files may set them
   for option, value in [("use_second_place_loss", True), ("output_dim", 8),
-                        ("use_experts_attention", True), ("word_embed_mode", "concat"),
+                        ("word_embed_mode", "concat"),
                         ("use_second_place_expert_prob", 0.5)]:
     with pytest.raises(ValueError, match=option):
       moe.MoE1D(**{option: value})

@@ -220,21 +220,94 @@ class AttentionParams:
 
 
 class ExpertsAttentionParams(AttentionParams):
-  """The original's attention parameters computed by a mixture-of-experts
-  layer (MoE1D with use_experts_attention). Not provided: this library's
-  MoE1D has no experts-attention mode, so constructing one is a ValueError
-  that says so (the arguments are the original's: AttentionParams' plus
-  context and experts_hparams).
+  """Attention whose queries and keys come from a mixture-of-experts layer
+  (`moe.MoE1D` with use_experts_attention): the experts read the query
+  antecedent and output queries ("q_wo") and keys ("k_wo", also the values),
+  over one combined dimension (named like the first heads dimension, of size
+  heads * key_dim) split back into heads and key_dim. Only the output
+  projection "o" is a plain variable. The arguments are AttentionParams'
+  plus `context` (the layer's Context) and `experts_hparams` (MoE1D's
+  arguments: num_experts, hidden_size, moe_gating, ...; an object with those
+  attributes or a dict). shared_kv must be True, and the memory heads must
+  be the query heads.
+
+  With `memory_from_query=False` (`ExpertsEncDecAttention`) the keys come
+  from the experts applied to the memory antecedent instead.
+
+  Example:
+    >>> params = ExpertsAttentionParams(mesh, d_model, d_model, d_model, d_kv, d_kv,
+    ...                                 [heads], [heads], vdtype, shared_kv=True,
+    ...                                 context=context,
+    ...                                 experts_hparams={"num_experts": 4, "hidden_size": 64})
+    >>> q = params.compute_q(x)
   """
+
+  _HPARAMS = ("moe_gating", "num_experts", "loss_coef", "group_size", "min_expert_capacity",
+              "capacity_factor_train", "capacity_factor_eval", "switch_policy_train",
+              "switch_policy_eval", "switch_dropout", "switch_temperature", "switch_jitter",
+              "hidden_size")
 
   def __init__(self, mesh, query_input_dim, memory_input_dim, output_dim, key_dim, value_dim,
                query_heads_dims, memory_heads_dims, variable_dtype, shared_kv=False,
                no_query=False, combine_dims=True, ensemble_dim=None,
                keep_query_heads_dims=False, fold_scaling_into_initializer=True, context=None,
-               experts_hparams=None):  # pylint: disable=super-init-not-called
-    raise ValueError("ExpertsAttentionParams is not supported: it needs MoE1D's experts-"
-                     "attention mode (use_experts_attention), which this library does not "
-                     "provide; use AttentionParams (SelfAttention) with moe.MoE1D layers.")
+               experts_hparams=None, memory_from_query: bool = True):
+    super().__init__(mesh, query_input_dim, memory_input_dim, output_dim, key_dim, value_dim,
+                     query_heads_dims, memory_heads_dims, variable_dtype, shared_kv=shared_kv,
+                     no_query=no_query, combine_dims=combine_dims, ensemble_dim=ensemble_dim,
+                     keep_query_heads_dims=keep_query_heads_dims,
+                     fold_scaling_into_initializer=fold_scaling_into_initializer,
+                     make_attention_vars=False)
+    if not shared_kv:
+      raise ValueError("ExpertsAttentionParams: shared_kv must be True (keys are also the "
+                       "values).")
+    if not combine_dims:
+      raise ValueError("ExpertsAttentionParams: combine_dims must be True.")
+    if mtf.layers.unit_scaling_convention():
+      raise ValueError("ExpertsAttentionParams does not follow the unit scaling convention; "
+                       "turn mtf.layers.unit_scaling_convention off.")
+    if self.k_dims != self.q_dims:
+      raise ValueError(f"ExpertsAttentionParams: the memory heads {self.memory_heads_dims} must "
+                       f"be the query heads {self.query_heads_dims} (num_memory_heads=0).")
+    if context is None or experts_hparams is None:
+      raise ValueError("ExpertsAttentionParams needs context and experts_hparams.")
+    from mesh_tensorflow.transformer import moe  # pylint: disable=g-import-not-at-top
+    get = (experts_hparams.get if isinstance(experts_hparams, dict)
+           else lambda k: getattr(experts_hparams, k, None))
+    kwargs = {k: get(k) for k in self._HPARAMS if get(k) is not None}
+    self.context = context
+    self.memory_from_query = memory_from_query
+    self.combined_dim = mtf.Dimension(self.q_dims[0].name, mtf.Shape(self.q_dims).size)
+    # The experts' hidden dimension is "expert_hidden" (as the original's MoE
+    # layers name it), so a layout may split "d_ff" and "heads" alike.
+    self.moe_layer = moe.MoE1D(output_dim=self.combined_dim, use_experts_attention=True,
+                               hidden_dim_name="expert_hidden", **kwargs)
+    self._q = self._k = self._memory = self._memory_k = None
+
+  def _experts(self, antecedent: mtf.Tensor):
+    q, k = self.moe_layer.call(self.context, antecedent)
+    q = mtf.replace_dimensions(q, self.combined_dim, self.q_dims) * self.key_dim.size ** -0.5
+    return q, mtf.replace_dimensions(k, self.combined_dim, self.k_dims)
+
+  def compute_q(self, query_antecedent: mtf.Tensor) -> mtf.Tensor:
+    self._q, self._k = self._experts(query_antecedent)
+    return self._q
+
+  def compute_k(self, memory_antecedent: mtf.Tensor) -> mtf.Tensor:
+    if not self.memory_from_query:
+      if self._memory is not memory_antecedent:  # compute_k then compute_v: one MoE call
+        self._memory, self._memory_k = memory_antecedent, self._experts(memory_antecedent)[1]
+      return self._memory_k
+    if self._k is None:
+      raise ValueError("ExpertsAttentionParams: call compute_q first (it computes the keys).")
+    k = self._k
+    for d in memory_antecedent.shape.dims:
+      if d.name.startswith("memory_") and d.name[len("memory_"):] in k.shape.dimension_names:
+        k = mtf.rename_dimension(k, d.name[len("memory_"):], d.name)
+    return k
+
+  compute_kv = compute_k
+  compute_v = compute_k
 
 
 def attention_params_simple(mesh: mtf.Mesh, io_dim: mtf.Dimension, kv_dim: mtf.Dimension,

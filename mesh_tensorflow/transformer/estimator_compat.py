@@ -9,7 +9,9 @@ and clear errors for the ones that only made sense with one. Re-exported from
 
 Training, evaluation, decoding and scoring run through `utils.run` (and the
 `python -m mesh_tensorflow.transformer.main` command line), built on
-`mtf.training.Trainer` and `mtf.checkpoint.CheckpointManager`.
+`mtf.training.Trainer` and `mtf.checkpoint.CheckpointManager`; the original's
+Estimator-era entry points (get_estimator, train_model, ...) are in
+`utils_original`.
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ __all__ = [
     "inputs_vocabulary", "targets_vocabulary", "separate_vocabularies",
     "init_checkpoint_variable_mapping", "should_load_variable", "variable_filter_max_size",
     "get_inputs_from_file", "write_lines_to_file", "encode_inputs", "encode_delimited_lm",
-    "get_step_from_checkpoint_path", "get_estimator",
-    "tpu_estimator_model_fn"]
+    "get_step_from_checkpoint_path", "tpu_estimator_model_fn"]
 
 import gin
 import numpy as np
@@ -209,9 +210,6 @@ def _no_estimator(name: str, replacement: str):
   return fn
 
 
-get_estimator = _no_estimator(
-    "get_estimator", "train and evaluate with utils.run(model_dir, mode=...) or "
-    "mtf.training.Trainer(model_fn, feature_shapes, mesh_impl, optimizer).")
 tpu_estimator_model_fn = _no_estimator(
     "tpu_estimator_model_fn", "build the model function with "
     "modeling.make_model_fn(setup) and run it with mtf.training.Trainer.")

@@ -1142,10 +1142,15 @@ class LocalConvAttnBlock(transformer.TransformerLayer):
 
 # ------------------------------------------------------------ experts attention
 class ExpertsSelfAttention(tl.SelfAttention):
-  """The original's mixture-of-experts attention (queries and keys computed
-  by a MoE1D layer with use_experts_attention). Not provided: this library's
-  MoE1D has no experts-attention mode, so building the layer is a
-  ValueError that says so; use SelfAttention with MoE1D layers instead.
+  """Self-attention whose queries and keys (= values) are computed by a
+  mixture of experts (`attention.ExpertsAttentionParams`, `moe.MoE1D` with
+  use_experts_attention); the experts' load-balancing loss joins the
+  model's losses. The MoE arguments are the original's; the rest are
+  SelfAttention's (shared_kv is True and must stay so).
+
+  Example:
+    >>> layer = ExpertsSelfAttention(num_experts=4, hidden_size=256, num_heads=8,
+    ...                              key_value_size=64)
   """
 
   def __init__(self, num_experts=16, loss_coef=1e-2, group_size=1024,
@@ -1154,13 +1159,57 @@ class ExpertsSelfAttention(tl.SelfAttention):
                switch_policy_eval="input_jitter", switch_dropout=0.0, switch_temperature=1.0,
                switch_jitter=1e-2, switch_top_k=4, hidden_size=3072,
                use_experts_attention=True, **kwargs):
-    raise ValueError(f"{type(self).__name__} is not supported: it needs MoE1D's experts-"
-                     "attention mode (use_experts_attention), which this library does not "
-                     "provide; use SelfAttention together with moe.MoE1D layers.")
+    del switch_top_k  # an option of gatings not provided here
+    kwargs.setdefault("shared_kv", True)
+    if not kwargs["shared_kv"]:
+      raise ValueError(f"{type(self).__name__}: shared_kv must be True (the experts' keys are "
+                       "also the values).")
+    if not use_experts_attention:
+      raise ValueError(f"{type(self).__name__}: use_experts_attention must be True.")
+    super().__init__(**kwargs)
+    self.experts_hparams = dict(
+        moe_gating=moe_gating, num_experts=num_experts, loss_coef=loss_coef,
+        group_size=group_size, min_expert_capacity=min_expert_capacity,
+        capacity_factor_train=capacity_factor_train, capacity_factor_eval=capacity_factor_eval,
+        switch_policy_train=switch_policy_train, switch_policy_eval=switch_policy_eval,
+        switch_dropout=switch_dropout, switch_temperature=switch_temperature,
+        switch_jitter=switch_jitter, hidden_size=hidden_size)
+
+  _memory_from_query = True
+
+  def make_params(self, context):
+    query_heads, memory_heads = tl._heads_dims(  # pylint: disable=protected-access
+        self.num_heads, self.num_memory_heads)
+    d_model = context.model.model_dim
+    return attention.ExpertsAttentionParams(
+        context.mesh, d_model, d_model, d_model, self.kv_dim, self.kv_dim, query_heads,
+        memory_heads, context.variable_dtype, shared_kv=True,
+        ensemble_dim=getattr(context.model, "ensemble_dim", None),
+        keep_query_heads_dims=getattr(self, "keep_query_heads_dims", False),
+        context=context, experts_hparams=self.experts_hparams,
+        memory_from_query=self._memory_from_query)
 
 
 class ExpertsEncDecAttention(ExpertsSelfAttention):
-  """Not supported (see ExpertsSelfAttention): building it is a ValueError."""
+  """Attention over the encoder's output with experts-computed queries (from
+  the decoder) and keys/values (the same experts applied to the encoder
+  output); see ExpertsSelfAttention.
+
+  Example:
+    >>> layer = ExpertsEncDecAttention(num_experts=4, hidden_size=256, num_heads=8)
+  """
+
+  _memory_from_query = False
+
+  def __init__(self, relative_attention_type=None, **kwargs):
+    super().__init__(relative_attention_type=relative_attention_type, **kwargs)
+
+  def make_shared_params(self, context) -> None:
+    del context
+
+  def call(self, context, x, losses=None):
+    del losses
+    return tl.EncDecAttention.call(self, context, x)
 
 
 __all__ = [

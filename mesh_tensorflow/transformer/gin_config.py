@@ -84,6 +84,9 @@ _MODEL_NAMES = [
      ["GatedLinearUnitLayer", "EncoderConvolutionalLayer", "DecoderAttentionLayer",
       "DecoderConvolutionalLayer"]),
     ("universal_transformer", "universal_transformer", ["UTLayerStack"]),
+    ("fixup_layers", "fixup_layers",
+     ["DenseReluDenseFixup", "SelfAttentionFixup", "EncDecAttentionFixup",
+      "sublayer_fixup_scale", "sublayer_fixup_shift"]),
 ]
 
 
@@ -185,7 +188,8 @@ _KEEP_FOREIGN = {("mesh_tensorflow.transformer.utils.run", "vocabulary")}
 _MTF_MODULES = {"mesh_tensorflow", "transformer", "transformer_layers", "moe", "utils",
                 "optimize", "learning_rate_schedules", "vocabulary", "dataset",
                 "memory_layers", "funnel_transformer", "vocab_embeddings",
-                "adaptive_softmax", "layers", "attention", "heterogeneous_moe"}
+                "adaptive_softmax", "layers", "attention", "heterogeneous_moe",
+                "fixup_layers"}
 
 
 class _Delegate(gin.config.ParserDelegate):

@@ -131,10 +131,13 @@ class MoE1D(transformer.TransformerLayer):
     z_loss: weight of the router z-loss of switch gating (None: none).
     ntlb_top_k, top_n_num_experts_per_token: accepted for compatibility
       (options of gatings not provided here).
-    use_second_place_loss, output_dim, use_experts_attention,
-      word_embed_mode, use_second_place_expert_prob(_temp): the original's
-      experimental variants, not supported: anything but the default is a
-      ValueError.
+    output_dim: the experts' output dimension (default d_model).
+    use_experts_attention: the experts have two output projections, "q_wo"
+      and "k_wo", and the layer returns [queries, keys] (for
+      attention.ExpertsAttentionParams).
+    use_second_place_loss, word_embed_mode, use_second_place_expert_prob(_temp):
+      the original's experimental variants, not supported: anything but the
+      default is a ValueError.
 
   The positional order is the original's (`MoE1D(16, 1e-2, 1024, 512)`);
   expert_capacity and hidden_dim_name, this library's, come last.
@@ -159,8 +162,6 @@ class MoE1D(transformer.TransformerLayer):
                hidden_dim_name: str = "d_ff"):
     transformer.refuse_unsupported("MoE1D", {
         "use_second_place_loss": (use_second_place_loss, False),
-        "output_dim": (output_dim, None),
-        "use_experts_attention": (use_experts_attention, False),
         "word_embed_mode": (word_embed_mode, None),
         "use_second_place_expert_prob": (use_second_place_expert_prob, None),
         "use_second_place_expert_prob_temp": (use_second_place_expert_prob_temp, None)})
@@ -202,6 +203,11 @@ class MoE1D(transformer.TransformerLayer):
     self.switch_temperature = switch_temperature
     self.switch_jitter = switch_jitter
     self.z_loss = z_loss
+    if output_dim is not None and not isinstance(output_dim, mtf.Dimension):
+      raise ValueError(f"MoE1D: output_dim must be an mtf.Dimension or None, got "
+                       f"{output_dim!r}.")
+    self.output_dim = output_dim
+    self.use_experts_attention = bool(use_experts_attention)
 
   def _group_multiple(self, context: transformer.Context, x: mtf.Tensor) -> int:
     """Number of groups must be a multiple of this, so the "batch"-named groups
@@ -252,6 +258,8 @@ class MoE1D(transformer.TransformerLayer):
     y = self._experts(context, xg, dispatch, combine, groups_dim, capacity_dim)
     if context.losses is not None:
       context.losses.append(loss * self.loss_coef)
+    if self.use_experts_attention:
+      return [mtf.reshape(t, mtf.Shape(token_dims + [t.shape.dims[-1]])) for t in y]
     return mtf.reshape(y, mtf.Shape(token_dims + [y.shape.dims[-1]]))
 
   def _experts(self, context, xg, dispatch, combine, groups_dim, capacity_dim):
@@ -272,14 +280,22 @@ class MoE1D(transformer.TransformerLayer):
                          variable_dtype=context.variable_dtype, name="wi")
     if context.train and self.dropout_rate > 0.0:
       h = mtf.dropout(h, True, rate=self.dropout_rate)
-    out_dim = getattr(self, "output_dim", None) or d_model
-    expert_out = mtf.layers.dense(h, out_dim, reduced_dims=[hidden], expert_dims=[experts],
-                                  use_bias=False, variable_dtype=context.variable_dtype,
-                                  name="wo")
-    expert_out = mtf.reshape(expert_out, mtf.Shape(
-        [experts_unsplit, groups_dim, capacity_dim, out_dim]))
-    return mtf.einsum([expert_out, mtf.cast(combine, xg.dtype)],
-                      output_shape=mtf.Shape(xg.shape.dims[:-1] + [out_dim]))
+    out_dim = self.output_dim or d_model
+    combine = mtf.cast(combine, xg.dtype)
+
+    def output(name):
+      expert_out = mtf.layers.dense(h, out_dim, reduced_dims=[hidden], expert_dims=[experts],
+                                    use_bias=False, variable_dtype=context.variable_dtype,
+                                    name=name)
+      expert_out = mtf.reshape(expert_out, mtf.Shape(
+          [experts_unsplit, groups_dim, capacity_dim, out_dim]))
+      return mtf.einsum([expert_out, combine],
+                        output_shape=mtf.Shape(xg.shape.dims[:-1] + [out_dim]))
+
+    if self.use_experts_attention:
+      # Queries and keys (= values): two output projections of the same experts.
+      return [output("q_wo"), output("k_wo")]
+    return output("wo")
 
 
 class MoE2D(MoE1D):

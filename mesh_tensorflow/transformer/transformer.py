@@ -349,7 +349,7 @@ class VocabEmbedding:
     self._vocab_dim = vocab_dim
     self._output_dim = output_dim
     self._classifier_scale = scale_variable_like_classifier_weights
-    initializer = (mtf.initializers.random_normal(stddev=output_dim.size ** -0.5)
+    initializer = (mtf.initializers.random_normal_or_replaced(stddev=output_dim.size ** -0.5)
                    if scale_variable_like_classifier_weights else None)
     self._weights = mtf.layers.embedding_weights(
         mesh, vocab_dim, output_dim, variable_dtype, name=name, ensemble_dim=ensemble_dim,

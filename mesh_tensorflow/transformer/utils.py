@@ -949,3 +949,5 @@ def run(model_dir: Optional[str],
 
 
 from mesh_tensorflow.transformer.estimator_compat import *  # noqa: E402,F401,F403 (the original's helpers)
+from mesh_tensorflow.transformer.utils_original import *  # noqa: E402,F401,F403 (the original's entry points)
+from mesh_tensorflow.transformer.utils_original import _maybe_add_pretokenized_features  # noqa: E402,F401

@@ -128,7 +128,7 @@ class FactorizedVocabEmbedding:
     self._vocab_dim = vocab_dim
     self._output_dim = output_dim
     self._inner_dim = mtf.Dimension("inner_vocab", size)
-    init = mtf.initializers.random_normal(stddev=size ** -0.25)
+    init = mtf.initializers.random_normal_or_replaced(stddev=size ** -0.25)
     self._factor1 = mtf.layers.embedding_weights(
         mesh, vocab_dim, self._inner_dim, variable_dtype, name=f"{name}1",
         ensemble_dim=ensemble_dim, initializer=init)
@@ -419,7 +419,7 @@ class Mixtape:
     self._nodes_dim = mtf.Dimension("gate_nodes", 3)
     self._gate_embedding_dim = mtf.Dimension("gate_embedding", gate_size)
     ensemble = _ensemble_dims(ensemble_dim)
-    normal = mtf.initializers.random_normal(stddev=1.0)
+    normal = mtf.initializers.random_normal_or_replaced(stddev=1.0)
     zeros = mtf.initializers.zeros()
 
     def variable(suffix, dims, initializer):
