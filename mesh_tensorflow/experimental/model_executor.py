@@ -246,16 +246,19 @@ def _batches(dataset_str: str):
   return iter(ds.prefetch(2))
 
 
-def train_and_eval(mesh_context: Optional[MeshContext] = None) -> Dict[str, float]:
+def train_and_eval(mesh_context: Optional[MeshContext] = None,
+                   log: Callable[[str], None] = logging.info) -> Dict[str, object]:
   """Alternates training and evaluation phases as the flags say.
 
   Args:
     mesh_context: where to run (default: a MeshContext of the flags
       `use_tpu`, `mesh_shape` and `layout`).
+    log: where the per-step progress lines go.
 
   Returns:
     The last evaluation's mean loss and metrics, with "dice_per_case" and
-    "dice_global" from `unet.PostProcessor` (empty if nothing was evaluated).
+    "dice_global" from `unet.PostProcessor` (absent if nothing was
+    evaluated), and "train_losses", the loss of every training step.
 
   Example:
     >>> model_executor.train_and_eval()
@@ -264,18 +267,21 @@ def train_and_eval(mesh_context: Optional[MeshContext] = None) -> Dict[str, floa
     raise NotImplementedError(_NO_TPU)
   if mesh_context is None:
     mesh_context = MeshContext(None, False, _flag("mesh_shape"), unet.get_layout())
-  runner = _Runner(mesh_context, _flag("checkpoint_dir"))
+  runner = _Runner(mesh_context, _flag("checkpoint_dir"), log)
   train_batches = _batches("train") if _flag("num_train_iterations_per_loop") > 0 else None
-  result: Dict[str, float] = {}
+  result: Dict[str, object] = {}
+  losses: List[float] = []
   for _ in range(_flag("num_training_loops")):
     if train_batches is not None:
-      runner.train(train_batches, _flag("num_train_iterations_per_loop"))
+      losses += runner.train(train_batches, _flag("num_train_iterations_per_loop"))
       runner.save()
     if _flag("num_eval_iterations_per_loop") > 0:
       post = unet.PostProcessor()
-      result = runner.evaluate(_batches("eval"), _flag("num_eval_iterations_per_loop"), post)
+      result = dict(runner.evaluate(_batches("eval"), _flag("num_eval_iterations_per_loop"),
+                                    post))
       result["dice_per_case"], result["dice_global"] = post.finish()
-  logging.info("finished.")
+  result["train_losses"] = losses
+  log("finished.")
   return result
 
 
