@@ -160,3 +160,14 @@ def test_offline_augmentation_writes_the_published_format(tmp_path):
   with flagsaver.flagsaver(input_file_pattern=str(tmp_path / "none*"), output_folder=str(out)):
     with pytest.raises(ValueError, match="input_file_pattern=.*matches no file"):
       offline_data_aug.apply_data_aug()
+
+
+def test_fake_data_with_probability_zero_on_a_tiny_volume_is_the_identity():
+  # The original's own case: a 2x2x2 volume with reso=32.
+  image = tf.constant([[[-100, 2], [2, 3]], [[4, 35], [-1024, 7]]], tf.float32)
+  label = tf.constant([[[0, 0], [0, 1]], [[1, 1], [2, 2]]], tf.float32)
+  x, y = aug.maybe_gen_fake_data_based_on_real_data(image, label, reso=32,
+                                                    min_fake_lesion_ratio=0.0,
+                                                    gen_fake_probability=0.0)
+  np.testing.assert_array_equal(x, image)
+  np.testing.assert_array_equal(y, label)
