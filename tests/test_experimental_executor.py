@@ -114,7 +114,7 @@ def test_train_and_eval_trains_checkpoints_resumes_and_saves_predictions(tmp_pat
       num_train_iterations_per_loop=3, num_eval_iterations_per_loop=1,
       train_file_pattern=str(tmp_path / "train-*"), eval_file_pattern=str(tmp_path / "raw-*"),
       checkpoint_dir=str(tmp_path / "ckpt"), pred_output_dir=str(tmp_path / "preds"),
-      save_checkpoints_steps=100, write_summary=False, n_dataset_read_interleave=1,
+      save_checkpoints_steps=100, write_summary=True, summary_dir=str(tmp_path / "tb"), n_dataset_read_interleave=1,
       n_dataset_processes=1, mesh_shape="all:2", layout="image_ny_block:all")
   lines = []
   with flagsaver.flagsaver(**settings):
@@ -127,6 +127,7 @@ def test_train_and_eval_trains_checkpoints_resumes_and_saves_predictions(tmp_pat
     assert preds == ["label_3_0.npy", "label_3_1.npy", "pred_lesion_3_0.npy",
                      "pred_lesion_3_1.npy", "pred_liver_3_0.npy", "pred_liver_3_1.npy"]
     assert np.load(tmp_path / "preds" / "pred_liver_3_0.npy").shape == (4, 4, 4)
+    assert any(name.startswith("events.") for name in os.listdir(tmp_path / "tb"))
     # A second run resumes from the checkpoint, on another mesh.
     lines.clear()
     with flagsaver.flagsaver(num_train_iterations_per_loop=1, num_eval_iterations_per_loop=0,

@@ -149,6 +149,21 @@ def test_dataset_reader_reads_the_published_format(tmp_path):
     np.testing.assert_array_equal(label.numpy().sum(-1), 1.0)
     train_image, train_label = next(iter(unet.get_dataset_creator("train")()))
     assert train_image.shape == image.shape and train_label.shape == label.shape
+  with flagsaver.flagsaver(**TINY, eval_file_pattern=pattern, train_file_pattern=pattern,
+                           sampled_2d_slices=True, image_c=3):
+    # Evaluation on 2-D slices: every window of 3 slices of a volume, with
+    # the label of its centre slice.
+    slices = list(unet.get_dataset_creator("eval")().take(6))
+    assert len(slices) == 6
+    first = np.clip(raw[0] / 1024.0 + 0.5, 0, 1)
+    for k, (image, label) in enumerate(slices):
+      assert image.shape == (2, 4, 4, 2, 3) and label.shape == (2, 4, 4, 2, 3)
+      np.testing.assert_allclose(image.numpy().reshape(8, 8, 3), first[:, :, k:k + 3],
+                                 atol=1e-6)
+      np.testing.assert_array_equal(np.argmax(label.numpy(), -1).reshape(8, 8),
+                                    labels[0][:, :, k + 1])
+    image, label = next(iter(unet.get_dataset_creator("train")()))
+    assert image.shape == (2, 4, 4, 2, 3) and label.shape == (2, 4, 4, 2, 3)
   with flagsaver.flagsaver(**TINY, eval_file_pattern=str(tmp_path / "none-*")):
     with pytest.raises(ValueError, match="eval_file_pattern=.*matches no file"):
       unet.get_dataset_creator("eval")()

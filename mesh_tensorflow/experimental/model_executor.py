@@ -154,12 +154,21 @@ class _Runner:
     if checkpoint_dir:
       self._manager = checkpoint_lib.CheckpointManager(self._impl, checkpoint_dir)
     self._restored = False
+    self._summary_writer = None
     self._train_fn = None
     self._eval_fn = None
 
   @property
   def global_step(self) -> int:
     return int(self._step.numpy())
+
+  def _writer(self) -> Optional[tf.summary.SummaryWriter]:
+    """The summary writer of --summary_dir (None without --write_summary)."""
+    if not (_flag("write_summary") and _flag("summary_dir")):
+      return None
+    if self._summary_writer is None:
+      self._summary_writer = tf.summary.create_file_writer(_flag("summary_dir"))
+    return self._summary_writer
 
   def _maybe_restore(self) -> None:
     if self._manager is not None and not self._restored:
@@ -213,8 +222,9 @@ class _Runner:
       out = self._train_fn(images, labels)
       losses.append(float(out["loss"]))
       step = self.global_step
-      if _flag("write_summary") and _flag("summary_dir"):
-        with tf.summary.create_file_writer(_flag("summary_dir")).as_default(step=step):
+      writer = self._writer()
+      if writer is not None:
+        with writer.as_default(step=step):
           for k, v in out.items():
             tf.summary.scalar(f"train_{k}", v)
       if self._manager is not None and step % _flag("save_checkpoints_steps") == 0:
@@ -236,6 +246,12 @@ class _Runner:
       post_processor.record(results, _flag("pred_output_dir"))
       for k, v in out.items():
         totals[k] = totals.get(k, 0.0) + float(v) / steps
+    writer = self._writer()
+    if writer is not None:
+      with writer.as_default(step=self.global_step):
+        for k, v in totals.items():
+          tf.summary.scalar(f"eval_{k}", v)
+      writer.flush()
     return totals
 
 
