@@ -70,7 +70,7 @@ for _name, _value in {
     "use_tpu": False, "ct_resolution": 16, "image_nx_block": 2, "image_ny_block": 4,
     "network_depth": 2, "n_conv_per_block": 2, "n_base_filters": 4, "batch_size_train": 4,
     "batch_size_eval": 4, "mtf_dtype": "float32", "dropout_keep_p": 1.0,
-    "xen_liver_weight": 2.0, "xen_lesion_weight": 4.0, "lr": 0.03,
+    "xen_liver_weight": 4.0, "xen_lesion_weight": 16.0, "lr": 0.03,
     "n_dataset_read_interleave": 2, "n_dataset_processes": 2, "write_summary": False,
     "num_training_loops": 1, "num_eval_iterations_per_loop": 1,
 }.items():
@@ -86,7 +86,7 @@ def synthetic_volume(rng: np.random.RandomState, reso: int) -> Tuple[np.ndarray,
   grid = np.stack(np.meshgrid(*[np.arange(reso)] * 3, indexing="ij"), -1).astype(np.float32)
   organ_r = rng.uniform(0.25, 0.4) * reso
   centre = rng.uniform(organ_r, reso - organ_r, size=3)
-  lesion_r = rng.uniform(0.35, 0.5) * organ_r
+  lesion_r = rng.uniform(0.45, 0.6) * organ_r
   lesion_centre = centre + rng.uniform(-1, 1, size=3) * (organ_r - lesion_r) / np.sqrt(3)
   label = np.zeros([reso] * 3, np.float32)
   label[np.linalg.norm(grid - centre, axis=-1) <= organ_r] = 1.0
