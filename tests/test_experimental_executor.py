@@ -136,3 +136,35 @@ def test_train_and_eval_trains_checkpoints_resumes_and_saves_predictions(tmp_pat
   assert any(line.startswith("restored") and "(step 3)" in line for line in lines)
   assert "train step 4: loss" in [l for l in lines if l.startswith("train step")][0]
   assert len(again["train_losses"]) == 1
+
+
+def test_the_unet_is_a_model_fn_of_the_tf2_trainer():
+  from mesh_tensorflow.experimental import unet  # pylint: disable=import-outside-toplevel
+  settings = dict(ct_resolution=8, image_nx_block=2, image_ny_block=2, network_depth=2,
+                  n_conv_per_block=1, n_base_filters=2, batch_size_train=2, batch_size_eval=2,
+                  mtf_dtype="float32", dropout_keep_p=1.0, with_batch_norm=False,
+                  sampled_2d_slices=False, image_c=1)
+  with flagsaver.flagsaver(**settings):
+    image_shape, label_shape = unet.get_input_mtf_shapes("train")
+    impl = U.make_impl("rows:2;cols:2", "image_nx_block:rows;image_ny_block:cols")
+
+    def model_fn(mesh, features, mode):
+      _, loss, metrics, _ = unet.unet_with_spatial_partition(
+          mesh, impl, mode, features["image"], features["label"])
+      return loss, {"accuracy": metrics["accuracy_of_all_classes"]}
+
+    rng = np.random.RandomState(0)
+    labels = np.zeros((2, 8, 8, 8), np.int64)
+    labels[:, 2:6, 2:6, 2:6] = 1
+    labels[:, 3:5, 3:5, 3:5] = 2
+    images = (labels / 2.0 + rng.normal(0, 0.05, labels.shape)).astype(np.float32)
+    batch = {"image": images.reshape(image_shape.to_integer_list()),
+             "label": np.eye(3, dtype=np.float32)[labels].reshape(
+                 label_shape.to_integer_list())}
+    trainer = mtf.training.Trainer(model_fn, {"image": image_shape, "label": label_shape},
+                                   impl, mtf.optimize.AdafactorOptimizer(learning_rate=0.05),
+                                   log_every=0)
+    history = trainer.train(tf.data.Dataset.from_tensors(batch).repeat(), steps=6)
+  losses = history["loss"]
+  assert len(losses) == 6 and all(np.isfinite(losses))
+  assert losses[-1] < losses[0], losses
