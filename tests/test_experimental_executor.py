@@ -114,7 +114,8 @@ def test_train_and_eval_trains_checkpoints_resumes_and_saves_predictions(tmp_pat
       num_train_iterations_per_loop=3, num_eval_iterations_per_loop=1,
       train_file_pattern=str(tmp_path / "train-*"), eval_file_pattern=str(tmp_path / "raw-*"),
       checkpoint_dir=str(tmp_path / "ckpt"), pred_output_dir=str(tmp_path / "preds"),
-      save_checkpoints_steps=100, write_summary=True, summary_dir=str(tmp_path / "tb"), n_dataset_read_interleave=1,
+      save_checkpoints_steps=100, write_summary=True,
+      summary_dir=str(tmp_path / "tb"), n_dataset_read_interleave=1,
       n_dataset_processes=1, mesh_shape="all:2", layout="image_ny_block:all")
   lines = []
   with flagsaver.flagsaver(**settings):

@@ -13,11 +13,15 @@ return their input unchanged.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple, Union
 
+import numpy as np
 import tensorflow as tf
 
 _TINY = 1e-6
+
+TensorLike = Union[tf.Tensor, np.ndarray]
+Pair = Tuple[tf.Tensor, tf.Tensor]
 
 
 def _truncated_normal(mean, stddev) -> tf.Tensor:
@@ -53,8 +57,9 @@ def _transform_2d(data: tf.Tensor, matrix: tf.Tensor, interpolation: str) -> tf.
   return tf.cast(out[0], data.dtype)
 
 
-def projective_transform(image, label, reso, image_translate_ratio, image_transform_ratio,
-                         sampled_2d_slices=False):
+def projective_transform(image: TensorLike, label: TensorLike, reso: int,
+                         image_translate_ratio: float, image_transform_ratio: float,
+                         sampled_2d_slices: bool = False) -> Pair:
   """Random projective transforms (shear and translation) of the volume.
 
   For each axis held fixed (only the last for 2-D slices), the planes across
@@ -90,8 +95,8 @@ def projective_transform(image, label, reso, image_translate_ratio, image_transf
   return image, label
 
 
-def maybe_add_noise(image, noise_shape, scale0, scale1, image_noise_probability,
-                    image_noise_ratio):
+def maybe_add_noise(image: TensorLike, noise_shape: Sequence[int], scale0: int, scale1: int,
+                    image_noise_probability: float, image_noise_ratio: float) -> tf.Tensor:
   """With probability image_noise_probability, adds normal noise at two
   scales (grids scale0 and scale1 times coarser), each with a random
   standard deviation in [0, image_noise_ratio).
@@ -141,8 +146,9 @@ def _box_blur(mask: tf.Tensor, size: int) -> tf.Tensor:
                       strides=[1] * 5, padding="SAME")[0, ..., 0]
 
 
-def maybe_gen_fake_data_based_on_real_data(image, label, reso, min_fake_lesion_ratio,
-                                           gen_fake_probability):
+def maybe_gen_fake_data_based_on_real_data(image: TensorLike, label: TensorLike, reso: int,
+                                           min_fake_lesion_ratio: float,
+                                           gen_fake_probability: float) -> Pair:
   """With probability gen_fake_probability, replaces the real lesions by
   synthetic ones: the real lesion is painted over with the organ's mean
   intensity, random blobs inside the organ (a random share of at least
@@ -185,7 +191,8 @@ def _flip_along(data: tf.Tensor, axis) -> tf.Tensor:
                         [lambda a=a: tf.reverse(data, [a]) for a in range(3)])
 
 
-def maybe_flip(image, label, flip_axis, flip_indicator=None):
+def maybe_flip(image: TensorLike, label: TensorLike, flip_axis,
+               flip_indicator: Optional[TensorLike] = None) -> Pair:
   """Reverses image and label along flip_axis (0, 1 or 2) with probability
   1/2, or when flip_indicator (a number in [0, 1]) is above 0.5.
 
@@ -199,7 +206,8 @@ def maybe_flip(image, label, flip_axis, flip_indicator=None):
           tf.cond(flip, lambda: _flip_along(label, flip_axis), lambda: label))
 
 
-def maybe_rot180(image, label, static_axis, rot180_k=None):
+def maybe_rot180(image: TensorLike, label: TensorLike, static_axis,
+                 rot180_k: Optional[TensorLike] = None) -> Pair:
   """Rotates image and label by 180 degrees about static_axis (0, 1 or 2)
   with probability 1/2, or when rot180_k (0 or 2, the number of quarter
   turns) is 2.
@@ -221,7 +229,8 @@ def maybe_rot180(image, label, static_axis, rot180_k=None):
           tf.cond(rotate, lambda: rot(label), lambda: label))
 
 
-def intensity_shift(image, label, per_class_intensity_scale, per_class_intensity_shift):
+def intensity_shift(image: TensorLike, label: TensorLike, per_class_intensity_scale: float,
+                    per_class_intensity_shift: float) -> tf.Tensor:
   """Scales the lesion's intensities by a random factor around
   1 + per_class_intensity_shift and the rest around 1 - shift (spread
   per_class_intensity_scale).
@@ -238,7 +247,9 @@ def intensity_shift(image, label, per_class_intensity_scale, per_class_intensity
   return image + noise * image * (1.0 - lesion)
 
 
-def image_corruption(image, label, reso, image_corrupt_ratio_mean, image_corrupt_ratio_stddev):
+def image_corruption(image: TensorLike, label: TensorLike, reso: int,
+                     image_corrupt_ratio_mean: float,
+                     image_corrupt_ratio_stddev: float) -> tf.Tensor:
   """Zeros a random share (about image_corrupt_ratio_mean, in blobs of about
   reso / 3 voxels) of the non-lesion voxels.
 

@@ -21,7 +21,7 @@ slice; see docs/unet3d.md).
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 import tensorflow as tf
 

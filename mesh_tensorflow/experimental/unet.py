@@ -355,9 +355,12 @@ class PostProcessor:
     return np.reshape(data, (data.shape[0], reso, reso, reso))
 
 
-def conv_with_spatial_partition(x, sampled_2d_slices, image_nx_dim, image_ny_dim, n_filters,
-                                keep_p, with_batch_norm, is_training, odim_name,
-                                variable_dtype, name):
+def conv_with_spatial_partition(x: mtf.Tensor, sampled_2d_slices: bool,
+                                image_nx_dim: mtf.Dimension, image_ny_dim: mtf.Dimension,
+                                n_filters: int, keep_p: float, with_batch_norm: bool,
+                                is_training: bool, odim_name: str,
+                                variable_dtype: mtf.VariableDType,
+                                name: str) -> Tuple[mtf.Tensor, list]:
   """A 3x3(x3) SAME convolution over the blocked volume, then batch norm
   (optional), leaky ReLU (0.1) and dropout.
 
@@ -388,8 +391,11 @@ def conv_with_spatial_partition(x, sampled_2d_slices, image_nx_dim, image_ny_dim
   return x, bn_update_ops
 
 
-def deconv_with_spatial_partition(x, sampled_2d_slices, image_nx_dim, image_ny_dim, n_filters,
-                                  keep_p, is_training, odim_name, variable_dtype, name):
+def deconv_with_spatial_partition(x: mtf.Tensor, sampled_2d_slices: bool,
+                                  image_nx_dim: mtf.Dimension, image_ny_dim: mtf.Dimension,
+                                  n_filters: int, keep_p: float, is_training: bool,
+                                  odim_name: str, variable_dtype: mtf.VariableDType,
+                                  name: str) -> mtf.Tensor:
   """A 2x2(x2) transposed convolution with stride 2 (upsampling) over the
   blocked volume, then dropout.
 
@@ -427,7 +433,9 @@ def _import_input(mesh, value, shape: mtf.Shape, what: str) -> mtf.Tensor:
   return mtf.import_laid_out_tensor(mesh, value, shape, name=what)
 
 
-def unet_with_spatial_partition(mesh, mesh_impl, dataset_str, images, labels):
+def unet_with_spatial_partition(mesh: mtf.Mesh, mesh_impl, dataset_str: str, images,
+                                labels) -> Tuple[List[mtf.Tensor], mtf.Tensor,
+                                                 Dict[str, mtf.Tensor], list]:
   """Builds the U-Net, its loss, metrics and predictions on `mesh`.
 
   Down path: per level `n_conv_per_block` convolutions (filters
