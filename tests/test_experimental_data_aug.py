@@ -10,10 +10,18 @@ import pytest
 import tensorflow as tf
 from absl.testing import flagsaver
 
+from mesh_tensorflow.experimental import _flag_specs
 from mesh_tensorflow.experimental import data_aug_lib as aug
 from mesh_tensorflow.experimental import offline_data_aug
 
-offline_data_aug.define_flags()
+
+@pytest.fixture(scope="module", autouse=True)
+def defined_flags():
+  """The modules' absl flags, defined for these tests and removed after them
+  (programs imported later in this process may define the same names)."""
+  names = offline_data_aug.define_flags()
+  yield names
+  _flag_specs.forget(names)
 
 
 def _volume(reso=8, seed=0):

@@ -13,12 +13,20 @@ import tensorflow as tf
 from absl.testing import flagsaver
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.experimental import _flag_specs
 from mesh_tensorflow.experimental import input_reader
 from mesh_tensorflow.experimental import model_executor
 from mesh_tensorflow.experimental import offline_data_aug
 import mtf_test_utils as U
 
-model_executor.define_flags()
+
+@pytest.fixture(scope="module", autouse=True)
+def defined_flags():
+  """The modules' absl flags, defined for these tests and removed after them
+  (programs imported later in this process may define the same names)."""
+  names = model_executor.define_flags()
+  yield names
+  _flag_specs.forget(names)
 
 
 @pytest.mark.parametrize("cls", [input_reader.SimdMeshImplInputReader,
@@ -116,10 +124,11 @@ def test_train_and_eval_trains_checkpoints_resumes_and_saves_predictions(tmp_pat
       checkpoint_dir=str(tmp_path / "ckpt"), pred_output_dir=str(tmp_path / "preds"),
       save_checkpoints_steps=100, write_summary=True,
       summary_dir=str(tmp_path / "tb"), n_dataset_read_interleave=1,
-      n_dataset_processes=1, mesh_shape="all:2", layout="image_ny_block:all")
+      n_dataset_processes=1)
   lines = []
   with flagsaver.flagsaver(**settings):
-    result = model_executor.train_and_eval(log=lines.append)
+    split = model_executor.MeshContext(None, False, "all:2", "image_ny_block:all")
+    result = model_executor.train_and_eval(split, log=lines.append)
     assert len(result["train_losses"]) == 3
     assert all(np.isfinite(result["train_losses"]))
     assert {"loss", "accuracy_of_all_classes", "dice_global", "dice_per_case"} <= set(result)
@@ -131,9 +140,9 @@ def test_train_and_eval_trains_checkpoints_resumes_and_saves_predictions(tmp_pat
     assert any(name.startswith("events.") for name in os.listdir(tmp_path / "tb"))
     # A second run resumes from the checkpoint, on another mesh.
     lines.clear()
-    with flagsaver.flagsaver(num_train_iterations_per_loop=1, num_eval_iterations_per_loop=0,
-                             mesh_shape="all:1", layout=""):
-      again = model_executor.train_and_eval(log=lines.append)
+    with flagsaver.flagsaver(num_train_iterations_per_loop=1, num_eval_iterations_per_loop=0):
+      single = model_executor.MeshContext(None, False, "all:1", "")
+      again = model_executor.train_and_eval(single, log=lines.append)
   assert any(line.startswith("restored") and "(step 3)" in line for line in lines)
   assert "train step 4: loss" in [l for l in lines if l.startswith("train step")][0]
   assert len(again["train_losses"]) == 1
@@ -169,3 +178,13 @@ def test_the_unet_is_a_model_fn_of_the_tf2_trainer():
   losses = history["loss"]
   assert len(losses) == 6 and all(np.isfinite(losses))
   assert losses[-1] < losses[0], losses
+
+
+def test_flags_are_defined_on_demand_and_leave_other_programs_theirs(defined_flags):
+  assert {"use_tpu", "lr", "ct_resolution", "network_depth"} <= set(defined_flags)
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  own = flags.FlagValues()
+  flags.DEFINE_string("mesh_shape", "x:1", "a program's own flag", flag_values=own)
+  names = model_executor.define_flags(own)
+  assert "mesh_shape" not in names and "lr" in names
+  assert own["mesh_shape"].value == "x:1"

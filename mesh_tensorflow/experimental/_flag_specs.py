@@ -13,7 +13,7 @@ parses flags).
 
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple
+from typing import Any, Dict, Iterable, List, NamedTuple
 
 from absl import flags
 
@@ -28,16 +28,29 @@ class FlagSpec(NamedTuple):
   help: str
 
 
-def define(specs: Dict[str, FlagSpec], flag_values: flags.FlagValues = FLAGS) -> None:
-  """Defines every flag of `specs` that `flag_values` does not have yet."""
+def define(specs: Dict[str, FlagSpec], flag_values: flags.FlagValues = FLAGS) -> List[str]:
+  """Defines every flag of `specs` that `flag_values` does not have yet;
+  returns the names it defined."""
   definers = {"string": flags.DEFINE_string, "integer": flags.DEFINE_integer,
               "float": flags.DEFINE_float, "boolean": flags.DEFINE_boolean}
+  defined = []
   for name, spec in specs.items():
     if name in flag_values:
       continue
     definers[spec.kind](name, spec.default, spec.help, flag_values=flag_values)
+    defined.append(name)
     if flag_values is FLAGS:
       _DEFINED_HERE.add(name)
+  return defined
+
+
+def forget(names: Iterable[str]) -> None:
+  """Removes flags that `define` defined (so a test leaves the process's
+  flags as it found them, free for programs that define the same names)."""
+  for name in names:
+    if name in _DEFINED_HERE and name in FLAGS:
+      delattr(FLAGS, name)
+    _DEFINED_HERE.discard(name)
 
 
 def value(specs: Dict[str, FlagSpec], name: str) -> Any:

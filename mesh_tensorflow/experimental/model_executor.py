@@ -60,14 +60,14 @@ _NO_TPU = ("model_executor: --use_tpu drove TPU infeed queues from a TensorFlow 
            "on TPU (see docs/unet3d.md).")
 
 
-def define_flags(flag_values=FLAGS) -> None:
-  """Defines this module's and `unet`'s absl flags (those not defined elsewhere yet).
+def define_flags(flag_values=FLAGS) -> List[str]:
+  """Defines this module's and `unet`'s absl flags (those not defined
+  elsewhere yet); returns the names it defined.
 
   Example:
     >>> model_executor.define_flags()
   """
-  _flag_specs.define(FLAG_SPECS, flag_values)
-  unet.define_flags(flag_values)
+  return _flag_specs.define(FLAG_SPECS, flag_values) + unet.define_flags(flag_values)
 
 
 def _flag(name: str):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -40,13 +40,14 @@ FLAG_SPECS = {
 }
 
 
-def define_flags(flag_values=FLAGS) -> None:
-  """Defines this module's absl flags (those not defined elsewhere yet).
+def define_flags(flag_values=FLAGS) -> List[str]:
+  """Defines this module's absl flags (those not defined elsewhere yet);
+  returns the names it defined.
 
   Example:
     >>> offline_data_aug.define_flags()
   """
-  _flag_specs.define(FLAG_SPECS, flag_values)
+  return _flag_specs.define(FLAG_SPECS, flag_values)
 
 
 def _flag(name: str):

@@ -87,13 +87,14 @@ FLAG_SPECS: Dict[str, FlagSpec] = {
 }
 
 
-def define_flags(flag_values=FLAGS) -> None:
-  """Defines this module's absl flags (those not defined elsewhere yet).
+def define_flags(flag_values=FLAGS) -> List[str]:
+  """Defines this module's absl flags (those not defined elsewhere yet);
+  returns the names it defined.
 
   Example:
     >>> unet.define_flags()   # before app.run / FLAGS(argv)
   """
-  _flag_specs.define(FLAG_SPECS, flag_values)
+  return _flag_specs.define(FLAG_SPECS, flag_values)
 
 
 def _flag(name: str):
