@@ -79,10 +79,11 @@ def test_values_and_gradients_do_not_depend_on_the_spatial_layout(two_d):
       images, labels = images[..., 4:5], labels[..., 4]
     x, t = _blocked_inputs(images, labels)
     single = U.lower_and_run(_builder(x, t), "all:1", "")
-    # 3-D: the volume split over both mesh dimensions; 2-D: batch and space.
-    layout = ("batch:rows;image_ny_block:cols" if two_d
-              else "image_nx_block:rows;image_ny_block:cols")
-    split = U.lower_and_run(_builder(x, t), "rows:2;cols:4", layout)
+    # 3-D: the volume split over both dimensions of a 2x4 mesh; 2-D: the
+    # batch and the slices' second axis over a 2x2 mesh.
+    mesh_shape, layout = (("rows:2;cols:2", "batch:rows;image_ny_block:cols") if two_d else
+                          ("rows:2;cols:4", "image_nx_block:rows;image_ny_block:cols"))
+    split = U.lower_and_run(_builder(x, t), mesh_shape, layout)
   assert sorted(single) == sorted(split)
   grads = [k for k in single if k.startswith("grad/")]
   # 2 levels x (down conv + BN scale/bias), up conv + BN, deconv, final conv.
