@@ -32,13 +32,6 @@ NOT_YET_MODULES = {
     "mesh_tensorflow.bert.run_pretraining",
     "mesh_tensorflow.bert.run_squad",
     "mesh_tensorflow.bert.tokenization",
-    # The original's experimental package (3-D U-Net and its input pipeline).
-    "mesh_tensorflow.experimental",
-    "mesh_tensorflow.experimental.data_aug_lib",
-    "mesh_tensorflow.experimental.input_reader",
-    "mesh_tensorflow.experimental.model_executor",
-    "mesh_tensorflow.experimental.offline_data_aug",
-    "mesh_tensorflow.experimental.unet",
 }
 
 # Names missing from modules that exist.
