@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from typing import Callable, Dict, List, Optional
 
+import numpy as np
+
 from absl import logging
 import tensorflow as tf
 
@@ -125,3 +127,35 @@ def write_results(output_dir: str, name: str, results: Dict[str, float]) -> str:
     for key in sorted(results):
       f.write(f"{key} = {results[key]}\n")
   return path
+
+
+def predict(mesh_impl, build: Callable, feature_shapes: Dict[str, str],
+            dataset: tf.data.Dataset) -> List[Dict[str, np.ndarray]]:
+  """Runs `build(mesh, features) -> {name: mtf Tensor}` on every batch of
+  `dataset` with the variables of `mesh_impl` (e.g. a Trainer's, restored
+  from its checkpoint); returns one {name: numpy array} per batch.
+
+  This replaces TPUEstimator.predict.
+
+  Example:
+    >>> outputs = predict(impl, lambda mesh, f: {"logits": ...}, shapes, dataset)
+  """
+  shapes = {k: mtf.convert_to_shape(v) for k, v in feature_shapes.items()}
+
+  def step(batch):
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    features = {name: mtf.import_tf_tensor(mesh, batch[name], shape, name=name)
+                for name, shape in shapes.items()}
+    outputs = build(mesh, features)
+    lowering = mtf.Lowering(graph, {mesh: mesh_impl})
+    return {k: lowering.export_to_tf_tensor(v) for k, v in outputs.items()}
+
+  signature = {name: tf.TensorSpec(shape.to_integer_list(), dataset.element_spec[name].dtype)
+               for name, shape in shapes.items()}
+  fn = tf.function(step, input_signature=[signature], autograph=False)
+  results = []
+  for batch in dataset:
+    out = fn({name: batch[name] for name in shapes})
+    results.append({k: v.numpy() for k, v in out.items()})
+  return results

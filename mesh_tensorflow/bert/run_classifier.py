@@ -447,7 +447,8 @@ def model_fn_builder(bert_config, num_labels: int, init_checkpoint: Optional[str
   Returns:
     model_fn(mesh, features, mode) -> (loss, metrics); in eval mode the
     metrics are eval_accuracy and eval_loss over real examples
-    (is_real_example). Attributes: `optimizer`, `init_checkpoint`.
+    (is_real_example). Attributes: `optimizer`, `init_checkpoint` and
+    `predict(mesh, features)` -> {"probabilities"} (see `_runner.predict`).
 
   Example:
     >>> model_fn = model_fn_builder(config, 2, None, 5e-5, 1000, 100)
@@ -477,6 +478,13 @@ def model_fn_builder(bert_config, num_labels: int, init_checkpoint: Optional[str
     return loss, {"eval_accuracy": mtf.reduce_sum(correct * real) / count,
                   "eval_loss": mtf.reduce_sum(per_example_loss * real) / count}
 
+  def predict(mesh: mtf.Mesh, features: Dict[str, mtf.Tensor]):
+    _, _, _, probabilities = create_model(
+        bert_config, False, features["input_ids"], features["input_mask"],
+        features["segment_ids"], features["label_ids"], num_labels_dim, layout, mesh_shape)
+    return {"probabilities": mtf.anonymize(probabilities)}
+
+  model_fn.predict = predict
   model_fn.optimizer = optimization_lib.make_optimizer(
       learning_rate, num_train_steps, num_warmup_steps,
       max_optimized_variable_size=int(max_optimized_variable_size or 0) or None,
@@ -543,10 +551,19 @@ def main(_):
     _runner.write_results(FLAGS.output_dir, "eval_results.txt", result)
     print("eval " + " ".join(f"{k}={v}" for k, v in sorted(result.items())), flush=True)
   if FLAGS.do_predict:
-    raise cli.UserError(
-        "--do_predict: " + _runner.ESTIMATOR_ONLY.format(what="TPUEstimator.predict"),
-        hint="build the model with create_model(..., is_training=False) and export "
-             "its probabilities with mtf.Lowering (see docs/bert.md)")
+    batch = FLAGS.predict_batch_size
+    examples = processor.get_test_examples(FLAGS.data_dir)
+    features = convert_examples_to_features(_padded(examples, batch), labels,
+                                            FLAGS.max_seq_length, tokenizer)
+    data = input_fn_builder(features, FLAGS.max_seq_length, False, True)({"batch_size": batch})
+    outputs = _runner.predict(impl, model_fn.predict,
+                              feature_shapes(batch, FLAGS.max_seq_length), data)
+    probabilities = np.concatenate([o["probabilities"] for o in outputs])[:len(examples)]
+    path = os.path.join(FLAGS.output_dir, "test_results.tsv")
+    with tf.io.gfile.GFile(path, "w") as f:
+      for row in probabilities:
+        f.write("\t".join(str(float(p)) for p in row) + "\n")
+    print(f"predictions: {path}", flush=True)
   return 0
 
 
