@@ -61,7 +61,6 @@ flags.DEFINE_string("model_dir", "",
                     "(default: a temporary directory, deleted at the end).")
 flags.DEFINE_integer("log_every", 10, "Print a progress line every this many steps.")
 
-import mesh_tensorflow as mtf  # noqa: E402
 from mesh_tensorflow.bert import _runner  # noqa: E402
 from mesh_tensorflow.bert import bert as bert_lib  # noqa: E402
 from mesh_tensorflow.bert import run_classifier  # noqa: E402

@@ -496,3 +496,14 @@ def test_estimator_only_arguments_name_the_replacement():
     run_classifier.model_fn_builder(CONFIG, 2, None, 1e-4, 10, 1, use_tpu=True)
   with pytest.raises(ValueError, match="mtf.training.Trainer"):
     run_squad.model_fn_builder(CONFIG, None, 1e-4, 10, 1, use_tpu=True)
+
+
+def test_docs_examples_run():
+  import re  # pylint: disable=g-import-not-at-top
+  page = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                      "bert.md")
+  with open(page, encoding="utf-8") as f:
+    blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+  assert blocks
+  for block in blocks:
+    exec(compile(block, "docs/bert.md", "exec"), {})  # pylint: disable=exec-used

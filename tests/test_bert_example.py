@@ -1,17 +1,10 @@
-"""examples/bert_pretrain_and_classify.py and the BERT programs as a user runs
-them: the example's losses fall, and command-line mistakes give one
-`error:` line and exit status 2."""
+"""examples/bert_pretrain_and_classify.py as a user runs it: a tiny BERT
+pre-trains and fine-tunes, and both losses fall."""
 
-import importlib
 import os
 import re
 import subprocess
 import sys
-
-from absl import flags
-import pytest
-
-from mesh_tensorflow import cli
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _FINAL = re.compile(r"^final: (.*)$", re.M)
@@ -37,26 +30,3 @@ def test_example_pretrains_and_fine_tunes_with_falling_losses():
   assert final["pretrain_loss_last"] < final["pretrain_loss_first"] - 0.8
   assert final["classify_loss_last"] < 0.5 * final["classify_loss_first"]
   assert final["classify_accuracy"] > 0.8
-
-
-@pytest.mark.parametrize("module,args,message", [
-    ("run_pretraining", ["--output_dir=/tmp/x"], "error: --bert_config_file is required"),
-    ("run_pretraining", ["--bert_config_file=/nonexistent/c.json", "--output_dir=/tmp/x",
-                         "--mode=train"], "error: BERT config file /nonexistent/c.json"),
-    ("run_classifier", ["--do_train", "--task_name=sst", "--data_dir=d", "--vocab_file=v",
-                        "--bert_config_file=c", "--output_dir=o"],
-     "error: --task_name=sst is not one of ['cola', 'mnli', 'mrpc', 'xnli']"),
-    ("run_classifier", ["--use_tpu"], "TPUEstimator"),
-    ("run_squad", ["--vocab_file=v", "--bert_config_file=/nonexistent/c.json",
-                   "--output_dir=o"], "error: BERT config file"),
-])
-def test_programs_report_user_errors_in_one_line(module, args, message, capsys):
-  program = importlib.import_module(f"mesh_tensorflow.bert.{module}")
-  try:
-    status = cli.run_absl_main(program.main, [module, *args])
-  finally:
-    flags.FLAGS.unparse_flags()
-  err = capsys.readouterr().err
-  assert status == 2, err
-  assert message in err
-  assert "Traceback" not in err

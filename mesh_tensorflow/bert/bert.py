@@ -650,7 +650,8 @@ def get_assignment_map_from_checkpoint(tvars, init_checkpoint: str
     tvars: variables (anything with a `.name`: mtf Variable operations, mtf
       Tensors or tf.Variables); names ending in ":0" are stripped, and
       optimizer state (global_step, adam_*, slot_*) is skipped.
-    init_checkpoint: a checkpoint path (or a directory with one).
+    init_checkpoint: a checkpoint path (or a directory with one) written by
+      this library or by the original Mesh TensorFlow.
 
   Returns:
     (assignment_map {checkpoint name: variable name}, initialized names, each
@@ -669,26 +670,19 @@ def get_assignment_map_from_checkpoint(tvars, init_checkpoint: str
     if "global_step" in name or "adam_" in name or "slot_" in name:
       continue
     wanted[name] = var
+  from mesh_tensorflow import checkpoint as checkpoint_lib  # pylint: disable=g-import-not-at-top
   try:
-    stored = tf.train.list_variables(init_checkpoint)
-  except (tf.errors.NotFoundError, ValueError) as e:
+    stored = [name for name, _, _ in checkpoint_lib.list_variables(init_checkpoint)]
+  except ValueError as e:
     raise ValueError(f"init_checkpoint {init_checkpoint}: no readable checkpoint ({e}).") \
         from None
   assignment_map = collections.OrderedDict()
   initialized = {}
-  for name, _ in stored:
-    candidates = [name]
-    # Checkpoints of this library store variable values under
-    # "<name>/.ATTRIBUTES/VARIABLE_VALUE"-style keys; match the plain name too.
-    plain = name.split("/.ATTRIBUTES")[0]
-    if plain != name:
-      candidates.append(plain)
-    for candidate in candidates:
-      if candidate in wanted:
-        assignment_map[name] = candidate
-        initialized[candidate] = 1
-        initialized[candidate + ":0"] = 1
-        break
+  for name in stored:
+    if name in wanted:
+      assignment_map[name] = name
+      initialized[name] = 1
+      initialized[name + ":0"] = 1
   return assignment_map, initialized
 
 
