@@ -43,8 +43,7 @@ from absl import flags  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-# The example's flags come first: the BERT programs imported below define
-# --mesh_shape, --layout, ... only where no flag of that name exists yet.
+# absl's global flags; the BERT programs imported below keep theirs apart.
 FLAGS = flags.FLAGS
 flags.DEFINE_string("mesh_shape", "rows:2;cols:4", "Mesh shape.")
 flags.DEFINE_string("layout", "batch:rows;num_heads:cols;intermediate:cols", "Layout rules.")

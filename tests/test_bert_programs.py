@@ -4,10 +4,9 @@ and command-line mistakes as one `error:` line with exit status 2."""
 
 import importlib
 
-from absl import flags
 import pytest
 
-from mesh_tensorflow import cli
+from mesh_tensorflow.bert import _flags
 
 
 @pytest.mark.parametrize("module,args,message", [
@@ -18,15 +17,17 @@ from mesh_tensorflow import cli
                         "--bert_config_file=c", "--output_dir=o"],
      "error: --task_name=sst is not one of ['cola', 'mnli', 'mrpc', 'xnli']"),
     ("run_classifier", ["--use_tpu"], "TPUEstimator"),
+    ("run_squad", ["--do_train=maybe"], "error: "),
+    ("run_pretraining", ["--num_train_step=3"], "error: Unknown command line flag 'num_train_step'"),
     ("run_squad", ["--vocab_file=v", "--bert_config_file=/nonexistent/c.json",
                    "--output_dir=o"], "error: BERT config file"),
 ])
 def test_programs_report_user_errors_in_one_line(module, args, message, capsys):
   program = importlib.import_module(f"mesh_tensorflow.bert.{module}")
   try:
-    status = cli.run_absl_main(program.main, [module, *args])
+    status = _flags.run_main(program.main, program.FLAGS, [module, *args])
   finally:
-    flags.FLAGS.unparse_flags()
+    program.FLAGS.unparse_flags()
   err = capsys.readouterr().err
   assert status == 2, err
   assert message in err
@@ -43,9 +44,9 @@ WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "cat", "dog",
 def _run_main(module, args, capsys):
   program = importlib.import_module(f"mesh_tensorflow.bert.{module}")
   try:
-    status = cli.run_absl_main(program.main, [module, *args])
+    status = _flags.run_main(program.main, program.FLAGS, [module, *args])
   finally:
-    flags.FLAGS.unparse_flags()
+    program.FLAGS.unparse_flags()
   out = capsys.readouterr()
   assert status == 0, out.err[-3000:]
   return out.out

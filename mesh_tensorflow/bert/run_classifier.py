@@ -34,9 +34,15 @@ from mesh_tensorflow.bert import optimization as optimization_lib  # noqa: E402
 from mesh_tensorflow.bert import tokenization  # noqa: E402
 
 flags = _flags.flags
-FLAGS = _flags.FLAGS
+# This program's flags (see _flags: they are not absl's global FLAGS).
+FLAGS = _flags.new()
+FLAGS.append_flag_values(tokenization.FLAGS)  # --preserve_unused_tokens
 
-_d = _flags.define
+
+def _d(kind, name, default, help_text):
+  _flags.define(FLAGS, kind, name, default, help_text, module_name=__name__)
+
+
 _d("string", "data_dir", None, "Directory of the task's .tsv files.")
 _d("string", "bert_config_file", None, "The BERT config JSON file (the model architecture).")
 _d("string", "task_name", None, "The task: cola, mnli, mrpc or xnli.")
@@ -457,12 +463,12 @@ def model_fn_builder(bert_config, num_labels: int, init_checkpoint: Optional[str
   """
   if use_tpu:
     raise ValueError(_runner.ESTIMATOR_ONLY.format(what="use_tpu=True"))
-  optimizer = optimizer or _flags.value("optimizer", "adam")
-  clip = _flags.value("clip_gradients", True) if clip_gradients is None else clip_gradients
+  optimizer = optimizer or _flags.value(FLAGS, "optimizer", "adam")
+  clip = _flags.value(FLAGS, "clip_gradients", True) if clip_gradients is None else clip_gradients
   if max_optimized_variable_size is None:
-    max_optimized_variable_size = _flags.value("max_optimized_variable_size", None)
-  mesh_shape = mesh_shape if mesh_shape is not None else _flags.value("mesh_shape", "")
-  layout = layout if layout is not None else _flags.value("layout", "")
+    max_optimized_variable_size = _flags.value(FLAGS, "max_optimized_variable_size", None)
+  mesh_shape = mesh_shape if mesh_shape is not None else _flags.value(FLAGS, "mesh_shape", "")
+  layout = layout if layout is not None else _flags.value(FLAGS, "layout", "")
   num_labels_dim = mtf.Dimension("num_labels", num_labels)
 
   def model_fn(mesh: mtf.Mesh, features: Dict[str, mtf.Tensor], mode: str):
@@ -498,7 +504,7 @@ def _padded(examples, batch_size):
 
 
 def main(_):
-  if _flags.value("use_tpu", False):
+  if _flags.value(FLAGS, "use_tpu", False):
     raise cli.UserError(_runner.ESTIMATOR_ONLY.format(what="--use_tpu"),
                         hint="drop --use_tpu; give the devices' mesh with --mesh_shape")
   if not (FLAGS.do_train or FLAGS.do_eval or FLAGS.do_predict):
@@ -568,4 +574,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run_absl_main(main))
+  sys.exit(_flags.run_main(main, FLAGS))

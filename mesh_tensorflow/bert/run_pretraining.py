@@ -32,11 +32,18 @@ from mesh_tensorflow.bert import _flags  # noqa: E402
 from mesh_tensorflow.bert import _runner  # noqa: E402
 from mesh_tensorflow.bert import bert as bert_lib  # noqa: E402
 from mesh_tensorflow.bert import optimization as optimization_lib  # noqa: E402
+from mesh_tensorflow.bert import tokenization  # noqa: E402
 
 flags = _flags.flags
-FLAGS = _flags.FLAGS
+# This program's flags (see _flags: they are not absl's global FLAGS).
+FLAGS = _flags.new()
+FLAGS.append_flag_values(tokenization.FLAGS)  # --preserve_unused_tokens
 
-_d = _flags.define
+
+def _d(kind, name, default, help_text):
+  _flags.define(FLAGS, kind, name, default, help_text, module_name=__name__)
+
+
 _d("string", "bert_config_file", None,
    "The BERT config JSON file (the model architecture).")
 _d("string", "input_train_files", None,
@@ -115,10 +122,10 @@ def model_fn_builder(bert_config: bert_lib.BertConfig, init_checkpoint: Optional
     >>> trainer = mtf.training.Trainer(model_fn, feature_shapes(32, 128, 20), impl,
     ...                                model_fn.optimizer)
   """
-  optimizer = optimizer or _flags.value("optimizer", "adam")
-  clip = _flags.value("clip_gradients", True) if clip_gradients is None else clip_gradients
-  mesh_shape = mesh_shape if mesh_shape is not None else _flags.value("mesh_shape", "")
-  layout = layout if layout is not None else _flags.value("layout", "")
+  optimizer = optimizer or _flags.value(FLAGS, "optimizer", "adam")
+  clip = _flags.value(FLAGS, "clip_gradients", True) if clip_gradients is None else clip_gradients
+  mesh_shape = mesh_shape if mesh_shape is not None else _flags.value(FLAGS, "mesh_shape", "")
+  layout = layout if layout is not None else _flags.value(FLAGS, "layout", "")
 
   def model_fn(mesh: mtf.Mesh, features: Dict[str, mtf.Tensor], mode: str):
     model = bert_lib.BertModel(
@@ -201,7 +208,7 @@ def input_fn_builder(input_files: List[str], max_seq_length: int,
 
 
 def main(_):
-  if _flags.value("use_tpu", False):
+  if _flags.value(FLAGS, "use_tpu", False):
     raise cli.UserError(_runner.ESTIMATOR_ONLY.format(what="--use_tpu"),
                         hint="drop --use_tpu; give the devices' mesh with --mesh_shape")
   _runner.require(FLAGS.bert_config_file, "--bert_config_file")
@@ -251,4 +258,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run_absl_main(main))
+  sys.exit(_flags.run_main(main, FLAGS))

@@ -37,9 +37,15 @@ from mesh_tensorflow.bert import optimization as optimization_lib  # noqa: E402
 from mesh_tensorflow.bert import tokenization  # noqa: E402
 
 flags = _flags.flags
-FLAGS = _flags.FLAGS
+# This program's flags (see _flags: they are not absl's global FLAGS).
+FLAGS = _flags.new()
+FLAGS.append_flag_values(tokenization.FLAGS)  # --preserve_unused_tokens
 
-_d = _flags.define
+
+def _d(kind, name, default, help_text):
+  _flags.define(FLAGS, kind, name, default, help_text, module_name=__name__)
+
+
 _d("string", "bert_config_file", None, "The BERT config JSON file (the model architecture).")
 _d("string", "vocab_file", None, "The vocabulary the BERT model was trained on.")
 _d("string", "output_dir", None, "Where checkpoints and predictions go.")
@@ -148,7 +154,7 @@ def read_squad_examples(input_file: str, is_training: bool) -> List[SquadExample
   except (ValueError, KeyError, TypeError) as e:
     raise ValueError(f"{input_file} is not a SQuAD json file (with a 'data' list): {e}") \
         from None
-  v2 = _flags.value("version_2_with_negative", False)
+  v2 = _flags.value(FLAGS, "version_2_with_negative", False)
   examples = []
   for entry in data:
     for paragraph in entry["paragraphs"]:
@@ -305,8 +311,8 @@ def create_model(bert_config, is_training, input_ids, input_mask, segment_ids,
   model = bert_lib.BertModel(
       config=bert_config, is_training=is_training, input_ids=input_ids,
       input_mask=input_mask, token_type_ids=segment_ids,
-      mesh_shape=mesh_shape if mesh_shape is not None else _flags.value("mesh_shape", ""),
-      layout=layout if layout is not None else _flags.value("layout", ""))
+      mesh_shape=mesh_shape if mesh_shape is not None else _flags.value(FLAGS, "mesh_shape", ""),
+      layout=layout if layout is not None else _flags.value(FLAGS, "layout", ""))
   class_dim = mtf.Dimension("class", 2)
   logits = mtf.layers.dense(model.get_sequence_output(), reduced_dims=[model.model_dim],
                             new_dims=[class_dim],
@@ -366,10 +372,10 @@ def model_fn_builder(bert_config, init_checkpoint, learning_rate, num_train_step
 
   model_fn.optimizer = optimization_lib.make_optimizer(
       learning_rate, num_train_steps, num_warmup_steps,
-      max_optimized_variable_size=int(_flags.value("max_optimized_variable_size", 0) or 0)
+      max_optimized_variable_size=int(_flags.value(FLAGS, "max_optimized_variable_size", 0) or 0)
       or None,
-      optimizer=optimizer or _flags.value("optimizer", "adam"),
-      clip_gradients=(_flags.value("clip_gradients", True) if clip_gradients is None
+      optimizer=optimizer or _flags.value(FLAGS, "optimizer", "adam"),
+      clip_gradients=(_flags.value(FLAGS, "clip_gradients", True) if clip_gradients is None
                       else clip_gradients))
   model_fn.init_checkpoint = init_checkpoint
   model_fn.predict = predict
@@ -427,8 +433,8 @@ def write_predictions(all_examples, all_features, all_results, n_best_size: int,
     >>> write_predictions(examples, features, results, 20, 30, True,
     ...                   "predictions.json", "nbest.json", "null_odds.json")
   """
-  v2 = _flags.value("version_2_with_negative", False)
-  threshold = _flags.value("null_score_diff_threshold", 0.0)
+  v2 = _flags.value(FLAGS, "version_2_with_negative", False)
+  threshold = _flags.value(FLAGS, "null_score_diff_threshold", 0.0)
   by_example = collections.defaultdict(list)
   for feature in all_features:
     by_example[feature.example_index].append(feature)
@@ -513,7 +519,7 @@ def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool) -> str:
                        .tokenize(orig_text))
   start = tokenized.find(pred_text)
   if start == -1:
-    if _flags.value("verbose_logging", False):
+    if _flags.value(FLAGS, "verbose_logging", False):
       logging.info("could not find %r in %r", pred_text, orig_text)
     return orig_text
   end = start + len(pred_text) - 1
@@ -571,20 +577,20 @@ def validate_flags_or_throw(bert_config) -> None:
   Example:
     >>> validate_flags_or_throw(bert_lib.BertConfig.from_json_file(FLAGS.bert_config_file))
   """
-  tokenization.validate_case_matches_checkpoint(_flags.value("do_lower_case", True),
-                                                _flags.value("init_checkpoint"))
-  do_train, do_predict = _flags.value("do_train", False), _flags.value("do_predict", False)
+  tokenization.validate_case_matches_checkpoint(_flags.value(FLAGS, "do_lower_case", True),
+                                                _flags.value(FLAGS, "init_checkpoint"))
+  do_train, do_predict = _flags.value(FLAGS, "do_train", False), _flags.value(FLAGS, "do_predict", False)
   if not do_train and not do_predict:
     raise ValueError("At least one of --do_train or --do_predict must be set.")
-  if do_train and not _flags.value("train_file"):
+  if do_train and not _flags.value(FLAGS, "train_file"):
     raise ValueError("--do_train needs --train_file.")
-  if do_predict and not _flags.value("predict_file"):
+  if do_predict and not _flags.value(FLAGS, "predict_file"):
     raise ValueError("--do_predict needs --predict_file.")
-  max_seq_length = _flags.value("max_seq_length", 384)
+  max_seq_length = _flags.value(FLAGS, "max_seq_length", 384)
   if max_seq_length > bert_config.max_position_embeddings:
     raise ValueError(f"--max_seq_length={max_seq_length} exceeds the model's "
                      f"max_position_embeddings={bert_config.max_position_embeddings}.")
-  if max_seq_length <= _flags.value("max_query_length", 64) + 3:
+  if max_seq_length <= _flags.value(FLAGS, "max_query_length", 64) + 3:
     raise ValueError(f"--max_seq_length={max_seq_length} must exceed --max_query_length="
                      f"{_flags.value('max_query_length', 64)} + 3.")
 
@@ -656,4 +662,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run_absl_main(main))
+  sys.exit(_flags.run_main(main, FLAGS))

@@ -22,11 +22,12 @@ import tensorflow as tf
 
 from mesh_tensorflow.bert import _flags
 
-FLAGS = _flags.FLAGS
+flags = _flags.flags
+FLAGS = _flags.new()
 
-_flags.define("bool", "preserve_unused_tokens", False,
+_flags.define(FLAGS, "bool", "preserve_unused_tokens", False,
               "If True, words that are [unusedN] tokens of the vocabulary are kept whole "
-              "(no WordPiece split).")
+              "(no WordPiece split).", module_name=__name__)
 
 _UNUSED_TOKEN = re.compile(r"^\[unused\d+\]$")
 
@@ -45,7 +46,7 @@ def preserve_token(token: str, vocab: Mapping[str, int]) -> bool:
     >>> preserve_token("[unused3]", {"[unused3]": 7})   # False unless the flag is set
     False
   """
-  if not _flags.value("preserve_unused_tokens", False):
+  if not _flags.value(FLAGS, "preserve_unused_tokens", False):
     return False
   return token in vocab and bool(_UNUSED_TOKEN.search(token))
 
