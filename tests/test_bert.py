@@ -507,3 +507,21 @@ def test_docs_examples_run():
   assert blocks
   for block in blocks:
     exec(compile(block, "docs/bert.md", "exec"), {})  # pylint: disable=exec-used
+
+
+def test_moe_blocks_add_their_load_balancing_loss():
+  config = bert_lib.BertConfig(vocab_size=50, d_model=16, num_blocks=1,
+                               block_layers="attention,moe", attention_num_heads=4,
+                               moe_num_experts=4, moe_intermediate_size=16,
+                               max_position_embeddings=8)
+
+  def build(mesh):
+    b, s = mtf.Dimension("batch", BATCH), mtf.Dimension("seq", SEQ)
+    ids = mtf.import_tf_tensor(mesh, tf.constant(IDS), [b, s])
+    model = bert_lib.BertModel(config, False, ids, mesh_shape="all:1", layout="")
+    names = [v.name for v in mesh.graph.trainable_variables]
+    assert any(n.startswith("bert/encoder/block_0/moe/") for n in names), names
+    return {"seq": model.get_sequence_output(), "extra": model.get_extra_loss()}
+  out = tu.lower_and_run(build, "all:1", "")
+  assert np.isfinite(out["seq"]).all()
+  assert 0.0 < out["extra"] < 1.0
