@@ -525,3 +525,39 @@ def test_moe_blocks_add_their_load_balancing_loss():
   out = tu.lower_and_run(build, "all:1", "")
   assert np.isfinite(out["seq"]).all()
   assert 0.0 < out["extra"] < 1.0
+
+
+def test_make_optimizer_leaves_large_variables_untrained():
+  impl = tu.make_impl("all:1", "")
+
+  def variables(mesh):
+    small = mtf.get_variable(mesh, "small", [mtf.Dimension("k", 2)],
+                             initializer=tf.ones_initializer())
+    big = mtf.get_variable(mesh, "big", [mtf.Dimension("k", 2), mtf.Dimension("j", 3)],
+                           initializer=tf.ones_initializer())
+    return small, big
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  small, big = variables(mesh)
+  loss = mtf.reduce_sum(small) + mtf.reduce_sum(big)
+  opt = optimization.make_optimizer(0.1, 10, 0, max_optimized_variable_size=2)(
+      mtf.constant(mesh, 1.0))
+  grads = mtf.gradients([loss], [small, big])
+  ops = opt.apply_grads(grads, graph.trainable_variables)
+  @tf.function(autograph=False)
+  def update():
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    for o in ops:
+      lowering.lowered_operation(o)
+  update()
+  graph2 = mtf.Graph()
+  mesh2 = mtf.Mesh(graph2, "m")
+  small2, big2 = variables(mesh2)
+
+  @tf.function(autograph=False)
+  def read():
+    lowering = mtf.Lowering(graph2, {mesh2: impl})
+    return lowering.export_to_tf_tensor(small2), lowering.export_to_tf_tensor(big2)
+  small_value, big_value = (t.numpy() for t in read())
+  assert (small_value < 1.0).all()  # trained
+  np.testing.assert_array_equal(big_value, np.ones([2, 3]))  # 6 elements > 2: untouched
