@@ -561,3 +561,13 @@ def test_make_optimizer_leaves_large_variables_untrained():
   small_value, big_value = (t.numpy() for t in read())
   assert (small_value < 1.0).all()  # trained
   np.testing.assert_array_equal(big_value, np.ones([2, 3]))  # 6 elements > 2: untouched
+
+
+def test_original_default_layout_fits_any_mesh_but_given_layouts_must_fit():
+  from mesh_tensorflow.bert import _runner  # pylint: disable=g-import-not-at-top
+  impl = _runner.make_mesh_impl("batch:2", _runner.ORIGINAL_DEFAULT_LAYOUT)
+  layout = impl.tensor_layout(mtf.Shape([mtf.Dimension("batch", 4),
+                                         mtf.Dimension("vocab", 128)]))
+  assert str(layout) == "TensorLayout(0, None)"
+  with pytest.raises(ValueError, match="'vocab:model' names mesh dimension 'model'"):
+    _runner.make_mesh_impl("batch:2", "batch:batch;vocab:model")

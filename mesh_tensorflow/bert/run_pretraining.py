@@ -69,9 +69,9 @@ _d("integer", "iterations_per_loop", 1000,
 _d("integer", "max_eval_steps", 100, "Maximum number of eval batches.")
 _d("bool", "use_tpu", False, "Must stay False: TPUEstimator does not exist in TF2.")
 _d("string", "mesh_shape", "batch:8", "Mesh shape, e.g. 'batch:8' or 'rows:2;cols:4'.")
-_d("string", "layout",
-   "batch:batch,vocab:model,intermediate:model,num_heads:model,experts:batch",
-   "Layout rules; rules naming mesh dimensions the mesh lacks are dropped.")
+_d("string", "layout", _runner.ORIGINAL_DEFAULT_LAYOUT,
+   "Layout rules (in this default, rules naming a mesh dimension the mesh lacks are "
+   "ignored).")
 _d("string", "tpu_name", None, "Unused (TPUEstimator only).")
 _d("string", "tpu_zone", None, "Unused (TPUEstimator only).")
 _d("string", "gcp_project", None, "Unused (TPUEstimator only).")

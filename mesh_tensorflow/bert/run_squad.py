@@ -74,8 +74,9 @@ _d("integer", "n_best_size", 20, "Candidates per question in nbest_predictions.j
 _d("integer", "max_answer_length", 30, "Longest answer, in wordpieces.")
 _d("bool", "use_tpu", False, "Must stay False: TPUEstimator does not exist in TF2.")
 _d("string", "mesh_shape", "batch:8", "Mesh shape.")
-_d("string", "layout", "batch:batch,vocab:model,intermediate:model,num_heads:model,experts:batch",
-   "Layout rules; rules naming mesh dimensions the mesh lacks are dropped.")
+_d("string", "layout", _runner.ORIGINAL_DEFAULT_LAYOUT,
+   "Layout rules (in this default, rules naming a mesh dimension the mesh lacks are "
+   "ignored).")
 _d("string", "tpu_name", None, "Unused (TPUEstimator only).")
 _d("string", "tpu_zone", None, "Unused (TPUEstimator only).")
 _d("string", "gcp_project", None, "Unused (TPUEstimator only).")
