@@ -129,6 +129,9 @@ class DataProcessor:
   def get_labels(self):
     raise NotImplementedError()
 
+  def _lines(self, data_dir, name):
+    return self._read_tsv(os.path.join(data_dir, name))
+
   @classmethod
   def _read_tsv(cls, input_file, quotechar=None):
     """Rows of a tab-separated file."""
@@ -186,20 +189,21 @@ class MnliProcessor(DataProcessor):
   """MultiNLI (GLUE), matched dev and test sets."""
 
   def get_train_examples(self, data_dir):
-    return self._create_examples(os.path.join(data_dir, "train.tsv"), "train")
+    return self._create_examples(self._lines(data_dir, "train.tsv"), "train")
 
   def get_dev_examples(self, data_dir):
-    return self._create_examples(os.path.join(data_dir, "dev_matched.tsv"), "dev_matched")
+    return self._create_examples(self._lines(data_dir, "dev_matched.tsv"), "dev_matched")
 
   def get_test_examples(self, data_dir):
-    return self._create_examples(os.path.join(data_dir, "test_matched.tsv"), "test")
+    return self._create_examples(self._lines(data_dir, "test_matched.tsv"), "test")
 
   def get_labels(self):
     return ["contradiction", "entailment", "neutral"]
 
-  def _create_examples(self, path, set_type):
+  def _create_examples(self, lines, set_type):
+    path = f"the {set_type} file"
     examples = []
-    for i, line in enumerate(self._read_tsv(path)):
+    for i, line in enumerate(lines):
       if i == 0:
         continue
       label = "contradiction" if set_type == "test" else _column(line, -1, path)
@@ -212,20 +216,21 @@ class MrpcProcessor(DataProcessor):
   """Microsoft Research Paraphrase Corpus (GLUE)."""
 
   def get_train_examples(self, data_dir):
-    return self._create_examples(os.path.join(data_dir, "train.tsv"), "train")
+    return self._create_examples(self._lines(data_dir, "train.tsv"), "train")
 
   def get_dev_examples(self, data_dir):
-    return self._create_examples(os.path.join(data_dir, "dev.tsv"), "dev")
+    return self._create_examples(self._lines(data_dir, "dev.tsv"), "dev")
 
   def get_test_examples(self, data_dir):
-    return self._create_examples(os.path.join(data_dir, "test.tsv"), "test")
+    return self._create_examples(self._lines(data_dir, "test.tsv"), "test")
 
   def get_labels(self):
     return ["0", "1"]
 
-  def _create_examples(self, path, set_type):
+  def _create_examples(self, lines, set_type):
+    path = f"the {set_type} file"
     examples = []
-    for i, line in enumerate(self._read_tsv(path)):
+    for i, line in enumerate(lines):
       if i == 0:
         continue
       label = "0" if set_type == "test" else _column(line, 0, path)
@@ -238,20 +243,21 @@ class ColaProcessor(DataProcessor):
   """Corpus of Linguistic Acceptability (GLUE); single sentences."""
 
   def get_train_examples(self, data_dir):
-    return self._create_examples(os.path.join(data_dir, "train.tsv"), "train")
+    return self._create_examples(self._lines(data_dir, "train.tsv"), "train")
 
   def get_dev_examples(self, data_dir):
-    return self._create_examples(os.path.join(data_dir, "dev.tsv"), "dev")
+    return self._create_examples(self._lines(data_dir, "dev.tsv"), "dev")
 
   def get_test_examples(self, data_dir):
-    return self._create_examples(os.path.join(data_dir, "test.tsv"), "test")
+    return self._create_examples(self._lines(data_dir, "test.tsv"), "test")
 
   def get_labels(self):
     return ["0", "1"]
 
-  def _create_examples(self, path, set_type):
+  def _create_examples(self, lines, set_type):
+    path = f"the {set_type} file"
     examples = []
-    for i, line in enumerate(self._read_tsv(path)):
+    for i, line in enumerate(lines):
       if set_type == "test":
         if i == 0:  # only the test file has a header
           continue

@@ -276,15 +276,16 @@ def convert_examples_to_features(examples, tokenizer, max_seq_length: int, doc_s
       unique_id += 1
 
 
-def _improve_answer_span(doc_pieces, start: int, end: int, tokenizer, answer_text: str):
+def _improve_answer_span(doc_tokens, input_start: int, input_end: int, tokenizer,
+                         orig_answer_text: str):
   """The tightest wordpiece span whose text equals the tokenized answer (the
   word-level span may include extra pieces, e.g. "1895" of "(1895-1943).")."""
-  wanted = " ".join(tokenizer.tokenize(answer_text))
-  for new_start in range(start, end + 1):
-    for new_end in range(end, new_start - 1, -1):
-      if " ".join(doc_pieces[new_start:new_end + 1]) == wanted:
+  wanted = " ".join(tokenizer.tokenize(orig_answer_text))
+  for new_start in range(input_start, input_end + 1):
+    for new_end in range(input_end, new_start - 1, -1):
+      if " ".join(doc_tokens[new_start:new_end + 1]) == wanted:
         return new_start, new_end
-  return start, end
+  return input_start, input_end
 
 
 def _check_is_max_context(doc_spans, cur_span_index: int, position: int) -> bool:
