@@ -281,7 +281,8 @@ def test_tokenization_helpers():
     tokenization.validate_case_matches_checkpoint(
         False, "/m/uncased_L-12_H-768_A-12/bert_model.ckpt")
   with pytest.raises(ValueError, match="pass --do_lower_case=False"):
-    tokenization.validate_case_matches_checkpoint(True, "gs://b/cased_L-12_H-768_A-12/bert_model.ckpt")
+    tokenization.validate_case_matches_checkpoint(
+        True, "gs://b/cased_L-12_H-768_A-12/bert_model.ckpt")
 
 
 # ---- optimization ------------------------------------------------------------------

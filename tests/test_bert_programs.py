@@ -18,7 +18,8 @@ from mesh_tensorflow.bert import _flags
      "error: --task_name=sst is not one of ['cola', 'mnli', 'mrpc', 'xnli']"),
     ("run_classifier", ["--use_tpu"], "TPUEstimator"),
     ("run_squad", ["--do_train=maybe"], "error: "),
-    ("run_pretraining", ["--num_train_step=3"], "error: Unknown command line flag 'num_train_step'"),
+    ("run_pretraining", ["--num_train_step=3"],
+     "error: Unknown command line flag 'num_train_step'"),
     ("run_squad", ["--vocab_file=v", "--bert_config_file=/nonexistent/c.json",
                    "--output_dir=o"], "error: BERT config file"),
 ])

@@ -81,8 +81,9 @@ class _SizeLimited(mtf_optimize.Optimizer):
     self.max_size = max_size
 
   def apply_grads(self, grads, variables, **kwargs):
-    grads = [None if mtf.ops.variables._as_variable(v).shape.size > self.max_size  # pylint: disable=protected-access
-             else g for g, v in zip(grads, variables)]
+    sizes = [(v.outputs[0] if isinstance(v, mtf.Operation) else v).shape.size
+             for v in variables]
+    grads = [None if size > self.max_size else g for g, size in zip(grads, sizes)]
     return self.inner.apply_grads(grads, variables, **kwargs)
 
   def apply_grad(self, grad, var):

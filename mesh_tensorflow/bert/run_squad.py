@@ -581,7 +581,8 @@ def validate_flags_or_throw(bert_config) -> None:
   """
   tokenization.validate_case_matches_checkpoint(_flags.value(FLAGS, "do_lower_case", True),
                                                 _flags.value(FLAGS, "init_checkpoint"))
-  do_train, do_predict = _flags.value(FLAGS, "do_train", False), _flags.value(FLAGS, "do_predict", False)
+  do_train = _flags.value(FLAGS, "do_train", False)
+  do_predict = _flags.value(FLAGS, "do_predict", False)
   if not do_train and not do_predict:
     raise ValueError("At least one of --do_train or --do_predict must be set.")
   if do_train and not _flags.value(FLAGS, "train_file"):
