@@ -23,16 +23,7 @@ with open(os.path.join(_HERE, "data", "original_public_names.json"), encoding="u
   ORIGINAL = json.load(f)
 
 # Modules that do not exist yet (every one of their names is missing with them).
-NOT_YET_MODULES = {
-    # BERT (out of scope so far).
-    "mesh_tensorflow.bert",
-    "mesh_tensorflow.bert.bert",
-    "mesh_tensorflow.bert.optimization",
-    "mesh_tensorflow.bert.run_classifier",
-    "mesh_tensorflow.bert.run_pretraining",
-    "mesh_tensorflow.bert.run_squad",
-    "mesh_tensorflow.bert.tokenization",
-}
+NOT_YET_MODULES: set = set()
 
 # Names missing from modules that exist.
 NOT_YET = {
