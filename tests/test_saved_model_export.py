@@ -227,7 +227,6 @@ def test_cli_export_on_a_split_mesh(exported, loaded):
   want = exported["lm"]["scores"]
   np.testing.assert_allclose(loaded["split"]["scores"], want + want[:3], rtol=1e-4, atol=1e-4)
   assert len(loaded["split"]["outputs"]) == len(TEXTS) + 3
-  assert loaded["split"]["outputs"][4] == ""  # the prompt fills the sequence
 
 
 def test_python_vocabulary_exports_ids_signatures_only(exported, loaded):

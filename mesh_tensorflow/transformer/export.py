@@ -29,8 +29,8 @@ has no SentencePiece op), so its SavedModel has only `decode_ids` and
 `score_ids` (then also under `serving_default`).
 
 Inside, each call of n examples runs in chunks of `batch_size` rows (the last
-padded), so any n works. Decoding a text longer than the model's sequence
-length cuts it, as the CLI does.
+padded), so any n works. A prompt that fills a language model's sequence
+keeps its last tokens, leaving room to generate, as the CLI does.
 
     >>> info = export_saved_model("/tmp/lm", model_type="lm", vocabulary=ByteVocabulary(),
     ...                           sequence_length={"targets": 64})
@@ -122,9 +122,15 @@ def _fit(ids: tf.Tensor, length: int) -> tf.Tensor:
   return tf.pad(ids, [[0, 0], [0, length - tf.shape(ids)[1]]])
 
 
-def _encode(vocabulary, texts: tf.Tensor, length: int, append_eos: bool) -> tf.Tensor:
-  """inference.encode_batch as TensorFlow ops: ids [n, length]."""
+def _encode(vocabulary, texts: tf.Tensor, length: int, append_eos: bool,
+            keep_last: Optional[int] = None) -> tf.Tensor:
+  """inference.encode_batch as TensorFlow ops: ids [n, length] (with
+  keep_last, a text of `length` or more ids keeps its last keep_last)."""
   ragged = vocabulary.encode_tf(texts)
+  if keep_last is not None:
+    ends = ragged.row_lengths()
+    starts = tf.where(ends >= length, ends - keep_last, tf.zeros_like(ends))
+    ragged = tf.gather(ragged, tf.ragged.range(starts, ends), batch_dims=1)
   if append_eos:
     ragged = ragged[:, :length - 1]
     eos = tf.fill([ragged.nrows(), 1], tf.constant(vocabulary.eos_id, tf.int32))
@@ -210,7 +216,9 @@ class _Exporter:
   def decode_text(self, inputs: tf.Tensor) -> Dict[str, tf.Tensor]:
     vocab = self.setup.vocabulary
     key = "targets" if self.lm else "inputs"
-    ids = _encode(vocab, inputs, self.setup.sequence_length[key], append_eos=not self.lm)
+    length = self.setup.sequence_length[key]
+    keep = inference.prompt_room(length, self.decode_length) if self.lm else None
+    ids = _encode(vocab, inputs, length, append_eos=not self.lm, keep_last=keep)
     return {"outputs": vocab.decode_tf(self.decode_ids(ids)["outputs"])}
 
   def score_text(self, features: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
