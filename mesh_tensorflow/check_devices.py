@@ -38,23 +38,24 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from absl import flags
 
-FLAGS = flags.FLAGS
-flags.DEFINE_bool("quick", False, "Small sizes and few repeats (CI, CPU-only machines).")
-flags.DEFINE_integer("processors", 4, "Processors of the 1-D and 2-D meshes (even, >= 2).")
-flags.DEFINE_integer("train_steps", 3, "SGD steps of the loss comparisons.")
+# Its own flag set: importing the check never collides with a program's flags.
+FLAGS = flags.FlagValues()
+flags.DEFINE_bool("quick", False, "Small sizes and few repeats (CI, CPU-only machines).", flag_values=FLAGS)
+flags.DEFINE_integer("processors", 4, "Processors of the 1-D and 2-D meshes (even, >= 2).", flag_values=FLAGS)
+flags.DEFINE_integer("train_steps", 3, "SGD steps of the loss comparisons.", flag_values=FLAGS)
 flags.DEFINE_float("peak_tflops", 0.0,
-                   "The device's dense peak TFLOP/s for MFU (default: looked up by GPU name).")
+                   "The device's dense peak TFLOP/s for MFU (default: looked up by GPU name).", flag_values=FLAGS)
 flags.DEFINE_list("parts", ["layout", "train", "throughput"],
-                  "Which parts to run (comma-separated): layout, train, throughput.")
-flags.DEFINE_bool("xla", True, "Also measure the throughput with XLA (jit_compile).")
+                  "Which parts to run (comma-separated): layout, train, throughput.", flag_values=FLAGS)
+flags.DEFINE_bool("xla", True, "Also measure the throughput with XLA (jit_compile).", flag_values=FLAGS)
 flags.DEFINE_integer("logical_gpu_memory_mb", 2048,
-                     "Memory limit of each extra logical GPU carved out of one physical GPU.")
+                     "Memory limit of each extra logical GPU carved out of one physical GPU.", flag_values=FLAGS)
 flags.DEFINE_integer("main_gpu_memory_mb", 0,
                      "Memory limit of logical GPU 0 (the throughput device) when carving one "
-                     "GPU; 0: the GPU's memory less the others' and 2 GiB.")
+                     "GPU; 0: the GPU's memory less the others' and 2 GiB.", flag_values=FLAGS)
 flags.DEFINE_string("throughput_size", "",
                     "Override the throughput transformer: comma-separated key=value of batch, "
-                    "length, d_model, heads, d_ff, vocab, layers.")
+                    "length, d_model, heads, d_ff, vocab, layers.", flag_values=FLAGS)
 
 # A hidden switch for the tests: perturbs one device result so that the check
 # must report a mismatch.
