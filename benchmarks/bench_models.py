@@ -1,7 +1,7 @@
 """The models measured by the benchmarks, written twice: in mtf, and as plain
 single-device TensorFlow with the same math (the baseline of every ratio).
 
-The models live in `mesh_tensorflow.reference_models` (the device check uses
+The models live in `mesh_tensorflow.testing.reference_models` (the device check uses
 them too); this module keeps the benchmarks' call forms, at the default sizes.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import reference_models as rm
-from mesh_tensorflow.reference_models import (  # noqa: F401  re-exported
+from mesh_tensorflow.testing import reference_models as rm
+from mesh_tensorflow.testing.reference_models import (  # noqa: F401  re-exported
     LR, MLP, MLP_INPUT_NAMES, TRANSFORMER, TRANSFORMER_INPUT_NAMES, mlp_loss, mlp_variables,
     sgd_step_fn, transformer_loss, transformer_variables)
 

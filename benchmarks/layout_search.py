@@ -23,7 +23,7 @@ time: on a machine that other jobs load, wall-clock medians of one layout vary
 between runs far more than the differences between layouts.
 
 --fit also fits the five CPU speed parameters to the measurements (non-negative
-least squares) and prints them as JSON; the defaults in cost_model.py came
+least squares) and prints them as JSON; the defaults in mesh_tensorflow/analysis/cost_model came
 from such a fit.
 """
 
@@ -48,7 +48,7 @@ use_logical_cpus(8)  # before TensorFlow initializes its devices
 import bench_models as bm  # noqa: E402
 import mesh_tensorflow as mtf  # noqa: E402
 from mesh_tensorflow import auto_mtf  # noqa: E402
-from mesh_tensorflow import cost_model  # noqa: E402
+from mesh_tensorflow.analysis import cost_model  # noqa: E402
 
 STAT = "median"  # or "min" (--stat): per layout, over the repeats
 SAMPLES = {}  # (mesh_shape, rules) -> seconds per step of each repeat

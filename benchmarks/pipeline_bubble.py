@@ -18,7 +18,7 @@
 2. Memory of the backward pass of a small transformer (one device) under
    LayerStack(recompute="none" | "selective" | "layer"): the bytes of forward
    activations the backward pass reads (counted on the mtf graph), the
-   cost model's peak of live activation slices (mesh_tensorflow.cost_model,
+   cost model's peak of live activation slices (mesh_tensorflow.analysis.cost_model,
    if present), and the peak resident memory of a process that runs one training step (each
    policy in a fresh subprocess; ru_maxrss), with the loss of each (equal).
    Also GPipe vs 1F1B for the pipelined model on pp:4;dp:2.
@@ -44,7 +44,7 @@ from mesh_tensorflow.testing import DEVICES, use_logical_cpus  # noqa: E402
 use_logical_cpus(8)  # before TensorFlow initializes its devices
 
 import mesh_tensorflow as mtf  # noqa: E402
-from mesh_tensorflow import pipeline as pl  # noqa: E402
+from mesh_tensorflow.training import pipeline as pl  # noqa: E402
 from mesh_tensorflow.transformer import layer_stack as layer_stack_lib  # noqa: E402
 from mesh_tensorflow.transformer import transformer  # noqa: E402
 from mesh_tensorflow.transformer import transformer_layers as tl  # noqa: E402
@@ -188,7 +188,7 @@ def _build(mesh, recompute, num_stages=1, schedule="gpipe", micro=1):
 
 def kept_bytes(recompute: str):
   """(bytes kept for the backward pass, the cost model's peak activation
-  bytes or None if mesh_tensorflow.cost_model is absent)."""
+  bytes or None if mesh_tensorflow.analysis.cost_model is absent)."""
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
   _, _, n_forward = _build(mesh, recompute)

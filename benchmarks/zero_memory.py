@@ -1,4 +1,4 @@
-"""Per-device training-state memory under ZeRO stages 0-3 (mesh_tensorflow.zero).
+"""Per-device training-state memory under ZeRO stages 0-3 (mesh_tensorflow.training.zero).
 
 Builds the main job's transformer (2 layers, d_model 128, d_ff 512, 8 heads,
 byte vocabulary; gin defaults) with Adam (two full-size slots per variable)
@@ -33,7 +33,7 @@ from mesh_tensorflow.testing import DEVICES, use_logical_cpus  # noqa: E402
 use_logical_cpus(8)  # before TensorFlow initializes its devices
 
 import mesh_tensorflow as mtf  # noqa: E402
-from mesh_tensorflow import zero  # noqa: E402
+from mesh_tensorflow.training import zero  # noqa: E402
 from mesh_tensorflow.transformer import gin_config, modeling  # noqa: E402
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib  # noqa: E402
 

@@ -58,7 +58,7 @@ from absl import flags  # noqa: E402
 import numpy as np  # noqa: E402
 
 import mesh_tensorflow as mtf  # noqa: E402
-from mesh_tensorflow import conv_layers  # noqa: E402
+from mesh_tensorflow.layers import convolution as conv_layers  # noqa: E402
 
 NUM_DEVICES = 8
 IMAGE_SIZE = 8

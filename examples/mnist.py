@@ -228,15 +228,25 @@ def train_dataset(images: np.ndarray, labels: np.ndarray, batch_size: int,
   """Shuffled (with `seed`), repeated {"image", "label"} batches of exactly
   `batch_size`.
 
-  The order depends only on `seed`, so a resumed run that skips the batches
+  The order depends only on `seed` (not on TensorFlow's global seed), so a
+  resumed run that skips the batches
   already consumed sees the same batches as an uninterrupted one.
 
   Example:
     >>> ds = train_dataset(data["train_images"], data["train_labels"], 128, seed=1)
   """
-  ds = tf.data.Dataset.from_tensor_slices({"image": images, "label": labels})
-  ds = ds.shuffle(len(images), seed=seed, reshuffle_each_iteration=True)
-  return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
+  images, labels = tf.constant(images), tf.constant(labels)
+  count = int(labels.shape[0])
+
+  def epoch_order(epoch):
+    # Stateless: the same order whatever tf.random.set_seed a program set.
+    order = tf.random.experimental.stateless_shuffle(
+        tf.range(count), seed=tf.stack([tf.constant(seed, tf.int64), epoch]))
+    return tf.data.Dataset.from_tensor_slices(order)
+
+  ds = tf.data.Dataset.range(2**62).flat_map(epoch_order)
+  ds = ds.map(lambda i: {"image": tf.gather(images, i), "label": tf.gather(labels, i)})
+  return ds.batch(batch_size, drop_remainder=True).prefetch(2)
 
 
 def test_dataset(images: np.ndarray, labels: np.ndarray,

@@ -10,36 +10,39 @@ from mesh_tensorflow import cli as _cli
 if _cli.started_as_command():
   _cli.quiet_tensorflow_startup()  # before anything imports TensorFlow
 
-from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
-from mesh_tensorflow.layout import (
+from mesh_tensorflow.compat import moved_modules as _moved_modules
+_moved_modules.install()  # this library's former flat module paths
+
+from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
+from mesh_tensorflow.core.layout import (
     LayoutRules, TensorLayout, convert_to_layout_rules, pnum_to_processor_coordinates,
     processor_coordinates_to_pnum, processor_groups)
-from mesh_tensorflow.graph import Graph, Mesh, Operation, Tensor, name_scope
-from mesh_tensorflow.mesh_impl import (
+from mesh_tensorflow.core.graph import Graph, Mesh, Operation, Tensor, name_scope
+from mesh_tensorflow.lowering.mesh_impl import (
     LaidOutTensor, LazyAllreduceSum, LazyLaidOutTensor, MeshImpl,
     compatible_lazy_allreduce_sums, convert_args_to_laid_out_tensors)
-from mesh_tensorflow.lowering import Lowering, pretty_print_counters
-from mesh_tensorflow.gradients import gradients
-from mesh_tensorflow import placement_mesh_impl
-from mesh_tensorflow import simd_mesh_impl
-from mesh_tensorflow import learning_rate_schedules
-from mesh_tensorflow import utils
-from mesh_tensorflow import optimize
-from mesh_tensorflow import initializers
+from mesh_tensorflow.lowering.lowering import Lowering, pretty_print_counters
+from mesh_tensorflow.ops.gradients import gradients
+from mesh_tensorflow.lowering import placement_mesh_impl
+from mesh_tensorflow.lowering import simd_mesh_impl
+from mesh_tensorflow.training import learning_rate_schedules
+from mesh_tensorflow.compat import utils
+from mesh_tensorflow.training import optimize
+from mesh_tensorflow.layers import initializers
 from mesh_tensorflow import layers
-from mesh_tensorflow.placement_mesh_impl import PlacementMeshImpl
-from mesh_tensorflow.simd_mesh_impl import SimdMeshImpl
-from mesh_tensorflow import checkpoint
-from mesh_tensorflow.checkpoint import MtfCheckpointSaverListener, MtfRestoreHook  # raise: Estimator is gone
+from mesh_tensorflow.lowering.placement_mesh_impl import PlacementMeshImpl
+from mesh_tensorflow.lowering.simd_mesh_impl import SimdMeshImpl
+from mesh_tensorflow.training import checkpoint
+from mesh_tensorflow.training.checkpoint import MtfCheckpointSaverListener, MtfRestoreHook  # raise: Estimator is gone
 from mesh_tensorflow import training
-from mesh_tensorflow import cluster  # meshes over several processes/hosts
-from mesh_tensorflow import zero
-from mesh_tensorflow import offload
-from mesh_tensorflow import mixed_precision
-from mesh_tensorflow import adascale
+from mesh_tensorflow.distributed import cluster  # meshes over several processes/hosts
+from mesh_tensorflow.training import zero
+from mesh_tensorflow.training import offload
+from mesh_tensorflow.training import mixed_precision
+from mesh_tensorflow.training import adascale
 from mesh_tensorflow.ops import replica_stats
 from mesh_tensorflow.ops.replica_stats import replica_squared_norm
-from mesh_tensorflow.training import scalar_summary
+from mesh_tensorflow.training.trainer import scalar_summary
 
 from mesh_tensorflow.ops.constant_ops import (
     constant, fill, import_fully_replicated, import_laid_out_tensor, import_tf_tensor,
@@ -74,18 +77,18 @@ from mesh_tensorflow.ops.control import (
     while_loop)
 from mesh_tensorflow.ops.slicewise_ops import (
     GenericGradOperation, SlicewiseOperation, cwise, slicewise)
-from mesh_tensorflow.ops.legacy_classes import (
+from mesh_tensorflow.compat.legacy_classes import (
     AddOperation, MinMaxOperation, PoolBackPropOperation, ScalarSummaryOperation,
     StackedVariable, pool_backprop)
-from mesh_tensorflow.ops.legacy_classes import (
+from mesh_tensorflow.compat.legacy_classes import (
     BinaryOpWithBroadcasting, Conv2dOperation, Conv2dTransposeOperation,
     Conv2or3dBackpropFilterOperation, Conv2or3dBackpropInputOperation, Conv3dOperation,
     Conv3dTransposeOperation, PoolOperation, ReadVariable, ScalarAddOperation,
     ScalarMultiplyOperation, SplitOperation, binary_arguments_to_tensors,
     binary_op_with_broadcasting)
 from mesh_tensorflow.ops.random_ops import RandomOperation
-from mesh_tensorflow.microbatches import serialize_training_step
-from mesh_tensorflow import signal_ops  # noqa: F401  (mtf.signal_ops.fft3d, ifft3d)
+from mesh_tensorflow.training.microbatches import serialize_training_step
+from mesh_tensorflow.ops import signal_ops  # noqa: F401  (mtf.signal_ops.fft3d, ifft3d)
 from mesh_tensorflow.ops.utilities import (
     anonymize, anonymous_shape, assign_add_slice, assign_slice, assign_sub_slice,
     binary_reduction_fn, combined_dimension, is_subsequence, left_halo_exchange, list_product,
@@ -109,29 +112,39 @@ ImportLaidOutTensorOperation = ImportLaidOutOperation
 mtf_pow = pow
 mtf_abs = abs
 
-from mesh_tensorflow import beam_search
-from mesh_tensorflow import pipeline  # pipeline parallelism over a "stages" dimension
-from mesh_tensorflow import tpu_variables
+from mesh_tensorflow.layers import beam_search
+from mesh_tensorflow.training import pipeline  # pipeline parallelism over a "stages" dimension
+from mesh_tensorflow.lowering import tpu_variables
 
 # AutoGraph would rewrite these (and all they call) inside users' tf.functions.
-from mesh_tensorflow.autograph_exempt import exempt as _exempt
+from mesh_tensorflow.core.autograph_exempt import exempt as _exempt
+from mesh_tensorflow.training import trainer as _trainer
 for _namespace in (globals(), vars(layers), vars(optimize), vars(beam_search), vars(pipeline),
                    vars(learning_rate_schedules), vars(initializers), vars(zero),
-                   vars(offload), vars(mixed_precision), vars(checkpoint), vars(training),
+                   vars(offload), vars(mixed_precision), vars(checkpoint), vars(_trainer),
                    vars(utils)):
   _exempt(_namespace)
 # Lowering helpers that code may call directly (their private helpers stay
 # plain calls: a wrapper costs about 3 us per call while lowering).
-from mesh_tensorflow import mesh_impl as _mesh_impl
+from mesh_tensorflow.lowering import mesh_impl as _mesh_impl
 from mesh_tensorflow.ops import local_einsum as _local_einsum
 for _namespace in (vars(_mesh_impl), vars(_local_einsum)):
   _exempt(_namespace, public_only=True)
-del _namespace, _exempt, _mesh_impl, _local_einsum
+del _namespace, _exempt, _mesh_impl, _local_einsum, _trainer
 # Activation names in layers resolve to the functions above (see layers_core).
-from mesh_tensorflow import layers_core as _layers_core  # noqa: E402
+from mesh_tensorflow.layers import core as _layers_core  # noqa: E402
 _layers_core.ACTIVATION_NAMESPACES.insert(0, globals())
 del _layers_core
 
+# The former flat module names stay readable as attributes (`mtf.graph`,
+# `mtf.layers_core`, ...) for the modules `import mesh_tensorflow` loads.
+import sys as _sys  # noqa: E402  pylint: disable=g-import-not-at-top
+for _former, _current in _moved_modules.MOVED.items():
+  if "." not in _former and _former not in globals():
+    _module = _sys.modules.get("mesh_tensorflow." + _current)
+    if _module is not None:
+      globals()[_former] = _module
+del _sys, _former, _current, _module, _moved_modules
 
 __version__ = "0.2.0"
 
@@ -142,9 +155,9 @@ __version__ = "0.2.0"
 # resolve when first read. Name -> (module, attribute or None for the module).
 _LAZY = {
     "auto_mtf": ("mesh_tensorflow.auto_mtf", None),
-    "cost_model": ("mesh_tensorflow.cost_model", None),
-    "layout_report": ("mesh_tensorflow.layout_report", "layout_report"),
-    "ops_with_redefined_builtins": ("mesh_tensorflow.ops_with_redefined_builtins", None),
+    "cost_model": ("mesh_tensorflow.analysis.cost_model", None),
+    "layout_report": ("mesh_tensorflow.analysis.layout_report", "layout_report"),
+    "ops_with_redefined_builtins": ("mesh_tensorflow.compat.ops_with_redefined_builtins", None),
     "transformer": ("mesh_tensorflow.transformer", None),
 }
 
@@ -157,7 +170,7 @@ def __getattr__(name: str):
   value = importlib.import_module(module_name)
   if attribute is not None:
     namespace = {attribute: getattr(value, attribute)}
-    from mesh_tensorflow.autograph_exempt import exempt  # pylint: disable=g-import-not-at-top
+    from mesh_tensorflow.core.autograph_exempt import exempt  # pylint: disable=g-import-not-at-top
     exempt(namespace)
     value = namespace[attribute]
   globals()[name] = value

@@ -37,6 +37,7 @@ import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 from absl import flags
+from mesh_tensorflow import cli
 
 # Its own flag set: importing the check never collides with a program's flags.
 FLAGS = flags.FlagValues()
@@ -209,7 +210,7 @@ def run_loss_and_grads(impl, build: Callable, inputs) -> List:
   """[loss, gradient of every variable] as NumPy arrays, one run under impl
   (variables at their initial values)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow import reference_models as rm  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.testing import reference_models as rm  # pylint: disable=g-import-not-at-top
   holder = {}
   step = _lower_outputs(impl, build, lambda g, l: [t for _, t in rm.variable_gradients(g, l)],
                         holder)
@@ -224,7 +225,7 @@ def run_loss_and_grads(impl, build: Callable, inputs) -> List:
 def train_losses(impl, build: Callable, inputs, steps: int, jit_compile=None) -> List[float]:
   """Loss of each of `steps` SGD steps under impl."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow import reference_models as rm  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.testing import reference_models as rm  # pylint: disable=g-import-not-at-top
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
 
   def step(*xs):
@@ -291,7 +292,7 @@ def check_layouts(platform: Platform, report: Report) -> None:
   """Loss and gradients of a tiny transformer on meshes of the devices vs CPU."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow import reference_models as rm  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.testing import reference_models as rm  # pylint: disable=g-import-not-at-top
   n = len(platform.devices)
   inputs = rm.transformer_data(TINY, seed=1)
   build = lambda a, b: rm.build_mtf_transformer(a, b, TINY)
@@ -343,7 +344,7 @@ def check_training(platform: Platform, report: Report, steps: int) -> None:
   """SGD losses on a 2-D mesh of the devices vs the single-CPU run."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow import reference_models as rm  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.testing import reference_models as rm  # pylint: disable=g-import-not-at-top
   n = len(platform.devices)
   models = (
       ("mlp", rm.build_mtf_mlp, SMALL_MLP, rm.mlp_data(SMALL_MLP, seed=2),
@@ -390,7 +391,7 @@ def _throughput_step(impl, ids, targets, config, dtype, holder: dict):
   FLOP count (per processor: the whole model on one device) in holder."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow import reference_models as rm  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.testing import reference_models as rm  # pylint: disable=g-import-not-at-top
 
   def step():
     graph, mesh, loss = rm.build_mtf_transformer(ids, targets, config, dtype)
@@ -410,7 +411,7 @@ def measure_throughput(platform: Platform, report: Report, config: Dict[str, int
   without XLA. Returns {variant: seconds per step}."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow import reference_models as rm  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.testing import reference_models as rm  # pylint: disable=g-import-not-at-top
   device = platform.throughput_device
   tokens = config["batch"] * config["length"]
   runners, flops = {}, {}
@@ -457,7 +458,7 @@ def measure_throughput(platform: Platform, report: Report, config: Dict[str, int
 
 def check_throughput(platform: Platform, report: Report, quick: bool) -> None:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow import reference_models as rm  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.testing import reference_models as rm  # pylint: disable=g-import-not-at-top
   if platform.kind == "GPU":
     config = THROUGHPUT_CPU if quick else THROUGHPUT_GPU
     dtypes = [tf.bfloat16] if quick else [tf.bfloat16, tf.float32]
@@ -524,12 +525,8 @@ def main(argv) -> int:
 def run(argv: Optional[List[str]] = None) -> None:
   """Console entry point: parses the flags, runs the check, exits with its
   status (0 passed, 1 a mismatch, 2 a usage error)."""
-  argv = list(sys.argv if argv is None else argv)
-  try:
-    argv = FLAGS(argv)
-  except flags.Error as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  argv = cli.parse_own_flags(FLAGS, sys.argv if argv is None else argv,
+                              "python -m mesh_tensorflow.check_devices", __doc__)
   try:
     sys.exit(main(argv))
   except UsageError as e:

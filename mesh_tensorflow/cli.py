@@ -2,7 +2,7 @@
 
 Every entry point (`python -m mesh_tensorflow.transformer.main`,
 `python -m mesh_tensorflow.report`, `python -m mesh_tensorflow.inspect_checkpoint`,
-`python -m mesh_tensorflow.launch`, `python -m mesh_tensorflow.cost_model` and
+`python -m mesh_tensorflow.launch`, `python -m mesh_tensorflow.analysis.cost_model` and
 the programs under examples/) runs its main function through `run_main`:
 
 * a mistake of the user (a bad flag, gin binding, layout, mesh, file or
@@ -29,7 +29,6 @@ This module imports nothing heavy, so a program can use it before TensorFlow.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
@@ -203,16 +202,107 @@ def run_main(main: Callable[[List[str]], Optional[int]],
   return 0 if status is None else int(status)
 
 
-class ArgumentParser(argparse.ArgumentParser):
-  """argparse.ArgumentParser whose errors are `UserError`s (so `run_main`
-  prints them as one `error:` line, status 2) instead of a usage block.
+HELP_ARGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
+
+
+class FlagParser:
+  """A command's flags, parsed by absl (`absl.flags`) into their own
+  `FlagValues`, with an `add_argument` / `parse_args` interface: each program
+  lists its flags in one place and reads them as attributes of the result.
+
+  `--name=value` and `--name value` both work, booleans also as `--noname`;
+  a name without dashes is a positional argument. `--help` prints the flags
+  and exits 0; a bad flag raises `UserError` (so `run_main` prints one
+  `error:` line and returns 2).
 
   Example:
-    >>> parser = ArgumentParser(prog="python -m mesh_tensorflow.report")
+    >>> parser = FlagParser(prog="python -m mesh_tensorflow.inspect_checkpoint")
+    >>> parser.add_argument("path", help="a model_dir or a checkpoint prefix")
+    >>> parser.add_argument("--verify", action="store_true", help="read every slice back")
+    >>> args = parser.parse_args(["ckpt-100", "--verify"])
+    >>> args.path, args.verify
+    ('ckpt-100', True)
   """
 
-  def error(self, message):
-    raise UserError(message, hint=f"{self.prog} --help lists the options")
+  def __init__(self, prog: str, description: str = "", usage: Optional[str] = None):
+    self.prog = prog
+    self.description = description
+    self.usage = usage
+    self._flags = []  # (name, kind, default, help)
+    self._positionals = []  # (name, help)
+
+  def add_argument(self, name: str, action: Optional[str] = None, default=None,
+                   type=None, help: str = "") -> None:  # pylint: disable=redefined-builtin
+    """Declares a flag (`--name`) or a positional argument (`name`)."""
+    if not name.startswith("-"):
+      self._positionals.append((name, help))
+      return
+    flag = name.lstrip("-")
+    if action == "store_true":
+      kind, default = "bool", bool(default)
+    elif action == "append":
+      kind, default = "multi_string", list(default or [])
+    elif type is int:
+      kind = "integer"
+    elif type is float:
+      kind = "float"
+    else:
+      kind = "string"
+    self._flags.append((flag, kind, default, help))
+
+  def add_argument_group(self, title: str) -> "FlagParser":
+    del title  # one flat list of flags in --help
+    return self
+
+  def _flag_values(self):
+    from absl import flags  # pylint: disable=g-import-not-at-top
+    values = flags.FlagValues()
+    define = {"bool": flags.DEFINE_bool, "multi_string": flags.DEFINE_multi_string,
+              "integer": flags.DEFINE_integer, "float": flags.DEFINE_float,
+              "string": flags.DEFINE_string}
+    for flag, kind, default, help_text in self._flags:
+      define[kind](flag, default, help_text or flag, flag_values=values)
+    return values
+
+  def format_help(self) -> str:
+    usage = self.usage or " ".join(
+        [self.prog, "[flags]"] + [name.upper() for name, _ in self._positionals])
+    lines = [f"usage: {usage}", ""]
+    if self.description:
+      lines += [self.description.strip(), ""]
+    for name, help_text in self._positionals:
+      lines.append(f"  {name.upper()}: {help_text}")
+    if self._positionals:
+      lines.append("")
+    lines.append("flags:")
+    for flag, kind, default, help_text in self._flags:
+      name = f"--[no]{flag}" if kind == "bool" else f"--{flag}"
+      shown = ("" if default in (None, [], "", False) or "(default" in help_text
+               else f" (default: {default})")
+      lines.append(f"  {name}: {help_text}{shown}")
+    return "\n".join(lines)
+
+  def parse_args(self, argv: Sequence[str]):
+    """Parses `argv` (without the program name); returns a namespace."""
+    import types  # pylint: disable=g-import-not-at-top
+    from absl import flags  # pylint: disable=g-import-not-at-top
+    argv = list(argv)
+    if any(arg in HELP_ARGS for arg in argv):
+      print(self.format_help())
+      raise SystemExit(0)
+    values = self._flag_values()
+    hint = f"{self.prog} --help lists the flags"
+    try:
+      rest = values([self.prog] + argv)[1:]
+    except flags.Error as e:
+      raise UserError(str(e), hint=hint) from None
+    names = [name for name, _ in self._positionals]
+    if len(rest) != len(names):
+      wanted = " ".join(n.upper() for n in names) or "no positional arguments"
+      raise UserError(f"expected {wanted}, got {rest or 'none'}", hint=hint)
+    result = {flag: values[flag].value for flag, _, _, _ in self._flags}
+    result.update(zip(names, rest))
+    return types.SimpleNamespace(**result)
 
 
 def run_absl_main(main: Callable[[List[str]], Optional[int]],
@@ -241,6 +331,30 @@ def run_absl_main(main: Callable[[List[str]], Optional[int]],
     return 0
 
   return run_main(program, argv)
+
+
+def parse_own_flags(flag_values, argv: Sequence[str], program: str,
+                    about: str = "") -> List[str]:
+  """Parses `argv` with a program's own `absl.flags.FlagValues`; `--help`
+  prints `about` and the flags and exits 0, a bad flag exits 2 with one
+  `error:` line. Returns the arguments left over (program name first).
+
+  Example:
+    >>> FLAGS = flags.FlagValues()
+    >>> argv = parse_own_flags(FLAGS, sys.argv, "python -m mesh_tensorflow.check_devices")
+  """
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  argv = list(argv)
+  if any(arg in HELP_ARGS for arg in argv[1:]):
+    text = (about.strip() + "\n\n") if about.strip() else ""
+    print(f"usage: {program} [flags]\n\n{text}flags:\n{flag_values.get_help()}")
+    sys.exit(0)
+  try:
+    return flag_values(argv)
+  except flags.Error as e:
+    print(f"error: {e}", file=sys.stderr)
+    print(f"  hint: {program} --help lists the flags", file=sys.stderr)
+    sys.exit(EXIT_USER_ERROR)
 
 
 def require(module: str, program: str, install: str) -> None:

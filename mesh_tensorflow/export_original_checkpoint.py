@@ -20,7 +20,8 @@ import sys
 from absl import flags
 import tensorflow as tf
 
-from mesh_tensorflow import original_checkpoint
+from mesh_tensorflow import cli
+from mesh_tensorflow.training import original_checkpoint
 
 _DTYPES = {"bfloat16": tf.bfloat16, "float32": tf.float32, "saved": None}
 
@@ -69,12 +70,8 @@ def _run(argv) -> int:
 
 def main(argv=None) -> int:
   """Entry point: `python -m mesh_tensorflow.export_original_checkpoint`."""
-  argv = list(sys.argv if argv is None else argv)
-  try:
-    rest = FLAGS(argv)
-  except flags.Error as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+  rest = cli.parse_own_flags(FLAGS, sys.argv if argv is None else argv,
+                             "python -m mesh_tensorflow.export_original_checkpoint", __doc__)
   return _run(rest)
 
 

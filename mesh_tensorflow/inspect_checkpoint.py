@@ -41,7 +41,7 @@ def _checkpoints(path: str) -> List[str]:
 
 
 def _verify(path: str) -> int:
-  from mesh_tensorflow import checkpoint_verify  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.training import checkpoint_verify  # pylint: disable=g-import-not-at-top
   checkpoints = _checkpoints(path)
   problems = {}
   for prefix in checkpoints:
@@ -76,7 +76,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _main(argv: Sequence[str]) -> int:
   """`python -m mesh_tensorflow.inspect_checkpoint [--verify] PATH`."""
-  parser = cli.ArgumentParser(
+  parser = cli.FlagParser(
       prog="python -m mesh_tensorflow.inspect_checkpoint",
       description="List a checkpoint's mtf variables (a model_dir means its latest "
       "checkpoint); --verify reads every tensor back.")
@@ -86,7 +86,7 @@ def _main(argv: Sequence[str]) -> int:
   args = parser.parse_args(argv)
   if args.verify:
     return _verify(args.path)
-  from mesh_tensorflow.checkpoint import list_variables  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.training.checkpoint import list_variables  # pylint: disable=g-import-not-at-top
   _check_exists(args.path)
   try:
     rows = list_variables(args.path)

@@ -3,7 +3,7 @@ r"""Layout report of a transformer configured by gin files.
 Builds one training step (model, loss, gradients, optimizer updates) of the
 transformer that `python -m mesh_tensorflow.transformer.main` would train with
 the same gin files, without data or devices, and prints its layout report
-(see `mesh_tensorflow.layout_report`); optionally draws it as a PNG, or first
+(see `mesh_tensorflow.analysis.layout_report`); optionally draws it as a PNG, or first
 lets auto_mtf choose the layout:
 
     python -m mesh_tensorflow.report --gin_file=models/tiny_lm.gin \

@@ -41,7 +41,7 @@ def _absl(main):
   return run
 
 
-def _argparse(main):
+def _own_flags(main):
   return main  # these main(argv) functions wrap themselves in cli.run_main
 
 
@@ -55,16 +55,16 @@ def _entry(name):
     return _absl(_example(name).main)
   if name == "report":
     from mesh_tensorflow import report  # pylint: disable=g-import-not-at-top
-    return _argparse(report.main)
+    return _own_flags(report.main)
   if name == "inspect_checkpoint":
     from mesh_tensorflow import inspect_checkpoint  # pylint: disable=g-import-not-at-top
-    return _argparse(inspect_checkpoint.main)
+    return _own_flags(inspect_checkpoint.main)
   if name == "launch":
-    from mesh_tensorflow import launch  # pylint: disable=g-import-not-at-top
-    return _argparse(launch.main)
+    from mesh_tensorflow.distributed import launch  # pylint: disable=g-import-not-at-top
+    return _own_flags(launch.main)
   if name == "cost_model":
-    from mesh_tensorflow import cost_model  # pylint: disable=g-import-not-at-top
-    return _argparse(cost_model.main)
+    from mesh_tensorflow.analysis import cost_model  # pylint: disable=g-import-not-at-top
+    return _own_flags(cost_model.main)
   raise SystemExit(f"unknown entry {name!r}")
 
 

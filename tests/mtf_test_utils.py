@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Callable, Dict
 
 import numpy as np
@@ -51,8 +53,34 @@ def import_script(name: str, *path: str):
     spec = importlib.util.spec_from_file_location(name, script)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    with _flags_left_as_they_were():
+      spec.loader.exec_module(module)
   return sys.modules[name]
+
+
+@contextlib.contextmanager
+def _flags_left_as_they_were():
+  """Runs a script's top level without changing absl's global flags: the
+  absl flags it defines (often --model_dir, --train_steps, which programs
+  imported elsewhere in this process define too) are removed afterwards and
+  any it redefined are restored. Tests call a script's functions, not its
+  main, so they never read its flags."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  registry = flags.FLAGS
+  before = {flag_name: registry[flag_name] for flag_name in registry}
+  overridable = {flag_name: flag.allow_override for flag_name, flag in before.items()}
+  for flag in before.values():
+    flag.allow_override = True  # the script may define the same names
+  try:
+    yield
+  finally:
+    for flag_name in list(registry):
+      if before.get(flag_name) is not registry[flag_name]:
+        delattr(registry, flag_name)
+    for flag_name, flag in before.items():
+      flag.allow_override = overridable[flag_name]
+      if flag_name not in registry:
+        registry[flag_name] = flag
 
 
 def import_mnist_example():

@@ -1,4 +1,4 @@
-"""AdaScale (mesh_tensorflow.adascale): the gain ratio is 1 for S = 1 and
+"""AdaScale (mesh_tensorflow.training.adascale): the gain ratio is 1 for S = 1 and
 above 1 when the batch is scaled; its variance and squared-norm estimates
 match a numpy computation from the micro-batch gradients; the learning rate
 is scaled by the gain and the effective progress advances by it."""
@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import slice_variables
+from mesh_tensorflow.lowering import slice_variables
 
 import mtf_test_utils
 

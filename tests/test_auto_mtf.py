@@ -7,7 +7,7 @@ import pytest
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import auto_mtf
-from mesh_tensorflow import cost_model
+from mesh_tensorflow.analysis import cost_model
 
 
 def mlp_graph(batch=16, features=8, hidden=64, classes=4, optimizer=None):

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import check_devices
-from mesh_tensorflow import reference_models as rm
+from mesh_tensorflow.testing import reference_models as rm
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEVICES = ["cpu:%d" % i for i in range(8)]

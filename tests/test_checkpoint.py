@@ -1,4 +1,4 @@
-"""Layout-independent checkpoints (mesh_tensorflow.checkpoint).
+"""Layout-independent checkpoints (mesh_tensorflow.training.checkpoint).
 
 A model trained a few Adam steps on a 2x4 mesh is saved, then restored under
 other meshes and layouts: every variable and optimizer slot must come back
@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import slice_variables
+from mesh_tensorflow.lowering import slice_variables
 from mtf_test_utils import make_impl
 
 BATCH, FEATURES, HIDDEN, CLASSES = 16, 8, 32, 4

@@ -1,4 +1,4 @@
-"""Damaged checkpoints are found before restoring (mesh_tensorflow.checkpoint_verify).
+"""Damaged checkpoints are found before restoring (mesh_tensorflow.training.checkpoint_verify).
 
 Three checkpoints of a small model trained with Adam on a 2x4 mesh; the newest
 is damaged five ways (data file truncated, overwritten with random bytes or
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import checkpoint_verify
+from mesh_tensorflow.training import checkpoint_verify
 from mtf_test_utils import make_impl
 from test_checkpoint import SAVE_LAYOUT, SAVE_MESH, _data, _make_step, _trace, _values
 

@@ -128,9 +128,9 @@ CLI_CASES = [
     CliCase("launch-bad-cluster-address", "python -m mesh_tensorflow.launch --serve",
             "A worker address without a port", ("--serve", "--cluster=localhost", "--task=0"),
             ("'localhost'", "host:port")),
-    CliCase("cost_model-zero-devices", "python -m mesh_tensorflow.cost_model",
+    CliCase("cost_model-zero-devices", "python -m mesh_tensorflow.analysis.cost_model",
             "--devices=0", ("--calibrate", "--devices=0"), ("--devices=0",)),
-    CliCase("cost_model-output-is-directory", "python -m mesh_tensorflow.cost_model",
+    CliCase("cost_model-output-is-directory", "python -m mesh_tensorflow.analysis.cost_model",
             "--output naming a directory", ("--calibrate", "--output={work}"),
             ("is a directory",)),
 ]
@@ -225,7 +225,7 @@ REAL_CASES = [
                              "--gin_param=run.train_steps = -5", "--model_dir={work}/model"],
      {"MTF_VERBOSE": "1"}, True),
     ("mnist", ["examples/mnist.py", "--train_steps=-1", "--model_dir={work}/model"], {}, False),
-    ("launch", ["-m", "mesh_tensorflow.launch", "--workers=0", "--", "examples/mnist.py"],
+    ("launch", ["-m", "mesh_tensorflow.distributed.launch", "--workers=0", "--", "examples/mnist.py"],
      {}, False),
 ]
 
@@ -349,7 +349,7 @@ def test_launcher_says_who_can_reach_workers_and_cleans_up(tmp_path):
   """A one-worker cluster on loopback: the first line warns about exposure,
   the worker's log says where TensorFlow listens, and after the client ends
   the worker process is gone and its port closed."""
-  from mesh_tensorflow import launch  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.distributed import launch  # pylint: disable=g-import-not-at-top
   lines = []
   client = [sys.executable, "-c", "import os; print(os.environ['MTF_CLUSTER'])"]
   launcher = launch.Launcher(client, workers=1, devices_per_worker=1, log=lines.append,

@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import conv_layers
+from mesh_tensorflow.layers import convolution as conv_layers
 import mtf_test_utils as U
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import cost_model
-from mesh_tensorflow import slice_variables
+from mesh_tensorflow.analysis import cost_model
+from mesh_tensorflow.lowering import slice_variables
 import mtf_test_utils as tu
 
 RNG = np.random.default_rng(0)

@@ -24,6 +24,14 @@ def defined_flags():
   _flag_specs.forget(names)
 
 
+@pytest.fixture(autouse=True)
+def unset_global_seed():
+  """Tests here set TensorFlow's global seed; later tests in this process
+  must not inherit it."""
+  yield
+  tf.random.set_seed(None)
+
+
 def _volume(reso=8, seed=0):
   rng = np.random.RandomState(seed)
   image = rng.uniform(size=(reso, reso, reso)).astype(np.float32)

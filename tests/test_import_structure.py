@@ -7,20 +7,20 @@ any other: hiding a cycle inside a function does not remove it.
 
 Layers, lowest first (a module may import only from its own layer or below):
 
-  0 core         shapes, layout, graph, mesh_impl (laid-out tensors), rng,
-                 slice/master variables, lowering_policies, cli helpers, ...
-  1 ops          mesh_tensorflow.ops.* (the operations), gradients, signal_ops
-  2 lowering     lowering, placement_mesh_impl, simd_mesh_impl, zero, offload
-  3 layers       layers*, conv_layers, initializers, optimize, training,
-                 checkpoint, learning rates, beam_search, pipeline, ...
+  0 core         core/*, the lowering's shared data (lowering.mesh_impl,
+                 slice/master variables, lowering.policies, ...), cli helpers
+  1 ops          ops/* (the operations, gradients, signal_ops)
+  2 lowering     lowering.lowering, placement_mesh_impl, simd_mesh_impl,
+                 training.zero, training.offload
+  3 layers       layers/*, training/*, compat.legacy_classes
   4 api          the `mesh_tensorflow` package itself (`import mesh_tensorflow
                  as mtf`): it loads layers 0-3; the layers above it load on
                  first use of `mtf.<name>` (PEP 562), not at import
-  5 analysis     cost_model, auto_mtf, layout_report
-  6 models       mesh_tensorflow.transformer.*
-  7 programs     command-line modules (report, check_devices, launch, ...)
-                 and compatibility namespaces (the `mesh_tensorflow.ops`
-                 package, ops_with_redefined_builtins, test_utils, testing)
+  5 analysis     analysis/* (cost model, layout report), auto_mtf/*
+  6 models       transformer/*
+  7 programs     commands (report, check_devices, launch, ...), the original's
+                 top-level module paths, the `mesh_tensorflow.ops` namespace,
+                 testing
 
 A module not listed below counts as a program (top layer): it may import
 anything, and no listed module may import it. Importing a submodule also runs
@@ -49,39 +49,31 @@ LAYER_NAMES = ("core", "ops", "lowering", "layers", "api", "analysis", "models",
 # Module (or package prefix, ending in ".") -> layer. The longest match wins.
 LAYERS = {
     # 0 core
-    "shapes": "core", "layout": "core", "graph": "core", "mesh_impl": "core",
-    "rng": "core", "slice_variables": "core", "master_variables": "core",
-    "collective_keys": "core", "tpu_topology": "core", "lowering_policies": "core",
-    "autograph_exempt": "core", "cli": "core", "checkpoint_verify": "core",
-    "cluster": "core", "tpu_variables": "core", "utils": "core",
-    "original_checkpoint": "core",
+    "core.": "core", "lowering.mesh_impl": "core", "lowering.slice_variables": "core",
+    "lowering.master_variables": "core", "lowering.collective_keys": "core",
+    "lowering.tpu_topology": "core", "lowering.policies": "core",
+    "lowering.tpu_variables": "core", "cli": "core", "training.checkpoint_verify": "core",
+    "training.original_checkpoint": "core", "distributed.cluster": "core",
+    "compat.utils": "core", "compat.moved_modules": "core",
     # 1 ops
-    "ops.": "ops", "gradients": "ops", "signal_ops": "ops",
+    "ops.": "ops",
     # 2 lowering
-    "lowering": "lowering", "placement_mesh_impl": "lowering",
-    "simd_mesh_impl": "lowering", "zero": "lowering", "offload": "lowering",
+    "lowering": "lowering", "lowering.lowering": "lowering",
+    "lowering.placement_mesh_impl": "lowering", "lowering.simd_mesh_impl": "lowering",
+    "training.zero": "lowering", "training.offload": "lowering",
     # 3 layers / training
-    "layers": "layers", "layers_core": "layers", "layers_attention": "layers",
-    "layers_incremental": "layers", "layers_local_attention": "layers",
-    "layers_losses": "layers", "layers_reversible": "layers",
-    "layers_unit_scaling": "layers", "conv_layers": "layers", "initializers": "layers",
-    "optimize": "layers", "training": "layers", "checkpoint": "layers",
-    "learning_rate_schedules": "layers", "beam_search": "layers", "pipeline": "layers",
-    "microbatches": "layers", "mixed_precision": "layers", "adascale": "layers",
-    "reference_models": "layers",
-    "ops.legacy_classes": "layers",  # the original's classes, some over training
+    "layers": "layers", "layers.": "layers", "training": "layers", "training.": "layers",
+    "compat.legacy_classes": "layers",  # the original's classes, some over training
+    "testing.reference_models": "layers",
     # 4 api
     "": "api",
     # 5 analysis
-    "cost_model": "analysis", "auto_mtf": "analysis", "auto_mtf.": "analysis",
-    "layout_report": "analysis",
+    "analysis.": "analysis", "auto_mtf": "analysis", "auto_mtf.": "analysis",
     # 6 models
     "transformer": "models", "transformer.": "models",
-    # 7 programs and compatibility namespaces
-    "ops": "programs", "ops_with_redefined_builtins": "programs",
-    "cost_model.__main__": "programs", "report": "programs", "check_devices": "programs",
-    "inspect_checkpoint": "programs", "export_original_checkpoint": "programs",
-    "launch": "programs", "test_utils": "programs", "testing": "programs",
+    # 7 programs and compatibility namespaces: everything else (the commands,
+    # the original's top-level module paths, `mesh_tensorflow.ops`,
+    # compat.ops_with_redefined_builtins, compat.test_utils, testing)
 }
 
 # Edges that still close import cycles. Only remove entries (see the docstring).
@@ -238,7 +230,7 @@ def test_every_module_has_a_known_layer():
   assert graph, "no modules found"
   assert all(_layer(_named(m)) in LAYER_NAMES for m in graph)
   # Spot checks of the table itself.
-  assert _layer("mesh_tensorflow.graph") == "core"
+  assert _layer("mesh_tensorflow.core.graph") == "core"
   assert _layer("mesh_tensorflow.ops.einsum_ops") == "ops"
   assert _layer("mesh_tensorflow.ops") == "programs"
   assert _layer("mesh_tensorflow.transformer.utils") == "models"
@@ -278,7 +270,7 @@ def test_the_checks_catch_a_cycle_and_an_uphill_import():
   graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
   assert find_cycles(graph) == [["a", "b", "c", "a"]]
   assert find_cycles({"a": {"b"}, "b": set()}) == []
-  assert _layer("mesh_tensorflow.graph") == "core" and _layer("mesh_tensorflow.report") == "programs"
+  assert _layer("mesh_tensorflow.core.graph") == "core" and _layer("mesh_tensorflow.report") == "programs"
 
 
 def _run_python(code):
@@ -298,9 +290,9 @@ def test_import_mesh_tensorflow_loads_no_transformer_or_cost_model():
   path, loaded = out.strip().splitlines()[-2:]
   assert path.startswith(REPO_ROOT), path
   loaded = set(loaded.split())
-  assert "mesh_tensorflow.graph" in loaded  # the check sees the package's modules
-  for name in ("mesh_tensorflow.transformer", "mesh_tensorflow.cost_model",
-               "mesh_tensorflow.auto_mtf", "mesh_tensorflow.layout_report"):
+  assert "mesh_tensorflow.core.graph" in loaded  # the check sees the package's modules
+  for name in ("mesh_tensorflow.transformer", "mesh_tensorflow.analysis.cost_model",
+               "mesh_tensorflow.auto_mtf", "mesh_tensorflow.analysis.layout_report"):
     assert name not in loaded, f"import mesh_tensorflow loaded {name}"
 
 
@@ -308,7 +300,7 @@ def test_lazy_names_resolve_on_first_use():
   out = _run_python(
       "import sys, types\n"
       "import mesh_tensorflow as mtf\n"
-      "import mesh_tensorflow.layout_report\n"  # the module of the same name
+      "import mesh_tensorflow.analysis.layout_report\n"  # the module of the same name
       "assert callable(mtf.layout_report) and hasattr(mtf.layout_report, 'LayoutReport')\n"
       "assert isinstance(mtf.transformer, types.ModuleType)\n"
       "assert mtf.transformer.transformer.Unitransformer\n"
@@ -338,3 +330,57 @@ def test_report_command_still_runs(module):
                         capture_output=True, text=True, timeout=300, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "--gin_file" in proc.stdout
+
+
+FORMER_PATHS = {  # this library's former flat paths -> the module now
+    "mesh_tensorflow.graph": "mesh_tensorflow.core.graph",
+    "mesh_tensorflow.shapes": "mesh_tensorflow.core.shapes",
+    "mesh_tensorflow.layers_core": "mesh_tensorflow.layers.core",
+    "mesh_tensorflow.lowering_policies": "mesh_tensorflow.lowering.policies",
+    "mesh_tensorflow.zero": "mesh_tensorflow.training.zero",
+    "mesh_tensorflow.checkpoint": "mesh_tensorflow.training.checkpoint",
+    "mesh_tensorflow.cost_model": "mesh_tensorflow.analysis.cost_model",
+    "mesh_tensorflow.ops.legacy_classes": "mesh_tensorflow.compat.legacy_classes",
+}
+ORIGINAL_PATHS = {  # the original's top-level modules -> the module now
+    "mesh_tensorflow.placement_mesh_impl": "mesh_tensorflow.lowering.placement_mesh_impl",
+    "mesh_tensorflow.simd_mesh_impl": "mesh_tensorflow.lowering.simd_mesh_impl",
+    "mesh_tensorflow.optimize": "mesh_tensorflow.training.optimize",
+    "mesh_tensorflow.utils": "mesh_tensorflow.compat.utils",
+    "mesh_tensorflow.beam_search": "mesh_tensorflow.layers.beam_search",
+    "mesh_tensorflow.tpu_variables": "mesh_tensorflow.lowering.tpu_variables",
+    "mesh_tensorflow.test_utils": "mesh_tensorflow.compat.test_utils",
+    "mesh_tensorflow.ops_with_redefined_builtins":
+        "mesh_tensorflow.compat.ops_with_redefined_builtins",
+}
+
+
+def test_former_and_original_paths_give_the_same_module():
+  code = ["import importlib, sys"]
+  for former, current in {**FORMER_PATHS, **ORIGINAL_PATHS}.items():
+    code.append(f"a = importlib.import_module({former!r}); b = importlib.import_module({current!r})")
+    code.append(f"assert a is b and a.__name__ == {current!r} and a.__spec__.name == {current!r}, {former!r}")
+  code.append("from mesh_tensorflow.graph import Graph\nfrom mesh_tensorflow.core.graph import Graph as G\nassert Graph is G")
+  code.append("import mesh_tensorflow.cost_model.__main__ as m\nassert m.__name__ == 'mesh_tensorflow.analysis.cost_model.__main__'")
+  code.append("import mesh_tensorflow as mtf\nassert mtf.training.Trainer is mtf.training.trainer.Trainer")
+  code.append("from mesh_tensorflow.lowering import Lowering\nassert Lowering is mtf.Lowering")
+  code.append("print('ok')")
+  assert _run_python("\n".join(code)).strip().endswith("ok")
+
+
+def test_every_folder_is_documented_and_its_init_is_light():
+  package = os.path.join(REPO_ROOT, PACKAGE)
+  with open(os.path.join(REPO_ROOT, "docs", "architecture.md"), encoding="utf-8") as f:
+    doc = f.read()
+  for folder in ("core", "ops", "lowering", "layers", "training", "distributed", "analysis",
+                 "compat", "testing", "transformer"):
+    assert os.path.isfile(os.path.join(package, folder, "__init__.py")), folder
+    assert f"`{folder}/`" in doc, f"docs/architecture.md does not describe {folder}/"
+  for folder in ("core", "lowering", "training", "distributed", "analysis", "compat"):
+    with open(os.path.join(package, folder, "__init__.py"), encoding="utf-8") as f:
+      tree = ast.parse(f.read())
+    eager = [n for n in tree.body if isinstance(n, ast.ImportFrom) and
+             (n.module or "").startswith(PACKAGE)]
+    assert not eager, f"{folder}/__init__.py imports {[n.module for n in eager]} eagerly"
+  top = sorted(n for n in os.listdir(package) if n.endswith(".py"))
+  assert len(top) <= 16, f"the package's top level has grown to {len(top)} modules: {top}"

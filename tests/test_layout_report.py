@@ -5,7 +5,7 @@ import pytest
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import report as report_cli
-from mesh_tensorflow.layout_report import LayoutReport
+from mesh_tensorflow.analysis.layout_report import LayoutReport
 
 PIL_image = pytest.importorskip("PIL.Image")
 pytest.importorskip("matplotlib")

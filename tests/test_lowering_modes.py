@@ -429,7 +429,7 @@ def test_dropout_masks_change_each_step_and_match_across_layouts(mode):
 def test_per_graph_caches_do_not_keep_old_graphs_alive():
   """Constants and reshapes shared within a graph live as long as that graph:
   a job that retraces its step must not keep old graphs alive."""
-  from mesh_tensorflow.mesh_impl import int_constant  # pylint: disable=import-outside-toplevel
+  from mesh_tensorflow.lowering.mesh_impl import int_constant  # pylint: disable=import-outside-toplevel
   refs = []
   for i in range(20):
     graph = tf.Graph()

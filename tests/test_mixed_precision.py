@@ -1,4 +1,4 @@
-"""Mixed precision (mesh_tensorflow.mixed_precision): bfloat16 and float16
+"""Mixed precision (mesh_tensorflow.training.mixed_precision): bfloat16 and float16
 activations with float32 masters train an MLP on scikit-learn's digits to
 float32's accuracy; dynamic loss scaling skips and logs an overflowing step
 (variables, slots unchanged), halves the scale and grows it again."""
@@ -9,7 +9,7 @@ import tensorflow as tf
 from absl import logging
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import slice_variables
+from mesh_tensorflow.lowering import slice_variables
 
 import mtf_test_utils
 

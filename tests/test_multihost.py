@@ -1,4 +1,4 @@
-"""Meshes over several worker processes (mesh_tensorflow.cluster and .launch).
+"""Meshes over several worker processes (mesh_tensorflow.distributed.cluster and .launch).
 
 The cluster tests start real worker processes on 127.0.0.1 with the
 launcher, train examples/mnist.py across them, and compare the losses it logs
@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mesh_tensorflow import cluster
-from mesh_tensorflow import launch
+from mesh_tensorflow.distributed import cluster
+from mesh_tensorflow.distributed import launch
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO_ROOT, "examples", "mnist.py")

@@ -1,4 +1,4 @@
-"""CPU offload of optimizer state (mesh_tensorflow.offload): slot variables
+"""CPU offload of optimizer state (mesh_tensorflow.training.offload): slot variables
 and their updates live on each processor's host device, results equal those
 without offload. (Run on CPU devices only: each processor's "host" is mapped
 to another logical CPU so that the placement is observable.)"""
@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import slice_variables
+from mesh_tensorflow.lowering import slice_variables
 
 import mtf_test_utils
 

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import layers_core
+from mesh_tensorflow.layers import core as layers_core
 from mesh_tensorflow.transformer import learning_rate_schedules as lrs
 from mtf_test_utils import DEVICES, assert_allclose, ensure_eight_devices, lower_and_run
 

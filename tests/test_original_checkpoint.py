@@ -1,5 +1,5 @@
 """Checkpoints in the original Mesh TensorFlow's format
-(mesh_tensorflow/original_checkpoint.py).
+(mesh_tensorflow/training/original_checkpoint.py).
 
 The fixtures are written with tf.raw_ops.SaveV2 from the published naming
 scheme (names, 2-D attention shapes, bfloat16 or float32 masters, Adafactor
@@ -21,8 +21,8 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import original_checkpoint
-from mesh_tensorflow import slice_variables
+from mesh_tensorflow.training import original_checkpoint
+from mesh_tensorflow.lowering import slice_variables
 from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import transformer_layers as tl
 from mtf_test_utils import make_impl

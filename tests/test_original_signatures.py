@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import simd_mesh_impl, test_utils
+from mesh_tensorflow import simd_mesh_impl
+from mesh_tensorflow import test_utils
 from mtf_test_utils import assert_allclose, lower_and_run
 
 a_dim, b_dim, k_dim = mtf.Dimension("a", 8), mtf.Dimension("b", 6), mtf.Dimension("k", 2)

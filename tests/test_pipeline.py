@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import pipeline as pl
+from mesh_tensorflow.training import pipeline as pl
 from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import transformer_layers as tl
 from mtf_test_utils import make_impl

@@ -290,7 +290,7 @@ def test_program_size_does_not_grow_with_the_mesh():
 def test_pending_sums_share_one_collective():
   """The gradients of both weights (sums over "rows", pending together) are
   reduced by one collective; results and recorded collectives as without."""
-  from mesh_tensorflow import reference_models as rm  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.testing import reference_models as rm  # pylint: disable=g-import-not-at-top
   config = dict(batch=8, pixels=12, hidden=16, classes=4)
   data = [tf.constant(x) for x in rm.mlp_data(config, seed=4)]
 

@@ -24,7 +24,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import slice_variables
+from mesh_tensorflow.lowering import slice_variables
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO_ROOT, "tests", "data", "train_digits.py")

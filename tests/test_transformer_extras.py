@@ -314,7 +314,8 @@ def test_student_teacher_initialize_loads_the_teacher_checkpoint(tmp_path):
 
   teacher_impl = make_impl("all:2", "batch:all")
   lower(teacher_alone, teacher_impl)
-  from mesh_tensorflow import checkpoint, slice_variables
+  from mesh_tensorflow.training import checkpoint
+  from mesh_tensorflow.lowering import slice_variables
   saved = checkpoint.CheckpointManager(teacher_impl, str(tmp_path)).save(5)
   teacher_values = {n: v.numpy() for n, v in slice_variables.variable_store(teacher_impl).items()}
 

@@ -1,4 +1,4 @@
-"""ZeRO stages 0-3 (mesh_tensorflow.zero): same losses, less memory per
+"""ZeRO stages 0-3 (mesh_tensorflow.training.zero): same losses, less memory per
 device at each stage, reduce-scatter for sharded gradients, checkpoints that
 move between stages and meshes. (The small transformer's figures: benchmarks/zero_memory.py;
 ZeRO stage 3 with float16 on the transformer: tests/test_mixed_precision.py.)"""
@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import slice_variables
-from mesh_tensorflow import zero
+from mesh_tensorflow.lowering import slice_variables
+from mesh_tensorflow.training import zero
 
 import mtf_test_utils
 

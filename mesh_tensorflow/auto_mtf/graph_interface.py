@@ -17,9 +17,9 @@ from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tup
 
 import tensorflow as tf
 
-from mesh_tensorflow.graph import Graph as MtfGraph
-from mesh_tensorflow.graph import Operation as MtfOperation
-from mesh_tensorflow.graph import Tensor as MtfTensor
+from mesh_tensorflow.core.graph import Graph as MtfGraph
+from mesh_tensorflow.core.graph import Operation as MtfOperation
+from mesh_tensorflow.core.graph import Tensor as MtfTensor
 
 
 def new_cost_graph_def():

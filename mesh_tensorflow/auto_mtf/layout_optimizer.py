@@ -9,7 +9,7 @@ operations, of the bytes per processor of the tensors in memory
 `max_exhaustive` of them and otherwise grows layouts one assignment at a time
 keeping the best `beam_width`; among layouts of equal value it prefers more
 assigned dimensions (as the original did), then the lowest step time
-estimated by this library's cost model (`mesh_tensorflow.cost_model`).
+estimated by this library's cost model (`mesh_tensorflow.analysis.cost_model`).
 
     >>> estimator = memory_estimator.MemoryEstimator(mtf_graph, "m1:4;m2:2")
     >>> LayoutOptimizer(estimator).solve()
@@ -23,10 +23,10 @@ from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from absl import logging
 
-from mesh_tensorflow import cost_model
+from mesh_tensorflow.analysis import cost_model
 from mesh_tensorflow.auto_mtf import print_cp_model_solution
 from mesh_tensorflow.auto_mtf import scheduler
-from mesh_tensorflow.layout import LayoutRules
+from mesh_tensorflow.core.layout import LayoutRules
 
 Assignment = Dict[str, str]
 

@@ -13,7 +13,7 @@ from typing import Iterable, Optional
 
 from mesh_tensorflow.auto_mtf import graph_interface
 from mesh_tensorflow.auto_mtf import valid_layouts
-from mesh_tensorflow.shapes import convert_to_shape
+from mesh_tensorflow.core.shapes import convert_to_shape
 
 
 class MemoryEstimator:

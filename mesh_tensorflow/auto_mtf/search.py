@@ -6,7 +6,7 @@ tensor of the graph has two dimensions on one mesh dimension. `search`
 enumerates every legal layout where there are few (exhaustive) and otherwise
 grows layouts one rule at a time, keeping the best few (a beam), within a
 time limit; each layout is scored by the analytical cost model
-(`mesh_tensorflow.cost_model`). The result explains the choice: the best
+(`mesh_tensorflow.analysis.cost_model`). The result explains the choice: the best
 candidates with their estimates.
 
 Integer programming (OR-Tools) is not used: OR-Tools' solver crashes when it
@@ -26,9 +26,9 @@ import dataclasses
 import time
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
-from mesh_tensorflow import cost_model
-from mesh_tensorflow.layout import LayoutRules, convert_to_layout_rules
-from mesh_tensorflow.shapes import Dimension, Shape, convert_to_shape
+from mesh_tensorflow.analysis import cost_model
+from mesh_tensorflow.core.layout import LayoutRules, convert_to_layout_rules
+from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_shape
 
 
 class LayoutSearchError(ValueError):

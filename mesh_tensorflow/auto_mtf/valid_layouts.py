@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Dict, Set
 
-from mesh_tensorflow.shapes import convert_to_shape
+from mesh_tensorflow.core.shapes import convert_to_shape
 
 _ANONYMOUS_PREFIX = "_anonymous_"
 

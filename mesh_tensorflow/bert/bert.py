@@ -670,7 +670,7 @@ def get_assignment_map_from_checkpoint(tvars, init_checkpoint: str
     if "global_step" in name or "adam_" in name or "slot_" in name:
       continue
     wanted[name] = var
-  from mesh_tensorflow import checkpoint as checkpoint_lib  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.training import checkpoint as checkpoint_lib  # pylint: disable=g-import-not-at-top
   try:
     stored = [name for name, _, _ in checkpoint_lib.list_variables(init_checkpoint)]
   except ValueError as e:

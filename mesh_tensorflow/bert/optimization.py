@@ -22,7 +22,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import optimize as mtf_optimize
+from mesh_tensorflow.training import optimize as mtf_optimize
 
 _OPTIMIZERS = ("adam", "adafactor")
 _NO_WEIGHT_DECAY = ["LayerNorm", "layer_norm", "bias"]

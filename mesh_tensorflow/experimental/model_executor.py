@@ -28,8 +28,8 @@ import tensorflow as tf
 from absl import logging
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import checkpoint as checkpoint_lib
-from mesh_tensorflow import slice_variables
+from mesh_tensorflow.training import checkpoint as checkpoint_lib
+from mesh_tensorflow.lowering import slice_variables
 from mesh_tensorflow.experimental import _flag_specs
 from mesh_tensorflow.experimental import unet
 from mesh_tensorflow.experimental._flag_specs import FlagSpec

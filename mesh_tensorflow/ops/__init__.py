@@ -7,7 +7,7 @@ resolved (on first use) from the `mesh_tensorflow` package, so code written
 as `from mesh_tensorflow import ops` or `from mesh_tensorflow.ops import *`
 keeps working. As in the original, the names that would shadow Python builtins
 are only here under their `mtf_` names (`mtf_abs`, `mtf_pow`, `mtf_range`,
-`mtf_slice`); `mesh_tensorflow.ops_with_redefined_builtins` adds the
+`mtf_slice`); `mesh_tensorflow.compat.ops_with_redefined_builtins` adds the
 builtin-named ones.
 
     >>> from mesh_tensorflow import ops

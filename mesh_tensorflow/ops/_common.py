@@ -7,8 +7,8 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
-from mesh_tensorflow.graph import Mesh, Tensor
-from mesh_tensorflow.shapes import Shape
+from mesh_tensorflow.core.graph import Mesh, Tensor
+from mesh_tensorflow.core.shapes import Shape
 
 
 def is_scalar_value(x) -> bool:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from mesh_tensorflow.graph import Mesh, Operation, Tensor
-from mesh_tensorflow.mesh_impl import LaidOutTensor
-from mesh_tensorflow.shapes import Shape, convert_to_shape
+from mesh_tensorflow.core.graph import Mesh, Operation, Tensor
+from mesh_tensorflow.lowering.mesh_impl import LaidOutTensor
+from mesh_tensorflow.core.shapes import Shape, convert_to_shape
 
 
 class ConstantOperation(Operation):

@@ -13,8 +13,8 @@ from typing import Callable, List, Sequence
 
 import tensorflow as tf
 
-from mesh_tensorflow.graph import Operation, Tensor
-from mesh_tensorflow.mesh_impl import LaidOutTensor
+from mesh_tensorflow.core.graph import Operation, Tensor
+from mesh_tensorflow.lowering.mesh_impl import LaidOutTensor
 
 
 class _IdentityLike(Operation):
@@ -467,7 +467,7 @@ def recompute_grad(fn: Callable, explicit_inputs: Sequence[Tensor],
   Example:
     >>> y = mtf.recompute_grad(lambda x: block(x), [x])
   """
-  from mesh_tensorflow.gradients import gradients
+  from mesh_tensorflow.ops.gradients import gradients
   explicit_inputs = list(explicit_inputs)
   if not explicit_inputs:
     raise ValueError("mtf.recompute_grad needs at least one explicit input tensor.")

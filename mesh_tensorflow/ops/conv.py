@@ -32,9 +32,9 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
-from mesh_tensorflow.graph import Operation, Tensor
-from mesh_tensorflow.mesh_impl import LazyAllreduceSum, int_constant
-from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
+from mesh_tensorflow.core.graph import Operation, Tensor
+from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum, int_constant
+from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
 IntOrInts = Union[int, Sequence[int]]
 DimLike = Union[Dimension, str, None]

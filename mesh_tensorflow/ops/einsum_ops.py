@@ -12,11 +12,11 @@ from __future__ import annotations
 import string
 from typing import Sequence
 
-from mesh_tensorflow.lowering_policies import fuses_allreduce, split_outermost
-from mesh_tensorflow.graph import Operation, Tensor
-from mesh_tensorflow.mesh_impl import LazyAllreduceSum
+from mesh_tensorflow.lowering.policies import fuses_allreduce, split_outermost
+from mesh_tensorflow.core.graph import Operation, Tensor
+from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum
 from mesh_tensorflow.ops.local_einsum import local_einsum
-from mesh_tensorflow.shapes import Shape, convert_to_shape, shape_union
+from mesh_tensorflow.core.shapes import Shape, convert_to_shape, shape_union
 
 
 class EinsumOperation(Operation):

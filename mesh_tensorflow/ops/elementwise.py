@@ -15,10 +15,10 @@ from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
-from mesh_tensorflow.graph import Operation, Tensor
-from mesh_tensorflow.mesh_impl import LazyAllreduceSum, expand_to_shape, once_per_graph
+from mesh_tensorflow.core.graph import Operation, Tensor
+from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum, expand_to_shape, once_per_graph
 from mesh_tensorflow.ops._common import first_tensor, is_scalar_value, num_elements, to_tensor
-from mesh_tensorflow.shapes import Shape, convert_to_shape, shape_union
+from mesh_tensorflow.core.shapes import Shape, convert_to_shape, shape_union
 
 
 class ElementwiseOperation(Operation):

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from mesh_tensorflow.lowering_policies import gathers_table_first
-from mesh_tensorflow.graph import Operation, Tensor
-from mesh_tensorflow.mesh_impl import (LazyAllreduceSum, LaidOutTensor, expand_to_shape,
+from mesh_tensorflow.lowering.policies import gathers_table_first
+from mesh_tensorflow.core.graph import Operation, Tensor
+from mesh_tensorflow.lowering.mesh_impl import (LazyAllreduceSum, LaidOutTensor, expand_to_shape,
                                       int_constant, once_per_graph, shared_constant)
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops.shape_ops import lower_with_unsplit
-from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
+from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
 
 def _dim_named(x: Tensor, dim):

@@ -33,7 +33,7 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 
-from mesh_tensorflow.mesh_impl import once_per_graph, reshape_slice
+from mesh_tensorflow.lowering.mesh_impl import once_per_graph, reshape_slice
 
 _MATMUL_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 

@@ -1,7 +1,7 @@
 """Layout-invariant random ops: random_uniform, random_normal, dropout.
 
 The full random tensor is the same under every layout and mesh (see
-mesh_tensorflow/rng.py); a new sample is drawn each time the lowered program
+mesh_tensorflow/core/rng.py); a new sample is drawn each time the lowered program
 runs.
 
     >>> h = mtf.dropout(h, is_training=True, rate=0.1)
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from mesh_tensorflow import rng
-from mesh_tensorflow.graph import Operation, Tensor
+from mesh_tensorflow.core import rng
+from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.shapes import convert_to_shape
+from mesh_tensorflow.core.shapes import convert_to_shape
 
 
 _DEFAULT_PARAMS = {"uniform": {"minval": 0.0, "maxval": 1.0},

@@ -17,13 +17,13 @@ from typing import Callable
 
 import tensorflow as tf
 
-from mesh_tensorflow.graph import Operation, Tensor
-from mesh_tensorflow.mesh_impl import LazyAllreduceSum, expand_to_shape, int_constant
+from mesh_tensorflow.core.graph import Operation, Tensor
+from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum, expand_to_shape, int_constant
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops._common import num_elements
 from mesh_tensorflow.ops.indexing import gather
 from mesh_tensorflow.ops.shape_ops import replace_dimensions
-from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
+from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
 _TF_REDUCE = {"SUM": tf.reduce_sum, "MAX": tf.reduce_max, "MIN": tf.reduce_min}
 

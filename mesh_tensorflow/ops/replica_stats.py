@@ -24,9 +24,9 @@ from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
-from mesh_tensorflow.graph import Operation, Tensor
-from mesh_tensorflow.mesh_impl import LazyAllreduceSum
-from mesh_tensorflow.shapes import Shape
+from mesh_tensorflow.core.graph import Operation, Tensor
+from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum
+from mesh_tensorflow.core.shapes import Shape
 
 
 def _pending_sum(lowering, x: Tensor):

@@ -13,9 +13,9 @@ are gathered first and split again afterwards.
 
 from __future__ import annotations
 
-from mesh_tensorflow.graph import Operation, Tensor
-from mesh_tensorflow.mesh_impl import expand_to_shape, reshape_slice
-from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
+from mesh_tensorflow.core.graph import Operation, Tensor
+from mesh_tensorflow.lowering.mesh_impl import expand_to_shape, reshape_slice
+from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
 
 def lower_with_unsplit(lowering, op, unsplit_names, fn, partial_sum_axes=None):

@@ -21,9 +21,9 @@ from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
-from mesh_tensorflow.graph import Operation, Tensor
+from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.ops.shape_ops import lower_with_unsplit
-from mesh_tensorflow.shapes import convert_to_dimension, convert_to_shape
+from mesh_tensorflow.core.shapes import convert_to_dimension, convert_to_shape
 
 
 def _names(tensors) -> List[str]:

@@ -14,10 +14,10 @@ from typing import List, Sequence
 
 import tensorflow as tf
 
-from mesh_tensorflow.graph import Operation, Tensor
-from mesh_tensorflow.mesh_impl import int_constant
+from mesh_tensorflow.core.graph import Operation, Tensor
+from mesh_tensorflow.lowering.mesh_impl import int_constant
 from mesh_tensorflow.ops.shape_ops import lower_with_unsplit
-from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension
+from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension
 
 
 def _dim_named(x: Tensor, dim):

@@ -15,10 +15,10 @@ from typing import Callable, List, Optional, Sequence
 import tensorflow as tf
 from absl import logging
 
-from mesh_tensorflow.graph import Tensor
-from mesh_tensorflow.layout import (
+from mesh_tensorflow.core.graph import Tensor
+from mesh_tensorflow.core.layout import (
     convert_to_layout_rules, pnum_to_processor_coordinates, processor_coordinates_to_pnum)
-from mesh_tensorflow.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
+from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
 _ANONYMOUS_PREFIX = "_anonymous_"
 

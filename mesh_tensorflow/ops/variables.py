@@ -16,13 +16,13 @@ import math
 
 import tensorflow as tf
 
-from mesh_tensorflow import master_variables
-from mesh_tensorflow import rng
-from mesh_tensorflow import slice_variables
-from mesh_tensorflow.slice_variables import variable_store  # noqa: F401 (public)
-from mesh_tensorflow.graph import Graph, Mesh, Operation, Tensor
-from mesh_tensorflow.mesh_impl import LaidOutTensor
-from mesh_tensorflow.shapes import convert_to_shape
+from mesh_tensorflow.lowering import master_variables
+from mesh_tensorflow.core import rng
+from mesh_tensorflow.lowering import slice_variables
+from mesh_tensorflow.lowering.slice_variables import variable_store  # noqa: F401 (public)
+from mesh_tensorflow.core.graph import Graph, Mesh, Operation, Tensor
+from mesh_tensorflow.lowering.mesh_impl import LaidOutTensor
+from mesh_tensorflow.core.shapes import convert_to_shape
 
 
 class VariableDType:
@@ -70,7 +70,7 @@ class Variable(Operation):
     self._trainable = trainable
     self._outputs = [Tensor(self, self._shape, dtype.activation_dtype, name=name)]
     # The shape the slices are stored in: same sizes, possibly renamed dims so
-    # that the layout splits it further (ZeRO stage 3, mesh_tensorflow/zero.py).
+    # that the layout splits it further (ZeRO stage 3, mesh_tensorflow/training/zero.py).
     self.storage_shape = self._shape
     # A full-size master copy, only when the mesh has a variable placer
     # (the original's way to ask for one; master_variables.py).

@@ -36,7 +36,7 @@ from typing import (Callable, Collection, Dict, List, Mapping, Optional, Sequenc
 import gin
 import tensorflow as tf
 
-from mesh_tensorflow.autograph_exempt import plain_tf
+from mesh_tensorflow.core.autograph_exempt import plain_tf
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer.corpus import (  # noqa: F401 (re-exported)
     DEFAULT_CORPUS_BYTES, HOLDOUT_EVERY, TRAIN, VALIDATION, stdlib_docstring_pairs,

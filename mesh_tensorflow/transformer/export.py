@@ -48,7 +48,7 @@ import gin
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import slice_variables
+from mesh_tensorflow.lowering import slice_variables
 from mesh_tensorflow.transformer import inference
 from mesh_tensorflow.transformer import modeling
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib

@@ -7,7 +7,7 @@ other arguments gin binds, so a gin file picks one and sets its parameters:
     cosine_with_warmup.peak = 0.003
     cosine_with_warmup.warmup_steps = 50
 
-They are built from `mesh_tensorflow.learning_rate_schedules`, so a step may
+They are built from `mesh_tensorflow.training.learning_rate_schedules`, so a step may
 be a Python number (handy for checks), a TensorFlow scalar or an mtf scalar:
 
     >>> cosine_with_warmup(0, peak=0.01, warmup_steps=10, total_steps=110)
@@ -41,8 +41,8 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from mesh_tensorflow import learning_rate_schedules as lrs
-from mesh_tensorflow.learning_rate_schedules import _math_for  # the step's arithmetic
+from mesh_tensorflow.training import learning_rate_schedules as lrs
+from mesh_tensorflow.training.learning_rate_schedules import _math_for  # the step's arithmetic
 
 _MODULE = "learning_rate_schedules"
 

@@ -18,7 +18,7 @@ from typing import Dict, Mapping, Sequence, Union
 
 import tensorflow as tf
 
-from mesh_tensorflow.autograph_exempt import plain_tf
+from mesh_tensorflow.core.autograph_exempt import plain_tf
 
 Lengths = Union[int, Mapping[str, int]]
 

@@ -4,7 +4,7 @@ behind `python -m mesh_tensorflow.report`.
 Builds one training step (model, loss, gradients, optimizer updates) of the
 transformer that `python -m mesh_tensorflow.transformer.main` would train with
 the same gin files, without data or devices, and prints its layout report
-(see `mesh_tensorflow.layout_report`); optionally draws it as a PNG, or first
+(see `mesh_tensorflow.analysis.layout_report`); optionally draws it as a PNG, or first
 lets auto_mtf choose the layout:
 
     python -m mesh_tensorflow.report --gin_file=models/tiny_lm.gin \
@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 import mesh_tensorflow as mtf
 from mesh_tensorflow import auto_mtf
 from mesh_tensorflow import cli
-from mesh_tensorflow.layout_report import layout_report
+from mesh_tensorflow.analysis.layout_report import layout_report
 from mesh_tensorflow.transformer import gin_config
 from mesh_tensorflow.transformer import learning_rate_schedules
 from mesh_tensorflow.transformer import modeling
@@ -148,7 +148,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _main(argv: Sequence[str]) -> int:
   """`python -m mesh_tensorflow.report --gin_file=... [--png=out.png]`."""
-  parser = cli.ArgumentParser(
+  parser = cli.FlagParser(
       prog="python -m mesh_tensorflow.report",
       description="Layout report (tensors' splits, per-op compute and communication, "
       "memory per device) of a transformer configured by gin files.")
@@ -164,7 +164,7 @@ def _main(argv: Sequence[str]) -> int:
                       help="communication from a real lowering (slower)")
   parser.add_argument("--params", default="cpu",
                       help="device parameters: cpu, gpu, tpu or a JSON file from "
-                      "python -m mesh_tensorflow.cost_model --calibrate")
+                      "python -m mesh_tensorflow.analysis.cost_model --calibrate")
   parser.add_argument("--auto", action="store_true",
                       help="report the layout auto_mtf picks on the mesh shape instead")
   parser.add_argument("--memory_budget_bytes", type=int, default=None,

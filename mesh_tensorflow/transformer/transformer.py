@@ -50,7 +50,7 @@ import numpy as np
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import beam_search as beam_search_lib
+from mesh_tensorflow.layers import beam_search as beam_search_lib
 from mesh_tensorflow.transformer.layer_stack import (  # noqa: F401 (re-exported)
     EOS_ID, Context, LayerStack, ModeKeys, TransformerLayer, gin_configurables,
     inputs_prefix_mask, make_layer_stack)

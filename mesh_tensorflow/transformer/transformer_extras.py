@@ -303,7 +303,7 @@ class StudentTeacher:
     if mesh_impl is None:
       raise ValueError("StudentTeacher.initialize: give the mesh implementation the model "
                        "was lowered with (its variables are filled from the checkpoint).")
-    from mesh_tensorflow import slice_variables  # pylint: disable=g-import-not-at-top
+    from mesh_tensorflow.lowering import slice_variables  # pylint: disable=g-import-not-at-top
     prefix = self.teacher_checkpoint
     saved = {key: dtype for key, dtype in
              ((k, tf.train.load_checkpoint(prefix).get_variable_to_dtype_map().get(k))

@@ -19,7 +19,7 @@ from typing import Optional, Sequence, Union
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow import layers_core
+from mesh_tensorflow.layers import core as layers_core
 from mesh_tensorflow.transformer import attention
 from mesh_tensorflow.transformer import transformer
 

@@ -1,6 +1,0 @@
-"""`python -m mesh_tensorflow.cost_model --calibrate [--output params.json]`."""
-
-from mesh_tensorflow.cost_model import main
-
-if __name__ == "__main__":
-  raise SystemExit(main())

@@ -1,0 +1,610 @@
+"""The interface between mtf graphs and a concrete set of devices.
+
+A `MeshImpl` knows the mesh shape and the layout rules, and how to compute on
+slices and communicate between processors. `PlacementMeshImpl` (one op per
+device) implements it; other implementations (SIMD, one program per processor)
+share everything in this file.
+
+Slices of one mtf tensor on a mesh form a `LaidOutTensor`. Results of sums over
+split dimensions may stay pending as a `LazyAllreduceSum`, so that further local
+sums happen before the (single) allreduce.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import math
+from typing import Callable, List, Optional, Sequence
+
+import tensorflow as tf
+
+from mesh_tensorflow.core import layout as layout_lib
+from mesh_tensorflow.core.shapes import Shape, convert_to_shape
+
+CollectiveRecord = collections.namedtuple(
+    "CollectiveRecord",
+    ["op_name", "kind", "mesh_axes", "bytes_per_processor", "group_size", "num_groups"])
+
+
+class LaidOutTensor:
+  """The slices of one tensor, one per processor (in pnum order)."""
+
+  def __init__(self, tensor_list: Sequence[tf.Tensor]):
+    self.tensor_list = list(tensor_list)
+
+  @property
+  def all_slices(self):
+    return self.tensor_list
+
+  def to_laid_out_tensor(self):
+    return self
+
+  def __repr__(self):
+    return f"LaidOutTensor({self.tensor_list})"
+
+
+class LazyAllreduceSum:
+  """Per-processor partial sums whose allreduce over `mesh_axes` is deferred."""
+
+  def __init__(self, mesh_impl, laid_out_input: LaidOutTensor, mesh_axes,
+               add_counter_fn: Optional[Callable[[], None]] = None):
+    self.mesh_impl = mesh_impl
+    self.laid_out_input = laid_out_input
+    self.mesh_axes = tuple(sorted(mesh_axes))
+    self.add_counter_fn = add_counter_fn  # called when the allreduce is made
+    self._reduced = None
+    note = getattr(mesh_impl, "note_pending_sum", None)
+    if note is not None:  # an implementation that reduces pending sums together
+      note(self)
+
+  def to_laid_out_tensor(self) -> LaidOutTensor:
+    if self._reduced is None:
+      reduce_pending = getattr(self.mesh_impl, "reduce_pending_sums", None)
+      if reduce_pending is not None:
+        reduce_pending(self)  # sets _reduced, of this sum and of others pending
+      if self._reduced is None:
+        self._reduced = self.mesh_impl.allreduce(self.laid_out_input, self.mesh_axes, "SUM")
+        if self.add_counter_fn is not None:
+          self.add_counter_fn()
+    return self._reduced
+
+  def set_reduced(self, value: "LaidOutTensor") -> None:
+    """Completes the sum with `value` (its allreduce, done by the caller)."""
+    self._reduced = value
+
+  def derived(self) -> None:
+    """Tells the implementation that a new pending sum was made from this
+    one's partial sums: this one is then reduced only if something needs it
+    (not along with others)."""
+    forget = getattr(self.mesh_impl, "forget_pending_sum", None)
+    if forget is not None:
+      forget(self)
+
+  @property
+  def is_pending(self) -> bool:
+    return self._reduced is None
+
+  def combine(self, other, tf_fn) -> "LazyAllreduceSum | LaidOutTensor":
+    """tf_fn (add or subtract) of self and other: two pending sums over the
+    same mesh axes combine their partial sums and stay pending (one allreduce
+    later instead of two); otherwise both are reduced first.
+
+    Example:
+      >>> total = lazy_a.combine(lazy_b, tf.add)   # still one pending allreduce
+    """
+    if isinstance(other, LazyAllreduceSum) and other.mesh_axes == self.mesh_axes:
+      self.derived()
+      other.derived()
+      return LazyAllreduceSum(self.mesh_impl, self.mesh_impl.slicewise(
+          tf_fn, self.laid_out_input, other.laid_out_input), self.mesh_axes)
+    return self.mesh_impl.slicewise(tf_fn, self.to_laid_out_tensor(), as_laid_out(other))
+
+  def __add__(self, other):
+    return self.combine(other, tf.add)
+
+
+def compatible_lazy_allreduce_sums(xs) -> bool:
+  """Whether `xs` is a non-empty list of pending sums (`LazyAllreduceSum`) on
+  one mesh implementation over the same mesh axes, so that they can be
+  combined before a single allreduce.
+
+  Example:
+    >>> if mtf.compatible_lazy_allreduce_sums([a, b]):
+    ...   total = a.combine(b, tf.add)
+  """
+  xs = list(xs)
+  if not xs or not all(isinstance(x, LazyAllreduceSum) for x in xs):
+    return False
+  return all(x.mesh_impl is xs[0].mesh_impl and x.mesh_axes == xs[0].mesh_axes
+             for x in xs[1:])
+
+
+class LazyLaidOutTensor:
+  """A laid-out tensor computed on demand: `to_laid_out_tensor()` calls
+  `to_laid_out_tensor_fn()` each time (a lowering may store one of these in
+  `lowering.tensors` to recompute a cheap value where it is used).
+
+  Example:
+    >>> lazy = mtf.LazyLaidOutTensor(lambda: impl.slicewise(tf.zeros_like, x),
+    ...                              impl.slice_shape(shape))
+  """
+
+  def __init__(self, to_laid_out_tensor_fn: Callable[[], LaidOutTensor], slice_shape):
+    self._to_laid_out_tensor_fn = to_laid_out_tensor_fn
+    self._slice_shape = slice_shape
+
+  def to_laid_out_tensor(self) -> LaidOutTensor:
+    return self._to_laid_out_tensor_fn()
+
+  @property
+  def slice_shape(self):
+    return self._slice_shape
+
+
+def as_laid_out(x):
+  return x.to_laid_out_tensor() if hasattr(x, "to_laid_out_tensor") else x
+
+
+def convert_args_to_laid_out_tensors(xs) -> list:
+  """`xs` with pending sums completed (`LazyAllreduceSum` -> `LaidOutTensor`);
+  other values (laid-out tensors, numbers, TF tensors) pass through. For
+  custom lowerings that hand lowered inputs to `mesh_impl.slicewise`.
+
+  Example:
+    >>> x, y = mtf.convert_args_to_laid_out_tensors([lowering.tensors[a], 2.0])
+  """
+  return [as_laid_out(x) for x in xs]
+
+
+class MeshImpl:
+  """Shape, layout rules and the operations every mesh implementation provides.
+
+  Args:
+    shape: the mesh shape, e.g. "rows:2;cols:4".
+    layout_rules: e.g. "batch:rows;hidden:cols".
+  """
+
+  def __init__(self, shape, layout_rules):
+    self._shape = convert_to_shape(shape)
+    if self._shape is None:
+      raise ValueError(f"Invalid mesh shape {shape!r}; write e.g. 'rows:2;cols:4'.")
+    empty = [d for d in self._shape.dims if d.size < 1]
+    if empty:
+      raise ValueError(
+          f"Mesh shape {shape if isinstance(shape, str) else self._shape.to_string!r}: mesh "
+          f"dimension {empty[0].name!r} has size {empty[0].size}; every mesh dimension "
+          "needs at least 1 processor (e.g. 'rows:2;cols:4').")
+    self._layout_rules = layout_lib.convert_to_layout_rules(layout_rules)
+    self._layout_rules.check_mesh_shape(self._shape)
+    self._layout_cache = {}
+    self.recorder = None  # set by the Lowering while it lowers
+
+  shape = property(lambda self: self._shape)
+  ndims = property(lambda self: self._shape.ndims)
+  size = property(lambda self: self._shape.size)
+  layout_rules = property(lambda self: self._layout_rules)
+
+  # The original's nested class name: `mesh_impl.LaidOutTensor([...])`.
+  LaidOutTensor = LaidOutTensor
+
+  @property
+  def supports_control_dependencies(self) -> bool:
+    """Whether ops on this mesh may take TensorFlow control dependencies."""
+    return True
+
+  def Print(self, x, data, message: str, **kwargs) -> "LaidOutTensor":  # pylint: disable=invalid-name
+    """x (a LaidOutTensor), after printing `message` and each processor's
+    slices of `data` (LaidOutTensors) with tf.print when it runs.
+
+    Example:
+      >>> y = impl.Print(laid_x, [laid_x], "x is")
+    """
+    data = [as_laid_out(d) for d in data]
+
+    def fn(t, *slices):
+      with tf.control_dependencies([tf.print(message, *slices, **kwargs)]):
+        return tf.identity(t)
+    return self.slicewise(fn, x, *data)
+
+  def __repr__(self):
+    return (f"{type(self).__name__}(shape='{self._shape.to_string()}', "
+            f"layout='{self._layout_rules.to_string()}')")
+
+  # ---- layouts -------------------------------------------------------------
+  def tensor_dimension_to_mesh_axis(self, tensor_dimension) -> Optional[int]:
+    return self._layout_rules.tensor_dimension_to_mesh_axis(tensor_dimension, self._shape)
+
+  def tensor_layout(self, arg, tensor_name: str = "") -> layout_lib.TensorLayout:
+    shape = arg.shape if hasattr(arg, "operation") else convert_to_shape(arg)
+    if not tensor_name and hasattr(arg, "operation"):
+      tensor_name = arg.name
+    try:
+      return self._layout_cache[shape]
+    except KeyError:
+      pass
+    result = self._layout_rules.tensor_layout(shape, self._shape, tensor_name)
+    self._layout_cache[shape] = result
+    return result
+
+  def mesh_axis_size(self, mesh_axis: int) -> int:
+    return self._shape.dims[mesh_axis].size
+
+  def slice_shape(self, tensor_shape) -> List[int]:
+    tensor_shape = convert_to_shape(tensor_shape)
+    layout = self.tensor_layout(tensor_shape)
+    return [d.size if a is None else d.size // self._shape.dims[a].size
+            for d, a in zip(tensor_shape.dims, layout)]
+
+  def slice_size(self, tensor_shape) -> int:
+    """Number of elements of one processor's slice."""
+    return math.prod(self.slice_shape(tensor_shape))
+
+  def slice_begin(self, tensor_shape, pnum: int) -> List[int]:
+    tensor_shape = convert_to_shape(tensor_shape)
+    layout = self.tensor_layout(tensor_shape)
+    coords = self.pnum_to_processor_coordinates(pnum)
+    sizes = self.slice_shape(tensor_shape)
+    return [0 if a is None else coords[a] * s for a, s in zip(layout, sizes)]
+
+  def laid_out_size(self, tensor_shape) -> int:
+    """Number of elements of all processors' slices together (replicas
+    counted): `slice_size(tensor_shape) * size`, as in the original. For the
+    elements one processor holds, use `slice_size`.
+
+    Example:
+      >>> impl = PlacementMeshImpl("rows:2;cols:4", "batch:rows", devices)
+      >>> impl.slice_size("batch:8;d:4"), impl.laid_out_size("batch:8;d:4")
+      (16, 128)
+    """
+    return self.slice_size(tensor_shape) * self.size
+
+  def pnum_to_processor_coordinates(self, pnum: int) -> List[int]:
+    return layout_lib.pnum_to_processor_coordinates(self._shape, pnum)
+
+  def processor_coordinates_to_pnum(self, coords) -> int:
+    return layout_lib.processor_coordinates_to_pnum(self._shape, coords)
+
+  def processor_groups(self, mesh_axes) -> List[List[int]]:
+    return layout_lib.processor_groups(self._shape, mesh_axes)
+
+  # ---- counters ------------------------------------------------------------
+  def record_collective(self, kind: str, x, mesh_axes) -> None:
+    """Records a collective on the current Lowering; x is the LaidOutTensor
+    sent (or its per-processor size in bytes)."""
+    if self.recorder is None:
+      return
+    mesh_axes = tuple(mesh_axes)
+    group_size = 1
+    for a in mesh_axes:
+      group_size *= self.mesh_axis_size(a)
+    if isinstance(x, int):
+      nbytes = x
+    else:
+      t = x.tensor_list[0]
+      nbytes = t.shape.num_elements() * t.dtype.size if t.shape.is_fully_defined() else 0
+    self.recorder.record_collective(
+        kind, mesh_axes, nbytes, group_size, self.size // max(group_size, 1))
+
+  @contextlib.contextmanager
+  def unrecorded(self):
+    """Collectives inside are not counted (used where an implementation
+    realizes one logical collective with other data movement)."""
+    recorder, self.recorder = self.recorder, None
+    try:
+      yield
+    finally:
+      self.recorder = recorder
+
+  # ---- what every implementation provides ---------------------------------
+  def slicewise(self, fn: Callable, *inputs):
+    raise NotImplementedError
+
+  def allreduce(self, x: LaidOutTensor, mesh_axes, reduction_fn_string: str) -> LaidOutTensor:
+    raise NotImplementedError
+
+  def allconcat(self, x: LaidOutTensor, mesh_axis: int, concat_axis: int) -> LaidOutTensor:
+    raise NotImplementedError
+
+  def alltoall(self, x: LaidOutTensor, mesh_axis: int, split_axis: int,
+               concat_axis: int) -> LaidOutTensor:
+    raise NotImplementedError
+
+  def receive(self, x: LaidOutTensor, mesh_axis: int, source_pcoord) -> LaidOutTensor:
+    """Each processor receives the slice of the processor at coordinate
+    `source_pcoord[c]` along `mesh_axis` (its own coordinate being `c`), or
+    zeros where that is None."""
+    raise NotImplementedError
+
+  def allgather(self, x: LaidOutTensor, mesh_axis: int, concat_axis: int) -> LaidOutTensor:
+    """Alias of allconcat."""
+    return self.allconcat(x, mesh_axis, concat_axis)
+
+  def allsplit(self, x: LaidOutTensor, mesh_axis: int, split_axis: int) -> LaidOutTensor:
+    """The original's name for slice_along: keeps each processor's block of
+    `split_axis` by its coordinate along `mesh_axis`, without communication."""
+    return self.slice_along(x, mesh_axis, split_axis)
+
+  def shift_by_n_processors(self, x: LaidOutTensor, mesh_axis: int, offset: int,
+                            wrap: bool) -> LaidOutTensor:
+    """Each processor receives the slice of the processor `offset` before it
+    along `mesh_axis` (zeros past the end unless `wrap`)."""
+    n = self.mesh_axis_size(mesh_axis)
+    sources = [(c - offset) % n if wrap or 0 <= c - offset < n else None for c in range(n)]
+    return self.receive(x, mesh_axis, sources)
+
+  def einsum(self, equation: str, *slices) -> LaidOutTensor:
+    """tf.einsum(equation, ...) of every processor's slices."""
+    return self.slicewise(lambda *xs: tf.einsum(equation, *xs), *slices)
+
+  def combine_slices(self, slices, tensor_shape, device=None) -> tf.Tensor:
+    """The whole tensor from a list of per-processor slices."""
+    del device
+    return self.export_to_tf_tensor(LaidOutTensor(list(slices)), tensor_shape)
+
+  def permute(self, x: LaidOutTensor, mesh_axis: int, source_pcoord) -> LaidOutTensor:
+    """Alias of receive: a permutation of slices along one mesh dimension."""
+    return self.receive(x, mesh_axis, source_pcoord)
+
+  def random(self, shape, distribution: str, seed: int, key, dtype, **params) -> LaidOutTensor:
+    """Layout-invariant random slices (see rng.py): 'uniform' with minval and
+    maxval, or 'normal' with mean and stddev."""
+    from mesh_tensorflow.core import rng
+    shape = convert_to_shape(shape)
+    full = shape.to_integer_list()
+    slice_shape = self.slice_shape(shape)
+
+    def fn(pnum, begin):
+      index = rng.global_index(full, begin, slice_shape)
+      if distribution == "uniform":
+        u = rng.uniform(index, seed, key, tf.float32)
+        return tf.cast(params["minval"] + (params["maxval"] - params["minval"]) * u, dtype)
+      if distribution == "normal":
+        z = rng.normal(index, seed, key, tf.float32)
+        return tf.cast(params["mean"] + params["stddev"] * z, dtype)
+      raise ValueError(f"Unknown distribution {distribution!r}; use 'uniform' or 'normal'.")
+    return self.make_slices(fn, shape)
+
+  def slice_along(self, x: LaidOutTensor, mesh_axis: int, tensor_axis: int) -> LaidOutTensor:
+    """Splits (locally, no communication) an unsplit tensor axis over mesh_axis."""
+    raise NotImplementedError
+
+  def import_tf_tensor(self, x: tf.Tensor, shape) -> LaidOutTensor:
+    """x (a tf.Tensor of `shape`'s full size) cut into this mesh's slices.
+    The original's order, `import_tf_tensor(mtf_tensor, tf_x)`, works too."""
+    raise NotImplementedError
+
+  def export_to_tf_tensor(self, x: LaidOutTensor, shape) -> tf.Tensor:
+    """The full tf.Tensor of the laid-out `x` of `shape`. The original's
+    order, `export_to_tf_tensor(mtf_tensor, laid_out_x)`, works too."""
+    raise NotImplementedError
+
+  def make_slices(self, fn: Callable[[int, List[int]], tf.Tensor], shape) -> LaidOutTensor:
+    """Builds a laid-out tensor from fn(pnum, slice_begin) on each processor."""
+    raise NotImplementedError
+
+  def laid_out_pnum(self) -> LaidOutTensor:
+    """Each processor's number, an int32 scalar slice (for custom operations)."""
+    raise NotImplementedError
+
+  def laid_out_pcoord(self, mesh_axis: int) -> LaidOutTensor:
+    """Each processor's coordinate along `mesh_axis`, an int32 scalar slice."""
+    sizes = self._shape.to_integer_list()
+    stride = math.prod(sizes[mesh_axis + 1:])
+    return self.slicewise(lambda p: (p // stride) % sizes[mesh_axis], self.laid_out_pnum())
+
+  def laid_out_slice_num(self, tensor_shape) -> LaidOutTensor:
+    """Each processor's slice number of a tensor of `tensor_shape`, an int32
+    scalar slice: the row-major index of its slice among the tensor's slices
+    (tensor axes in order), so processors holding the same slice (replicas)
+    get the same number. Custom operations use it to seed per-slice work.
+
+    Example:
+      >>> impl = PlacementMeshImpl("rows:2;cols:4", "batch:rows", devices)
+      >>> impl.laid_out_slice_num("batch:8;d:4")   # 0,0,0,0,1,1,1,1
+    """
+    tensor_shape = convert_to_shape(tensor_shape)
+    number = self.slicewise(lambda p: tf.zeros([], tf.int32), self.laid_out_pnum())
+    for mesh_axis in self.tensor_layout(tensor_shape):
+      if mesh_axis is not None:
+        size = self.mesh_axis_size(mesh_axis)
+        number = self.slicewise(lambda n, c, size=size: n * size + c, number,
+                                self.laid_out_pcoord(mesh_axis))
+    return number
+
+  def mesh_axis_to_cumprod(self, tensor_shape) -> List[Optional[int]]:
+    """For each mesh axis, the product of the sizes of the tensor dimensions
+    before the one it splits (None where it splits none).
+
+    Example:
+      >>> impl.mesh_axis_to_cumprod("batch:8;d:4")   # batch:rows -> [1, None]
+    """
+    tensor_shape = convert_to_shape(tensor_shape)
+    sizes = tensor_shape.to_integer_list()
+    layout = self.tensor_layout(tensor_shape)
+    return [None if axis is None else math.prod(sizes[:axis])
+            for axis in layout.mesh_axis_to_tensor_axis(self.ndims)]
+
+  def variable_device(self, pnum: int):
+    raise NotImplementedError
+
+  def check_can_lower(self) -> None:
+    """Raises a clear error if a Lowering cannot use this implementation now."""
+
+  @property
+  def num_local_slices(self) -> int:
+    """How many slices a LaidOutTensor holds here: one per processor for
+    the placement lowering, one (the processor's own) for the SIMD one."""
+    return self.size
+
+  def program_slices(self, sliced) -> list:
+    """The slice variables of SlicedVariable `sliced` that the lowered
+    program reads and assigns, one per local slice."""
+    return sliced.slices
+
+  def slice_device(self, pnum: int):
+    """The device scope for ops on local slice `pnum` of a variable."""
+    return self.variable_device(pnum)
+
+  # ---- derived operations --------------------------------------------------
+  def broadcast_impl(self, old_slices, old_shape, new_shape):
+    """Broadcasts slices of old_shape to slices of new_shape (local)."""
+    old_shape = convert_to_shape(old_shape)
+    new_shape = convert_to_shape(new_shape)
+    new_slice_shape = self.slice_shape(new_shape)
+
+    def fn(x):
+      return expand_to_shape(x, old_shape, new_shape, new_slice_shape)
+    return self.slicewise(fn, old_slices)
+
+  def relayout(self, x: LaidOutTensor, shape, old_layout, new_layout) -> LaidOutTensor:
+    """Moves a tensor from one layout to another with the fewest collectives."""
+    old_layout, new_layout = tuple(old_layout), tuple(new_layout)
+    if old_layout == new_layout:
+      return x
+    for mesh_axis in range(self.ndims):
+      old_t = _tensor_axis_of(old_layout, mesh_axis)
+      new_t = _tensor_axis_of(new_layout, mesh_axis)
+      if old_t == new_t:
+        continue
+      if old_t is not None and new_t is not None:
+        x = self.alltoall(x, mesh_axis, split_axis=new_t, concat_axis=old_t)
+      elif old_t is not None:
+        x = self.allconcat(x, mesh_axis, old_t)
+    for mesh_axis in range(self.ndims):
+      old_t = _tensor_axis_of(old_layout, mesh_axis)
+      new_t = _tensor_axis_of(new_layout, mesh_axis)
+      if old_t is None and new_t is not None:
+        x = self.slice_along(x, mesh_axis, new_t)
+    return x
+
+  def gather_dims(self, x, shape, dim_names) -> LaidOutTensor:
+    """Un-splits the named dimensions of a laid-out tensor (allconcat)."""
+    shape = convert_to_shape(shape)
+    layout = self.tensor_layout(shape)
+    new_layout = [None if d.name in dim_names else a for d, a in zip(shape.dims, layout)]
+    return self.relayout(as_laid_out(x), shape, layout, new_layout)
+
+  def reduce_scatter(self, x: LaidOutTensor, mesh_axis: int, split_axis: int) -> LaidOutTensor:
+    """Sums partial slices over `mesh_axis` and leaves each processor the
+    block of tensor axis `split_axis` at its coordinate: one collective,
+    counted as kind "reduce_scatter" (bytes: the partial slice sent).
+    Implementations may override; this one sums, then slices locally."""
+    x = as_laid_out(x)
+    if self.mesh_axis_size(mesh_axis) == 1:
+      return x
+    self.record_collective("reduce_scatter", x, [mesh_axis])
+    with self.unrecorded():
+      return self.slice_along(self.allreduce(x, [mesh_axis], "SUM"), mesh_axis, split_axis)
+
+
+
+def _tensor_axis_of(layout, mesh_axis):
+  for t, m in enumerate(layout):
+    if m == mesh_axis:
+      return t
+  return None
+
+
+_CACHE_ATTRIBUTE = "_mesh_tensorflow_lowering_cache"
+
+
+def value_and_shape(value, shape):
+  """(value, shape) of an import or export call given in this library's
+  order (value, shape) or the original's (mtf_tensor, value)."""
+  from mesh_tensorflow.core.graph import Tensor  # pylint: disable=g-import-not-at-top
+  if isinstance(value, Tensor):
+    return shape, value.shape  # the original's order: the mtf.Tensor first
+  return value, shape
+
+
+def graph_cache(graph: tf.Graph) -> dict:
+  """A dict for tensors that lowering creates once per TensorFlow graph and
+  shares (constants, reshapes).
+
+  It lives on the graph object itself, so it goes away with the graph: a
+  module-level cache would keep old traced graphs alive, and every garbage
+  collection walks all their objects.
+  """
+  cache = getattr(graph, _CACHE_ATTRIBUTE, None)
+  if cache is None:
+    cache = {}
+    setattr(graph, _CACHE_ATTRIBUTE, cache)
+  return cache
+
+
+def once_per_graph(key: tuple, make):
+  """make(), created once per TensorFlow graph for `key` (tensors in it are
+  compared by identity) and shared afterwards; eagerly, always make()."""
+  if tf.executing_eagerly():
+    return make()
+  key = tuple(k.ref() if isinstance(k, tf.Tensor) else k for k in key)
+  cache = graph_cache(tf.compat.v1.get_default_graph())
+  if key not in cache:
+    cache[key] = make()
+  return cache[key]
+
+
+def reshape_slice(t: tf.Tensor, shape) -> tf.Tensor:
+  """t reshaped to the static `shape` (a list of ints), or t itself when it
+  has that shape already: no op to create or run."""
+  if t.shape.rank is not None and t.shape.as_list() == list(shape):
+    return t
+  return tf.reshape(t, int_constant(list(shape)))
+
+
+def int_constant(values) -> tf.Tensor:
+  """An int32 constant (a shape, axis list or slice bound), created once per
+  TensorFlow graph and shared by every device's ops: lowering a large mesh
+  would otherwise spend much of its time creating identical constants."""
+  return shared_constant(values, tf.int32)
+
+
+def shared_constant(values, dtype: tf.DType) -> tf.Tensor:
+  """A constant of `dtype` created once per TensorFlow graph (see int_constant).
+
+  Example:
+    >>> zero = shared_constant(0.0, tf.float32)
+  """
+  def make():
+    if tf.executing_eagerly():
+      return tf.constant(values, dtype)
+    with tf.device(None), tf.name_scope("mtf_constants/"):
+      return tf.constant(values, dtype)
+  return once_per_graph(
+      ("constant", dtype.name, tuple(values) if isinstance(values, (list, tuple)) else values),
+      make)
+
+
+def expand_to_shape(x: tf.Tensor, old_shape: Shape, new_shape: Shape,
+                    new_slice_shape=None) -> tf.Tensor:
+  """Transposes and broadcasts a slice of old_shape to a slice of new_shape.
+
+  Every dimension of old_shape must be in new_shape. With new_slice_shape
+  given, the result is broadcast to it; otherwise missing dims have size 1.
+  """
+  old_names = old_shape.dimension_names
+  new_names = new_shape.dimension_names
+  for n in old_names:
+    if n not in new_names:
+      raise ValueError(f"Cannot broadcast {old_shape} to {new_shape}: {n!r} missing.")
+  order = sorted(range(len(old_names)), key=lambda i: new_names.index(old_names[i]))
+  if order != list(range(len(order))):
+    x = tf.transpose(x, int_constant(order))
+  if len(old_names) != len(new_names):
+    present = set(old_names)
+    # Insert size-1 axes where new_shape has dims that old_shape lacks.
+    target = []
+    src_dims = tf.shape(x) if not x.shape.is_fully_defined() else x.shape.as_list()
+    j = 0
+    for n in new_names:
+      if n in present:
+        target.append(src_dims[j])
+        j += 1
+      else:
+        target.append(1)
+    x = tf.reshape(x, int_constant(target) if all(
+        isinstance(v, int) for v in target) else target)
+  if new_slice_shape is not None and x.shape.as_list() != list(new_slice_shape):
+    x = tf.broadcast_to(x, int_constant(list(new_slice_shape)))
+  return x

@@ -1,0 +1,90 @@
+"""Reverse-mode differentiation of mtf graphs.
+
+    >>> grads = mtf.gradients([loss], [v.outputs[0] for v in graph.trainable_variables])
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+from mesh_tensorflow.core.graph import Tensor
+
+
+def gradients(ys: Sequence[Tensor], xs: Sequence[Tensor],
+              grad_ys: Optional[Sequence[Tensor]] = None,
+              operations=None) -> List[Optional[Tensor]]:
+  """d(sum of ys)/d(xs), as mtf tensors (None where x does not affect ys).
+
+  Args:
+    ys: mtf Tensors to differentiate (usually one scalar loss).
+    xs: mtf Tensors to differentiate with respect to (e.g. variable values).
+    grad_ys: gradients of ys (defaults to ones).
+    operations: the operations to consider (defaults to the whole graph).
+
+  Example:
+    >>> [dw] = mtf.gradients([loss], [w])
+  """
+  from mesh_tensorflow.ops.constant_ops import ones_like
+  ys, xs = list(ys), list(xs)
+  if not ys:
+    raise ValueError("mtf.gradients: ys is empty.")
+  for t in ys + xs:
+    if not isinstance(t, Tensor):
+      raise TypeError(f"mtf.gradients: {t!r} is not an mtf.Tensor.")
+  for x in xs:
+    if x.dtype.is_complex:
+      raise ValueError(
+          f"mtf.gradients: {x.name} has dtype {x.dtype.name}; mtf differentiates with "
+          "respect to real floating tensors only, and complex operations (mtf.signal_ops "
+          "included) have no gradients.")
+  graph = ys[0].graph
+  if operations is None:
+    operations = list(graph.operations)
+  if grad_ys is None:
+    grad_ys = [ones_like(y) for y in ys]
+  # Tensors that depend on some x (only those need gradients). Nothing
+  # depends differentiably on x through an op that stops gradients.
+  downstream = set(xs)
+  for op in operations:
+    if getattr(op, "stops_gradient", False):
+      continue
+    if any(t in downstream for t in op.inputs):
+      downstream.update(op.outputs)
+  pending = {}
+  for y, g in zip(ys, grad_ys):
+    if g is not None:
+      pending.setdefault(y, []).append(g)
+  for op in reversed(operations):
+    out_grads = [_sum(pending.get(t)) for t in op.outputs]
+    if all(g is None for g in out_grads):
+      continue
+    if not any(t in downstream for t in op.inputs):
+      continue
+    if not op.has_gradient:
+      needs = [t.name for t in op.inputs if t in downstream and t.dtype.is_floating]
+      if needs:
+        raise ValueError(
+            f"mtf.gradients: operation {op.name!r} ({type(op).__name__}) has no "
+            f"gradient, but {needs} need one. Wrap its input in mtf.stop_gradient "
+            "or give it one with mtf.custom_gradient.")
+      continue
+    for t, g in zip(op.outputs, out_grads):
+      pending[t] = [g] if g is not None else []
+    in_grads = op.gradient_for(
+        out_grads, [t in downstream and t.dtype.is_floating for t in op.inputs])
+    for t, g in zip(op.inputs, in_grads):
+      if g is not None and t in downstream and t.dtype.is_floating:
+        if g.shape != t.shape:
+          raise ValueError(f"Internal: gradient of {t.name} has shape {g.shape}, "
+                           f"expected {t.shape} (from {op.name}).")
+        pending.setdefault(t, []).append(g)
+  return [_sum(pending.get(x)) for x in xs]
+
+
+def _sum(gs):
+  if not gs:
+    return None
+  if len(gs) == 1:
+    return gs[0]
+  from mesh_tensorflow.ops.elementwise import add_n
+  return add_n(gs)
