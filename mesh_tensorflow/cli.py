@@ -205,6 +205,16 @@ def run_main(main: Callable[[List[str]], Optional[int]],
 HELP_ARGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
 
 
+def flag_error_message(error: Exception) -> str:
+  """absl's parsing error as one line that names the flag as typed (--name)."""
+  text = str(error)
+  name = getattr(error, "flagname", None)
+  if name and type(error).__name__ == "UnrecognizedFlagError":
+    suggestion = text.split(". ", 1)[1] if ". Did you mean" in text else ""
+    return f"unknown flag --{name}" + (f". {suggestion}" if suggestion else "")
+  return text
+
+
 class FlagParser:
   """A command's flags, parsed by absl (`absl.flags`) into their own
   `FlagValues`, with an `add_argument` / `parse_args` interface: each program
@@ -249,6 +259,10 @@ class FlagParser:
     else:
       kind = "string"
     self._flags.append((flag, kind, default, help))
+
+  def error(self, message: str) -> None:
+    """Reports a mistake in the flags' values as a `UserError`."""
+    raise UserError(message, hint=f"{self.prog} --help lists the flags")
 
   def add_argument_group(self, title: str) -> "FlagParser":
     del title  # one flat list of flags in --help
@@ -295,11 +309,13 @@ class FlagParser:
     try:
       rest = values([self.prog] + argv)[1:]
     except flags.Error as e:
-      raise UserError(str(e), hint=hint) from None
+      raise UserError(flag_error_message(e), hint=hint) from None
     names = [name for name, _ in self._positionals]
-    if len(rest) != len(names):
-      wanted = " ".join(n.upper() for n in names) or "no positional arguments"
-      raise UserError(f"expected {wanted}, got {rest or 'none'}", hint=hint)
+    if len(rest) < len(names):
+      missing = ", ".join(names[len(rest):])
+      raise UserError(f"missing argument: {missing}", hint=hint)
+    if len(rest) > len(names):
+      raise UserError(f"unexpected argument(s): {' '.join(rest[len(names):])}", hint=hint)
     result = {flag: values[flag].value for flag, _, _, _ in self._flags}
     result.update(zip(names, rest))
     return types.SimpleNamespace(**result)
@@ -352,8 +368,8 @@ def parse_own_flags(flag_values, argv: Sequence[str], program: str,
   try:
     return flag_values(argv)
   except flags.Error as e:
-    print(f"error: {e}", file=sys.stderr)
-    print(f"  hint: {program} --help lists the flags", file=sys.stderr)
+    print(f"error: {flag_error_message(e)} ({program} --help lists the flags)",
+          file=sys.stderr)
     sys.exit(EXIT_USER_ERROR)
 
 

@@ -70,8 +70,11 @@ def _run(argv) -> int:
 
 def main(argv=None) -> int:
   """Entry point: `python -m mesh_tensorflow.export_original_checkpoint`."""
-  rest = cli.parse_own_flags(FLAGS, sys.argv if argv is None else argv,
-                             "python -m mesh_tensorflow.export_original_checkpoint", __doc__)
+  try:
+    rest = cli.parse_own_flags(FLAGS, sys.argv if argv is None else argv,
+                               "python -m mesh_tensorflow.export_original_checkpoint", __doc__)
+  except SystemExit as e:  # --help (0) or a bad flag (2)
+    return int(e.code or 0)
   return _run(rest)
 
 

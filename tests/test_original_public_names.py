@@ -136,7 +136,7 @@ def test_script_rules_on_a_small_package():
       "mesh_tensorflow/sub/__init__.py": "from mesh_tensorflow.sub.api import g\n",
       "mesh_tensorflow/sub/api.py": "def g(): pass\nfrom mesh_tensorflow.ops import f\n",
       "mesh_tensorflow/sub/api_test.py": "def test_g(): pass\n",
-      "mesh_tensorflow/compat/utils.py": "",
+      "mesh_tensorflow/utils.py": "",
   }
   names = script.public_names_by_module(files)
   assert names["mesh_tensorflow.ops"] == ["HAS", "K", "X", "a", "b", "c", "f"]

@@ -49,11 +49,11 @@ from mesh_tensorflow.transformer.modeling import make_mesh_impl  # noqa: F401 (u
 MODES = ("train", "eval", "infer", "score", "export")
 
 # The optimizers, configurable from gin under the original's module path:
-# @optimize.AdafactorOptimizer or @mesh_tensorflow.training.optimize.AdafactorOptimizer.
+# @optimize.AdafactorOptimizer or @mesh_tensorflow.optimize.AdafactorOptimizer.
 adafactor_decay_rate_pow = gin.external_configurable(
-    mtf.optimize.adafactor_decay_rate_pow, module="mesh_tensorflow.training.optimize")
+    mtf.optimize.adafactor_decay_rate_pow, module="mesh_tensorflow.optimize")
 adafactor_decay_rate_adam = gin.external_configurable(
-    mtf.optimize.adafactor_decay_rate_adam, module="mesh_tensorflow.training.optimize")
+    mtf.optimize.adafactor_decay_rate_adam, module="mesh_tensorflow.optimize")
 
 
 class AdafactorOptimizer(mtf.optimize.AdafactorOptimizer):
@@ -72,12 +72,12 @@ class AdafactorOptimizer(mtf.optimize.AdafactorOptimizer):
 
 
 gin.external_configurable(AdafactorOptimizer, "AdafactorOptimizer",
-                          module="mesh_tensorflow.training.optimize")
+                          module="mesh_tensorflow.optimize")
 for _cls in (mtf.optimize.AdamWeightDecayOptimizer, mtf.optimize.SgdOptimizer,
              mtf.optimize.MomentumOptimizer):
-  gin.external_configurable(_cls, module="mesh_tensorflow.training.optimize")
+  gin.external_configurable(_cls, module="mesh_tensorflow.optimize")
 gin.external_configurable(mtf.mixed_precision.DynamicLossScale,
-                          module="mesh_tensorflow.training.mixed_precision")
+                          module="mesh_tensorflow.mixed_precision")
 gin.external_configurable(vocabulary_lib.get_vocabulary, module="vocabulary")
 # The initializer of the dense layers: configured in place, so the original's
 # `VarianceScalingInitializer.scale = ...` applies wherever layers create one.
