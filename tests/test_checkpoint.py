@@ -17,6 +17,9 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.lowering import slice_variables
 from mtf_test_utils import make_impl
 
+# The module's fixtures are computed once: its tests share one test worker.
+pytestmark = pytest.mark.xdist_group("checkpoint")
+
 BATCH, FEATURES, HIDDEN, CLASSES = 16, 8, 32, 4
 SAVE_MESH, SAVE_LAYOUT = "rows:2;cols:4", "batch:rows;hidden:cols"
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

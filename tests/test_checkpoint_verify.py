@@ -21,6 +21,9 @@ from mesh_tensorflow.training import checkpoint_verify
 from mtf_test_utils import make_impl
 from test_checkpoint import SAVE_LAYOUT, SAVE_MESH, _data, _make_step, _trace, _values
 
+# The module's fixtures are computed once: its tests share one test worker.
+pytestmark = pytest.mark.xdist_group("checkpoint_verify")
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -24,6 +24,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+# The module's fixtures are computed once: its tests share one test worker.
+pytestmark = pytest.mark.xdist_group("cli_errors")
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRIVER = os.path.join(REPO_ROOT, "tests", "cli_driver.py")
 T = "python -m mesh_tensorflow.transformer.main"

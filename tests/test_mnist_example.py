@@ -12,6 +12,9 @@ import pytest
 
 import mtf_test_utils
 
+# The module's fixtures are computed once: its tests share one test worker.
+pytestmark = pytest.mark.xdist_group("test_mnist_short_cli_runs")
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO_ROOT, "examples", "mnist.py")
 

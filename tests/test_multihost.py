@@ -26,6 +26,9 @@ import tensorflow as tf
 from mesh_tensorflow.distributed import cluster
 from mesh_tensorflow.distributed import launch
 
+# The module's fixtures are computed once: its tests share one test worker.
+pytestmark = pytest.mark.xdist_group("multihost")
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO_ROOT, "examples", "mnist.py")
 # Tiny settings: every step is a full multi-process step, but a short one.

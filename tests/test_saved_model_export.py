@@ -17,6 +17,9 @@ from mesh_tensorflow.transformer import inference
 from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 
+# The module's fixtures are computed once: its tests share one test worker.
+pytestmark = pytest.mark.xdist_group("saved_model_export")
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TINY = [

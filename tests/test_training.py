@@ -26,6 +26,9 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow.lowering import slice_variables
 
+# The module's fixtures are computed once: its tests share one test worker.
+pytestmark = pytest.mark.xdist_group("training")
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO_ROOT, "tests", "data", "train_digits.py")
 STEPS = 60

@@ -14,6 +14,9 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import dataset as dataset_lib
 from mesh_tensorflow.transformer import gin_config, transformer, utils, vocabulary
 
+# The module's fixtures are computed once: its tests share one test worker.
+pytestmark = pytest.mark.xdist_group("utils_original_entry_points")
+
 TINY = ["num_layers = 1", "d_model = 32", "d_ff = 64", "num_heads = 2", "d_kv = 16"]
 MESH, LAYOUT = "rows:2;cols:2", "batch:rows;heads:cols;d_ff:cols"
 TEXTS = ["hello world", "abc abc", "def f(x):", "xyz"]
