@@ -1,5 +1,5 @@
 """Runs many command lines of one entry point in one process (for
-tests/test_cli_errors.py): each through the same wrapper as the real command
+tests/project/test_cli_errors.py): each through the same wrapper as the real command
 (mesh_tensorflow.cli.run_main / run_absl_main), with stdout and stderr
 captured, so a case costs milliseconds instead of a TensorFlow start-up.
 

@@ -12,7 +12,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 # Legacy TF1 programs often call tf.compat.v1.disable_v2_behavior(), which
 # among other things makes TensorShape[i] a Dimension object instead of an
-# int; tests/test_v1_tensorshape.py reruns tests under that setting.
+# int; tests/compat/test_v1_tensorshape.py reruns tests under that setting.
 if os.environ.get("MTF_TEST_V1_TENSORSHAPE") == "1":
   tf.compat.v1.disable_v2_tensorshape()
 

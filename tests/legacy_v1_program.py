@@ -4,7 +4,7 @@ reference variables by default), then an mtf graph lowered into a tf.Graph and
 trained with a Session on a 2x4 mesh of logical CPUs.
 
 Prints one line "losses: l0 l1 ..." (the loss before each SGD step) and
-"loop: v" (a while_loop's result); tests/test_v1_tensorshape.py runs it and
+"loop: v" (a while_loop's result); tests/compat/test_v1_tensorshape.py runs it and
 compares with the same program under TF2 behaviour (`--v2`).
 """
 

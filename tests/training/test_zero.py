@@ -1,0 +1,184 @@
+"""ZeRO stages 0-3 (mesh_tensorflow.training.zero): same losses, less memory per
+device at each stage, reduce-scatter for sharded gradients, checkpoints that
+move between stages and meshes. (The small transformer's figures: benchmarks/zero_memory.py;
+ZeRO stage 3 with float16 on the transformer: tests/training/test_mixed_precision.py.)"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.lowering import slice_variables
+from mesh_tensorflow.training import zero
+
+import mtf_test_utils
+
+BATCH, FEATURES, HIDDEN, OUT = 16, 32, 64, 8
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(3, BATCH, FEATURES)).astype(np.float32)
+Y = RNG.normal(size=(3, BATCH, OUT)).astype(np.float32)
+
+
+def _model(mesh, x, y):
+  batch, hidden, out = mtf.Dimension("batch", BATCH), mtf.Dimension("hidden", HIDDEN), \
+      mtf.Dimension("out", OUT)
+  w1 = mtf.get_variable(mesh, "w1", [x.shape.dims[1], hidden])
+  w2 = mtf.get_variable(mesh, "w2", [hidden, out])
+  b = mtf.get_variable(mesh, "b", [out], initializer=tf.zeros_initializer())
+  h = mtf.relu(mtf.einsum([x, w1], output_shape=[batch, hidden]))
+  return mtf.reduce_mean(mtf.square(mtf.einsum([h, w2], output_shape=[batch, out]) + b - y))
+
+
+def _train(mesh_shape, layout, stage, steps=3):
+  """Losses, max per-processor bytes (state, gradients) and collective counts."""
+  impl = mtf_test_utils.make_impl(mesh_shape, layout)
+  optimizer = mtf.optimize.AdamWeightDecayOptimizer(0.01)
+  record = {}
+
+  @tf.function(autograph=False)
+  def step(x_tf, y_tf):
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    x = mtf.import_tf_tensor(mesh, x_tf, f"batch:{BATCH};features:{FEATURES}")
+    y = mtf.import_tf_tensor(mesh, y_tf, f"batch:{BATCH};out:{OUT}")
+    loss = _model(mesh, x, y)
+    zero.shard_training_state(graph, impl, stage)
+    variables = graph.trainable_variables
+    grads = zero.shard_gradients(mtf.gradients([loss], [v.outputs[0] for v in variables]),
+                                 variables)
+    updates = optimizer.apply_grads(grads, variables)
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    record["grads"] = max(zero.tensor_bytes_per_processor(lowering, grads))
+    record["collectives"] = lowering.collective_counts()
+    with tf.control_dependencies([lowering.lowered_operation(u) for u in updates]):
+      return tf.identity(lowering.export_to_tf_tensor(loss))
+
+  losses = [float(step(X[i], Y[i])) for i in range(steps)]
+  return (losses, max(zero.state_bytes_per_processor(impl)), record["grads"],
+          record["collectives"], impl)
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [("all:8", "batch:all"),
+                                               ("rows:2;cols:4", "batch:rows;hidden:cols")])
+def test_stages_give_stage0_losses_with_less_memory_each(mesh_shape, layout):
+  results = [_train(mesh_shape, layout, stage) for stage in zero.STAGES]
+  base_losses = results[0][0]
+  totals = []
+  for stage, (losses, state, grads, collectives, _) in enumerate(results):
+    np.testing.assert_allclose(losses, base_losses, rtol=1e-6, err_msg=f"stage {stage}")
+    totals.append(state + grads)
+    assert ("reduce_scatter" in collectives) == (stage >= 2), (stage, collectives)
+  assert all(b < a for a, b in zip(totals, totals[1:])), totals
+  # Slots shrink at stage 1, gradients at 2, variables at 3.
+  assert results[1][1] < results[0][1] and results[1][2] == results[0][2]
+  assert results[2][2] < results[1][2] and results[2][1] == results[1][1]
+  assert results[3][1] < results[2][1]
+  if mesh_shape == "all:8":
+    assert totals[3] <= totals[0] / 6, totals
+
+
+def test_sharded_shapes_follow_the_layout():
+  impl = mtf_test_utils.make_impl("rows:2;cols:4", "batch:rows;hidden:cols")
+  zero.add_zero_rule(impl, "rows")
+  shape = mtf.convert_to_shape("features:32;hidden:64")
+  twin = zero.sharded_shape(shape, impl, "rows")
+  assert twin.dimension_names == ["zero_rows", "hidden"]  # hidden is taken by cols
+  assert impl.slice_shape(twin) == [16, 16]
+  assert zero.sharded_shape(mtf.convert_to_shape("batch:16;out:8"), impl, "rows") is None
+  assert zero.sharded_shape(mtf.convert_to_shape("out:3"), impl, "rows") is None
+
+
+def test_stage3_variables_are_stored_as_blocks_and_checkpoints_move_between_stages(tmp_path):
+  *_, impl3 = _train("rows:2;cols:4", "batch:rows;hidden:cols", 3, steps=2)
+  store = slice_variables.variable_store(impl3)
+  assert store["w1"].slices[0].shape.as_list() == [16, 16]       # [features/2, hidden/4]
+  assert store["w1/adam_m"].slices[0].shape.as_list() == [16, 16]
+  expected = {k: store[k].numpy() for k in ("w1", "w2", "b", "w1/adam_v")}
+  manager = mtf.checkpoint.CheckpointManager(impl3, str(tmp_path))
+  manager.save(2)
+  for mesh_shape, layout, stage in [("all:8", "batch:all", 0), ("all:8", "batch:all", 2)]:
+    impl = mtf_test_utils.make_impl(mesh_shape, layout)
+    mtf.checkpoint.CheckpointManager(impl, str(tmp_path)).restore_or_initialize()
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    _model(mesh, mtf.zeros(mesh, f"batch:{BATCH};features:{FEATURES}"),
+           mtf.zeros(mesh, f"batch:{BATCH};out:{OUT}"))
+    zero.shard_training_state(graph, impl, stage)
+    variables = graph.trainable_variables
+    for v in variables:  # the slot, sharded as the stage says
+      target = mtf.optimize._update_target(v, False)  # pylint: disable=protected-access
+      mtf.optimize._slot(target, "adam_v")  # pylint: disable=protected-access
+    mtf.Lowering(graph, {mesh: impl})
+    restored = slice_variables.variable_store(impl)
+    for name, value in expected.items():
+      np.testing.assert_array_equal(restored[name].numpy(), value, err_msg=name)
+
+
+def test_errors_name_the_stage_and_the_layout():
+  impl = mtf_test_utils.make_impl("rows:2;cols:4", "hidden:cols")
+  graph = mtf.Graph()
+  with pytest.raises(ValueError, match="zero_stage must be one of"):
+    zero.shard_training_state(graph, impl, 4)
+  with pytest.raises(ValueError, match="does not split 'batch'.*zero_mesh_dim"):
+    zero.shard_training_state(graph, impl, 1)
+  with pytest.raises(ValueError, match="'depth' is not in the mesh"):
+    zero.shard_training_state(graph, impl, 1, mesh_dim="depth")
+
+
+def test_trainer_zero_with_gradient_accumulation_keeps_sharded_accumulators():
+  data = tf.data.Dataset.from_tensor_slices(
+      {"x": X.reshape(-1, FEATURES), "y": Y.reshape(-1, OUT)}).batch(BATCH // 2).repeat()
+  shapes = {"x": f"batch:{BATCH // 2};features:{FEATURES}", "y": f"batch:{BATCH // 2};out:{OUT}"}
+
+  def model_fn(mesh, features, mode):
+    del mode
+    return _model_for_batch(mesh, features["x"], features["y"])
+
+  results = {}
+  for stage in (0, 2):
+    impl = mtf_test_utils.make_impl("rows:2;cols:4", "batch:rows;hidden:cols")
+    trainer = mtf.training.Trainer(model_fn, shapes, impl,
+                                   mtf.optimize.MomentumOptimizer(0.05, 0.9),
+                                   grad_accum_steps=2, zero_stage=stage, log_every=0,
+                                   log_fn=lambda line: None)
+    results[stage] = trainer.train(data, steps=3)["loss"]
+    store = slice_variables.variable_store(impl)
+    results[f"acc{stage}"] = store["grad_accumulator/w1"].slices[0].shape.as_list()
+  np.testing.assert_allclose(results[2], results[0], rtol=1e-6)
+  assert results["acc0"] == [FEATURES, HIDDEN // 4]
+  assert results["acc2"] == [FEATURES // 2, HIDDEN // 4]  # reduce-scattered, kept sharded
+
+
+def _model_for_batch(mesh, x, y):
+  batch, hidden, out = x.shape.dims[0], mtf.Dimension("hidden", HIDDEN), y.shape.dims[1]
+  w1 = mtf.get_variable(mesh, "w1", [x.shape.dims[1], hidden])
+  w2 = mtf.get_variable(mesh, "w2", [hidden, out])
+  h = mtf.relu(mtf.einsum([x, w1], output_shape=[batch, hidden]))
+  return mtf.reduce_mean(mtf.square(mtf.einsum([h, w2], output_shape=[batch, out]) - y))
+
+
+def test_a_custom_optimizer_writing_with_mtf_assign_is_told_to_use_self_assign():
+  class HalfStep(mtf.optimize.Optimizer):
+    def apply_grad(self, grad, var):
+      return [mtf.assign(var, self.value(var) - 0.5 * grad)]
+
+  impl = mtf_test_utils.make_impl("all:8", "batch:all")
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  loss = _model(mesh, mtf.zeros(mesh, f"batch:{BATCH};features:{FEATURES}"),
+                mtf.zeros(mesh, f"batch:{BATCH};out:{OUT}"))
+  zero.shard_training_state(graph, impl, 1)
+  variables = graph.trainable_variables
+  grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+  with pytest.raises(TypeError, match="update target of variable 'w1'.*Optimizer.assign"):
+    HalfStep().apply_grads(grads, variables)
+
+
+def test_stage3_after_whole_slices_on_the_same_impl_says_how_to_switch():
+  *_, impl = _train("all:8", "batch:all", 0, steps=1)
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  _model(mesh, mtf.zeros(mesh, f"batch:{BATCH};features:{FEATURES}"),
+         mtf.zeros(mesh, f"batch:{BATCH};out:{OUT}"))
+  with pytest.raises(ValueError, match="'w1' already has slices.*restore it into a new mesh"):
+    zero.shard_training_state(graph, impl, 3)

@@ -1,0 +1,134 @@
+"""`python -m mesh_tensorflow.transformer.main` as a user runs it: train a tiny
+model for a few steps in a temporary model_dir, resume, evaluate, decode lines
+of a file and score them, for a language model and an encoder-decoder."""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Small enough to train in seconds; the sizes divide every 8-device layout.
+TINY = [
+    "num_layers = 1", "d_model = 32", "d_ff = 64", "num_heads = 8", "d_kv = 8",
+    "run.batch_size = 8", "run.eval_steps = 2", "run.log_every = 2",
+    "run.checkpoint_every = 3", "run.num_samples = 2", "run.decode_length = 8",
+    "dataset_fn.corpus_bytes = 300000", "dataset_fn.shuffle_buffer = 200",
+]
+_FINAL = re.compile(r"^final: (.*)$", re.M)
+
+
+def _main(*args, model_dir, params=(), timeout=900):
+  """Runs the CLI in a subprocess; returns its stdout (asserting success)."""
+  command = [sys.executable, "-m", "mesh_tensorflow.transformer.main",
+             f"--model_dir={model_dir}", *args]
+  command += [f"--gin_param={p}" for p in list(TINY) + list(params)]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  proc = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                        timeout=timeout, check=False)
+  assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+  return proc.stdout
+
+
+def _final(stdout):
+  match = _FINAL.search(stdout)
+  assert match, stdout
+  return {k: float(v) for k, v in (item.split("=") for item in match.group(1).split())}
+
+
+def _scalar_tags(model_dir):
+  """The tags of the TensorBoard events files in model_dir."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tags = set()
+  for path in glob.glob(str(model_dir / "events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      tags.update(v.tag for v in event.summary.value)
+  return tags
+
+
+def test_language_model_train_resume_eval_infer_score(tmp_path):
+  model_dir = tmp_path / "lm"
+  lm = ["run.sequence_length = {'inputs': 32, 'targets': 32}"]
+  out = _main("--gin_file=models/tiny_lm.gin", "--gin_file=layouts/2x4.gin",
+              "--print_layout_report", model_dir=model_dir,
+              params=lm + ["run.train_steps = 4"])
+  # --print_layout_report prints the layout report before training.
+  assert out.index("layout '") < out.index("final: ")
+  final = _final(out)
+  assert final["step"] == 4 and 2.0 < final["unigram_entropy"] < 5.6
+  assert final["eval_cross_entropy"] < 5.6  # below log(vocab) after a few steps
+  assert "step 4/4 loss=" in out and "--- sample (prompt 'def ')" in out
+  assert glob.glob(str(model_dir / "ckpt-4*"))
+  assert _scalar_tags(model_dir) >= {"loss", "cross_entropy", "eval/loss", "eval/perplexity"}
+
+  # Run again with more steps on another layout and the SIMD lowering: it
+  # resumes at step 4 and decodes its sample (collectives inside the loop).
+  out = _main("--gin_file=models/tiny_lm.gin", "--gin_file=layouts/data_parallel.gin",
+              model_dir=model_dir, params=lm + ["run.train_steps = 6", "run.num_samples = 1",
+                                                "run.lowering = 'simd'"])
+  assert "(step 4)" in out and "trained steps 5..6" in out
+  assert "--- sample (prompt 'def ')" in out
+  assert _final(out)["step"] == 6
+
+  out = _main("--mode=eval", "--gin_file=models/tiny_lm.gin", model_dir=model_dir,
+              params=lm)
+  final = _final(out)
+  assert final["step"] == 6 and final["perplexity"] > 1.0
+  assert "eval at step 6" in out
+
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("def \nimport os\\nimport \n")
+  out = _main("--mode=infer", f"--input_file={prompts}", "--gin_file=models/tiny_lm.gin",
+              "--gin_file=layouts/single.gin", model_dir=model_dir,
+              params=lm + ["run.temperature = 0.0"])
+  outputs = (tmp_path / "prompts.txt.outputs").read_text().splitlines()
+  assert len(outputs) == 2 and "decoded 2 inputs" in out
+
+  texts = tmp_path / "texts.txt"
+  texts.write_text("import os\nx = 1\\nprint(x)\n" + "def f(a, b):\n")
+  scores_file = tmp_path / "scores.txt"
+  _main("--mode=score", f"--input_file={texts}", f"--output_file={scores_file}",
+        "--gin_file=models/tiny_lm.gin", model_dir=model_dir, params=lm)
+  scores = [float(s) for s in scores_file.read_text().split()]
+  assert len(scores) == 3 and all(s < 0 for s in scores)
+
+  # --fresh deletes the checkpoints and starts over.
+  out = _main("--fresh", "--gin_file=models/tiny_lm.gin", model_dir=model_dir,
+              params=lm + ["run.train_steps = 2", "run.num_samples = 0"])
+  assert "trained steps 1..2" in out and not glob.glob(str(model_dir / "ckpt-6*"))
+
+
+def test_encoder_decoder_train_and_infer(tmp_path):
+  model_dir = tmp_path / "bi"
+  bi = ["run.sequence_length = {'inputs': 32, 'targets': 32}",
+        "dataset_fn.corpus_bytes = 3000000"]
+  out = _main("--gin_file=models/tiny_bi.gin", "--gin_file=layouts/2x4.gin",
+              model_dir=model_dir, params=bi + ["run.train_steps = 3"])
+  assert _final(out)["step"] == 3 and "reference:" in out
+  inputs = tmp_path / "inputs.txt"
+  inputs.write_text("def add(a, b):\ndef read_file(path):\ndef main():\n")
+  out = _main("--mode=infer", f"--input_file={inputs}", "--gin_file=models/tiny_bi.gin",
+              model_dir=model_dir, params=bi + ["run.beam_size = 2"])
+  assert len((tmp_path / "inputs.txt.outputs").read_text().splitlines()) == 3
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+  command = [sys.executable, "-m", "mesh_tensorflow.transformer.main",
+             f"--model_dir={tmp_path}", "--mode=score", f"--input_file={tmp_path}/x"]
+  proc = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True,
+                        timeout=600, check=False,
+                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert proc.returncode != 0
+  assert "No checkpoint in" in proc.stderr and "train first" in proc.stderr
+
+
+@pytest.mark.parametrize("flag", ["--mode=bogus"])
+def test_bad_flags_are_rejected(flag, tmp_path):
+  proc = subprocess.run([sys.executable, "-m", "mesh_tensorflow.transformer.main", flag,
+                         f"--model_dir={tmp_path}"], cwd=REPO_ROOT, capture_output=True,
+                        text=True, timeout=600, check=False)
+  assert proc.returncode != 0 and "mode" in proc.stderr
