@@ -215,6 +215,20 @@ def flag_error_message(error: Exception) -> str:
   return text
 
 
+def parse_flag_values(flag_values, argv: Sequence[str], program: str) -> List[str]:
+  """Parses `argv` (program name first) into absl `flag_values`; returns the
+  arguments left over. A bad flag raises `UserError` naming it as typed.
+
+  Example:
+    >>> rest = parse_flag_values(FLAGS, ["prog", "--quick"], "python -m mesh_tensorflow.check_devices")
+  """
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  try:
+    return flag_values(list(argv))
+  except flags.Error as e:
+    raise UserError(flag_error_message(e), hint=f"{program} --help lists the flags") from None
+
+
 class FlagParser:
   """A command's flags, parsed by absl (`absl.flags`) into their own
   `FlagValues`, with an `add_argument` / `parse_args` interface: each program
@@ -299,17 +313,13 @@ class FlagParser:
   def parse_args(self, argv: Sequence[str]):
     """Parses `argv` (without the program name); returns a namespace."""
     import types  # pylint: disable=g-import-not-at-top
-    from absl import flags  # pylint: disable=g-import-not-at-top
     argv = list(argv)
     if any(arg in HELP_ARGS for arg in argv):
       print(self.format_help())
       raise SystemExit(0)
     values = self._flag_values()
+    rest = parse_flag_values(values, [self.prog] + argv, self.prog)[1:]
     hint = f"{self.prog} --help lists the flags"
-    try:
-      rest = values([self.prog] + argv)[1:]
-    except flags.Error as e:
-      raise UserError(flag_error_message(e), hint=hint) from None
     names = [name for name, _ in self._positionals]
     if len(rest) < len(names):
       missing = ", ".join(names[len(rest):])
@@ -359,17 +369,15 @@ def parse_own_flags(flag_values, argv: Sequence[str], program: str,
     >>> FLAGS = flags.FlagValues()
     >>> argv = parse_own_flags(FLAGS, sys.argv, "python -m mesh_tensorflow.check_devices")
   """
-  from absl import flags  # pylint: disable=g-import-not-at-top
   argv = list(argv)
   if any(arg in HELP_ARGS for arg in argv[1:]):
     text = (about.strip() + "\n\n") if about.strip() else ""
     print(f"usage: {program} [flags]\n\n{text}flags:\n{flag_values.get_help()}")
     sys.exit(0)
   try:
-    return flag_values(argv)
-  except flags.Error as e:
-    print(f"error: {flag_error_message(e)} ({program} --help lists the flags)",
-          file=sys.stderr)
+    return parse_flag_values(flag_values, argv, program)
+  except UserError as e:
+    print(f"error: {e} ({e.hint})", file=sys.stderr)
     sys.exit(EXIT_USER_ERROR)
 
 
