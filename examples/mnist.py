@@ -229,8 +229,8 @@ def train_dataset(images: np.ndarray, labels: np.ndarray, batch_size: int,
   `batch_size`.
 
   The order depends only on `seed` (not on TensorFlow's global seed), so a
-  resumed run that skips the batches
-  already consumed sees the same batches as an uninterrupted one.
+  resumed run that skips the batches already consumed sees the same batches
+  as an uninterrupted one.
 
   Example:
     >>> ds = train_dataset(data["train_images"], data["train_labels"], 128, seed=1)
