@@ -11,7 +11,6 @@ there are only two such tests (the launcher runs in this process).
 """
 
 import glob
-import importlib.util
 import os
 import signal
 import socket
@@ -25,6 +24,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.distributed import cluster
 from mesh_tensorflow.distributed import launch
+import mtf_test_utils
 
 # The module's fixtures are computed once: its tests share one test worker.
 pytestmark = pytest.mark.xdist_group("multihost")
@@ -47,14 +47,8 @@ STOP_BOUND_S = 30.0
 
 @pytest.fixture(scope="module")
 def mnist():
-  """The example imported as a module (its absl flags are defined once)."""
-  name = "mnist_example"
-  if name not in sys.modules:
-    spec = importlib.util.spec_from_file_location(name, SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-  return sys.modules[name]
+  """The example imported as a module (absl's global flags left unchanged)."""
+  return mtf_test_utils.import_mnist_example()
 
 
 @pytest.fixture(scope="module")

@@ -47,3 +47,35 @@ def test_tests_helpers_are_the_shared_ones():
   assert mtf_test_utils.DEVICES == testing.DEVICES == [f"cpu:{i}" for i in range(8)]
   impl = testing.make_impl("rows:2;cols:4", "batch:rows")
   assert impl.size == 8 and len(impl.devices) == 8
+
+
+def test_scripts_with_absl_flags_are_imported_through_import_script():
+  """A test that executes an example or benchmark in the test process goes
+  through mtf_test_utils.import_script, which leaves absl's global flags as
+  they were. Executing one directly defines its --model_dir in the process,
+  and a later `import mesh_tensorflow.transformer.main` in the same test
+  worker fails with DuplicateFlagError (an order-dependent failure)."""
+  import glob  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  # Files allowed to execute other files: the helper itself; cli_driver runs
+  # in its own process; the public-names fixture is a data module with no flags.
+  allowed = {"mtf_test_utils.py", "cli_driver.py", "test_original_public_names.py"}
+  call = "." + "exec_module("  # spelled apart so this file does not match
+  offenders = []
+  for path in glob.glob(os.path.join(tests_dir, "**", "*.py"), recursive=True):
+    if os.path.basename(path) in allowed:
+      continue
+    with open(path, encoding="utf-8") as f:
+      if call in f.read():
+        offenders.append(os.path.relpath(path, tests_dir))
+  assert not offenders, f"use mtf_test_utils.import_script in: {offenders}"
+
+
+def test_import_script_leaves_absl_flags_as_they_were():
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  before = {name: flags.FLAGS[name] for name in flags.FLAGS}
+  mtf_test_utils.import_mnist_example()
+  after = {name: flags.FLAGS[name] for name in flags.FLAGS}
+  assert after.keys() == before.keys()
+  assert all(after[name] is before[name] for name in before)

@@ -8,7 +8,6 @@ prints `loss <step> <repr(loss)>` after every step.
 
 import functools
 import glob
-import importlib.util
 import os
 import queue
 import random
@@ -25,6 +24,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.lowering import slice_variables
+from mtf_test_utils import import_script
 
 # The module's fixtures are computed once: its tests share one test worker.
 pytestmark = pytest.mark.xdist_group("training")
@@ -39,17 +39,7 @@ _PROGRESS = re.compile(
     r"(\d+\.\d) steps/s eta (\d+:\d\d:\d\d)$")
 
 
-def _load_script():
-  name = "train_digits_script"
-  if name not in sys.modules:
-    spec = importlib.util.spec_from_file_location(name, SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-  return sys.modules[name]
-
-
-digits = _load_script()
+digits = import_script("train_digits_script", "tests", "data", "train_digits.py")
 
 
 def _command(model_dir, *args):
