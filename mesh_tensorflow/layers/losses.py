@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
+from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.lowering.mesh_impl import expand_to_shape, int_constant, reshape_slice, shared_constant
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops.indexing import local_ids, one_hot, slice_offsets
@@ -148,7 +149,10 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
     logits, ids = self.inputs
     out_shape = self.outputs[0].shape
     vocab = self._vocab_dim
-    vocab_axis = impl.tensor_dimension_to_mesh_axis(vocab)
+    # With vocab split: the maxima, the sums of exponentials and the target
+    # logits are allreduced over its mesh axis.
+    statistics = plans.plan_statistics(logits.shape, vocab, impl.tensor_layout,
+                                       ("MAX", "SUM", "SUM"))
     # Logits with vocab last, ids in the same order as the other dimensions.
     ordered = out_shape + [vocab]
     dtype = logits.dtype
@@ -157,7 +161,7 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
       return expand_to_shape(lg, logits.shape, ordered), expand_to_shape(i, ids.shape, out_shape)
     lg, idx = impl.slicewise(prepare, lowering.laid_out(logits), lowering.laid_out(ids))
     last_axis = int_constant(-1)
-    if vocab_axis is None:
+    if not statistics:
       def fused(lg, idx):
         lg32 = tf.cast(lg, tf.float32)
         shape = lg32.shape.as_list()
@@ -177,14 +181,15 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
         return tf.cast(loss, dtype), tf.cast(log_z, dtype), tf.cast(backprop, dtype)
       loss, log_z, backprop = impl.slicewise(fused, lg, idx)
     else:
-      local_vocab = vocab.size // impl.mesh_axis_size(vocab_axis)
+      max_step, sum_exp_step, target_step = statistics
+      local_vocab = vocab.size // impl.mesh_axis_size(max_step.mesh_axes[0])
       offsets = slice_offsets(impl, ordered, ordered.ndims - 1)
       # Constants shared by every processor's ops (fewer ops to create).
       zero, one = shared_constant(0.0, tf.float32), shared_constant(1.0, tf.float32)
       # Maxima and sums of exponentials keep the vocab axis (size 1) to broadcast.
       maxes = impl.allreduce(impl.slicewise(
           lambda t: tf.reduce_max(tf.cast(t, tf.float32), axis=last_axis, keepdims=True), lg),
-          [vocab_axis], "MAX")
+          list(max_step.mesh_axes), max_step.reduction)
 
       def partial(lg, idx, m, offset):
         lg32 = tf.cast(lg, tf.float32)
@@ -200,8 +205,8 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
         target = tf.reduce_sum(tf.raw_ops.MulNoNan(x=lg32, y=onehot), axis=last_axis)
         return exps, sum_exp, onehot, target
       exps, sum_exp, onehot, target = impl.slicewise(partial, lg, idx, maxes, offsets)
-      sum_exp = impl.allreduce(sum_exp, [vocab_axis], "SUM")
-      target = impl.allreduce(target, [vocab_axis], "SUM")
+      sum_exp = impl.allreduce(sum_exp, list(sum_exp_step.mesh_axes), sum_exp_step.reduction)
+      target = impl.allreduce(target, list(target_step.mesh_axes), target_step.reduction)
 
       def finish(exps, onehot, m, s, t):
         log_z = tf.squeeze(tf.math.log(s) + m, axis=-1)

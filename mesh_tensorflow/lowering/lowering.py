@@ -16,6 +16,7 @@ from typing import Dict, List
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Graph, Mesh, Operation, Tensor
+from mesh_tensorflow.lowering import observers
 from mesh_tensorflow.lowering.mesh_impl import CollectiveRecord, LaidOutTensor, MeshImpl, as_laid_out
 
 
@@ -89,14 +90,9 @@ class Lowering:
     self._random_keys = {}
     self._current_op_name = None
     self._extra_counters: List[tuple] = []
-    for impl in self.mesh_to_impl.values():
-      impl.recorder = self
-    try:
-      with _cyclic_gc_paused():
-        self.lower_operations(graph.operations)
-    finally:
-      for impl in self.mesh_to_impl.values():
-        impl.recorder = None
+    self._impl_ids = {id(impl) for impl in self.mesh_to_impl.values()}
+    with observers.observe(self._count_collective), _cyclic_gc_paused():
+      self.lower_operations(graph.operations)
 
   def lower_operations(self, operations) -> None:
     outer = self._current_op_name
@@ -137,11 +133,8 @@ class Lowering:
       raise TypeError(f"export_to_tf_tensor expects an mtf.Tensor, got {x!r}.")
     impl = self.mesh_impl(x)
     self._current_op_name = "export/" + x.name
-    impl.recorder = self
-    try:
+    with observers.observe(self._count_collective):
       return impl.export_to_tf_tensor(self.laid_out(x), x.shape)
-    finally:
-      impl.recorder = None
 
   def lowered_operation(self, op: Operation):
     """The TensorFlow op that a stateful mtf op (e.g. assign) became."""
@@ -177,7 +170,16 @@ class Lowering:
     self._random_keys[mesh_impl] = key
 
   # ---- counters ------------------------------------------------------------
+  def _count_collective(self, event: observers.CollectiveEvent) -> None:
+    """The observer subscribed while lowering: records the collectives of
+    this lowering's mesh implementations under the current operation."""
+    if id(event.impl) in self._impl_ids:
+      self.record_collective(event.kind, event.mesh_axes, event.bytes_per_processor,
+                             event.group_size, event.num_groups)
+
   def record_collective(self, kind, mesh_axes, nbytes, group_size, num_groups):
+    """Records one collective under the operation being lowered (custom
+    operations that communicate by other means may call it)."""
     self.collective_records.append(CollectiveRecord(
         self._current_op_name, kind, tuple(mesh_axes), nbytes, group_size, num_groups))
 

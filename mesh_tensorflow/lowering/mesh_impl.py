@@ -13,7 +13,6 @@ sums happen before the (single) allreduce.
 from __future__ import annotations
 
 import collections
-import contextlib
 import math
 from typing import Callable, List, Optional, Sequence
 
@@ -21,6 +20,8 @@ import tensorflow as tf
 
 from mesh_tensorflow.core import layout as layout_lib
 from mesh_tensorflow.core.shapes import Shape, convert_to_shape
+from mesh_tensorflow.lowering import observers
+from mesh_tensorflow.lowering import plans
 
 CollectiveRecord = collections.namedtuple(
     "CollectiveRecord",
@@ -178,7 +179,6 @@ class MeshImpl:
     self._layout_rules = layout_lib.convert_to_layout_rules(layout_rules)
     self._layout_rules.check_mesh_shape(self._shape)
     self._layout_cache = {}
-    self.recorder = None  # set by the Lowering while it lowers
 
   shape = property(lambda self: self._shape)
   ndims = property(lambda self: self._shape.ndims)
@@ -270,9 +270,10 @@ class MeshImpl:
 
   # ---- counters ------------------------------------------------------------
   def record_collective(self, kind: str, x, mesh_axes) -> None:
-    """Records a collective on the current Lowering; x is the LaidOutTensor
-    sent (or its per-processor size in bytes)."""
-    if self.recorder is None:
+    """Announces a collective this implementation runs to whoever observes
+    (see observers.py); x is the LaidOutTensor sent (or its per-processor
+    size in bytes)."""
+    if not observers.observing():
       return
     mesh_axes = tuple(mesh_axes)
     group_size = 1
@@ -283,18 +284,14 @@ class MeshImpl:
     else:
       t = x.tensor_list[0]
       nbytes = t.shape.num_elements() * t.dtype.size if t.shape.is_fully_defined() else 0
-    self.recorder.record_collective(
-        kind, mesh_axes, nbytes, group_size, self.size // max(group_size, 1))
+    observers.announce(observers.CollectiveEvent(
+        self, kind, mesh_axes, nbytes, group_size, self.size // max(group_size, 1)))
 
-  @contextlib.contextmanager
   def unrecorded(self):
-    """Collectives inside are not counted (used where an implementation
-    realizes one logical collective with other data movement)."""
-    recorder, self.recorder = self.recorder, None
-    try:
-      yield
-    finally:
-      self.recorder = recorder
+    """A context in which this implementation's collectives reach no observer
+    (used where it realizes one announced collective with other data
+    movement)."""
+    return observers.silenced(self)
 
   # ---- what every implementation provides ---------------------------------
   def slicewise(self, fn: Callable, *inputs):
@@ -457,33 +454,37 @@ class MeshImpl:
       return expand_to_shape(x, old_shape, new_shape, new_slice_shape)
     return self.slicewise(fn, old_slices)
 
-  def relayout(self, x: LaidOutTensor, shape, old_layout, new_layout) -> LaidOutTensor:
-    """Moves a tensor from one layout to another with the fewest collectives."""
-    old_layout, new_layout = tuple(old_layout), tuple(new_layout)
-    if old_layout == new_layout:
-      return x
-    for mesh_axis in range(self.ndims):
-      old_t = _tensor_axis_of(old_layout, mesh_axis)
-      new_t = _tensor_axis_of(new_layout, mesh_axis)
-      if old_t == new_t:
-        continue
-      if old_t is not None and new_t is not None:
-        x = self.alltoall(x, mesh_axis, split_axis=new_t, concat_axis=old_t)
-      elif old_t is not None:
-        x = self.allconcat(x, mesh_axis, old_t)
-    for mesh_axis in range(self.ndims):
-      old_t = _tensor_axis_of(old_layout, mesh_axis)
-      new_t = _tensor_axis_of(new_layout, mesh_axis)
-      if old_t is None and new_t is not None:
-        x = self.slice_along(x, mesh_axis, new_t)
+  def execute(self, x: LaidOutTensor, plan: plans.Redistribution) -> LaidOutTensor:
+    """Runs the steps of a redistribution plan (see plans.py) on `x`, whose
+    layout is `plan.source`; returns it in `plan.target`.
+
+    Example:
+      >>> plan = plans.plan_relayout((0, None), (None, 0))
+      >>> y = impl.execute(laid_out_x, plan)   # one alltoall over mesh axis 0
+    """
+    for step in plan.steps:
+      if isinstance(step, plans.AllGather):
+        x = self.allconcat(x, step.mesh_axis, step.tensor_axis)
+      elif isinstance(step, plans.AllToAll):
+        x = self.alltoall(x, step.mesh_axis, split_axis=step.split_axis,
+                          concat_axis=step.concat_axis)
+      elif isinstance(step, plans.SliceAlong):
+        x = self.slice_along(x, step.mesh_axis, step.tensor_axis)
+      else:
+        raise TypeError(f"execute: unknown plan step {step!r}.")
     return x
+
+  def relayout(self, x: LaidOutTensor, shape, old_layout, new_layout) -> LaidOutTensor:
+    """Moves a tensor from one layout to another with the fewest collectives
+    (plans.plan_relayout)."""
+    del shape  # the plan needs only the layouts
+    return self.execute(x, plans.plan_relayout(old_layout, new_layout))
 
   def gather_dims(self, x, shape, dim_names) -> LaidOutTensor:
     """Un-splits the named dimensions of a laid-out tensor (allconcat)."""
     shape = convert_to_shape(shape)
-    layout = self.tensor_layout(shape)
-    new_layout = [None if d.name in dim_names else a for d, a in zip(shape.dims, layout)]
-    return self.relayout(as_laid_out(x), shape, layout, new_layout)
+    return self.execute(as_laid_out(x),
+                        plans.plan_gather_dims(shape, self.tensor_layout(shape), dim_names))
 
   def reduce_scatter(self, x: LaidOutTensor, mesh_axis: int, split_axis: int) -> LaidOutTensor:
     """Sums partial slices over `mesh_axis` and leaves each processor the
@@ -497,13 +498,6 @@ class MeshImpl:
     with self.unrecorded():
       return self.slice_along(self.allreduce(x, [mesh_axis], "SUM"), mesh_axis, split_axis)
 
-
-
-def _tensor_axis_of(layout, mesh_axis):
-  for t, m in enumerate(layout):
-    if m == mesh_axis:
-      return t
-  return None
 
 
 _CACHE_ATTRIBUTE = "_mesh_tensorflow_lowering_cache"

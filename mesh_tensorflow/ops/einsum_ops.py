@@ -12,7 +12,7 @@ from __future__ import annotations
 import string
 from typing import Sequence
 
-from mesh_tensorflow.lowering.policies import fuses_allreduce, split_outermost
+from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum
 from mesh_tensorflow.ops.local_einsum import local_einsum
@@ -68,103 +68,47 @@ class EinsumOperation(Operation):
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     out = self.outputs[0]
-    out_names = set(out.shape.dimension_names)
-    # Each mesh axis may split only one dimension across the whole einsum:
-    # keep the output's choice (or the first input's) and gather the others.
-    owner = {}
-    for t in [out] + self.inputs:
-      for d, a in zip(t.shape.dims, impl.tensor_layout(t.shape)):
-        if a is not None:
-          owner.setdefault(a, d.name)
-    gather = []          # per input: names of dims to un-split first
-    reduced_axes = set()  # mesh axes of split dims that the einsum sums over
-    local_bytes = 0      # per-processor bytes of the operands after gathering
-    for t in self.inputs:
-      names = set()
-      size = t.dtype.size
-      for d, a in zip(t.shape.dims, impl.tensor_layout(t.shape)):
-        if a is not None and owner[a] != d.name:
-          names.add(d.name)
-        elif a is not None and d.name not in out_names:
-          reduced_axes.add(a)
-        size *= d.size if (a is None or d.name in names) else d.size // impl.mesh_axis_size(a)
-      gather.append(names)
-      local_bytes += size
-    fuse = bool(reduced_axes) and getattr(impl, "shares_replicas", False) and fuses_allreduce(
-        local_bytes, impl.slice_size(out.shape) * out.dtype.size,
-        not any(gather) and split_outermost(impl.tensor_layout, self.inputs, reduced_axes))
-    if fuse:
-      # Shared memory: sum the partial products by gathering the (smaller)
-      # operands along the summed dimensions and multiplying once per group.
-      # Counted as the allreduce that the layout implies.
-      impl.record_collective(
-          "allreduce", impl.slice_size(out.shape) * out.dtype.size, sorted(reduced_axes))
-      summed = {d.name for t in self.inputs for d in t.shape.dims if d.name not in out_names}
+    shares_memory = getattr(impl, "shares_replicas", False)
+    plan = plans.plan_einsum(self.inputs, out, impl.tensor_layout,
+                             impl.shape.to_integer_list(), shares_memory)
+    if plan.fused:
+      # Counted as the allreduce the layout implies; realized by the gathers.
+      impl.record_collective("allreduce", plan.output_bytes, plan.reduced_axes)
       with impl.unrecorded():
-        slices = [impl.gather_dims(lowering.laid_out(t), t.shape, names | summed)
-                  for t, names in zip(self.inputs, gather)]
+        slices = [impl.execute(lowering.laid_out(t), move)
+                  for t, move in zip(self.inputs, plan.operand_moves)]
     else:
-      slices = [impl.gather_dims(lowering.laid_out(t), t.shape, names)
-                for t, names in zip(self.inputs, gather)]
+      slices = [impl.execute(lowering.laid_out(t), move)
+                for t, move in zip(self.inputs, plan.operand_moves)]
     letters = {}
     for t in [out] + self.inputs:
       for d in t.shape.dims:
         letters.setdefault(d.name, _LETTERS[len(letters)])
     eq = ",".join("".join(letters[d.name] for d in t.shape.dims) for t in self.inputs)
     eq += "->" + "".join(letters[d.name] for d in out.shape.dims)
-    batched_axis = None if reduced_axes else _batchable_axis(impl, self.inputs, slices, out)
-    if batched_axis is not None:
-      # Shared memory, and the processors' products differ only in the
-      # outermost (split) dimension of one operand: multiply once on the
-      # concatenated operand and take each processor's rows (no collective).
-      i, mesh_axis = batched_axis
+    batched = None
+    if shares_memory and not plan.reduced_axes:
+      batched = plans.batchable_operand(
+          self.inputs, out, impl.tensor_layout, impl.shape.to_integer_list(),
+          is_shared=lambda i: len({id(t) for t in slices[i].tensor_list}) == 1,
+          holds_blocks=lambda i, axis: impl.gathers_without_copy(slices[i], axis, 0))
+    if batched is not None:
+      # The processors' products differ only in the outermost (split)
+      # dimension of one operand: multiply once on the whole operand and take
+      # each processor's rows (no collective).
+      i, mesh_axis = batched
       with impl.unrecorded():
         slices[i] = impl.allconcat(slices[i], mesh_axis, 0)
     result = impl.slicewise(lambda *xs: local_einsum(eq, *xs), *slices)
-    if batched_axis is not None:
-      result = impl.slice_along(result, batched_axis[1], 0)
-    # FLOPs per processor under the layout: 2 * the product of the local
-    # sizes of all dimensions (however shared memory realizes the product).
-    flops = 2
-    for name, size in {d.name: d.size for t in self.inputs for d in t.shape.dims}.items():
-      axis = next((a for a, n in owner.items() if n == name), None)
-      flops *= size // impl.mesh_axis_size(axis) if axis is not None else size
-    lowering.add_flops(flops)
-    if reduced_axes and not fuse:
-      result = LazyAllreduceSum(impl, result, sorted(reduced_axes))
+    if batched is not None:
+      result = impl.slice_along(result, batched[1], 0)
+    lowering.add_flops(plan.flops)
+    if plan.pending_sum_axes:
+      result = LazyAllreduceSum(impl, result, list(plan.pending_sum_axes))
     lowering.set_tensor_lowering(out, result)
 
 
 _LETTERS = string.ascii_letters
-
-
-def _batchable_axis(impl, inputs, slices, out):
-  """(input index, mesh axis) when, in shared memory, exactly one operand is
-  split, along one mesh axis, in its outermost dimension that is also the
-  output's outermost dimension, its slices are the blocks of one existing
-  tensor, and every other operand is one tensor shared by all processors;
-  else None."""
-  if not getattr(impl, "shares_replicas", False) or not out.shape.ndims:
-    return None
-  candidate = None
-  for i, (t, laid) in enumerate(zip(inputs, slices)):
-    if len({id(s) for s in laid.tensor_list}) == 1:
-      continue
-    if candidate is not None or not t.shape.ndims:
-      return None
-    layout = impl.tensor_layout(t.shape)
-    split = [a for a in layout if a is not None]
-    if (len(split) != 1 or layout[0] is None or t.shape.dims[0] != out.shape.dims[0]
-        or laid.tensor_list[0].shape.as_list()[0] == t.shape.dims[0].size):
-      return None
-    candidate = (i, layout[0])
-  # Only where gathering the split operand copies nothing: a copy (ConcatV2 of
-  # computed activations) costs more than the one large product saves (see the
-  # data-parallel transformer of benchmarks/step_time.py).
-  if candidate is not None and not impl.gathers_without_copy(slices[candidate[0]],
-                                                             candidate[1], 0):
-    return None
-  return candidate
 
 
 def _infer_output_shape(xs, reduced_dims):

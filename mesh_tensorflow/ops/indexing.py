@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from mesh_tensorflow.lowering.policies import gathers_table_first
+from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering.mesh_impl import (LazyAllreduceSum, LaidOutTensor, expand_to_shape,
                                       int_constant, once_per_graph, shared_constant)
@@ -160,15 +160,10 @@ class GatherOperation(Operation):
     weights, indices = self.inputs
     out = self.outputs[0]
     dim = self._dim
-    mesh_axis = impl.tensor_dimension_to_mesh_axis(dim)
-    w_laid = lowering.laid_out(weights)
-    if mesh_axis is not None and (
-        any(impl.tensor_dimension_to_mesh_axis(d) == mesh_axis for d in indices.shape.dims)
-        or gathers_table_first(impl.slice_size(weights.shape) * weights.dtype.size,
-                               impl.mesh_axis_size(mesh_axis),
-                               impl.slice_size(out.shape) * out.dtype.size)):
-      w_laid = impl.gather_dims(w_laid, weights.shape, {dim.name})
-      mesh_axis = None
+    plan = plans.plan_gather(weights, indices, out, dim, impl.tensor_layout,
+                             impl.shape.to_integer_list())
+    w_laid = impl.execute(lowering.laid_out(weights), plan.table_move)
+    mesh_axis = plan.masked_axis
     axis = weights.shape.index_of(dim.name)
     w_dims = weights.shape.dims
     gathered_shape = Shape(w_dims[:axis] + indices.shape.dims + w_dims[axis + 1:])
@@ -248,20 +243,15 @@ class ScatterAddGradOperation(Operation):
     g, indices = self.inputs
     out = self.outputs[0]
     dim = self._dim
+    plan = plans.plan_scatter_add(out.shape, indices.shape, dim, impl.tensor_layout)
     mesh_axis = impl.tensor_dimension_to_mesh_axis(dim)
     g_laid = lowering.laid_out(g)
-    idx_axes = {impl.tensor_dimension_to_mesh_axis(d) for d in indices.shape.dims} - {None}
-    gather_out = mesh_axis is not None and mesh_axis in idx_axes
-    out_layout = impl.tensor_layout(out.shape)
-    cur_layout = [None if (gather_out and d.name == dim.name) else a
-                  for d, a in zip(out.shape.dims, out_layout)]
-    local_size = dim.size if gather_out or mesh_axis is None else (
-        dim.size // impl.mesh_axis_size(mesh_axis))
+    local_size = dim.size if not plan.uses_offsets else dim.size // impl.mesh_axis_size(mesh_axis)
     others = [d for d in out.shape.dims if d.name != dim.name]
     src_shape = Shape(indices.shape.dims + others)
     dest_shape = Shape([dim] + others)
 
-    use_offsets = mesh_axis is not None and not gather_out
+    use_offsets = plan.uses_offsets
     minus_one, num_segments = int_constant(-1), int_constant(local_size)
 
     def fn(gs, idx, offset):
@@ -275,16 +265,14 @@ class ScatterAddGradOperation(Operation):
     offsets = (slice_offsets(impl, out.shape, out.shape.index_of(dim.name))
                if use_offsets else 0)
     result = impl.slicewise(fn, g_laid, lowering.laid_out(indices), offsets)
-    if gather_out:
+    if plan.allreduce is not None:
       # Each processor summed its own indices into all of `dim`: add up those
       # partial sums before splitting `dim` again.
-      result = impl.allreduce(result, sorted(idx_axes), "SUM")
-      result = impl.relayout(result, out.shape, cur_layout, out_layout)
-    else:
+      result = impl.allreduce(result, list(plan.allreduce.mesh_axes), plan.allreduce.reduction)
+    result = impl.execute(result, plan.after)
+    if plan.pending_sum_axes:
       # Index dims that are split were summed locally: allreduce over their axes.
-      reduce_axes = sorted(idx_axes - {a for a in out_layout if a is not None})
-      if reduce_axes:
-        result = LazyAllreduceSum(impl, result, reduce_axes)
+      result = LazyAllreduceSum(impl, result, list(plan.pending_sum_axes))
     lowering.set_tensor_lowering(out, result)
 
 

@@ -18,6 +18,7 @@ from typing import Callable
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
+from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum, expand_to_shape, int_constant
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops._common import num_elements
@@ -72,27 +73,23 @@ class ReduceOperation(Operation):
       else:
         t2 = fn(t, axis=int_constant(axes)) if axes else t
       return expand_to_shape(t2, kept_shape, out.shape)
-    mesh_axes = [impl.tensor_dimension_to_mesh_axis(d) for d in reduced]
-    mesh_axes = [a for a in mesh_axes if a is not None]
     value = lowering.tensors[x]
-    if (self._reduction == "SUM" and isinstance(value, LazyAllreduceSum)
-        and x.dtype != tf.bool):
+    pending = isinstance(value, LazyAllreduceSum)
+    plan = plans.plan_reduce(x.shape, out.shape, self._reduction, x.dtype == tf.bool,
+                             value.mesh_axes if pending else None, impl.tensor_layout)
+    if plan.folds_pending:
       value.derived()
       partial = impl.slicewise(local, value.laid_out_input)
-      mesh_axes = sorted(set(mesh_axes) | set(value.mesh_axes))
     else:
       partial = impl.slicewise(local, lowering.laid_out(x))
     lowering.add_flops(num_elements(lowering.laid_out(x).tensor_list[0])
-                       if not isinstance(value, LazyAllreduceSum) else 0)
-    if not mesh_axes:
-      result = partial
-    elif self._reduction == "SUM" and x.dtype != tf.bool:
-      result = LazyAllreduceSum(impl, partial, mesh_axes)
+                       if not pending else 0)
+    if plan.pending:
+      result = LazyAllreduceSum(impl, partial, list(plan.mesh_axes))
+    elif plan.allreduce is not None:
+      result = impl.allreduce(partial, list(plan.allreduce.mesh_axes), plan.allreduce.reduction)
     else:
-      op = self._reduction
-      if x.dtype == tf.bool:
-        op = "LOGICAL_OR" if op in ("SUM", "MAX") else "LOGICAL_AND"
-      result = impl.allreduce(partial, mesh_axes, op)
+      result = partial
     lowering.set_tensor_lowering(out, result)
 
 
@@ -230,21 +227,22 @@ class SoftmaxOperation(Operation):
     impl = lowering.mesh_impl(self)
     x = self.inputs[0]
     axis = x.shape.index_of(self._dim)
-    mesh_axis = impl.tensor_dimension_to_mesh_axis(self._dim)
+    statistics = plans.plan_statistics(x.shape, self._dim, impl.tensor_layout, ("MAX", "SUM"))
     laid = lowering.laid_out(x)
-    if mesh_axis is not None:
-      axis = int_constant(axis)  # one shared constant, not one per processor
-    if mesh_axis is None:
+    if not statistics:
       fn = tf.nn.log_softmax if self._log else _softmax_any_rank
       result = impl.slicewise(lambda t: fn(t, axis=axis), laid)
     else:
+      axis = int_constant(axis)  # one shared constant, not one per processor
+      maxima, sums = statistics
       local_max = impl.slicewise(
           lambda t: tf.reduce_max(t, axis=axis, keepdims=True), laid)
       shifted = impl.slicewise(
-          tf.subtract, laid, impl.allreduce(local_max, [mesh_axis], "MAX"))
+          tf.subtract, laid, impl.allreduce(local_max, list(maxima.mesh_axes), maxima.reduction))
       exps = impl.slicewise(tf.exp, shifted)
       sums = impl.allreduce(impl.slicewise(
-          lambda e: tf.reduce_sum(e, axis=axis, keepdims=True), exps), [mesh_axis], "SUM")
+          lambda e: tf.reduce_sum(e, axis=axis, keepdims=True), exps),
+          list(sums.mesh_axes), sums.reduction)
       if self._log:
         result = impl.slicewise(lambda s, z: s - tf.math.log(z), shifted, sums)
       else:
@@ -291,7 +289,7 @@ class SoftmaxGradOperation(Operation):
     impl = lowering.mesh_impl(self)
     y, dy = self.inputs
     axis = y.shape.index_of(self._dim)
-    mesh_axis = impl.tensor_dimension_to_mesh_axis(self._dim)
+    statistics = plans.plan_statistics(y.shape, self._dim, impl.tensor_layout, ("SUM",))
     ly, ldy = lowering.laid_out(y), lowering.laid_out(dy)
     axis = int_constant(axis)  # one shared constant, not one per processor
     if self._log:
@@ -299,8 +297,8 @@ class SoftmaxGradOperation(Operation):
     else:
       sums = impl.slicewise(
           lambda a, d: tf.reduce_sum(a * d, axis=axis, keepdims=True), ly, ldy)
-    if mesh_axis is not None:
-      sums = impl.allreduce(sums, [mesh_axis], "SUM")
+    for step in statistics:
+      sums = impl.allreduce(sums, list(step.mesh_axes), step.reduction)
     if self._log:
       result = impl.slicewise(lambda a, d, s: d - tf.exp(a) * s, ly, ldy, sums)
     else:

@@ -14,6 +14,7 @@ are gathered first and split again afterwards.
 from __future__ import annotations
 
 from mesh_tensorflow.core.graph import Operation, Tensor
+from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.lowering.mesh_impl import expand_to_shape, reshape_slice
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
@@ -62,37 +63,14 @@ class ReshapeOperation(Operation):
     impl = lowering.mesh_impl(self)
     x = self.inputs[0]
     out = self.outputs[0]
-    in_layout = impl.tensor_layout(x.shape)
-    out_layout = impl.tensor_layout(out.shape)
-    in_strides = _prefix_products(x.shape)
-    out_strides = _prefix_products(out.shape)
-    # Mesh axes whose split stays aligned: same mesh axis and stride prefix
-    # (product of the dimensions before). The sizes may differ, e.g. when the
-    # split dimension is cut into [blocks, block] with blocks split, or
-    # merged with the dimensions after it: each processor's contiguous chunk
-    # of the span starting at that prefix is then the same in both shapes.
-    kept_in, kept_out = set(), set()
-    for i, a in enumerate(in_layout):
-      if a is None:
-        continue
-      for j, b in enumerate(out_layout):
-        if (b == a and out.shape.dims[j].size % impl.mesh_axis_size(a) == 0
-            and out_strides[j] == in_strides[i]):
-          kept_in.add(i)
-          kept_out.add(j)
-    gather_names = {d.name for i, d in enumerate(x.shape.dims)
-                    if in_layout[i] is not None and i not in kept_in}
-    laid = impl.gather_dims(lowering.laid_out(x), x.shape, gather_names)
-    current = [a if j in kept_out else None for j, a in enumerate(out_layout)]
+    plan = plans.plan_reshape(x.shape, out.shape, impl.tensor_layout,
+                              impl.shape.to_integer_list())
+    laid = impl.execute(lowering.laid_out(x), plan.before)
     local_shape = [d.size // impl.mesh_axis_size(a) if a is not None else d.size
-                   for d, a in zip(out.shape.dims, current)]
+                   for d, a in zip(out.shape.dims, plan.kept)]
     # Renaming a dimension leaves the slice as it is: no op to create.
     laid = impl.slicewise(lambda t: reshape_slice(t, local_shape), laid)
-    lowering.set_tensor_lowering(out, impl.relayout(laid, out.shape, current, out_layout))
-
-
-def _prefix_products(shape: Shape):
-  return shape.cumprod()
+    lowering.set_tensor_lowering(out, impl.execute(laid, plan.after))
 
 
 def reshape(x: Tensor, new_shape, name=None) -> Tensor:

@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.lowering import observers
 
 import mtf_test_utils
 from mtf_test_utils import lower_and_run
@@ -413,15 +414,8 @@ def test_allgather_of_imported_blocks_is_the_input_itself():
     blocks = impl.import_tf_tensor(x, shape)
     assert blocks.tensor_list[0] is not x  # each processor holds a block
     kinds = []
-
-    class Recorder:
-      def record_collective(self, kind, *unused):
-        kinds.append(kind)
-    impl.recorder = Recorder()
-    try:
+    with observers.observe(lambda event: kinds.append(event.kind)):
       gathered = impl.allconcat(blocks, 0, 0)
-    finally:
-      impl.recorder = None
     assert all(t is x for t in gathered.tensor_list)
     assert kinds == ["allgather"]
     doubled = impl.slicewise(lambda t: t * 2, blocks)

@@ -157,13 +157,21 @@ def test_collectives_inside_while_loop(mesh_shape, layout):
   assert ("permute" in kinds) == ("batch" in split)
 
 
+def _transformer_tests():
+  """tests/transformer/test_transformer.py (its small language model and
+  data), importable whichever test folders this run collected."""
+  return mtf_test_utils.import_script("test_transformer", "tests", "transformer",
+                                      "test_transformer.py")
+
+
 @pytest.mark.parametrize("mesh_shape,layout", [
     ("all:8", "batch:all"), ("rows:2;cols:4", "batch:rows;heads:cols;d_ff:cols;vocab:cols")],
     ids=["8", "2x4"])
 def test_transformer_decoding_matches_placement(mesh_shape, layout):
   """Autoregressive decoding (greedy and sampled) runs its collectives inside
   mtf.while_loop: SIMD gives placement's tokens."""
-  from test_transformer import _language_model, PROMPT, batch, length  # pylint: disable=g-import-not-at-top
+  lm = _transformer_tests()
+  _language_model, PROMPT, batch, length = lm._language_model, lm.PROMPT, lm.batch, lm.length  # pylint: disable=invalid-name,protected-access
 
   def decode():
     graph = mtf.Graph()
@@ -197,7 +205,8 @@ def test_models_train_like_placement_with_the_trainer(mesh_shape, mnist_layout, 
   """The MNIST MLP (examples/mnist.py) and a small transformer LM, trained by
   mtf.training.Trainer with each implementation: the same losses."""
   mnist = mtf_test_utils.import_mnist_example()
-  from test_transformer import _language_model, B, L, TARGETS  # pylint: disable=g-import-not-at-top
+  lm = _transformer_tests()
+  _language_model, B, L, TARGETS = lm._language_model, lm.B, lm.L, lm.TARGETS  # pylint: disable=invalid-name,protected-access
   rng = np.random.RandomState(1)
   images = rng.rand(32, 8, 8).astype(np.float32)
   labels = rng.randint(0, 10, size=32).astype(np.int32)

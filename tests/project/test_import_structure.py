@@ -51,7 +51,8 @@ LAYERS = {
     # 0 core
     "core.": "core", "lowering.mesh_impl": "core", "lowering.slice_variables": "core",
     "lowering.master_variables": "core", "lowering.collective_keys": "core",
-    "lowering.tpu_topology": "core", "lowering.policies": "core",
+    "lowering.tpu_topology": "core", "lowering.policies": "core", "lowering.plans": "core",
+    "lowering.observers": "core",
     "lowering.tpu_variables": "core", "cli": "core", "training.checkpoint_verify": "core",
     "training.original_checkpoint": "core", "distributed.cluster": "core",
     "compat.utils": "core", "compat.moved_modules": "core",

@@ -38,8 +38,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from mesh_tensorflow.core.layout import convert_to_layout_rules, pnum_to_processor_coordinates
 from mesh_tensorflow.core.shapes import Shape, convert_to_shape
-# The lowering's choices that the estimates follow (defined with the lowering).
-from mesh_tensorflow.lowering.policies import (  # noqa: F401
+# The plans the lowering executes, which the estimates price.
+from mesh_tensorflow.lowering import plans
+from mesh_tensorflow.lowering.policies import (  # noqa: F401  (former home of these names)
     fuses_allreduce, gathers_table_first, split_outermost)
 
 # ----------------------------------------------------------------------------- parameters
@@ -342,11 +343,6 @@ class _Estimator:
     self.params = params
     self.mesh_sizes = mesh_shape.to_integer_list()
     self.mesh_size = mesh_shape.size
-    self.axis_of_name = {}
-    names = mesh_shape.dimension_names
-    for t, m in rules:
-      if m in names:
-        self.axis_of_name[t] = names.index(m)
     self.share = params.shares_memory
     self.coords = [tuple(pnum_to_processor_coordinates(mesh_shape, p))
                    for p in range(self.mesh_size)]
@@ -372,9 +368,6 @@ class _Estimator:
     lay = tuple(self.rules.tensor_layout(shape, self.mesh_shape))
     self._layouts[shape] = lay
     return lay
-
-  def axis(self, dim):
-    return self.axis_of_name.get(dim.name)
 
   def slice_elems(self, shape: Shape, layout=None) -> int:
     layout = self.layout(shape) if layout is None else layout
@@ -572,21 +565,27 @@ class _Estimator:
       s = self.state[t] = self.by_layout(self.layout(t.shape), count=False)
     return s
 
-  def gather_dims(self, shape: Shape, dtype_size: int, names, ids, layout=None,
-                  record: bool = True):
-    """The allconcats of gather_dims/relayout, in mesh-axis order, each
-    sending the current slice. Returns (layout, ids)."""
-    layout = list(self.layout(shape) if layout is None else layout)
-    for mesh_axis in range(len(self.mesh_sizes)):
-      for i, (d, a) in enumerate(zip(shape.dims, layout)):
-        if a == mesh_axis and d.name in names:
-          if self.mesh_sizes[a] > 1:
-            nbytes = self.slice_elems(shape, layout) * dtype_size
-            if record:
-              self.collective("allgather", nbytes, [mesh_axis])
-            ids = self.combine_ids(ids, [mesh_axis], nbytes * self.mesh_sizes[a])
-          layout[i] = None
-    return tuple(layout), ids
+  def execute(self, plan: plans.Redistribution, shape: Shape, dtype_size: int, ids,
+              record: bool = True):
+    """Prices the steps of a redistribution plan (the one the lowering
+    executes) as the mesh implementation runs them: each collective sends
+    the slice of the layout before it. Returns the per-processor ids."""
+    for step, layout in plan.walk():
+      size = self.mesh_sizes[step.mesh_axis]
+      if size == 1:
+        continue
+      if isinstance(step, plans.SliceAlong):
+        ids = self.slice_along_ids(ids, step.mesh_axis,
+                                   self.slice_elems(shape, step.apply(layout)) * dtype_size)
+        continue
+      nbytes = self.slice_elems(shape, layout) * dtype_size
+      if record:
+        self.collective(step.kind, nbytes, [step.mesh_axis])
+      if isinstance(step, plans.AllGather):
+        ids = self.combine_ids(ids, [step.mesh_axis], nbytes * size)
+      else:
+        ids = self.alltoall_ids(ids, step.mesh_axis, nbytes)
+    return ids
 
   # ---- operations -----------------------------------------------------------
   def run(self) -> List[OpCost]:
@@ -736,160 +735,84 @@ def _local(est: _Estimator, op):
 
 
 def _einsum(est: _Estimator, op):
+  """Prices the EinsumPlan that EinsumOperation.lower executes."""
   out = op.outputs[0]
-  out_names = set(out.shape.dimension_names)
-  owner = {}
-  for t in [out] + op.inputs:
-    for d, a in zip(t.shape.dims, est.layout(t.shape)):
-      if a is not None:
-        owner.setdefault(a, d.name)
-  gather, reduced_axes, local_bytes = [], set(), 0
-  for t in op.inputs:
-    names = set()
-    size = t.dtype.size
-    for d, a in zip(t.shape.dims, est.layout(t.shape)):
-      if a is not None and owner[a] != d.name:
-        names.add(d.name)
-      elif a is not None and d.name not in out_names:
-        reduced_axes.add(a)
-      size *= d.size if (a is None or d.name in names) else d.size // est.mesh_sizes[a]
-    gather.append(names)
-    local_bytes += size
-  out_bytes = est.slice_bytes(out)
-  fuse = bool(reduced_axes) and est.share and fuses_allreduce(
-      local_bytes, out_bytes, not any(gather) and split_outermost(est.layout, op.inputs,
-                                                                    reduced_axes))
-  flops = 2
-  sizes = {}
-  for t in op.inputs:
-    for d in t.shape.dims:
-      sizes.setdefault(d.name, d.size)
-  by_name = {n: a for a, n in owner.items()}
-  for name, size in sizes.items():
-    a = by_name.get(name)
-    flops *= size // est.mesh_sizes[a] if a is not None else size
-  est.current.flops += flops
-  per_kernel = flops
-  if fuse:
+  plan = plans.plan_einsum(op.inputs, out, est.layout, est.mesh_sizes, est.share)
+  est.current.flops += plan.flops
+  per_kernel, local_bytes = plan.flops, plan.operand_bytes
+  if plan.fused:
     # Shared memory: the operands are gathered along the summed dimensions
-    # (unrecorded: counted as the allreduce) and multiplied once per group.
-    est.collective("allreduce", out_bytes, sorted(reduced_axes))
-    summed = {d.name for t in op.inputs for d in t.shape.dims if d.name not in out_names}
-    ins = []
-    for t, names in zip(op.inputs, gather):
-      ids = est.laid_out(t, record=False)
-      ins.append(est.gather_dims(t.shape, t.dtype.size, names | summed, ids, record=False)[1])
+    # (counted as the allreduce) and multiplied once per group.
+    est.collective("allreduce", plan.output_bytes, plan.reduced_axes)
+    ins = [est.execute(move, t.shape, t.dtype.size, est.laid_out(t, record=False), record=False)
+           for t, move in zip(op.inputs, plan.operand_moves)]
     group = 1
-    for a in reduced_axes:
+    for a in plan.reduced_axes:
       group *= est.mesh_sizes[a]
-    per_kernel = flops * group
+    per_kernel *= group
     local_bytes *= group
   else:
-    ins = []
-    for t, names in zip(op.inputs, gather):
-      ids = est.laid_out(t)
-      if names:
-        ids = est.gather_dims(t.shape, t.dtype.size, names, ids)[1]
-      ins.append(ids)
-  batched = None if reduced_axes else _batchable(est, op, ins)
+    ins = [est.execute(move, t.shape, t.dtype.size, est.laid_out(t))
+           for t, move in zip(op.inputs, plan.operand_moves)]
+  batched = None
+  if est.share and not plan.reduced_axes:
+    batched = plans.batchable_operand(
+        op.inputs, out, est.layout, est.mesh_sizes,
+        is_shared=lambda i: len(set(ins[i])) == 1,
+        holds_blocks=lambda i, axis: tuple(ins[i]) in est.blocks)
+  out_bytes = plan.output_bytes
   if batched is not None:
     # Shared memory: one product on the concatenated operand, then each
     # processor takes its rows.
     i, axis = batched
     ins[i] = est.combine_ids(ins[i], [axis], local_bytes)
-    per_kernel = flops * est.mesh_sizes[axis]
+    per_kernel = plan.flops * est.mesh_sizes[axis]
     ids = est.slicewise(ins, (local_bytes + out_bytes) * est.mesh_sizes[axis], per_kernel)
     ids = est.slice_along_ids(ids, axis, out_bytes)
   else:
     ids = est.slicewise(ins, local_bytes + out_bytes, per_kernel)
-  est.state[out] = _Lazy(sorted(reduced_axes), out_bytes, ids) if (
-      reduced_axes and not fuse) else ids
-
-
-def _batchable(est: _Estimator, op, ins):
-  """Mirror of einsum's _batchable_axis: (operand index, mesh axis) when one
-  operand is split along one mesh axis in its outermost dimension (also the
-  output's), its slices are the blocks of an existing tensor, and every other
-  operand is one tensor shared by all."""
-  out = op.outputs[0]
-  if not est.share or not out.shape.ndims:
-    return None
-  candidate = None
-  for i, (t, ids) in enumerate(zip(op.inputs, ins)):
-    if len(set(ids)) == 1:
-      continue
-    if candidate is not None or not t.shape.ndims:
-      return None
-    lay = est.layout(t.shape)
-    split = [a for a in lay if a is not None]
-    if (len(split) != 1 or lay[0] is None or t.shape.dims[0] != out.shape.dims[0]
-        or est.mesh_sizes[lay[0]] == 1 or tuple(ids) not in est.blocks):
-      return None
-    candidate = (i, lay[0])
-  return candidate
+  est.state[out] = _Lazy(plan.pending_sum_axes, out_bytes, ids) if plan.pending_sum_axes else ids
 
 
 def _reduce(est: _Estimator, op):
+  """Prices the ReducePlan that ReduceOperation.lower executes."""
   x, out = op.inputs[0], op.outputs[0]
-  reduced = [d for d in x.shape.dims if d not in out.shape.dims]
-  axes = [est.axis(d) for d in reduced]
-  axes = [a for a in axes if a is not None]
   s = est.state.get(x)
-  kind = op.reduction_fn_string
-  is_bool = x.dtype.name == "bool"
+  pending = isinstance(s, _Lazy)
+  plan = plans.plan_reduce(x.shape, out.shape, op.reduction_fn_string, x.dtype.name == "bool",
+                           s.axes if pending else None, est.layout)
   out_bytes = est.slice_bytes(out)
-  if kind == "SUM" and isinstance(s, _Lazy) and not is_bool:
-    axes = sorted(set(axes) | set(s.axes))
+  if plan.folds_pending:
     partial = est.slicewise([s.ids], s.nbytes + out_bytes)
   else:
     ids = est.laid_out(x)
     est.current.flops += est.slice_elems(x.shape)
     partial = est.slicewise([ids], est.slice_bytes(x) + out_bytes)
-  if not axes:
-    est.state[out] = partial
-  elif kind == "SUM" and not is_bool:
-    est.state[out] = _Lazy(axes, out_bytes, partial)
+  if plan.pending:
+    est.state[out] = _Lazy(plan.mesh_axes, out_bytes, partial)
+  elif plan.allreduce is not None:
+    est.state[out] = est.allreduce(out_bytes, plan.allreduce.mesh_axes, partial)
   else:
-    est.state[out] = est.allreduce(out_bytes, axes, partial)
+    est.state[out] = partial
 
 
 def _reshape(est: _Estimator, op):
+  """Prices the ReshapePlan that ReshapeOperation.lower executes."""
   x, out = op.inputs[0], op.outputs[0]
-  ids = est.laid_out(x)
-  in_layout, out_layout = est.layout(x.shape), est.layout(out.shape)
-  in_strides, out_strides = x.shape.cumprod(), out.shape.cumprod()
-  kept_in, kept_out = set(), set()
-  for i, a in enumerate(in_layout):
-    if a is None:
-      continue
-    for j, b in enumerate(out_layout):
-      if (b == a and out.shape.dims[j].size % est.mesh_sizes[a] == 0
-          and out_strides[j] == in_strides[i]):
-        kept_in.add(i)
-        kept_out.add(j)
-  names = {d.name for i, d in enumerate(x.shape.dims)
-           if in_layout[i] is not None and i not in kept_in}
-  if names:
-    ids = est.gather_dims(x.shape, x.dtype.size, names, ids)[1]
+  plan = plans.plan_reshape(x.shape, out.shape, est.layout, est.mesh_sizes)
+  ids = est.execute(plan.before, x.shape, x.dtype.size, est.laid_out(x))
   ids = est.slicewise([ids], 2 * est.slice_bytes(out))
-  current = [a if j in kept_out else None for j, a in enumerate(out_layout)]
-  for mesh_axis in range(len(est.mesh_sizes)):
-    if mesh_axis in out_layout and mesh_axis not in current:
-      ids = est.slice_along_ids(ids, mesh_axis, est.slice_bytes(out))
-  est.state[out] = ids
+  est.state[out] = est.execute(plan.after, out.shape, out.dtype.size, ids)
 
 
 def _gather(est: _Estimator, op):
+  """Prices the GatherPlan that GatherOperation.lower executes."""
   weights, indices = op.inputs
   out = op.outputs[0]
-  dim = op._dim  # pylint: disable=protected-access
-  a = est.axis(dim)
-  w_ids = est.laid_out(weights)
+  plan = plans.plan_gather(weights, indices, out, op._dim, est.layout, est.mesh_sizes)  # pylint: disable=protected-access
+  w_ids = est.execute(plan.table_move, weights.shape, weights.dtype.size, est.laid_out(weights))
+  a = plan.masked_axis
   out_bytes = est.slice_bytes(out)
-  if a is not None and (any(est.axis(d) == a for d in indices.shape.dims) or gathers_table_first(
-      est.slice_bytes(weights), est.mesh_sizes[a], out_bytes)):
-    w_ids = est.gather_dims(weights.shape, weights.dtype.size, {dim.name}, w_ids)[1]
-    a = None
   ins = [w_ids, est.laid_out(indices)]
   if a is not None:
     ins.append(est.by_layout(est.layout(weights.shape)))  # slice offsets
@@ -899,48 +822,43 @@ def _gather(est: _Estimator, op):
 
 
 def _scatter_add_grad(est: _Estimator, op):
+  """Prices the ScatterAddPlan that ScatterAddGradOperation.lower executes."""
   g, indices = op.inputs
   out = op.outputs[0]
-  dim = op._dim  # pylint: disable=protected-access
-  a = est.axis(dim)
+  plan = plans.plan_scatter_add(out.shape, indices.shape, op._dim, est.layout)  # pylint: disable=protected-access
   ins = [est.laid_out(g), est.laid_out(indices)]
-  idx_axes = {est.axis(d) for d in indices.shape.dims} - {None}
-  gather_out = a is not None and a in idx_axes
-  out_layout = est.layout(out.shape)
-  cur = tuple(None if (gather_out and d.name == dim.name) else x
-              for d, x in zip(out.shape.dims, out_layout))
-  if a is not None and not gather_out:
-    ins.append(est.by_layout(out_layout))  # slice offsets
-  cur_bytes = est.slice_elems(out.shape, cur) * out.dtype.size
+  if plan.uses_offsets:
+    ins.append(est.by_layout(est.layout(out.shape)))  # slice offsets
+  cur_bytes = est.slice_elems(out.shape, plan.computed_layout) * out.dtype.size
   ids = est.slicewise(ins, est.slice_bytes(g) + cur_bytes)
-  if gather_out:
-    ids = est.allreduce(cur_bytes, sorted(idx_axes), ids)
-    ids = est.slice_along_ids(ids, a, est.slice_bytes(out))
-    est.state[out] = ids
-  else:
-    axes = sorted(idx_axes - {x for x in out_layout if x is not None})
-    axes = [x for x in axes if est.mesh_sizes[x] > 1]
-    est.state[out] = _Lazy(axes, est.slice_bytes(out), ids) if axes else ids
+  if plan.allreduce is not None:
+    ids = est.allreduce(cur_bytes, plan.allreduce.mesh_axes, ids)
+  ids = est.execute(plan.after, out.shape, out.dtype.size, ids)
+  axes = [a for a in plan.pending_sum_axes if est.mesh_sizes[a] > 1]
+  est.state[out] = _Lazy(axes, est.slice_bytes(out), ids) if axes else ids
 
 
 def _sparse_xent(est: _Estimator, op):
+  """Prices SparseSoftmaxCrossEntropyOperation: TensorFlow's fused kernel,
+  or, with vocab split, the statistics' allreduces of its plan."""
   logits, ids_t = op.inputs
   lg = est.laid_out(logits)
   idx = est.laid_out(ids_t)
-  vocab = op._vocab_dim  # pylint: disable=protected-access
-  a = est.axis(vocab)
+  statistics = plans.plan_statistics(logits.shape, op._vocab_dim, est.layout,  # pylint: disable=protected-access
+                                     ("MAX", "SUM", "SUM"))
   out = op.outputs[0]
   lg_bytes = est.slice_bytes(logits)
   prep = est.slicewise([lg, idx], 2 * lg_bytes)
-  if a is None:  # TensorFlow's fused kernel (and a logsumexp)
+  if not statistics:  # TensorFlow's fused kernel (and a logsumexp)
     result = est.slicewise([prep], 3 * lg_bytes)
   else:  # max, partial sums and target logits, three allreduces, finish
+    max_step, sum_exp_step, target_step = statistics
     nbytes = est.slice_elems(out.shape) * 4  # float32 partials
     offsets = est.by_layout(est.layout(logits.shape))
-    maxes = est.allreduce(nbytes, [a], est.slicewise([prep], lg_bytes))
+    maxes = est.allreduce(nbytes, max_step.mesh_axes, est.slicewise([prep], lg_bytes))
     partial = est.slicewise([prep, idx, maxes, offsets], 2 * lg_bytes)
-    sum_exp = est.allreduce(nbytes, [a], partial)
-    target = est.allreduce(nbytes, [a], partial)
+    sum_exp = est.allreduce(nbytes, sum_exp_step.mesh_axes, partial)
+    target = est.allreduce(nbytes, target_step.mesh_axes, partial)
     result = est.slicewise([prep, idx, maxes, sum_exp, target, offsets], 3 * lg_bytes)
   est.state[op.outputs[0]] = result
   est.state[op.outputs[1]] = result
@@ -948,38 +866,42 @@ def _sparse_xent(est: _Estimator, op):
 
 
 def _softmax(est: _Estimator, op):
-  """One fused kernel per slice, or, with the dimension split: a MAX and a SUM
-  allreduce of the per-slice statistics around four slicewise kernels."""
+  """One fused kernel per slice, or, with the dimension split: the MAX and
+  SUM allreduces of the plan's per-slice statistics around four slicewise
+  kernels."""
   x, out = op.inputs[0], op.outputs[0]
   ids = est.laid_out(x)
   nbytes = est.slice_bytes(x)
   est.current.flops += 5 * est.slice_elems(x.shape)
   dim = op.reduced_dim
-  a = est.axis(dim)
-  if a is None:
+  statistics = plans.plan_statistics(x.shape, dim, est.layout, ("MAX", "SUM"))
+  if not statistics:
     est.state[out] = est.slicewise([ids], 2 * nbytes)
     return
+  max_step, sum_step = statistics
   stats_bytes = est.slice_elems(x.shape - [dim]) * x.dtype.size
-  maxes = est.allreduce(stats_bytes, [a], est.slicewise([ids], nbytes + stats_bytes))
+  maxes = est.allreduce(stats_bytes, max_step.mesh_axes,
+                        est.slicewise([ids], nbytes + stats_bytes))
   shifted = est.slicewise([ids, maxes], 2 * nbytes)
   exps = est.slicewise([shifted], 2 * nbytes)
-  sums = est.allreduce(stats_bytes, [a], est.slicewise([exps], nbytes + stats_bytes))
+  sums = est.allreduce(stats_bytes, sum_step.mesh_axes,
+                       est.slicewise([exps], nbytes + stats_bytes))
   est.state[out] = est.slicewise([shifted if op.log else exps, sums], 2 * nbytes)
 
 
 def _softmax_grad(est: _Estimator, op):
-  """Per slice a product and a sum that keeps the dimension, a SUM allreduce
-  of the sums when the dimension is split, then one elementwise kernel."""
+  """Per slice a product and a sum that keeps the dimension, the plan's SUM
+  allreduce of the sums when the dimension is split, then one elementwise
+  kernel."""
   y, dy = op.inputs
   ids_y, ids_dy = est.laid_out(y), est.laid_out(dy)
   nbytes = est.slice_bytes(y)
   est.current.flops += 4 * est.slice_elems(y.shape)
   dim = op.reduced_dim
-  a = est.axis(dim)
   stats_bytes = est.slice_elems(y.shape - [dim]) * y.dtype.size
   sums = est.slicewise([ids_y, ids_dy], 2 * nbytes + stats_bytes)
-  if a is not None:
-    sums = est.allreduce(stats_bytes, [a], sums)
+  for step in plans.plan_statistics(y.shape, dim, est.layout, ("SUM",)):
+    sums = est.allreduce(stats_bytes, step.mesh_axes, sums)
   est.state[op.outputs[0]] = est.slicewise([ids_y, ids_dy, sums], 3 * nbytes)
 
 

@@ -1,0 +1,460 @@
+"""Communication plans: what the lowering moves between processors, decided
+from shapes, layouts and mesh sizes alone, before any TensorFlow op exists.
+
+The collectives an operation emits come from a plan made here. A mesh
+implementation executes a plan (`MeshImpl.execute`), the lowering's counters
+observe the collectives it runs (observers.py), and the cost model
+(analysis/cost_model) prices the very same plan objects without building
+TensorFlow ops, so the estimate and the lowering cannot disagree about what
+is communicated.
+
+A plan is a tuple of steps. Each step names mesh and tensor axes:
+
+* `AllGather(mesh_axis, tensor_axis)`: un-splits a tensor axis (allconcat).
+* `AllToAll(mesh_axis, split_axis, concat_axis)`: moves the split from one
+  tensor axis to another.
+* `SliceAlong(mesh_axis, tensor_axis)`: splits a whole tensor axis; local,
+  no communication.
+* `AllReduce(mesh_axes, reduction)`: combines partial results (sums, maxima)
+  of every group.
+
+    >>> plan = plan_relayout((0, None), (None, 0))
+    >>> plan.steps
+    (AllToAll(mesh_axis=0, split_axis=1, concat_axis=0),)
+    >>> plan.target
+    (None, 0)
+
+Operations that choose how to communicate get their plan from a function
+here: `plan_einsum`, `plan_gather`, `plan_reshape`, `plan_reduce`,
+`plan_scatter_add`, and `plan_statistics` for those that reduce along one
+dimension (softmax, its gradient, cross-entropy). The size-based choices
+inside them live in policies.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Optional, Sequence, Tuple, Union
+
+from mesh_tensorflow.lowering.policies import (fuses_allreduce, gathers_table_first,
+                                               split_outermost)
+
+Layout = Tuple[Optional[int], ...]  # per tensor axis: the mesh axis splitting it, or None
+
+
+@dataclasses.dataclass(frozen=True)
+class AllGather:
+  """Concatenates the blocks of `tensor_axis` over `mesh_axis`: afterwards
+  every processor holds that axis whole. Collective kind "allgather"."""
+  mesh_axis: int
+  tensor_axis: int
+  kind = "allgather"
+
+  def apply(self, layout: Layout) -> Layout:
+    return _with(layout, self.tensor_axis, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class AllToAll:
+  """Splits `split_axis` over `mesh_axis` and un-splits `concat_axis` (which
+  that mesh axis split before) in one exchange. Collective kind "alltoall"."""
+  mesh_axis: int
+  split_axis: int
+  concat_axis: int
+  kind = "alltoall"
+
+  def apply(self, layout: Layout) -> Layout:
+    return _with(_with(layout, self.concat_axis, None), self.split_axis, self.mesh_axis)
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceAlong:
+  """Keeps each processor's block of the whole `tensor_axis` by its
+  coordinate along `mesh_axis`: local, no communication."""
+  mesh_axis: int
+  tensor_axis: int
+  kind = None
+
+  def apply(self, layout: Layout) -> Layout:
+    return _with(layout, self.tensor_axis, self.mesh_axis)
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduce:
+  """Combines the slices of every group over `mesh_axes` with `reduction`
+  ("SUM", "MAX", "MIN", "LOGICAL_OR", "LOGICAL_AND"); the layout stays.
+  Collective kind "allreduce"."""
+  mesh_axes: Tuple[int, ...]
+  reduction: str = "SUM"
+  kind = "allreduce"
+
+  def apply(self, layout: Layout) -> Layout:
+    return tuple(layout)
+
+
+Step = Union[AllGather, AllToAll, SliceAlong, AllReduce]
+
+
+def _with(layout: Layout, tensor_axis: int, mesh_axis: Optional[int]) -> Layout:
+  out = list(layout)
+  out[tensor_axis] = mesh_axis
+  return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Redistribution:
+  """Moves a tensor from layout `source` to layout `target` by `steps`.
+
+  Example:
+    >>> plan = plan_gather_dims(mtf.Shape([batch, hidden]), (0, 1), {"hidden"})
+    >>> plan.steps, plan.target
+    ((AllGather(mesh_axis=1, tensor_axis=1),), (0, None))
+  """
+  source: Layout
+  target: Layout
+  steps: Tuple[Step, ...]
+
+  def __bool__(self) -> bool:
+    return bool(self.steps)
+
+  def walk(self):
+    """(step, layout before the step) for each step in order."""
+    layout = self.source
+    for step in self.steps:
+      yield step, layout
+      layout = step.apply(layout)
+
+
+def plan_relayout(source: Sequence[Optional[int]], target: Sequence[Optional[int]]
+                  ) -> Redistribution:
+  """The fewest collectives that move a tensor from layout `source` to
+  `target`: per mesh axis in order, an all-to-all where both layouts split
+  a tensor axis over it (different ones), an all-gather where only the source
+  does; then the local slicing of the axes only the target splits."""
+  source, target = tuple(source), tuple(target)
+  steps = []
+  if source != target:
+    mesh_axes = sorted({a for a in source + target if a is not None})
+    for mesh_axis in mesh_axes:
+      old, new = _tensor_axis_of(source, mesh_axis), _tensor_axis_of(target, mesh_axis)
+      if old == new:
+        continue
+      if old is not None and new is not None:
+        steps.append(AllToAll(mesh_axis, split_axis=new, concat_axis=old))
+      elif old is not None:
+        steps.append(AllGather(mesh_axis, old))
+    for mesh_axis in mesh_axes:
+      old, new = _tensor_axis_of(source, mesh_axis), _tensor_axis_of(target, mesh_axis)
+      if old is None and new is not None:
+        steps.append(SliceAlong(mesh_axis, new))
+  return Redistribution(source, target, tuple(steps))
+
+
+def plan_gather_dims(shape, layout: Sequence[Optional[int]], names) -> Redistribution:
+  """Un-splits the dimensions of `shape` named in `names` (all-gathers)."""
+  target = tuple(None if d.name in names else a for d, a in zip(shape.dims, layout))
+  return plan_relayout(layout, target)
+
+
+def _tensor_axis_of(layout: Layout, mesh_axis: int) -> Optional[int]:
+  for tensor_axis, m in enumerate(layout):
+    if m == mesh_axis:
+      return tensor_axis
+  return None
+
+
+def slice_elements(shape, layout: Sequence[Optional[int]], mesh_sizes: Sequence[int]) -> int:
+  """Elements of one processor's slice of `shape` under `layout`."""
+  return math.prod(d.size // mesh_sizes[a] if a is not None else d.size
+                   for d, a in zip(shape.dims, layout))
+
+
+# ----------------------------------------------------------------------------- einsum
+
+
+@dataclasses.dataclass(frozen=True)
+class EinsumPlan:
+  """How mtf.einsum communicates under a layout.
+
+  Attributes:
+    operand_moves: per operand, the redistribution before the local product
+      (each mesh axis may split only one dimension across the einsum: the
+      output's choice, else the first operand's; the others are gathered).
+    reduced_axes: mesh axes splitting a dimension that the einsum sums: the
+      local products are partial sums, allreduced over these axes (kept
+      pending so that later sums fold in before the one allreduce).
+    fused: where processors share memory, the allreduce is realized instead
+      by gathering the operands along the summed dimensions too (included in
+      operand_moves) and multiplying once per group; it is still counted as
+      the allreduce the layout implies.
+    flops: per processor, 2 * the product of the local sizes of all
+      dimensions.
+    output_bytes: one processor's slice of the output.
+    operand_bytes: one processor's operands after the gathers of an unfused
+      plan.
+  """
+  operand_moves: Tuple[Redistribution, ...]
+  reduced_axes: Tuple[int, ...]
+  fused: bool
+  flops: int
+  output_bytes: int
+  operand_bytes: int
+
+  @property
+  def pending_sum_axes(self) -> Tuple[int, ...]:
+    """Mesh axes of the allreduce left pending on the output (none if fused)."""
+    return () if self.fused else self.reduced_axes
+
+
+def plan_einsum(inputs, output, layout_of: Callable, mesh_sizes: Sequence[int],
+                shares_memory: bool) -> EinsumPlan:
+  """The EinsumPlan of einsum(inputs) -> output; inputs and output have
+  `.shape` and `.dtype` (mtf tensors); layout_of(shape) gives a layout."""
+  out_names = set(output.shape.dimension_names)
+  owner = {}  # mesh axis -> the one dimension it splits in this einsum
+  for t in [output] + list(inputs):
+    for d, a in zip(t.shape.dims, layout_of(t.shape)):
+      if a is not None:
+        owner.setdefault(a, d.name)
+  gather, reduced_axes, operand_bytes = [], set(), 0
+  for t in inputs:
+    names = set()
+    size = t.dtype.size
+    for d, a in zip(t.shape.dims, layout_of(t.shape)):
+      if a is not None and owner[a] != d.name:
+        names.add(d.name)
+      elif a is not None and d.name not in out_names:
+        reduced_axes.add(a)
+      size *= d.size if (a is None or d.name in names) else d.size // mesh_sizes[a]
+    gather.append(names)
+    operand_bytes += size
+  output_bytes = slice_elements(output.shape, layout_of(output.shape), mesh_sizes) * (
+      output.dtype.size)
+  fused = bool(reduced_axes) and shares_memory and fuses_allreduce(
+      operand_bytes, output_bytes,
+      not any(gather) and split_outermost(layout_of, inputs, reduced_axes))
+  if fused:
+    summed = {d.name for t in inputs for d in t.shape.dims if d.name not in out_names}
+    gather = [names | summed for names in gather]
+  moves = tuple(plan_gather_dims(t.shape, layout_of(t.shape), names)
+                for t, names in zip(inputs, gather))
+  split_by = {name: a for a, name in owner.items()}
+  flops = 2
+  for name, size in {d.name: d.size for t in inputs for d in t.shape.dims}.items():
+    a = split_by.get(name)
+    flops *= size // mesh_sizes[a] if a is not None else size
+  return EinsumPlan(moves, tuple(sorted(reduced_axes)), fused, flops, output_bytes,
+                    operand_bytes)
+
+
+def batchable_operand(inputs, output, layout_of: Callable, mesh_sizes: Sequence[int],
+                      is_shared: Callable[[int], bool],
+                      holds_blocks: Callable[[int, int], bool]) -> Optional[Tuple[int, int]]:
+  """(operand index, mesh axis) when, on shared memory, an einsum without
+  summed split dimensions can multiply once on a whole operand and let each
+  processor take its rows: exactly one operand differs between processors,
+  split along one mesh axis in its outermost dimension (also the output's),
+  and its slices are the blocks of one existing tensor (gathering them
+  copies nothing: `holds_blocks(i, mesh_axis)`); every other operand is one
+  tensor shared by all (`is_shared(i)`). Else None.
+
+  A copy (concatenating computed activations) would cost more than the one
+  large product saves, hence the blocks condition."""
+  if not output.shape.ndims:
+    return None
+  candidate = None
+  for i, t in enumerate(inputs):
+    if is_shared(i):
+      continue
+    if candidate is not None or not t.shape.ndims:
+      return None
+    layout = tuple(layout_of(t.shape))
+    split = [a for a in layout if a is not None]
+    if (len(split) != 1 or layout[0] is None or t.shape.dims[0] != output.shape.dims[0]
+        or mesh_sizes[layout[0]] == 1 or not holds_blocks(i, layout[0])):
+      return None
+    candidate = (i, layout[0])
+  return candidate
+
+
+# ----------------------------------------------------------------------------- gather
+
+
+@dataclasses.dataclass(frozen=True)
+class GatherPlan:
+  """How mtf.gather (a table lookup along `dim`) communicates.
+
+  Attributes:
+    table_move: the redistribution of the table first (gathering the
+      looked-up dimension, or nothing).
+    masked_axis: the mesh axis splitting the looked-up dimension when each
+      processor looks up in its own block, masking ids that other blocks
+      hold; the results are partial sums over it (pending allreduce). None
+      when the table is whole along that dimension.
+  """
+  table_move: Redistribution
+  masked_axis: Optional[int]
+
+
+def plan_gather(weights, indices, output, dim, layout_of: Callable,
+                mesh_sizes: Sequence[int]) -> GatherPlan:
+  """The GatherPlan of gather(weights, indices, dim) -> output."""
+  w_layout = tuple(layout_of(weights.shape))
+  mesh_axis = w_layout[weights.shape.index_of(dim.name)]
+  if mesh_axis is not None and (
+      mesh_axis in layout_of(indices.shape) or gathers_table_first(
+          slice_elements(weights.shape, w_layout, mesh_sizes) * weights.dtype.size,
+          mesh_sizes[mesh_axis],
+          slice_elements(output.shape, layout_of(output.shape), mesh_sizes)
+          * output.dtype.size)):
+    return GatherPlan(plan_gather_dims(weights.shape, w_layout, {dim.name}), None)
+  return GatherPlan(plan_relayout(w_layout, w_layout), mesh_axis)
+
+
+# ----------------------------------------------------------------------------- reshape
+
+
+@dataclasses.dataclass(frozen=True)
+class ReshapePlan:
+  """How mtf.reshape communicates: gather the splits that do not survive
+  the reshape, reshape each slice locally, then slice the axes that the new
+  layout splits and the kept splits do not cover.
+
+  Attributes:
+    before: the redistribution of the input.
+    kept: the output's layout right after the local reshape.
+    after: the redistribution from `kept` to the output's layout (local
+      slicing only).
+  """
+  before: Redistribution
+  kept: Layout
+  after: Redistribution
+
+
+def plan_reshape(in_shape, out_shape, layout_of: Callable, mesh_sizes: Sequence[int]
+                 ) -> ReshapePlan:
+  """The ReshapePlan of reshape(x of in_shape) -> out_shape.
+
+  A split survives when the output splits, over the same mesh axis, a
+  dimension with the same stride prefix (product of the dimensions before)
+  whose size the mesh axis divides: e.g. a split dimension cut into [blocks,
+  block] with blocks split, or merged with the dimensions after it. Each
+  processor's contiguous chunk is then the same in both shapes."""
+  in_layout, out_layout = tuple(layout_of(in_shape)), tuple(layout_of(out_shape))
+  in_strides, out_strides = in_shape.cumprod(), out_shape.cumprod()
+  kept_in, kept_out = set(), set()
+  for i, a in enumerate(in_layout):
+    if a is None:
+      continue
+    for j, b in enumerate(out_layout):
+      if (b == a and out_shape.dims[j].size % mesh_sizes[a] == 0
+          and out_strides[j] == in_strides[i]):
+        kept_in.add(i)
+        kept_out.add(j)
+  names = {d.name for i, d in enumerate(in_shape.dims)
+           if in_layout[i] is not None and i not in kept_in}
+  kept = tuple(a if j in kept_out else None for j, a in enumerate(out_layout))
+  return ReshapePlan(plan_gather_dims(in_shape, in_layout, names), kept,
+                     plan_relayout(kept, out_layout))
+
+
+# ----------------------------------------------------------------------------- reductions
+
+
+def split_axis(shape, dim, layout_of: Callable) -> Optional[int]:
+  """The mesh axis that splits dimension `dim` (a Dimension or name) of
+  `shape` under the layout, or None."""
+  name = dim if isinstance(dim, str) else dim.name
+  return tuple(layout_of(shape))[shape.index_of(name)]
+
+
+def plan_statistics(shape, dim, layout_of: Callable, reductions: Sequence[str]
+                    ) -> Tuple[AllReduce, ...]:
+  """The allreduces of per-slice statistics (e.g. ("MAX", "SUM") for a
+  softmax) that an operation reducing along `dim` of `shape` needs: one per
+  reduction, in order, over the mesh axis splitting `dim`; none when the
+  layout keeps `dim` whole."""
+  mesh_axis = split_axis(shape, dim, layout_of)
+  if mesh_axis is None:
+    return ()
+  return tuple(AllReduce((mesh_axis,), r) for r in reductions)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReducePlan:
+  """How mtf.reduce_* communicates.
+
+  Attributes:
+    folds_pending: the input is a pending sum and this is a sum: reduce the
+      partial sums locally and leave one pending sum over both sets of axes.
+    mesh_axes: mesh axes of the combined result (empty: nothing to combine).
+    pending: the combination is a sum left pending (see LazyAllreduceSum).
+    allreduce: otherwise the allreduce to run now (None when nothing).
+  """
+  folds_pending: bool
+  mesh_axes: Tuple[int, ...]
+  pending: bool
+  allreduce: Optional[AllReduce]
+
+
+def plan_reduce(in_shape, out_shape, reduction: str, is_bool: bool,
+                input_pending_axes: Optional[Sequence[int]], layout_of: Callable
+                ) -> ReducePlan:
+  """The ReducePlan of reducing `in_shape` to `out_shape` with `reduction`;
+  input_pending_axes: the mesh axes of the input's pending sum, or None."""
+  layout = tuple(layout_of(in_shape))
+  axes = [a for d, a in zip(in_shape.dims, layout) if d not in out_shape.dims and a is not None]
+  is_sum = reduction == "SUM" and not is_bool
+  folds = is_sum and input_pending_axes is not None
+  if folds:
+    axes = sorted(set(axes) | set(input_pending_axes))
+  axes = tuple(axes)
+  if not axes:
+    return ReducePlan(folds, (), False, None)
+  if is_sum:
+    return ReducePlan(folds, axes, True, None)
+  op = reduction
+  if is_bool:  # any / all
+    op = "LOGICAL_OR" if reduction in ("SUM", "MAX") else "LOGICAL_AND"
+  return ReducePlan(folds, axes, False, AllReduce(axes, op))
+
+
+@dataclasses.dataclass(frozen=True)
+class ScatterAddPlan:
+  """How the gradient of mtf.gather (a scatter-add of `g` into the table's
+  shape along `dim`) communicates.
+
+  Attributes:
+    gathers_output: the indices are split over the mesh axis that also
+      splits `dim`: each processor sums its ids into the whole of `dim`,
+      then `allreduce` adds those up and `after` splits `dim` again.
+    uses_offsets: each processor sums only the ids of its block of `dim`.
+    computed_layout: the output's layout as the local kernels produce it.
+    allreduce: the allreduce run at once (gathers_output), else None.
+    after: the redistribution from computed_layout to the output's layout.
+    pending_sum_axes: mesh axes of split index dimensions that the output
+      does not split: their partial sums stay pending.
+  """
+  gathers_output: bool
+  uses_offsets: bool
+  computed_layout: Layout
+  allreduce: Optional[AllReduce]
+  after: Redistribution
+  pending_sum_axes: Tuple[int, ...]
+
+
+def plan_scatter_add(out_shape, indices_shape, dim, layout_of: Callable) -> ScatterAddPlan:
+  """The ScatterAddPlan of scattering into `out_shape` along `dim`."""
+  out_layout = tuple(layout_of(out_shape))
+  mesh_axis = split_axis(out_shape, dim, layout_of)
+  idx_axes = {a for a in layout_of(indices_shape) if a is not None}
+  gathers_output = mesh_axis is not None and mesh_axis in idx_axes
+  computed = tuple(None if (gathers_output and d.name == dim.name) else a
+                   for d, a in zip(out_shape.dims, out_layout))
+  if gathers_output:
+    return ScatterAddPlan(True, False, computed, AllReduce(tuple(sorted(idx_axes))),
+                          plan_relayout(computed, out_layout), ())
+  pending = tuple(sorted(idx_axes - {a for a in out_layout if a is not None}))
+  return ScatterAddPlan(False, mesh_axis is not None, computed, None,
+                        plan_relayout(computed, out_layout), pending)
