@@ -129,25 +129,44 @@ class Redistribution:
 def plan_relayout(source: Sequence[Optional[int]], target: Sequence[Optional[int]]
                   ) -> Redistribution:
   """The fewest collectives that move a tensor from layout `source` to
-  `target`: per mesh axis in order, an all-to-all where both layouts split
-  a tensor axis over it (different ones), an all-gather where only the source
-  does; then the local slicing of the axes only the target splits."""
+  `target`: per mesh axis, an all-to-all where both layouts split a tensor
+  axis over it (different ones), an all-gather where only the source does;
+  then the local slicing of the axes only the target splits.
+
+  Steps run in mesh-axis order, except that an all-to-all waits until the
+  tensor axis it splits is no longer split by another mesh axis (a tensor
+  axis is split by at most one mesh axis at every step). Where two mesh axes
+  swap tensor axes, neither can go first: the first of them all-gathers and
+  slices its new axis at the end instead."""
   source, target = tuple(source), tuple(target)
-  steps = []
-  if source != target:
-    mesh_axes = sorted({a for a in source + target if a is not None})
-    for mesh_axis in mesh_axes:
-      old, new = _tensor_axis_of(source, mesh_axis), _tensor_axis_of(target, mesh_axis)
-      if old == new:
-        continue
-      if old is not None and new is not None:
-        steps.append(AllToAll(mesh_axis, split_axis=new, concat_axis=old))
-      elif old is not None:
-        steps.append(AllGather(mesh_axis, old))
-    for mesh_axis in mesh_axes:
-      old, new = _tensor_axis_of(source, mesh_axis), _tensor_axis_of(target, mesh_axis)
-      if old is None and new is not None:
-        steps.append(SliceAlong(mesh_axis, new))
+  if source == target:
+    return Redistribution(source, target, ())
+  mesh_axes = sorted({a for a in source + target if a is not None})
+  todo = []  # mesh axes that move or un-split a tensor axis, in order
+  for mesh_axis in mesh_axes:
+    old, new = _tensor_axis_of(source, mesh_axis), _tensor_axis_of(target, mesh_axis)
+    if old is not None and old != new:
+      todo.append(mesh_axis)
+  steps, layout = [], source
+  while todo:
+    for mesh_axis in todo:
+      new = _tensor_axis_of(target, mesh_axis)
+      if new is None or layout[new] is None:
+        break
+    else:  # a cycle of all-to-alls: break it with an all-gather
+      mesh_axis, new = todo[0], None
+    old = _tensor_axis_of(layout, mesh_axis)
+    step = (AllGather(mesh_axis, old) if new is None
+            else AllToAll(mesh_axis, split_axis=new, concat_axis=old))
+    steps.append(step)
+    layout = step.apply(layout)
+    todo.remove(mesh_axis)
+  for mesh_axis in mesh_axes:
+    new = _tensor_axis_of(target, mesh_axis)
+    if new is not None and layout[new] is None:
+      step = SliceAlong(mesh_axis, new)
+      steps.append(step)
+      layout = step.apply(layout)
   return Redistribution(source, target, tuple(steps))
 
 

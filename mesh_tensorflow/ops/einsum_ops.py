@@ -71,15 +71,15 @@ class EinsumOperation(Operation):
     shares_memory = getattr(impl, "shares_replicas", False)
     plan = plans.plan_einsum(self.inputs, out, impl.tensor_layout,
                              impl.shape.to_integer_list(), shares_memory)
+    # Completing an operand's pending sum is an allreduce of its own.
+    operands = [lowering.laid_out(t) for t in self.inputs]
     if plan.fused:
       # Counted as the allreduce the layout implies; realized by the gathers.
       impl.record_collective("allreduce", plan.output_bytes, plan.reduced_axes)
       with impl.unrecorded():
-        slices = [impl.execute(lowering.laid_out(t), move)
-                  for t, move in zip(self.inputs, plan.operand_moves)]
+        slices = [impl.execute(x, move) for x, move in zip(operands, plan.operand_moves)]
     else:
-      slices = [impl.execute(lowering.laid_out(t), move)
-                for t, move in zip(self.inputs, plan.operand_moves)]
+      slices = [impl.execute(x, move) for x, move in zip(operands, plan.operand_moves)]
     letters = {}
     for t in [out] + self.inputs:
       for d in t.shape.dims:

@@ -5,6 +5,8 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.analysis import cost_model
@@ -218,6 +220,40 @@ def test_transformer_2x4_matches_real_lowering(layout, kinds):
   assert est.collective_counts() == exact.collective_counts()
   assert est.flops == exact.flops
   assert set(est.collective_counts()) == kinds
+
+
+def _transformer_graph():
+  graph = mtf.Graph()
+  transformer_step(mtf.Mesh(graph, "mesh"))
+  return graph
+
+
+def _legal_transformer_layouts():
+  """Every legal layout of transformer_step on 2x4 and on 8 devices."""
+  from mesh_tensorflow import auto_mtf  # pylint: disable=g-import-not-at-top
+  graph = _transformer_graph()
+  return [(shape.to_string(), rules.to_string()) for shape in auto_mtf.mesh_shapes(8)
+          for rules in auto_mtf.legal_layouts(graph, shape)]
+
+
+@settings(max_examples=8, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(case=st.sampled_from(_legal_transformer_layouts()), params=st.sampled_from(["cpu", "gpu"]))
+def test_estimate_prices_what_the_lowering_executes_for_any_layout(case, params):
+  """The estimate prices the same plans the lowering executes, so for any
+  legal layout each operation's collectives (kind, mesh axes, bytes) and the
+  FLOPs equal those that a real lowering records, with shared-memory
+  replicas (cpu) and without (gpu)."""
+  mesh_shape, layout = case
+  graph = _transformer_graph()
+  est = cost_model.estimate(graph, mesh_shape, layout, params=params)
+  exact = cost_model.estimate(graph, mesh_shape, layout, params=params, exact=True)
+
+  def per_op(estimate):
+    return {op.name: sorted((c.kind, c.mesh_axes, c.bytes_per_processor) for c in op.collectives)
+            for op in estimate.ops if op.collectives and not op.name.startswith("export/")}
+  assert per_op(est) == per_op(exact)
+  assert est.flops == exact.flops
 
 
 @pytest.mark.parametrize("share", [False, True])

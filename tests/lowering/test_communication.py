@@ -427,6 +427,37 @@ def test_allgather_of_imported_blocks_is_the_input_itself():
     assert impl.allconcat(mixed, 0, 0).tensor_list[0].op.type == "ConcatV2"
 
 
+def test_fused_einsum_still_counts_the_allreduce_completing_its_operand():
+  """On shared memory the second einsum below is fused (its operands, 544
+  bytes per processor, are smaller than its output, 1024: it gathers them
+  over cols and multiplies once per group, counted as one allreduce of the
+  output). Its operand p is a pending sum over rows (k is split there), and
+  completing it is an allreduce of p's own 32-byte slice: counted too, under
+  the einsum that completes it. The cost model counts the same."""
+  av = np.random.default_rng(3).normal(size=(4, 64)).astype(np.float32)
+  wv = np.random.default_rng(4).normal(size=(64, 8)).astype(np.float32)
+  vv = np.random.default_rng(5).normal(size=(8, 64)).astype(np.float32)
+
+  def builder(mesh):
+    a = mtf.import_tf_tensor(mesh, tf.constant(av), "b:4;k:64")
+    w = mtf.import_tf_tensor(mesh, tf.constant(wv), "k:64;n:8")
+    v = mtf.import_tf_tensor(mesh, tf.constant(vv), "n:8;m:64")
+    p = mtf.einsum([a, w], output_shape="b:4;n:8", name="first")
+    return {"q": mtf.einsum([p, v], output_shape="b:4;m:64", name="second")}
+  got, lowering = lower_and_run(builder, "rows:2;cols:4", "k:rows;n:cols",
+                                return_lowering=True)
+  np.testing.assert_allclose(got["q"], av @ wv @ vv, rtol=1e-4, atol=1e-4)
+  second = sorted((r.kind, r.mesh_axes, r.bytes_per_processor)
+                  for r in lowering.collective_records if r.op_name == "second")
+  assert second == [("allreduce", (0,), 4 * 2 * F32), ("allreduce", (1,), 4 * 64 * F32)]
+  graph = mtf.Graph()
+  builder(mtf.Mesh(graph, "mesh"))
+  from mesh_tensorflow.analysis import cost_model  # pylint: disable=g-import-not-at-top
+  est = cost_model.estimate(graph, "rows:2;cols:4", "k:rows;n:cols")
+  (op,) = [op for op in est.ops if op.name == "second"]
+  assert sorted((c.kind, c.mesh_axes, c.bytes_per_processor) for c in op.collectives) == second
+
+
 # ----------------------------------------------------------- softmax
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax_over_a_split_dimension_costs_one_max_and_one_sum_allreduce(log):

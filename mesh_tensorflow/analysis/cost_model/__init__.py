@@ -543,23 +543,22 @@ class _Estimator:
     self.current.collectives.append(Collective(
         self.current.name, kind, axes, int(nbytes), group, self.mesh_size // max(group, 1)))
 
-  def allreduce(self, nbytes, axes, ids, record: bool = True):
+  def allreduce(self, nbytes, axes, ids):
     axes = [a for a in axes if self.mesh_sizes[a] > 1]
     if not axes:
       return ids
-    if record:
-      self.collective("allreduce", nbytes, axes)
+    self.collective("allreduce", nbytes, axes)
     group = 1
     for a in axes:
       group *= self.mesh_sizes[a]
     return self.combine_ids(ids, axes, nbytes, (group + 1) * nbytes)
 
-  def laid_out(self, t, record: bool = True):
+  def laid_out(self, t):
     """Per-processor ids of t, completing a pending allreduce first, as
     Lowering.laid_out does."""
     s = self.state.get(t)
     if isinstance(s, _Lazy):
-      s = self.allreduce(s.nbytes, s.axes, s.ids, record)
+      s = self.allreduce(s.nbytes, s.axes, s.ids)
       self.state[t] = s
     if s is None:  # produced by an op this estimate skipped: assume by layout
       s = self.state[t] = self.by_layout(self.layout(t.shape), count=False)
@@ -740,20 +739,21 @@ def _einsum(est: _Estimator, op):
   plan = plans.plan_einsum(op.inputs, out, est.layout, est.mesh_sizes, est.share)
   est.current.flops += plan.flops
   per_kernel, local_bytes = plan.flops, plan.operand_bytes
+  operands = [est.laid_out(t) for t in op.inputs]  # completes pending sums
   if plan.fused:
     # Shared memory: the operands are gathered along the summed dimensions
     # (counted as the allreduce) and multiplied once per group.
     est.collective("allreduce", plan.output_bytes, plan.reduced_axes)
-    ins = [est.execute(move, t.shape, t.dtype.size, est.laid_out(t, record=False), record=False)
-           for t, move in zip(op.inputs, plan.operand_moves)]
+    ins = [est.execute(move, t.shape, t.dtype.size, ids, record=False)
+           for t, ids, move in zip(op.inputs, operands, plan.operand_moves)]
     group = 1
     for a in plan.reduced_axes:
       group *= est.mesh_sizes[a]
     per_kernel *= group
     local_bytes *= group
   else:
-    ins = [est.execute(move, t.shape, t.dtype.size, est.laid_out(t))
-           for t, move in zip(op.inputs, plan.operand_moves)]
+    ins = [est.execute(move, t.shape, t.dtype.size, ids)
+           for t, ids, move in zip(op.inputs, operands, plan.operand_moves)]
   batched = None
   if est.share and not plan.reduced_axes:
     batched = plans.batchable_operand(

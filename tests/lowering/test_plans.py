@@ -1,0 +1,179 @@
+"""Communication plans (mesh_tensorflow/lowering/plans.py) and the observers
+that count what the mesh implementations execute (lowering/observers.py).
+
+A redistribution plan must reach its target layout with at most one
+collective per mesh axis, and executing it must give exactly the slices the
+target layout gives the full tensor. Observers must see every collective an
+implementation runs, and nothing that a `silenced` realization runs.
+"""
+
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.lowering import observers
+from mesh_tensorflow.lowering import plans
+import mtf_test_utils
+
+_SETTINGS = dict(deadline=None, derandomize=True,
+                 suppress_health_check=[HealthCheck.too_slow])
+SHAPE = mtf.convert_to_shape("a:4;b:8;c:2")
+MESH = "rows:2;cols:2"
+
+
+def _layouts(ndims: int, mesh_ndims: int):
+  """Layouts of a tensor of ndims axes: each mesh axis splits at most one."""
+  return st.lists(st.sampled_from([None] + list(range(mesh_ndims))), min_size=ndims,
+                  max_size=ndims).filter(
+      lambda l: len([a for a in l if a is not None]) == len({a for a in l if a is not None}))
+
+
+@settings(max_examples=200, **_SETTINGS)
+@given(_layouts(3, 3), _layouts(3, 3))
+def test_relayout_plan_reaches_the_target_with_one_step_per_mesh_axis(source, target):
+  plan = plans.plan_relayout(source, target)
+  layout = tuple(source)
+  for step, before in plan.walk():
+    assert before == layout
+    # Never a tensor axis split by two mesh axes at once.
+    if isinstance(step, plans.AllToAll):
+      assert before[step.split_axis] is None and before[step.concat_axis] == step.mesh_axis
+    elif isinstance(step, plans.SliceAlong):
+      assert before[step.tensor_axis] is None and step.mesh_axis not in before
+    layout = step.apply(layout)
+  assert layout == plan.target == tuple(target)
+  communicating = [s.mesh_axis for s in plan.steps if s.kind]
+  assert len(communicating) == len(set(communicating))  # one collective per mesh axis
+  for step in plan.steps:
+    if step.kind is not None:  # communication only where the source splits
+      assert step.mesh_axis in source
+  assert not plans.plan_relayout(source, source).steps
+
+
+def _rules(layout):
+  """Layout rules giving SHAPE the per-axis mesh axes of `layout` on MESH."""
+  names = mtf.convert_to_shape(MESH).dimension_names
+  return ";".join(f"{d.name}:{names[a]}" for d, a in zip(SHAPE.dims, layout) if a is not None)
+
+
+@settings(max_examples=25, **_SETTINGS)
+@given(_layouts(3, 2), _layouts(3, 2))
+@example([1, 0, None], [0, None, None])  # an all-to-all waits for a gather
+@example([0, 1, None], [1, 0, None])     # two mesh axes swap tensor axes
+def test_executing_a_plan_gives_the_target_layouts_slices(source, target):
+  value = np.arange(SHAPE.size, dtype=np.float32).reshape(SHAPE.to_integer_list())
+  source_impl = mtf_test_utils.make_impl(MESH, _rules(source))
+  target_impl = mtf_test_utils.make_impl(MESH, _rules(target))
+  seen = []
+  with tf.Graph().as_default(), observers.observe(seen.append):
+    laid = source_impl.import_tf_tensor(tf.constant(value), SHAPE)
+    moved = source_impl.execute(laid, plans.plan_relayout(source, target))
+    want = target_impl.import_tf_tensor(tf.constant(value), SHAPE)
+    with tf.compat.v1.Session() as sess:
+      got, want = sess.run([moved.tensor_list, want.tensor_list])
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(g, w)
+  kinds = [s.kind for s in plans.plan_relayout(source, target).steps if s.kind]
+  assert [e.kind for e in seen] == kinds
+
+
+def test_plans_name_their_collectives():
+  shape = mtf.convert_to_shape("batch:8;hidden:4")
+  plan = plans.plan_gather_dims(shape, (0, 1), {"hidden"})
+  assert plan.steps == (plans.AllGather(mesh_axis=1, tensor_axis=1),)
+  assert plan.target == (0, None)
+  assert plans.plan_relayout((0, None), (None, 0)).steps == (
+      plans.AllToAll(mesh_axis=0, split_axis=1, concat_axis=0),)
+  assert plans.plan_relayout((None, None), (None, 1)).steps == (plans.SliceAlong(1, 1),)
+  x = mtf.convert_to_shape("batch:8;vocab:16")
+  layout_of = mtf.convert_to_layout_rules("vocab:cols").tensor_layout
+  mesh = mtf.convert_to_shape("rows:2;cols:4")
+  stats = plans.plan_statistics(x, "vocab", lambda s: layout_of(s, mesh), ("MAX", "SUM"))
+  assert stats == (plans.AllReduce((1,), "MAX"), plans.AllReduce((1,), "SUM"))
+  assert plans.plan_statistics(x, "batch", lambda s: layout_of(s, mesh), ("MAX",)) == ()
+
+
+def test_einsum_plan_is_what_the_lowering_counts():
+  """x[batch, hidden] @ w[hidden, out], hidden split: partial sums pending
+  over its mesh axis (not fused without shared memory), 2 * the local sizes
+  FLOPs; the lowering counts exactly the plan's allreduce."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  x = mtf.zeros(mesh, "hidden:64;batch:16")
+  w = mtf.zeros(mesh, "hidden:64;out:4")
+  y = mtf.einsum([x, w], output_shape="batch:16;out:4")
+  rules = mtf.convert_to_layout_rules("hidden:all")
+  mesh_shape = mtf.convert_to_shape("all:8")
+  plan = plans.plan_einsum([x, w], y, lambda s: rules.tensor_layout(s, mesh_shape), [8], False)
+  assert plan.reduced_axes == (0,) and plan.pending_sum_axes == (0,) and not plan.fused
+  assert plan.flops == 2 * 16 * 8 * 4 and plan.output_bytes == 16 * 4 * 4
+  assert all(not move for move in plan.operand_moves)
+  shared = plans.plan_einsum([x, w], y, lambda s: rules.tensor_layout(s, mesh_shape), [8], True)
+  # Shared memory: operands (640 B) under 3x the output (256 B), hidden outermost.
+  assert shared.fused and shared.pending_sum_axes == ()
+
+
+def test_observers_see_each_collective_once_and_not_silenced_ones():
+  impl = mtf_test_utils.make_impl("all:8", "batch:all")
+  shape = mtf.convert_to_shape("batch:8;d:4")
+  outer, inner = [], []
+  with tf.Graph().as_default():
+    laid = impl.import_tf_tensor(tf.zeros([8, 4]), shape)
+    impl.allreduce(laid, [0], "SUM")  # nobody observes: nothing recorded anywhere
+    with observers.observe(outer.append):
+      impl.allreduce(laid, [0], "SUM")
+      with observers.observe(inner.append):
+        impl.allconcat(laid, 0, 0)
+        with impl.unrecorded():
+          impl.allreduce(laid, [0], "MAX")
+  assert [e.kind for e in outer] == ["allreduce", "allgather"]
+  assert [e.kind for e in inner] == ["allgather"]
+  event = outer[0]
+  assert event.impl is impl and event.mesh_axes == (0,) and event.bytes_per_processor == 16
+  assert (event.group_size, event.num_groups) == (8, 1)
+
+
+def test_a_lowering_counts_only_its_own_implementations():
+  """Observers are per thread: a lowering in another thread, and an
+  implementation the lowering does not use, add nothing to its counters."""
+  impl = mtf_test_utils.make_impl("all:8", "batch:all")
+  other = mtf_test_utils.make_impl("all:8", "batch:all")
+
+  def build():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    x = mtf.import_tf_tensor(mesh, tf.ones([8, 4]), "batch:8;d:4")
+    return graph, mesh, mtf.reduce_sum(x)
+
+  with tf.Graph().as_default():
+    graph, mesh, total = build()
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    lowering.export_to_tf_tensor(total)
+    with observers.observe(lowering._count_collective):  # pylint: disable=protected-access
+      laid = other.import_tf_tensor(tf.zeros([8, 4]), mtf.convert_to_shape("batch:8;d:4"))
+      other.allreduce(laid, [0], "SUM")
+  counts = {}
+
+  def lower_elsewhere():
+    with tf.Graph().as_default():
+      g, m, t = build()
+      elsewhere = mtf.Lowering(g, {m: impl})
+      elsewhere.export_to_tf_tensor(t)
+      counts["elsewhere"] = elsewhere.collective_counts()
+  thread = threading.Thread(target=lower_elsewhere)
+  thread.start()
+  thread.join()
+  assert lowering.collective_counts() == {"allreduce": (1, 4)}
+  assert counts["elsewhere"] == {"allreduce": (1, 4)}
+
+
+def test_unknown_plan_step_is_a_clear_error():
+  impl = mtf_test_utils.make_impl("all:8", "")
+  bogus = plans.Redistribution((None,), (None,), ("not a step",))
+  with pytest.raises(TypeError, match="unknown plan step"):
+    impl.execute(None, bogus)
