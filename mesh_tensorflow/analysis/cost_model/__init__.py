@@ -1,10 +1,11 @@
 r"""A cost model for mtf graphs: compute, communication, memory and step time
 of a graph under a mesh shape and layout, without lowering it.
 
-For every operation the model works out what the lowering would do under the
-layout (the same decisions as `mesh_impl.relayout`, `LazyAllreduceSum`, the
-einsum and reduction lowerings): the FLOPs per processor, each collective
-(kind, mesh axes, bytes per processor) and how many TensorFlow kernels run.
+For every operation the model prices the plan the lowering executes under the
+layout (`mesh_tensorflow.lowering.plans`: the same plan objects, so what is
+communicated cannot differ): the FLOPs per processor, each collective (kind,
+mesh axes, bytes per processor), pending sums, and how many TensorFlow
+kernels run.
 Peak memory per processor is the slice variables (trainable ones and
 optimizer slots) plus the largest set of activation slices alive at once when
 the operations run in graph order (which holds the activations that the
@@ -16,10 +17,10 @@ backward pass reads). A few device parameters turn these into a step time.
 
 `estimate(..., exact=True)` lowers the graph into a throwaway TensorFlow graph
 instead and reads the lowering's own counters (slower; every op supported).
-The analytical mode mirrors einsum, reductions, elementwise ops, reshapes,
-broadcasts, gathers, the fused cross-entropy and variables; any other
-operation is costed as local work on its inputs' slices (`OpCost.approximate`
-is then True).
+The analytical mode prices einsum, reductions, softmax and its gradient,
+elementwise ops, reshapes, broadcasts, gathers and their gradient, the fused
+cross-entropy and variables; any other operation is costed as local work on
+its inputs' slices (`OpCost.approximate` is then True).
 
 Calibrate the device parameters on the machine at hand (8 logical CPUs):
 
@@ -319,7 +320,7 @@ class _Lazy:
 
 
 class _Estimator:
-  """Walks the graph once, mirroring the lowering's decisions.
+  """Walks the graph once, pricing the plans the lowering executes.
 
   Besides the layouts it follows which processors hold the very same
   TensorFlow tensor, as PlacementMeshImpl does with shared memory: a
