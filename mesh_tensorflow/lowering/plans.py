@@ -400,6 +400,17 @@ def plan_statistics(shape, dim, layout_of: Callable, reductions: Sequence[str]
   return tuple(AllReduce((mesh_axis,), r) for r in reductions)
 
 
+def adds_pending_sums(a_pending_axes: Optional[Sequence[int]],
+                      b_pending_axes: Optional[Sequence[int]], a_shape, b_shape,
+                      out_shape) -> bool:
+  """Whether a + b of two pending sums (their mesh axes, None when not
+  pending) stays one pending sum: same axes and no broadcasting. Then one
+  allreduce of the summed partials replaces two."""
+  return (a_pending_axes is not None and b_pending_axes is not None
+          and tuple(sorted(a_pending_axes)) == tuple(sorted(b_pending_axes))
+          and a_shape == b_shape == out_shape)
+
+
 @dataclasses.dataclass(frozen=True)
 class ReducePlan:
   """How mtf.reduce_* communicates.

@@ -16,6 +16,7 @@ from typing import Callable, Optional, Sequence
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
+from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum, expand_to_shape, once_per_graph
 from mesh_tensorflow.ops._common import first_tensor, is_scalar_value, num_elements, to_tensor
 from mesh_tensorflow.core.shapes import Shape, convert_to_shape, shape_union
@@ -383,9 +384,10 @@ class _LazyAwareAdd(ElementwiseOperation):
 
   def lower(self, lowering):
     a, b = (lowering.tensors.get(t) for t in self._inputs)
-    if (isinstance(a, LazyAllreduceSum) and isinstance(b, LazyAllreduceSum)
-        and a.mesh_axes == b.mesh_axes
-        and self._inputs[0].shape == self._inputs[1].shape == self.outputs[0].shape):
+    if plans.adds_pending_sums(
+        a.mesh_axes if isinstance(a, LazyAllreduceSum) else None,
+        b.mesh_axes if isinstance(b, LazyAllreduceSum) else None,
+        self._inputs[0].shape, self._inputs[1].shape, self.outputs[0].shape):
       lowering.set_tensor_lowering(self.outputs[0], a.combine(b, self._tf_fn))
       return
     super().lower(lowering)

@@ -719,8 +719,9 @@ def _elementwise(est: _Estimator, op):
 def _lazy_add(est: _Estimator, op):
   a, b = (est.state.get(t) for t in op.inputs)
   out = op.outputs[0]
-  if (isinstance(a, _Lazy) and isinstance(b, _Lazy) and a.axes == b.axes
-      and op.inputs[0].shape == op.inputs[1].shape == out.shape):
+  if plans.adds_pending_sums(a.axes if isinstance(a, _Lazy) else None,
+                             b.axes if isinstance(b, _Lazy) else None,
+                             op.inputs[0].shape, op.inputs[1].shape, out.shape):
     ids = est.slicewise([a.ids, b.ids], 3 * a.nbytes)
     est.state[out] = _Lazy(a.axes, a.nbytes, ids)
     return
