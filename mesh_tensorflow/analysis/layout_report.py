@@ -21,7 +21,7 @@ from mesh_tensorflow.analysis import cost_model
 from mesh_tensorflow.core.layout import convert_to_layout_rules
 from mesh_tensorflow.core.shapes import Shape, convert_to_shape
 
-_fmt_bytes = cost_model._fmt_bytes  # pylint: disable=protected-access
+_fmt_bytes = cost_model.format_bytes
 
 
 @dataclasses.dataclass

@@ -93,7 +93,7 @@ class LayoutSearchResult:
   def explain(self, top: int = 5) -> str:
     """The choice and the `top` best candidates with their estimates."""
     budget = ("no memory budget" if self.memory_budget_bytes is None else
-              f"memory budget {cost_model._fmt_bytes(self.memory_budget_bytes)}/processor")  # pylint: disable=protected-access
+              f"memory budget {cost_model.format_bytes(self.memory_budget_bytes)}/processor")
     fitting = sum(1 for c in self.candidates if c.fits)
     lines = [
         f"auto_mtf ({self.method}{', stopped by time limit' if self.timed_out else ''}): "
@@ -112,8 +112,8 @@ class LayoutSearchResult:
       est = c.estimate
       lines.append(
           f"{i + 1:>3} {c.mesh_shape.to_string():<16} {(c.layout.to_string() or '(replicated)')[:44]:<44} "
-          f"{est.step_time_s * 1e3:>9.3f} {cost_model._fmt_bytes(est.memory.peak_bytes):>10} "  # pylint: disable=protected-access
-          f"{cost_model._fmt_bytes(est.comm_bytes):>10} {len(est.collectives):>11} "  # pylint: disable=protected-access
+          f"{est.step_time_s * 1e3:>9.3f} {cost_model.format_bytes(est.memory.peak_bytes):>10} "
+          f"{cost_model.format_bytes(est.comm_bytes):>10} {len(est.collectives):>11} "
           f"{'yes' if c.fits else 'NO'}")
     return "\n".join(lines)
 
@@ -477,13 +477,13 @@ def _no_fit_error(ranked, budget, operations) -> NoLayoutFitsError:
   m = smallest.estimate.memory
   biggest = max(m.per_variable.items(), key=lambda kv: kv[1], default=None)
   var_text = (f" Its largest variable slice is {biggest[0]!r} "
-              f"({cost_model._fmt_bytes(biggest[1])} per processor)." if biggest else "")  # pylint: disable=protected-access
+              f"({cost_model.format_bytes(biggest[1])} per processor)." if biggest else "")
   return NoLayoutFitsError(
       f"auto_mtf: no legal layout fits memory_budget_bytes={budget} "
-      f"({cost_model._fmt_bytes(budget)}) per processor. The smallest, "  # pylint: disable=protected-access
-      f"{smallest.describe()}, needs {cost_model._fmt_bytes(m.peak_bytes)}: "  # pylint: disable=protected-access
-      f"variables {cost_model._fmt_bytes(m.variables)}, optimizer slots "  # pylint: disable=protected-access
-      f"{cost_model._fmt_bytes(m.slots)}, activations {cost_model._fmt_bytes(m.activations)}."  # pylint: disable=protected-access
+      f"({cost_model.format_bytes(budget)}) per processor. The smallest, "
+      f"{smallest.describe()}, needs {cost_model.format_bytes(m.peak_bytes)}: "
+      f"variables {cost_model.format_bytes(m.variables)}, optimizer slots "
+      f"{cost_model.format_bytes(m.slots)}, activations {cost_model.format_bytes(m.activations)}."
       f"{var_text} Raise the budget, use more devices, or shrink the model or batch.")
 
 

@@ -1,0 +1,388 @@
+"""The walk over the graph that prices each operation's plan: which processors
+hold the same TensorFlow tensor, the kernels each operation runs (counted only
+where something needs them), the collectives, and their time.
+
+The per-operation pricing lives in operations.py; `_Estimator.run` takes it
+as a table.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from typing import Callable, Dict, List, Optional, Tuple
+
+from mesh_tensorflow.analysis.cost_model.params import DeviceParams
+from mesh_tensorflow.analysis.cost_model.results import Collective, CostEstimate, OpCost
+from mesh_tensorflow.core.layout import pnum_to_processor_coordinates
+from mesh_tensorflow.core.shapes import Shape
+from mesh_tensorflow.lowering import plans
+
+
+class _Lazy:
+  """A pending allreduce over `axes` of partial sums (`nbytes` per
+  processor; `ids` identifies each processor's partial-sum tensor)."""
+  __slots__ = ("axes", "nbytes", "ids")
+
+  def __init__(self, axes, nbytes, ids):
+    self.axes = tuple(sorted(axes))
+    self.nbytes = nbytes
+    self.ids = ids
+
+
+class _Estimator:
+  """Walks the graph once, pricing the plans the lowering executes.
+
+  Besides the layouts it follows which processors hold the very same
+  TensorFlow tensor, as PlacementMeshImpl does with shared memory: a
+  slicewise op runs one kernel per distinct combination of input tensors, an
+  allreduce makes one tensor per group, and so on. That gives the number of
+  kernels (and the work) exactly, which replication alone does not: e.g. the
+  result of an allreduce over rows is one tensor per column even when the
+  layout replicates it over the columns. Each kernel is recorded with the
+  tensors it reads; at the end only those that a variable update or an
+  exported tensor needs are counted, since TensorFlow prunes the rest of a
+  function (variable updates read the first processor holding each slice,
+  so e.g. the other columns' copies above often never run).
+  """
+
+  def __init__(self, operations, mesh_shape: Shape, rules, params: DeviceParams,
+               outputs=None):
+    self.operations = operations
+    self.outputs = outputs
+    self.mesh_shape = mesh_shape
+    self.rules = rules
+    self.params = params
+    self.mesh_sizes = mesh_shape.to_integer_list()
+    self.mesh_size = mesh_shape.size
+    self.share = params.shares_memory
+    self.coords = [tuple(pnum_to_processor_coordinates(mesh_shape, p))
+                   for p in range(self.mesh_size)]
+    self._layouts = {}
+    self._next_id = itertools.count(1)
+    self.state = {}  # tensor -> _Lazy, or a tuple of per-processor tensor ids
+    self.device = {}  # tensor id -> the processor whose device computes it
+    # The kernels, as [op cost, output id, input ids, kernels, bytes, flops,
+    # combine bytes]; only those that a sink needs are counted (`_prune`).
+    self.units = []
+    self.sinks = set()  # ids of kernels with side effects (variable updates)
+    # Per-processor ids that are the blocks of one existing tensor (imports
+    # split along one mesh axis, slice_along results): gathering them is free.
+    self.blocks = set()
+    self.current: Optional[OpCost] = None
+
+  # ---- layouts --------------------------------------------------------------
+  def layout(self, shape: Shape):
+    try:
+      return self._layouts[shape]
+    except KeyError:
+      pass
+    lay = tuple(self.rules.tensor_layout(shape, self.mesh_shape))
+    self._layouts[shape] = lay
+    return lay
+
+  def slice_elems(self, shape: Shape, layout=None) -> int:
+    layout = self.layout(shape) if layout is None else layout
+    n = 1
+    for d, a in zip(shape.dims, layout):
+      n *= d.size // self.mesh_sizes[a] if a is not None else d.size
+    return n
+
+  def slice_bytes(self, t) -> int:
+    return self.slice_elems(t.shape) * t.dtype.size
+
+  def distinct(self, layout) -> int:
+    """Distinct slices of a tensor of this layout."""
+    n = 1
+    for a in set(a for a in layout if a is not None):
+      n *= self.mesh_sizes[a]
+    return n
+
+  # ---- which processors share a tensor ---------------------------------------
+  def _memo(self, keys, count: bool, nbytes: int = 0, flops: int = 0, inputs=()):
+    """Per-processor ids: one new tensor per distinct key (shared memory) or
+    per processor; counts the kernels that make them, and the tensors they
+    read from another device (each a send/receive pair in TensorFlow)."""
+    memo = {}
+    out = []
+    for p, k in enumerate(keys):
+      if self.share and k in memo:
+        out.append(memo[k])
+        continue
+      new = next(self._next_id)
+      memo[k] = new
+      self.device[new] = p
+      if count:
+        self.unit(new, tuple(x[p] for x in inputs), 1, nbytes, flops)
+      out.append(new)
+    return tuple(out)
+
+  def unit(self, out_id, input_ids, kernels: int = 1, nbytes: int = 0, flops: int = 0,
+           combine_bytes: int = 0):
+    """Records kernels of the current op making tensor `out_id` from
+    `input_ids` (counted only if something needs the tensor): nbytes and
+    flops per kernel; combine_bytes: a collective's combining kernel."""
+    self.units.append((self.current, out_id, tuple(input_ids), kernels, int(nbytes), int(flops),
+                       int(combine_bytes)))
+
+  def _prune(self, ops: List[OpCost]):
+    """Counts the kernels that the sinks (variable updates, exported
+    tensors) need, as TensorFlow runs only those, with their cross-device
+    reads (a send/receive pair per tensor and device)."""
+    producer = {u[1]: u for u in self.units}
+    live = set()
+    stack = [i for i in self.sinks]
+    while stack:
+      i = stack.pop()
+      if i in live:
+        continue
+      live.add(i)
+      u = producer.get(i)
+      if u is not None:
+        stack.extend(u[2])
+    for op in ops:
+      op.kernels = op.bytes_touched = op.work_flops = op.transfers = 0
+      op.combines = op.combine_bytes = 0
+    moved = set()
+    for cost, out_id, ins, kernels, nbytes, flops, cbytes in self.units:
+      if out_id not in live:
+        continue
+      cost.kernels += kernels
+      cost.bytes_touched += kernels * nbytes
+      cost.work_flops += kernels * flops
+      if cbytes:
+        cost.combines += 1
+        cost.combine_bytes += cbytes
+      dev = self.device.get(out_id)
+      for i in ins:
+        src = self.device.get(i, dev)
+        if src != dev and (i, dev) not in moved:
+          moved.add((i, dev))
+          cost.transfers += 1
+
+  def add_exports(self, outputs=None):
+    """Marks the slices of the exported tensors that export_to_tf_tensor
+    reads as needed. outputs None: the tensors that no operation reads; in a
+    training step (one that updates variables), only the scalar ones (the
+    loss; the others are dead branches of the gradients)."""
+    if outputs is None:
+      consumed = {t for op in self.operations for t in op.inputs}
+      outputs = [t for op in self.operations for t in op.outputs if t not in consumed]
+      if self.sinks:
+        outputs = [t for t in outputs if t.shape.ndims == 0]
+    for t in outputs:
+      s = self.state.get(t)
+      if s is None:
+        continue
+      if isinstance(s, _Lazy):  # exporting completes the allreduce
+        self.sinks.update(s.ids)
+        continue
+      split = {a for a in self.layout(t.shape) if a is not None}
+      for p, c in enumerate(self.coords):
+        if all(c[a] == 0 for a in range(len(c)) if a not in split):
+          self.sinks.add(s[p])
+
+  def slicewise(self, inputs, nbytes: int, flops: int = 0):
+    """A slicewise op on the per-processor ids of its inputs; nbytes: bytes
+    one kernel reads and writes."""
+    keys = [tuple(x[p] for x in inputs) for p in range(self.mesh_size)]
+    return self._memo(keys, True, nbytes, flops, inputs)
+
+  def by_layout(self, layout, count: bool = True, nbytes: int = 0):
+    """make_slices / slice variables: one tensor per distinct slice."""
+    axes = [a for a in layout if a is not None]
+    keys = [tuple(c[a] for a in axes) for c in self.coords]
+    return self._memo(keys, count, nbytes)
+
+  def _groups(self, axes):
+    axes = set(axes)
+    return [tuple(x for i, x in enumerate(c) if i not in axes) for c in self.coords]
+
+  def combine_ids(self, ids, axes, nbytes: int, moved: int = 0):
+    """allreduce / allconcat result: one tensor per group (each group's
+    members share it), or one per processor without shared memory.
+    nbytes: the result's bytes; moved: bytes the combining kernel reads and
+    writes."""
+    axes = [a for a in axes if self.mesh_sizes[a] > 1]
+    if not axes:
+      return ids
+    keys = self._groups(axes)
+    # Each group's slices are combined on its first member's device.
+    first, members = {}, collections.defaultdict(list)
+    for p, k in enumerate(keys):
+      first.setdefault(k, p)
+      members[k].append(ids[p])
+    memo = {}
+    for k, p in first.items():
+      memo[k] = next(self._next_id)
+      self.device[memo[k]] = p
+      self.unit(memo[k], members[k], 1, 0, 0, max(int(moved or 2 * nbytes), 1))
+    combined = tuple(memo[k] for k in keys)
+    if not self.share:  # an identity on every device
+      return self._memo(list(range(self.mesh_size)), True, nbytes, inputs=[combined])
+    return combined
+
+  def alltoall_ids(self, ids, axis: int, nbytes: int):
+    if self.mesh_sizes[axis] == 1:
+      return ids
+    # A split on every processor, and a concat of the group's pieces.
+    keys = self._groups([axis])
+    members = collections.defaultdict(list)
+    for p, k in enumerate(keys):
+      members[k].append(ids[p])
+    out = []
+    for p, k in enumerate(keys):
+      new = next(self._next_id)
+      self.device[new] = p
+      self.unit(new, members[k], 2, nbytes)
+      out.append(new)
+    return tuple(out)
+
+  def slice_along_ids(self, ids, axis: int, nbytes: int):
+    if self.mesh_sizes[axis] == 1:
+      return ids
+    keys = [(ids[p], self.coords[p][axis]) for p in range(self.mesh_size)]
+    sliced = self._memo(keys, True, nbytes, inputs=[ids])
+    self.blocks.add(tuple(sliced))
+    return sliced
+
+  # ---- recording ------------------------------------------------------------
+  def collective(self, kind, nbytes, axes):
+    axes = tuple(axes)
+    group = 1
+    for a in axes:
+      group *= self.mesh_sizes[a]
+    self.current.collectives.append(Collective(
+        self.current.name, kind, axes, int(nbytes), group, self.mesh_size // max(group, 1)))
+
+  def allreduce(self, nbytes, axes, ids):
+    axes = [a for a in axes if self.mesh_sizes[a] > 1]
+    if not axes:
+      return ids
+    self.collective("allreduce", nbytes, axes)
+    group = 1
+    for a in axes:
+      group *= self.mesh_sizes[a]
+    return self.combine_ids(ids, axes, nbytes, (group + 1) * nbytes)
+
+  def laid_out(self, t):
+    """Per-processor ids of t, completing a pending allreduce first, as
+    Lowering.laid_out does."""
+    s = self.state.get(t)
+    if isinstance(s, _Lazy):
+      s = self.allreduce(s.nbytes, s.axes, s.ids)
+      self.state[t] = s
+    if s is None:  # produced by an op this estimate skipped: assume by layout
+      s = self.state[t] = self.by_layout(self.layout(t.shape), count=False)
+    return s
+
+  def execute(self, plan: plans.Redistribution, shape: Shape, dtype_size: int, ids,
+              record: bool = True):
+    """Prices the steps of a redistribution plan (the one the lowering
+    executes) as the mesh implementation runs them: each collective sends
+    the slice of the layout before it. Returns the per-processor ids."""
+    for step, layout in plan.walk():
+      size = self.mesh_sizes[step.mesh_axis]
+      if size == 1:
+        continue
+      if isinstance(step, plans.SliceAlong):
+        ids = self.slice_along_ids(ids, step.mesh_axis,
+                                   self.slice_elems(shape, step.apply(layout)) * dtype_size)
+        continue
+      nbytes = self.slice_elems(shape, layout) * dtype_size
+      if record:
+        self.collective(step.kind, nbytes, [step.mesh_axis])
+      if isinstance(step, plans.AllGather):
+        ids = self.combine_ids(ids, [step.mesh_axis], nbytes * size)
+      else:
+        ids = self.alltoall_ids(ids, step.mesh_axis, nbytes)
+    return ids
+
+  # ---- operations -----------------------------------------------------------
+  def run(self, handlers: Dict[str, Callable], fallback: Callable) -> List[OpCost]:
+    """Prices every operation with handlers[its class name] (or that of a
+    base class), else with `fallback` (then marked approximate)."""
+    ops = []
+    for op in self.operations:
+      cost = OpCost(op.name, type(op).__name__)
+      self.current = cost
+      handler = handlers.get(type(op).__name__)
+      if handler is None:
+        for klass in type(op).__mro__:
+          handler = handlers.get(klass.__name__)
+          if handler is not None:
+            break
+      if handler is None:
+        cost.approximate = True
+        handler = fallback
+      handler(self, op)
+      ops.append(cost)
+    self.add_exports(self.outputs)
+    self._prune(ops)
+    for cost in ops:
+      cost.time_s = self.time_of(cost)
+    return ops
+
+  def time_of(self, cost: OpCost) -> float:
+    cost.components = self.components(cost)
+    return time_from_components(cost.components, self.params)
+
+  def components(self, cost: OpCost) -> Tuple[float, float, float, float, float]:
+    """(FLOPs, bytes, kernels, collective groups, collective bytes) on the
+    critical path: the step time is their dot product with (1/flops_per_s,
+    1/memory_bytes_per_s, op_overhead_s, collective_latency_s,
+    1/collective_bytes_per_s)."""
+    p = self.params
+    parallel = max(p.parallel_processors or self.mesh_size, 1)
+    if p.shares_memory:
+      # Logical devices share the real cores: all kernels together (each
+      # multi-threaded) do the work, `parallel` cores' worth at a time, and
+      # each costs one dispatch.
+      flops = cost.work_flops / parallel
+      nbytes = cost.bytes_touched / parallel
+      dispatched = float(cost.kernels)
+    else:
+      # Every processor runs its own kernels at the same time.
+      flops = cost.work_flops / self.mesh_size
+      nbytes = cost.bytes_touched / self.mesh_size
+      dispatched = cost.kernels / self.mesh_size
+    if p.shares_memory:
+      # Each tensor read from another device is a send/receive pair whose
+      # fixed cost is like a collective's latency; collectives are host
+      # kernels that combine each group's slices in memory (add_n, concat),
+      # counted (like all kernels) only where something needs the result.
+      return (flops, nbytes, dispatched, float(cost.transfers + cost.combines),
+              cost.combine_bytes / parallel)
+    groups = 0.0
+    moved_total = 0.0
+    for c in cost.collectives:
+      g = c.group_size
+      if c.kind == "allreduce":
+        moved = 2.0 * (g - 1) / g * c.bytes_per_processor
+      elif c.kind == "allgather":
+        moved = (g - 1) * c.bytes_per_processor
+      elif c.kind == "alltoall":
+        moved = (g - 1) / g * c.bytes_per_processor
+      else:
+        moved = c.bytes_per_processor
+      # The groups run concurrently, each on its own links.
+      groups += 1.0
+      moved_total += moved
+    return (flops, nbytes, dispatched, groups, moved_total)
+
+
+def time_from_components(components, params: DeviceParams) -> float:
+  """Seconds from `_Estimator.components` and the device parameters."""
+  flops, nbytes, kernels, groups, moved = components
+  return (flops / params.flops_per_s + nbytes / params.memory_bytes_per_s
+          + kernels * params.op_overhead_s + groups * params.collective_latency_s
+          + moved / params.collective_bytes_per_s)
+
+
+def step_components(estimate_: "CostEstimate"):
+  """The five components summed over the step (see `time_from_components`)."""
+  total = [0.0] * 5
+  for op in estimate_.ops:
+    for i, v in enumerate(getattr(op, "components", (0.0,) * 5)):
+      total[i] += v
+  return tuple(total)

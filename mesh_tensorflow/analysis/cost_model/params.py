@@ -1,0 +1,112 @@
+"""Device parameters: the speeds that turn the cost model's counts into seconds.
+
+    >>> DeviceParams.default("gpu").flops_per_s
+    1e+14
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceParams:
+  """Speeds of one kind of device, used to turn counts into seconds.
+
+  Attributes:
+    name: a label ("cpu", "gpu", "tpu", "calibrated").
+    flops_per_s: matrix-product throughput of one processor.
+    memory_bytes_per_s: bytes per second one processor reads and writes in
+      elementwise and data-movement kernels.
+    collective_bytes_per_s: bytes per second a processor sends in collectives.
+    collective_latency_s: fixed cost of one collective (per group).
+    op_overhead_s: fixed cost of dispatching one kernel.
+    parallel_processors: how many processors compute at the same time (None:
+      all of them; on logical CPU devices, the real cores).
+    shares_memory: processors share one memory (logical CPU devices of one
+      process): processors holding the same (replicated) slice share one
+      kernel and one copy, as `PlacementMeshImpl` does there.
+
+  Example:
+    >>> p = DeviceParams.default("gpu")
+    >>> p.flops_per_s
+    1e+14
+  """
+  name: str
+  flops_per_s: float
+  memory_bytes_per_s: float
+  collective_bytes_per_s: float
+  collective_latency_s: float
+  op_overhead_s: float
+  parallel_processors: Optional[int] = None
+  shares_memory: bool = False
+
+  @staticmethod
+  def default(kind: str = "cpu") -> "DeviceParams":
+    """Default parameters for "cpu" (logical devices of this 2-core machine),
+    "gpu" or "tpu"."""
+    try:
+      return _DEFAULTS[kind.lower()]
+    except KeyError:
+      raise ValueError(f"DeviceParams.default: unknown device kind {kind!r}; use one of "
+                       f"{sorted(_DEFAULTS)} or calibrate (python -m "
+                       "mesh_tensorflow.analysis.cost_model --calibrate).") from None
+
+  def to_json(self) -> str:
+    return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+  @staticmethod
+  def from_json(text_or_path: str) -> "DeviceParams":
+    """Reads parameters from a JSON string or file (as written by --calibrate)."""
+    text = text_or_path
+    if not text_or_path.lstrip().startswith("{"):
+      with open(text_or_path) as f:
+        text = f.read()
+    values = json.loads(text)
+    fields = {f.name for f in dataclasses.fields(DeviceParams)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+      raise ValueError(f"DeviceParams.from_json: unknown fields {unknown}; expected {sorted(fields)}.")
+    return DeviceParams(**values)
+
+
+# "cpu": this project's 2-core machine with 8 logical CPU devices, rounded
+# from a non-negative least-squares fit of measured step times
+# (benchmarks/layout_search.py --fit; 44 MLP and 28 transformer layouts on a
+# quiet machine). On 2 cores the 8 devices add no compute: what separates
+# layouts is the work that shared replicas do NOT dedupe (e.g. one allreduce
+# result per group of another mesh dimension feeding needed kernels), the
+# number of kernels and the bytes they touch; flops_per_s and
+# memory_bytes_per_s are per core (the counts are divided by
+# parallel_processors). Fitted on either model alone, the parameters rank the
+# other model's layouts as well (Spearman 0.94 both ways). GPU and TPU figures
+# are round numbers for one modern accelerator and its interconnect.
+_DEFAULTS = {
+    "cpu": DeviceParams("cpu", flops_per_s=2.7e11, memory_bytes_per_s=2.5e10,
+                        collective_bytes_per_s=1e10, collective_latency_s=5e-6,
+                        op_overhead_s=1e-5, parallel_processors=2, shares_memory=True),
+    "gpu": DeviceParams("gpu", flops_per_s=1e14, memory_bytes_per_s=1.5e12,
+                        collective_bytes_per_s=1e11, collective_latency_s=15e-6,
+                        op_overhead_s=5e-6),
+    "tpu": DeviceParams("tpu", flops_per_s=1.2e14, memory_bytes_per_s=1.2e12,
+                        collective_bytes_per_s=5e10, collective_latency_s=5e-6,
+                        op_overhead_s=1e-6),
+}
+
+
+def as_device_params(params) -> DeviceParams:
+  """None -> CPU defaults; "cpu"/"gpu"/"tpu"; a DeviceParams; a JSON path."""
+  if params is None:
+    return DeviceParams.default("cpu")
+  if isinstance(params, DeviceParams):
+    return params
+  if isinstance(params, str):
+    if params.lower() in _DEFAULTS:
+      return DeviceParams.default(params)
+    return DeviceParams.from_json(params)
+  if isinstance(params, dict):
+    return DeviceParams(**params)
+  raise TypeError(f"device params must be a DeviceParams, 'cpu'/'gpu'/'tpu' or a JSON path, "
+                  f"got {params!r}.")
