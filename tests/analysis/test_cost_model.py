@@ -236,7 +236,7 @@ def _legal_transformer_layouts():
           for rules in auto_mtf.legal_layouts(graph, shape)]
 
 
-@settings(max_examples=8, deadline=None, derandomize=True,
+@settings(max_examples=6, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(case=st.sampled_from(_legal_transformer_layouts()), params=st.sampled_from(["cpu", "gpu"]))
 def test_estimate_prices_what_the_lowering_executes_for_any_layout(case, params):
