@@ -177,3 +177,19 @@ def test_unknown_plan_step_is_a_clear_error():
   bogus = plans.Redistribution((None,), (None,), ("not a step",))
   with pytest.raises(TypeError, match="unknown plan step"):
     impl.execute(None, bogus)
+
+
+@pytest.mark.parametrize("target_rule", ["p2:rows", "p2:rows;q2:cols"])
+def test_renaming_relayout_keeps_values_when_mesh_axes_trade_tensor_axes(target_rule):
+  """mtf.zero.relayout to renamed dimensions: mesh axis rows moves from q to
+  p (which cols splits until it gathers, or, with q2:cols, hands over in
+  exchange). The values must stay those of x (they came back interleaved
+  when the all-to-all over rows ran before cols freed p)."""
+  xv = np.arange(32, dtype=np.float32).reshape(4, 8)
+
+  def builder(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "p:4;q:8")
+    y = mtf.zero.relayout(x, mtf.convert_to_shape("p2:4;q2:8"))
+    return {"y": y}
+  got = mtf_test_utils.lower_and_run(builder, "rows:2;cols:2", f"p:cols;q:rows;{target_rule}")
+  np.testing.assert_array_equal(got["y"], xv)
