@@ -171,6 +171,19 @@ def report_user_error(exc: BaseException, stream=None) -> None:
   print(f"hint: {hint}", file=stream, flush=True)
 
 
+def run_module_command(module: str, main: Callable[[List[str]], Optional[int]],
+                       argv: Optional[Sequence[str]] = None) -> int:
+  """`python -m <module> ARGS`: main(ARGS) through run_main, so a user's
+  mistake is one `error:` line and exit status 2; argv defaults to
+  sys.argv[1:].
+
+  Example:
+    >>> sys.exit(run_module_command("mesh_tensorflow.launch", _main))
+  """
+  argv = list(sys.argv[1:] if argv is None else argv)
+  return run_main(lambda args: main(args[1:]), [f"python -m {module}"] + argv)
+
+
 def run_main(main: Callable[[List[str]], Optional[int]],
              argv: Optional[Sequence[str]] = None) -> int:
   """Runs main(argv) and returns its exit status; user errors become two

@@ -416,15 +416,9 @@ def _parser() -> cli.FlagParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """`python -m mesh_tensorflow.launch`: returns the exit status (2, with one `error:` line, for a
-  mistake on the command line; see mesh_tensorflow.cli).
-
-  Example:
-    >>> main(["--help"])
-  """
+  """`python -m mesh_tensorflow.launch ARGS`; returns the exit status (see cli.run_module_command)."""
   from mesh_tensorflow import cli as cli_lib  # pylint: disable=g-import-not-at-top
-  argv = list(sys.argv[1:] if argv is None else argv)
-  return cli_lib.run_main(lambda args: _main(args[1:]), ["python -m mesh_tensorflow.launch"] + argv)
+  return cli_lib.run_module_command("mesh_tensorflow.launch", _main, argv)
 
 
 def _main(argv: Sequence[str]) -> int:

@@ -18,7 +18,6 @@ communication from a real lowering (slower, every op type).
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Optional, Sequence
 
 import mesh_tensorflow as mtf
@@ -136,14 +135,8 @@ def report_for_current_config(mesh_shape: Optional[str] = None, layout: Optional
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """`python -m mesh_tensorflow.report`: returns the exit status (2, with one `error:` line, for a
-  mistake on the command line; see mesh_tensorflow.cli).
-
-  Example:
-    >>> main(["--help"])
-  """
-  argv = list(sys.argv[1:] if argv is None else argv)
-  return cli.run_main(lambda args: _main(args[1:]), ["python -m mesh_tensorflow.report"] + argv)
+  """`python -m mesh_tensorflow.report ARGS`; returns the exit status (see cli.run_module_command)."""
+  return cli.run_module_command("mesh_tensorflow.report", _main, argv)
 
 
 def _main(argv: Sequence[str]) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 from typing import Optional, Sequence
 
 from mesh_tensorflow.analysis.cost_model import params as params_lib
@@ -136,15 +135,9 @@ def calibrate(num_devices: int = 8, repeats: int = 5) -> DeviceParams:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """`python -m mesh_tensorflow.analysis.cost_model`: returns the exit status (2, with one `error:` line, for a
-  mistake on the command line; see mesh_tensorflow.cli).
-
-  Example:
-    >>> main(["--help"])
-  """
+  """`python -m mesh_tensorflow.analysis.cost_model ARGS`; returns the exit status (see cli.run_module_command)."""
   from mesh_tensorflow import cli as cli_lib  # pylint: disable=g-import-not-at-top
-  argv = list(sys.argv[1:] if argv is None else argv)
-  return cli_lib.run_main(lambda args: _main(args[1:]), ["python -m mesh_tensorflow.analysis.cost_model"] + argv)
+  return cli_lib.run_module_command("mesh_tensorflow.analysis.cost_model", _main, argv)
 
 
 def _main(argv: Sequence[str]) -> int:
