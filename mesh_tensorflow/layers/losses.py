@@ -187,9 +187,9 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
       # Constants shared by every processor's ops (fewer ops to create).
       zero, one = shared_constant(0.0, tf.float32), shared_constant(1.0, tf.float32)
       # Maxima and sums of exponentials keep the vocab axis (size 1) to broadcast.
-      maxes = impl.allreduce(impl.slicewise(
+      maxes = impl.execute(impl.slicewise(
           lambda t: tf.reduce_max(tf.cast(t, tf.float32), axis=last_axis, keepdims=True), lg),
-          list(max_step.mesh_axes), max_step.reduction)
+          max_step)
 
       def partial(lg, idx, m, offset):
         lg32 = tf.cast(lg, tf.float32)
@@ -205,8 +205,8 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
         target = tf.reduce_sum(tf.raw_ops.MulNoNan(x=lg32, y=onehot), axis=last_axis)
         return exps, sum_exp, onehot, target
       exps, sum_exp, onehot, target = impl.slicewise(partial, lg, idx, maxes, offsets)
-      sum_exp = impl.allreduce(sum_exp, list(sum_exp_step.mesh_axes), sum_exp_step.reduction)
-      target = impl.allreduce(target, list(target_step.mesh_axes), target_step.reduction)
+      sum_exp = impl.execute(sum_exp, sum_exp_step)
+      target = impl.execute(target, target_step)
 
       def finish(exps, onehot, m, s, t):
         log_z = tf.squeeze(tf.math.log(s) + m, axis=-1)

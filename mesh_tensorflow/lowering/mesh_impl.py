@@ -454,15 +454,19 @@ class MeshImpl:
       return expand_to_shape(x, old_shape, new_shape, new_slice_shape)
     return self.slicewise(fn, old_slices)
 
-  def execute(self, x: LaidOutTensor, plan: plans.Redistribution) -> LaidOutTensor:
-    """Runs the steps of a redistribution plan (see plans.py) on `x`, whose
-    layout is `plan.source`; returns it in `plan.target`.
+  def execute(self, x: LaidOutTensor, plan) -> LaidOutTensor:
+    """Runs a plan (see plans.py) on `x`: the steps of a Redistribution (x
+    in `plan.source`, returned in `plan.target`), or one step such as an
+    AllReduce. The one place where plan steps become this implementation's
+    collectives.
 
     Example:
       >>> plan = plans.plan_relayout((0, None), (None, 0))
       >>> y = impl.execute(laid_out_x, plan)   # one alltoall over mesh axis 0
+      >>> total = impl.execute(partial_sums, plans.AllReduce((0,), "SUM"))
     """
-    for step in plan.steps:
+    steps = plan.steps if isinstance(plan, plans.Redistribution) else (plan,)
+    for step in steps:
       if isinstance(step, plans.AllGather):
         x = self.allconcat(x, step.mesh_axis, step.tensor_axis)
       elif isinstance(step, plans.AllToAll):
@@ -470,6 +474,8 @@ class MeshImpl:
                           concat_axis=step.concat_axis)
       elif isinstance(step, plans.SliceAlong):
         x = self.slice_along(x, step.mesh_axis, step.tensor_axis)
+      elif isinstance(step, plans.AllReduce):
+        x = self.allreduce(x, list(step.mesh_axes), step.reduction)
       else:
         raise TypeError(f"execute: unknown plan step {step!r}.")
     return x

@@ -268,7 +268,7 @@ class ScatterAddGradOperation(Operation):
     if plan.allreduce is not None:
       # Each processor summed its own indices into all of `dim`: add up those
       # partial sums before splitting `dim` again.
-      result = impl.allreduce(result, list(plan.allreduce.mesh_axes), plan.allreduce.reduction)
+      result = impl.execute(result, plan.allreduce)
     result = impl.execute(result, plan.after)
     if plan.pending_sum_axes:
       # Index dims that are split were summed locally: allreduce over their axes.

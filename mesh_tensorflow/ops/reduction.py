@@ -87,7 +87,7 @@ class ReduceOperation(Operation):
     if plan.pending:
       result = LazyAllreduceSum(impl, partial, list(plan.mesh_axes))
     elif plan.allreduce is not None:
-      result = impl.allreduce(partial, list(plan.allreduce.mesh_axes), plan.allreduce.reduction)
+      result = impl.execute(partial, plan.allreduce)
     else:
       result = partial
     lowering.set_tensor_lowering(out, result)
@@ -234,15 +234,14 @@ class SoftmaxOperation(Operation):
       result = impl.slicewise(lambda t: fn(t, axis=axis), laid)
     else:
       axis = int_constant(axis)  # one shared constant, not one per processor
-      maxima, sums = statistics
+      max_step, sum_step = statistics
       local_max = impl.slicewise(
           lambda t: tf.reduce_max(t, axis=axis, keepdims=True), laid)
       shifted = impl.slicewise(
-          tf.subtract, laid, impl.allreduce(local_max, list(maxima.mesh_axes), maxima.reduction))
+          tf.subtract, laid, impl.execute(local_max, max_step))
       exps = impl.slicewise(tf.exp, shifted)
-      sums = impl.allreduce(impl.slicewise(
-          lambda e: tf.reduce_sum(e, axis=axis, keepdims=True), exps),
-          list(sums.mesh_axes), sums.reduction)
+      sums = impl.execute(impl.slicewise(
+          lambda e: tf.reduce_sum(e, axis=axis, keepdims=True), exps), sum_step)
       if self._log:
         result = impl.slicewise(lambda s, z: s - tf.math.log(z), shifted, sums)
       else:
@@ -298,7 +297,7 @@ class SoftmaxGradOperation(Operation):
       sums = impl.slicewise(
           lambda a, d: tf.reduce_sum(a * d, axis=axis, keepdims=True), ly, ldy)
     for step in statistics:
-      sums = impl.allreduce(sums, list(step.mesh_axes), step.reduction)
+      sums = impl.execute(sums, step)
     if self._log:
       result = impl.slicewise(lambda a, d, s: d - tf.exp(a) * s, ly, ldy, sums)
     else:

@@ -193,3 +193,17 @@ def test_renaming_relayout_keeps_values_when_mesh_axes_trade_tensor_axes(target_
     return {"y": y}
   got = mtf_test_utils.lower_and_run(builder, "rows:2;cols:2", f"p:cols;q:rows;{target_rule}")
   np.testing.assert_array_equal(got["y"], xv)
+
+
+def test_execute_runs_an_allreduce_step_as_the_implementations_allreduce():
+  impl = mtf_test_utils.make_impl("rows:2;cols:4", "batch:rows")
+  shape = mtf.convert_to_shape("batch:8;d:4")
+  seen = []
+  with tf.Graph().as_default(), observers.observe(seen.append):
+    laid = impl.import_tf_tensor(tf.ones([8, 4]), shape)
+    total = impl.execute(laid, plans.AllReduce((0,), "SUM"))
+    with tf.compat.v1.Session() as sess:
+      values = sess.run(total.tensor_list)
+  assert [(e.kind, e.mesh_axes, e.bytes_per_processor) for e in seen] == [("allreduce", (0,), 64)]
+  for v in values:  # the two row blocks of ones, summed
+    np.testing.assert_array_equal(v, np.full([4, 4], 2.0, np.float32))
