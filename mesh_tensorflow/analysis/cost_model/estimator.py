@@ -82,11 +82,8 @@ class _Estimator:
     return lay
 
   def slice_elems(self, shape: Shape, layout=None) -> int:
-    layout = self.layout(shape) if layout is None else layout
-    n = 1
-    for d, a in zip(shape.dims, layout):
-      n *= d.size // self.mesh_sizes[a] if a is not None else d.size
-    return n
+    return plans.slice_elements(shape, self.layout(shape) if layout is None else layout,
+                                self.mesh_sizes)
 
   def slice_bytes(self, t) -> int:
     return self.slice_elems(t.shape) * t.dtype.size
