@@ -622,8 +622,8 @@ def synthetic_attention(q: mtf.Tensor, k: mtf.Tensor, v: mtf.Tensor,
   plain dot-product attention.
 
   Args:
-    q, k, v, memory_length_dim, key_dim, value_dim, bias, dropout_rate,
-      dropout_broadcast_dims, extra_logit: as `attention`.
+    q: as `attention`, and so are k, v, memory_length_dim, key_dim,
+      value_dim, bias, dropout_rate, dropout_broadcast_dims and extra_logit.
     synthesize: use the synthetic scores.
     synthesize_mode: one of the modes above.
     factorized_dim: the size of "tmp" (factorized mode).

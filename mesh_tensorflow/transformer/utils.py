@@ -722,6 +722,9 @@ def run(model_dir: Optional[str],
       them from the checkpoint (the original continued both, so T5-style
       fine-tuning sets train_steps to the pretrained step plus the new
       steps).
+    export_dir: export: where the SavedModel goes (default
+      `<model_dir>/export/<step>`); its mesh is `export_saved_model.mesh_shape`
+      (default one device), not `mesh_shape`.
 
   The original's `run` parameters are accepted too. Those with a meaning
   here are honoured: `batch_size` as a (method, value) pair such as
@@ -741,9 +744,6 @@ def run(model_dir: Optional[str],
   mesh_devices, export_*, train/eval_dataset_fn of other packages, ...) are
   ignored with one warning that lists them. `variable_filter` and
   `ensemble_inputs` are refused (not supported here).
-    export_dir: export: where the SavedModel goes (default
-      `<model_dir>/export/<step>`); its mesh is `export_saved_model.mesh_shape`
-      (default one device), not `mesh_shape`.
 
   Returns:
     The final metrics (e.g. {"step", "loss", "eval_loss", "perplexity"});
