@@ -26,6 +26,7 @@ setup(
         "examples": ["scikit-learn"],
         "sentencepiece": ["sentencepiece"],
         "tfds": ["tensorflow-datasets"],
+        "docs": ["sphinx", "myst-parser"],
     },
     entry_points={
         "console_scripts": ["mtf-transformer = mesh_tensorflow.transformer.main:console_main"],

@@ -5,7 +5,7 @@
 #   bash oss_scripts/oss_tests.sh [extra pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install --quiet --disable-pip-version-check -e ".[test,examples]"
+python -m pip install --quiet --disable-pip-version-check -e ".[test,examples,docs]"
 # One worker process per core, at most 4 (each holds TensorFlow and 8 devices);
 # tests marked with one xdist_group run in one worker, so that a module
 # fixture they share (a run over every layout) is computed once; the 15

@@ -3,9 +3,12 @@
 Every code block is checked by what it is: Python blocks compile, command
 lines name modules, scripts and absl flags that exist, and gin blocks parse
 with the transformer's configurables. The README's first Python block (the
-quickstart) is run by tests/project/test_readme.py. Links between pages must resolve,
-and the pages carry no run history (dates, session numbers) and no path
-outside the repository.
+quickstart) is run by tests/project/test_readme.py. Links between pages must
+resolve, docs/index.md reaches every page, and the pages read as user
+documentation: no run history (dates, run and issue numbers, before/after),
+no lab notes (load averages, "by hand", targets, remarks about the machine or
+CI) and no path outside the repository. tests/project/test_docs_site.py
+builds the Sphinx site and checks the generated tables.
 """
 
 import ast
@@ -15,9 +18,11 @@ import re
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md"] + sorted(
+    p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts)
 
-_BLOCK = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)\n(?P<body>.*?)^(?P=indent)```", re.M | re.S)
+_BLOCK = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*|\{[\w-]+\})\n(?P<body>.*?)^(?P=indent)```",
+                    re.M | re.S)
 # absl's own flags, accepted by every entry point.
 _ABSL_FLAGS = {"helpfull", "helpshort", "help", "verbosity", "v", "logtostderr",
                "alsologtostderr", "log_dir", "flagfile"}
@@ -46,6 +51,8 @@ def _all_blocks(kinds):
 
 
 def _kind(lang, body):
+  if lang.startswith("{"):
+    return "directive"  # a Sphinx directive ({eval-rst}: the API reference)
   if lang == "python":
     return "python"
   if lang in ("bash", "sh", "shell", "console"):
@@ -155,17 +162,79 @@ def test_links_between_pages_resolve():
   assert not broken, broken
 
 
+# What a user page must not say: run history belongs in CHANGELOG.md (as
+# release notes), measurements with their command in benchmarks/RESULTS.md,
+# and notes about how the project is developed nowhere in the documentation.
+_NOT_FOR_USERS = [
+    (r"\b20\d\d-[01]\d-[0-3]\d\b", "a date"),
+    (r"\bstop \d+\b|previous head|same hour", "run history"),
+    (r"\b(?:issues?|runs?) #?\d+\b", "an issue or run number"),
+    (r"\bissue tracker\b", "the issue tracker"),
+    (r"\b(?:development|work|later|previous|this) sessions?\b", "development sessions"),
+    (r"before/after|\bbefore \(\w{7,}\)", "a before/after comparison"),
+    (r"\bload average\b|\bload \d", "the machine's load"),
+    (r"\bby hand\b", "'by hand'"),
+    (r"\(target\s*(?:<|>|:|under|at most)|\btargets?: (?:at most|under)|\btarget <", "a target"),
+    (r"\bfirst version\b", "the project's history"),
+    (r"\bCI runs?\b|\bwhat CI\b|\bnot in CI\b", "the project's CI"),
+    (r"\bshared (?:2-core )?machine\b|\bthis 2-core machine\b|(?:quiet|loaded) 2-core",
+     "the machine the project is developed on"),
+    (r"\bother jobs\b|\bmeasured here\b", "the machine the project is developed on"),
+    (r"\.\./shared|/work/", "a path outside the repository"),
+    (r"benchmarks/RESULTS\.md", "the measurement log (not user documentation)"),
+]
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
-def test_pages_carry_no_run_history_or_outside_paths(page):
+def test_pages_carry_no_run_history_or_lab_notes(page):
   text = page.read_text()
-  for pattern in (r"\b20\d\d-[01]\d-[0-3]\d\b", r"\bstop \d+\b", r"previous head",
-                  r"same hour", r"\.\./shared", r"/work/"):
-    found = re.search(pattern, text)
-    assert not found, f"{page.relative_to(ROOT)}: {found.group(0)!r} (history belongs in CHANGELOG.md)"
+  found = [f"{m.group(0)!r} ({what})" for pattern, what in _NOT_FOR_USERS
+           for m in re.finditer(pattern, text, re.I)]
+  assert not found, f"{page.relative_to(ROOT)}: {found} (see tests/project/test_docs.py)"
+
+
+def test_lab_note_patterns_catch_lab_notes():
+  notes = ["load average 4.7 on the shared 2-core machine", "checked by hand",
+           "(target <= 1.2)", "the hang of the first version", "a failure a CI run met",
+           "Two runs on the shared machine", "this is what CI runs", "issue 24, run 3",
+           "before/after", "measured on 2026-12-01"]
+  for note in notes:
+    assert any(re.search(p, note, re.I) for p, _ in _NOT_FOR_USERS), note
+  # ... and not the words users need.
+  for fine in ["a `Session` runs only the assignments", "`self.assign(target, value)`",
+               "the mesh of this machine", "inputs and targets"]:
+    assert not any(re.search(p, fine, re.I) for p, _ in _NOT_FOR_USERS), fine
 
 
 def test_readme_is_an_entry_point():
-  lines = (ROOT / "README.md").read_text().splitlines()
-  assert len(lines) <= 250, f"README.md has {len(lines)} lines; move subjects to docs/"
-  for page in sorted((ROOT / "docs").glob("*.md")):
-    assert f"docs/{page.name}" in "\n".join(lines), f"README.md does not link docs/{page.name}"
+  text = (ROOT / "README.md").read_text()
+  assert len(text.splitlines()) <= 120, "README.md is the entry point; move subjects to docs/"
+  assert "](docs/index.md)" in text, "README.md must link the documentation's index"
+
+
+DOC_PAGES = sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts)
+
+
+def test_index_reaches_every_page():
+  """Every page is in a toctree (the site's navigation), reached from
+  docs/index.md through Markdown links (the reading path on GitHub)."""
+  reached, todo = set(), [ROOT / "docs" / "index.md"]
+  in_toctree = set()
+  while todo:
+    page = todo.pop()
+    if page in reached:
+      continue
+    reached.add(page)
+    text = page.read_text()
+    for target in re.findall(r"\]\(([^)#\s]+\.md)(?:#[^)]*)?\)", text):
+      todo.append((page.parent / target).resolve())
+    for block in re.findall(r"^:::\{toctree\}\n(.*?)^:::", text, re.M | re.S):
+      for entry in block.splitlines():
+        if entry.strip() and not entry.startswith(":"):
+          in_toctree.add((page.parent / (entry.strip() + ".md")).resolve())
+  missing = [str(p.relative_to(ROOT)) for p in DOC_PAGES if p.resolve() not in reached]
+  assert not missing, f"pages that docs/index.md does not lead to: {missing}"
+  untoc = [str(p.relative_to(ROOT)) for p in DOC_PAGES
+           if p.name != "index.md" or p.parent.name != "docs"
+           if p.resolve() not in in_toctree]
+  assert not untoc, f"pages in no toctree: {untoc}"
