@@ -25,6 +25,10 @@ perplexity, token accuracy), infer (decode each line of --input_file into
 SavedModel in --export_dir that serves without this library; see
 docs/serving.md).
 
+Devices: the CPU is first split into --cpu_devices logical devices (default
+8); the mesh then runs on the machine's GPUs if there are at least as many
+GPUs as mesh processors, else on the logical CPUs.
+
 A mistake (bad flag, gin binding, layout, mesh, file, checkpoint) is one
 `error:` line and one `hint:` line with exit status 2; --verbose (or
 MTF_VERBOSE=1) adds the traceback. A damaged newest checkpoint is reported and
@@ -38,9 +42,6 @@ operative config (see docs/porting_t5_models.md):
         --gin_param="utils.run.mesh_shape = 'batch:2,model:4'"
 
 and --init_checkpoint=DIR fine-tunes it into a new --model_dir.
---output_file), score (log-likelihood of each line, in nats) or export (a
-SavedModel in --export_dir that serves without this library; see
-docs/serving.md).
 """
 
 from __future__ import annotations
