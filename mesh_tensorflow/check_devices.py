@@ -41,7 +41,7 @@ from mesh_tensorflow import cli
 
 # Its own flag set: importing the check never collides with a program's flags.
 FLAGS = flags.FlagValues()
-flags.DEFINE_bool("quick", False, "Small sizes and few repeats (CI, CPU-only machines).", flag_values=FLAGS)
+flags.DEFINE_bool("quick", False, "Small sizes and few repeats (for CPU-only machines).", flag_values=FLAGS)
 flags.DEFINE_integer("processors", 4, "Processors of the 1-D and 2-D meshes (even, >= 2).", flag_values=FLAGS)
 flags.DEFINE_integer("train_steps", 3, "SGD steps of the loss comparisons.", flag_values=FLAGS)
 flags.DEFINE_float("peak_tflops", 0.0,
