@@ -238,3 +238,13 @@ def test_index_reaches_every_page():
            if p.name != "index.md" or p.parent.name != "docs"
            if p.resolve() not in in_toctree]
   assert not untoc, f"pages in no toctree: {untoc}"
+
+
+def test_install_page_names_every_extra():
+  """docs/quickstart.md's install section names every extra of setup.py."""
+  source = (ROOT / "setup.py").read_text()
+  extras = ast.literal_eval(re.search(r"extras_require=(\{.*?\n    \})", source, re.S).group(1))
+  page = (ROOT / "docs" / "quickstart.md").read_text().split("## The two commands")[0]
+  missing = [name for name in extras if name != "auto_mtf" and f"`{name}`" not in page
+             and f".[{name}]" not in page]
+  assert not missing, f"docs/quickstart.md does not name the extras {missing}"
