@@ -398,3 +398,6 @@ class StackedVariable(Variable):
   @property
   def original_names(self):
     return list(self._original_names)
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

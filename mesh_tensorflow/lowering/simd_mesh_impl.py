@@ -44,7 +44,7 @@ import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow.lowering.collective_keys import allocate_simd_keys
-from mesh_tensorflow.lowering.mesh_impl import LaidOutTensor, MeshImpl, as_laid_out, value_and_shape
+from mesh_tensorflow.lowering.mesh_impl import LaidOutTensor, MeshImpl, as_laid_out
 from mesh_tensorflow.core.shapes import convert_to_shape
 from mesh_tensorflow.lowering.slice_variables import NOT_CAPTURED_BY_TF_FUNCTION
 
@@ -564,7 +564,6 @@ class SimdMeshImpl(MeshImpl):
 
   # ---- import / export -----------------------------------------------------
   def import_tf_tensor(self, x, shape) -> LaidOutTensor:
-    x, shape = value_and_shape(x, shape)
     shape = convert_to_shape(shape)
     slice_shape = self.slice_shape(shape)
     x = tf.convert_to_tensor(x)
@@ -573,7 +572,6 @@ class SimdMeshImpl(MeshImpl):
     return LaidOutTensor([tf.slice(x, tf.stack(self._slice_begin_tensors(shape)), slice_shape)])
 
   def export_to_tf_tensor(self, x, shape) -> tf.Tensor:
-    x, shape = value_and_shape(x, shape)
     """The full tensor, on every processor (allgather over split axes)."""
     x = as_laid_out(x)
     layout = self.tensor_layout(shape)
@@ -839,3 +837,6 @@ def _device_sort_key(device: str):
 from mesh_tensorflow.lowering.tpu_topology import (  # noqa: E402,F401  pylint: disable=g-import-not-at-top
     HierarchicalTiling, auto_logical_to_physical_tpu, logical_to_physical,
     physical_shape_3d_from_topology_proto_4d, tpu_device_assignment)
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt({"SimdMeshImpl": SimdMeshImpl})  # its methods; AutoGraph leaves them alone

@@ -281,3 +281,6 @@ def list_variables(checkpoint: str) -> List[Tuple[str, List[int], str]]:
       name = _unescape(key[len(prefix):-len(suffix)])
       out.append((name, list(shape), dtypes[key].name))
   return sorted(out)
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -38,9 +38,6 @@ operative config (see docs/porting_t5_models.md):
         --gin_param="utils.run.mesh_shape = 'batch:2,model:4'"
 
 and --init_checkpoint=DIR fine-tunes it into a new --model_dir.
---output_file), score (log-likelihood of each line, in nats) or export (a
-SavedModel in --export_dir that serves without this library; see
-docs/serving.md).
 """
 
 from __future__ import annotations

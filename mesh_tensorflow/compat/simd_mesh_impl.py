@@ -1,0 +1,17 @@
+"""`mesh_tensorflow.simd_mesh_impl`, the original's module: this library's
+`lowering.simd_mesh_impl` with `SimdMeshImpl` carrying the original's names
+(`compat.lowering`).
+
+    >>> impl = mtf.simd_mesh_impl.SimdMeshImpl("all:8", "batch:all", devices=None)
+"""
+
+from mesh_tensorflow.compat.lowering import OriginalMeshImplNames
+from mesh_tensorflow.lowering import simd_mesh_impl as _simd_mesh_impl
+from mesh_tensorflow.lowering.simd_mesh_impl import *  # noqa: F401,F403  pylint: disable=wildcard-import
+
+
+class SimdMeshImpl(OriginalMeshImplNames, _simd_mesh_impl.SimdMeshImpl):
+  """A SimdMeshImpl with the original's names (see compat.lowering)."""
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt({"SimdMeshImpl": SimdMeshImpl})  # its methods; AutoGraph leaves them alone
