@@ -48,12 +48,10 @@ class LaidOutTensor:
 class LazyAllreduceSum:
   """Per-processor partial sums whose allreduce over `mesh_axes` is deferred."""
 
-  def __init__(self, mesh_impl, laid_out_input: LaidOutTensor, mesh_axes,
-               add_counter_fn: Optional[Callable[[], None]] = None):
+  def __init__(self, mesh_impl, laid_out_input: LaidOutTensor, mesh_axes):
     self.mesh_impl = mesh_impl
     self.laid_out_input = laid_out_input
     self.mesh_axes = tuple(sorted(mesh_axes))
-    self.add_counter_fn = add_counter_fn  # called when the allreduce is made
     self._reduced = None
     note = getattr(mesh_impl, "note_pending_sum", None)
     if note is not None:  # an implementation that reduces pending sums together
@@ -66,8 +64,6 @@ class LazyAllreduceSum:
         reduce_pending(self)  # sets _reduced, of this sum and of others pending
       if self._reduced is None:
         self._reduced = self.mesh_impl.allreduce(self.laid_out_input, self.mesh_axes, "SUM")
-        if self.add_counter_fn is not None:
-          self.add_counter_fn()
     return self._reduced
 
   def set_reduced(self, value: "LaidOutTensor") -> None:
@@ -266,6 +262,23 @@ class MeshImpl:
     return layout_lib.processor_groups(self._shape, mesh_axes)
 
   # ---- counters ------------------------------------------------------------
+  def begin_collective(self, kind: str, x, mesh_axis: int):
+    """(x as a LaidOutTensor, the number of processors along `mesh_axis`) for
+    an implementation's collective `kind` ("allgather", "alltoall") over that
+    axis, announced (record_collective) when more than one processor takes
+    part; with one, nothing moves and the caller returns x as it is.
+
+    Example:
+      >>> x, n = self.begin_collective("alltoall", x, mesh_axis)
+      >>> if n == 1:
+      ...   return x
+    """
+    x = as_laid_out(x)
+    n = self.mesh_axis_size(mesh_axis)
+    if n > 1:
+      self.record_collective(kind, x, [mesh_axis])
+    return x, n
+
   def record_collective(self, kind: str, x, mesh_axes) -> None:
     """Announces a collective this implementation runs to whoever observes
     (see observers.py); x is the LaidOutTensor sent (or its per-processor

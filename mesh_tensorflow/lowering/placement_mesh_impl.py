@@ -211,10 +211,9 @@ class PlacementMeshImpl(MeshImpl):
     graph_cache(tf.compat.v1.get_default_graph())[("last collective", id(self), pnum)] = op
 
   def allconcat(self, x, mesh_axis: int, concat_axis: int) -> LaidOutTensor:
-    x = as_laid_out(x)
-    if self.mesh_axis_size(mesh_axis) == 1:
+    x, n = self.begin_collective("allgather", x, mesh_axis)
+    if n == 1:
       return x
-    self.record_collective("allgather", x, [mesh_axis])
     out = [None] * self.size
     for group in self.processor_groups([mesh_axis]):
       full = self._whole_of([x.tensor_list[p] for p in group], mesh_axis, concat_axis)
@@ -226,11 +225,9 @@ class PlacementMeshImpl(MeshImpl):
     return LaidOutTensor(out)
 
   def alltoall(self, x, mesh_axis: int, split_axis: int, concat_axis: int) -> LaidOutTensor:
-    x = as_laid_out(x)
-    n = self.mesh_axis_size(mesh_axis)
+    x, n = self.begin_collective("alltoall", x, mesh_axis)
     if n == 1:
       return x
-    self.record_collective("alltoall", x, [mesh_axis])
     out = [None] * self.size
     for group in self.processor_groups([mesh_axis]):
       parts = []

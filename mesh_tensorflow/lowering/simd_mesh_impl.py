@@ -211,7 +211,7 @@ class SimdMeshImpl(MeshImpl):
       if logical_to_physical is not None:
         raise ValueError(
             "SimdMeshImpl: logical_to_physical is not used by the TPU backend; build the "
-            "placement into device_assignment with simd_mesh_impl.tpu_device_assignment().")
+            "placement into device_assignment with mtf.simd_mesh_impl.tpu_device_assignment().")
       self._devices = list(devices) if devices else [""] * self.size
     if communication not in ("auto", "ring", "nccl"):
       raise ValueError(f"SimdMeshImpl: communication={communication!r}; choose one of "
@@ -495,11 +495,9 @@ class SimdMeshImpl(MeshImpl):
     return LaidOutTensor([tf.cast(out, dtype) if dtype == tf.bool else out])
 
   def allconcat(self, x, mesh_axis: int, concat_axis: int) -> LaidOutTensor:
-    x = as_laid_out(x)
-    n = self.mesh_axis_size(mesh_axis)
+    x, n = self.begin_collective("allgather", x, mesh_axis)
     if n == 1:
       return x
-    self.record_collective("allgather", x, [mesh_axis])
     t = x.tensor_list[0]
     stacked = self._gather_stacked(t, [mesh_axis])  # [n, *t.shape]
     rank = t.shape.rank
@@ -510,11 +508,9 @@ class SimdMeshImpl(MeshImpl):
     return LaidOutTensor([tf.reshape(moved, new_shape)])
 
   def alltoall(self, x, mesh_axis: int, split_axis: int, concat_axis: int) -> LaidOutTensor:
-    x = as_laid_out(x)
-    n = self.mesh_axis_size(mesh_axis)
+    x, n = self.begin_collective("alltoall", x, mesh_axis)
     if n == 1:
       return x
-    self.record_collective("alltoall", x, [mesh_axis])
     t = x.tensor_list[0]
     chunks = tf.stack(tf.split(t, n, axis=split_axis), 0)  # [n, ...], chunk j for coord j
     if self._backend == "tpu":
@@ -832,11 +828,6 @@ def _device_sort_key(device: str):
   return (spec.job or "", spec.replica or 0, spec.task or 0, (spec.device_type or "").upper(),
           spec.device_index or 0)
 
-
-# The original kept its TPU topology helpers here.
-from mesh_tensorflow.lowering.tpu_topology import (  # noqa: E402,F401  pylint: disable=g-import-not-at-top
-    HierarchicalTiling, auto_logical_to_physical_tpu, logical_to_physical,
-    physical_shape_3d_from_topology_proto_4d, tpu_device_assignment)
 
 from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
 _autograph_exempt.exempt({"SimdMeshImpl": SimdMeshImpl})  # its methods; AutoGraph leaves them alone
