@@ -37,7 +37,6 @@ from mesh_tensorflow import layers
 from mesh_tensorflow.compat.placement_mesh_impl import PlacementMeshImpl
 from mesh_tensorflow.compat.simd_mesh_impl import SimdMeshImpl
 from mesh_tensorflow.training import checkpoint
-from mesh_tensorflow.training.checkpoint import MtfCheckpointSaverListener, MtfRestoreHook  # raise: Estimator is gone
 from mesh_tensorflow import training
 from mesh_tensorflow.distributed import cluster  # meshes over several processes/hosts
 from mesh_tensorflow.training import zero
@@ -80,6 +79,8 @@ from mesh_tensorflow.ops.control import (
     while_loop)
 from mesh_tensorflow.ops.slicewise_ops import (
     GenericGradOperation, SlicewiseOperation, cwise, slicewise)
+from mesh_tensorflow.compat.legacy_classes import (  # raise: Estimator is gone
+    MtfCheckpointSaverListener, MtfRestoreHook)
 from mesh_tensorflow.compat.legacy_classes import (
     AddOperation, MinMaxOperation, PoolBackPropOperation, ScalarSummaryOperation,
     StackedVariable, pool_backprop)

@@ -69,10 +69,10 @@ from mesh_tensorflow.ops.utilities import (
     list_product, log_variable_sizes, nth_largest_element, nth_smallest_element, parallel,
     pnum_to_group, pool_fn, reduction_fn, tensor_dim_to_mesh_dim_size,
     tensor_dim_to_size_per_split, transpose_list_of_lists, verify_no_new_dims)
-from mesh_tensorflow.training.checkpoint import MtfCheckpointSaverListener, MtfRestoreHook
 from mesh_tensorflow.training.microbatches import serialize_training_step
 from mesh_tensorflow.training.trainer import scalar_summary as scalar_summary
 from mesh_tensorflow.compat.legacy_classes import (
+    MtfCheckpointSaverListener, MtfRestoreHook,
     AddOperation, BinaryOpWithBroadcasting, Conv2dOperation, Conv2dTransposeOperation,
     Conv2or3dBackpropFilterOperation, Conv2or3dBackpropInputOperation, Conv3dOperation,
     Conv3dTransposeOperation, MinMaxOperation, PoolBackPropOperation, PoolOperation,
