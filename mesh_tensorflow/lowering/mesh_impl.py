@@ -48,10 +48,12 @@ class LaidOutTensor:
 class LazyAllreduceSum:
   """Per-processor partial sums whose allreduce over `mesh_axes` is deferred."""
 
-  def __init__(self, mesh_impl, laid_out_input: LaidOutTensor, mesh_axes):
+  def __init__(self, mesh_impl, laid_out_input: LaidOutTensor, mesh_axes,
+               add_counter_fn: Optional[Callable[[], None]] = None):
     self.mesh_impl = mesh_impl
     self.laid_out_input = laid_out_input
     self.mesh_axes = tuple(sorted(mesh_axes))
+    self.add_counter_fn = add_counter_fn  # called when the allreduce is made
     self._reduced = None
     note = getattr(mesh_impl, "note_pending_sum", None)
     if note is not None:  # an implementation that reduces pending sums together
@@ -64,6 +66,8 @@ class LazyAllreduceSum:
         reduce_pending(self)  # sets _reduced, of this sum and of others pending
       if self._reduced is None:
         self._reduced = self.mesh_impl.allreduce(self.laid_out_input, self.mesh_axes, "SUM")
+        if self.add_counter_fn is not None:
+          self.add_counter_fn()
     return self._reduced
 
   def set_reduced(self, value: "LaidOutTensor") -> None:
