@@ -10,8 +10,9 @@ from mesh_tensorflow import cli as _cli
 if _cli.started_as_command():
   _cli.quiet_tensorflow_startup()  # before anything imports TensorFlow
 
-from mesh_tensorflow.compat import moved_modules as _moved_modules
-_moved_modules.install()  # this library's former flat module paths
+from mesh_tensorflow.compat import original_paths as _original_paths
+_original_paths.install()  # the original's module paths (mesh_tensorflow.optimize, ...)
+del _original_paths
 
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 from mesh_tensorflow.core.layout import (
@@ -19,21 +20,23 @@ from mesh_tensorflow.core.layout import (
     processor_coordinates_to_pnum, processor_groups)
 from mesh_tensorflow.core.graph import Graph, Mesh, Operation, Tensor, name_scope
 from mesh_tensorflow.lowering.mesh_impl import (
-    LaidOutTensor, LazyAllreduceSum, LazyLaidOutTensor, MeshImpl,
-    compatible_lazy_allreduce_sums, convert_args_to_laid_out_tensors)
-from mesh_tensorflow.lowering.lowering import Lowering, pretty_print_counters
+    LaidOutTensor, LazyAllreduceSum, LazyLaidOutTensor, compatible_lazy_allreduce_sums,
+    convert_args_to_laid_out_tensors)
+from mesh_tensorflow.lowering.lowering import pretty_print_counters
 from mesh_tensorflow.ops.gradients import gradients
-from mesh_tensorflow.lowering import placement_mesh_impl
-from mesh_tensorflow.lowering import simd_mesh_impl
+# The mesh implementations as the original named them (compat.lowering):
+# `mtf.placement_mesh_impl.PlacementMeshImpl`, ..., with the original's aliases.
+from mesh_tensorflow.compat.lowering import Lowering, MeshImpl
+from mesh_tensorflow.compat import placement_mesh_impl
+from mesh_tensorflow.compat import simd_mesh_impl
 from mesh_tensorflow.training import learning_rate_schedules
 from mesh_tensorflow.compat import utils
 from mesh_tensorflow.training import optimize
 from mesh_tensorflow.layers import initializers
 from mesh_tensorflow import layers
-from mesh_tensorflow.lowering.placement_mesh_impl import PlacementMeshImpl
-from mesh_tensorflow.lowering.simd_mesh_impl import SimdMeshImpl
+from mesh_tensorflow.compat.placement_mesh_impl import PlacementMeshImpl
+from mesh_tensorflow.compat.simd_mesh_impl import SimdMeshImpl
 from mesh_tensorflow.training import checkpoint
-from mesh_tensorflow.training.checkpoint import MtfCheckpointSaverListener, MtfRestoreHook  # raise: Estimator is gone
 from mesh_tensorflow import training
 from mesh_tensorflow.distributed import cluster  # meshes over several processes/hosts
 from mesh_tensorflow.training import zero
@@ -58,15 +61,14 @@ from mesh_tensorflow.ops.elementwise import (
 from mesh_tensorflow.ops.einsum_ops import EinsumOperation, einsum, matmul
 from mesh_tensorflow.ops.reduction import (
     ReduceOperation, SoftmaxOperation, log_softmax, pool_tensor_1d, reduce_all, reduce_any,
-    reduce_first, reduce_logsumexp, reduce_max, reduce_mean, reduce_min, reduce_sum, softmax,
-    stride_tensor_1d)
+    reduce_logsumexp, reduce_max, reduce_mean, reduce_min, reduce_sum, softmax)
 from mesh_tensorflow.ops.shape_ops import (
     broadcast, rename_dimension, replace_dimensions, reshape, transpose)
 from mesh_tensorflow.ops.slicing import (
     concat, dynamic_shift, mtf_slice, pad, shift, slice, split, stack, unstack)
 from mesh_tensorflow.ops.indexing import (
-    argmax, cumsum, gather, mtf_range, one_hot, range, sample_with_temperature, top_1,
-    top_k)
+    argmax, cumsum, gather, mtf_range, one_hot, range, reduce_first, sample_with_temperature,
+    stride_tensor_1d, top_1, top_k)
 from mesh_tensorflow.ops.random_ops import dropout, random_normal, random_uniform
 from mesh_tensorflow.ops.variables import (
     Assign, Variable, VariableDType, assign, assign_add, assign_sub, get_variable,
@@ -77,6 +79,8 @@ from mesh_tensorflow.ops.control import (
     while_loop)
 from mesh_tensorflow.ops.slicewise_ops import (
     GenericGradOperation, SlicewiseOperation, cwise, slicewise)
+from mesh_tensorflow.compat.legacy_classes import (  # raise: Estimator is gone
+    MtfCheckpointSaverListener, MtfRestoreHook)
 from mesh_tensorflow.compat.legacy_classes import (
     AddOperation, MinMaxOperation, PoolBackPropOperation, ScalarSummaryOperation,
     StackedVariable, pool_backprop)
@@ -115,49 +119,22 @@ mtf_abs = abs
 from mesh_tensorflow.layers import beam_search
 from mesh_tensorflow.training import pipeline  # pipeline parallelism over a "stages" dimension
 from mesh_tensorflow.lowering import tpu_variables
+from mesh_tensorflow.lowering import slice_variables  # mtf.slice_variables.scalar_state, ...
+from mesh_tensorflow.training import checkpoint_verify  # mtf.checkpoint_verify.verify
+from mesh_tensorflow.compat import ops_with_redefined_builtins  # the original's mtf.ops_with_redefined_builtins
 
-# AutoGraph would rewrite these (and all they call) inside users' tf.functions.
-from mesh_tensorflow.core.autograph_exempt import exempt as _exempt
-from mesh_tensorflow.training import trainer as _trainer
-for _namespace in (globals(), vars(layers), vars(optimize), vars(beam_search), vars(pipeline),
-                   vars(learning_rate_schedules), vars(initializers), vars(zero),
-                   vars(offload), vars(mixed_precision), vars(checkpoint), vars(_trainer),
-                   vars(utils)):
-  _exempt(_namespace)
-# Lowering helpers that code may call directly (their private helpers stay
-# plain calls: a wrapper costs about 3 us per call while lowering).
-from mesh_tensorflow.lowering import mesh_impl as _mesh_impl
-from mesh_tensorflow.ops import local_einsum as _local_einsum
-for _namespace in (vars(_mesh_impl), vars(_local_einsum)):
-  _exempt(_namespace, public_only=True)
-del _namespace, _exempt, _mesh_impl, _local_einsum, _trainer
-# Activation names in layers resolve to the functions above (see layers_core).
-from mesh_tensorflow.layers import core as _layers_core  # noqa: E402
-_layers_core.ACTIVATION_NAMESPACES.insert(0, globals())
-del _layers_core
-
-# The former flat module names stay readable as attributes (`mtf.graph`,
-# `mtf.layers_core`, ...) for the modules `import mesh_tensorflow` loads.
-import sys as _sys  # noqa: E402  pylint: disable=g-import-not-at-top
-for _former, _current in _moved_modules.MOVED.items():
-  if "." not in _former and _former not in globals():
-    _module = _sys.modules.get("mesh_tensorflow." + _current)
-    if _module is not None:
-      globals()[_former] = _module
-del _sys, _former, _current, _module, _moved_modules
 
 __version__ = "0.2.0"
 
 # The layers above the core library load on first use (PEP 562), so that
 # `import mesh_tensorflow` brings in neither the transformer library nor the
 # cost model and layout search: `mtf.transformer`, `mtf.cost_model`,
-# `mtf.auto_mtf`, `mtf.layout_report` and `mtf.ops_with_redefined_builtins`
-# resolve when first read. Name -> (module, attribute or None for the module).
+# `mtf.auto_mtf` and `mtf.layout_report` resolve when first read.
+# Name -> (module, attribute or None for the module).
 _LAZY = {
     "auto_mtf": ("mesh_tensorflow.auto_mtf", None),
     "cost_model": ("mesh_tensorflow.analysis.cost_model", None),
     "layout_report": ("mesh_tensorflow.analysis.layout_report", "layout_report"),
-    "ops_with_redefined_builtins": ("mesh_tensorflow.compat.ops_with_redefined_builtins", None),
     "transformer": ("mesh_tensorflow.transformer", None),
 }
 
@@ -178,20 +155,6 @@ def __getattr__(name: str):
 
 
 def __dir__():
-  hidden = {"_LAZY", "_Package", "__getattr__", "__dir__"}
+  hidden = {"_LAZY", "__getattr__", "__dir__"}
   return sorted((set(globals()) | set(_LAZY)) - hidden)
 
-
-class _Package(type(_cli)):
-  """The package's module type: `mtf.layout_report` stays the function when
-  its module (of the same name) is imported."""
-
-  def __setattr__(self, name, value):
-    if name == "layout_report" and isinstance(value, type(_cli)):
-      return
-    super().__setattr__(name, value)
-
-
-import sys as _sys  # noqa: E402  pylint: disable=g-import-not-at-top
-_sys.modules[__name__].__class__ = _Package
-del _sys

@@ -36,16 +36,10 @@ from mesh_tensorflow.bert import tokenization  # noqa: E402
 
 flags = _flags.flags
 # This program's flags (see _flags: they are not absl's global FLAGS).
-FLAGS = _flags.new()
-FLAGS.append_flag_values(tokenization.FLAGS)  # --preserve_unused_tokens
+FLAGS, _d = _flags.program(__name__, tokenization.FLAGS)  # + --preserve_unused_tokens
+_flags.define_shared(_d, layout_default=_runner.ORIGINAL_DEFAULT_LAYOUT)
 
 
-def _d(kind, name, default, help_text):
-  _flags.define(FLAGS, kind, name, default, help_text, module_name=__name__)
-
-
-_d("string", "bert_config_file", None,
-   "The BERT config JSON file (the model architecture).")
 _d("string", "input_train_files", None,
    "Training TFRecord files (globs, comma separated).")
 _d("string", "input_eval_files", None, "Evaluation TFRecord files (globs, comma separated).")
@@ -55,27 +49,14 @@ _d("integer", "max_seq_length", 128, "Sequence length of the data (must match it
 _d("integer", "max_predictions_per_seq", 20,
    "Masked LM predictions per sequence (must match the data).")
 _d("string", "mode", "train_and_eval", "One of train_and_eval, train, eval.")
-_d("integer", "train_batch_size", 32, "Total batch size for training.")
 _d("integer", "eval_batch_size", 8, "Total batch size for evaluation.")
-_d("float", "learning_rate", 5e-5, "Peak learning rate.")
-_d("bool", "clip_gradients", True, "Clip gradients to global norm 1.")
-_d("string", "optimizer", "adam", "adam or adafactor.")
 _d("integer", "num_train_steps", 100000, "Number of training steps.")
 _d("integer", "num_warmup_steps", 10000, "Number of warm-up steps.")
 _d("integer", "steps_per_eval", 5000, "Evaluate every this many steps (train_and_eval).")
-_d("integer", "save_checkpoints_steps", 1000, "Save a checkpoint every this many steps.")
 _d("integer", "iterations_per_loop", 1000,
    "Print a progress line every this many steps (TPUEstimator's loop size).")
 _d("integer", "max_eval_steps", 100, "Maximum number of eval batches.")
-_d("bool", "use_tpu", False, "Must stay False: TPUEstimator does not exist in TF2.")
 _d("string", "mesh_shape", "batch:8", "Mesh shape, e.g. 'batch:8' or 'rows:2;cols:4'.")
-_d("string", "layout", _runner.ORIGINAL_DEFAULT_LAYOUT,
-   "Layout rules (in this default, rules naming a mesh dimension the mesh lacks are "
-   "ignored).")
-_d("string", "tpu_name", None, "Unused (TPUEstimator only).")
-_d("string", "tpu_zone", None, "Unused (TPUEstimator only).")
-_d("string", "gcp_project", None, "Unused (TPUEstimator only).")
-_d("string", "master", None, "Unused (TPUEstimator only).")
 
 TRAIN, EVAL = "train", "eval"
 

@@ -38,49 +38,22 @@ from mesh_tensorflow.bert import tokenization  # noqa: E402
 
 flags = _flags.flags
 # This program's flags (see _flags: they are not absl's global FLAGS).
-FLAGS = _flags.new()
-FLAGS.append_flag_values(tokenization.FLAGS)  # --preserve_unused_tokens
+FLAGS, _d = _flags.program(__name__, tokenization.FLAGS)  # + --preserve_unused_tokens
+_flags.define_shared(_d, layout_default=_runner.ORIGINAL_DEFAULT_LAYOUT)
+_flags.define_fine_tuning(_d)
 
 
-def _d(kind, name, default, help_text):
-  _flags.define(FLAGS, kind, name, default, help_text, module_name=__name__)
-
-
-_d("string", "bert_config_file", None, "The BERT config JSON file (the model architecture).")
-_d("string", "vocab_file", None, "The vocabulary the BERT model was trained on.")
 _d("string", "output_dir", None, "Where checkpoints and predictions go.")
 _d("string", "train_file", None, "SQuAD json for training, e.g. train-v1.1.json.")
 _d("string", "predict_file", None, "SQuAD json to predict, e.g. dev-v1.1.json.")
-_d("string", "init_checkpoint", None,
-   "Checkpoint (e.g. of pre-training) whose variables a fresh run starts from.")
-_d("string", "cached_train_file", None, "Prepared training TFRecord file (made if missing).")
-_d("bool", "do_lower_case", True, "Lower-case the text (uncased models).")
-_d("float", "max_optimized_variable_size", 1e7, "Leave larger variables untrained.")
 _d("integer", "max_seq_length", 384, "Wordpieces per window (question + document).")
 _d("integer", "doc_stride", 128, "Stride between document windows.")
 _d("integer", "max_query_length", 64, "Questions are cut to this many wordpieces.")
-_d("bool", "do_train", False, "Train.")
 _d("bool", "do_predict", False, "Predict --predict_file.")
-_d("integer", "train_batch_size", 32, "Total batch size for training.")
 _d("integer", "predict_batch_size", 8, "Total batch size for predictions.")
-_d("float", "learning_rate", 5e-5, "Peak learning rate.")
-_d("bool", "clip_gradients", True, "Clip gradients to global norm 1.")
-_d("string", "optimizer", "adam", "adam or adafactor.")
-_d("float", "num_train_epochs", 3.0, "Training epochs.")
-_d("float", "warmup_proportion", 0.1, "Fraction of training for linear warm-up.")
-_d("integer", "save_checkpoints_steps", 1000, "Save a checkpoint every this many steps.")
-_d("integer", "iterations_per_loop", 1000, "Print a progress line every this many steps.")
 _d("integer", "n_best_size", 20, "Candidates per question in nbest_predictions.json.")
 _d("integer", "max_answer_length", 30, "Longest answer, in wordpieces.")
-_d("bool", "use_tpu", False, "Must stay False: TPUEstimator does not exist in TF2.")
 _d("string", "mesh_shape", "batch:8", "Mesh shape.")
-_d("string", "layout", _runner.ORIGINAL_DEFAULT_LAYOUT,
-   "Layout rules (in this default, rules naming a mesh dimension the mesh lacks are "
-   "ignored).")
-_d("string", "tpu_name", None, "Unused (TPUEstimator only).")
-_d("string", "tpu_zone", None, "Unused (TPUEstimator only).")
-_d("string", "gcp_project", None, "Unused (TPUEstimator only).")
-_d("string", "master", None, "Unused (TPUEstimator only).")
 _d("bool", "verbose_logging", False, "Log every answer-alignment warning.")
 _d("bool", "version_2_with_negative", False, "Some questions have no answer (SQuAD 2.0).")
 _d("float", "null_score_diff_threshold", 0.0,

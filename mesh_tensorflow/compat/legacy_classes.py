@@ -398,3 +398,31 @@ class StackedVariable(Variable):
   @property
   def original_names(self):
     return list(self._original_names)
+
+# ---------------------------------------------------------------- Estimator hooks
+class _EstimatorHook:
+  """Base of the original's Estimator checkpoint hooks, which cannot
+  exist here: TensorFlow 2.16 removed the Estimator API. Constructing one raises
+  an error that says what replaces it."""
+
+  def __init__(self, *args, **kwargs):
+    del args, kwargs
+    raise NotImplementedError(
+        f"mtf.{type(self).__name__} was a TensorFlow Estimator hook, and the Estimator "
+        "API no longer exists in TensorFlow >= 2.16. Save and restore with "
+        "mtf.checkpoint.CheckpointManager(mesh_impl, model_dir): call "
+        "restore_or_initialize() before training and save(step) every N steps "
+        "(mtf.training.Trainer does both), or lower in a tf.compat.v1 graph and use "
+        "tf.compat.v1.train.Saver on the slice variables.")
+
+
+class MtfRestoreHook(_EstimatorHook):
+  """The original's restore hook (raises: see `_EstimatorHook`)."""
+
+
+class MtfCheckpointSaverListener(_EstimatorHook):
+  """The original's checkpoint saver listener (raises: see `_EstimatorHook`)."""
+
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -19,16 +19,20 @@ from typing import Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-import mesh_tensorflow as mtf
+from mesh_tensorflow.core.graph import Graph, Mesh, Tensor
+from mesh_tensorflow.core.shapes import Dimension, Shape
+from mesh_tensorflow.compat.lowering import Lowering
+from mesh_tensorflow.compat.placement_mesh_impl import PlacementMeshImpl
+from mesh_tensorflow.ops.constant_ops import import_tf_tensor
 
 
 class NumpyConverter:
   """Imports NumPy arrays into one mtf graph and exports its tensors back."""
 
   def __init__(self):
-    self._graph = mtf.Graph()
-    self._mesh = mtf.Mesh(self._graph, "mtf_mesh")
-    self._mesh_impl = mtf.placement_mesh_impl.PlacementMeshImpl(
+    self._graph = Graph()
+    self._mesh = Mesh(self._graph, "mtf_mesh")
+    self._mesh_impl = PlacementMeshImpl(
         shape=[], layout={}, devices=[""])
     self._session = None
 
@@ -37,7 +41,7 @@ class NumpyConverter:
   mesh_impl = property(lambda self: self._mesh_impl)
 
   def convert_np_array_to_mtf_tensor(self, x: np.ndarray, dim_names: Optional[Sequence[str]] = None,
-                                     dtype=tf.int32) -> mtf.Tensor:
+                                     dtype=tf.int32) -> Tensor:
     """x as an mtf Tensor with dimensions `dim_names` (default dim0, dim1, ...)."""
     x = np.asarray(x)
     if dim_names is None:
@@ -45,16 +49,16 @@ class NumpyConverter:
     if len(dim_names) != x.ndim:
       raise ValueError(f"NumpyConverter: {len(dim_names)} dim_names for an array of rank "
                        f"{x.ndim}; give one name per axis.")
-    shape = mtf.Shape([mtf.Dimension(n, s) for n, s in zip(dim_names, x.shape)])
-    return mtf.import_tf_tensor(self._mesh, tf.constant(x, dtype=dtype), shape)
+    shape = Shape([Dimension(n, s) for n, s in zip(dim_names, x.shape)])
+    return import_tf_tensor(self._mesh, tf.constant(x, dtype=dtype), shape)
 
-  def convert_mtf_tensor_to_tf_tensor(self, mtf_tensor: mtf.Tensor):
+  def convert_mtf_tensor_to_tf_tensor(self, mtf_tensor: Tensor):
     """(the lowering, the tensor's TensorFlow value): lowers the graph, as the
     original's converter did (`_, tf_x = convert_mtf_tensor_to_tf_tensor(x)`)."""
-    lowering = mtf.Lowering(self._graph, {self._mesh: self._mesh_impl})
+    lowering = Lowering(self._graph, {self._mesh: self._mesh_impl})
     return lowering, lowering.export_to_tf_tensor(mtf_tensor)
 
-  def convert_mtf_tensor_to_np_array(self, mtf_tensor: mtf.Tensor) -> np.ndarray:
+  def convert_mtf_tensor_to_np_array(self, mtf_tensor: Tensor) -> np.ndarray:
     """Lowers the graph and returns the tensor's value as a NumPy array."""
     _, value = self.convert_mtf_tensor_to_tf_tensor(mtf_tensor)
     if tf.executing_eagerly():

@@ -140,3 +140,6 @@ def create_host_call(model_dir: str):
 
 
 from mesh_tensorflow.lowering.tpu_topology import topology_rank  # noqa: E402,F401  pylint: disable=g-import-not-at-top
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

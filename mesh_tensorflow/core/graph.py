@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import FrozenSet, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -34,6 +34,9 @@ class Graph:
     self._scope_stack: List[str] = []
     self._lowered_into = weakref.WeakSet()  # TF graphs: must not keep them alive
     self.rng_seed = 0
+    # (name, scalar Tensor) pairs recorded by mtf.scalar_summary; the Trainer
+    # writes them to TensorBoard.
+    self.summaries: List[Tuple[str, "Tensor"]] = []
 
   @property
   def all_variables(self):
@@ -49,10 +52,6 @@ class Graph:
     for v in self.all_variables:
       v._trainable = False  # pylint: disable=protected-access
 
-  # mtf.Assign, set by mesh_tensorflow.ops.variables (which defines it): the
-  # graph, below the operations, only needs it to merge assignments.
-  _assign_operation_class = type(None)
-
   def combine_assignments(self, assignments):
     """The same updates as fewer operations: the Assign operations in
     `assignments` that use one assign function become one Assign, which
@@ -62,10 +61,9 @@ class Graph:
     Example:
       >>> updates = graph.combine_assignments(optimizer.apply_grads(grads, variables))
     """
-    Assign = self._assign_operation_class  # pylint: disable=invalid-name
     groups = {}
     for op in assignments:
-      if not isinstance(op, Assign):
+      if getattr(op, "assign_fn", None) is None or not hasattr(op, "assigned_variables"):
         raise ValueError(
             f"combine_assignments: {op!r} is not an mtf.Assign; pass only the "
             "operations of mtf.assign / assign_add / assign_sub.")
@@ -79,7 +77,7 @@ class Graph:
       self.operations = [op for op in self.operations if op not in replaced]
       variables = [v for op in ops for v in op.assigned_variables]
       values = [t for op in ops for t in op.inputs]
-      combined.append(Assign(variables, values, assign_fn=fn))
+      combined.append(type(ops[0])(variables, values, assign_fn=fn))
     return combined
 
   def _current_scope(self) -> str:
@@ -114,10 +112,6 @@ class Graph:
       yield
     finally:
       self._scope_stack.pop()
-
-  def rewrite_stack_variables(self, *args, **kwargs):
-    """Kept for compatibility: slice variables are never stacked here."""
-    del args, kwargs
 
   def mark_lowered_into(self, tf_graph_key) -> None:
     if tf_graph_key in self._lowered_into:
@@ -175,6 +169,32 @@ class Mesh:
     return f"Mesh({self._name!r})"
 
 
+# The functions behind Tensor's Python operators (`x + y`, `-x`, `x < y`), by
+# operator name ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow",
+# "lt", "le", "gt", "ge", "neg", "abs"). Declared here, where the operators
+# use them; mesh_tensorflow.ops.elementwise, which defines those operations,
+# fills it when it is imported.
+TENSOR_OPERATORS: Dict[str, Callable] = {}
+
+
+def _operator_function(name: str) -> Callable:
+  try:
+    return TENSOR_OPERATORS[name]
+  except KeyError:
+    raise TypeError(f"mtf.Tensor operator {name!r} needs mesh_tensorflow.ops.elementwise: "
+                    "import mesh_tensorflow first.") from None
+
+
+def _binary_operator(name: str, reflected: bool = False):
+  if reflected:
+    return lambda self, other: _operator_function(name)(other, self)
+  return lambda self, other: _operator_function(name)(self, other)
+
+
+def _unary_operator(name: str):
+  return lambda self: _operator_function(name)(self)
+
+
 class Tensor:
   """A tensor over named dimensions, the output of an mtf `Operation`."""
 
@@ -203,8 +223,20 @@ class Tensor:
     """A one-line description (also callable, as in the original)."""
     return CallableString(repr(self))
 
-  # The arithmetic and comparison operators (broadcasting by dimension name)
-  # are set by mesh_tensorflow.ops.elementwise, which defines those operations.
+  # The arithmetic and comparison operators broadcast by dimension name; the
+  # functions behind them are in TENSOR_OPERATORS (see there).
+  __add__, __radd__ = _binary_operator("add"), _binary_operator("add", reflected=True)
+  __sub__, __rsub__ = _binary_operator("sub"), _binary_operator("sub", reflected=True)
+  __mul__, __rmul__ = _binary_operator("mul"), _binary_operator("mul", reflected=True)
+  __truediv__ = _binary_operator("truediv")
+  __rtruediv__ = _binary_operator("truediv", reflected=True)
+  __floordiv__ = _binary_operator("floordiv")
+  __rfloordiv__ = _binary_operator("floordiv", reflected=True)
+  __mod__, __rmod__ = _binary_operator("mod"), _binary_operator("mod", reflected=True)
+  __pow__ = _binary_operator("pow")
+  __lt__, __le__ = _binary_operator("lt"), _binary_operator("le")
+  __gt__, __ge__ = _binary_operator("gt"), _binary_operator("ge")
+  __neg__, __abs__ = _unary_operator("neg"), _unary_operator("abs")
 
   __hash__ = object.__hash__
 
@@ -334,3 +366,6 @@ class Operation:
     `needed` entry is False (mtf.gradients calls this)."""
     del needed
     return self.gradient(grad_ys)
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

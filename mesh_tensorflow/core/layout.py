@@ -193,3 +193,6 @@ def processor_groups(mesh_shape, mesh_axes: Sequence[int]) -> List[List[int]]:
     key = tuple(c for i, c in enumerate(coords) if i not in axes)
     groups.setdefault(key, []).append(pnum)
   return list(groups.values())
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -86,11 +86,3 @@ def truncated_normal(index, seed: int, key, dtype=tf.float32) -> tf.Tensor:
     redraw = normal(index, seed ^ (0x5BD1E995 * (attempt + 1)) & 0xFFFFFFFF, key)
     z = tf.where(tf.abs(z) > 2.0, redraw, z)
   return tf.cast(tf.clip_by_value(z, -2.0, 2.0), dtype)
-
-
-def next_step_key(mesh_impl) -> tf.Tensor:
-  """Increments and returns a per-mesh step counter, so random ops (dropout)
-  differ from one execution of the lowered program to the next."""
-  from mesh_tensorflow.lowering import slice_variables
-  counter = slice_variables.scalar_state(mesh_impl, "__mtf_rng_step__", tf.int64)
-  return counter.assign_add(1)

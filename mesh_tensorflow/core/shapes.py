@@ -271,3 +271,6 @@ def shape_union(shapes: Sequence[Shape]) -> Shape:
         seen[d.name] = d.size
         dims.append(d)
   return Shape(dims)
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -96,7 +96,7 @@ class PlacementMeshImplInputReader:
   def __init__(self, placement_mesh_impl, ds_creator: Callable[[], tf.data.Dataset],
                mtf_input_shapes: Sequence[mtf.Shape],
                ds_prefetch_size: int = tf.data.AUTOTUNE, is_eval_mode: bool = False):
-    if not isinstance(placement_mesh_impl, mtf.placement_mesh_impl.PlacementMeshImpl):
+    if not isinstance(placement_mesh_impl, mtf.lowering.placement_mesh_impl.PlacementMeshImpl):
       raise TypeError(
           f"PlacementMeshImplInputReader needs a PlacementMeshImpl, got "
           f"{type(placement_mesh_impl).__name__}; for other mesh implementations use "

@@ -3,37 +3,37 @@
 The layers live in these modules and are all exported here, so models use
 `mtf.layers.<name>`:
 
-* layers_core.py: `dense`, `dense_product`, `dense_relu_dense`,
+* core.py: `dense`, `dense_product`, `dense_relu_dense`,
   `layer_norm`, `rms_norm`, `batch_norm`, `dropout`, `embedding`,
   `embedding_weights`, `corr` (Pearson correlation) and
   `clip_activation_gradient` (gin-configurable).
-* layers_attention.py: `dot_product_attention`, `multihead_attention`,
+* attention.py: `dot_product_attention`, `multihead_attention`,
   `masked_local_attention_1d`, `attention_mask_ignore_padding`,
   `attention_mask_autoregressive`, `attention_mask_same_segment`,
   `attention_bias_local_block`, `multihead_attention_params`,
   `multihead_self_attention_memory_compressed`.
-* layers_local_attention.py: attention within neighbouring blocks of a
+* local_attention.py: attention within neighbouring blocks of a
   sequence or an image, `local_self_attention_spatial_blocks`,
   `local_2d_self_attention_spatial_blocks`, their halo exchanges
   `local_1d_halo_exchange`, `local_2d_halo_exchange`, and
   `attention_bias_local_2d_block`.
-* layers_incremental.py: one decoding step with key/value caches,
+* incremental.py: one decoding step with key/value caches,
   `multihead_self_attention_incremental`,
   `multihead_encdec_attention_incremental`,
   `masked_local_attention_1d_incremental`.
-* layers_reversible.py: `reversible_half_residual_and_swap` (RevNet blocks
+* reversible.py: `reversible_half_residual_and_swap` (RevNet blocks
   whose gradient recomputes their inputs).
-* layers_unit_scaling.py: `unit_scaling_convention` (gin-configurable) and
+* unit_scaling.py: `unit_scaling_convention` (gin-configurable) and
   `us_einsum`.
-* layers_losses.py: `softmax_cross_entropy_with_logits` (with z-loss and
+* losses.py: `softmax_cross_entropy_with_logits` (with z-loss and
   label smoothing), `smoothed_targets`, `sigmoid_cross_entropy_with_logits`,
   `weights_nonzero`.
-* conv_layers.py: convolutions (also over blocks: `conv2d_with_blocks`,
+* convolution.py: convolutions (also over blocks: `conv2d_with_blocks`,
   `conv2d_transpose_with_blocks`, ...) and pooling.
 
 Layout-invariant initializers (`VarianceScalingInitializer`,
 `glorot_uniform`, `he_normal`, `lecun_normal`, ...) come from
-mesh_tensorflow/layers/initializers.py and are exported here too, as the original
+initializers.py and are exported here too, as the original
 had `mtf.layers.VarianceScalingInitializer`.
 
     >>> h = mtf.layers.dense(x, d_ff, reduced_dims=[d_model], activation="relu")
@@ -67,6 +67,9 @@ from mesh_tensorflow.layers.losses import (
     weights_nonzero)
 from mesh_tensorflow.layers.reversible import reversible_half_residual_and_swap
 from mesh_tensorflow.layers.unit_scaling import unit_scaling_convention, us_einsum
+# Convolution and pooling layers (convolution.py).
+from mesh_tensorflow.layers.convolution import *  # noqa: F401,F403  pylint: disable=wildcard-import
+from mesh_tensorflow.layers.convolution import __all__ as _convolution_names
 
 __all__ = [
     "annealed_dropout",
@@ -128,10 +131,5 @@ __all__ = [
     "us_einsum",
     "variance_scaling",
     "weights_nonzero",
-]
+] + list(_convolution_names)
 
-# Convolution and pooling layers live in conv_layers.py.
-from mesh_tensorflow.layers import convolution as _conv_layers  # noqa: E402
-from mesh_tensorflow.layers.convolution import *  # noqa: E402,F401,F403  pylint: disable=wildcard-import
-
-__all__ += list(_conv_layers.__all__)

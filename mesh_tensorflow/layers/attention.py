@@ -455,3 +455,6 @@ def multihead_self_attention_memory_compressed(
     o = dot_product_attention(q, k, v, mask, is_training, dropout, dropout_broadcast_dims,
                               extra_logit=0.0)
     return einsum([o, wo], output_shape=x.shape)
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -322,3 +322,6 @@ def best_beam(beams: Tensor, beam_dim_name: str = "beam") -> Tensor:
   beam_dim = beams.shape.get_dim_by_name(beam_dim_name)
   first = one_hot(const_ops.constant(beams.mesh, 0, dtype=tf.int32), beam_dim, dtype=beams.dtype)
   return einsum([beams, first], output_shape=beams.shape - [beam_dim])
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -550,3 +550,6 @@ def avg_pool3d(x: Tensor, ksize: IntOrInts = (2, 2, 2), name: str = "avg_pool3d"
     >>> y = mtf.layers.avg_pool3d(x, ksize=(2, 2, 2))
   """
   return conv_ops.avg_pool3d(x, ksize, strides, padding, name=name)
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -106,17 +106,16 @@ def _dim_list(dims: Optional[DimOrDims]) -> List[Dimension]:
   return [convert_to_dimension(d) for d in dims]
 
 
-# Where activation names ("relu", "gelu", ...) are looked up, first to last.
-# The `mesh_tensorflow` package puts its own namespace first once loaded, so a
-# name gives the same (AutoGraph-exempt) function as `mtf.<name>`.
-ACTIVATION_NAMESPACES = [vars(ew), vars(reduction)]
+# Where activation names ("relu", "gelu", "softmax", ...) are looked up.
+_ACTIVATION_MODULES = (ew, reduction)
 
 
 def _resolve_activation(activation: Activation) -> Optional[Callable[[Tensor], Tensor]]:
   if activation is None or activation == "linear":
     return None
   if isinstance(activation, str):
-    fn = next((ns[activation] for ns in ACTIVATION_NAMESPACES if activation in ns), None)
+    fn = next((getattr(m, activation) for m in _ACTIVATION_MODULES
+               if not activation.startswith("_") and hasattr(m, activation)), None)
     if not callable(fn):
       raise ValueError(f"Unknown activation {activation!r}: give a callable or the "
                        "name of an mtf function such as 'relu' or 'gelu'.")
@@ -633,3 +632,6 @@ def summary_for_clip_activation_gradient(t: Tensor, name: Optional[str] = None,
     scalar_summary(f"rms_mean/{name}", mean_rms)
     scalar_summary(f"rms_max/{name}", reduce_max(rms))
     scalar_summary(f"rms_var/{name}", reduce_mean(ew.square(rms - mean_rms)))
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -193,3 +193,6 @@ def masked_local_attention_1d_incremental(
     # Slot j holds a position once step_num >= j.
     o = dot_product_attention(q, k, v, _bias(ew.greater(slot_index, step), q.dtype))
     return einsum([o, wo], output_shape=x.shape), k, v
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -328,7 +328,7 @@ class VarianceScalingInitializer(Initializer):
       0.0625
     """
     # Under the unit-scaling convention the layers scale their contractions
-    # instead, so fan_in weights have variance `scale` (see layers_unit_scaling).
+    # instead, so fan_in weights have variance `scale` (see layers.unit_scaling).
     from mesh_tensorflow.layers.unit_scaling import unit_scaling_convention  # pylint: disable=g-import-not-at-top
     if unit_scaling_convention():
       if self.mode != "fan_in":
@@ -467,3 +467,6 @@ def bind_fans(initializer, fan_in_dims: DimsLike, fan_out_dims: DimsLike):
   if getattr(initializer, "is_dense_initializer", False) is True:  # not a mock's attribute
     return initializer(list(fan_in_dims), list(fan_out_dims))
   return initializer
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -307,3 +307,6 @@ def local_2d_self_attention_spatial_blocks(query_antecedent: Tensor, kv_channels
     weights = e / reduce_sum(e, output_shape=others)
     o = einsum([weights, v], output_shape=q.shape)
     return einsum([o, wo], output_shape=x.shape)
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

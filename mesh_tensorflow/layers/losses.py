@@ -243,3 +243,6 @@ def weights_nonzero(targets: Tensor, dtype=tf.float32) -> Tensor:
     >>> w = weights_nonzero(ids)   # mask out padding (id 0) from a loss
   """
   return ew.cast(ew.not_equal(targets, 0), dtype)
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

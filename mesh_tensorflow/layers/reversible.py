@@ -111,3 +111,6 @@ def reversible_half_residual_and_swap(
 
   return tuple(custom_gradient(forward, grad_fn, [x1, x1_backwards, x2, x2_backwards],
                                name="reversible_half_residual"))
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -66,3 +66,6 @@ def us_einsum(xs: Sequence[Tensor], *args, **kwargs) -> Tensor:
   summed = {d for x in xs for d in x.shape.dims if d not in kept}
   size = math.prod(d.size for d in summed)
   return y * (size ** -0.5) if size > 1 else y
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Graph, Mesh, Operation, Tensor
 from mesh_tensorflow.lowering import observers
+from mesh_tensorflow.lowering import slice_variables
 from mesh_tensorflow.lowering.mesh_impl import CollectiveRecord, LaidOutTensor, MeshImpl, as_laid_out
 
 
@@ -57,12 +58,7 @@ class Lowering:
     ...   return lowering.export_to_tf_tensor(loss)
   """
 
-  def __init__(self, graph: Graph, mesh_to_impl: Dict[Mesh, MeshImpl],
-               autostack: bool = True, log_file=None):
-    del log_file  # accepted for compatibility
-    # Accepted for compatibility: variables are never stacked here (each is its
-    # own slice variables), so the flag changes nothing.
-    self.autostack = autostack
+  def __init__(self, graph: Graph, mesh_to_impl: Dict[Mesh, MeshImpl]):
     if not isinstance(graph, Graph):
       raise TypeError(f"Lowering: graph must be an mtf.Graph, got {graph!r}.")
     self.graph = graph
@@ -160,8 +156,7 @@ class Lowering:
   def random_key(self, mesh_impl) -> tf.Tensor:
     """A per-execution int64 key for layout-invariant random ops."""
     if mesh_impl not in self._random_keys:
-      from mesh_tensorflow.core import rng
-      self._random_keys[mesh_impl] = rng.next_step_key(mesh_impl)
+      self._random_keys[mesh_impl] = slice_variables.next_step_key(mesh_impl)
     return self._random_keys[mesh_impl]
 
   def set_random_key(self, mesh_impl, key: tf.Tensor) -> None:
@@ -263,3 +258,6 @@ def pretty_print_counters(counters) -> str:
     depth = key.count("/")
     lines.append(f"{'  ' * depth}{key.split('/')[-1]}: {totals[key]:,}")
   return "\n".join(lines)
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -185,9 +185,6 @@ class MeshImpl:
   size = property(lambda self: self._shape.size)
   layout_rules = property(lambda self: self._layout_rules)
 
-  # The original's nested class name: `mesh_impl.LaidOutTensor([...])`.
-  LaidOutTensor = LaidOutTensor
-
   @property
   def supports_control_dependencies(self) -> bool:
     """Whether ops on this mesh may take TensorFlow control dependencies."""
@@ -269,6 +266,23 @@ class MeshImpl:
     return layout_lib.processor_groups(self._shape, mesh_axes)
 
   # ---- counters ------------------------------------------------------------
+  def begin_collective(self, kind: str, x, mesh_axis: int):
+    """(x as a LaidOutTensor, the number of processors along `mesh_axis`) for
+    an implementation's collective `kind` ("allgather", "alltoall") over that
+    axis, announced (record_collective) when more than one processor takes
+    part; with one, nothing moves and the caller returns x as it is.
+
+    Example:
+      >>> x, n = self.begin_collective("alltoall", x, mesh_axis)
+      >>> if n == 1:
+      ...   return x
+    """
+    x = as_laid_out(x)
+    n = self.mesh_axis_size(mesh_axis)
+    if n > 1:
+      self.record_collective(kind, x, [mesh_axis])
+    return x, n
+
   def record_collective(self, kind: str, x, mesh_axes) -> None:
     """Announces a collective this implementation runs to whoever observes
     (see observers.py); x is the LaidOutTensor sent (or its per-processor
@@ -313,15 +327,6 @@ class MeshImpl:
     zeros where that is None."""
     raise NotImplementedError
 
-  def allgather(self, x: LaidOutTensor, mesh_axis: int, concat_axis: int) -> LaidOutTensor:
-    """Alias of allconcat."""
-    return self.allconcat(x, mesh_axis, concat_axis)
-
-  def allsplit(self, x: LaidOutTensor, mesh_axis: int, split_axis: int) -> LaidOutTensor:
-    """The original's name for slice_along: keeps each processor's block of
-    `split_axis` by its coordinate along `mesh_axis`, without communication."""
-    return self.slice_along(x, mesh_axis, split_axis)
-
   def shift_by_n_processors(self, x: LaidOutTensor, mesh_axis: int, offset: int,
                             wrap: bool) -> LaidOutTensor:
     """Each processor receives the slice of the processor `offset` before it
@@ -338,10 +343,6 @@ class MeshImpl:
     """The whole tensor from a list of per-processor slices."""
     del device
     return self.export_to_tf_tensor(LaidOutTensor(list(slices)), tensor_shape)
-
-  def permute(self, x: LaidOutTensor, mesh_axis: int, source_pcoord) -> LaidOutTensor:
-    """Alias of receive: a permutation of slices along one mesh dimension."""
-    return self.receive(x, mesh_axis, source_pcoord)
 
   def random(self, shape, distribution: str, seed: int, key, dtype, **params) -> LaidOutTensor:
     """Layout-invariant random slices (see rng.py): 'uniform' with minval and
@@ -367,13 +368,11 @@ class MeshImpl:
     raise NotImplementedError
 
   def import_tf_tensor(self, x: tf.Tensor, shape) -> LaidOutTensor:
-    """x (a tf.Tensor of `shape`'s full size) cut into this mesh's slices.
-    The original's order, `import_tf_tensor(mtf_tensor, tf_x)`, works too."""
+    """x (a tf.Tensor of `shape`'s full size) cut into this mesh's slices."""
     raise NotImplementedError
 
   def export_to_tf_tensor(self, x: LaidOutTensor, shape) -> tf.Tensor:
-    """The full tf.Tensor of the laid-out `x` of `shape`. The original's
-    order, `export_to_tf_tensor(mtf_tensor, laid_out_x)`, works too."""
+    """The full tf.Tensor of the laid-out `x` of `shape`."""
     raise NotImplementedError
 
   def make_slices(self, fn: Callable[[int, List[int]], tf.Tensor], shape) -> LaidOutTensor:
@@ -509,15 +508,6 @@ class MeshImpl:
 _CACHE_ATTRIBUTE = "_mesh_tensorflow_lowering_cache"
 
 
-def value_and_shape(value, shape):
-  """(value, shape) of an import or export call given in this library's
-  order (value, shape) or the original's (mtf_tensor, value)."""
-  from mesh_tensorflow.core.graph import Tensor  # pylint: disable=g-import-not-at-top
-  if isinstance(value, Tensor):
-    return shape, value.shape  # the original's order: the mtf.Tensor first
-  return value, shape
-
-
 def graph_cache(graph: tf.Graph) -> dict:
   """A dict for tensors that lowering creates once per TensorFlow graph and
   shares (constants, reshapes).
@@ -608,3 +598,8 @@ def expand_to_shape(x: tf.Tensor, old_shape: Shape, new_shape: Shape,
   if new_slice_shape is not None and x.shape.as_list() != list(new_slice_shape):
     x = tf.broadcast_to(x, int_constant(list(new_slice_shape)))
   return x
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+# Public names only: the private helpers stay plain calls (a wrapper costs
+# about 3 us per call while lowering).
+_autograph_exempt.exempt(globals(), public_only=True)  # AutoGraph leaves this code alone

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.lowering.collective_keys import placement_group_key
 from mesh_tensorflow.lowering.mesh_impl import (LaidOutTensor, MeshImpl, as_laid_out, graph_cache,
-                                      int_constant, value_and_shape)
+                                      int_constant)
 from mesh_tensorflow.core.shapes import convert_to_shape
 
 _COLLECTIVE_CHOICES = ("auto", "direct", "collective")
@@ -197,7 +197,7 @@ class PlacementMeshImpl(MeshImpl):
             out[p] = tf.identity(r)
       else:
         with _on_device(self._devices[group[0]]):
-          total = _reduce_n(slices, reduction_fn_string)
+          total = reduce_n(slices, reduction_fn_string)
         for p in group:
           out[p] = total if self._share else _identity_on(self._devices[p], total)
     return LaidOutTensor(out)
@@ -211,10 +211,9 @@ class PlacementMeshImpl(MeshImpl):
     graph_cache(tf.compat.v1.get_default_graph())[("last collective", id(self), pnum)] = op
 
   def allconcat(self, x, mesh_axis: int, concat_axis: int) -> LaidOutTensor:
-    x = as_laid_out(x)
-    if self.mesh_axis_size(mesh_axis) == 1:
+    x, n = self.begin_collective("allgather", x, mesh_axis)
+    if n == 1:
       return x
-    self.record_collective("allgather", x, [mesh_axis])
     out = [None] * self.size
     for group in self.processor_groups([mesh_axis]):
       full = self._whole_of([x.tensor_list[p] for p in group], mesh_axis, concat_axis)
@@ -226,11 +225,9 @@ class PlacementMeshImpl(MeshImpl):
     return LaidOutTensor(out)
 
   def alltoall(self, x, mesh_axis: int, split_axis: int, concat_axis: int) -> LaidOutTensor:
-    x = as_laid_out(x)
-    n = self.mesh_axis_size(mesh_axis)
+    x, n = self.begin_collective("alltoall", x, mesh_axis)
     if n == 1:
       return x
-    self.record_collective("alltoall", x, [mesh_axis])
     out = [None] * self.size
     for group in self.processor_groups([mesh_axis]):
       parts = []
@@ -319,7 +316,6 @@ class PlacementMeshImpl(MeshImpl):
 
   # ---- import / export -----------------------------------------------------
   def import_tf_tensor(self, x, shape) -> LaidOutTensor:
-    x, shape = value_and_shape(x, shape)
     slice_shape = self.slice_shape(shape)
     full = convert_to_shape(shape).to_integer_list()
     if slice_shape == full:
@@ -334,7 +330,6 @@ class PlacementMeshImpl(MeshImpl):
     return laid
 
   def export_to_tf_tensor(self, x, shape) -> tf.Tensor:
-    x, shape = value_and_shape(x, shape)
     x = as_laid_out(x)
     layout = self.tensor_layout(shape)
     if layout.is_fully_replicated:
@@ -414,7 +409,7 @@ def _slice(t, begin, sizes):
   return tf.slice(t, int_constant(list(begin)), int_constant(list(sizes)))
 
 
-def _reduce_n(tensors, reduction_fn_string: str) -> tf.Tensor:
+def reduce_n(tensors, reduction_fn_string: str) -> tf.Tensor:
   """Reduces a list of tensors. A tensor shared by k processors counts k
   times in a sum (and once in a max, min or logical reduction)."""
   unique = _unique(tensors)
@@ -437,75 +432,5 @@ def _reduce_n(tensors, reduction_fn_string: str) -> tf.Tensor:
   return functools.reduce(fn, tensors)
 
 
-# ---- the original's collectives over plain lists of tensors ------------------------
-# Ported code calls these module functions directly on one tf.Tensor per device.
-# Each device computes its result from the others' tensors (TensorFlow copies
-# between devices as needed); the "ring" in the names is the original's
-# schedule, which this library's lowering does not use.
-
-
-def _on_each(devices: Sequence[str], fn: Callable[[int], tf.Tensor]) -> list:
-  """[fn(i) computed on devices[i] for each i]."""
-  results = []
-  for i, device in enumerate(devices):
-    with tf.device(device):
-      results.append(fn(i))
-  return results
-
-
-def _check_per_device(xs, devices, what: str) -> None:
-  if len(devices) != len(xs):
-    raise ValueError(f"{what}: got {len(xs)} tensors and {len(devices)} devices; give one "
-                     "device per tensor.")
-
-
-def allreduce_ring(xs: Sequence[tf.Tensor], devices: Sequence[str],
-                   reduction_fn_string: str = "SUM") -> list:
-  """The reduction ("SUM", "MAX", "MIN", ...) of all of xs, on every device.
-
-  Example:
-    >>> ys = allreduce_ring([a0, a1], ["cpu:0", "cpu:1"])   # [a0 + a1, a0 + a1]
-  """
-  _check_per_device(xs, devices, "allreduce_ring")
-  if len(xs) == 1:
-    return list(xs)
-  return _on_each(devices, lambda _: _reduce_n(list(xs), reduction_fn_string))
-
-
-allreduce_ring_single_shard = allreduce_ring
-
-
-def allconcat_ring(xs: Sequence[tf.Tensor], devices: Sequence[str], concat_axis: int) -> list:
-  """All of xs concatenated along concat_axis, on every device.
-
-  Example:
-    >>> ys = allconcat_ring([a0, a1], ["cpu:0", "cpu:1"], 0)   # [a0; a1] twice
-  """
-  _check_per_device(xs, devices, "allconcat_ring")
-  if len(xs) == 1:
-    return list(xs)
-  return _on_each(devices, lambda _: tf.concat(list(xs), axis=concat_axis))
-
-
-def alltoall_ring(xs: Sequence[tf.Tensor], devices: Sequence[str], split_axis: int,
-                  concat_axis: int) -> list:
-  """MPI all-to-all: xs[i] is cut into len(xs) parts along split_axis, and
-  device j gets part j of every tensor, concatenated along concat_axis.
-
-  Example:
-    >>> ys = alltoall_ring([a0, a1], ["cpu:0", "cpu:1"], split_axis=1, concat_axis=0)
-  """
-  _check_per_device(xs, devices, "alltoall_ring")
-  n = len(xs)
-  if n == 1:
-    return list(xs)
-  for i, x in enumerate(xs):
-    length = x.shape.as_list()[split_axis]
-    if length is not None and length % n:
-      raise ValueError(f"alltoall_ring: tensor {i} has {length} entries along "
-                       f"split_axis {split_axis}, not divisible by {n} devices.")
-  parts = _on_each(devices, lambda i: tf.split(xs[i], n, axis=split_axis))
-  return _on_each(devices, lambda j: tf.concat([p[j] for p in parts], axis=concat_axis))
-
-
-alltoall_pointtwise = alltoall_ring
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt({"PlacementMeshImpl": PlacementMeshImpl})  # its methods; AutoGraph leaves them alone

@@ -44,7 +44,7 @@ import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow.lowering.collective_keys import allocate_simd_keys
-from mesh_tensorflow.lowering.mesh_impl import LaidOutTensor, MeshImpl, as_laid_out, value_and_shape
+from mesh_tensorflow.lowering.mesh_impl import LaidOutTensor, MeshImpl, as_laid_out
 from mesh_tensorflow.core.shapes import convert_to_shape
 from mesh_tensorflow.lowering.slice_variables import NOT_CAPTURED_BY_TF_FUNCTION
 
@@ -211,7 +211,7 @@ class SimdMeshImpl(MeshImpl):
       if logical_to_physical is not None:
         raise ValueError(
             "SimdMeshImpl: logical_to_physical is not used by the TPU backend; build the "
-            "placement into device_assignment with simd_mesh_impl.tpu_device_assignment().")
+            "placement into device_assignment with mtf.simd_mesh_impl.tpu_device_assignment().")
       self._devices = list(devices) if devices else [""] * self.size
     if communication not in ("auto", "ring", "nccl"):
       raise ValueError(f"SimdMeshImpl: communication={communication!r}; choose one of "
@@ -495,11 +495,9 @@ class SimdMeshImpl(MeshImpl):
     return LaidOutTensor([tf.cast(out, dtype) if dtype == tf.bool else out])
 
   def allconcat(self, x, mesh_axis: int, concat_axis: int) -> LaidOutTensor:
-    x = as_laid_out(x)
-    n = self.mesh_axis_size(mesh_axis)
+    x, n = self.begin_collective("allgather", x, mesh_axis)
     if n == 1:
       return x
-    self.record_collective("allgather", x, [mesh_axis])
     t = x.tensor_list[0]
     stacked = self._gather_stacked(t, [mesh_axis])  # [n, *t.shape]
     rank = t.shape.rank
@@ -510,11 +508,9 @@ class SimdMeshImpl(MeshImpl):
     return LaidOutTensor([tf.reshape(moved, new_shape)])
 
   def alltoall(self, x, mesh_axis: int, split_axis: int, concat_axis: int) -> LaidOutTensor:
-    x = as_laid_out(x)
-    n = self.mesh_axis_size(mesh_axis)
+    x, n = self.begin_collective("alltoall", x, mesh_axis)
     if n == 1:
       return x
-    self.record_collective("alltoall", x, [mesh_axis])
     t = x.tensor_list[0]
     chunks = tf.stack(tf.split(t, n, axis=split_axis), 0)  # [n, ...], chunk j for coord j
     if self._backend == "tpu":
@@ -564,7 +560,6 @@ class SimdMeshImpl(MeshImpl):
 
   # ---- import / export -----------------------------------------------------
   def import_tf_tensor(self, x, shape) -> LaidOutTensor:
-    x, shape = value_and_shape(x, shape)
     shape = convert_to_shape(shape)
     slice_shape = self.slice_shape(shape)
     x = tf.convert_to_tensor(x)
@@ -573,7 +568,6 @@ class SimdMeshImpl(MeshImpl):
     return LaidOutTensor([tf.slice(x, tf.stack(self._slice_begin_tensors(shape)), slice_shape)])
 
   def export_to_tf_tensor(self, x, shape) -> tf.Tensor:
-    x, shape = value_and_shape(x, shape)
     """The full tensor, on every processor (allgather over split axes)."""
     x = as_laid_out(x)
     layout = self.tensor_layout(shape)
@@ -835,7 +829,5 @@ def _device_sort_key(device: str):
           spec.device_index or 0)
 
 
-# The original kept its TPU topology helpers here.
-from mesh_tensorflow.lowering.tpu_topology import (  # noqa: E402,F401  pylint: disable=g-import-not-at-top
-    HierarchicalTiling, auto_logical_to_physical_tpu, logical_to_physical,
-    physical_shape_3d_from_topology_proto_4d, tpu_device_assignment)
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt({"SimdMeshImpl": SimdMeshImpl})  # its methods; AutoGraph leaves them alone

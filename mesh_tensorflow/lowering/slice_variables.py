@@ -273,3 +273,10 @@ def scalar_state(mesh_impl, name: str, dtype=tf.int64) -> tf.Variable:
   sliced = get_or_create(mesh_impl, name, Shape([]), dtype, dtype, False,
                          lambda begin, size: tf.zeros([], dtype))
   return mesh_impl.program_slices(sliced)[0]
+
+
+def next_step_key(mesh_impl) -> tf.Tensor:
+  """Increments and returns a per-mesh step counter, so random ops (dropout)
+  differ from one execution of the lowered program to the next."""
+  counter = scalar_state(mesh_impl, "__mtf_rng_step__", tf.int64)
+  return counter.assign_add(1)

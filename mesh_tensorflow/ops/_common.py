@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Mesh, Tensor
 from mesh_tensorflow.core.shapes import Shape
+from mesh_tensorflow.ops.constant_ops import constant
 
 
 def is_scalar_value(x) -> bool:
@@ -20,7 +21,6 @@ def to_tensor(mesh: Mesh, x, dtype) -> Tensor:
   if isinstance(x, Tensor):
     return x
   if is_scalar_value(x):
-    from mesh_tensorflow.ops.constant_ops import constant
     return constant(mesh, x, shape=Shape([]), dtype=dtype)
   raise TypeError(
       f"Expected an mtf.Tensor or a Python number, got {type(x).__name__} {x!r}. "

@@ -175,3 +175,6 @@ def _first_slice(laid):
 def import_laid_out_tensor(mesh: Mesh, laid_out_tensor, shape, name=None) -> Tensor:
   """Imports slices that are already laid out (one tf.Tensor per processor)."""
   return ImportLaidOutOperation(mesh, laid_out_tensor, shape, name=name).outputs[0]
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

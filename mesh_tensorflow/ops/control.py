@@ -15,6 +15,9 @@ import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering.mesh_impl import LaidOutTensor
+from mesh_tensorflow.ops.constant_ops import zeros
+from mesh_tensorflow.ops.gradients import gradients
+from mesh_tensorflow.ops.random_ops import RandomOperation
 
 
 class _IdentityLike(Operation):
@@ -169,7 +172,6 @@ class WhileLoopOperation(Operation):
       if getattr(op, "is_variable", False):
         raise ValueError("mtf.while_loop: create variables outside the loop body.")
     self._cond, self._body = cond, body
-    from mesh_tensorflow.ops.constant_ops import zeros  # pylint: disable=g-import-not-at-top
     initial = inputs[:n] + [zeros(mesh, t.shape, t.dtype) for t in self._placeholders[n:]]
     super().__init__(initial, mesh=mesh, name=name or "while_loop")
     self._outputs = [Tensor(self, t.shape, t.dtype, index=i) for i, t in enumerate(initial)]
@@ -191,7 +193,6 @@ class WhileLoopOperation(Operation):
           lowering.laid_out(t)
     cond_ops = _ancestors_within([self._cond], self._body_ops)
     # Random ops in the loop get a key per iteration (made outside the loop).
-    from mesh_tensorflow.ops.random_ops import RandomOperation
     has_random = any(isinstance(op, RandomOperation) for op in self._body_ops)
     base_key = lowering.random_key(impl) if has_random else None
     init = [lowering.laid_out(t).tensor_list for t in self.inputs]
@@ -418,7 +419,7 @@ class _ForwardScope:
   whose seeds derive from their names, draw the same numbers.
   """
 
-  _LAYER_SCOPES = "_mtf_layer_scopes"  # see layers_core.unique_layer_name
+  _LAYER_SCOPES = "_mtf_layer_scopes"  # see layers.core.unique_layer_name
 
   def __init__(self, graph):
     self._graph = graph
@@ -467,7 +468,6 @@ def recompute_grad(fn: Callable, explicit_inputs: Sequence[Tensor],
   Example:
     >>> y = mtf.recompute_grad(lambda x: block(x), [x])
   """
-  from mesh_tensorflow.ops.gradients import gradients
   explicit_inputs = list(explicit_inputs)
   if not explicit_inputs:
     raise ValueError("mtf.recompute_grad needs at least one explicit input tensor.")
@@ -492,3 +492,6 @@ def recompute_grad(fn: Callable, explicit_inputs: Sequence[Tensor],
                       operations=graph.operations[start:])
     return grads
   return custom_gradient(fn, grad_fn, explicit_inputs, name=name or "recompute_grad")
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -35,6 +35,8 @@ import tensorflow as tf
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum, int_constant
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
+from mesh_tensorflow.ops.slicing import concat, pad, shift
+from mesh_tensorflow.ops.slicing import slice as mtf_slice
 
 IntOrInts = Union[int, Sequence[int]]
 DimLike = Union[Dimension, str, None]
@@ -471,8 +473,6 @@ def _halo_exchange(x: Tensor, blocks_dim: Dimension, block_size_dim: Dimension,
                    before: int, after: int, wrap: bool) -> Tensor:
   """Prepends the last `before` rows of the preceding blocks and appends the
   first `after` rows of the following ones, along block_size_dim."""
-  from mesh_tensorflow.ops.slicing import concat, shift
-  from mesh_tensorflow.ops.slicing import slice as mtf_slice
   size = block_size_dim.size
   # Halos longer than a block come from blocks further away: shift by one
   # block at a time (each a permute between neighbours), slicing only the
@@ -549,7 +549,6 @@ def _conv(n: int, x: Tensor, conv_filter: Tensor, strides, padding,
       before, after = _same_padding(sd.size, k, s)
       if b is None:
         if before or after:
-          from mesh_tensorflow.ops.slicing import pad
           x = pad(x, [before, after], sd.name)
         continue
       if sd.size % s:
@@ -1054,3 +1053,6 @@ def avg_pool3d(x: Tensor, ksize: IntOrInts = (2, 2, 2), strides: Optional[IntOrI
   """
   return _pool("avg", 3, x, ksize, strides, padding,
                [d_blocks_dim, h_blocks_dim, w_blocks_dim], name)
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

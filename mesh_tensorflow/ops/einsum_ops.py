@@ -16,6 +16,7 @@ from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum
 from mesh_tensorflow.ops.local_einsum import local_einsum
+from mesh_tensorflow.ops.shape_ops import broadcast
 from mesh_tensorflow.core.shapes import Shape, convert_to_shape, shape_union
 
 
@@ -51,7 +52,6 @@ class EinsumOperation(Operation):
     return self.gradient_for(grad_ys, [True] * len(self.inputs))
 
   def gradient_for(self, grad_ys, needed):
-    from mesh_tensorflow.ops.shape_ops import broadcast
     g = grad_ys[0]
     grads = []
     for i, x in enumerate(self.inputs):
@@ -160,3 +160,6 @@ def einsum(*args, output_shape=None, reduced_dims=None, name=None) -> Tensor:
 def matmul(a: Tensor, b: Tensor, output_shape=None, reduced_dims=None, name=None) -> Tensor:
   """einsum of two tensors; by default sums the dimensions they share."""
   return einsum([a, b], output_shape=output_shape, reduced_dims=reduced_dims, name=name)
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

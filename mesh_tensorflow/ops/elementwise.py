@@ -11,13 +11,14 @@ the output has the dimensions of x followed by those of y that x lacks.
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
-from mesh_tensorflow.core.graph import Operation, Tensor
+from mesh_tensorflow.core.graph import TENSOR_OPERATORS, Operation, Tensor
 from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum, expand_to_shape, once_per_graph
+from mesh_tensorflow.ops.constant_ops import zeros_like
 from mesh_tensorflow.ops._common import first_tensor, is_scalar_value, num_elements, to_tensor
 from mesh_tensorflow.core.shapes import Shape, convert_to_shape, shape_union
 
@@ -106,15 +107,27 @@ def shape_union_checked(shapes, inputs, op_name) -> Shape:
     raise ValueError(f"{op_name}: incompatible input shapes ({names}): {e}") from None
 
 
+# The gradient of broadcasting sums over the dimensions an input lacks, with
+# mtf.reduce_sum (or reorders them, with mtf.transpose). Those operations sit
+# above this module (their own gradients use elementwise operations), so
+# mesh_tensorflow.ops.reduction registers the function here, where the
+# gradients below use it.
+_BROADCAST_GRADIENT: List[Callable[[Tensor, Shape], Tensor]] = []
+
+
+def register_broadcast_gradient(fn: Callable[[Tensor, Shape], Tensor]) -> None:
+  """Sets the function `reduce_to_shape` uses (ops.reduction calls this)."""
+  _BROADCAST_GRADIENT[:] = [fn]
+
+
 def reduce_to_shape(g: Tensor, shape: Shape) -> Tensor:
   """Sums g over the dimensions that `shape` lacks (gradient of broadcasting)."""
-  from mesh_tensorflow.ops.reduction import reduce_sum
   if g.shape == shape:
     return g
-  if all(d in shape.dims for d in g.shape.dims):
-    from mesh_tensorflow.ops.shape_ops import transpose
-    return transpose(g, shape)
-  return reduce_sum(g, output_shape=shape)
+  if not _BROADCAST_GRADIENT:
+    raise RuntimeError("mtf.reduce_to_shape needs mesh_tensorflow.ops.reduction: "
+                       "import mesh_tensorflow first.")
+  return _BROADCAST_GRADIENT[0](g, shape)
 
 
 # ---------------------------------------------------------------- unary ops
@@ -447,7 +460,6 @@ def where(condition: Tensor, if_true, if_false, output_shape=None, name=None) ->
 
 
 def zeros_like_fn(x):
-  from mesh_tensorflow.ops.constant_ops import zeros_like
   return zeros_like(x)
 
 
@@ -455,24 +467,11 @@ def clip_by_value(x, clip_value_min, clip_value_max, name=None) -> Tensor:
   return minimum(maximum(x, clip_value_min), clip_value_max)
 
 
-def _register_tensor_operators() -> None:
-  """Give mtf.Tensor its Python operators (`x + y`, `-x`, `x < y`, ...), each
-  the elementwise operation of this module that broadcasts by dimension name."""
-  def forward(fn):
-    return lambda self, other: fn(self, other)
+# mtf.Tensor's Python operators (`x + y`, `-x`, `x < y`, ...) are these
+# operations, which broadcast by dimension name.
+TENSOR_OPERATORS.update(
+    add=add, sub=sub, mul=multiply, truediv=divide, floordiv=floordiv, mod=mod, pow=pow,
+    lt=less, le=less_equal, gt=greater, ge=greater_equal, neg=negative, abs=abs)
 
-  def reflected(fn):
-    return lambda self, other: fn(other, self)
-
-  for name, fn in (("add", add), ("sub", sub), ("mul", multiply), ("truediv", divide),
-                   ("floordiv", floordiv), ("mod", mod)):
-    setattr(Tensor, f"__{name}__", forward(fn))
-    setattr(Tensor, f"__r{name}__", reflected(fn))
-  for name, fn in (("pow", pow), ("lt", less), ("le", less_equal), ("gt", greater),
-                   ("ge", greater_equal)):
-    setattr(Tensor, f"__{name}__", forward(fn))
-  Tensor.__neg__ = lambda self: negative(self)
-  Tensor.__abs__ = lambda self: abs(self)  # pylint: disable=unnecessary-lambda
-
-
-_register_tensor_operators()
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

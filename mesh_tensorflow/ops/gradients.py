@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 from mesh_tensorflow.core.graph import Tensor
+from mesh_tensorflow.ops.constant_ops import ones_like
+from mesh_tensorflow.ops.elementwise import add_n
 
 
 def gradients(ys: Sequence[Tensor], xs: Sequence[Tensor],
@@ -24,7 +26,6 @@ def gradients(ys: Sequence[Tensor], xs: Sequence[Tensor],
   Example:
     >>> [dw] = mtf.gradients([loss], [w])
   """
-  from mesh_tensorflow.ops.constant_ops import ones_like
   ys, xs = list(ys), list(xs)
   if not ys:
     raise ValueError("mtf.gradients: ys is empty.")
@@ -86,5 +87,7 @@ def _sum(gs):
     return None
   if len(gs) == 1:
     return gs[0]
-  from mesh_tensorflow.ops.elementwise import add_n
   return add_n(gs)
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

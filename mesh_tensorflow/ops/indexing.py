@@ -14,6 +14,10 @@ from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering.mesh_impl import (LazyAllreduceSum, LaidOutTensor, expand_to_shape,
                                       int_constant, once_per_graph, shared_constant)
 from mesh_tensorflow.ops import elementwise as ew
+from mesh_tensorflow.ops.constant_ops import constant
+from mesh_tensorflow.ops.einsum_ops import einsum
+from mesh_tensorflow.ops.random_ops import random_uniform
+from mesh_tensorflow.ops.reduction import _dim_of, pool_tensor_1d, reduce_max
 from mesh_tensorflow.ops.shape_ops import lower_with_unsplit
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
@@ -204,7 +208,6 @@ def gather(weights: Tensor, indices: Tensor, dim, output_shape=None, name=None) 
     >>> per_row = mtf.gather(counts, segment_ids, segments)  # counts [batch, segments]
   """
   if not isinstance(indices, Tensor):
-    from mesh_tensorflow.ops.constant_ops import constant
     indices = constant(weights.mesh, indices, [], dtype=tf.int32)
   dim = _dim_named(weights, dim)
   if any(d.name != dim.name and d in weights.shape.dims for d in indices.shape.dims):
@@ -215,7 +218,6 @@ def gather(weights: Tensor, indices: Tensor, dim, output_shape=None, name=None) 
 def _batched_gather(weights: Tensor, indices: Tensor, dim: Dimension, output_shape,
                     name) -> Tensor:
   """gather where weights and indices share dimensions: a one-hot einsum."""
-  from mesh_tensorflow.ops.einsum_ops import einsum  # pylint: disable=g-import-not-at-top
   shape = _gather_output_shape(weights, indices, dim, output_shape)
   if weights.dtype == tf.bool:
     return ew.cast(_batched_gather(ew.cast(weights, tf.int32), indices, dim, shape, name),
@@ -280,6 +282,49 @@ def scatter_add_grad(g, indices, weights_shape, dim):
   return ScatterAddGradOperation(g, indices, weights_shape, dim).outputs[0]
 
 
+def reduce_first(tensor: Tensor, reduced_dim, name=None) -> Tensor:
+  """The entries at index 0 along `reduced_dim`, which disappears.
+
+  A lookup of index 0 (`mtf.gather`): local when the layout keeps
+  `reduced_dim` whole; when it splits it, the processors holding index 0
+  contribute their entries, the others zeros, summed by one allreduce of the
+  (smaller) result.
+
+  Args:
+    tensor: an mtf Tensor with `reduced_dim`.
+    reduced_dim: the Dimension (or its name) to take the first entry of.
+    name: optional operation name.
+
+  Returns:
+    tensor's other dimensions, in order.
+
+  Example:
+    >>> firsts = mtf.reduce_first(x, reduced_dim=length)   # [[2, 5], [9, 15]] -> [2, 9]
+  """
+  dim = _dim_of(tensor, reduced_dim)
+  if tensor.dtype == tf.bool:  # the allreduce of a split dim sums numbers
+    return ew.cast(reduce_first(ew.cast(tensor, tf.int32), dim, name), tf.bool)
+  return gather(tensor, 0, dim, name=name or "reduce_first")
+
+
+def stride_tensor_1d(tensor: Tensor, pool_dim, pool_size: int = 2) -> Tensor:
+  """Every `pool_size`-th entry along `pool_dim`, starting at 0: pool_tensor_1d
+  with reduce_first.
+
+  Args:
+    tensor: an mtf Tensor with `pool_dim`.
+    pool_dim: the Dimension (or its name) to stride along.
+    pool_size: the stride; must divide pool_dim's size.
+
+  Returns:
+    tensor with pool_dim of size pool_dim.size // pool_size.
+
+  Example:
+    >>> y = mtf.stride_tensor_1d(x, length, pool_size=2)   # [2, 5, 9, 15] -> [2, 9]
+  """
+  return pool_tensor_1d(tensor, pool_dim, reduce_fn=reduce_first, pool_size=pool_size)
+
+
 class CumsumOperation(Operation):
   has_gradient = True
 
@@ -323,7 +368,6 @@ class TopKOperation(Operation):
     g = grad_ys[0]
     if g is None:
       return [None]
-    from mesh_tensorflow.ops.einsum_ops import einsum
     onehot = one_hot(self.outputs[1], self._reduced_dim, dtype=g.dtype)
     return [einsum([onehot, g], output_shape=self.inputs[0].shape)]
 
@@ -401,7 +445,6 @@ def top_1(x: Tensor, reduced_dim, name=None, dtype=tf.int32):
   Example:
     >>> gate, expert_index = mtf.top_1(raw_gates, reduced_dim=experts_dim)
   """
-  from mesh_tensorflow.ops.reduction import reduce_max
   return (reduce_max(x, reduced_dim=_dim_named(x, reduced_dim)),
           argmax(x, reduced_dim, name, dtype=dtype))  # argmax also takes a dtype as name
 
@@ -409,10 +452,12 @@ def top_1(x: Tensor, reduced_dim, name=None, dtype=tf.int32):
 def sample_with_temperature(logits: Tensor, dim, temperature=1.0, name=None) -> Tensor:
   """Samples an index along dim from softmax(logits / temperature) (Gumbel
   max); temperature 0 gives argmax."""
-  from mesh_tensorflow.ops.random_ops import random_uniform
   dim = _dim_named(logits, dim)
   if isinstance(temperature, (int, float)) and temperature == 0.0:
     return argmax(logits, dim)
   u = random_uniform(logits.mesh, logits.shape, minval=1e-9, maxval=1.0, dtype=logits.dtype)
   g = -ew.log(-ew.log(u))
   return argmax(logits + g * temperature, dim)
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

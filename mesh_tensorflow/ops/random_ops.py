@@ -100,3 +100,6 @@ def dropout(x: Tensor, is_training: bool = True, keep_prob=None, rate=None,
   u = random_uniform(x.mesh, noise_shape, dtype=tf.float32, name=name or "dropout")
   keep = ew.cast(ew.greater_equal(u, rate), x.dtype) * (1.0 / (1.0 - rate))
   return x * keep
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

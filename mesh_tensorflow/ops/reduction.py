@@ -1,5 +1,4 @@
-"""Reductions over named dimensions, softmax and log_softmax, the first entry
-along a dimension and 1-D pooling.
+"""Reductions over named dimensions, softmax and log_softmax, and 1-D pooling.
 
 Reducing a split dimension sums locally, then allreduces over the mesh
 dimensions that split it. Sums stay pending (lazy) so that chains of sums cost
@@ -22,8 +21,8 @@ from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum, expand_to_shape, int_constant
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops._common import num_elements
-from mesh_tensorflow.ops.indexing import gather
-from mesh_tensorflow.ops.shape_ops import replace_dimensions
+from mesh_tensorflow.ops.control import stop_gradient
+from mesh_tensorflow.ops.shape_ops import broadcast, replace_dimensions, transpose
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
 _TF_REDUCE = {"SUM": tf.reduce_sum, "MAX": tf.reduce_max, "MIN": tf.reduce_min}
@@ -49,7 +48,6 @@ class ReduceOperation(Operation):
     return self._reduction
 
   def gradient(self, grad_ys):
-    from mesh_tensorflow.ops.shape_ops import broadcast
     x, y = self.inputs[0], self.outputs[0]
     g = broadcast(grad_ys[0], x.shape)
     if self._reduction == "SUM":
@@ -139,6 +137,17 @@ reduce_max = _reduce("MAX")
 reduce_min = _reduce("MIN")
 
 
+def _sum_to_shape(g: Tensor, shape: Shape) -> Tensor:
+  """g summed over the dimensions `shape` lacks, in `shape`'s order: the
+  gradient of broadcasting (`ops.elementwise.reduce_to_shape` calls it)."""
+  if all(d in shape.dims for d in g.shape.dims):
+    return transpose(g, shape)
+  return reduce_sum(g, output_shape=shape)
+
+
+ew.register_broadcast_gradient(_sum_to_shape)
+
+
 def reduce_mean(x, disable_positional_args=None, output_shape=None, reduced_dim=None,
                 name=None, reduced_dims=None) -> Tensor:
   """Mean over the reduced dimensions."""
@@ -164,7 +173,6 @@ def reduce_all(x, disable_positional_args=None, output_shape=None, reduced_dim=N
 
 def reduce_logsumexp(x, reduced_dim, extra_logit=None, name=None) -> Tensor:
   """log(sum(exp(x))) over reduced_dim, computed stably."""
-  from mesh_tensorflow.ops.control import stop_gradient
   reduced_dim = _dim_of(x, reduced_dim)
   max_x = stop_gradient(reduce_max(x, reduced_dim=reduced_dim))
   exp_x = ew.exp(x - max_x)
@@ -340,31 +348,7 @@ def softmax(x: Tensor, reduced_dim, extra_logit=None, name=None) -> Tensor:
   return SoftmaxOperation(x, _dim_of(x, reduced_dim), log=False, name=name).outputs[0]
 
 
-# ---------------------------------------------------------------- first / pooling
-def reduce_first(tensor: Tensor, reduced_dim, name=None) -> Tensor:
-  """The entries at index 0 along `reduced_dim`, which disappears.
-
-  A lookup of index 0 (`mtf.gather`): local when the layout keeps
-  `reduced_dim` whole; when it splits it, the processors holding index 0
-  contribute their entries, the others zeros, summed by one allreduce of the
-  (smaller) result.
-
-  Args:
-    tensor: an mtf Tensor with `reduced_dim`.
-    reduced_dim: the Dimension (or its name) to take the first entry of.
-    name: optional operation name.
-
-  Returns:
-    tensor's other dimensions, in order.
-
-  Example:
-    >>> firsts = mtf.reduce_first(x, reduced_dim=length)   # [[2, 5], [9, 15]] -> [2, 9]
-  """
-  dim = _dim_of(tensor, reduced_dim)
-  if tensor.dtype == tf.bool:  # the allreduce of a split dim sums numbers
-    return ew.cast(reduce_first(ew.cast(tensor, tf.int32), dim, name), tf.bool)
-  return gather(tensor, 0, dim, name=name or "reduce_first")
-
+# ---------------------------------------------------------------- pooling
 
 _POOL_WINDOW = "_pool_window"
 
@@ -408,20 +392,5 @@ def pool_tensor_1d(tensor: Tensor, pool_dim, reduce_fn: Callable = reduce_mean,
       tensor, dim, [Dimension(dim.name, dim.size // pool_size), window])
   return reduce_fn(windows, reduced_dim=window)
 
-
-def stride_tensor_1d(tensor: Tensor, pool_dim, pool_size: int = 2) -> Tensor:
-  """Every `pool_size`-th entry along `pool_dim`, starting at 0: pool_tensor_1d
-  with reduce_first.
-
-  Args:
-    tensor: an mtf Tensor with `pool_dim`.
-    pool_dim: the Dimension (or its name) to stride along.
-    pool_size: the stride; must divide pool_dim's size.
-
-  Returns:
-    tensor with pool_dim of size pool_dim.size // pool_size.
-
-  Example:
-    >>> y = mtf.stride_tensor_1d(x, length, pool_size=2)   # [2, 5, 9, 15] -> [2, 9]
-  """
-  return pool_tensor_1d(tensor, pool_dim, reduce_fn=reduce_first, pool_size=pool_size)
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -123,3 +123,6 @@ def replica_squared_norm(grads: Union[Tensor, Sequence[Optional[Tensor]]], mesh_
     raise TypeError(f"replica_squared_norm: grads must be mtf Tensors (at least one), "
                     f"got {grads!r}.")
   return ReplicaSquaredNorm(grads, mesh_dim, name=name).outputs[0]
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -16,6 +16,7 @@ from __future__ import annotations
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.lowering.mesh_impl import expand_to_shape, reshape_slice
+from mesh_tensorflow.ops.elementwise import reduce_to_shape
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
 
@@ -178,7 +179,6 @@ class BroadcastOperation(Operation):
     self._outputs = [Tensor(self, new_shape, x.dtype)]
 
   def gradient(self, grad_ys):
-    from mesh_tensorflow.ops.elementwise import reduce_to_shape
     return [reduce_to_shape(grad_ys[0], self.inputs[0].shape)]
 
   def lower(self, lowering):
@@ -193,3 +193,6 @@ def broadcast(x: Tensor, new_shape, name=None) -> Tensor:
   if new_shape == x.shape:
     return x
   return BroadcastOperation(x, new_shape, name=name).outputs[0]
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

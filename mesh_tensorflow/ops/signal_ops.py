@@ -107,3 +107,6 @@ def ifft3d(x: Tensor, dims: Sequence[Dimension], name: Optional[str] = None) -> 
                 Shape(batch + [a, b, kc]), x.dtype, name=name)
   # [.., a, b, kc] -> [.., a, b, c]
   return slicewise(tf.signal.ifft, [y], Shape(batch + [a, b, c]), x.dtype, name=name)
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -211,3 +211,6 @@ def cwise(tf_fn: Callable, xs: Sequence[Tensor], output_dtype=None,
   xs = list(xs)
   return slicewise(tf_fn, xs, output_dtype=output_dtype, splittable_dims=xs[0].shape.dims,
                    grad_function=grad_function, name=name or "cwise")
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

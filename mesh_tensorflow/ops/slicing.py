@@ -16,7 +16,11 @@ import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering.mesh_impl import int_constant
-from mesh_tensorflow.ops.shape_ops import lower_with_unsplit
+from mesh_tensorflow.ops import elementwise as ew
+from mesh_tensorflow.ops.constant_ops import zeros
+from mesh_tensorflow.ops.einsum_ops import einsum
+from mesh_tensorflow.ops.indexing import mtf_range, one_hot
+from mesh_tensorflow.ops.shape_ops import lower_with_unsplit, rename_dimension
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension
 
 
@@ -213,7 +217,6 @@ class UnstackOperation(Operation):
     return [self._dim.name]
 
   def gradient(self, grad_ys):
-    from mesh_tensorflow.ops.constant_ops import zeros
     gs = [g if g is not None else zeros(self.mesh, self.outputs[0].shape, self.inputs[0].dtype)
           for g in grad_ys]
     return [stack(gs, self._dim.name, self.inputs[0].shape.index_of(self._dim.name))]
@@ -313,10 +316,6 @@ def dynamic_shift(x: Tensor, offset: Tensor, dim, wrap: bool, name=None) -> Tens
   Example:
     >>> y = mtf.dynamic_shift(x, offsets, length_dim, wrap=False)
   """
-  from mesh_tensorflow.ops import elementwise as ew  # pylint: disable=import-outside-toplevel
-  from mesh_tensorflow.ops.einsum_ops import einsum  # pylint: disable=import-outside-toplevel
-  from mesh_tensorflow.ops.indexing import mtf_range, one_hot  # pylint: disable=import-outside-toplevel
-  from mesh_tensorflow.ops.shape_ops import rename_dimension  # pylint: disable=import-outside-toplevel
   dim = _dim_named(x, dim)
   if offset.dtype.is_floating or offset.dtype == tf.bool:
     raise TypeError(f"mtf.dynamic_shift: offset {offset.name} must be integer.")
@@ -331,3 +330,6 @@ def dynamic_shift(x: Tensor, offset: Tensor, dim, wrap: bool, name=None) -> Tens
   selector = one_hot(source, source_dim, dtype=x.dtype)  # zero rows when out of range
   return einsum([rename_dimension(x, dim.name, source_dim.name), selector],
                 output_shape=x.shape, name=name or "dynamic_shift")
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

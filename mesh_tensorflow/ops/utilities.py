@@ -19,6 +19,9 @@ from mesh_tensorflow.core.graph import Tensor
 from mesh_tensorflow.core.layout import (
     convert_to_layout_rules, pnum_to_processor_coordinates, processor_coordinates_to_pnum)
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
+from mesh_tensorflow.ops import conv
+from mesh_tensorflow.ops.indexing import gather, top_k
+from mesh_tensorflow.ops.shape_ops import reshape
 
 _ANONYMOUS_PREFIX = "_anonymous_"
 
@@ -70,7 +73,6 @@ def anonymous_shape(shape) -> Shape:
 def anonymize(x: Tensor) -> Tensor:
   """x, replicated on every processor (its dimensions renamed to anonymous
   ones); `mtf.reshape(y, x.shape)` names them again."""
-  from mesh_tensorflow.ops.shape_ops import reshape
   return reshape(x, anonymous_shape(x.shape))
 
 
@@ -136,7 +138,6 @@ def pool_fn(pool_fn_string: str) -> Callable:
 
 def nth_largest_element(x: Tensor, n: int, reduced_dim, name=None) -> Tensor:
   """The (n+1)-th largest value along reduced_dim (n=0: the maximum)."""
-  from mesh_tensorflow.ops.indexing import gather, top_k
   k_dim = Dimension("_top_k_", n + 1)
   values, _ = top_k(x, reduced_dim=reduced_dim, k_dim=k_dim, name=name)
   return gather(values, n, k_dim)
@@ -151,7 +152,6 @@ def left_halo_exchange(x: Tensor, blocks_dim, block_size_dim, halo_size: int,
                        wrap: bool = False) -> Tensor:
   """Like mtf.halo_exchange, but each block gets only the `halo_size`
   elements before it (block_size_dim grows by halo_size)."""
-  from mesh_tensorflow.ops import conv
   if halo_size < 0:
     raise ValueError(f"mtf.left_halo_exchange: halo_size must be >= 0, got {halo_size}.")
   blocks = conv._dim_of(x.shape, blocks_dim, "mtf.left_halo_exchange")  # pylint: disable=protected-access
@@ -218,3 +218,6 @@ def log_variable_sizes(var_list, tag: str, verbose: bool = True, mesh_to_impl=No
     if log_file is not None:
       log_file.write(line + "\n")
   return total
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -20,7 +20,7 @@ from mesh_tensorflow.lowering import master_variables
 from mesh_tensorflow.core import rng
 from mesh_tensorflow.lowering import slice_variables
 from mesh_tensorflow.lowering.slice_variables import variable_store  # noqa: F401 (public)
-from mesh_tensorflow.core.graph import Graph, Mesh, Operation, Tensor
+from mesh_tensorflow.core.graph import Mesh, Operation, Tensor
 from mesh_tensorflow.lowering.mesh_impl import LaidOutTensor
 from mesh_tensorflow.core.shapes import convert_to_shape
 
@@ -284,9 +284,6 @@ class Assign(Operation):
     lowering.operations[self] = _group(ops)
 
 
-Graph._assign_operation_class = Assign  # pylint: disable=protected-access
-
-
 # One function object per kind of update, so that Graph.combine_assignments
 # can merge the updates of one kind.
 def _set_slice(var, value):
@@ -325,3 +322,6 @@ def assign_add(var, delta, name=None) -> Operation:
 def assign_sub(var, delta, name=None) -> Operation:
   return Assign([var], [delta], assign_fn=_subtract_from_slice,
                 name=name or "assign_sub")
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -306,3 +306,6 @@ def product_of_factors(step: Step, total_train_steps, factors, offset=0) -> Valu
       raise TypeError(f"product_learning_rate: factor {f!r} is neither a number nor a "
                       "schedule.")
   return result
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -27,7 +27,7 @@ from mesh_tensorflow.ops.shape_ops import reshape
 from mesh_tensorflow.ops.slicing import stack
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension
 
-_LAYER_SCOPES = "_mtf_layer_scopes"  # see layers_core.unique_layer_name
+_LAYER_SCOPES = "_mtf_layer_scopes"  # see layers.core.unique_layer_name
 _SPLITS = "_microbatch"
 
 
@@ -136,3 +136,6 @@ def serialize_training_step(features: Mapping[str, Tensor],
         total = total + v
       joined[key] = total
   return grad_sum, joined
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -167,3 +167,6 @@ class DynamicLossScale:
     return [var_ops.assign(scale, new_scale),
             var_ops.assign(good, ew.where(grow, 0.0, good_next)),
             var_ops.assign(skipped, skipped + 1.0 - ew.cast(finite, tf.float32))]
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -154,3 +154,6 @@ def lowering_map(graph: Graph, mesh_to_impl: Dict[Mesh, object],
       raise ValueError(f"offload: no mesh implementation for mesh {device.name!r}.")
     out.setdefault(host, host_mesh_impl(out[device], host_device_fn))
   return out
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -1120,3 +1120,6 @@ class AdamWithMultiLRSchedule(_MultiLRSchedule, AdamWeightDecayOptimizer):
                train_steps: int = 524288, **kwargs):
     super().__init__(**kwargs)
     self._init_multi(variable_search, alt_lr_schedules, train_steps)
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -884,3 +884,6 @@ def mtf_gradients(ys, xs, grad_ys=None, operations=None):
 
 
 __all__ = ["PipelineSchedule", "StageVariables", "pipeline", "pipeline_loss", "SCHEDULES"]
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

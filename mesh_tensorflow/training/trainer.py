@@ -45,7 +45,7 @@ def scalar_summary(name: str, value: Tensor) -> None:
   """
   if not isinstance(value, Tensor) or value.shape.ndims != 0:
     raise ValueError(f"scalar_summary {name!r}: expected a scalar mtf.Tensor, got {value!r}.")
-  value.graph.__dict__.setdefault("summaries", []).append((name, value))
+  value.graph.summaries.append((name, value))
 
 
 def _as_loss_and_metrics(result, mode):
@@ -209,7 +209,7 @@ class Trainer:
     outputs = {"loss": lowering.export_to_tf_tensor(loss)}
     for name, value in metrics.items():
       outputs[name] = lowering.export_to_tf_tensor(value)
-    for name, value in getattr(graph, "summaries", []):
+    for name, value in graph.summaries:
       outputs[f"summary/{name}"] = lowering.export_to_tf_tensor(value)
     update_ops = [lowering.lowered_operation(u) for u in updates]
     with tf.control_dependencies(update_ops + list(outputs.values())):
@@ -446,3 +446,6 @@ def _format_seconds(s: float) -> str:
     return "?"
   s = int(s)
   return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

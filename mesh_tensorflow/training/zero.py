@@ -350,3 +350,6 @@ def tensor_bytes_per_processor(lowering, tensors: Sequence[Optional[Tensor]]) ->
     for pnum, s in enumerate(laid.tensor_list):
       totals[pnum] += s.shape.num_elements() * tf.as_dtype(s.dtype).size
   return totals or []
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -422,7 +422,7 @@ def test_allgather_of_imported_blocks_is_the_input_itself():
     concatenated = impl.allconcat(doubled, 0, 0)
     assert concatenated.tensor_list[0].op.type == "ConcatV2"
     # A block of another tensor does not stand for x.
-    mixed = mtf.mesh_impl.LaidOutTensor(
+    mixed = mtf.LaidOutTensor(
         [blocks.tensor_list[0]] * 4 + [doubled.tensor_list[4]] * 4)
     assert impl.allconcat(mixed, 0, 0).tensor_list[0].op.type == "ConcatV2"
 

@@ -374,3 +374,20 @@ def test_launcher_says_who_can_reach_workers_and_cleans_up(tmp_path):
       os.kill(pid, 0)
   assert not _port_open(port)
   assert os.listdir(tmp_path)  # the worker's log is kept for the user
+
+
+COMMAND_MODULES = ("report.py", "launch.py", "check_devices.py", "inspect_checkpoint.py",
+                   "export_original_checkpoint.py", "transformer/main.py",
+                   "analysis/cost_model/__main__.py", "bert/run_classifier.py",
+                   "bert/run_squad.py", "bert/run_pretraining.py")
+
+
+@pytest.mark.parametrize("path", COMMAND_MODULES)
+def test_command_help_text_says_each_thing_once(path):
+  """A command's --help starts with its module docstring: no line twice."""
+  import ast  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(REPO_ROOT, "mesh_tensorflow", path), encoding="utf-8") as f:
+    doc = ast.get_docstring(ast.parse(f.read())) or ""
+  lines = [line.strip() for line in doc.splitlines() if len(line.strip()) > 30]
+  repeated = sorted({line for line in lines if lines.count(line) > 1})
+  assert not repeated, f"{path}: its help text repeats {repeated}"
