@@ -254,8 +254,33 @@ class SentencePieceVocabulary(Vocabulary):
     return self._sp.DecodeIds([i for i in self._ids_before_eos(ids)
                                if 0 < i < size and i != self.eos_id])
 
+  @property
+  def exports_graph_ops(self) -> bool:
+    """Whether encode_tf / decode_tf are TensorFlow ops a SavedModel holds:
+    with tensorflow-text installed they run its SentencePiece op (a process
+    loading such a SavedModel imports tensorflow_text first); without it they
+    call the sentencepiece package from Python."""
+    return self._tf_text_tokenizer() is not None
+
+  def _tf_text_tokenizer(self):
+    if not hasattr(self, "_tf_tokenizer"):
+      try:
+        import tensorflow_text  # pylint: disable=g-import-not-at-top
+      except ImportError:
+        self._tf_tokenizer = None
+      else:
+        self._tf_tokenizer = tensorflow_text.SentencepieceTokenizer(
+            model=self._model_proto, out_type=tf.int32)
+    return self._tf_tokenizer
+
   def encode_tf(self, text: tf.Tensor) -> Union[tf.Tensor, tf.RaggedTensor]:
     text = tf.convert_to_tensor(text, tf.string)
+    if text.shape.rank not in (0, 1):
+      raise ValueError("SentencePieceVocabulary.encode_tf takes a string scalar or vector, "
+                       f"got shape {text.shape}.")
+    tokenizer = self._tf_text_tokenizer()
+    if tokenizer is not None:
+      return tokenizer.tokenize(text)
 
     def encode_bytes(b):
       b = b.item() if isinstance(b, np.ndarray) else b
@@ -267,9 +292,6 @@ class SentencePieceVocabulary(Vocabulary):
 
     if text.shape.rank == 0:
       return encode_one(text)
-    if text.shape.rank != 1:
-      raise ValueError("SentencePieceVocabulary.encode_tf takes a string scalar or vector, "
-                       f"got shape {text.shape}.")
     return tf.map_fn(encode_one, text,
                      fn_output_signature=tf.RaggedTensorSpec([None], tf.int32))
 
@@ -277,6 +299,19 @@ class SentencePieceVocabulary(Vocabulary):
     ids = tf.cast(tf.convert_to_tensor(ids), tf.int32)
     if ids.shape.rank is None or ids.shape.rank < 1:
       raise ValueError(f"decode_tf takes ids of rank >= 1, got shape {ids.shape}.")
+    tokenizer = self._tf_text_tokenizer()
+    if tokenizer is not None:
+      # As decode: the ids before the first EOS, without padding and ids
+      # beyond the vocabulary (the model's rounding rows).
+      before_eos = tf.math.cumsum(tf.cast(tf.equal(ids, self.eos_id), tf.int32),
+                                  axis=-1) == 0
+      keep = before_eos & (ids > 0) & (ids < self.vocab_size)
+      rows = tf.reshape(ids, [-1, tf.shape(ids)[-1]])
+      texts = tokenizer.detokenize(tf.ragged.boolean_mask(
+          rows, tf.reshape(keep, tf.shape(rows))))
+      out = tf.reshape(texts, tf.shape(ids)[:-1])
+      out.set_shape(ids.shape[:-1])
+      return out
 
     def decode_rows(array):
       rows = array.reshape([-1, array.shape[-1]])

@@ -145,16 +145,61 @@ utils.run.batch_size = 8
   _main([f"--model_dir={tuned}", *base, "--mode=infer", "--input_file=inputs.txt",
          "--output_file=outputs.txt"], tmp_path)
   assert len((tmp_path / "outputs.txt").read_text().splitlines()) == 2
-  # Export: a SentencePiece model cannot run inside a SavedModel (core
-  # TensorFlow has no SentencePiece op), so the SavedModel takes and returns
-  # ids; the vocabulary turns them into text outside it.
+  # Export. With tensorflow-text installed the SavedModel holds its
+  # SentencePiece op: strings in, strings out (sentinels included). Without
+  # it (core TensorFlow has no SentencePiece op) the SavedModel takes and
+  # returns ids, and the vocabulary turns them into text outside it.
   export_dir = tmp_path / "export"
-  out = _main([f"--model_dir={tuned}", *base, "--mode=export",
-               f"--export_dir={export_dir}"], tmp_path)
-  loaded = tf.saved_model.load(str(export_dir))
-  assert "decode_ids" in loaded.signatures and "decode" not in loaded.signatures
+  _main([f"--model_dir={tuned}", *base, "--mode=export", f"--export_dir={export_dir}"],
+        tmp_path)
   vocab = vocabulary.SentencePieceVocabulary(str(spm_file), extra_ids=EXTRA_IDS)
   ids = vocab.encode("thank you <extra_id_0> me") + [vocab.eos_id]
-  decoded = loaded.signatures["decode_ids"](inputs=tf.constant([ids], tf.int32))["outputs"]
+  if _has_tensorflow_text():
+    loaded = _load_in_plain_tensorflow(export_dir, ids)
+    assert {"decode", "decode_ids", "score", "score_ids"} <= set(loaded)
+    # The string signature equals the id signature decoded by the vocabulary.
+    assert loaded["decode"] == [vocab.decode(loaded["decode_ids"])]
+    assert len(loaded["score"]) == 1 and loaded["score"][0] < 0
+  else:
+    loaded = tf.saved_model.load(str(export_dir))
+    assert "decode_ids" in loaded.signatures and "decode" not in loaded.signatures
+  decoded = tf.saved_model.load(str(export_dir)).signatures["decode_ids"](
+      inputs=tf.constant([ids], tf.int32))["outputs"]
   assert decoded.dtype == tf.int32 and decoded.shape[0] == 1
-  assert isinstance(vocab.decode(decoded.numpy()[0].tolist()), str)
+
+
+def _has_tensorflow_text():
+  try:
+    import tensorflow_text  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    return False
+  return True
+
+
+_SERVE = """
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # registers the SentencePiece op
+assert "mesh_tensorflow" not in sys.modules
+model = tf.saved_model.load(sys.argv[1])
+text = tf.constant(["thank you <extra_id_0> me"])
+out = {"signatures": sorted(model.signatures)}
+out["decode"] = [s.decode() for s in model.signatures["decode"](inputs=text)["outputs"].numpy()]
+ids = tf.constant([json.loads(sys.argv[2])], tf.int32)
+out["decode_ids"] = model.signatures["decode_ids"](inputs=ids)["outputs"].numpy()[0].tolist()
+out["score"] = model.signatures["score"](
+    inputs=text, targets=tf.constant(["<extra_id_0> for inviting"]))["scores"].numpy().tolist()
+print(json.dumps(out))
+"""
+
+
+def _load_in_plain_tensorflow(export_dir, ids):
+  """Runs the SavedModel in a process that never imports mesh_tensorflow."""
+  import json  # pylint: disable=g-import-not-at-top
+  proc = subprocess.run([sys.executable, "-c", _SERVE, str(export_dir), json.dumps(ids)],
+                        capture_output=True,
+                        text=True, timeout=600, check=False,
+                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  return {name: out.get(name) for name in out["signatures"]}
