@@ -338,6 +338,9 @@ def export_saved_model(model_dir: str,
   module.slice_variables = [
       v for var in slice_variables.variable_store(mesh_impl).values()
       for _, _, v in var.unique_slices()]
+  # A vocabulary whose ops hold resources (tensorflow-text's SentencePiece
+  # model) is saved with the functions that use them.
+  module.vocabulary_resources = getattr(vocabulary, "saved_model_resources", lambda: [])()
   tf.saved_model.save(module, export_dir, signatures=signatures)
   inference.log(f"exported {checkpoint} (step {step}, mesh '{mesh_impl.shape.to_string()}', "
                 f"layout '{mesh_impl.layout_rules.to_string()}', batch {batch}) to "

@@ -269,9 +269,17 @@ class SentencePieceVocabulary(Vocabulary):
       except ImportError:
         self._tf_tokenizer = None
       else:
-        self._tf_tokenizer = tensorflow_text.SentencepieceTokenizer(
-            model=self._model_proto, out_type=tf.int32)
+        # Made eagerly, so that the datasets and functions traced later
+        # capture one model resource.
+        with tf.init_scope():
+          self._tf_tokenizer = tensorflow_text.SentencepieceTokenizer(
+              model=self._model_proto, out_type=tf.int32)
     return self._tf_tokenizer
+
+  def saved_model_resources(self) -> list:
+    """The trackable objects a SavedModel using encode_tf / decode_tf holds."""
+    tokenizer = self._tf_text_tokenizer()
+    return [] if tokenizer is None else [tokenizer]
 
   def encode_tf(self, text: tf.Tensor) -> Union[tf.Tensor, tf.RaggedTensor]:
     text = tf.convert_to_tensor(text, tf.string)
