@@ -13,7 +13,9 @@ test that did not pass.
         --original=/tmp/orig/mesh_tensorflow-0.1.21-py3-none-any.whl
 
 Some of them need the `tfds` extra (tensorflow-datasets) and
-tensorflow-probability; a test that cannot import counts as failing.
+tensorflow-probability (with tf-keras); a file that cannot be imported is
+reported as one error. pytest's "skipped" count is the `test_session`
+placeholders of `tf.test.TestCase` ("Not a test"), not tests.
 """
 
 import argparse
