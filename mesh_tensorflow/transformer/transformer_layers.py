@@ -498,6 +498,9 @@ class Conv1D(transformer.TransformerLayer):
 
 
 
+_TF_GLOROT_UNIFORM = tf.compat.v1.glorot_uniform_initializer
+
+
 class Conv1DLayer(Conv1D):
   """A 1D convolution along the length, from the model dimension to
   `output_size` channels (a dimension of the model dimension's name), as the
@@ -510,8 +513,8 @@ class Conv1DLayer(Conv1D):
 
   It does not stop information from crossing between packed examples: use it
   in encoders, or decoders that accept that. Variable "conv1d/kernel"
-  [1, filter_size, d_model, output_size], initialized with
-  `tf.compat.v1.glorot_uniform_initializer()` as in the original.
+  [1, filter_size, d_model, output_size], Glorot-uniform initialized as in
+  the original (with this library's layout-invariant Glorot initializer).
 
   Args:
     filter_size: the window length.
@@ -543,9 +546,12 @@ class Conv1DLayer(Conv1D):
       x = self._mask_padding(context, x)
       padding = "SAME"
     output_dim = mtf.Dimension(x.shape.dims[-1].name, self.output_size)
-    # Looked up when called, so that replacing the initializer (as the
-    # original's tests do with mock.patch) takes effect.
-    initializer = tf.compat.v1.glorot_uniform_initializer()
+    # TensorFlow's Glorot initializer draws other numbers on every layout;
+    # this library's Glorot-uniform default is layout-invariant and used
+    # instead. A replaced tf.compat.v1.glorot_uniform_initializer (the
+    # original's tests patch it to fix the kernel) is honoured.
+    glorot = tf.compat.v1.glorot_uniform_initializer
+    initializer = None if glorot is _TF_GLOROT_UNIFORM else glorot()
     y = mtf.layers.conv1d(x, output_dim, filter_size=self.filter_size, padding=padding,
                           filter_initializer=initializer,
                           variable_dtype=getattr(context, "variable_dtype", None))
