@@ -19,7 +19,7 @@ estimated by this library's cost model (`mesh_tensorflow.analysis.cost_model`).
 from __future__ import annotations
 
 import itertools
-from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
+from typing import Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Tuple
 
 from absl import logging
 
@@ -132,6 +132,17 @@ class LayoutOptimizer:
                         dim)
     return float(self._peak_memory(assignment))
 
+  @property
+  def _model(self) -> "IntegerProgram":
+    """The original's integer program over this graph, as a description:
+    `_model.Proto().variables` lists its 0/1 and integer variables (one per
+    tensor dimension and mesh dimension, one per assignment of each distinct
+    set of dimensions an operation or tensor has, and the peak memory "z").
+    This optimizer searches the same assignments directly; the description
+    shows how the problem's size grows with the graph (operations with the
+    same dimensions share variables)."""
+    return IntegerProgram(self)
+
   # ---- what print_cp_model_solution prints for this optimizer
   def solution_variables(self) -> List[Tuple[str, int]]:
     """(name, 0 or 1) of each "x_(tensor_dim:mesh_dim)" assignment variable
@@ -230,6 +241,50 @@ class LayoutOptimizer:
     return min(tied, key=lambda a: (cost_model.estimate(
         graph, mesh_shape, LayoutRules(sorted(a.items())), check=False).step_time_s,
                                     _layout_string(a)))
+
+
+class ProgramVariable(NamedTuple):
+  """One variable of the integer program: its name and [low, high] domain."""
+  name: str
+  domain: Tuple[int, int]
+
+
+class ProgramDescription(NamedTuple):
+  """What `IntegerProgram.Proto()` returns: the program's variables."""
+  variables: List[ProgramVariable]
+
+
+class IntegerProgram:
+  """The integer program the original auto_mtf posed for a graph, described
+  (not solved): `Proto().variables` as in the original's CP-SAT model.
+
+  Example:
+    >>> program = IntegerProgram(optimizer)
+    >>> [v.name for v in program.Proto().variables][:1]
+    ['x_(a:m1)']
+  """
+
+  def __init__(self, optimizer: "LayoutOptimizer"):
+    self._optimizer = optimizer
+
+  def Proto(self) -> ProgramDescription:  # pylint: disable=invalid-name
+    """The program's variables (the original's name for the model's proto)."""
+    optimizer = self._optimizer
+    validator = optimizer._layout_validator  # pylint: disable=protected-access
+    graph = optimizer._graph  # pylint: disable=protected-access
+    sizes = validator.mesh_dimension_name_to_size
+    splittable = validator.splittable_mtf_dimension_names
+    variables = [ProgramVariable(_global_var_name(d, m), (0, 1))
+                 for d in sorted(splittable) for m in sizes]
+    dimension_sets = set(optimizer._operation_dimension_sets)  # pylint: disable=protected-access
+    dimension_sets.update(frozenset(d) for d in optimizer._tensor_dimensions.values())  # pylint: disable=protected-access
+    for dims in sorted(dimension_sets, key=sorted):
+      for assignment in _generate_assignments(dims, sizes):
+        variables.append(ProgramVariable(_local_var_name(dims, assignment), (0, 1)))
+    upper = sum(int(graph.get_tensor_size(t)) for t in graph.get_all_tensor_names()
+                if graph.is_tensor_on_canonical_device(t))
+    variables.append(ProgramVariable("z", (0, upper)))
+    return ProgramDescription(variables)
 
 
 def _layout_string(assignment: Assignment) -> str:

@@ -101,15 +101,87 @@ def tfds_text(name: str, split: str = "train", text_key: str = "text",
   Example:
     >>> ds = tfds_text("lm1b", "train", "text")
   """
+  ds = _tfds_load(name, split, data_dir)
+  if text_key not in ds.element_spec:
+    raise ValueError(f"tfds_text: {name!r} has no feature {text_key!r}; its features are "
+                     f"{sorted(ds.element_spec)} (set dataset_fn.tfds_text_key).")
+  return ds.map(plain_tf(lambda ex: ex[text_key]))
+
+
+def tfds_pairs(name: str, split: str = "train", inputs_key: str = "inputs",
+               targets_key: str = "targets",
+               data_dir: Optional[str] = None) -> tf.data.Dataset:
+  """{"inputs", "targets"} strings from two features of a TensorFlow Datasets
+  dataset (needs `pip install tensorflow-datasets`).
+
+  Example:
+    >>> ds = tfds_pairs("my_translation", "train", "en", "de", data_dir="/data/tfds")
+  """
+  ds = _tfds_load(name, split, data_dir)
+  for key in (inputs_key, targets_key):
+    if key not in ds.element_spec:
+      raise ValueError(f"tfds_pairs: {name!r} has no feature {key!r}; its features are "
+                       f"{sorted(ds.element_spec)} (set dataset_fn.tfds_inputs_key / "
+                       "tfds_targets_key).")
+  return ds.map(plain_tf(lambda ex: {"inputs": ex[inputs_key], "targets": ex[targets_key]}))
+
+
+def seqio_dataset(name: str, split: str, sequence_length: Mapping[str, int],
+                  vocabulary: Optional[vocabulary_lib.Vocabulary] = None,
+                  modules: Sequence[str] = ()) -> tf.data.Dataset:
+  """The tokenized features `sequence_length` names of a seqio task or
+  mixture (one pass, unshuffled, trimmed by seqio), as int32 ids.
+
+  Args:
+    name: a registered seqio task or mixture name.
+    split: its split ("train", "validation", ...).
+    sequence_length: {"inputs": n, "targets": m} (or only "targets").
+    vocabulary: the run's vocabulary; the task's features must have its size.
+    modules: modules to import first (they register the tasks).
+
+  Example:
+    >>> ds = seqio_dataset("my_task", "train", {"inputs": 512, "targets": 114},
+    ...                    modules=["my_project.tasks"])
+  """
+  try:
+    import seqio  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(f"seqio task {name!r}: needs seqio (`pip install seqio`).") from e
+  import importlib  # pylint: disable=g-import-not-at-top
+  for module in modules:
+    importlib.import_module(module)
+  try:
+    task = seqio.get_mixture_or_task(name)
+  except (KeyError, ValueError) as e:
+    raise ValueError(
+        f"seqio task {name!r} is not registered; name the module that registers it "
+        "(dataset_fn.seqio_modules = ['my_project.tasks']).") from e
+  for key in sequence_length:
+    if key not in task.output_features:
+      raise ValueError(f"seqio task {name!r} has no feature {key!r}; its features are "
+                       f"{sorted(task.output_features)}.")
+    size = task.output_features[key].vocabulary.vocab_size
+    if vocabulary is not None and size != vocabulary.vocab_size:
+      raise ValueError(
+          f"seqio task {name!r}: feature {key!r} has a vocabulary of {size} ids, the run's "
+          f"({type(vocabulary).__name__}) has {vocabulary.vocab_size}; set utils.run.vocabulary "
+          "to the task's vocabulary.")
+  ds = task.get_dataset(sequence_length=dict(sequence_length), split=split, shuffle=False,
+                        num_epochs=1, use_cached=False)
+  keys = list(sequence_length)
+  return ds.map(plain_tf(lambda ex: {k: tf.cast(ex[k], tf.int32) for k in keys}))
+
+
+def _tfds_load(name: str, split: str, data_dir: Optional[str]) -> tf.data.Dataset:
   try:
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise ImportError(
-        "tfds_text needs tensorflow-datasets (`pip install tensorflow-datasets`); without "
-        "it, train on text files (dataset_fn=@dataset.lm_dataset_fn with train_files=...)."
-    ) from e
-  ds = tfds.load(name, split=split, data_dir=data_dir, shuffle_files=False)
-  return ds.map(plain_tf(lambda ex: ex[text_key]))
+        f"dataset {name!r} is a TensorFlow Datasets name, which needs tensorflow-datasets "
+        "(`pip install tensorflow-datasets`, the tfds extra); without it, train on text or TSV "
+        "files "
+        "(dataset_fn.train_files=...).") from e
+  return tfds.load(name, split=split, data_dir=data_dir, shuffle_files=False)
 
 
 def _expand(files: Union[str, Sequence[str]]) -> List[str]:
@@ -297,14 +369,19 @@ def dataset_fn(split: str, vocabulary: vocabulary_lib.Vocabulary,
                packed: bool = True, shuffle_buffer: int = 10000,
                corpus_bytes: int = DEFAULT_CORPUS_BYTES,
                tfds_name: Optional[str] = None, tfds_text_key: str = "text",
-               tfds_data_dir: Optional[str] = None) -> tf.data.Dataset:
+               tfds_data_dir: Optional[str] = None, tfds_inputs_key: str = "inputs",
+               tfds_targets_key: str = "targets", tfds_train_split: str = "train",
+               tfds_eval_split: str = "validation", seqio_task: Optional[str] = None,
+               seqio_modules: Sequence[str] = ()) -> tf.data.Dataset:
   """The data `utils.run` trains and evaluates on (gin-configurable).
 
   With no files given, a language model ("lm") reads the stdlib corpus and
   an encoder-decoder ("bitransformer") learns stdlib signatures -> docstring
   summaries. Text files (`unit` per example) or TSV files ("input<TAB>target")
-  replace them; `tfds_name` reads a TensorFlow Datasets text dataset instead
-  (language models only; needs tensorflow-datasets).
+  replace them; `tfds_name` reads a TensorFlow Datasets dataset by name and
+  split instead (needs tensorflow-datasets): its `tfds_text_key` strings for a
+  language model, its `tfds_inputs_key` / `tfds_targets_key` strings for an
+  encoder-decoder; tokenized, packed and padded as files are.
 
   Args:
     split: "train" or "validation".
@@ -319,7 +396,15 @@ def dataset_fn(split: str, vocabulary: vocabulary_lib.Vocabulary,
     packed: pack examples into rows.
     shuffle_buffer: examples in the shuffle buffer.
     corpus_bytes: size of the default stdlib corpus.
-    tfds_name, tfds_text_key, tfds_data_dir: a TFDS text dataset instead.
+    tfds_name, tfds_data_dir: a TFDS dataset (e.g. "lm1b", or "my_data:1.0.0")
+      and where its prepared data lies (TFDS's default when None).
+    tfds_text_key: the text feature of a language model's TFDS dataset.
+    tfds_inputs_key, tfds_targets_key: an encoder-decoder's string features.
+    tfds_train_split, tfds_eval_split: the TFDS (or seqio) splits read for
+      training and evaluation (TFDS split syntax: "train[:90%]").
+    seqio_task: a seqio task or mixture name instead (needs seqio): its
+      tokenized "targets" (and "inputs") features, packed or padded here.
+    seqio_modules: modules to import first, which register the seqio tasks.
 
   Example (gin):
     dataset_fn.train_files = ["/data/train.txt"]
@@ -327,10 +412,18 @@ def dataset_fn(split: str, vocabulary: vocabulary_lib.Vocabulary,
     dataset_fn.unit = "line"
   """
   files = train_files if split == TRAIN else eval_files
+  if seqio_task:
+    keys = ["targets"] if model_type == "lm" else ["inputs", "targets"]
+    lengths = {k: int(sequence_length[k]) for k in keys}
+    ds = seqio_dataset(seqio_task, tfds_train_split if split == TRAIN else tfds_eval_split,
+                       lengths, vocabulary, seqio_modules)
+    ds = _shuffle(ds, seed, shuffle_buffer)
+    ds = pack(ds, lengths, keys) if packed else pad_unpacked(ds, lengths, keys)
+    return finish(ds, batch_size, repeat)
   if model_type == "lm":
     length = int(sequence_length["targets"])
+    tfds_split = tfds_train_split if split == TRAIN else tfds_eval_split
     if tfds_name:
-      tfds_split = "train" if split == TRAIN else "validation"
       ds = tokenize(tfds_text(tfds_name, tfds_split, tfds_text_key, tfds_data_dir),
                     vocabulary)
       ds = _shuffle(split_tokens(ds, length), seed, shuffle_buffer)
@@ -341,7 +434,10 @@ def dataset_fn(split: str, vocabulary: vocabulary_lib.Vocabulary,
     return lm_dataset(files, vocabulary, length, batch_size, seed, repeat, packed, unit,
                       shuffle_buffer)
   if model_type == "bitransformer":
-    if files is None:
+    if tfds_name:
+      files = tfds_pairs(tfds_name, tfds_train_split if split == TRAIN else tfds_eval_split,
+                         tfds_inputs_key, tfds_targets_key, tfds_data_dir)
+    elif files is None:
       files = pairs_from_list(stdlib_docstring_pairs(split, corpus_bytes))
     lengths = {"inputs": int(sequence_length["inputs"]),
                "targets": int(sequence_length["targets"])}

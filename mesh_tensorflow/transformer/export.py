@@ -22,11 +22,14 @@ TensorFlow: `tf.saved_model.load` in a process that never imports
 * `score_ids`: the same on int32 ids [n, any length] (0 is padding; an
   end-of-sequence id is not added).
 
-The string signatures exist when the vocabulary's encode and decode are pure
-TensorFlow ops (`ByteVocabulary`). `SentencePieceVocabulary` runs the
-sentencepiece Python package, which a SavedModel cannot hold (core TensorFlow
-has no SentencePiece op), so its SavedModel has only `decode_ids` and
-`score_ids` (then also under `serving_default`).
+The string signatures exist when the vocabulary's encode and decode are
+TensorFlow ops: `ByteVocabulary` (core ops), and `SentencePieceVocabulary`
+when tensorflow-text is installed (its SentencePiece op, with T5's sentinel
+pieces; a process that loads the SavedModel imports `tensorflow_text` first,
+as for T5's exports). Without tensorflow-text a SentencePiece vocabulary runs
+the sentencepiece Python package, which a SavedModel cannot hold (core
+TensorFlow has no SentencePiece op), so its SavedModel has only `decode_ids`
+and `score_ids` (then also under `serving_default`).
 
 Inside, each call of n examples runs in chunks of `batch_size` rows (the last
 padded), so any n works. A prompt that fills a language model's sequence
@@ -335,6 +338,9 @@ def export_saved_model(model_dir: str,
   module.slice_variables = [
       v for var in slice_variables.variable_store(mesh_impl).values()
       for _, _, v in var.unique_slices()]
+  # A vocabulary whose ops hold resources (tensorflow-text's SentencePiece
+  # model) is saved with the functions that use them.
+  module.vocabulary_resources = getattr(vocabulary, "saved_model_resources", lambda: [])()
   tf.saved_model.save(module, export_dir, signatures=signatures)
   inference.log(f"exported {checkpoint} (step {step}, mesh '{mesh_impl.shape.to_string()}', "
                 f"layout '{mesh_impl.layout_rules.to_string()}', batch {batch}) to "

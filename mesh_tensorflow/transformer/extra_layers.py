@@ -865,59 +865,9 @@ class ParallelLayer(transformer.TransformerLayer):
 
 
 # ------------------------------------------------------------ convolutions
-class Conv1D(transformer.TransformerLayer):
-  """Base class of convolutions along the length that can decode
-  incrementally: the last filter_size inputs of the layer are its decoding
-  state ("length": filter_size), filled from the prefix in "first_part"
-  mode and shifted by one position per incremental step.
-  """
-
-  def record_states_first_part_mode(self, context, x, filter_size,
-                                    length_dim_name: str = "length") -> None:
-    """Records x at the filter_size positions before context.initial_position
-    (zeros before the start)."""
-    length_dim = x.shape.dims[-2]
-    # Gathered over a window dimension of another name than x's length,
-    # then given the state's name.
-    window_dim = mtf.Dimension("conv1d_window", filter_size)
-    start = context.initial_position if context.initial_position is not None else 0
-    indices = mtf.range(x.mesh, window_dim, dtype=tf.int32) + start
-    shifted = mtf.shift(x, filter_size, length_dim, wrap=False)
-    state = mtf.gather(shifted, indices, length_dim,
-                       output_shape=mtf.Shape(x.shape.dims[:-2] + [window_dim]
-                                              + x.shape.dims[-1:]))
-    context.record_new_states([mtf.rename_dimension(state, window_dim.name, length_dim_name)])
-
-  def record_states_incremental_mode(self, context, x, filter_size,
-                                     length_dim_name: str = "length") -> mtf.Tensor:
-    """The window [batch..., length:filter_size, d_model] ending with x (the
-    current position); recorded as the new state."""
-    filter_dim = mtf.Dimension(length_dim_name, filter_size)
-    state, = context.get_states(1)
-    position = mtf.constant(x.mesh, filter_size - 1, shape=mtf.Shape(x.shape.dims[:-1]),
-                            dtype=tf.int32)
-    window = self.update_state(state, x, position, filter_dim, x.dtype)
-    context.record_new_states([window])
-    return window
-
-  def update_state(self, old_state, x, position, filter_dim, dtype):
-    """old_state shifted left by one with x written at `position`."""
-    shifted = mtf.shift(old_state, -1, filter_dim, wrap=False)
-    return shifted + mtf.one_hot(position, filter_dim, dtype=dtype) * x
-
-  def _mask_padding(self, context, x):
-    """x zeroed at padding (sequence id 0), so that padding never leaks into
-    real positions (the original compared the input ids with 0, which also
-    hid a start-of-sequence id 0 in training but not when decoding)."""
-    if hasattr(context, "sequence_id"):
-      mask = context.nonpadding
-    elif isinstance(getattr(context, "inputs", None), mtf.Tensor) and (
-        x.shape.dims[-2] in context.inputs.shape.dims):
-      # A bare context (inputs and mode only): padding is input id 0.
-      mask = mtf.not_equal(context.inputs, 0)
-    else:
-      mask = None
-    return x if mask is None else x * mtf.cast(mask, x.dtype)
+# The base of the convolutions that decode incrementally lives in
+# transformer_layers (Conv1DLayer uses it too), as in the original.
+Conv1D = tl.Conv1D
 
 
 def _activation(owner, activation):

@@ -112,7 +112,9 @@ class Context:
     losses: a list collecting auxiliary losses (scalars), or None when no
       loss is computed.
     initial_position: where decoding starts (first_part mode).
-    layer_outputs: a list collecting the activations after each layer.
+    layer_outputs: a list collecting the activations after each layer (a new
+      empty list when not given, as in the original; a pipelined stack runs
+      its stages concurrently only when no list was given).
     encoder_output: [batch..., memory_length, d_model] for decoders.
     encoder_sequence_id: segment ids [batch..., memory_length] of the encoder.
     constant_states: values computed once in first_part mode and read in
@@ -162,7 +164,8 @@ class Context:
     self.new_states = new_states
     self.losses = losses
     self.initial_position = initial_position
-    self.layer_outputs = layer_outputs
+    self.layer_outputs = layer_outputs if layer_outputs is not None else []
+    self.layer_outputs_requested = layer_outputs is not None
     self.encoder_output = encoder_output
     self.encoder_sequence_id = encoder_sequence_id
     self.constant_states = constant_states
@@ -620,7 +623,7 @@ class LayerStack(TransformerLayer):
   # ---- pipelining ------------------------------------------------------------
   def _runs_pipelined(self, context: Context) -> bool:
     return (context.mode in (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)
-            and context.layer_outputs is None)
+            and not getattr(context, "layer_outputs_requested", True))
 
   def _stage_context(self, context: Context, h: mtf.Tensor, carried_names,
                      carried_values) -> Context:
@@ -696,7 +699,8 @@ class LayerStack(TransformerLayer):
     """Whether the model should hand its loss to `logits_and_loss` (a
     pipelined 1F1B stack in training)."""
     return (self.pipelined and self.pipeline_schedule == "1f1b" and context.train
-            and context.layer_outputs is None and context.losses is not None)
+            and not getattr(context, "layer_outputs_requested", True)
+            and context.losses is not None)
 
   def logits_and_loss(self, context: Context, x: mtf.Tensor, logits_fn, targets: mtf.Tensor):
     """Logits and cross-entropy loss of a Unitransformer whose stack runs the

@@ -442,13 +442,79 @@ class DenseReluDense(transformer.TransformerLayer):
                             variable_dtype=context.variable_dtype, name="wo")
 
 
-class Conv1DLayer(transformer.TransformerLayer):
-  """A 1D convolution along the length, from the model dimension to
-  `output_size` channels (a dimension of the model dimension's name).
+class Conv1D(transformer.TransformerLayer):
+  """Base class of convolutions along the length that can decode
+  incrementally: the last filter_size inputs of the layer are its decoding
+  state ("length": filter_size), filled from the prefix in "first_part"
+  mode and shifted by one position per incremental step.
+  """
 
-  It does not stop information from crossing between packed examples, and it
-  sees future positions: use it in encoders, not in autoregressive decoders.
-  Variable "conv1d/kernel" [1, filter_size, d_model, output_size].
+  def record_states_first_part_mode(self, context, x, filter_size,
+                                    length_dim_name: str = "length") -> None:
+    """Records x at the filter_size positions before context.initial_position
+    (zeros before the start)."""
+    length_dim = x.shape.dims[-2]
+    # Gathered over a window dimension of another name than x's length,
+    # then given the state's name.
+    window_dim = mtf.Dimension("conv1d_window", filter_size)
+    start = context.initial_position if context.initial_position is not None else 0
+    indices = mtf.range(x.mesh, window_dim, dtype=tf.int32) + start
+    shifted = mtf.shift(x, filter_size, length_dim, wrap=False)
+    state = mtf.gather(shifted, indices, length_dim,
+                       output_shape=mtf.Shape(x.shape.dims[:-2] + [window_dim]
+                                              + x.shape.dims[-1:]))
+    context.record_new_states([mtf.rename_dimension(state, window_dim.name, length_dim_name)])
+
+  def record_states_incremental_mode(self, context, x, filter_size,
+                                     length_dim_name: str = "length") -> mtf.Tensor:
+    """The window [batch..., length:filter_size, d_model] ending with x (the
+    current position); recorded as the new state."""
+    filter_dim = mtf.Dimension(length_dim_name, filter_size)
+    state, = context.get_states(1)
+    position = mtf.constant(x.mesh, filter_size - 1, shape=mtf.Shape(x.shape.dims[:-1]),
+                            dtype=tf.int32)
+    window = self.update_state(state, x, position, filter_dim, x.dtype)
+    context.record_new_states([window])
+    return window
+
+  def update_state(self, old_state, x, position, filter_dim, dtype):
+    """old_state shifted left by one with x written at `position`."""
+    shifted = mtf.shift(old_state, -1, filter_dim, wrap=False)
+    return shifted + mtf.one_hot(position, filter_dim, dtype=dtype) * x
+
+  def _mask_padding(self, context, x):
+    """x zeroed at padding (sequence id 0), so that padding never leaks into
+    real positions (the original compared the input ids with 0, which also
+    hid a start-of-sequence id 0 in training but not when decoding)."""
+    if hasattr(context, "sequence_id"):
+      mask = context.nonpadding
+    elif isinstance(getattr(context, "inputs", None), mtf.Tensor) and (
+        x.shape.dims[-2] in context.inputs.shape.dims):
+      # A bare context (inputs and mode only): padding is input id 0.
+      mask = mtf.not_equal(context.inputs, 0)
+    else:
+      mask = None
+    return x if mask is None else x * mtf.cast(mask, x.dtype)
+
+
+
+_TF_GLOROT_UNIFORM = tf.compat.v1.glorot_uniform_initializer
+
+
+class Conv1DLayer(Conv1D):
+  """A 1D convolution along the length, from the model dimension to
+  `output_size` channels (a dimension of the model dimension's name), as the
+  original's: padding positions (sequence id 0, or input id 0 in a bare
+  context) are zeroed first, the window is centred ("SAME" padding), and in
+  "first_part" / "incremental" modes the last `filter_size` inputs are the
+  decoding state, so that an incremental step convolves the window ending at
+  the current position (which equals the full computation only for
+  filter_size 1; the original's layer behaves the same way).
+
+  It does not stop information from crossing between packed examples: use it
+  in encoders, or decoders that accept that. Variable "conv1d/kernel"
+  [1, filter_size, d_model, output_size], Glorot-uniform initialized as in
+  the original (with this library's layout-invariant Glorot initializer).
 
   Args:
     filter_size: the window length.
@@ -460,15 +526,38 @@ class Conv1DLayer(transformer.TransformerLayer):
   """
 
   def __init__(self, filter_size: int, output_size: int, activation: Activation = "linear"):
-    self.filter_size = filter_size
+    self._filter_size = filter_size
     self.output_size = output_size
     self.activation = activation
 
+  @property
+  def filter_size(self) -> int:
+    return self._filter_size
+
   def call(self, context: transformer.Context, x: mtf.Tensor, losses=None) -> mtf.Tensor:
     del losses
+    mode = getattr(context, "mode", None)
+    if mode == transformer.ModeKeys.FIRST_PART:
+      self.record_states_first_part_mode(context, x, self.filter_size)
+    if mode == transformer.ModeKeys.INCREMENTAL:
+      x = self.record_states_incremental_mode(context, x, self.filter_size)
+      padding = "VALID"
+    else:
+      x = self._mask_padding(context, x)
+      padding = "SAME"
     output_dim = mtf.Dimension(x.shape.dims[-1].name, self.output_size)
-    y = mtf.layers.conv1d(x, output_dim, filter_size=self.filter_size,
+    # TensorFlow's Glorot initializer draws other numbers on every layout;
+    # this library's Glorot-uniform default is layout-invariant and used
+    # instead. A replaced tf.compat.v1.glorot_uniform_initializer (the
+    # original's tests patch it to fix the kernel) is honoured.
+    glorot = tf.compat.v1.glorot_uniform_initializer
+    initializer = None if glorot is _TF_GLOROT_UNIFORM else glorot()
+    y = mtf.layers.conv1d(x, output_dim, filter_size=self.filter_size, padding=padding,
+                          filter_initializer=initializer,
                           variable_dtype=getattr(context, "variable_dtype", None))
+    if mode == transformer.ModeKeys.INCREMENTAL:
+      # [batch..., length:1, output] -> [batch..., output]
+      y = mtf.reduce_sum(y, reduced_dim=y.shape.dims[-2])
     activation = layers_core._resolve_activation(self.activation)  # pylint: disable=protected-access
     return y if activation is None else activation(y)
 

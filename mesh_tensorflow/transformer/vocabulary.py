@@ -172,14 +172,24 @@ class SentencePieceVocabulary(Vocabulary):
       spm_train --input=text.txt --model_prefix=spm --vocab_size=8000 \\
           --pad_id=0 --eos_id=1 --unk_id=2 --bos_id=-1
 
+  `extra_ids` sentinels follow the model's pieces, as T5 adds them: the
+  pieces "▁<extra_id_N>" (user-defined, so that they are never split)
+  in reverse order, so `<extra_id_0>` is the highest id (`vocab_size - 1`),
+  `<extra_id_1>` the one below, and text holding them (span-corruption
+  inputs and targets) encodes and decodes as with T5's vocabulary. T5's
+  models use 32000 pieces and 100 extra ids: 32100 ids, which the model
+  rounds up to 32128 (`Unitransformer.vocab_divisor = 128`).
+
   Args:
     sentencepiece_model_file: path of the `.model` file.
-    extra_ids: more ids after the model's pieces (they decode to nothing).
+    extra_ids: sentinel ids after the model's pieces (T5: 100).
 
   Example:
-    >>> vocab = SentencePieceVocabulary("/data/spm.model")
+    >>> vocab = SentencePieceVocabulary("/data/spm.model", extra_ids=100)
     >>> vocab.decode(vocab.encode("hello world"))
     'hello world'
+    >>> vocab.encode("<extra_id_0>") == [vocab.vocab_size - 1]
+    True
   """
 
   def __init__(self, sentencepiece_model_file: str, extra_ids: int = 0):
@@ -195,6 +205,11 @@ class SentencePieceVocabulary(Vocabulary):
           f"SentencePieceVocabulary: no model file {sentencepiece_model_file!r}.")
     with tf.io.gfile.GFile(sentencepiece_model_file, "rb") as f:
       self._model_proto = f.read()
+    if extra_ids < 0:
+      raise ValueError(f"SentencePieceVocabulary: extra_ids must be >= 0, got {extra_ids}.")
+    if extra_ids:
+      self._model_proto = _with_sentinel_pieces(self._model_proto, extra_ids,
+                                                sentencepiece_model_file)
     self._sp = sentencepiece.SentencePieceProcessor()
     self._sp.LoadFromSerializedProto(self._model_proto)
     if self._sp.pad_id() != PAD_ID or self._sp.eos_id() != EOS_ID:
@@ -207,18 +222,73 @@ class SentencePieceVocabulary(Vocabulary):
 
   @property
   def vocab_size(self) -> int:
-    return self._sp.GetPieceSize() + self._extra_ids
+    """The model's pieces plus the extra ids (the sentinels are pieces too)."""
+    return self._sp.GetPieceSize()
+
+  @property
+  def extra_ids(self) -> int:
+    return self._extra_ids
+
+  @property
+  def model_proto(self) -> bytes:
+    """The serialized SentencePiece model, sentinel pieces included."""
+    return self._model_proto
+
+  def sentinel_id(self, index: int) -> int:
+    """The id of `<extra_id_{index}>` (T5's: vocab_size - 1 - index).
+
+    Example:
+      >>> vocab.sentinel_id(0) == vocab.vocab_size - 1
+      True
+    """
+    if not 0 <= index < self._extra_ids:
+      raise ValueError(f"SentencePieceVocabulary: <extra_id_{index}> is not among the "
+                       f"{self._extra_ids} extra ids.")
+    return self.vocab_size - 1 - index
 
   def encode(self, text: str) -> List[int]:
     return list(self._sp.EncodeAsIds(text))
 
   def decode(self, ids: Iterable[int]) -> str:
-    pieces = self._sp.GetPieceSize()
+    size = self._sp.GetPieceSize()
     return self._sp.DecodeIds([i for i in self._ids_before_eos(ids)
-                               if 0 < i < pieces and i != self.eos_id])
+                               if 0 < i < size and i != self.eos_id])
+
+  @property
+  def exports_graph_ops(self) -> bool:
+    """Whether encode_tf / decode_tf are TensorFlow ops a SavedModel holds:
+    with tensorflow-text installed they run its SentencePiece op (a process
+    loading such a SavedModel imports tensorflow_text first); without it they
+    call the sentencepiece package from Python."""
+    return self._tf_text_tokenizer() is not None
+
+  def _tf_text_tokenizer(self):
+    if not hasattr(self, "_tf_tokenizer"):
+      try:
+        import tensorflow_text  # pylint: disable=g-import-not-at-top
+      except ImportError:
+        self._tf_tokenizer = None
+      else:
+        # Made eagerly, so that the datasets and functions traced later
+        # capture one model resource.
+        with tf.init_scope():
+          self._tf_tokenizer = tensorflow_text.SentencepieceTokenizer(
+              model=self._model_proto, out_type=tf.int32)
+    return self._tf_tokenizer
+
+  def saved_model_resources(self) -> list:
+    """The trackable objects a SavedModel using encode_tf / decode_tf holds."""
+    tokenizer = self._tf_text_tokenizer()
+    return [] if tokenizer is None else [tokenizer]
 
   def encode_tf(self, text: tf.Tensor) -> Union[tf.Tensor, tf.RaggedTensor]:
     text = tf.convert_to_tensor(text, tf.string)
+    if text.shape.rank not in (0, 1):
+      raise ValueError("SentencePieceVocabulary.encode_tf takes a string scalar or vector, "
+                       f"got shape {text.shape}.")
+    tokenizer = self._tf_text_tokenizer()
+    if tokenizer is not None:
+      return tokenizer.tokenize(text)
 
     def encode_bytes(b):
       b = b.item() if isinstance(b, np.ndarray) else b
@@ -230,9 +300,6 @@ class SentencePieceVocabulary(Vocabulary):
 
     if text.shape.rank == 0:
       return encode_one(text)
-    if text.shape.rank != 1:
-      raise ValueError("SentencePieceVocabulary.encode_tf takes a string scalar or vector, "
-                       f"got shape {text.shape}.")
     return tf.map_fn(encode_one, text,
                      fn_output_signature=tf.RaggedTensorSpec([None], tf.int32))
 
@@ -240,6 +307,19 @@ class SentencePieceVocabulary(Vocabulary):
     ids = tf.cast(tf.convert_to_tensor(ids), tf.int32)
     if ids.shape.rank is None or ids.shape.rank < 1:
       raise ValueError(f"decode_tf takes ids of rank >= 1, got shape {ids.shape}.")
+    tokenizer = self._tf_text_tokenizer()
+    if tokenizer is not None:
+      # As decode: the ids before the first EOS, without padding and ids
+      # beyond the vocabulary (the model's rounding rows).
+      before_eos = tf.math.cumsum(tf.cast(tf.equal(ids, self.eos_id), tf.int32),
+                                  axis=-1) == 0
+      keep = before_eos & (ids > 0) & (ids < self.vocab_size)
+      rows = tf.reshape(ids, [-1, tf.shape(ids)[-1]])
+      texts = tokenizer.detokenize(tf.ragged.boolean_mask(
+          rows, tf.reshape(keep, tf.shape(rows))))
+      out = tf.reshape(texts, tf.shape(ids)[:-1])
+      out.set_shape(ids.shape[:-1])
+      return out
 
     def decode_rows(array):
       rows = array.reshape([-1, array.shape[-1]])
@@ -252,6 +332,28 @@ class SentencePieceVocabulary(Vocabulary):
 
   def __reduce__(self):
     return (SentencePieceVocabulary, (self._file, self._extra_ids))
+
+
+def _with_sentinel_pieces(model_proto: bytes, extra_ids: int, where: str) -> bytes:
+  """The SentencePiece model with T5's sentinel pieces appended:
+  "▁<extra_id_N>" for N = extra_ids - 1 down to 0, user-defined."""
+  try:
+    from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
+  except ImportError as e:  # older sentencepiece releases lack the module
+    raise ImportError(
+        f"SentencePieceVocabulary: extra_ids for {where!r} need sentencepiece>=0.1.99 "
+        "(its sentencepiece_model_pb2 module): `pip install -U sentencepiece`.") from e
+  model = sentencepiece_model_pb2.ModelProto.FromString(model_proto)
+  existing = {piece.piece for piece in model.pieces}
+  for index in reversed(range(extra_ids)):
+    name = f"▁<extra_id_{index}>"
+    if name in existing:
+      raise ValueError(
+          f"SentencePieceVocabulary: {where!r} already has the piece {name!r}; give "
+          "extra_ids=0 for a model whose sentinels are pieces already.")
+    model.pieces.add(piece=name, score=0.0,
+                     type=sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED)
+  return model.SerializeToString()
 
 
 def get_vocabulary(name: Optional[str] = None, **kwargs) -> Vocabulary:
