@@ -631,8 +631,8 @@ def run(model_dir: Optional[str],
         decode_length: int = 96,
         temperature: float = 0.6,
         top_k: int = 40,
-        beam_size: int = 1,
-        alpha: float = 0.6,
+        beam_size: Optional[int] = None,
+        alpha: Optional[float] = None,
         checkpoint_path: Optional[str] = None,
         input_encoding: str = "utf-8",
         input_errors: str = "strict",
@@ -706,8 +706,10 @@ def run(model_dir: Optional[str],
       the targets sequence length.
     temperature: 0 for greedy decoding, else sampling temperature.
     top_k: sample from the k most likely tokens (0 or -1: all).
-    beam_size: beam search width ("bitransformer"; 1: greedy or sampling).
-    alpha: beam search length penalty.
+    beam_size: beam search width ("bitransformer"; 1: greedy or sampling;
+      default: gin's `Bitransformer.decode.beam_size`, else 1).
+    alpha: beam search length penalty (default: gin's
+      `Bitransformer.decode.alpha`, else 0.6).
     checkpoint_path: restore this checkpoint (e.g. ".../ckpt-400") instead of
       the newest intact one of model_dir (see mtf.checkpoint_verify).
     input_encoding: infer/score: the encoding of input_file.
@@ -803,6 +805,8 @@ def run(model_dir: Optional[str],
   keep_checkpoints = keep_checkpoint_max or keep_checkpoints
   eval_steps = perplexity_eval_steps or eval_steps
   layout_rules = rules_for_mesh(layout_rules, mesh_shape)
+  beam_size = inference.decode_setting("beam_size", beam_size, 1)
+  alpha = inference.decode_setting("alpha", alpha, 0.6)
   check_settings(mode, sequence_length=sequence_length, batch_size=batch_size,
                  train_steps=train_steps, eval_steps=eval_steps, eval_every=eval_every,
                  checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
