@@ -130,8 +130,10 @@ def get_variable_dtype(master_dtype="float32", slice_dtype="float32",
   "bfloat16"`): master (checkpointed) weights, their in-memory slices, and
   activations. Unlike the original, whose default master dtype was bfloat16,
   the default here is float32 (a bfloat16 checkpoint still restores into it
-  exactly); set `get_variable_dtype.master_dtype = "bfloat16"` to keep the
-  original's.
+  exactly). `run` keeps the master dtype of the checkpoint it starts from
+  (the model directory's, or init_checkpoint) unless the config sets
+  `get_variable_dtype.master_dtype`, so a model the original trained with
+  its default bfloat16 masters goes on training and saving bfloat16 masters.
 
   Example:
     >>> get_variable_dtype(activation_dtype="bfloat16").activation_dtype
@@ -473,6 +475,23 @@ def checkpoint_at_step(model_dir: str, step: int) -> str:
   steps = [p.rsplit("-", 1)[-1] for p in paths]
   raise ValueError(f"run.eval_checkpoint_step = {step}: {model_dir} has no checkpoint of that "
                    f"step (it has steps {', '.join(steps) or 'none'}).")
+
+
+def _master_dtype_from_checkpoint(variable_dtype: mtf.VariableDType,
+                                  prefix: Optional[str]) -> mtf.VariableDType:
+  """variable_dtype, with the master dtype of the checkpoint the run starts
+  from where the config does not set `get_variable_dtype.master_dtype`: a
+  model directory the original trained with its default bfloat16 masters
+  keeps training and saving bfloat16 masters, as it would there."""
+  if prefix is None or modeling._bound("get_variable_dtype", "master_dtype"):  # pylint: disable=protected-access
+    return variable_dtype
+  from mesh_tensorflow.training import original_checkpoint  # pylint: disable=g-import-not-at-top
+  saved = original_checkpoint.saved_master_dtype(resolve_checkpoint(prefix))
+  if saved is None or saved == variable_dtype.master_dtype:
+    return variable_dtype
+  log(f"master dtype {saved.name}, as the checkpoint {prefix} holds (set "
+      "get_variable_dtype.master_dtype to choose another)")
+  return mtf.VariableDType(saved, variable_dtype.slice_dtype, variable_dtype.activation_dtype)
 
 
 def resolve_checkpoint(path: str) -> str:
@@ -829,7 +848,11 @@ def run(model_dir: Optional[str],
         f"batch_size {batch_size} must be a multiple of the batch split {split} (layout "
         f"{layout_rules!r} on mesh {mesh_shape!r}) times grad_accum_steps "
         f"{grad_accum_steps}.")
-  variable_dtype = get_variable_dtype()
+  variable_dtype = _master_dtype_from_checkpoint(
+      get_variable_dtype(), checkpoint_path or
+      (tf.train.latest_checkpoint(model_dir) if model_dir and not (fresh and mode == "train")
+       else None) or
+      (resolve_checkpoint(init_checkpoint) if init_checkpoint and mode == "train" else None))
   if activation_dtype is not None:
     variable_dtype = mtf.VariableDType(variable_dtype.master_dtype, variable_dtype.slice_dtype,
                                        tf.as_dtype(activation_dtype))
