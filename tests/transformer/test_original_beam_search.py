@@ -100,9 +100,12 @@ def restored(request):
 # Rows whose lower-ranked beams (not the best) differ from the original's:
 # with the stand-in end id and the vocabulary prefilter, t5_v1_0_bi's rows 0
 # and 5 finish a hypothesis the original does not keep (best beams and the
-# other 28 of 32 beams equal). Both rank hypotheses of dead beams and ended
-# ones at -1e7 + log P, which float32 rounds in steps of 1.0, so logits that
-# differ by 1e-5 can order such near-ties differently.
+# other 28 of 32 beams equal). At the first step the fourth alive place goes
+# to a candidate ranked near -1e7 (float32 steps of 1.0 there): the original
+# gives it to an extension of an empty beam (its log P -10000003), this
+# library to the extension that ended (-1e7 + log P = -10000004), whose
+# continuation then finishes. Why the original's empty-beam value rounds up
+# is not known; perturbing the logits by 1e-4 does not change this result.
 KNOWN_BEAM_DIFFERENCES = {("t5_v1_0_bi", "beam4_alpha0.6_eos_split"): (0, 5)}
 
 
