@@ -6,7 +6,11 @@ so that tools reading T5 / Mesh TensorFlow checkpoints read it.
         --checkpoint=/tmp/run --output_dir=/tmp/run_original --dtype=bfloat16
 
 Flags: --checkpoint (a checkpoint prefix or a model directory: its latest),
---output_dir, --dtype (bfloat16, float32 or saved: keep the saved dtype),
+--output_dir, --dtype (default "original": the model variables in the saved
+dtype, which is the master dtype the run trained with, and the Adafactor
+slots in float32, as the original 0.1.21 restores them; "bfloat16" or
+"float32": the model variables in that dtype, the slots in float32; "saved":
+every variable as saved),
 --step (default: the saved global_step), --include_optimizer_state
 (default true: also the Adafactor slots), --min_dim_size_to_factor (the
 original AdafactorOptimizer's, default 128). Errors print `error: ...` and
@@ -23,7 +27,11 @@ import tensorflow as tf
 from mesh_tensorflow import cli
 from mesh_tensorflow.training import original_checkpoint
 
-_DTYPES = {"bfloat16": tf.bfloat16, "float32": tf.float32, "saved": None}
+# --dtype: (model variables' dtype, slots' dtype); None keeps the saved one.
+_DTYPES = {"original": (None, original_checkpoint.ORIGINAL_SLOT_DTYPE),
+           "bfloat16": (tf.bfloat16, original_checkpoint.ORIGINAL_SLOT_DTYPE),
+           "float32": (tf.float32, original_checkpoint.ORIGINAL_SLOT_DTYPE),
+           "saved": (None, None)}
 
 # Its own FlagValues: importing this module never clashes with another
 # program's flags of the same names.
@@ -32,9 +40,11 @@ flags.DEFINE_string("checkpoint", None,
                     "This library's checkpoint prefix or model directory.", flag_values=FLAGS)
 flags.DEFINE_string("output_dir", None, "Directory for the original-format checkpoint.",
                     flag_values=FLAGS)
-flags.DEFINE_enum("dtype", "saved", list(_DTYPES),
-                  "dtype of floating variables: bfloat16, float32, or saved (unchanged).",
-                  flag_values=FLAGS)
+flags.DEFINE_enum("dtype", "original", list(_DTYPES),
+                  "original: model variables as saved (the trained master dtype), "
+                  "Adafactor slots float32, as the original restores them; bfloat16 or "
+                  "float32: model variables in that dtype, slots float32; saved: all as "
+                  "saved.", flag_values=FLAGS)
 flags.DEFINE_integer("step", None, "Step number to write (default: the saved global_step).",
                      flag_values=FLAGS)
 flags.DEFINE_bool("include_optimizer_state", True, "Also write the Adafactor slots.",
@@ -58,7 +68,8 @@ def _run(argv) -> int:
     return 2
   try:
     prefix = original_checkpoint.export(
-        FLAGS.checkpoint, FLAGS.output_dir, dtype=_DTYPES[FLAGS.dtype], step=FLAGS.step,
+        FLAGS.checkpoint, FLAGS.output_dir, dtype=_DTYPES[FLAGS.dtype][0],
+        slot_dtype=_DTYPES[FLAGS.dtype][1], step=FLAGS.step,
         include_optimizer_state=FLAGS.include_optimizer_state,
         min_dim_size_to_factor=FLAGS.min_dim_size_to_factor)
   except (ValueError, tf.errors.OpError, OSError) as e:

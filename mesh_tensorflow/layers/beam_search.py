@@ -12,16 +12,25 @@ dimension last.
     >>> beams, scores = mtf.beam_search.beam_search(
     ...     logits_fn, mtf.zeros(mesh, "batch:8;beam:4;length:32", dtype=tf.int32), alpha=0.6)
 
-Beam search keeps, per batch element, `beam` alive hypotheses and `beam`
-finished ones. At each step it extends the alive ones by every token and
-ranks the extensions by log probability; those of the best `beam` that end
-with `eos_id` are finished (scored log P / ((5 + n) / 6)^alpha with n their
-length), and the best `beam` that do not end with `eos_id` stay alive. With
-stop_early, decoding stops when every batch element has `beam` finished
-hypotheses; at the end, alive hypotheses compete with the finished ones only
-where fewer than `beam` finished. So with beam 1 the result is exactly the
-greedy decode: the first time the most likely token is `eos_id` that
-hypothesis is finished and the search stops.
+Beam search is the one of Mesh TensorFlow 0.1.x and T5 (after Wu et al.
+2016, https://arxiv.org/abs/1609.08144), with the same results. Per batch
+element it keeps `beam` alive hypotheses (none ends with `eos_id`) and
+`beam` finished ones. Step i extends every alive hypothesis by every token,
+scores each extension log P / ((5 + i + 1) / 6)^alpha and takes the best
+2 * beam (ties: the lower beam, then the lower id). Of those, the best
+`beam` that do not end with `eos_id` are the new alive ones; the ones that
+do compete with the finished ones for the `beam` finished places. Decoding
+stops after `decode_length` steps or, with stop_early, once in every batch
+element the lowest finished score beats the best alive hypothesis's log P
+divided by the largest length penalty, ((5 + decode_length) / 6)^alpha.
+The result is the finished hypotheses with their scores, or, for a batch
+element where none finished, the alive ones with their log probabilities.
+
+Given `layout` and `mesh_shape` (and use_tpu), the candidates are
+prefiltered as in the original: the vocabulary is cut into as many parts as
+the layout splits it on the mesh, each beam keeps its `num_prefilter` best
+tokens per part, and the best 2 * beam come from those. A model's
+`beam_search` passes its layout and mesh shape, as the original's does.
 """
 
 from __future__ import annotations
@@ -35,8 +44,10 @@ from mesh_tensorflow.ops import constant_ops as const_ops
 from mesh_tensorflow.ops import control
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops.einsum_ops import einsum
-from mesh_tensorflow.ops.indexing import mtf_range, one_hot, sample_with_temperature, top_k
-from mesh_tensorflow.ops.reduction import log_softmax, reduce_all, reduce_min, reduce_sum
+from mesh_tensorflow.ops.indexing import one_hot, sample_with_temperature, top_k
+from mesh_tensorflow.ops.reduction import (reduce_all, reduce_any, reduce_logsumexp, reduce_min,
+                                           reduce_sum)
+from mesh_tensorflow.ops.utilities import tensor_dim_to_mesh_dim_size
 from mesh_tensorflow.ops.shape_ops import broadcast, rename_dimension, reshape, transpose
 from mesh_tensorflow.ops.slicing import concat
 from mesh_tensorflow.core.shapes import Dimension, Shape
@@ -106,11 +117,6 @@ def _as_scalar(mesh, value: IntLike, default: int) -> Tensor:
   if isinstance(value, Tensor):
     return ew.minimum(ew.cast(value, tf.int32), default)
   return const_ops.constant(mesh, min(int(value), default), dtype=tf.int32)
-
-
-def _length_penalty(step_plus_one: Tensor, alpha: float, dtype) -> Tensor:
-  n = ew.cast(step_plus_one, dtype)
-  return ew.exp(ew.log((n + 5.0) / 6.0) * float(alpha))
 
 
 def keep_top_k(logits: Tensor, vocab_dim: Dimension, k: int) -> Tensor:
@@ -201,12 +207,51 @@ def greedy_decode(logits_fn: LogitsFn, initial_ids: Tensor, temperature: float =
   return outputs[1]
 
 
+def _beam_dim_entry(x: Tensor, beam_dim: Dimension, index: int) -> Tensor:
+  """x's entries at position `index` of beam_dim (exactly: one-hot einsum)."""
+  pick = one_hot(const_ops.constant(x.mesh, index, dtype=tf.int32), beam_dim, dtype=x.dtype)
+  return einsum([x, pick], output_shape=x.shape - [beam_dim])
+
+
+def _top_candidates(scores: Tensor, batch_dims, beam_dim: Dimension, vocab_dim: Dimension,
+                    double: Dimension, split: int, num_prefilter: Optional[int]):
+  """The best double.size (beam, token) pairs of scores [batch..., beam,
+  vocab]: (their scores, beam index, token id), each [batch..., double].
+
+  split > 1: the original's prefilter: the vocabulary cut into `split`
+  parts, num_prefilter (or double.size) best tokens per beam and part first.
+  """
+  k = beam_dim.size
+  vocab = vocab_dim.size
+  if split <= 1 or vocab % split:
+    flat_dim = Dimension("beam_and_vocab", k * vocab)
+    flat = reshape(scores, Shape(batch_dims + [flat_dim]))
+    top_scores, top_index = top_k(flat, flat_dim, k_dim=double)
+    return top_scores, ew.floordiv(top_index, vocab), ew.mod(top_index, vocab)
+  part_dim = Dimension(vocab_dim.name, split)
+  within_dim = Dimension("minor_vocab", vocab // split)
+  keep_dim = Dimension("prefilter", num_prefilter or double.size)
+  parts = reshape(scores, Shape(batch_dims + [beam_dim, part_dim, within_dim]))
+  part_scores, part_tokens = top_k(parts, within_dim, k_dim=keep_dim)
+  pooled_dim = Dimension("combined", k * split * keep_dim.size)
+  pooled_scores = reshape(part_scores, Shape(batch_dims + [pooled_dim]))
+  pooled_tokens = reshape(part_tokens, Shape(batch_dims + [pooled_dim]))
+  top_scores, top_index = top_k(pooled_scores, pooled_dim, k_dim=double)
+  within = reduce_sum(pooled_tokens * one_hot(top_index, pooled_dim, dtype=tf.int32),
+                      reduced_dim=pooled_dim)
+  per_beam = split * keep_dim.size
+  beam_index = ew.floordiv(top_index, per_beam)
+  part = ew.floordiv(ew.mod(top_index, per_beam), keep_dim.size)
+  return top_scores, beam_index, part * within_dim.size + within
+
+
 def beam_search(logits_fn: LogitsFn, initial_ids: Tensor, alpha: float,
                 states: Optional[Sequence[Tensor]] = None, eos_id: int = EOS_ID,
                 stop_early: bool = True, decode_length: IntLike = None, use_tpu: bool = True,
                 dtype=tf.float32, layout=None, mesh_shape=None,
-                num_prefilter=None) -> Tuple[Tensor, Tensor]:
-  """Beam search with a length penalty (see the module docstring).
+                num_prefilter: Optional[int] = 2) -> Tuple[Tensor, Tensor]:
+  """Beam search with a length penalty, as Mesh TensorFlow 0.1.x and T5
+  decode (see the module docstring).
 
   Args:
     logits_fn: logits_fn(step, ids, states) -> (logits, new_states); step is
@@ -214,102 +259,108 @@ def beam_search(logits_fn: LogitsFn, initial_ids: Tensor, alpha: float,
       logits [batch..., beam, vocab]; states have the beam dimension and are
       reordered with the hypotheses.
     initial_ids: int32 zeros [batch..., beam, length]; decoding starts at 0.
-    alpha: length penalty exponent (0: rank finished hypotheses by log P).
+    alpha: length penalty exponent (0: no length penalty).
     states: decoding states [batch..., beam, ...].
     eos_id: the end-of-sequence id.
-    stop_early: stop once every batch element has `beam` finished hypotheses.
-    decode_length: int or int32 mtf scalar: at most this many tokens.
-    use_tpu: accepted for compatibility.
+    stop_early: stop once no alive hypothesis can beat the finished ones
+      (else run decode_length steps).
+    decode_length: int or int32 mtf scalar: at most this many tokens (capped
+      by the length dimension).
+    use_tpu: with layout and mesh_shape: prefilter the candidates.
     dtype: dtype of the scores.
-    layout: accepted for compatibility.
-    mesh_shape: accepted for compatibility.
-    num_prefilter: accepted for compatibility.
+    layout: the layout rules, for the prefilter (None: no prefilter).
+    mesh_shape: the mesh shape, for the prefilter.
+    num_prefilter: tokens kept per beam and vocabulary part by the prefilter
+      (None or 0: 2 * beam).
 
   Returns:
-    (ids [batch..., beam, length], scores [batch..., beam]), best first; the
-    scores are length-penalized log probabilities.
+    (ids [batch..., beam, length], scores [batch..., beam]), best first: the
+    finished hypotheses and their length-penalized log probabilities, or
+    where none finished, the alive ones and their log probabilities.
 
   Example:
     >>> beams, scores = beam_search(logits_fn, zeros_bbl, alpha=0.6)
     >>> best = best_beam(beams)
   """
-  del use_tpu, layout, mesh_shape, num_prefilter
   mesh = initial_ids.mesh
+  if initial_ids.shape.ndims < 3:
+    raise ValueError(f"beam_search: initial_ids {initial_ids.name} must be [batch..., beam, "
+                     f"length], got {initial_ids.shape}.")
   batch_dims = initial_ids.shape.dims[:-2]
   beam_dim, length_dim = initial_ids.shape.dims[-2:]
   k = beam_dim.size
   batch_beam = Shape(batch_dims + [beam_dim])
   double = Dimension("double_beam", 2 * k)
   old_beam = Dimension("old_beam", k)
-  pool_dim = Dimension("triple_beam", 3 * k)
+  triple = Dimension("triple_beam", 3 * k)
   limit = _as_scalar(mesh, decode_length, length_dim.size)
-  neg_inf = const_ops.constant(mesh, -INF, dtype=dtype)
+  prefilter = use_tpu and layout is not None and mesh_shape is not None
 
   alive_lp = const_ops.constant(mesh, [0.0] + [-INF] * (k - 1), Shape([beam_dim]), dtype=dtype)
   alive_lp = broadcast(alive_lp, batch_beam)
   finished_scores = const_ops.constant(mesh, -INF, batch_beam, dtype=dtype)
-  finished_count = const_ops.zeros(mesh, Shape(batch_dims), dtype=tf.int32)
+  finished_flags = const_ops.constant(mesh, False, batch_beam, dtype=tf.bool)
   step0 = const_ops.constant(mesh, 0, dtype=tf.int32)
 
-  def cond_fn(step, alive_seq, alive_lp, fin_seq, fin_scores, fin_count, *states):
-    more = ew.less(step, limit)
-    if stop_early:
-      more = ew.logical_and(more, ew.logical_not(reduce_all(ew.greater_equal(fin_count, k))))
-    return more
+  def penalty(length: Tensor) -> Tensor:
+    return ew.pow((ew.cast(length, dtype) + 5.0) / 6.0, float(alpha))
 
-  def body_fn(step, alive_seq, alive_lp, fin_seq, fin_scores, fin_count, *states):
+  def cond_fn(step, alive_seq, alive_lp, fin_seq, fin_scores, fin_flags, *states):
+    more = ew.less(step, limit)
+    if not stop_early:
+      return more
+    best_alive = _beam_dim_entry(alive_lp, beam_dim, 0) / penalty(limit)
+    lowest_finished = reduce_min(fin_scores * ew.cast(fin_flags, dtype), reduced_dim=beam_dim)
+    none_finished = 1.0 - ew.cast(reduce_any(fin_flags, reduced_dim=beam_dim), dtype)
+    lowest_finished = lowest_finished + none_finished * -INF
+    settled = reduce_all(ew.greater(lowest_finished, best_alive))
+    return ew.logical_and(more, ew.logical_not(settled))
+
+  def body_fn(step, alive_seq, alive_lp, fin_seq, fin_scores, fin_flags, *states):
     logits, new_states = logits_fn(step, alive_seq, list(states))
     vocab_dim = logits.shape.dims[-1]
     logits = transpose(ew.cast(logits, dtype), Shape(batch_dims + [beam_dim, vocab_dim]))
-    log_probs = log_softmax(logits, vocab_dim) + alive_lp
-    beam_vocab = Dimension("beam_and_vocab", k * vocab_dim.size)
-    flat = reshape(log_probs, Shape(batch_dims + [beam_vocab]))
-    cand_lp, cand_index = top_k(flat, beam_vocab, k_dim=double)
-    cand_beam = ew.floordiv(cand_index, vocab_dim.size)
-    cand_token = ew.mod(cand_index, vocab_dim.size)
-    from_beam = one_hot(cand_beam, old_beam, dtype=tf.int32)  # [batch, double, old_beam]
-    cand_seq = select(rename_dimension(alive_seq, beam_dim.name, old_beam.name), from_beam,
-                      old_beam, double)
-    cand_seq = cand_seq + cand_token * one_hot(step, length_dim, dtype=tf.int32)
-    is_eos = ew.equal(cand_token, eos_id)
-    # Finished: the extensions ending in EOS among the best k.
-    newly = ew.logical_and(is_eos, ew.less(mtf_range(mesh, double, tf.int32), k))
-    newly = ew.logical_and(newly, ew.greater(cand_lp, -INF / 2))  # not from a dead beam
-    penalty = _length_penalty(step + 1, alpha, dtype)
-    new_scores = ew.where(newly, cand_lp / penalty, neg_inf)
-    pool_scores = concat([rename_dimension(fin_scores, beam_dim.name, pool_dim.name),
-                          rename_dimension(new_scores, double.name, pool_dim.name)],
-                         pool_dim.name)
-    pool_seq = concat([rename_dimension(fin_seq, beam_dim.name, pool_dim.name),
-                       rename_dimension(cand_seq, double.name, pool_dim.name)], pool_dim.name)
-    fin_scores, fin_index = top_k(pool_scores, pool_dim, k_dim=beam_dim)
-    fin_seq = select(pool_seq, one_hot(fin_index, pool_dim, dtype=tf.int32), pool_dim, beam_dim)
-    fin_count = ew.minimum(fin_count + reduce_sum(ew.to_int32(newly), reduced_dim=double), k)
-    # Alive: the best k extensions that do not end in EOS.
-    alive_scores = ew.where(is_eos, neg_inf, cand_lp)
-    alive_lp, alive_index = top_k(alive_scores, double, k_dim=beam_dim)
+    log_probs = logits - reduce_logsumexp(logits, vocab_dim) + alive_lp
+    step_penalty = penalty(step + 1)
+    split = (tensor_dim_to_mesh_dim_size(layout, mesh_shape, vocab_dim) if prefilter else 1)
+    top_scores, top_beam, top_token = _top_candidates(
+        log_probs / step_penalty, batch_dims, beam_dim, vocab_dim, double, split,
+        num_prefilter)
+    top_lp = top_scores * step_penalty
+    from_beam = one_hot(top_beam, old_beam, dtype=tf.int32)  # [batch, double, old_beam]
+    top_seq = select(rename_dimension(alive_seq, beam_dim.name, old_beam.name), from_beam,
+                     old_beam, double)
+    top_seq = top_seq + top_token * one_hot(step, length_dim, dtype=tf.int32)
+    top_ended = ew.equal(top_token, eos_id)
+    ended = ew.cast(top_ended, dtype)
+    # Alive: the best k extensions that do not end with eos_id.
+    _, alive_index = top_k(top_scores + ended * -INF, double, k_dim=beam_dim)
     to_alive = one_hot(alive_index, double, dtype=tf.int32)  # [batch, beam, double]
-    alive_seq = select(cand_seq, to_alive, double, beam_dim)
+    alive_seq = select(top_seq, to_alive, double, beam_dim)
+    alive_lp = select(top_lp, to_alive, double, beam_dim)
+    # Finished: the best k of the finished ones and the extensions that end
+    # with eos_id (the others pushed below every real score).
+    def pool(finished: Tensor, candidates: Tensor) -> Tensor:
+      return concat([rename_dimension(finished, beam_dim.name, triple.name),
+                     rename_dimension(candidates, double.name, triple.name)], triple.name)
+    fin_scores, fin_index = top_k(pool(fin_scores, top_scores + (1.0 - ended) * -INF),
+                                  triple, k_dim=beam_dim)
+    to_finished = one_hot(fin_index, triple, dtype=tf.int32)
+    fin_seq = select(pool(fin_seq, top_seq), to_finished, triple, beam_dim)
+    fin_flags = ew.cast(select(pool(ew.cast(fin_flags, tf.int32), ew.cast(top_ended, tf.int32)),
+                               to_finished, triple, beam_dim), tf.bool)
     source = einsum([ew.cast(to_alive, dtype), ew.cast(from_beam, dtype)],
                     output_shape=Shape(batch_dims + [beam_dim, old_beam]))
     reordered = [select(rename_dimension(s, beam_dim.name, old_beam.name), source, old_beam,
                         beam_dim) for s in new_states]
-    return [step + 1, alive_seq, alive_lp, fin_seq, fin_scores, fin_count] + reordered
+    return [step + 1, alive_seq, alive_lp, fin_seq, fin_scores, fin_flags] + reordered
 
-  loop_vars = [step0, initial_ids, alive_lp, initial_ids, finished_scores, finished_count]
+  loop_vars = [step0, initial_ids, alive_lp, initial_ids, finished_scores, finished_flags]
   out = control.while_loop(cond_fn, body_fn, loop_vars + list(states or []))
-  steps, alive_seq, alive_lp, fin_seq, fin_scores, fin_count = out[:6]
-  # Where fewer than k hypotheses finished, alive ones (cut at the limit)
-  # compete too.
-  alive_scores = ew.where(ew.greater_equal(fin_count, k), neg_inf,
-                          alive_lp / _length_penalty(steps, alpha, dtype))
-  two = Dimension("final_pool", 2 * k)
-  pool_scores = concat([rename_dimension(fin_scores, beam_dim.name, two.name),
-                        rename_dimension(alive_scores, beam_dim.name, two.name)], two.name)
-  pool_seq = concat([rename_dimension(fin_seq, beam_dim.name, two.name),
-                     rename_dimension(alive_seq, beam_dim.name, two.name)], two.name)
-  scores, index = top_k(pool_scores, two, k_dim=beam_dim)
-  ids = select(pool_seq, one_hot(index, two, dtype=tf.int32), two, beam_dim)
+  _, alive_seq, alive_lp, fin_seq, fin_scores, fin_flags = out[:6]
+  any_finished = reduce_any(fin_flags, reduced_dim=beam_dim)
+  ids = ew.where(any_finished, fin_seq, alive_seq)
+  scores = ew.where(any_finished, fin_scores, alive_lp)
   return ids, scores
 
 

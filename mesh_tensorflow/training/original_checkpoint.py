@@ -448,6 +448,30 @@ def original_variables(checkpoint: str, include_optimizer_state: bool = True,
   return out
 
 
+def saved_master_dtype(prefix: str) -> Optional[tf.DType]:
+  """The one dtype of the floating model variables (not optimizer slots) of
+  a checkpoint in either format, or None (none, or several).
+
+  Example:
+    >>> saved_master_dtype("/models/t5_small/model.ckpt-1000000")
+    tf.bfloat16
+  """
+  dtypes = set()
+  for key, dtype in tf.train.load_checkpoint(prefix).get_variable_to_dtype_map().items():
+    if key.startswith(_OUR_FORMAT_PREFIX):
+      name = _unescape(key[len(_OUR_FORMAT_PREFIX):].rsplit("/.ATTRIBUTES/", 1)[0])
+      if _OUR_SLOT.match(name):
+        continue
+    elif "/" in key and _ORIGINAL_SLOT.match(key):
+      continue
+    else:
+      name = key
+    if dtype.is_floating and name != GLOBAL_STEP and not name.startswith("__") and \
+        "/" in name:
+      dtypes.add(dtype)
+  return dtypes.pop() if len(dtypes) == 1 else None
+
+
 def saved_step(checkpoint: str) -> int:
   """The `global_step` saved in one of this library's checkpoints (else the
   number its prefix ends with, else 0).
@@ -477,10 +501,16 @@ def _to_original(name: str, value: np.ndarray) -> np.ndarray:
   return value.reshape(original_shape(value.shape, merged_axis(name, value.shape)))
 
 
+# The original's AdafactorOptimizer keeps its slots in float32 whatever the
+# master dtype (its restore refuses another dtype).
+ORIGINAL_SLOT_DTYPE = tf.float32
+
+
 def write(variables: Sequence[Tuple[str, np.ndarray]], output_dir: str, step: int,
-          dtype=None) -> str:
+          dtype=None, slot_dtype=None) -> str:
   """Writes `variables` as a name-based checkpoint OUTPUT_DIR/model.ckpt-STEP
-  with a `checkpoint` state file; floating values are cast to `dtype`
+  with a `checkpoint` state file; floating model variables are cast to
+  `dtype` and floating Adafactor slots (`..._slot_v` etc.) to `slot_dtype`
   (None: kept), `global_step` is int64. Returns the prefix.
 
   Example:
@@ -494,8 +524,9 @@ def write(variables: Sequence[Tuple[str, np.ndarray]], output_dir: str, step: in
     if name == GLOBAL_STEP:
       continue
     t = tf.convert_to_tensor(value)
-    if dtype is not None and t.dtype.is_floating:
-      t = tf.cast(t, dtype)
+    cast_to = slot_dtype if _ORIGINAL_SLOT.match(name) else dtype
+    if cast_to is not None and t.dtype.is_floating:
+      t = tf.cast(t, cast_to)
     names.append(name)
     tensors.append(t)
   tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
@@ -512,15 +543,23 @@ def write(variables: Sequence[Tuple[str, np.ndarray]], output_dir: str, step: in
 
 def export(checkpoint: str, output_dir: str, dtype=None, step: Optional[int] = None,
            include_optimizer_state: bool = True,
-           min_dim_size_to_factor: int = 128) -> str:
+           min_dim_size_to_factor: int = 128, slot_dtype=ORIGINAL_SLOT_DTYPE) -> str:
   """Writes one of this library's checkpoints (a prefix or a directory: its
   latest) in the original's format; returns the new prefix.
+
+  By default the model variables keep the saved dtype, which is the master
+  dtype the run trained with (`get_variable_dtype.master_dtype`: bfloat16
+  for the original's configs, which take its default; see
+  `utils.run`), and the Adafactor slots are float32 as the original keeps
+  them, so the original restores the export unchanged.
 
   Args:
     checkpoint: this library's checkpoint prefix or model directory.
     output_dir: where model.ckpt-STEP.* and the `checkpoint` file go.
-    dtype: the dtype of floating variables (e.g. tf.bfloat16); None keeps
-      the saved one.
+    dtype: the dtype of floating model variables (e.g. tf.bfloat16); None
+      keeps the saved one.
+    slot_dtype: the dtype of floating Adafactor slots (default float32, the
+      original's); None keeps the saved one.
     step: the step number (default: the checkpoint's `global_step`, else
       the number in its name).
     include_optimizer_state: also write the Adafactor slots.
@@ -535,4 +574,4 @@ def export(checkpoint: str, output_dir: str, dtype=None, step: Optional[int] = N
                                  min_dim_size_to_factor)
   if step is None:
     step = saved_step(checkpoint)
-  return write(variables, output_dir, step, dtype)
+  return write(variables, output_dir, step, dtype, slot_dtype)

@@ -125,6 +125,13 @@ def register_configurables() -> Dict[str, object]:
         CONFIGURABLES[name] = gin.configurable(name, module=gin_module_path)(obj)
       else:
         CONFIGURABLES[name] = gin.external_configurable(obj, module=gin_module_path)
+  bitransformer = CONFIGURABLES.get("Bitransformer")
+  if bitransformer is not None:
+    # The original's decoding settings: `Bitransformer.decode.beam_size = 4`,
+    # `Bitransformer.decode.alpha = 0.6`, ... (T5's beam_search.gin).
+    bitransformer.decode = gin.configurable("decode", module="Bitransformer")(
+        bitransformer.decode)
+    CONFIGURABLES["Bitransformer.decode"] = bitransformer.decode
   return CONFIGURABLES
 
 

@@ -322,9 +322,26 @@ def lm_decode(setup: modeling.Setup, prompts: Sequence[str], decode_length: int,
   return outputs
 
 
+def decode_setting(name: str, given, default):
+  """`given`, else the gin binding `Bitransformer.decode.<name>` (the
+  original's way to set beam_size, alpha, ...), else `default`.
+
+  Example:
+    >>> decode_setting("beam_size", None, 1)  # with Bitransformer.decode.beam_size = 4
+    4
+  """
+  if given is not None:
+    return given
+  try:
+    import gin  # pylint: disable=g-import-not-at-top
+    return gin.query_parameter(f"Bitransformer.decode.{name}")
+  except (ImportError, ValueError):
+    return default
+
+
 def bi_decode(setup: modeling.Setup, sources: Sequence[str], temperature: float = 0.0,
-              top_k: Optional[int] = None, beam_size: int = 1,
-              alpha: float = 0.6) -> List[str]:
+              top_k: Optional[int] = None, beam_size: Optional[int] = None,
+              alpha: Optional[float] = None) -> List[str]:
   """Outputs of an encoder-decoder for `sources`.
 
   Args:
@@ -333,13 +350,17 @@ def bi_decode(setup: modeling.Setup, sources: Sequence[str], temperature: float 
     temperature: 0.0 for greedy decoding, else sampling temperature (beam
       search is always greedy).
     top_k: sample among the k most likely tokens (None or 0: all).
-    beam_size: 1, or the beam search width.
-    alpha: beam search length penalty.
+    beam_size: 1, or the beam search width (None: gin's
+      `Bitransformer.decode.beam_size`, else 1).
+    alpha: beam search length penalty (None: gin's
+      `Bitransformer.decode.alpha`, else 0.6).
 
   Example:
     >>> bi_decode(setup, ["def add(a, b):"], beam_size=4)
     ['Return a + b.']
   """
+  beam_size = decode_setting("beam_size", beam_size, 1)
+  alpha = decode_setting("alpha", alpha, 0.6)
   in_length = setup.sequence_length["inputs"]
   batch = padded_batch_size(min(len(sources), setup.batch_size), setup.batch_split)
   _warn_cut(setup, sources, in_length, "input")

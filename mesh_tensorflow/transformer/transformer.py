@@ -806,13 +806,16 @@ class Unitransformer:
   def incremental_logits_fn(self, batch_dims, length_dim, variable_dtype, constant_states,
                             encoder_output=None, encoder_sequence_id=None, shared_params=None,
                             encoder_layer_outputs=None, beam_dim=None, never_end_token=None,
-                            initial_position=None, encoder_inputs=None):
+                            initial_position=None, encoder_inputs=None,
+                            ban_padding: bool = True):
     """logits_fn(step, ids, states) -> (logits, new_states): one incremental
     decoding step, in the form mtf.beam_search's decoders take.
 
     step is the position decoded (a scalar or [batch...]); the token read
-    is ids at step - 1. The logits of id 0 (padding), and of never_end_token
-    if given, are -1e9: decoding never produces them.
+    is ids at step - 1. The logits of id 0 (padding) unless ban_padding is
+    False (beam search, whose log probabilities are the original's over the
+    whole vocabulary), and of never_end_token if given, are -1e9: decoding
+    never produces them.
 
     Example:
       >>> fn = model.incremental_logits_fn([batch], length, vdtype, constants)
@@ -833,7 +836,10 @@ class Unitransformer:
       token = _one_position(ids, step - 1, length_dim)
       with mtf.name_scope(ids.mesh, self.name):
         logits = self._call_internal(context, token)
-      banned = [0] + ([never_end_token] if never_end_token is not None else [])
+      banned = (([0] if ban_padding else []) +
+                ([never_end_token] if never_end_token is not None else []))
+      if not banned:
+        return logits, context.new_states
       logits = logits + mtf.constant(
           ids.mesh, np.isin(np.arange(self.output_vocab_dim.size), banned) * _NEG_INF,
           mtf.Shape([self.output_vocab_dim]), dtype=logits.dtype)
@@ -918,7 +924,9 @@ class Unitransformer:
                   encoder_sequence_id=None, encoder_inputs=None, alpha: float = 0.6,
                   shared_params=None, encoder_layer_outputs=None, bos_id: int = 0,
                   stop_at_token: int = 1, return_all_beams: bool = False):
-    """Beam search from position 0 (see `mtf.beam_search.beam_search`).
+    """Beam search from position 0 (see `mtf.beam_search.beam_search`), as
+    the original's: with the model's layout and mesh shape, candidates are
+    prefiltered per vocabulary part as there.
 
     Args:
       inputs: int32 zeros [batch, beam, length]; the beam dimension's size is
@@ -954,10 +962,11 @@ class Unitransformer:
     logits_fn = self.incremental_logits_fn(
         batch_dims + [beam_dim], length_dim, variable_dtype, constant_states, encoder_output,
         encoder_sequence_id, shared_params, encoder_layer_outputs, beam_dim=beam_dim,
-        encoder_inputs=encoder_inputs)
+        encoder_inputs=encoder_inputs, ban_padding=False)
     beams, scores = beam_search_lib.beam_search(
         logits_fn, inputs, alpha, states=states, eos_id=stop_at_token,
-        decode_length=decode_length, dtype=tf.float32)
+        decode_length=decode_length, use_tpu=True, dtype=tf.float32,
+        layout=self.layout, mesh_shape=self.mesh_shape)
     if return_all_beams:
       return beams, scores
     return beam_search_lib.best_beam(beams)

@@ -130,8 +130,10 @@ def get_variable_dtype(master_dtype="float32", slice_dtype="float32",
   "bfloat16"`): master (checkpointed) weights, their in-memory slices, and
   activations. Unlike the original, whose default master dtype was bfloat16,
   the default here is float32 (a bfloat16 checkpoint still restores into it
-  exactly); set `get_variable_dtype.master_dtype = "bfloat16"` to keep the
-  original's.
+  exactly). `run` keeps the master dtype of the checkpoint it starts from
+  (the model directory's, or init_checkpoint) unless the config sets
+  `get_variable_dtype.master_dtype`, so a model the original trained with
+  its default bfloat16 masters goes on training and saving bfloat16 masters.
 
   Example:
     >>> get_variable_dtype(activation_dtype="bfloat16").activation_dtype
@@ -475,6 +477,23 @@ def checkpoint_at_step(model_dir: str, step: int) -> str:
                    f"step (it has steps {', '.join(steps) or 'none'}).")
 
 
+def _master_dtype_from_checkpoint(variable_dtype: mtf.VariableDType,
+                                  prefix: Optional[str]) -> mtf.VariableDType:
+  """variable_dtype, with the master dtype of the checkpoint the run starts
+  from where the config does not set `get_variable_dtype.master_dtype`: a
+  model directory the original trained with its default bfloat16 masters
+  keeps training and saving bfloat16 masters, as it would there."""
+  if prefix is None or modeling._bound("get_variable_dtype", "master_dtype"):  # pylint: disable=protected-access
+    return variable_dtype
+  from mesh_tensorflow.training import original_checkpoint  # pylint: disable=g-import-not-at-top
+  saved = original_checkpoint.saved_master_dtype(resolve_checkpoint(prefix))
+  if saved is None or saved == variable_dtype.master_dtype:
+    return variable_dtype
+  log(f"master dtype {saved.name}, as the checkpoint {prefix} holds (set "
+      "get_variable_dtype.master_dtype to choose another)")
+  return mtf.VariableDType(saved, variable_dtype.slice_dtype, variable_dtype.activation_dtype)
+
+
 def resolve_checkpoint(path: str) -> str:
   """A checkpoint path prefix: `path` itself, or a directory's latest.
 
@@ -631,8 +650,8 @@ def run(model_dir: Optional[str],
         decode_length: int = 96,
         temperature: float = 0.6,
         top_k: int = 40,
-        beam_size: int = 1,
-        alpha: float = 0.6,
+        beam_size: Optional[int] = None,
+        alpha: Optional[float] = None,
         checkpoint_path: Optional[str] = None,
         input_encoding: str = "utf-8",
         input_errors: str = "strict",
@@ -706,8 +725,10 @@ def run(model_dir: Optional[str],
       the targets sequence length.
     temperature: 0 for greedy decoding, else sampling temperature.
     top_k: sample from the k most likely tokens (0 or -1: all).
-    beam_size: beam search width ("bitransformer"; 1: greedy or sampling).
-    alpha: beam search length penalty.
+    beam_size: beam search width ("bitransformer"; 1: greedy or sampling;
+      default: gin's `Bitransformer.decode.beam_size`, else 1).
+    alpha: beam search length penalty (default: gin's
+      `Bitransformer.decode.alpha`, else 0.6).
     checkpoint_path: restore this checkpoint (e.g. ".../ckpt-400") instead of
       the newest intact one of model_dir (see mtf.checkpoint_verify).
     input_encoding: infer/score: the encoding of input_file.
@@ -803,6 +824,8 @@ def run(model_dir: Optional[str],
   keep_checkpoints = keep_checkpoint_max or keep_checkpoints
   eval_steps = perplexity_eval_steps or eval_steps
   layout_rules = rules_for_mesh(layout_rules, mesh_shape)
+  beam_size = inference.decode_setting("beam_size", beam_size, 1)
+  alpha = inference.decode_setting("alpha", alpha, 0.6)
   check_settings(mode, sequence_length=sequence_length, batch_size=batch_size,
                  train_steps=train_steps, eval_steps=eval_steps, eval_every=eval_every,
                  checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
@@ -825,7 +848,11 @@ def run(model_dir: Optional[str],
         f"batch_size {batch_size} must be a multiple of the batch split {split} (layout "
         f"{layout_rules!r} on mesh {mesh_shape!r}) times grad_accum_steps "
         f"{grad_accum_steps}.")
-  variable_dtype = get_variable_dtype()
+  variable_dtype = _master_dtype_from_checkpoint(
+      get_variable_dtype(), checkpoint_path or
+      (tf.train.latest_checkpoint(model_dir) if model_dir and not (fresh and mode == "train")
+       else None) or
+      (resolve_checkpoint(init_checkpoint) if init_checkpoint and mode == "train" else None))
   if activation_dtype is not None:
     variable_dtype = mtf.VariableDType(variable_dtype.master_dtype, variable_dtype.slice_dtype,
                                        tf.as_dtype(activation_dtype))
