@@ -17,8 +17,9 @@ Rows:
   2048, vocabulary 51,200, activation recomputation, tensor-parallel size t
   (inside a host) and pipeline size p as in the table, the rest data
   parallel; micro-batch size 1 with the interleaved schedule of 2 chunks per
-  device where the layers per stage allow it, else 1F1B (assumed: the table
-  does not list them); Adam. Compared: the
+  device where the layers per stage allow it, else 1F1B, and without a
+  pipeline gradient accumulation over micro-batches of 4 sequences per
+  replica (assumed: the table does not list them); Adam. Compared: the
   table's achieved teraFLOP/s per GPU, with the paper's own FLOP count
   96 B s l h^2 (1 + s / (6 h) + V / (16 l h)) divided by the predicted step
   time and the GPU count.
@@ -101,6 +102,8 @@ def megatron_rows():
         f"transformer.make_layer_stack.num_stages = {p}",
         f"transformer.make_layer_stack.num_microbatches = {micro if p > 1 else 1}",
         f"transformer.make_layer_stack.pipeline_schedule = '1f1b'"]
+    if p == 1:  # gradient accumulation: micro-batches of 4 sequences per replica
+      bindings.append(f"run.grad_accum_steps = {batch // (d * 4)}")
     flops = 96 * batch * SEQ * layers * h * h * (1 + SEQ / (6 * h) + VOCAB / (16 * layers * h))
     rows.append(Row(f"GPT {params}B", NARAYANAN, "a100-80gb", gpus, ";".join(dims),
                     ";".join(layout), bindings, tflops, "TFLOP/s per GPU", flops,

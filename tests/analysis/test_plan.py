@@ -98,3 +98,18 @@ def test_plan_command_json_and_errors():
   bad = subprocess.run(args[:3] + ["--hardware=tpu-v9:16"], capture_output=True, text=True,
                        env=env, cwd=ROOT, timeout=600)
   assert bad.returncode == 2 and bad.stderr.startswith("error: unknown hardware 'tpu-v9'")
+
+
+def test_auto_search_returns_fitting_plans_fastest_first():
+  from mesh_tensorflow.analysis.cost_model import plan_search  # pylint: disable=g-import-not-at-top
+  gin_config.parse([], MODEL + ["num_layers = 4", "run.batch_size = 16"])
+  result = plan_search.search(hardware.parse_cluster("h100-sxm:4"), top=3, micro_sizes=(1,))
+  assert result.plans and result.tried >= len(result.plans)
+  times = [p.step_time_s for p in result.plans]
+  assert times == sorted(times)
+  meshes = {p.mesh_shape for p in result.plans}
+  assert "data:4" in meshes and any("pipe" in m for m in meshes)
+  for p in result.plans:
+    assert p.fits and p.num_layers == 4
+  text = result.summary()
+  assert "#1" in text and "why:" in text and "gin for #1" in text
