@@ -251,7 +251,8 @@ class _Step:
 _LIBRARY_DEFAULTS = {"transformer.make_layer_stack.num_layers": 6,
                      "transformer.make_layer_stack.num_stages": 1,
                      "transformer.make_layer_stack.num_microbatches": 1,
-                     "transformer.make_layer_stack.recompute": "none"}
+                     "transformer.make_layer_stack.recompute": "none",
+                     "transformer.make_layer_stack.pipeline_schedule": "gpipe"}
 
 
 def _build_step(mesh_shape: str, layout: str, batch_size: int, num_layers: int) -> _Step:
@@ -268,7 +269,8 @@ def _build_step(mesh_shape: str, layout: str, batch_size: int, num_layers: int) 
   overrides = {"transformer.make_layer_stack.num_layers": num_layers,
                "transformer.make_layer_stack.num_stages": 1,
                "transformer.make_layer_stack.num_microbatches": 1,
-               "transformer.make_layer_stack.recompute": "none"}
+               "transformer.make_layer_stack.recompute": "none",
+               "transformer.make_layer_stack.pipeline_schedule": "gpipe"}
   with gin.unlock_config():
     for k, v in overrides.items():
       saved[k] = _binding(k, None)
