@@ -487,7 +487,8 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   full_shape, rules = _config_mesh_and_layout(mesh_shape, layout)
   if full_shape.size != cluster.count:
     raise ValueError(f"mesh {full_shape.to_string()} has {full_shape.size} processors but "
-                     f"--hardware={cluster} has {cluster.count} devices; make them equal.")
+                     f"--hardware={cluster} has {cluster.count} devices; make them equal "
+                     "(--mesh_shape and --layout, or --auto to search).")
   _check_options(options)
   names = [d.name for d in full_shape.dims]
   sizes = full_shape.to_integer_list()
