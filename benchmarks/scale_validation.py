@@ -101,7 +101,7 @@ def megatron_rows():
         "transformer.make_layer_stack.recompute = 'layer'",
         f"transformer.make_layer_stack.num_stages = {p}",
         f"transformer.make_layer_stack.num_microbatches = {micro if p > 1 else 1}",
-        f"transformer.make_layer_stack.pipeline_schedule = '1f1b'"]
+        "transformer.make_layer_stack.pipeline_schedule = '1f1b'"]
     if p == 1:  # gradient accumulation: micro-batches of 4 sequences per replica
       bindings.append(f"run.grad_accum_steps = {batch // (d * 4)}")
     flops = 96 * batch * SEQ * layers * h * h * (1 + SEQ / (6 * h) + VOCAB / (16 * layers * h))

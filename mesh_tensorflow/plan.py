@@ -61,7 +61,6 @@ def _main(argv: Sequence[str]) -> int:
   if args.top < 1:
     parser.error(f"--top={args.top}: must be at least 1")
   cli.quiet_tensorflow_startup()
-  import dataclasses  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.analysis.cost_model import hardware, planner  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
@@ -84,7 +83,6 @@ def _main(argv: Sequence[str]) -> int:
       print(result.summary())
     return 0
   plan = planner.plan_current_config(cluster, args.mesh_shape, args.layout, options)
-  del dataclasses
   print(plan.to_json() if args.json else plan.summary())
   return 0
 

@@ -335,8 +335,6 @@ def parse_cluster(spec: str) -> Cluster:
     raise ValueError(f"--hardware={spec}: say how many devices, e.g. {hardware.name}:1024.")
   if count <= 0:
     raise ValueError(f"--hardware={spec}: the device count must be positive.")
-  if hardware.kind == "tpu" and hardware.max_slice_devices and count > hardware.max_slice_devices:
-    pass  # several slices joined by the data-center network (priced in topology)
   return Cluster(hardware, count)
 
 

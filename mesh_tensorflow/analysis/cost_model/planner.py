@@ -42,10 +42,9 @@ FLOPs include it (HFU).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
 from mesh_tensorflow.analysis.cost_model import topology
@@ -492,7 +491,6 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   _check_options(options)
   names = [d.name for d in full_shape.dims]
   sizes = full_shape.to_integer_list()
-  rules_list = list(rules)
   rule_map = dict(rules.rules) if hasattr(rules, "rules") else dict(
       (r[0], r[1]) for r in rules)
   pipe_dim = rule_map.get("stages")
