@@ -31,6 +31,7 @@ to put in hardware.py; `--quick` runs the two smallest GPU rows.
 
     python benchmarks/scale_validation.py            # all rows, about a minute
     python benchmarks/scale_validation.py --quick
+    python benchmarks/scale_validation.py --auto=1.7,18.4   # --auto against the published plan
 """
 
 from __future__ import annotations
@@ -155,11 +156,42 @@ def fit(rows):
   return (lo + hi) / 2
 
 
+def compare_auto(sizes):
+  """plan --auto's best plan against the published plan, same cluster."""
+  from mesh_tensorflow.analysis.cost_model import plan_search  # pylint: disable=g-import-not-at-top
+  for row in megatron_rows():
+    if not any(abs(float(row.name.split()[1][:-1]) - s) < 1e-6 for s in sizes):
+      continue
+    _, published = predict(row)
+    gin_config.parse([], row.bindings)
+    start = time.time()
+    result = plan_search.search(hardware.parse_cluster(f"{row.hardware}:{row.count}"), top=1,
+                                micro_sizes=(1,))
+    print(f"{row.name}: published plan {row.mesh_shape}, recompute "
+          f"{published.options.recompute}: {published.step_time_s:.2f} s/step, "
+          f"{published.memory_bytes_per_device / 2**30:.1f} GiB")
+    if not result.plans:
+      print(f"  --auto: no plan fits ({'; '.join(result.rejected[:3])})")
+      continue
+    best = result.plans[0]
+    print(f"  --auto ({result.tried} plans, {time.time() - start:.0f} s): {best.mesh_shape}, "
+          f"micro-batches {best.options.num_microbatches}, recompute {best.options.recompute}, "
+          f"ZeRO {best.options.zero_stage}: {best.step_time_s:.2f} s/step "
+          f"({published.step_time_s / best.step_time_s:.2f}x), "
+          f"{best.memory_bytes_per_device / 2**30:.1f} GiB")
+  return 0
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--quick", action="store_true", help="the two smallest GPU rows only")
   parser.add_argument("--fit", action="store_true", help="refit the GPU matmul efficiency")
+  parser.add_argument("--auto", default="",
+                      help="comma-separated GPT sizes (billions): run plan --auto for them and "
+                      "compare its best plan with the published one")
   args = parser.parse_args(argv)
+  if args.auto:
+    return compare_auto([float(x) for x in args.auto.split(",")])
   rows = megatron_rows()
   if args.quick:
     rows = rows[:2]
