@@ -156,7 +156,7 @@ def fit(rows):
   return (lo + hi) / 2
 
 
-def compare_auto(sizes):
+def compare_auto(sizes, same_memory=False):
   """plan --auto's best plan against the published plan, same cluster."""
   from mesh_tensorflow.analysis.cost_model import plan_search  # pylint: disable=g-import-not-at-top
   for row in megatron_rows():
@@ -165,8 +165,9 @@ def compare_auto(sizes):
     _, published = predict(row)
     gin_config.parse([], row.bindings)
     start = time.time()
+    budget = published.memory_bytes_per_device if same_memory else None
     result = plan_search.search(hardware.parse_cluster(f"{row.hardware}:{row.count}"), top=1,
-                                micro_sizes=(1,))
+                                micro_sizes=(1,), memory_budget_bytes=budget)
     print(f"{row.name}: published plan {row.mesh_shape}, recompute "
           f"{published.options.recompute}: {published.step_time_s:.2f} s/step, "
           f"{published.memory_bytes_per_device / 2**30:.1f} GiB")
@@ -186,12 +187,14 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--quick", action="store_true", help="the two smallest GPU rows only")
   parser.add_argument("--fit", action="store_true", help="refit the GPU matmul efficiency")
+  parser.add_argument("--same_memory", action="store_true",
+                      help="with --auto: only plans using at most the published plan's memory")
   parser.add_argument("--auto", default="",
                       help="comma-separated GPT sizes (billions): run plan --auto for them and "
                       "compare its best plan with the published one")
   args = parser.parse_args(argv)
   if args.auto:
-    return compare_auto([float(x) for x in args.auto.split(",")])
+    return compare_auto([float(x) for x in args.auto.split(",")], args.same_memory)
   rows = megatron_rows()
   if args.quick:
     rows = rows[:2]

@@ -92,8 +92,9 @@ def _divisors(n: int) -> List[int]:
 
 
 def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
-           max_pipeline: int = 64) -> SearchResult:
-  """Searches plans for the parsed gin config on `cluster`."""
+           max_pipeline: int = 64, memory_budget_bytes=None) -> SearchResult:
+  """Searches plans for the parsed gin config on `cluster`; a plan fits when
+  its memory per device is within the HBM and `memory_budget_bytes`."""
   import gin  # pylint: disable=g-import-not-at-top
   start = time.time()
   b = dict(gin.get_bindings("run"))
@@ -134,7 +135,8 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
             except ValueError as e:
               rejected.append(f"{mesh}: {e}")
               break
-            if plan.fits:
+            if plan.fits and (memory_budget_bytes is None
+                              or plan.memory_bytes_per_device <= memory_budget_bytes):
               plans.append(plan)
             else:
               rejected.append(f"{mesh} m={m} recompute={recompute} zero={zero}: needs "
