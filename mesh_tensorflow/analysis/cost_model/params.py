@@ -1,7 +1,10 @@
 """Device parameters: the speeds that turn the cost model's counts into seconds.
 
-    >>> DeviceParams.default("gpu").flops_per_s
-    1e+14
+    >>> DeviceParams.default("gpu").flops_per_s   # the a100-80gb preset's
+    218400000000000.0
+
+"gpu" and "tpu" are the `hardware` presets a100-80gb and tpu-v3 flattened
+(`Hardware.to_device_params`); any preset name works too ("h100-sxm").
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ class DeviceParams:
 
   Example:
     >>> p = DeviceParams.default("gpu")
-    >>> p.flops_per_s
-    1e+14
+    >>> p.memory_bytes_per_s
+    2039000000000.0
   """
   name: str
   flops_per_s: float
@@ -46,12 +49,17 @@ class DeviceParams:
   @staticmethod
   def default(kind: str = "cpu") -> "DeviceParams":
     """Default parameters for "cpu" (logical devices of this 2-core machine),
-    "gpu" or "tpu"."""
+    "gpu" (the a100-80gb preset), "tpu" (tpu-v3) or any hardware preset."""
     try:
       return _DEFAULTS[kind.lower()]
     except KeyError:
+      pass
+    from mesh_tensorflow.analysis.cost_model import hardware  # pylint: disable=g-import-not-at-top
+    try:
+      return hardware.preset(kind).to_device_params()
+    except ValueError:
       raise ValueError(f"DeviceParams.default: unknown device kind {kind!r}; use one of "
-                       f"{sorted(_DEFAULTS)} or calibrate (python -m "
+                       f"{sorted(_DEFAULTS)}, a hardware preset or calibrate (python -m "
                        "mesh_tensorflow.analysis.cost_model --calibrate).") from None
 
   def to_json(self) -> str:
@@ -81,19 +89,22 @@ class DeviceParams:
 # number of kernels and the bytes they touch; flops_per_s and
 # memory_bytes_per_s are per core (the counts are divided by
 # parallel_processors). Fitted on either model alone, the parameters rank the
-# other model's layouts as well (Spearman 0.94 both ways). GPU and TPU figures
-# are round numbers for one modern accelerator and its interconnect.
+# other model's layouts as well (Spearman 0.94 both ways). "gpu" and "tpu"
+# are the a100-80gb and tpu-v3 presets of hardware.py (published specs).
 _DEFAULTS = {
     "cpu": DeviceParams("cpu", flops_per_s=2.7e11, memory_bytes_per_s=2.5e10,
                         collective_bytes_per_s=1e10, collective_latency_s=5e-6,
                         op_overhead_s=1e-5, parallel_processors=2, shares_memory=True),
-    "gpu": DeviceParams("gpu", flops_per_s=1e14, memory_bytes_per_s=1.5e12,
-                        collective_bytes_per_s=1e11, collective_latency_s=15e-6,
-                        op_overhead_s=5e-6),
-    "tpu": DeviceParams("tpu", flops_per_s=1.2e14, memory_bytes_per_s=1.2e12,
-                        collective_bytes_per_s=5e10, collective_latency_s=5e-6,
-                        op_overhead_s=1e-6),
 }
+
+
+def _preset_params(kind: str, preset_name: str) -> DeviceParams:
+  from mesh_tensorflow.analysis.cost_model import hardware  # pylint: disable=g-import-not-at-top
+  return dataclasses.replace(hardware.preset(preset_name).to_device_params(), name=kind)
+
+
+_DEFAULTS["gpu"] = _preset_params("gpu", "a100-80gb")
+_DEFAULTS["tpu"] = _preset_params("tpu", "tpu-v3")
 
 
 def as_device_params(params) -> DeviceParams:
@@ -105,6 +116,9 @@ def as_device_params(params) -> DeviceParams:
   if isinstance(params, str):
     if params.lower() in _DEFAULTS:
       return DeviceParams.default(params)
+    from mesh_tensorflow.analysis.cost_model import hardware  # pylint: disable=g-import-not-at-top
+    if params.strip().lower() in hardware.PRESETS:
+      return hardware.preset(params).to_device_params()
     return DeviceParams.from_json(params)
   if isinstance(params, dict):
     return DeviceParams(**params)

@@ -1,0 +1,223 @@
+r"""The planner (`python -m mesh_tensorflow.plan`) against published large runs.
+
+Rows:
+
+* Shazeer et al. 2018, "Mesh-TensorFlow: Deep Learning for Supercomputers"
+  (NeurIPS), the largest language model of its one-billion-word table:
+  4.9B parameters on a 512-core TPU v2 mesh, about 6 of the 11.5 PFLOP/s
+  peak (the paper's "more than 50%" of peak). Sizes used here: 6 decoder
+  layers, d_model 1024, d_ff 262144, 512 heads of 128 (heads = d_ff / 512
+  in that table), 32,768 tokens of vocabulary: 4.9B parameters. Mesh
+  16 x 32 cores, batch over 16, d_ff / heads / vocab over 32; batch 256
+  sequences of 256 tokens (an assumption: the table states no batch).
+  Compared: FLOP/s (model FLOPs / step time).
+* Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
+  GPU Clusters Using Megatron-LM" (SC'21), Table 1: GPT models of 1.7B to 1T
+  parameters on 32 to 3,072 A100 80 GB GPUs (DGX A100, Selene), sequence
+  2048, vocabulary 51,200, activation recomputation, tensor-parallel size t
+  (inside a host) and pipeline size p as in the table, the rest data
+  parallel; micro-batch size 1 with the interleaved schedule of 2 chunks per
+  device where the layers per stage allow it, else 1F1B, and without a
+  pipeline gradient accumulation over micro-batches of 4 sequences per
+  replica (assumed: the table does not list them); Adam. Compared: the
+  table's achieved teraFLOP/s per GPU, with the paper's own FLOP count
+  96 B s l h^2 (1 + s / (6 h) + V / (16 l h)) divided by the predicted step
+  time and the GPU count.
+
+The one fitted constant is the GPUs' `matmul_efficiency` (fraction of peak
+of a large matrix product): fitted on the rows marked "fit" (1.7B, 18.4B and
+145.6B); the other rows are held out. `--fit` refits it and prints the value
+to put in hardware.py; `--quick` runs the two smallest GPU rows.
+
+    python benchmarks/scale_validation.py            # all rows, about a minute
+    python benchmarks/scale_validation.py --quick
+    python benchmarks/scale_validation.py --auto=1.7,18.4   # --auto against the published plan
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from mesh_tensorflow.analysis.cost_model import hardware, planner  # noqa: E402
+from mesh_tensorflow.transformer import gin_config  # noqa: E402
+
+SHAZEER = "Shazeer et al. 2018 (Mesh-TensorFlow), LM table"
+NARAYANAN = "Narayanan et al. 2021, Table 1"
+
+# (params B, heads, hidden, layers, t, p, GPUs, batch, published TFLOP/s per GPU)
+MEGATRON_TABLE_1 = [
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
+    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
+    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
+    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+]
+FIT_ROWS = (1.7, 18.4, 145.6)
+SEQ, VOCAB = 2048, 51200
+
+
+@dataclasses.dataclass
+class Row:
+  name: str
+  source: str
+  hardware: str
+  count: int
+  mesh_shape: str
+  layout: str
+  bindings: list
+  published: float  # in `unit`
+  unit: str
+  paper_flops: float = 0.0  # Megatron: the paper's FLOPs per step
+  virtual_stages: int = 1
+  fit: bool = False
+
+
+def megatron_rows():
+  rows = []
+  for params, heads, h, layers, t, p, gpus, batch, tflops in MEGATRON_TABLE_1:
+    d = gpus // (t * p)
+    micro = batch // d  # micro-batches of one sequence per data-parallel replica
+    dims = ([f"pipe:{p}"] if p > 1 else []) + [f"data:{d}"] + ([f"model:{t}"] if t > 1 else [])
+    layout = (["stages:pipe"] if p > 1 else []) + ["batch:data"] + (
+        ["d_ff:model", "heads:model", "vocab:model"] if t > 1 else [])
+    bindings = [
+        f"num_layers = {layers}", f"d_model = {h}", f"d_ff = {4 * h}", f"num_heads = {heads}",
+        f"d_kv = {h // heads}", "run.model_type = 'lm'",
+        f"run.sequence_length = {{'inputs': {SEQ}, 'targets': {SEQ}}}",
+        f"run.batch_size = {batch}", "run.activation_dtype = 'bfloat16'",
+        "run.vocabulary = @vocabulary.SizedVocabulary()", f"vocabulary.SizedVocabulary.size = {VOCAB}",
+        "run.optimizer = @optimize.AdamWeightDecayOptimizer",
+        "transformer.make_layer_stack.recompute = 'layer'",
+        f"transformer.make_layer_stack.num_stages = {p}",
+        f"transformer.make_layer_stack.num_microbatches = {micro if p > 1 else 1}",
+        "transformer.make_layer_stack.pipeline_schedule = '1f1b'"]
+    if p == 1:  # gradient accumulation: micro-batches of 4 sequences per replica
+      bindings.append(f"run.grad_accum_steps = {batch // (d * 4)}")
+    flops = 96 * batch * SEQ * layers * h * h * (1 + SEQ / (6 * h) + VOCAB / (16 * layers * h))
+    rows.append(Row(f"GPT {params}B", NARAYANAN, "a100-80gb", gpus, ";".join(dims),
+                    ";".join(layout), bindings, tflops, "TFLOP/s per GPU", flops,
+                    virtual_stages=2 if p > 1 and (layers // p) % 2 == 0 else 1, fit=params in FIT_ROWS))
+  return rows
+
+
+def shazeer_row():
+  bindings = [
+      "num_layers = 6", "d_model = 1024", "d_ff = 262144", "num_heads = 512", "d_kv = 128",
+      "run.model_type = 'lm'", "run.sequence_length = {'inputs': 256, 'targets': 256}",
+      "run.batch_size = 256", "run.activation_dtype = 'bfloat16'",
+      "run.vocabulary = @vocabulary.SizedVocabulary()", "vocabulary.SizedVocabulary.size = 32768",
+      "Unitransformer.shared_embedding_and_softmax_weights = False"]
+  return Row("Transformer LM 4.9B", SHAZEER, "tpu-v2", 512, "rows:16;cols:32",
+             "batch:rows;d_ff:cols;heads:cols;vocab:cols", bindings, 6.0, "PFLOP/s")
+
+
+def predict(row: Row, efficiency=None):
+  cluster = hardware.parse_cluster(f"{row.hardware}:{row.count}")
+  if efficiency is not None:
+    cluster = hardware.Cluster(dataclasses.replace(cluster.hardware,
+                                                   matmul_efficiency=efficiency), row.count)
+  gin_config.parse([], row.bindings)
+  options = planner.options_from_gin()
+  if row.virtual_stages > 1:
+    options.schedule, options.virtual_stages = "interleaved", row.virtual_stages
+  plan = planner.plan_current_config(cluster, row.mesh_shape, row.layout, options)
+  if row.unit == "PFLOP/s":
+    value = plan.model_flops_per_step / plan.step_time_s / 1e15
+  else:
+    value = row.paper_flops / plan.step_time_s / row.count / 1e12
+  return value, plan
+
+
+def fit(rows):
+  """The matmul efficiency that minimises the squared log ratio on the fit rows."""
+  fit_rows = [r for r in rows if r.fit]
+  lo, hi = 0.3, 1.0
+  for _ in range(15):  # golden-section search
+    a = hi - (hi - lo) / 1.618
+    b = lo + (hi - lo) / 1.618
+    fa = sum(math.log(predict(r, a)[0] / r.published) ** 2 for r in fit_rows)
+    fb = sum(math.log(predict(r, b)[0] / r.published) ** 2 for r in fit_rows)
+    if fa < fb:
+      hi = b
+    else:
+      lo = a
+  return (lo + hi) / 2
+
+
+def compare_auto(sizes, same_memory=False):
+  """plan --auto's best plan against the published plan, same cluster."""
+  from mesh_tensorflow.analysis.cost_model import plan_search  # pylint: disable=g-import-not-at-top
+  for row in megatron_rows():
+    if not any(abs(float(row.name.split()[1][:-1]) - s) < 1e-6 for s in sizes):
+      continue
+    _, published = predict(row)
+    gin_config.parse([], row.bindings)
+    start = time.time()
+    budget = published.memory_bytes_per_device if same_memory else None
+    result = plan_search.search(hardware.parse_cluster(f"{row.hardware}:{row.count}"), top=1,
+                                micro_sizes=(1,), memory_budget_bytes=budget)
+    print(f"{row.name}: published plan {row.mesh_shape}, recompute "
+          f"{published.options.recompute}: {published.step_time_s:.2f} s/step, "
+          f"{published.memory_bytes_per_device / 2**30:.1f} GiB")
+    if not result.plans:
+      print(f"  --auto: no plan fits ({'; '.join(result.rejected[:3])})")
+      continue
+    best = result.plans[0]
+    print(f"  --auto ({result.tried} plans, {time.time() - start:.0f} s): {best.mesh_shape}, "
+          f"micro-batches {best.options.num_microbatches}, recompute {best.options.recompute}, "
+          f"ZeRO {best.options.zero_stage}: {best.step_time_s:.2f} s/step "
+          f"({published.step_time_s / best.step_time_s:.2f}x), "
+          f"{best.memory_bytes_per_device / 2**30:.1f} GiB")
+  return 0
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--quick", action="store_true", help="the two smallest GPU rows only")
+  parser.add_argument("--fit", action="store_true", help="refit the GPU matmul efficiency")
+  parser.add_argument("--same_memory", action="store_true",
+                      help="with --auto: only plans using at most the published plan's memory")
+  parser.add_argument("--auto", default="",
+                      help="comma-separated GPT sizes (billions): run plan --auto for them and "
+                      "compare its best plan with the published one")
+  args = parser.parse_args(argv)
+  if args.auto:
+    return compare_auto([float(x) for x in args.auto.split(",")], args.same_memory)
+  rows = megatron_rows()
+  if args.quick:
+    rows = rows[:2]
+  else:
+    rows = [shazeer_row()] + rows
+  if args.fit:
+    print(f"fitted GPU matmul_efficiency: {fit([r for r in rows if r.hardware != 'tpu-v2']):.3f}")
+  print(f"{'run':<22} {'source':<44} {'devices':>8} {'published':>10} {'predicted':>10} "
+        f"{'ratio':>6}  {'role':<8} unit")
+  worst = 0.0
+  for row in rows:
+    t0 = time.time()
+    value, plan = predict(row)
+    ratio = value / row.published
+    worst = max(worst, abs(ratio - 1))
+    role = "fit" if row.fit else "held out"
+    print(f"{row.name:<22} {row.source:<44} {row.count:>8} {row.published:>10.1f} "
+          f"{value:>10.1f} {ratio:>6.2f}  {role:<8} {row.unit}  "
+          f"(MFU {100 * plan.mfu:.0f}%, {plan.memory_bytes_per_device / 2**30:.0f} GiB/device, "
+          f"planned in {time.time() - t0:.1f} s)")
+  print(f"largest deviation: {100 * worst:.0f}%")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,381 @@
+"""Accelerators and clusters from published specifications.
+
+A `Hardware` is one kind of accelerator and the machine around it: peak dense
+bf16 matrix throughput, HBM capacity and bandwidth, how many devices share a
+host and the links inside a host and between hosts, and for TPUs the torus
+of inter-chip links. A `Cluster` is a preset (or a JSON file) and a device
+count:
+
+    >>> cluster = parse_cluster("a100-80gb:1024")
+    >>> cluster.hardware.devices_per_host, cluster.num_hosts
+    (8, 128)
+
+Every number comes from a public specification named in `sources` beside it
+(see docs/planning.md for the table). Bandwidths are per device and per
+direction. Two fields are not specifications: `matmul_efficiency` (the
+fraction of peak a large matrix product reaches) is fitted once per device
+family on published runs (benchmarks/scale_validation.py says which), and
+link latencies are the usual order of magnitude of one ring step (a few
+microseconds), marked "assumed".
+
+A machine that is not a preset is a JSON file with the fields of `Hardware`
+(`name`, `kind`, `peak_flops_per_s`, `hbm_bytes`, `hbm_bytes_per_s`,
+`devices_per_host`, `intra_host_bytes_per_s`, `intra_host_latency_s`,
+`network_bytes_per_s`, `network_latency_s`, and for TPUs `torus_dims`,
+`ici_link_bytes_per_s`, `devices_per_chip`, `max_slice_devices`) plus an
+optional `count`; `--hardware=my_machine.json:256` overrides the count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Dict, Optional, Tuple
+
+GB = 1e9
+GIB = 2 ** 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+  """One kind of accelerator and its interconnect.
+
+  Attributes:
+    name: preset name, e.g. "a100-80gb".
+    kind: "gpu" or "tpu" (how collectives are priced: hosts and a network,
+      or a torus of inter-chip links).
+    peak_flops_per_s: peak dense bf16/fp16 matrix FLOP/s of one device.
+    hbm_bytes: memory of one device.
+    hbm_bytes_per_s: memory bandwidth of one device.
+    devices_per_host: devices of one host (consecutive processor numbers).
+    intra_host_bytes_per_s: bytes/s one device sends to the others of its
+      host (NVLink: per direction); TPU: unused (ICI).
+    intra_host_latency_s: latency of one ring step inside a host.
+    network_bytes_per_s: bytes/s one device sends across hosts (the host's
+      network bandwidth divided by its devices); TPU: data-center network
+      between slices.
+    network_latency_s: latency of one ring step across hosts.
+    torus_dims: TPU: number of torus dimensions (2 or 3); 0 for GPUs.
+    ici_link_bytes_per_s: TPU: one inter-chip link, per direction.
+    devices_per_chip: TPU v2/v3: 2 cores (TensorFlow devices) per chip.
+    max_slice_devices: TPU: devices of the largest ICI-connected slice (pod);
+      larger clusters cross the data-center network.
+    matmul_efficiency: fraction of peak a large matrix product reaches
+      (fitted, see the module docstring).
+    kernel_overhead_s: fixed cost of launching one kernel.
+    sources: {field: where the number comes from}.
+
+  Example:
+    >>> preset("h100-sxm").peak_flops_per_s
+    989000000000000.0
+  """
+  name: str
+  kind: str
+  peak_flops_per_s: float
+  hbm_bytes: float
+  hbm_bytes_per_s: float
+  devices_per_host: int
+  intra_host_bytes_per_s: float = 0.0
+  intra_host_latency_s: float = 3e-6
+  network_bytes_per_s: float = 0.0
+  network_latency_s: float = 8e-6
+  torus_dims: int = 0
+  ici_link_bytes_per_s: float = 0.0
+  devices_per_chip: int = 1
+  max_slice_devices: int = 0
+  matmul_efficiency: float = 0.7
+  kernel_overhead_s: float = 2e-6
+  sources: Dict[str, str] = dataclasses.field(default_factory=dict, compare=False)
+
+  def validate(self) -> "Hardware":
+    if self.kind not in ("gpu", "tpu"):
+      raise ValueError(f"hardware {self.name!r}: kind must be 'gpu' or 'tpu', got {self.kind!r}.")
+    for field in ("peak_flops_per_s", "hbm_bytes", "hbm_bytes_per_s", "devices_per_host"):
+      if not getattr(self, field) or getattr(self, field) <= 0:
+        raise ValueError(f"hardware {self.name!r}: {field} must be positive, got "
+                         f"{getattr(self, field)!r}.")
+    if self.kind == "gpu" and (self.intra_host_bytes_per_s <= 0 or self.network_bytes_per_s <= 0):
+      raise ValueError(f"hardware {self.name!r}: a GPU needs intra_host_bytes_per_s and "
+                       "network_bytes_per_s (bytes/s per device).")
+    if self.kind == "tpu" and (self.torus_dims not in (2, 3) or self.ici_link_bytes_per_s <= 0):
+      raise ValueError(f"hardware {self.name!r}: a TPU needs torus_dims (2 or 3) and "
+                       "ici_link_bytes_per_s.")
+    if not 0 < self.matmul_efficiency <= 1:
+      raise ValueError(f"hardware {self.name!r}: matmul_efficiency must be in (0, 1].")
+    return self
+
+  def to_device_params(self):
+    """The flat `DeviceParams` of the cost model (one collective bandwidth:
+    the slowest link a collective may cross)."""
+    from mesh_tensorflow.analysis.cost_model.params import DeviceParams  # pylint: disable=g-import-not-at-top
+    if self.kind == "gpu":
+      bw, lat = self.network_bytes_per_s, self.network_latency_s
+    else:
+      bw, lat = 2 * self.ici_link_bytes_per_s / self.devices_per_chip, self.intra_host_latency_s
+    return DeviceParams(self.name, flops_per_s=self.peak_flops_per_s * self.matmul_efficiency,
+                        memory_bytes_per_s=self.hbm_bytes_per_s, collective_bytes_per_s=bw,
+                        collective_latency_s=lat, op_overhead_s=self.kernel_overhead_s)
+
+  def to_json(self) -> str:
+    return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+  """A number of identical devices.
+
+  Example:
+    >>> Cluster(preset("tpu-v4"), 512).num_hosts
+    128
+  """
+  hardware: Hardware
+  count: int
+
+  @property
+  def num_hosts(self) -> int:
+    return -(-self.count // self.hardware.devices_per_host)
+
+  def __str__(self):
+    return f"{self.hardware.name}:{self.count}"
+
+
+# ---------------------------------------------------------------- presets
+_A100 = "NVIDIA A100 Tensor Core GPU datasheet (2021): "
+_DGXA = "NVIDIA DGX A100 datasheet: "
+_H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM): "
+_H200 = "NVIDIA H200 Tensor Core GPU datasheet (SXM): "
+_DGXH = "NVIDIA DGX H100/H200 datasheet: "
+_JOUPPI20 = "Jouppi et al., 'A domain-specific supercomputer for training deep neural networks', CACM 2020: "
+_CLOUD = "Google Cloud TPU documentation, system architecture page of the version: "
+_ASSUMED = "assumed: typical latency of one ring step (order of magnitude, not a specification)"
+_FITTED = "fitted on published runs: benchmarks/scale_validation.py"
+
+
+def _gpu(name, flops, hbm, hbm_bw, nvlink, nic, sources, **kw) -> Hardware:
+  return Hardware(name=name, kind="gpu", peak_flops_per_s=flops, hbm_bytes=hbm,
+                  hbm_bytes_per_s=hbm_bw, devices_per_host=8, intra_host_bytes_per_s=nvlink,
+                  intra_host_latency_s=3e-6, network_bytes_per_s=nic, network_latency_s=8e-6,
+                  sources=dict(sources, intra_host_latency_s=_ASSUMED,
+                               network_latency_s=_ASSUMED, matmul_efficiency=_FITTED), **kw)
+
+
+def _tpu(name, flops, hbm, hbm_bw, devices_per_host, torus_dims, ici_link, devices_per_chip,
+         max_slice, sources, **kw) -> Hardware:
+  return Hardware(name=name, kind="tpu", peak_flops_per_s=flops, hbm_bytes=hbm,
+                  hbm_bytes_per_s=hbm_bw, devices_per_host=devices_per_host,
+                  intra_host_latency_s=1.5e-6, network_bytes_per_s=12.5e9 / devices_per_host,
+                  network_latency_s=10e-6, torus_dims=torus_dims, ici_link_bytes_per_s=ici_link,
+                  devices_per_chip=devices_per_chip, max_slice_devices=max_slice,
+                  sources=dict(sources, intra_host_latency_s=_ASSUMED, network_latency_s=_ASSUMED,
+                               network_bytes_per_s="assumed: 100 Gb/s data-center network per host",
+                               matmul_efficiency=_FITTED), **kw)
+
+
+# GPUs: 8 per host (DGX / HGX boards). NVLink figures in the datasheets are
+# both directions together; a ring sends in one direction, so per direction
+# is half. One 200 Gb/s (A100) or 400 Gb/s (H100/H200) InfiniBand adapter
+# per GPU: 25 or 50 GB/s per GPU and direction.
+# GPU matmul efficiency: fitted on three rows of Narayanan et al. 2021,
+# Table 1 (benchmarks/scale_validation.py).
+_GPU_EFFICIENCY = 0.873
+# TPU matmul efficiency: not fitted (the single published TPU run is held
+# out); the GPU figure is used.
+_TPU_EFFICIENCY = _GPU_EFFICIENCY
+
+PRESETS: Dict[str, Hardware] = {}
+
+
+def _add(h: Hardware) -> None:
+  PRESETS[h.name] = h.validate()
+
+
+_add(_gpu("a100-40gb", 312e12, 40 * GB, 1555 * GB, 300 * GB, 25 * GB, {
+    "peak_flops_per_s": _A100 + "BF16 Tensor Core 312 TFLOPS (dense)",
+    "hbm_bytes": _A100 + "40 GB HBM2",
+    "hbm_bytes_per_s": _A100 + "1,555 GB/s",
+    "intra_host_bytes_per_s": _A100 + "NVLink 600 GB/s (both directions) -> 300 GB/s per direction",
+    "network_bytes_per_s": _DGXA + "8x single-port 200 Gb/s HDR InfiniBand -> 25 GB/s per GPU",
+    "devices_per_host": _DGXA + "8x A100 GPUs"}, matmul_efficiency=_GPU_EFFICIENCY))
+_add(_gpu("a100-80gb", 312e12, 80 * GB, 2039 * GB, 300 * GB, 25 * GB, {
+    "peak_flops_per_s": _A100 + "BF16 Tensor Core 312 TFLOPS (dense)",
+    "hbm_bytes": _A100 + "80 GB HBM2e",
+    "hbm_bytes_per_s": _A100 + "2,039 GB/s (SXM)",
+    "intra_host_bytes_per_s": _A100 + "NVLink 600 GB/s (both directions) -> 300 GB/s per direction",
+    "network_bytes_per_s": _DGXA + "8x single-port 200 Gb/s HDR InfiniBand -> 25 GB/s per GPU",
+    "devices_per_host": _DGXA + "8x A100 GPUs"}, matmul_efficiency=_GPU_EFFICIENCY))
+_add(_gpu("h100-sxm", 989e12, 80 * GB, 3350 * GB, 450 * GB, 50 * GB, {
+    "peak_flops_per_s": _H100 + "BF16 Tensor Core 1,979 TFLOPS with sparsity -> 989 dense",
+    "hbm_bytes": _H100 + "80 GB HBM3",
+    "hbm_bytes_per_s": _H100 + "3.35 TB/s",
+    "intra_host_bytes_per_s": _H100 + "NVLink 900 GB/s (both directions) -> 450 GB/s per direction",
+    "network_bytes_per_s": _DGXH + "8x 400 Gb/s ConnectX-7 (NDR) -> 50 GB/s per GPU",
+    "devices_per_host": _DGXH + "8x GPUs"}, matmul_efficiency=_GPU_EFFICIENCY))
+_add(_gpu("h200", 989e12, 141 * GB, 4800 * GB, 450 * GB, 50 * GB, {
+    "peak_flops_per_s": _H200 + "BF16 Tensor Core 1,979 TFLOPS with sparsity -> 989 dense",
+    "hbm_bytes": _H200 + "141 GB HBM3e",
+    "hbm_bytes_per_s": _H200 + "4.8 TB/s",
+    "intra_host_bytes_per_s": _H200 + "NVLink 900 GB/s (both directions) -> 450 GB/s per direction",
+    "network_bytes_per_s": _DGXH + "8x 400 Gb/s ConnectX-7 (NDR) -> 50 GB/s per GPU",
+    "devices_per_host": _DGXH + "8x GPUs"}, matmul_efficiency=_GPU_EFFICIENCY))
+# TPU v2 and v3: a device is a TensorCore (2 per chip, each a TensorFlow
+# device, as the Mesh-TensorFlow paper counts "cores"); the chip's HBM, its
+# bandwidth and its 4 ICI links are shared by its 2 cores.
+_add(_tpu("tpu-v2", 22.5e12, 8 * GIB, 350 * GB, 8, 2, 62e9, 2, 512, {
+    "peak_flops_per_s": _JOUPPI20 + "45 TFLOPS (bf16) per chip, 2 cores -> 22.5 per core",
+    "hbm_bytes": _JOUPPI20 + "16 GiB HBM per chip -> 8 GiB per core",
+    "hbm_bytes_per_s": _JOUPPI20 + "700 GB/s per chip -> 350 per core",
+    "ici_link_bytes_per_s": _JOUPPI20 + "4 ICI links of 496 Gbit/s per chip -> 62 GB/s per link",
+    "torus_dims": _JOUPPI20 + "2D torus, 256 chips (512 cores) per pod",
+    "devices_per_host": _JOUPPI20 + "4 chips (8 cores) per host"}, matmul_efficiency=_TPU_EFFICIENCY))
+_add(_tpu("tpu-v3", 61.5e12, 16 * GIB, 450 * GB, 8, 2, 82e9, 2, 2048, {
+    "peak_flops_per_s": _JOUPPI20 + "123 TFLOPS (bf16) per chip, 2 cores -> 61.5 per core",
+    "hbm_bytes": _JOUPPI20 + "32 GiB HBM per chip -> 16 GiB per core",
+    "hbm_bytes_per_s": _JOUPPI20 + "900 GB/s per chip -> 450 per core",
+    "ici_link_bytes_per_s": _JOUPPI20 + "4 ICI links of 656 Gbit/s per chip -> 82 GB/s per link",
+    "torus_dims": _JOUPPI20 + "2D torus, 1,024 chips (2,048 cores) per pod",
+    "devices_per_host": _JOUPPI20 + "4 chips (8 cores) per host"}, matmul_efficiency=_TPU_EFFICIENCY))
+_add(_tpu("tpu-v4", 275e12, 32 * GIB, 1200 * GB, 4, 3, 50e9, 1, 4096, {
+    "peak_flops_per_s": _CLOUD + "TPU v4: 275 TFLOPS (bf16) per chip",
+    "hbm_bytes": _CLOUD + "TPU v4: 32 GiB HBM2 per chip",
+    "hbm_bytes_per_s": _CLOUD + "TPU v4: 1,200 GB/s",
+    "ici_link_bytes_per_s": _CLOUD + "TPU v4: 6 ICI links, 2,400 Gbit/s per chip -> 50 GB/s per link",
+    "torus_dims": _CLOUD + "TPU v4: 3D torus, 4,096 chips per pod",
+    "devices_per_host": _CLOUD + "TPU v4: 4 chips per host"}, matmul_efficiency=_TPU_EFFICIENCY))
+_add(_tpu("tpu-v5e", 197e12, 16 * GIB, 819 * GB, 8, 2, 50e9, 1, 256, {
+    "peak_flops_per_s": _CLOUD + "TPU v5e: 197 TFLOPS (bf16) per chip",
+    "hbm_bytes": _CLOUD + "TPU v5e: 16 GiB HBM2 per chip",
+    "hbm_bytes_per_s": _CLOUD + "TPU v5e: 819 GB/s",
+    "ici_link_bytes_per_s": _CLOUD + "TPU v5e: 4 ICI links, 1,600 Gbit/s per chip -> 50 GB/s per link",
+    "torus_dims": _CLOUD + "TPU v5e: 2D torus, 256 chips per pod",
+    "devices_per_host": _CLOUD + "TPU v5e: 8 chips per host (v5litepod-8)"},
+    matmul_efficiency=_TPU_EFFICIENCY))
+_add(_tpu("tpu-v5p", 459e12, 95 * GB, 2765 * GB, 4, 3, 100e9, 1, 8960, {
+    "peak_flops_per_s": _CLOUD + "TPU v5p: 459 TFLOPS (bf16) per chip",
+    "hbm_bytes": _CLOUD + "TPU v5p: 95 GB HBM2e per chip",
+    "hbm_bytes_per_s": _CLOUD + "TPU v5p: 2,765 GB/s",
+    "ici_link_bytes_per_s": _CLOUD + "TPU v5p: 6 ICI links, 4,800 Gbit/s per chip -> 100 GB/s per link",
+    "torus_dims": _CLOUD + "TPU v5p: 3D torus, 8,960 chips per pod",
+    "devices_per_host": _CLOUD + "TPU v5p: 4 chips per host"}, matmul_efficiency=_TPU_EFFICIENCY))
+
+# Aliases: the former round-number "gpu" and "tpu" device parameters.
+ALIASES = {"gpu": "a100-80gb", "tpu": "tpu-v3", "a100": "a100-80gb", "h100": "h100-sxm",
+           "v2": "tpu-v2", "v3": "tpu-v3", "v4": "tpu-v4", "v5e": "tpu-v5e", "v5p": "tpu-v5p"}
+
+
+def preset(name: str) -> Hardware:
+  """The preset called `name` (or an alias: "gpu" is a100-80gb, "tpu" tpu-v3).
+
+  Example:
+    >>> preset("tpu-v4").torus_dims
+    3
+  """
+  key = name.strip().lower()
+  key = ALIASES.get(key, key)
+  if key not in PRESETS:
+    raise ValueError(f"unknown hardware {name!r}: use one of {sorted(PRESETS)} or a JSON "
+                     "file (fields in docs/planning.md).")
+  return PRESETS[key]
+
+
+def hardware_from_json(text_or_path: str) -> Tuple[Hardware, Optional[int]]:
+  """A Hardware (and its optional `count`) from a JSON string or file.
+
+  Example:
+    >>> hw, count = hardware_from_json(preset("a100-80gb").to_json())
+  """
+  text = text_or_path
+  if not text_or_path.lstrip().startswith("{"):
+    with open(text_or_path) as f:
+      text = f.read()
+  try:
+    values = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"hardware file {text_or_path!r} is not valid JSON: {e}") from None
+  if not isinstance(values, dict):
+    raise ValueError(f"hardware file {text_or_path!r}: expected a JSON object of Hardware fields.")
+  count = values.pop("count", None)
+  fields = {f.name for f in dataclasses.fields(Hardware)}
+  unknown = sorted(set(values) - fields)
+  if unknown:
+    raise ValueError(f"hardware file {text_or_path!r}: unknown fields {unknown}; the fields "
+                     f"are {sorted(fields | {'count'})} (docs/planning.md).")
+  missing = [f for f in ("name", "kind", "peak_flops_per_s", "hbm_bytes", "hbm_bytes_per_s",
+                         "devices_per_host") if f not in values]
+  if missing:
+    raise ValueError(f"hardware file {text_or_path!r}: missing fields {missing}.")
+  return Hardware(**values).validate(), count
+
+
+def parse_cluster(spec: str) -> Cluster:
+  """"NAME:COUNT" (a preset) or "FILE.json[:COUNT]".
+
+  Example:
+    >>> parse_cluster("tpu-v3:512").hardware.name
+    'tpu-v3'
+  """
+  if not spec or not spec.strip():
+    raise ValueError("--hardware is empty: write NAME:COUNT, e.g. a100-80gb:1024 or tpu-v4:512.")
+  spec = spec.strip()
+  name, count = spec, None
+  if ":" in spec:
+    head, tail = spec.rsplit(":", 1)
+    if tail.strip().isdigit():
+      name, count = head, int(tail)
+    elif not os.path.exists(spec):
+      raise ValueError(f"--hardware={spec}: the count {tail!r} is not a whole number "
+                       "(write e.g. a100-80gb:1024).")
+  if name.endswith(".json") or os.path.exists(name) or name.lstrip().startswith("{"):
+    hardware, file_count = hardware_from_json(name)
+    count = count if count is not None else file_count
+  else:
+    hardware = preset(name)
+  if count is None:
+    raise ValueError(f"--hardware={spec}: say how many devices, e.g. {hardware.name}:1024.")
+  if count <= 0:
+    raise ValueError(f"--hardware={spec}: the device count must be positive.")
+  return Cluster(hardware, count)
+
+
+def torus_shape(devices: int, hardware: Hardware) -> Tuple[int, ...]:
+  """The chip torus of a TPU slice of `devices` devices (as square / cubic as
+  possible, powers of two first), one slice at most.
+
+  Example:
+    >>> torus_shape(512, preset("tpu-v2"))
+    (16, 16)
+  """
+  chips = max(min(devices, hardware.max_slice_devices or devices) // hardware.devices_per_chip, 1)
+  dims = [1] * hardware.torus_dims
+  n = chips
+  # Deal prime factors (largest first) to the smallest dimension.
+  factors = []
+  f = 2
+  while n > 1:
+    while n % f == 0:
+      factors.append(f)
+      n //= f
+    f += 1
+  for f in sorted(factors, reverse=True):
+    i = min(range(len(dims)), key=lambda k: dims[k])
+    dims[i] *= f
+  return tuple(sorted(dims))
+
+
+def describe(cluster: Cluster) -> str:
+  """One line about the cluster."""
+  h = cluster.hardware
+  line = (f"{cluster.count} x {h.name}: {h.peak_flops_per_s / 1e12:.0f} TFLOP/s bf16, "
+          f"{h.hbm_bytes / GIB:.0f} GiB HBM at {h.hbm_bytes_per_s / 1e9:.0f} GB/s per device")
+  if h.kind == "gpu":
+    line += (f"; {cluster.num_hosts} hosts of {h.devices_per_host} "
+             f"(in-host {h.intra_host_bytes_per_s / 1e9:.0f} GB/s, network "
+             f"{h.network_bytes_per_s / 1e9:.0f} GB/s per device)")
+  else:
+    dims = "x".join(str(d) for d in torus_shape(cluster.count, h))
+    line += f"; {dims} chip torus, ICI {h.ici_link_bytes_per_s / 1e9:.0f} GB/s per link"
+    slices = math.ceil(cluster.count / h.max_slice_devices) if h.max_slice_devices else 1
+    if slices > 1:
+      line += f", {slices} slices over the data-center network"
+  return line

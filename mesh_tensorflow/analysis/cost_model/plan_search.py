@@ -1,0 +1,145 @@
+"""`plan --auto`: the best meshes, layouts and options for a device count.
+
+For the parsed gin config and a cluster it tries every split of the devices
+into pipeline x data x model parallelism (`pipe:P;data:D;model:T`, model
+innermost so that its collectives stay inside a host where they can; T
+divides the heads and d_ff, P the layers, D the batch), the micro-batch
+sizes 1, 2 and 4 sequences per replica when pipelining, recomputation
+("none", "layer") and ZeRO stages 0 and 1, prices each with the planner,
+and keeps those that fit in memory, fastest first. Each printed plan says
+why it is where it is: its largest time components and its memory headroom.
+
+The layout is the Megatron-style one (`batch:data;d_ff:model;heads:model;
+vocab:model;stages:pipe`); auto_mtf's layout search (`report --auto`) picks
+layouts for one fixed mesh and is not used here: at this scale the mesh
+shape and the options decide. Steps are priced once per (mesh, micro-batch)
+and reused across options.
+
+    >>> result = search(hardware.parse_cluster("a100-80gb:1024"), top=5)
+    >>> print(result.summary())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import List
+
+from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
+from mesh_tensorflow.analysis.cost_model import planner
+
+LAYOUT = "stages:pipe;batch:data;d_ff:model;heads:model;vocab:model"
+
+
+@dataclasses.dataclass
+class SearchResult:
+  """The plans that fit, fastest first, and what was tried."""
+  plans: List[planner.Plan]
+  tried: int
+  rejected: List[str]
+  seconds: float
+  top: int
+
+  def to_dict(self):
+    return {"plans": [p.to_dict() for p in self.plans[:self.top]], "tried": self.tried,
+            "rejected": self.rejected[:20], "seconds": self.seconds}
+
+  def summary(self) -> str:
+    lines = [f"searched {self.tried} plans in {self.seconds:.0f} s; "
+             f"{len(self.plans)} fit in memory"]
+    if not self.plans:
+      lines.append("no plan fits: " + "; ".join(self.rejected[:5]))
+      return "\n".join(lines)
+    best = self.plans[0].step_time_s
+    for rank, p in enumerate(self.plans[:self.top], 1):
+      o = p.options
+      lines.append("")
+      lines.append(f"#{rank}  mesh {p.mesh_shape}  micro-batches {o.num_microbatches}  "
+                   f"recompute={o.recompute}  zero={o.zero_stage}")
+      lines.append(f"    step {p.step_time_s:.3f} s ({p.step_time_s / best:.2f}x best), "
+                   f"{p.tokens_per_s:,.0f} tokens/s, MFU {100 * p.mfu:.1f}%, "
+                   f"{p.memory_bytes_per_device / 2**30:.1f} of {p.hbm_bytes / 2**30:.1f} GiB")
+      lines.append(f"    why: {why(p)}")
+    lines.append("")
+    lines.append(f"layout: {self.plans[0].layout}")
+    lines.append("gin for #1: " + "; ".join(gin_bindings(self.plans[0])))
+    return "\n".join(lines)
+
+
+def why(plan: planner.Plan) -> str:
+  t = plan.time_breakdown
+  total = plan.step_time_s
+  parts = sorted(((v / total, k) for k, v in t.items() if v > 0), reverse=True)
+  shown = ", ".join(f"{k.replace('_', ' ')} {100 * f:.0f}%" for f, k in parts[:3])
+  spare = (plan.hbm_bytes - plan.memory_bytes_per_device) / 2**30
+  return f"{shown}; {spare:.1f} GiB spare"
+
+
+def gin_bindings(plan: planner.Plan) -> List[str]:
+  o = plan.options
+  out = [f"run.mesh_shape = '{plan.mesh_shape}'", f"run.layout_rules = '{plan.layout}'",
+         f"transformer.make_layer_stack.recompute = '{o.recompute}'",
+         f"run.zero_stage = {o.zero_stage}"]
+  if o.num_stages > 1:
+    out += [f"transformer.make_layer_stack.num_stages = {o.num_stages}",
+            f"transformer.make_layer_stack.num_microbatches = {o.num_microbatches}",
+            f"transformer.make_layer_stack.pipeline_schedule = '{o.schedule}'"]
+  return out
+
+
+def _divisors(n: int) -> List[int]:
+  return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
+           max_pipeline: int = 64, memory_budget_bytes=None) -> SearchResult:
+  """Searches plans for the parsed gin config on `cluster`; a plan fits when
+  its memory per device is within the HBM and `memory_budget_bytes`."""
+  import gin  # pylint: disable=g-import-not-at-top
+  start = time.time()
+  b = dict(gin.get_bindings("run"))
+  batch = b.get("batch_size", 32)
+  num_layers = int(planner._binding("transformer.make_layer_stack.num_layers", 6))  # pylint: disable=protected-access
+  heads = int(planner._binding("SelfAttention.num_heads", 8) or 8)  # pylint: disable=protected-access
+  d_ff = int(planner._binding("DenseReluDense.hidden_size", 2048) or 2048)  # pylint: disable=protected-access
+  h = cluster.hardware
+  n = cluster.count
+  max_model = h.devices_per_host if h.kind == "gpu" else 64
+  plans, rejected, tried = [], [], 0
+  schedule = planner.options_from_gin().schedule
+  for t in _divisors(n):
+    if t > max_model or heads % t or d_ff % t:
+      continue
+    for p in _divisors(n // t):
+      if p > max_pipeline or num_layers % p:
+        continue
+      d = n // (t * p)
+      if batch % d:
+        continue
+      per_replica = batch // d
+      micros = sorted({per_replica // m for m in micro_sizes if per_replica % m == 0}) \
+          if p > 1 else [1]
+      dims = ([f"pipe:{p}"] if p > 1 else []) + [f"data:{d}"] + ([f"model:{t}"] if t > 1 else [])
+      mesh = ";".join(dims)
+      layout = ";".join(r for r in LAYOUT.split(";")
+                        if r.split(":")[1] in {x.split(":")[0] for x in dims})
+      for m in micros:
+        for recompute in ("none", "layer"):
+          for zero in (0, 1):
+            tried += 1
+            options = planner.PlanOptions(num_stages=p, num_microbatches=m,
+                                          schedule=schedule if p > 1 else "gpipe",
+                                          recompute=recompute, zero_stage=zero)
+            try:
+              plan = planner.plan_current_config(cluster, mesh, layout, options)
+            except ValueError as e:
+              rejected.append(f"{mesh}: {e}")
+              break
+            if plan.fits and (memory_budget_bytes is None
+                              or plan.memory_bytes_per_device <= memory_budget_bytes):
+              plans.append(plan)
+            else:
+              rejected.append(f"{mesh} m={m} recompute={recompute} zero={zero}: needs "
+                              f"{plan.memory_bytes_per_device / 2**30:.1f} GiB")
+  plans.sort(key=lambda p: (round(p.step_time_s, 6), p.memory_bytes_per_device))
+  return SearchResult(plans, tried, rejected, time.time() - start, top)

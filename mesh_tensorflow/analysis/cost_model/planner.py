@@ -1,0 +1,682 @@
+r"""A plan for a large training run: step time, throughput, MFU, memory per
+device and whether it fits, and where the time goes, for a transformer
+configured by gin files on a cluster of accelerators.
+
+    >>> gin_config.parse(["models/base_lm.gin"], ["run.batch_size = 256"])
+    >>> plan = plan_current_config(hardware.parse_cluster("a100-80gb:64"),
+    ...                            "batch:8;model:8", "batch:batch;d_ff:model;heads:model")
+    >>> plan.step_time_s, plan.fits
+
+How: the training step (model, loss, gradients, optimizer) is built as an
+mtf graph, without allocating any tensor, for ONE and for TWO layers of the
+model, at its real sizes, on the mesh without its pipeline dimension, for one
+micro-batch. The cost model prices both (the plans the lowering executes:
+FLOPs, bytes, kernels, every collective with its mesh axes and bytes);
+their difference is one layer, and the model's L layers are the one-layer
+graph plus L - 1 more layers (the layers of a stack are identical). Each
+collective is priced on the cluster's links (`topology`). The plan then
+adds what the graph of one micro-batch does not show:
+
+* pipeline (`transformer.make_layer_stack.num_stages` over the mesh
+  dimension that the layout's `stages` rule names): each stage runs L / S
+  layers; a step is (M + (S - 1) / V) slots of one micro-batch's forward and
+  backward (GPipe and 1F1B: V = 1; the interleaved schedule: V virtual
+  stages per device), plus the sends between stages;
+* activation recomputation ("layer": the forward of every layer runs again
+  in the backward pass and only each layer's input is kept; "selective":
+  the attention scores are recomputed, not kept);
+* gradient reduction (the collectives the optimizer's inputs complete, once
+  per step), overlapped with the last micro-batch's backward pass except
+  the last layer's share;
+* ZeRO (`run.zero_stage`): optimizer slots (stage >= 1), gradients (>= 2),
+  variables (3) split over the data-parallel mesh dimension; stage 3 adds an
+  all-gather of each layer's variables in the forward and backward passes;
+* mixed precision (`run.activation_dtype = "bfloat16"`): activations and
+  their collectives in bf16, variables, gradients and slots in float32.
+
+Compute time is FLOPs / (peak x matmul_efficiency) + bytes / HBM bandwidth +
+kernels x launch overhead; model FLOPs are every einsum's full product
+(forward and backward) and exclude the recomputed forward (MFU); hardware
+FLOPs include it (HFU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Dict, List, Optional, Tuple
+
+from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
+from mesh_tensorflow.analysis.cost_model import topology
+
+GIB = 2 ** 30
+PHASES = ("forward", "backward", "optimizer")
+
+
+# ------------------------------------------------------------ vocabulary
+def _register_vocabulary():
+  import gin  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import vocabulary as vocabulary_lib  # pylint: disable=g-import-not-at-top
+
+  class SizedVocabulary(vocabulary_lib.ByteVocabulary):
+    """A vocabulary of which only the size is known (planning: no file).
+
+    gin: `run.vocabulary = @vocabulary.SizedVocabulary()` and
+    `vocabulary.SizedVocabulary.size = 51200`.
+    """
+
+    def __init__(self, size: int = 32000):
+      super().__init__()
+      if size <= 0:
+        raise ValueError(f"SizedVocabulary.size must be positive, got {size}.")
+      self._size = int(size)
+
+    @property
+    def vocab_size(self) -> int:
+      return self._size
+
+  try:
+    return gin.external_configurable(SizedVocabulary, "SizedVocabulary", module="vocabulary")
+  except ValueError:  # already registered
+    return SizedVocabulary
+
+
+SizedVocabulary = _register_vocabulary()
+
+
+# ------------------------------------------------------------ options
+@dataclasses.dataclass
+class PlanOptions:
+  """What large runs do beyond one micro-batch's graph (read from gin).
+
+  Attributes:
+    num_stages: pipeline stages (transformer.make_layer_stack.num_stages).
+    num_microbatches: micro-batches per step (...num_microbatches).
+    schedule: "gpipe", "1f1b" (...pipeline_schedule) or "interleaved".
+    virtual_stages: layer chunks per device with the interleaved schedule.
+    recompute: "none", "layer" or "selective" (...recompute).
+    zero_stage: 0-3 (run.zero_stage).
+    overlap_grad_reduce: gradient reduction overlaps the last backward pass.
+  """
+  num_stages: int = 1
+  num_microbatches: int = 1
+  schedule: str = "gpipe"
+  virtual_stages: int = 1
+  recompute: str = "none"
+  zero_stage: int = 0
+  overlap_grad_reduce: bool = True
+
+
+def _binding(name: str, default=None):
+  import gin  # pylint: disable=g-import-not-at-top
+  try:
+    value = gin.query_parameter(name)
+  except ValueError:
+    return default
+  for _ in range(8):  # a macro (%num_layers) names another binding
+    if not isinstance(value, gin.config.ConfigurableReference):
+      return value
+    text = str(value)
+    if not text.startswith("%"):
+      return default
+    try:
+      value = gin.query_parameter(text)
+    except ValueError:
+      return default
+  return default
+
+
+def options_from_gin() -> PlanOptions:
+  """The plan options the parsed gin config states."""
+  return PlanOptions(
+      num_stages=int(_binding("transformer.make_layer_stack.num_stages", 1) or 1),
+      num_microbatches=int(_binding("transformer.make_layer_stack.num_microbatches", 1) or 1),
+      schedule=str(_binding("transformer.make_layer_stack.pipeline_schedule", "gpipe")),
+      recompute=str(_binding("transformer.make_layer_stack.recompute", "none")),
+      zero_stage=int(_binding("run.zero_stage", 0) or 0))
+
+
+# ------------------------------------------------------------ results
+@dataclasses.dataclass
+class Communication:
+  """One kind of collective of the step, all its occurrences together."""
+  phase: str
+  kind: str
+  mesh_dims: Tuple[str, ...]
+  bytes_per_processor: int
+  count: float
+  seconds: float
+  link: str
+
+  def as_dict(self):
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Plan:
+  """The estimate for one mesh, layout and set of options on a cluster."""
+  cluster: str
+  mesh_shape: str
+  layout: str
+  options: PlanOptions
+  step_time_s: float
+  tokens_per_step: int
+  model_flops_per_step: float
+  hardware_flops_per_step: float
+  mfu: float
+  hfu: float
+  memory: Dict[str, float]
+  hbm_bytes: float
+  time_breakdown: Dict[str, float]
+  communications: List[Communication]
+  num_layers: int
+  parameters: int
+  notes: List[str] = dataclasses.field(default_factory=list)
+
+  @property
+  def tokens_per_s(self) -> float:
+    return self.tokens_per_step / self.step_time_s
+
+  @property
+  def memory_bytes_per_device(self) -> float:
+    return self.memory["total"]
+
+  @property
+  def fits(self) -> bool:
+    return self.memory_bytes_per_device <= self.hbm_bytes
+
+  def to_dict(self) -> dict:
+    return {
+        "cluster": self.cluster, "mesh_shape": self.mesh_shape, "layout": self.layout,
+        "options": dataclasses.asdict(self.options),
+        "step_time_s": self.step_time_s, "tokens_per_step": self.tokens_per_step,
+        "tokens_per_s": self.tokens_per_s, "model_flops_per_step": self.model_flops_per_step,
+        "hardware_flops_per_step": self.hardware_flops_per_step, "mfu": self.mfu,
+        "hfu": self.hfu, "memory_bytes_per_device": self.memory_bytes_per_device,
+        "memory_breakdown_bytes": self.memory, "hbm_bytes_per_device": self.hbm_bytes,
+        "fits": self.fits, "time_breakdown_s": self.time_breakdown,
+        "top_communications": [c.as_dict() for c in self.communications[:5]],
+        "num_layers": self.num_layers, "parameters": self.parameters, "notes": self.notes}
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+  def summary(self) -> str:
+    o = self.options
+    lines = [f"plan: {self.cluster}, mesh {self.mesh_shape}, layout {self.layout}"]
+    extras = [f"{self.num_layers} layers", f"{self.parameters / 1e9:.2f}B parameters"]
+    if o.num_stages > 1:
+      extras.append(f"pipeline {o.num_stages} stages x {o.num_microbatches} micro-batches "
+                    f"({o.schedule}{', %d virtual' % o.virtual_stages if o.virtual_stages > 1 else ''})")
+    elif o.num_microbatches > 1:
+      extras.append(f"{o.num_microbatches} micro-batches")
+    extras.append(f"recompute={o.recompute}")
+    extras.append(f"ZeRO stage {o.zero_stage}")
+    lines.append("  " + ", ".join(extras))
+    lines.append(f"step time        {self.step_time_s:.3f} s")
+    lines.append(f"tokens/s         {self.tokens_per_s:,.0f}")
+    lines.append(f"model FLOPs/step {self.model_flops_per_step:.3e}")
+    lines.append(f"MFU              {100 * self.mfu:.1f}%   (HFU {100 * self.hfu:.1f}%, "
+                 "recomputed forward counted)")
+    t = self.time_breakdown
+    lines.append("time: " + ", ".join(f"{k} {v:.3f} s" for k, v in t.items() if v > 0))
+    m = self.memory
+    lines.append("memory per device:")
+    for key in ("variables", "gradients", "optimizer_slots", "activations", "pipeline_buffers"):
+      lines.append(f"  {key:<17}{m[key] / GIB:9.2f} GiB")
+    verdict = ("fits" if self.fits else
+               f"does NOT fit by {(self.memory_bytes_per_device - self.hbm_bytes) / GIB:.2f} GiB")
+    lines.append(f"  {'total':<17}{m['total'] / GIB:9.2f} GiB of {self.hbm_bytes / GIB:.2f} GiB "
+                 f"HBM: {verdict}")
+    lines.append("top communications (per step):")
+    for c in self.communications[:5]:
+      lines.append(f"  {c.seconds:8.4f} s  {c.count:6.0f} x {c.kind:<14} over "
+                   f"{','.join(c.mesh_dims):<10} {c.bytes_per_processor / 2**20:10.2f} MiB  "
+                   f"[{c.phase}] on {c.link}")
+    for n in self.notes:
+      lines.append(f"note: {n}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------ building
+@dataclasses.dataclass
+class _Step:
+  graph: object
+  boundaries: Tuple[int, int]  # op index of the first backward and optimizer op
+  mesh_shape: object
+  layout: object
+
+
+_LIBRARY_DEFAULTS = {"transformer.make_layer_stack.num_layers": 6,
+                     "transformer.make_layer_stack.num_stages": 1,
+                     "transformer.make_layer_stack.num_microbatches": 1,
+                     "transformer.make_layer_stack.recompute": "none",
+                     "transformer.make_layer_stack.pipeline_schedule": "gpipe"}
+
+
+def _build_step(mesh_shape: str, layout: str, batch_size: int, num_layers: int) -> _Step:
+  """One micro-batch's training step of the parsed config with num_layers
+  layers and no pipeline, recomputation or gradient accumulation."""
+  import gin  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import learning_rate_schedules  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import modeling, utils  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import vocabulary as vocabulary_lib  # pylint: disable=g-import-not-at-top
+
+  saved = {}
+  overrides = {"transformer.make_layer_stack.num_layers": num_layers,
+               "transformer.make_layer_stack.num_stages": 1,
+               "transformer.make_layer_stack.num_microbatches": 1,
+               "transformer.make_layer_stack.recompute": "none",
+               "transformer.make_layer_stack.pipeline_schedule": "gpipe"}
+  with gin.unlock_config():
+    for k, v in overrides.items():
+      saved[k] = _binding(k, None)
+      gin.bind_parameter(k, v)
+  try:
+    b = dict(gin.get_bindings("run"))
+    vocabulary = b.get("vocabulary") or vocabulary_lib.ByteVocabulary()
+    if not hasattr(vocabulary, "vocab_size"):
+      raise ValueError(f"run.vocabulary is {vocabulary!r}: set one of this library's "
+                       "vocabularies, or only its size: run.vocabulary = "
+                       "@vocabulary.SizedVocabulary() and vocabulary.SizedVocabulary.size = N.")
+    sequence_length = b.get("sequence_length") or {"inputs": 128, "targets": 128}
+    if isinstance(sequence_length, int):
+      sequence_length = {"inputs": sequence_length, "targets": sequence_length}
+    impl = mtf.MeshImpl(mesh_shape, layout)
+    setup = modeling.Setup(
+        model_type=b.get("model_type", "lm"), vocabulary=vocabulary, mesh_impl=impl,
+        sequence_length=dict(sequence_length), batch_size=batch_size,
+        vocab_size=vocabulary.vocab_size, vocab_divisor=b.get("vocab_divisor"),
+        variable_dtype=mtf.VariableDType(tf.float32, tf.float32,
+                                         b.get("activation_dtype") or "float32"))
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    features = {}
+    for name, shape in setup.feature_shapes().items():
+      shape = mtf.convert_to_shape(shape)
+      # A scalar broadcast: no tensor of the feature's size is allocated.
+      features[name] = mtf.import_tf_tensor(
+          mesh, tf.broadcast_to(tf.constant(0, tf.int32), shape.to_integer_list()), shape,
+          name=name)
+    loss, _ = modeling.make_model_fn(setup)(mesh, features, "train")
+    first_backward = len(graph.operations)
+    variables = graph.trainable_variables
+    grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+    first_optimizer = len(graph.operations)
+    steps = b.get("total_run_steps") or b.get("train_steps")
+    schedule = learning_rate_schedules.bind_total_train_steps(
+        utils._schedule(b.get("learning_rate_schedule")),  # pylint: disable=protected-access
+        steps if isinstance(steps, int) else 1000)
+    utils.make_optimizer(b.get("optimizer"), schedule).apply_grads(grads, variables)
+  finally:
+    with gin.unlock_config():
+      for k, v in saved.items():
+        gin.bind_parameter(k, v if v is not None else _LIBRARY_DEFAULTS[k])
+  return _Step(graph, (first_backward, first_optimizer), mtf.convert_to_shape(mesh_shape),
+               mtf.convert_to_layout_rules(layout))
+
+
+# ------------------------------------------------------------ pricing
+@dataclasses.dataclass
+class _Phase:
+  flops: float = 0.0          # per processor, matrix products
+  model_flops: float = 0.0    # all processors, full einsum products
+  bytes: float = 0.0          # per processor
+  kernels: float = 0.0        # per processor
+  comm: Dict[tuple, float] = dataclasses.field(default_factory=dict)  # key -> count
+
+  def minus(self, other: "_Phase") -> "_Phase":
+    keys = set(self.comm) | set(other.comm)
+    return _Phase(self.flops - other.flops, self.model_flops - other.model_flops,
+                  self.bytes - other.bytes, self.kernels - other.kernels,
+                  {k: self.comm.get(k, 0) - other.comm.get(k, 0) for k in keys})
+
+  def plus(self, other: "_Phase", times: float = 1.0) -> "_Phase":
+    keys = set(self.comm) | set(other.comm)
+    return _Phase(self.flops + times * other.flops,
+                  self.model_flops + times * other.model_flops,
+                  self.bytes + times * other.bytes, self.kernels + times * other.kernels,
+                  {k: self.comm.get(k, 0) + times * other.comm.get(k, 0) for k in keys})
+
+
+@dataclasses.dataclass
+class _Priced:
+  phases: Dict[str, _Phase]
+  variables: float
+  slots: float
+  activations: float
+  layer_input_bytes: float
+  attention_core_bytes: float
+  parameters: int
+
+
+_CACHE: Dict[tuple, _Priced] = {}
+
+
+def _priced(mesh_shape: str, layout: str, batch: int, num_layers: int) -> _Priced:
+  """`_price_step` of `_build_step`, remembered for the same gin config (a
+  search prices the same sub-mesh under many options)."""
+  import gin  # pylint: disable=g-import-not-at-top
+  key = (gin.config_str(), mesh_shape, layout, batch, num_layers)
+  if key not in _CACHE:
+    if len(_CACHE) > 256:
+      _CACHE.clear()
+    _CACHE[key] = _price_step(_build_step(mesh_shape, layout, batch, num_layers))
+  return _CACHE[key]
+
+
+def _einsum_model_flops(op) -> float:
+  dims = {}
+  for t in list(op.inputs) + list(op.outputs):
+    for d in t.shape.dims:
+      dims[d.name] = d.size
+  n = 2.0
+  for size in dims.values():
+    n *= size
+  return n
+
+
+def _price_step(step: _Step) -> _Priced:
+  from mesh_tensorflow.analysis import cost_model  # pylint: disable=g-import-not-at-top
+  est = cost_model.estimate(step.graph, step.mesh_shape, step.layout, params="gpu", check=False)
+  ops = step.graph.operations
+  n = step.mesh_shape.size
+  first_bwd, first_opt = step.boundaries
+  phases = {p: _Phase() for p in PHASES}
+  for i, (op, cost) in enumerate(zip(ops, est.ops)):
+    phase = "forward" if i < first_bwd else "backward" if i < first_opt else "optimizer"
+    ph = phases[phase]
+    ph.flops += cost.work_flops / n
+    ph.bytes += cost.bytes_touched / n
+    ph.kernels += cost.kernels / n
+    if type(op).__name__ == "EinsumOperation":
+      ph.model_flops += _einsum_model_flops(op)
+    for c in cost.collectives:
+      key = (c.kind, tuple(c.mesh_axes), int(c.bytes_per_processor))
+      ph.comm[key] = ph.comm.get(key, 0) + 1
+  # The input of a layer: the activation slice of [batch, length, d_model].
+  layer_input = 0.0
+  attention = 0.0
+  for op in ops[:first_bwd]:
+    for t in op.outputs:
+      names = [d.name for d in t.shape.dims]
+      if "d_model" in names and len(names) == 3 and layer_input == 0.0:
+        layer_input = float(est_slice_bytes(t, step))
+      if "memory_length" in names and "length" in names:
+        attention += float(est_slice_bytes(t, step))
+  mem = est.memory
+  count = sum(v.outputs[0].shape.size for v in step.graph.trainable_variables)
+  return _Priced(phases, mem.variables, mem.slots, mem.activations, layer_input, attention,
+                 count)
+
+
+def est_slice_bytes(t, step: _Step) -> int:
+  from mesh_tensorflow.lowering import plans  # pylint: disable=g-import-not-at-top
+  layout = step.layout.tensor_layout(t.shape, step.mesh_shape)
+  return plans.slice_elements(t.shape, tuple(layout), step.mesh_shape.to_integer_list()) * \
+      t.dtype.size
+
+
+def _compute_time(ph: _Phase, h: hardware_lib.Hardware) -> float:
+  return (ph.flops / (h.peak_flops_per_s * h.matmul_efficiency)
+          + ph.bytes / h.hbm_bytes_per_s + ph.kernels * h.kernel_overhead_s)
+
+
+class _CommPricer:
+  """Prices collectives of the sub-mesh on the full mesh's topology."""
+
+  def __init__(self, full_sizes, axis_map, cluster, dim_names):
+    self.full_sizes = full_sizes
+    self.axis_map = axis_map  # sub-mesh axis -> full mesh axis
+    self.cluster = cluster
+    self.dim_names = dim_names
+    self._cache = {}
+
+  def levels(self, axes):
+    key = tuple(axes)
+    if key not in self._cache:
+      self._cache[key] = topology.group_levels(
+          self.full_sizes, [self.axis_map[a] for a in axes], self.cluster)
+    return self._cache[key]
+
+  def time(self, key) -> float:
+    kind, axes, nbytes = key
+    return topology.collective_time(kind, nbytes, self.levels(axes))
+
+  def total(self, ph: _Phase) -> float:
+    return sum(count * self.time(k) for k, count in ph.comm.items())
+
+
+# ------------------------------------------------------------ the plan
+def _config_mesh_and_layout(mesh_shape, layout):
+  import gin  # pylint: disable=g-import-not-at-top
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import utils  # pylint: disable=g-import-not-at-top
+  b = dict(gin.get_bindings("run"))
+  mesh_shape = mesh_shape or b.get("mesh_shape", "rows:2;cols:4")
+  if isinstance(mesh_shape, mtf.Shape):
+    mesh_shape = mesh_shape.to_string()
+  layout = layout if layout is not None else b.get(
+      "layout_rules", "batch:rows;d_ff:cols;heads:cols;experts:rows")
+  layout = utils.rules_for_mesh(layout, mesh_shape)
+  return mtf.convert_to_shape(mesh_shape), mtf.convert_to_layout_rules(layout)
+
+
+def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str] = None,
+                        layout: Optional[str] = None,
+                        options: Optional[PlanOptions] = None) -> Plan:
+  """The Plan of the parsed gin config's training step on `cluster`.
+
+  Args:
+    cluster: hardware and device count (`hardware.parse_cluster`).
+    mesh_shape, layout: override the config's (the mesh must have
+      cluster.count processors; a pipeline's mesh dimension is the one the
+      layout's `stages` rule names).
+    options: override the options the gin config states.
+
+  Example:
+    >>> plan = plan_current_config(hardware.parse_cluster("tpu-v4:64"), "d:8;m:8",
+    ...                            "batch:d;d_ff:m;heads:m")
+  """
+  import gin  # pylint: disable=g-import-not-at-top
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  options = options or options_from_gin()
+  full_shape, rules = _config_mesh_and_layout(mesh_shape, layout)
+  if full_shape.size != cluster.count:
+    raise ValueError(f"mesh {full_shape.to_string()} has {full_shape.size} processors but "
+                     f"--hardware={cluster} has {cluster.count} devices; make them equal "
+                     "(--mesh_shape and --layout, or --auto to search).")
+  _check_options(options)
+  names = [d.name for d in full_shape.dims]
+  sizes = full_shape.to_integer_list()
+  rule_map = dict(rules.rules) if hasattr(rules, "rules") else dict(
+      (r[0], r[1]) for r in rules)
+  pipe_dim = rule_map.get("stages")
+  if options.num_stages > 1:
+    if pipe_dim is None:
+      raise ValueError(f"num_stages={options.num_stages} but the layout has no 'stages' rule: "
+                       "add e.g. 'stages:pipe' and a mesh dimension pipe of that size.")
+    if dict(zip(names, sizes))[pipe_dim] != options.num_stages:
+      raise ValueError(f"num_stages={options.num_stages} but mesh dimension {pipe_dim!r} "
+                       f"(layout rule stages:{pipe_dim}) has size {dict(zip(names, sizes))[pipe_dim]}.")
+  elif pipe_dim is not None and dict(zip(names, sizes))[pipe_dim] > 1:
+    raise ValueError(f"the layout splits 'stages' over {pipe_dim!r} but the config has "
+                     "num_stages = 1: set transformer.make_layer_stack.num_stages.")
+  sub_dims = [d for d in full_shape.dims if d.name != pipe_dim or options.num_stages == 1]
+  sub_shape = mtf.Shape(sub_dims)
+  axis_map = {i: names.index(d.name) for i, d in enumerate(sub_dims)}
+  sub_rules = mtf.convert_to_layout_rules(
+      [(k, v) for k, v in rule_map.items() if k != "stages" and v in sub_shape.dimension_names])
+  b = dict(gin.get_bindings("run"))
+  batch = b.get("batch_size", 32)
+  if not isinstance(batch, int):
+    raise ValueError(f"run.batch_size = {batch!r}: planning needs a number of sequences.")
+  grad_accum = int(b.get("grad_accum_steps") or 1)
+  m = options.num_microbatches * grad_accum
+  if batch % m:
+    raise ValueError(f"run.batch_size = {batch} is not a multiple of the "
+                     f"{m} micro-batches.")
+  micro = batch // m
+  num_layers = int(_binding("transformer.make_layer_stack.num_layers", 6))
+  s = options.num_stages
+  if num_layers % s:
+    raise ValueError(f"num_layers = {num_layers} is not a multiple of num_stages = {s}.")
+  if num_layers % (s * options.virtual_stages):
+    raise ValueError(f"num_layers = {num_layers} is not a multiple of num_stages x "
+                     f"virtual_stages = {s * options.virtual_stages}.")
+  seq = b.get("sequence_length") or {"targets": 128}
+  seq_len = seq if isinstance(seq, int) else seq.get("targets", 128)
+
+  sub_mesh = sub_shape.to_string()
+  sub_layout = sub_rules.to_string()
+  one = _priced(sub_mesh, sub_layout, micro, 1)
+  two = _priced(sub_mesh, sub_layout, micro, 2)
+  h = cluster.hardware
+  pricer = _CommPricer(sizes, axis_map, cluster, names)
+  layer = {p: two.phases[p].minus(one.phases[p]) for p in PHASES}
+  extra = {p: one.phases[p].minus(layer[p]) for p in PHASES}
+  per_stage = num_layers // s
+
+  def stage_phase(p):
+    return extra[p].plus(layer[p], per_stage)
+
+  # Time of one micro-batch on the busiest stage.
+  fwd_l = _compute_time(layer["forward"], h) + pricer.total(layer["forward"])
+  bwd_l = _compute_time(layer["backward"], h) + pricer.total(layer["backward"])
+  fwd_x = _compute_time(extra["forward"], h) + pricer.total(extra["forward"])
+  bwd_x = _compute_time(extra["backward"], h) + pricer.total(extra["backward"])
+  recompute_l = 0.0
+  recompute_flops_l = 0.0
+  if options.recompute == "layer":
+    recompute_l = fwd_l
+    recompute_flops_l = layer["forward"].model_flops
+  elif options.recompute == "selective":
+    recompute_l = layer["forward"].bytes / h.hbm_bytes_per_s * 0.5
+  zero3_l = 0.0
+  dp_axes = [i for i, d in enumerate(sub_dims) if rule_map.get("batch") == d.name]
+  dp = 1
+  for a in dp_axes:
+    dp *= sub_dims[a].size
+  if options.zero_stage >= 3 and dp > 1:
+    layer_var_bytes = (two.variables - one.variables)
+    zero3_l = 2 * topology.collective_time(
+        "allgather", layer_var_bytes / dp, pricer.levels(dp_axes))
+  micro_time = (per_stage * (fwd_l + bwd_l + recompute_l + zero3_l) + fwd_x + bwd_x)
+  p2p = 0.0
+  if s > 1:
+    hop = topology.point_to_point_time(one.layer_input_bytes, sizes, names.index(pipe_dim),
+                                       cluster)
+    p2p = 2 * hop * options.virtual_stages
+  v = options.virtual_stages if options.schedule == "interleaved" else 1
+  slots = m + (s - 1) / v if s > 1 else m
+  pipeline_time = slots * (micro_time + p2p)
+  bubble = (slots - m) * (micro_time + p2p)
+  # Once per step: the gradient reduction and the optimizer's update.
+  opt = stage_phase("optimizer")
+  grad_reduce = pricer.total(opt)
+  optimizer_compute = _compute_time(opt, h)
+  exposed = grad_reduce
+  if options.overlap_grad_reduce and grad_reduce > 0:
+    hidden = per_stage * (bwd_l + recompute_l)
+    exposed = max(grad_reduce / max(per_stage, 1), grad_reduce - hidden)
+  step_time = pipeline_time + exposed + optimizer_compute
+
+  # FLOPs (whole step, all devices).
+  model_flops_micro = (layer["forward"].model_flops + layer["backward"].model_flops) \
+      * num_layers + extra["forward"].model_flops + extra["backward"].model_flops
+  model_flops = model_flops_micro * m
+  hw_flops = model_flops + recompute_flops_l * num_layers * m
+  peak = cluster.count * h.peak_flops_per_s
+  # Memory per device (the busiest stage).
+  var_layer = two.variables - one.variables
+  var_extra = one.variables - var_layer
+  slot_layer = two.slots - one.slots
+  slot_extra = one.slots - slot_layer
+  variables = var_extra + per_stage * var_layer
+  gradients = variables
+  slots_bytes = slot_extra + per_stage * slot_layer
+  if options.zero_stage >= 1:
+    slots_bytes /= dp
+  if options.zero_stage >= 2:
+    gradients /= dp
+  if options.zero_stage >= 3:
+    variables = variables / dp + var_layer
+  act_layer = max(two.activations - one.activations, 0.0)
+  act_extra = max(one.activations - act_layer, 0.0)
+  if options.recompute == "layer":
+    kept_layer = one.layer_input_bytes
+  elif options.recompute == "selective":
+    kept_layer = max(act_layer - one.attention_core_bytes, one.layer_input_bytes)
+  else:
+    kept_layer = act_layer
+  if s > 1:
+    in_flight = m if options.schedule == "gpipe" else min(m, s)
+  else:
+    in_flight = 1
+  activations = in_flight * per_stage * kept_layer + act_extra
+  if options.recompute != "none":
+    activations += act_layer  # one layer's working set while it is recomputed
+  buffers = 2 * one.layer_input_bytes * (2 if s > 1 else 0)
+  memory = {"variables": variables, "gradients": gradients, "optimizer_slots": slots_bytes,
+            "activations": activations, "pipeline_buffers": buffers}
+  memory["total"] = sum(memory.values())
+
+  # Communications, per step.
+  comms = []
+  for phase in PHASES:
+    if phase == "optimizer":
+      counts = {k: c for k, c in opt.comm.items()}
+      mult = 1
+    else:
+      counts = {k: extra[phase].comm.get(k, 0) + num_layers * layer[phase].comm.get(k, 0)
+                for k in set(extra[phase].comm) | set(layer[phase].comm)}
+      mult = m
+      if phase == "backward" and options.recompute == "layer":
+        for k, c in layer["forward"].comm.items():
+          counts[k] = counts.get(k, 0) + num_layers * c
+    for k, c in counts.items():
+      if c <= 0:
+        continue
+      kind, axes, nbytes = k
+      levels = pricer.levels(axes)
+      # Per device: the pipeline's stages each run their share of layers.
+      seconds = c * mult * pricer.time(k) / (s if phase != "optimizer" else 1)
+      comms.append(Communication(phase, kind, tuple(sub_dims[a].name for a in axes), nbytes,
+                                 c * mult, seconds, topology.link_label(levels)))
+  comms.sort(key=lambda c: -c.seconds)
+  breakdown = {
+      "compute": m * (per_stage * (_compute_time(layer["forward"], h)
+                                   + _compute_time(layer["backward"], h))
+                      + _compute_time(extra["forward"], h) + _compute_time(extra["backward"], h)),
+      "model_parallel_comm": m * (per_stage * (pricer.total(layer["forward"])
+                                               + pricer.total(layer["backward"]))
+                                  + pricer.total(extra["forward"]) + pricer.total(extra["backward"])),
+      "recompute": m * per_stage * recompute_l,
+      "zero3_gather": m * per_stage * zero3_l,
+      "pipeline_bubble": bubble,
+      "pipeline_sends": m * p2p,
+      "grad_reduce_exposed": exposed,
+      "optimizer": optimizer_compute}
+  params = one.parameters + (num_layers - 1) * (two.parameters - one.parameters)
+  notes = []
+  if options.schedule == "interleaved":
+    notes.append("the interleaved schedule is an estimate only (the library runs gpipe and 1f1b)")
+  return Plan(str(cluster), full_shape.to_string(), rules.to_string(), options, step_time,
+              batch * seq_len, model_flops, hw_flops, model_flops / (step_time * peak),
+              hw_flops / (step_time * peak), memory, h.hbm_bytes, breakdown, comms, num_layers,
+              params, notes)
+
+
+def _check_options(o: PlanOptions) -> None:
+  if o.schedule not in ("gpipe", "1f1b", "interleaved"):
+    raise ValueError(f"pipeline_schedule = {o.schedule!r}: use 'gpipe', '1f1b' or 'interleaved'.")
+  if o.recompute not in ("none", "layer", "selective"):
+    raise ValueError(f"recompute = {o.recompute!r}: use 'none', 'layer' or 'selective'.")
+  if o.zero_stage not in (0, 1, 2, 3):
+    raise ValueError(f"run.zero_stage = {o.zero_stage}: use 0, 1, 2 or 3.")
+  if o.num_stages < 1 or o.num_microbatches < 1 or o.virtual_stages < 1:
+    raise ValueError("num_stages, num_microbatches and virtual_stages must be positive.")
+  if o.virtual_stages > 1 and o.schedule != "interleaved":
+    raise ValueError(f"virtual_stages = {o.virtual_stages} needs the interleaved schedule.")

@@ -1,0 +1,91 @@
+r"""Plan a large training run from a laptop: step time, tokens/s, MFU, memory
+per device (fits or not) and the most expensive communications of a
+transformer configured by gin files, on a cluster of accelerators.
+
+    python -m mesh_tensorflow.plan --gin_file=models/base_lm.gin \
+        --gin_param='run.batch_size = 256' --hardware=a100-80gb:64 \
+        --mesh_shape='data:8;model:8' --layout='batch:data;d_ff:model;heads:model'
+    python -m mesh_tensorflow.plan ... --json      # one JSON object
+    python -m mesh_tensorflow.plan ... --auto      # search meshes and options
+
+The model flags are `report`'s (--gin_file, --gin_param, --mesh_shape,
+--layout). Pipeline stages, micro-batches, recomputation and ZeRO come from
+the gin config (docs/planning.md lists the bindings); --hardware is a preset
+and a count (a100-40gb, a100-80gb, h100-sxm, h200, tpu-v2, tpu-v3, tpu-v4,
+tpu-v5e, tpu-v5p) or a JSON file.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from mesh_tensorflow import cli
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """`python -m mesh_tensorflow.plan ARGS`; returns the exit status."""
+  return cli.run_module_command("mesh_tensorflow.plan", _main, argv)
+
+
+def _main(argv: Sequence[str]) -> int:
+  parser = cli.FlagParser(
+      prog="python -m mesh_tensorflow.plan",
+      description="Step time, throughput, MFU, memory per device and communications of a "
+      "transformer (gin config) on a cluster of accelerators, without allocating tensors.")
+  parser.add_argument("--gin_file", action="append", default=[],
+                      help="gin files read after gin/defaults.gin (paths or names under the "
+                      "package's gin/ directory)")
+  parser.add_argument("--gin_param", action="append", default=[],
+                      help="gin bindings, e.g. 'run.batch_size = 512'")
+  parser.add_argument("--mesh_shape", default=None, help="override the config's mesh shape")
+  parser.add_argument("--layout", default=None, help="override the config's layout rules")
+  parser.add_argument("--hardware", default=None,
+                      help="NAME:COUNT (a100-40gb, a100-80gb, h100-sxm, h200, tpu-v2, tpu-v3, "
+                      "tpu-v4, tpu-v5e, tpu-v5p) or FILE.json[:COUNT]")
+  parser.add_argument("--json", action="store_true", help="print one JSON object")
+  parser.add_argument("--pipeline_schedule", default=None,
+                      help="override the schedule: gpipe, 1f1b or interleaved (estimate only)")
+  parser.add_argument("--virtual_stages", type=int, default=1,
+                      help="layer chunks per device with --pipeline_schedule=interleaved")
+  parser.add_argument("--no_overlap", action="store_true",
+                      help="do not overlap gradient reduction with the backward pass")
+  parser.add_argument("--auto", action="store_true",
+                      help="search mesh shapes, layouts and options for the device count and "
+                      "print the best plans that fit")
+  parser.add_argument("--top", type=int, default=5, help="with --auto: how many plans to print")
+  args = parser.parse_args(argv)
+  if not args.hardware:
+    parser.error("--hardware is required: e.g. --hardware=a100-80gb:1024 or tpu-v4:512")
+  if args.virtual_stages < 1:
+    parser.error(f"--virtual_stages={args.virtual_stages}: must be at least 1")
+  if args.top < 1:
+    parser.error(f"--top={args.top}: must be at least 1")
+  cli.quiet_tensorflow_startup()
+  import json  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.analysis.cost_model import hardware, planner  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
+  try:
+    cluster = hardware.parse_cluster(args.hardware)
+  except ValueError as e:
+    raise cli.UserError(str(e), hint="python -m mesh_tensorflow.plan --help lists the presets")
+  gin_config.parse(args.gin_file, args.gin_param)
+  options = planner.options_from_gin()
+  if args.pipeline_schedule:
+    options.schedule = args.pipeline_schedule
+  options.virtual_stages = args.virtual_stages
+  options.overlap_grad_reduce = not args.no_overlap
+  if args.auto:
+    from mesh_tensorflow.analysis.cost_model import plan_search  # pylint: disable=g-import-not-at-top
+    result = plan_search.search(cluster, top=args.top)
+    if args.json:
+      print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+    else:
+      print(result.summary())
+    return 0
+  plan = planner.plan_current_config(cluster, args.mesh_shape, args.layout, options)
+  print(plan.to_json() if args.json else plan.summary())
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

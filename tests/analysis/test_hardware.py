@@ -1,0 +1,94 @@
+"""Hardware presets, clusters and the topology-aware pricing of collectives."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mesh_tensorflow.analysis.cost_model import hardware, params, topology
+
+
+def test_presets_have_sources_and_published_figures():
+  a100 = hardware.preset("a100-80gb")
+  assert a100.peak_flops_per_s == 312e12 and a100.devices_per_host == 8
+  assert a100.hbm_bytes_per_s == 2039e9 and a100.network_bytes_per_s == 25e9
+  assert hardware.preset("a100-40gb").hbm_bytes == 40e9
+  assert hardware.preset("tpu-v2").peak_flops_per_s * 512 == pytest.approx(11.52e15)
+  for name, h in hardware.PRESETS.items():
+    for field in ("peak_flops_per_s", "hbm_bytes", "hbm_bytes_per_s", "devices_per_host"):
+      assert field in h.sources, (name, field)
+  # The former "gpu"/"tpu" device parameters are the presets; cpu is unchanged.
+  assert params.DeviceParams.default("gpu").memory_bytes_per_s == 2039e9
+  assert params.DeviceParams.default("tpu").memory_bytes_per_s == 450e9
+  assert params.DeviceParams.default("cpu").shares_memory
+
+
+def test_parse_cluster_presets_json_and_errors(tmp_path):
+  c = hardware.parse_cluster("a100-80gb:1024")
+  assert (c.count, c.num_hosts) == (1024, 128)
+  assert hardware.parse_cluster("gpu:8").hardware.name == "a100-80gb"
+  path = tmp_path / "m.json"
+  data = json.loads(hardware.preset("h100-sxm").to_json())
+  data.update(name="mine", count=16)
+  path.write_text(json.dumps(data))
+  assert hardware.parse_cluster(str(path)).count == 16
+  assert hardware.parse_cluster(f"{path}:32").count == 32
+  with pytest.raises(ValueError, match="unknown hardware 'fpga'"):
+    hardware.parse_cluster("fpga:8")
+  with pytest.raises(ValueError, match="say how many devices"):
+    hardware.parse_cluster("h200")
+  path.write_text(json.dumps({"name": "x", "speed": 1}))
+  with pytest.raises(ValueError, match=r"unknown fields \['speed'\]"):
+    hardware.parse_cluster(str(path))
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=3),
+       dph=st.sampled_from([1, 2, 4, 8]), data=st.data())
+def test_mesh_to_host_mapping_is_row_major_and_consecutive(sizes, dph, data):
+  n = 1
+  for s in sizes:
+    n *= s
+  p = data.draw(st.integers(0, n - 1))
+  coords = topology.processor_coordinates(sizes, p)
+  assert topology.processor_number(sizes, coords) == p
+  assert topology.host_of(p, dph) == p // dph
+  axes = data.draw(st.lists(st.integers(0, len(sizes) - 1), unique=True))
+  members = topology.group_members(sizes, axes, p)
+  expected = 1
+  for a in axes:
+    expected *= sizes[a]
+  assert len(members) == expected and p in members
+  local, hosts = topology.hosts_of_group(sizes, axes, dph)
+  assert local * hosts >= expected and local <= dph
+
+
+def test_gpu_groups_inside_a_host_use_nvlink_across_hosts_hierarchical():
+  cluster = hardware.parse_cluster("a100-80gb:128")
+  sizes = [16, 8]
+  inside = topology.group_levels(sizes, [1], cluster)
+  across = topology.group_levels(sizes, [0], cluster)
+  both = topology.group_levels(sizes, [0, 1], cluster)
+  assert [(lv.link, lv.factor) for lv in inside] == [("nvlink", 8)]
+  assert [(lv.link, lv.factor) for lv in across] == [("network", 16)]
+  assert [(lv.link, lv.factor) for lv in both] == [("nvlink", 8), ("network", 16)]
+  nbytes = 1e9
+  t_in = topology.collective_time("allreduce", nbytes, inside)
+  assert t_in == pytest.approx(2 * 7 / 8 * nbytes / 300e9 + 14 * 3e-6)
+  # Hierarchical: reduce-scatter in the host, allreduce of 1/8 across, gather.
+  t_both = topology.collective_time("allreduce", nbytes, both)
+  expected = t_in + 2 * 15 / 128 * nbytes / 25e9 + 30 * 8e-6
+  assert t_both == pytest.approx(expected)
+  assert t_both < topology.collective_time("allreduce", nbytes, across)
+
+
+def test_tpu_collectives_ride_the_torus():
+  cluster = hardware.parse_cluster("tpu-v4:64")  # a 4x4x4 torus
+  assert hardware.torus_shape(64, cluster.hardware) == (4, 4, 4)
+  levels = topology.group_levels([4, 16], [1], cluster)
+  assert [lv.link for lv in levels] == ["ici", "ici"]
+  assert all(lv.bytes_per_s == 2 * 50e9 for lv in levels)  # wrap-around rings
+  v2 = hardware.parse_cluster("tpu-v2:512")
+  links = [lv.link for lv in topology.group_levels([16, 32], [1], v2)]
+  assert links == ["chip", "ici"]

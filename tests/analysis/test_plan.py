@@ -1,0 +1,117 @@
+"""`python -m mesh_tensorflow.plan` and the planner behind it."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mesh_tensorflow.analysis.cost_model import hardware, planner
+from mesh_tensorflow.transformer import gin_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODEL = ["num_layers = 8", "d_model = 512", "d_ff = 2048", "num_heads = 8", "d_kv = 64",
+         "run.sequence_length = {'inputs': 256, 'targets': 256}", "run.batch_size = 64",
+         "run.activation_dtype = 'bfloat16'", "run.vocabulary = @vocabulary.SizedVocabulary()",
+         "vocabulary.SizedVocabulary.size = 32000"]
+
+
+def _plan(extra=(), cluster="a100-80gb:16", mesh="data:2;model:8",
+          layout="batch:data;d_ff:model;heads:model;vocab:model", **options):
+  gin_config.parse([], MODEL + list(extra))
+  opts = planner.options_from_gin()
+  for k, v in options.items():
+    setattr(opts, k, v)
+  return planner.plan_current_config(hardware.parse_cluster(cluster), mesh, layout, opts)
+
+
+def test_plan_counts_layers_flops_memory_and_links():
+  plan = _plan()
+  assert plan.num_layers == 8
+  # 12 d^2 per layer plus the vocabulary's embedding.
+  assert plan.parameters == pytest.approx(8 * 12 * 512 ** 2 + 32000 * 512 + 256 * 512, rel=0.02)
+  tokens = 64 * 256
+  # Model FLOPs: 6 x parameters x tokens plus attention (12 l s d per token).
+  dense = 6 * 8 * 12 * 512 ** 2 * tokens + 6 * 32000 * 512 * tokens
+  attention = 12 * 8 * 256 * 512 * tokens
+  assert plan.model_flops_per_step == pytest.approx(dense + attention, rel=0.05)
+  assert 0 < plan.mfu < 1 and plan.tokens_per_s == pytest.approx(tokens / plan.step_time_s)
+  links = {c.mesh_dims: c.link for c in plan.communications}
+  assert "NVLink" in links[("model",)] and "network" not in links[("model",)]
+  assert plan.fits and plan.memory["total"] == pytest.approx(
+      sum(v for k, v in plan.memory.items() if k != "total"))
+
+
+def test_recompute_pipeline_and_zero_change_the_estimate():
+  base = _plan(cluster="a100-80gb:32", mesh="pipe:2;data:2;model:8",
+               layout="stages:pipe;batch:data;d_ff:model;heads:model;vocab:model",
+               extra=["transformer.make_layer_stack.num_stages = 2",
+                      "transformer.make_layer_stack.num_microbatches = 8"])
+  assert base.options.num_stages == 2 and base.time_breakdown["pipeline_bubble"] > 0
+  more = _plan(cluster="a100-80gb:32", mesh="pipe:2;data:2;model:8",
+               layout="stages:pipe;batch:data;d_ff:model;heads:model;vocab:model",
+               extra=["transformer.make_layer_stack.num_stages = 2",
+                      "transformer.make_layer_stack.num_microbatches = 16"])
+  assert more.time_breakdown["pipeline_bubble"] < base.time_breakdown["pipeline_bubble"]
+  plain = _plan()
+  remat = _plan(extra=["transformer.make_layer_stack.recompute = 'layer'"])
+  assert remat.memory["activations"] < plain.memory["activations"]
+  assert remat.step_time_s > plain.step_time_s and remat.hfu > remat.mfu
+  assert remat.model_flops_per_step == pytest.approx(plain.model_flops_per_step)
+  zero = _plan(extra=["run.optimizer = @optimize.AdamWeightDecayOptimizer", "run.zero_stage = 1"])
+  adam = _plan(extra=["run.optimizer = @optimize.AdamWeightDecayOptimizer"])
+  assert zero.memory["optimizer_slots"] == pytest.approx(adam.memory["optimizer_slots"] / 2,
+                                                         rel=0.01)
+
+
+def test_plan_rejects_mismatched_mesh_and_pipeline():
+  with pytest.raises(ValueError, match="has 16 processors but"):
+    _plan(cluster="a100-80gb:8")
+  with pytest.raises(ValueError, match="no 'stages' rule"):
+    _plan(extra=["transformer.make_layer_stack.num_stages = 2"])
+
+
+def test_scale_validation_quick_rows_within_15_percent():
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  try:
+    import scale_validation  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.pop(0)
+  for row in scale_validation.megatron_rows()[:2]:
+    value, _ = scale_validation.predict(row)
+    assert abs(value / row.published - 1) < 0.15, (row.name, value, row.published)
+
+
+def test_plan_command_json_and_errors(capsys):
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+  args = [sys.executable, "-m", "mesh_tensorflow.plan", "--hardware=tpu-v4:16",
+          "--mesh_shape=data:2;model:8", "--layout=batch:data;d_ff:model;heads:model;vocab:model",
+          "--json"] + [f"--gin_param={b}" for b in MODEL]
+  out = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+  assert out.returncode == 0, out.stderr
+  result = json.loads(out.stdout)
+  for key in ("step_time_s", "tokens_per_s", "model_flops_per_step", "mfu",
+              "memory_bytes_per_device", "fits"):
+    assert key in result
+  assert result["fits"] is True and result["step_time_s"] > 0
+  from mesh_tensorflow import plan as plan_command  # pylint: disable=g-import-not-at-top
+  assert plan_command.main(["--hardware=tpu-v9:16"]) == 2
+  assert capsys.readouterr().err.startswith("error: unknown hardware 'tpu-v9'")
+  assert plan_command.main(["--mesh_shape=a:4"]) == 2
+  assert "--hardware is required" in capsys.readouterr().err
+
+
+def test_auto_search_returns_fitting_plans_fastest_first():
+  from mesh_tensorflow.analysis.cost_model import plan_search  # pylint: disable=g-import-not-at-top
+  gin_config.parse([], MODEL + ["num_layers = 4", "run.batch_size = 16"])
+  result = plan_search.search(hardware.parse_cluster("h100-sxm:4"), top=3, micro_sizes=(1,))
+  assert result.plans and result.tried >= len(result.plans)
+  times = [p.step_time_s for p in result.plans]
+  assert times == sorted(times)
+  meshes = {p.mesh_shape for p in result.plans}
+  assert "data:4" in meshes and any("pipe" in m for m in meshes)
+  for p in result.plans:
+    assert p.fits and p.num_layers == 4
+  text = result.summary()
+  assert "#1" in text and "why:" in text and "gin for #1" in text
