@@ -52,6 +52,7 @@ COMMANDS: List[Tuple[str, str, str]] = [
      "mesh_tensorflow.export_original_checkpoint", "flag_values"),
     ("python -m mesh_tensorflow.analysis.cost_model",
      "mesh_tensorflow.analysis.cost_model.calibration", "parser"),
+    ("python -m mesh_tensorflow.plan", "mesh_tensorflow.plan", "parser"),
 ]
 
 
