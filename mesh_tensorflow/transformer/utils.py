@@ -486,7 +486,11 @@ def _master_dtype_from_checkpoint(variable_dtype: mtf.VariableDType,
   if prefix is None or modeling._bound("get_variable_dtype", "master_dtype"):  # pylint: disable=protected-access
     return variable_dtype
   from mesh_tensorflow.training import original_checkpoint  # pylint: disable=g-import-not-at-top
-  saved = original_checkpoint.saved_master_dtype(resolve_checkpoint(prefix))
+  try:
+    saved = original_checkpoint.saved_master_dtype(resolve_checkpoint(prefix))
+  except tf.errors.OpError:
+    # A damaged or unreadable checkpoint: the restore reports which file.
+    return variable_dtype
   if saved is None or saved == variable_dtype.master_dtype:
     return variable_dtype
   log(f"master dtype {saved.name}, as the checkpoint {prefix} holds (set "
