@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Graph, Mesh, Operation, Tensor
 from mesh_tensorflow.lowering import observers
-from mesh_tensorflow.lowering.mesh_impl import CollectiveRecord, LaidOutTensor, MeshImpl, as_laid_out
+from mesh_tensorflow.lowering.mesh_impl import LaidOutTensor, MeshImpl, as_laid_out
 
 
 @contextlib.contextmanager
@@ -85,13 +85,13 @@ class Lowering:
     self.completed_sums: Dict[Tensor, object] = {}  # pending sums laid_out completed
     self.operations: Dict[Operation, object] = {}
     self.variables = {}
-    self.collective_records: List[CollectiveRecord] = []
+    self.collective_records: List[observers.Collective] = []
     self.flops: Dict[str, int] = collections.defaultdict(int)
     self._random_keys = {}
     self._current_op_name = None
     self._extra_counters: List[tuple] = []
-    self._impl_ids = {id(impl) for impl in self.mesh_to_impl.values()}
-    with observers.observe(self._count_collective), _cyclic_gc_paused():
+    self._impls = list(self.mesh_to_impl.values())
+    with observers.observe(self._count_collective, self._impls), _cyclic_gc_paused():
       self.lower_operations(graph.operations)
 
   def lower_operations(self, operations) -> None:
@@ -133,7 +133,7 @@ class Lowering:
       raise TypeError(f"export_to_tf_tensor expects an mtf.Tensor, got {x!r}.")
     impl = self.mesh_impl(x)
     self._current_op_name = "export/" + x.name
-    with observers.observe(self._count_collective):
+    with observers.observe(self._count_collective, self._impls):
       return impl.export_to_tf_tensor(self.laid_out(x), x.shape)
 
   def lowered_operation(self, op: Operation):
@@ -170,17 +170,15 @@ class Lowering:
     self._random_keys[mesh_impl] = key
 
   # ---- counters ------------------------------------------------------------
-  def _count_collective(self, event: observers.CollectiveEvent) -> None:
-    """The observer subscribed while lowering: records the collectives of
-    this lowering's mesh implementations under the current operation."""
-    if id(event.impl) in self._impl_ids:
-      self.record_collective(event.kind, event.mesh_axes, event.bytes_per_processor,
-                             event.group_size, event.num_groups)
+  def _count_collective(self, record: observers.Collective) -> None:
+    """The observer subscribed (for this lowering's mesh implementations)
+    while lowering: files each collective under the current operation."""
+    self.collective_records.append(record._replace(op_name=self._current_op_name))
 
   def record_collective(self, kind, mesh_axes, nbytes, group_size, num_groups):
     """Records one collective under the operation being lowered (custom
     operations that communicate by other means may call it)."""
-    self.collective_records.append(CollectiveRecord(
+    self.collective_records.append(observers.Collective(
         self._current_op_name, kind, tuple(mesh_axes), nbytes, group_size, num_groups))
 
   def laid_out_size(self, tensor: Tensor) -> int:

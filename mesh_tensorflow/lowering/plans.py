@@ -93,7 +93,33 @@ class AllReduce:
     return tuple(layout)
 
 
-Step = Union[AllGather, AllToAll, SliceAlong, AllReduce]
+@dataclasses.dataclass(frozen=True)
+class JoinBlocks:
+  """Where processors share memory and their slices are the blocks of one
+  existing tensor along `tensor_axis` (split over `mesh_axis`), each takes
+  that whole tensor: local, no communication and no copy."""
+  mesh_axis: int
+  tensor_axis: int
+  kind = None
+
+  def apply(self, layout: Layout) -> Layout:
+    return _with(layout, self.tensor_axis, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class GatheredAllReduce:
+  """An allreduce over `mesh_axes` (of `nbytes` per processor) that, where
+  processors share memory, the operands' redistributions `operand_moves`
+  realize: they gather the summed dimensions too, so one product per group
+  makes the sum. Run on a list of operands; counted as the allreduce the
+  layout implies. Collective kind "allreduce"."""
+  mesh_axes: Tuple[int, ...]
+  nbytes: int
+  operand_moves: Tuple["Redistribution", ...]
+  kind = "allreduce"
+
+
+Step = Union[AllGather, AllToAll, SliceAlong, AllReduce, JoinBlocks]
 
 
 def _with(layout: Layout, tensor_axis: int, mesh_axis: Optional[int]) -> Layout:
@@ -224,6 +250,14 @@ class EinsumPlan:
   def pending_sum_axes(self) -> Tuple[int, ...]:
     """Mesh axes of the allreduce left pending on the output (none if fused)."""
     return () if self.fused else self.reduced_axes
+
+  @property
+  def communication(self):
+    """What `MeshImpl.execute_all` runs on the operands: their
+    redistributions, or the GatheredAllReduce that fuses the allreduce."""
+    if self.fused:
+      return GatheredAllReduce(self.reduced_axes, self.output_bytes, self.operand_moves)
+    return self.operand_moves
 
 
 def plan_einsum(inputs, output, layout_of: Callable, mesh_sizes: Sequence[int],

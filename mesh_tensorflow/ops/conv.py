@@ -33,7 +33,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
-from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum, int_constant
+from mesh_tensorflow.lowering.mesh_impl import int_constant
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
 IntOrInts = Union[int, Sequence[int]]
@@ -199,7 +199,7 @@ def _lower_local(lowering, op: Operation, gather_names, whole_out_names, fn,
     reduced_axes = set()
   result = impl.relayout(result, out.shape, current, target)
   if reduced_axes:
-    result = LazyAllreduceSum(impl, result, sorted(reduced_axes))
+    result = impl.partial_sum(result, sorted(reduced_axes))
   lowering.set_tensor_lowering(out, result)
 
 

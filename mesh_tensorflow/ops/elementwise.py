@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering import plans
-from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum, expand_to_shape, once_per_graph
+from mesh_tensorflow.lowering.mesh_impl import expand_to_shape, once_per_graph, partial_sum_axes
 from mesh_tensorflow.ops._common import first_tensor, is_scalar_value, num_elements, to_tensor
 from mesh_tensorflow.core.shapes import Shape, convert_to_shape, shape_union
 
@@ -385,8 +385,7 @@ class _LazyAwareAdd(ElementwiseOperation):
   def lower(self, lowering):
     a, b = (lowering.tensors.get(t) for t in self._inputs)
     if plans.adds_pending_sums(
-        a.mesh_axes if isinstance(a, LazyAllreduceSum) else None,
-        b.mesh_axes if isinstance(b, LazyAllreduceSum) else None,
+        partial_sum_axes(a), partial_sum_axes(b),
         self._inputs[0].shape, self._inputs[1].shape, self.outputs[0].shape):
       lowering.set_tensor_lowering(self.outputs[0], a.combine(b, self._tf_fn))
       return

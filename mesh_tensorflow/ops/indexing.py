@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.core.graph import Operation, Tensor
-from mesh_tensorflow.lowering.mesh_impl import (LazyAllreduceSum, LaidOutTensor, expand_to_shape,
+from mesh_tensorflow.lowering.mesh_impl import (LaidOutTensor, expand_to_shape,
                                       int_constant, once_per_graph, shared_constant)
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops.shape_ops import lower_with_unsplit
@@ -186,7 +186,7 @@ class GatherOperation(Operation):
                else 0)
     result = impl.slicewise(fn, w_laid, lowering.laid_out(indices), offsets)
     if mesh_axis is not None:
-      result = LazyAllreduceSum(impl, result, [mesh_axis])
+      result = impl.partial_sum(result, [mesh_axis])
     lowering.set_tensor_lowering(out, result)
 
 
@@ -272,7 +272,7 @@ class ScatterAddGradOperation(Operation):
     result = impl.execute(result, plan.after)
     if plan.pending_sum_axes:
       # Index dims that are split were summed locally: allreduce over their axes.
-      result = LazyAllreduceSum(impl, result, list(plan.pending_sum_axes))
+      result = impl.partial_sum(result, plan.pending_sum_axes)
     lowering.set_tensor_lowering(out, result)
 
 

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering import plans
-from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum, expand_to_shape, int_constant
+from mesh_tensorflow.lowering.mesh_impl import expand_to_shape, int_constant, partial_sum_axes
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops._common import num_elements
 from mesh_tensorflow.ops.indexing import gather
@@ -74,9 +74,10 @@ class ReduceOperation(Operation):
         t2 = fn(t, axis=int_constant(axes)) if axes else t
       return expand_to_shape(t2, kept_shape, out.shape)
     value = lowering.tensors[x]
-    pending = isinstance(value, LazyAllreduceSum)
+    pending_axes = partial_sum_axes(value)
+    pending = pending_axes is not None
     plan = plans.plan_reduce(x.shape, out.shape, self._reduction, x.dtype == tf.bool,
-                             value.mesh_axes if pending else None, impl.tensor_layout)
+                             pending_axes, impl.tensor_layout)
     if plan.folds_pending:
       value.derived()
       partial = impl.slicewise(local, value.laid_out_input)
@@ -85,7 +86,7 @@ class ReduceOperation(Operation):
     lowering.add_flops(num_elements(lowering.laid_out(x).tensor_list[0])
                        if not pending else 0)
     if plan.pending:
-      result = LazyAllreduceSum(impl, partial, list(plan.mesh_axes))
+      result = impl.partial_sum(partial, plan.mesh_axes)
     elif plan.allreduce is not None:
       result = impl.execute(partial, plan.allreduce)
     else:

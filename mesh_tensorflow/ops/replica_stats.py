@@ -25,18 +25,18 @@ from typing import Optional, Sequence, Union
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
-from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum
+from mesh_tensorflow.lowering.mesh_impl import partial_sum_axes
 from mesh_tensorflow.core.shapes import Shape
 
 
 def _pending_sum(lowering, x: Tensor):
-  """The LazyAllreduceSum that `x` was lowered to, or None: the live entry,
-  or the one the Lowering remembered when a consumer completed it."""
+  """The pending sum that `x` was lowered to, or None: the live entry, or the
+  one the Lowering remembered when a consumer completed it."""
   value = lowering.tensors.get(x)
-  if isinstance(value, LazyAllreduceSum):
+  if partial_sum_axes(value) is not None:
     return value
-  value = getattr(lowering, "completed_sums", {}).get(x)
-  return value if isinstance(value, LazyAllreduceSum) else None
+  value = lowering.completed_sums.get(x)
+  return value if partial_sum_axes(value) is not None else None
 
 
 class ReplicaSquaredNorm(Operation):

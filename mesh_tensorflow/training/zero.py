@@ -43,7 +43,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Graph, Operation, Tensor
 from mesh_tensorflow.core.layout import LayoutRules
-from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum
+from mesh_tensorflow.lowering.mesh_impl import partial_sum_axes
 from mesh_tensorflow.core.shapes import Dimension, Shape
 
 ZERO_DIM_PREFIX = "zero_"
@@ -263,13 +263,14 @@ class ZeroRelayout(Operation):
     in_layout = list(impl.tensor_layout(x.shape))
     out_layout = impl.tensor_layout(out.shape)
     value = lowering.tensors.get(x)
-    if self._reduce_scatter and isinstance(value, LazyAllreduceSum):
+    pending_axes = partial_sum_axes(value)
+    if self._reduce_scatter and pending_axes is not None:
       scatter = [(m, t) for t, m in enumerate(out_layout)
-                 if m is not None and m in value.mesh_axes and in_layout[t] is None]
+                 if m is not None and m in pending_axes and in_layout[t] is None]
       if scatter:
         value.derived()
         laid = value.laid_out_input
-        rest = [a for a in value.mesh_axes if a not in {m for m, _ in scatter}]
+        rest = [a for a in pending_axes if a not in {m for m, _ in scatter}]
         if rest:
           laid = impl.allreduce(laid, rest, "SUM")
         for m, t in scatter:

@@ -133,14 +133,16 @@ def test_observers_see_each_collective_once_and_not_silenced_ones():
           impl.allreduce(laid, [0], "MAX")
   assert [e.kind for e in outer] == ["allreduce", "allgather"]
   assert [e.kind for e in inner] == ["allgather"]
-  event = outer[0]
-  assert event.impl is impl and event.mesh_axes == (0,) and event.bytes_per_processor == 16
-  assert (event.group_size, event.num_groups) == (8, 1)
+  record = outer[0]
+  assert record.mesh_axes == (0,) and record.bytes_per_processor == 16
+  assert (record.group_size, record.num_groups) == (8, 1)
+  assert record == observers.collective("allreduce", [0], 16, [8])
 
 
 def test_a_lowering_counts_only_its_own_implementations():
   """Observers are per thread: a lowering in another thread, and an
-  implementation the lowering does not use, add nothing to its counters."""
+  implementation the lowering does not use (an observer subscribed for some
+  implementations only), add nothing to its counters."""
   impl = mtf_test_utils.make_impl("all:8", "batch:all")
   other = mtf_test_utils.make_impl("all:8", "batch:all")
 
@@ -154,7 +156,8 @@ def test_a_lowering_counts_only_its_own_implementations():
     graph, mesh, total = build()
     lowering = mtf.Lowering(graph, {mesh: impl})
     lowering.export_to_tf_tensor(total)
-    with observers.observe(lowering._count_collective):  # pylint: disable=protected-access
+    seen = []
+    with observers.observe(lowering._count_collective, [impl]), observers.observe(seen.append):  # pylint: disable=protected-access
       laid = other.import_tf_tensor(tf.zeros([8, 4]), mtf.convert_to_shape("batch:8;d:4"))
       other.allreduce(laid, [0], "SUM")
   counts = {}
@@ -169,6 +172,7 @@ def test_a_lowering_counts_only_its_own_implementations():
   thread.start()
   thread.join()
   assert lowering.collective_counts() == {"allreduce": (1, 4)}
+  assert [r.kind for r in seen] == ["allreduce"]
   assert counts["elsewhere"] == {"allreduce": (1, 4)}
 
 

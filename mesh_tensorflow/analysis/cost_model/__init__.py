@@ -147,7 +147,7 @@ def _apply_exact(result: CostEstimate, est: _Estimator, graph, mesh_shape, rules
     if target is None:
       target = by_name.setdefault(r.op_name, OpCost(r.op_name, "export"))
       result.ops.append(target)
-    target.collectives.append(Collective(*r))
+    target.collectives.append(r)
   for name, fl in lowering.flops.items():
     if name in by_name:
       by_name[name].flops += fl

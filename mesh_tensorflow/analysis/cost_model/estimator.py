@@ -13,10 +13,10 @@ import itertools
 from typing import Callable, Dict, List, Optional, Tuple
 
 from mesh_tensorflow.analysis.cost_model.params import DeviceParams
-from mesh_tensorflow.analysis.cost_model.results import Collective, CostEstimate, OpCost
+from mesh_tensorflow.analysis.cost_model.results import CostEstimate, OpCost
 from mesh_tensorflow.core.layout import pnum_to_processor_coordinates
 from mesh_tensorflow.core.shapes import Shape
-from mesh_tensorflow.lowering import plans
+from mesh_tensorflow.lowering import observers, plans
 
 
 class _Lazy:
@@ -245,21 +245,15 @@ class _Estimator:
 
   # ---- recording ------------------------------------------------------------
   def collective(self, kind, nbytes, axes):
-    axes = tuple(axes)
-    group = 1
-    for a in axes:
-      group *= self.mesh_sizes[a]
-    self.current.collectives.append(Collective(
-        self.current.name, kind, axes, int(nbytes), group, self.mesh_size // max(group, 1)))
+    self.current.collectives.append(
+        observers.collective(kind, axes, nbytes, self.mesh_sizes, self.current.name))
 
   def allreduce(self, nbytes, axes, ids):
     axes = [a for a in axes if self.mesh_sizes[a] > 1]
     if not axes:
       return ids
     self.collective("allreduce", nbytes, axes)
-    group = 1
-    for a in axes:
-      group *= self.mesh_sizes[a]
+    group = observers.group_size(axes, self.mesh_sizes)
     return self.combine_ids(ids, axes, nbytes, (group + 1) * nbytes)
 
   def laid_out(self, t):
@@ -350,22 +344,31 @@ class _Estimator:
       # counted (like all kernels) only where something needs the result.
       return (flops, nbytes, dispatched, float(cost.transfers + cost.combines),
               cost.combine_bytes / parallel)
-    groups = 0.0
-    moved_total = 0.0
-    for c in cost.collectives:
-      g = c.group_size
-      if c.kind == "allreduce":
-        moved = 2.0 * (g - 1) / g * c.bytes_per_processor
-      elif c.kind == "allgather":
-        moved = (g - 1) * c.bytes_per_processor
-      elif c.kind == "alltoall":
-        moved = (g - 1) / g * c.bytes_per_processor
-      else:
-        moved = c.bytes_per_processor
-      # The groups run concurrently, each on its own links.
-      groups += 1.0
-      moved_total += moved
+    # The groups of a collective run concurrently, each on its own links.
+    groups = float(len(cost.collectives))
+    moved_total = sum(collective_traffic(c.kind, c.bytes_per_processor, c.group_size,
+                                         c.mesh_axes) for c in cost.collectives)
     return (flops, nbytes, dispatched, groups, moved_total)
+
+
+def collective_traffic(kind: str, bytes_per_processor: int, group_size: int,
+                       mesh_axes) -> float:
+  """Bytes each processor moves over its links for one collective (ring
+  algorithms): the one place a collective's communication is priced.
+
+  Example:
+    >>> collective_traffic("allreduce", 1024, 4, (1,))
+    1536.0
+  """
+  del mesh_axes  # every mesh axis has the same links here
+  g = max(group_size, 1)
+  if kind == "allreduce":
+    return 2.0 * (g - 1) / g * bytes_per_processor
+  if kind == "allgather":
+    return float((g - 1) * bytes_per_processor)
+  if kind in ("alltoall", "reduce_scatter"):
+    return (g - 1) / g * bytes_per_processor
+  return float(bytes_per_processor)
 
 
 def time_from_components(components, params: DeviceParams) -> float:

@@ -6,17 +6,12 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from typing import Dict, List, Tuple
 
 from mesh_tensorflow.analysis.cost_model.params import DeviceParams
 from mesh_tensorflow.core.shapes import Shape
-
-
-Collective = collections.namedtuple(
-    "Collective", ["op_name", "kind", "mesh_axes", "bytes_per_processor", "group_size",
-                   "num_groups"])
+from mesh_tensorflow.lowering.observers import Collective  # the lowering's record type
 
 
 @dataclasses.dataclass
