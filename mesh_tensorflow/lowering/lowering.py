@@ -16,8 +16,8 @@ from typing import Dict, List
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Graph, Mesh, Operation, Tensor
-from mesh_tensorflow.lowering import observers
-from mesh_tensorflow.lowering.mesh_impl import LaidOutTensor, MeshImpl, as_laid_out
+from mesh_tensorflow.lowering import observers, plans
+from mesh_tensorflow.lowering.mesh_impl import LaidOutTensor, MeshImpl, as_laid_out, partial_sum_axes
 
 
 @contextlib.contextmanager
@@ -126,6 +126,43 @@ class Lowering:
       self.completed_sums[mtf_tensor] = value
     self.tensors[mtf_tensor] = laid_out
     return laid_out
+
+  def plan_mesh(self, op: Operation):
+    """The PlanMesh that `op.plan` takes when `op` is lowered: its mesh
+    implementation's layouts and the placement of the tensors lowered so far."""
+    return self.mesh_impl(op).plan_mesh(
+        lambda t: partial_sum_axes(self.tensors.get(t)),
+        lambda t: (partial_sum_axes(self.tensors.get(t))
+                   or partial_sum_axes(self.completed_sums.get(t))))
+
+  def lower_with_plan(self, op: Operation, plan, fn=None) -> list:
+    """Runs LocalPlan `plan` of `op` (see plans.py) with kernel `fn` on the
+    lowered inputs. Returns the results; unless the plan combines them, they
+    also become `op`'s outputs.
+
+    Example:
+      >>> lowering.lower_with_plan(op, op.plan(lowering.plan_mesh(op)), fn)
+    """
+    impl = self.mesh_impl(op)
+    operands = []
+    for o in plan.operands:
+      t = op.inputs[o.input]
+      if not o.partial:
+        operands.append(self.laid_out(t))
+        continue
+      value = self.tensors.get(t)
+      if partial_sum_axes(value) is None:  # completed by a consumer before
+        value = self.completed_sums.get(t, value)
+      if o.partial == plans.TAKES_PARTIAL and value.is_pending:
+        value.derived()
+      operands.append(value.laid_out_input)
+    results = impl.execute_local(operands, plan, fn)
+    if plan.flops:
+      self.add_flops(plan.flops)
+    if not plan.combined:
+      for out, value in zip(op.outputs, results):
+        self.set_tensor_lowering(out, value)
+    return results
 
   def export_to_tf_tensor(self, x: Tensor) -> tf.Tensor:
     """The full value of mtf tensor `x` as one TensorFlow tensor."""

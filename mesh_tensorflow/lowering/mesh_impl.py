@@ -531,6 +531,10 @@ class MeshImpl:
         x = self.slice_along(x, step.mesh_axis, step.tensor_axis)
       elif isinstance(step, plans.AllReduce):
         x = self.allreduce(x, list(step.mesh_axes), step.reduction)
+      elif isinstance(step, plans.Permute):
+        x = self.receive(x, step.mesh_axis, list(step.sources))
+      elif isinstance(step, plans.ReduceScatter):
+        x = self.reduce_scatter(x, step.mesh_axis, step.tensor_axis)
       elif isinstance(step, plans.JoinBlocks):
         with self.unrecorded():  # the blocks' tensor itself: nothing moves
           x = self.allconcat(x, step.mesh_axis, step.tensor_axis)
@@ -550,6 +554,32 @@ class MeshImpl:
       with self.unrecorded():  # realized by the gathers
         return [self.execute(x, move) for x, move in zip(xs, plan.operand_moves)]
     return [self.execute(x, move) for x, move in zip(xs, plan)]
+
+  def execute_local(self, operands: Sequence[LaidOutTensor], plan: "plans.LocalPlan",
+                    fn: Optional[Callable] = None) -> list:
+    """Runs a LocalPlan: moves each operand, runs fn on every processor's
+    slices (unless the plan has no kernel), moves each result and leaves it
+    a pending sum where the plan says. Returns the results in order.
+
+    Example:
+      >>> [y] = impl.execute_local([laid_x], plans.plan_unsplit(op, layout_of, {"d"}), fn)
+    """
+    args = [self.execute(x, o.move) for x, o in zip(operands, plan.operands)]
+    if plan.kernel:
+      out = self.slicewise(fn, *args)
+      args = list(out) if isinstance(out, tuple) else [out]
+    return [self.partial_sum(self.execute(x, r.move), r.pending_sum_axes)
+            for x, r in zip(args, plan.results)]
+
+  def plan_mesh(self, partial_sum_axes_of: Optional[Callable] = None,
+                summands_axes_of: Optional[Callable] = None) -> "plans.PlanMesh":
+    """The PlanMesh of this implementation (layouts, sizes, shared memory);
+    partial_sum_axes_of and summands_axes_of tell the placement of lowered
+    tensors (see plans.PlanMesh)."""
+    return plans.PlanMesh(self.tensor_layout, tuple(self._shape.to_integer_list()),
+                          self.shares_replicas, partial_sum_axes_of or (lambda t: None),
+                          tuple(self._shape.dimension_names),
+                          summands_axes_of or (lambda t: None))
 
   def relayout(self, x: LaidOutTensor, shape, old_layout, new_layout) -> LaidOutTensor:
     """Moves a tensor from one layout to another with the fewest collectives

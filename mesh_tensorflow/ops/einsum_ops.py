@@ -64,12 +64,15 @@ class EinsumOperation(Operation):
       grads.append(broadcast(gx, x.shape) if target != x.shape else gx)
     return grads
 
+  def plan(self, mesh):
+    return plans.plan_einsum(self.inputs, self.outputs[0], mesh.layout_of, mesh.sizes,
+                             mesh.shares_memory)
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     out = self.outputs[0]
     shares_memory = impl.shares_replicas
-    plan = plans.plan_einsum(self.inputs, out, impl.tensor_layout,
-                             impl.shape.to_integer_list(), shares_memory)
+    plan = self.plan(lowering.plan_mesh(self))
     # Completing an operand's pending sum is an allreduce of its own.
     operands = [lowering.laid_out(t) for t in self.inputs]
     slices = impl.execute_all(operands, plan.communication)

@@ -17,10 +17,13 @@ backward pass reads). A few device parameters turn these into a step time.
 
 `estimate(..., exact=True)` lowers the graph into a throwaway TensorFlow graph
 instead and reads the lowering's own counters (slower; every op supported).
-The analytical mode prices einsum, reductions, softmax and its gradient,
-elementwise ops, reshapes, broadcasts, gathers and their gradient, the fused
-cross-entropy and variables; any other operation is costed as local work on
-its inputs' slices (`OpCost.approximate` is then True).
+The analytical mode prices the plan each operation states (`Operation.plan`:
+convolutions and halo exchange, shifts, slicing, replica statistics, ZeRO's
+reduce-scatters, anything lowered on gathered dimensions) with the same
+code for all, and prices einsum, reductions, softmax and its gradient,
+reshapes, gathers and their gradient and the fused cross-entropy from their
+plans too; an operation that states no plan communicates nothing and is
+costed as local work on its inputs' slices.
 
 Calibrate the device parameters on the machine at hand (8 logical CPUs):
 
@@ -105,7 +108,7 @@ def estimate(graph, mesh_shape, layout, params=None, exact: bool = False,
     for op in operations:
       for t in op.outputs:
         rules.tensor_layout(t.shape, mesh_shape, t.name)
-  ops = est.run(pricing.HANDLERS, pricing.generic)
+  ops = est.run(pricing.PLAN_PRICING, pricing.LOCAL_HANDLERS, pricing.generic)
   memory = memory_lib._memory(est, operations, False)
   result = CostEstimate(mesh_shape, rules, ops, memory, params)
   if exact:

@@ -61,6 +61,12 @@ class _Estimator:
     self._layouts = {}
     self._next_id = itertools.count(1)
     self.state = {}  # tensor -> _Lazy, or a tuple of per-processor tensor ids
+    self.completed = {}  # tensor -> the _Lazy it was before a consumer completed it
+    self.plan_mesh = plans.PlanMesh(
+        self.layout, tuple(self.mesh_sizes), self.share,
+        self.pending_axes, tuple(mesh_shape.dimension_names),
+        lambda t: self.pending_axes(t) or (self.completed[t].axes if t in self.completed
+                                           else None))
     self.device = {}  # tensor id -> the processor whose device computes it
     # The kernels, as [op cost, output id, input ids, kernels, bytes, flops,
     # combine bytes]; only those that a sink needs are counted (`_prune`).
@@ -261,18 +267,60 @@ class _Estimator:
     Lowering.laid_out does."""
     s = self.state.get(t)
     if isinstance(s, _Lazy):
+      self.completed[t] = s
       s = self.allreduce(s.nbytes, s.axes, s.ids)
       self.state[t] = s
     if s is None:  # produced by an op this estimate skipped: assume by layout
       s = self.state[t] = self.by_layout(self.layout(t.shape), count=False)
     return s
 
+  def pending_axes(self, t):
+    """The mesh axes of t's pending sum, or None."""
+    s = self.state.get(t)
+    return s.axes if isinstance(s, _Lazy) else None
+
+  def partial_ids(self, t):
+    """Per-processor ids of the summands of t's pending sum (completed by a
+    consumer already or not)."""
+    s = self.state.get(t)
+    return (s if isinstance(s, _Lazy) else self.completed[t]).ids
+
+  def permute_ids(self, ids, step: plans.Permute, nbytes: int):
+    """Each processor's tensor after a Permute: the source's tensor (shared
+    memory) or a copy on its device; zeros where there is no source."""
+    out = []
+    for p, c in enumerate(self.coords):
+      src = step.sources[c[step.mesh_axis]]
+      new = next(self._next_id)
+      self.device[new] = p
+      if src is None:
+        self.unit(new, (), 1, nbytes)
+      else:
+        coords = list(c)
+        coords[step.mesh_axis] = src
+        source = ids[self.coords.index(tuple(coords))]
+        if self.share:
+          new = source
+        else:
+          self.unit(new, (source,), 1, nbytes)
+      out.append(new)
+    return tuple(out)
+
   def execute(self, plan: plans.Redistribution, shape: Shape, dtype_size: int, ids,
               record: bool = True):
-    """Prices the steps of a redistribution plan (the one the lowering
-    executes) as the mesh implementation runs them: each collective sends
-    the slice of the layout before it. Returns the per-processor ids."""
+    """Prices the steps of a plan (the one the lowering executes) as the
+    mesh implementation runs them: each collective sends the slice of the
+    layout before it. Returns the per-processor ids."""
     for step, layout in plan.walk():
+      nbytes = self.slice_elems(shape, layout) * dtype_size
+      if isinstance(step, plans.AllReduce):
+        ids = self.allreduce(nbytes, step.mesh_axes, ids) if record else ids
+        continue
+      if isinstance(step, plans.Permute):
+        if record:
+          self.collective(step.kind, nbytes, [step.mesh_axis])
+        ids = self.permute_ids(ids, step, nbytes)
+        continue
       size = self.mesh_sizes[step.mesh_axis]
       if size == 1:
         continue
@@ -280,23 +328,41 @@ class _Estimator:
         ids = self.slice_along_ids(ids, step.mesh_axis,
                                    self.slice_elems(shape, step.apply(layout)) * dtype_size)
         continue
-      nbytes = self.slice_elems(shape, layout) * dtype_size
+      if isinstance(step, plans.JoinBlocks):  # the blocks' tensor: nothing moves
+        ids = self.combine_ids(ids, [step.mesh_axis], nbytes * size)
+        continue
       if record:
         self.collective(step.kind, nbytes, [step.mesh_axis])
       if isinstance(step, plans.AllGather):
         ids = self.combine_ids(ids, [step.mesh_axis], nbytes * size)
+      elif isinstance(step, plans.ReduceScatter):
+        ids = self.combine_ids(ids, [step.mesh_axis], nbytes, (size + 1) * nbytes)
+        ids = self.slice_along_ids(ids, step.mesh_axis, nbytes // size)
       else:
         ids = self.alltoall_ids(ids, step.mesh_axis, nbytes)
     return ids
 
   # ---- operations -----------------------------------------------------------
-  def run(self, handlers: Dict[str, Callable], fallback: Callable) -> List[OpCost]:
-    """Prices every operation with handlers[its class name] (or that of a
-    base class), else with `fallback` (then marked approximate)."""
+  def run(self, plan_pricing: Dict[type, Callable], handlers: Dict[str, Callable],
+          fallback: Callable) -> List[OpCost]:
+    """Prices every operation: the plan it states (`op.plan`) with
+    plan_pricing[the plan's type]; an operation without a plan (no
+    communication) with handlers[its class name] (or that of a base class),
+    else with `fallback`."""
     ops = []
     for op in self.operations:
       cost = OpCost(op.name, type(op).__name__)
       self.current = cost
+      plan = op.plan(self.plan_mesh)
+      if plan is not None:
+        try:
+          pricing = plan_pricing[type(plan)]
+        except KeyError:
+          raise TypeError(f"cost model: operation {op.name!r} states a plan of type "
+                          f"{type(plan).__name__}, which has no pricing.") from None
+        pricing(self, op, plan)
+        ops.append(cost)
+        continue
       handler = handlers.get(type(op).__name__)
       if handler is None:
         for klass in type(op).__mro__:
@@ -304,7 +370,6 @@ class _Estimator:
           if handler is not None:
             break
       if handler is None:
-        cost.approximate = True
         handler = fallback
       handler(self, op)
       ops.append(cost)
@@ -313,6 +378,32 @@ class _Estimator:
     for cost in ops:
       cost.time_s = self.time_of(cost)
     return ops
+
+  def local_plan(self, op, plan: plans.LocalPlan) -> None:
+    """Prices a LocalPlan as MeshImpl.execute_local runs it: the operands'
+    moves, one kernel per distinct combination of slices, the results'
+    moves and pending sums."""
+    args, nbytes = [], 0
+    for o in plan.operands:
+      t = op.inputs[o.input]
+      ids = self.partial_ids(t) if o.partial else self.laid_out(t)
+      args.append(self.execute(o.move, t.shape, t.dtype.size, ids))
+      nbytes += self.slice_elems(t.shape, o.move.target) * t.dtype.size
+    self.current.flops += plan.flops
+    if plan.kernel:
+      nbytes += sum(self.slice_elems(r.shape, r.move.source) * r.dtype_size
+                    for r in plan.results)
+      args = [self.slicewise(args, nbytes, plan.flops)] * len(plan.results)
+    results = []
+    for r, ids in zip(plan.results, args):
+      ids = self.execute(r.move, r.shape, r.dtype_size, ids)
+      results.append(_Lazy(r.pending_sum_axes, self.slice_elems(r.shape, r.move.target)
+                           * r.dtype_size, ids) if r.pending_sum_axes else ids)
+    if plan.combined:
+      out_bytes = sum(self.slice_bytes(t) for t in op.outputs)
+      results = [self.slicewise(results, out_bytes)] * len(op.outputs)
+    for t, value in zip(op.outputs, results):
+      self.state[t] = value
 
   def time_of(self, cost: OpCost) -> float:
     cost.components = self.components(cost)

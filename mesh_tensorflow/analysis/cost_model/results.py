@@ -26,8 +26,8 @@ class OpCost:
     collectives: the collectives the lowering emits for it (including a
       pending allreduce of an input that it completes).
     time_s: estimated seconds (compute, dispatch and communication).
-    approximate: the analytical model has no rule for this op type and
-      treats it as local work on its inputs.
+    approximate: always False: every operation states its plan (kept for
+      callers that read it).
     components: the time components (see `time_from_components`).
     work_flops: matrix-product FLOPs of all its distinct kernels together
       (what processors sharing cores compute in all).
