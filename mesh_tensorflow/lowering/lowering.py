@@ -58,8 +58,13 @@ class Lowering:
   """
 
   def __init__(self, graph: Graph, mesh_to_impl: Dict[Mesh, MeshImpl],
-               autostack: bool = True, log_file=None):
+               autostack: bool = True, log_file=None, *, counting_only: bool = False):
     del log_file  # accepted for compatibility
+    # counting_only: lowered to read the counters only (the cost model's exact
+    # mode): imported TensorFlow tensors are stood in for by zeros of their
+    # shape (they may belong to another graph), and the mtf graph is not
+    # marked as lowered into the current TensorFlow graph.
+    self.counting_only = counting_only
     # Accepted for compatibility: variables are never stacked here (each is its
     # own slice variables), so the flag changes nothing.
     self.autostack = autostack
@@ -79,7 +84,7 @@ class Lowering:
         raise ValueError(
             f"Lowering: operation {op.name!r} runs on mesh {op.mesh.name!r}, which "
             "has no mesh implementation. Pass {mesh: mesh_impl} for every mesh.")
-    if not tf.executing_eagerly():
+    if not tf.executing_eagerly() and not counting_only:
       graph.mark_lowered_into(tf.compat.v1.get_default_graph())
     self.tensors: Dict[Tensor, object] = {}
     self.completed_sums: Dict[Tensor, object] = {}  # pending sums laid_out completed
@@ -134,6 +139,16 @@ class Lowering:
         lambda t: partial_sum_axes(self.tensors.get(t)),
         lambda t: (partial_sum_axes(self.tensors.get(t))
                    or partial_sum_axes(self.completed_sums.get(t))))
+
+  def imported_value(self, source, shape) -> tf.Tensor:
+    """The TensorFlow value an import of `source` (a tensor or tf.Variable)
+    lowers: the source itself, or zeros of `shape` when counting only."""
+    if self.counting_only:
+      return tf.zeros(shape.to_integer_list(), source.dtype)
+    value = tf.convert_to_tensor(source)
+    if not value.shape.is_fully_defined():
+      value = tf.ensure_shape(value, shape.to_integer_list())
+    return value
 
   def lower_with_plan(self, op: Operation, plan, fn=None) -> list:
     """Runs LocalPlan `plan` of `op` (see plans.py) with kernel `fn` on the

@@ -108,9 +108,7 @@ class ImportOperation(Operation):
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     shape = self.outputs[0].shape
-    value = tf.convert_to_tensor(self._source)
-    if not value.shape.is_fully_defined():
-      value = tf.ensure_shape(value, shape.to_integer_list())
+    value = lowering.imported_value(self._source, shape)
     lowering.set_tensor_lowering(self.outputs[0], impl.import_tf_tensor(value, shape))
 
 

@@ -122,24 +122,14 @@ def _apply_exact(result: CostEstimate, est: _Estimator, graph, mesh_shape, rules
   from mesh_tensorflow.lowering.lowering import Lowering  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.lowering.placement_mesh_impl import PlacementMeshImpl  # pylint: disable=g-import-not-at-top
   meshes = {op.mesh for op in graph.operations}
-  swapped = []
   with tf.Graph().as_default():
     # Imported TensorFlow tensors and variables (eager, or from the graph of a
-    # tf.function) cannot be used in this graph: import zeros of their shape.
-    for op in graph.operations:
-      source = getattr(op, "_source", None)
-      if tf.is_tensor(source) or isinstance(source, tf.Variable):
-        swapped.append((op, source))
-        op._source = tf.zeros(op.outputs[0].shape.to_integer_list(), source.dtype)  # pylint: disable=protected-access
+    # tf.function) cannot be used in this graph: a counting lowering imports
+    # zeros of their shape.
     impls = {m: PlacementMeshImpl(mesh_shape, rules, [f"/cpu:{i}" for i in range(mesh_shape.size)],
                                   share_replicas=result.params.shares_memory)
              for m in meshes}
-    try:
-      lowering = Lowering(graph, impls)
-    finally:
-      for op, source in swapped:
-        op._source = source  # pylint: disable=protected-access
-      graph._lowered_into.discard(tf.compat.v1.get_default_graph())  # pylint: disable=protected-access
+    lowering = Lowering(graph, impls, counting_only=True)
   by_name = {op.name: op for op in result.ops}
   for op in result.ops:
     op.collectives = []
