@@ -324,6 +324,12 @@ class Operation:
   def lower(self, lowering) -> None:
     raise NotImplementedError(f"{type(self).__name__} cannot be lowered.")
 
+  # For an operation without a plan (no communication), the kind of local
+  # work it does, which the cost model prices: "elementwise", "copy"
+  # (broadcast, transpose), "identity", "import", "constant", "variable",
+  # "assign"; None for any other (one kernel on the inputs' slices).
+  local_kernel: Optional[str] = None
+
   def plan(self, mesh):
     """What this operation communicates under a layout, as a plan of
     mesh_tensorflow.lowering.plans (e.g. a LocalPlan: the operands' moves, a

@@ -18,6 +18,8 @@ from mesh_tensorflow.core.shapes import Shape, convert_to_shape
 class ConstantOperation(Operation):
   """A constant; each processor builds only its own slice."""
 
+  local_kernel = "constant"  # the kind of local work the cost model prices
+
   def __init__(self, mesh: Mesh, value, shape, dtype, name=None):
     # Validate before joining the graph: a failed constructor leaves no op.
     shape = convert_to_shape(shape)
@@ -86,6 +88,8 @@ def fill(mesh, shape, value, dtype=tf.float32, name=None) -> Tensor:
 
 class ImportOperation(Operation):
   """Brings a TensorFlow tensor (full value) into the mtf graph."""
+
+  local_kernel = "import"  # the kind of local work the cost model prices
 
   has_gradient = False
 

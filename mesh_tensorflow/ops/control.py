@@ -18,6 +18,8 @@ from mesh_tensorflow.lowering.mesh_impl import LaidOutTensor
 
 
 class _IdentityLike(Operation):
+  local_kernel = "identity"  # the kind of local work the cost model prices
+
   def __init__(self, inputs, num_outputs, name, grad=None, control_inputs=()):
     super().__init__(inputs, name=name)
     self._control = list(control_inputs)

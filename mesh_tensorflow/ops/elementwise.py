@@ -37,6 +37,8 @@ class ElementwiseOperation(Operation):
       gradients it needs (none for a constant operand, say).
   """
 
+  local_kernel = "elementwise"  # the kind of local work the cost model prices
+
   def __init__(self, tf_fn: Callable, inputs: Sequence[Tensor], output_shape=None,
                output_dtype=None, grad_fn=None, name=None, zero_gradient=False,
                input_grads=None):

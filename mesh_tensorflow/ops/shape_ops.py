@@ -81,6 +81,8 @@ def reshape(x: Tensor, new_shape, name=None) -> Tensor:
 class TransposeOperation(Operation):
   """Reorders dimensions (same names); always local."""
 
+  local_kernel = "copy"  # the kind of local work the cost model prices
+
   has_gradient = True
 
   def __init__(self, x: Tensor, new_shape, name=None):
@@ -158,6 +160,8 @@ def _as_dim_list(x):
 
 class BroadcastOperation(Operation):
   """Broadcasts x to a shape containing all its dims (local)."""
+
+  local_kernel = "copy"  # the kind of local work the cost model prices
 
   has_gradient = True
 

@@ -347,8 +347,8 @@ class _Estimator:
           fallback: Callable) -> List[OpCost]:
     """Prices every operation: the plan it states (`op.plan`) with
     plan_pricing[the plan's type]; an operation without a plan (no
-    communication) with handlers[its class name] (or that of a base class),
-    else with `fallback`."""
+    communication) with handlers[the kind of local work it declares,
+    `op.local_kernel`], else with `fallback`."""
     ops = []
     for op in self.operations:
       cost = OpCost(op.name, type(op).__name__)
@@ -363,14 +363,7 @@ class _Estimator:
         pricing(self, op, plan)
         ops.append(cost)
         continue
-      handler = handlers.get(type(op).__name__)
-      if handler is None:
-        for klass in type(op).__mro__:
-          handler = handlers.get(klass.__name__)
-          if handler is not None:
-            break
-      if handler is None:
-        handler = fallback
+      handler = handlers.get(op.local_kernel, fallback)
       handler(self, op)
       ops.append(cost)
     self.add_exports(self.outputs)

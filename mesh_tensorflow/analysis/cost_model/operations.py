@@ -243,7 +243,7 @@ def _source(est: _Estimator, op):
       est.state[t] = est.slicewise([], est.slice_bytes(t))
     else:
       est.state[t] = est.by_layout(layout, nbytes=est.slice_bytes(t))
-      if type(op).__name__ == "ImportOperation" and sum(a is not None for a in layout) == 1:
+      if op.local_kernel == "import" and sum(a is not None for a in layout) == 1:
         est.blocks.add(tuple(est.state[t]))
 
 
@@ -275,14 +275,14 @@ PLAN_PRICING = {
     plans.LocalPlan: lambda est, op, plan: est.local_plan(op, plan),
 }
 
-# Operations without communication, by the kind of local kernel they run.
+# Operations without communication, by the kind of local work they declare
+# (`Operation.local_kernel`).
 LOCAL_HANDLERS = {
-    "Variable": _variable,
-    "Assign": _assign,
-    "ElementwiseOperation": _elementwise,
-    "BroadcastOperation": _local,
-    "TransposeOperation": _local,
-    "_IdentityLike": _passthrough,
-    "ImportOperation": _source,
-    "ConstantOperation": _source,
+    "variable": _variable,
+    "assign": _assign,
+    "elementwise": _elementwise,
+    "copy": _local,
+    "identity": _passthrough,
+    "import": _source,
+    "constant": _source,
 }
