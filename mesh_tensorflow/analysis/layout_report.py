@@ -144,11 +144,6 @@ class LayoutReport:
     for name, kinds in self.comm_by_mesh_dim().items():
       text = ", ".join(f"{k} {_fmt_bytes(b)}" for k, b in sorted(kinds.items())) or "none"
       lines.append(f"  {name}: {text}")
-    approx = [o.type for o in est.ops if o.approximate]
-    if approx:
-      lines += ["", f"Note: {len(approx)} operations of types {sorted(set(approx))} have no "
-                "analytical rule and are costed as local work; pass exact=True for their "
-                "communication."]
     return "\n".join(lines)
 
   __repr__ = __str__

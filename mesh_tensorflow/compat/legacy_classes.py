@@ -102,6 +102,10 @@ class SplitOperation(Operation):
              for g, y in zip(grad_ys, self._outputs)]
     return [concat(parts, self._dim.name)]
 
+  def plan(self, mesh):
+    from mesh_tensorflow.lowering import plans  # pylint: disable=g-import-not-at-top
+    return plans.plan_unsplit(self, mesh.layout_of, [self._dim.name])
+
   def lower(self, lowering):
     axis = self.inputs[0].shape.index_of(self._dim.name)
     sizes = self._sizes

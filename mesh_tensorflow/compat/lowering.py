@@ -81,9 +81,9 @@ class Lowering(_lowering.Lowering):
     >>> lowering = mtf.Lowering(graph, {mesh: impl}, autostack=False)
   """
 
-  def __init__(self, graph, mesh_to_impl, autostack: bool = True, log_file=None):
+  def __init__(self, graph, mesh_to_impl, autostack: bool = True, log_file=None, **kwargs):
     del log_file
-    super().__init__(graph, mesh_to_impl)
+    super().__init__(graph, mesh_to_impl, **kwargs)
     self.autostack = autostack
 
 from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top

@@ -356,6 +356,25 @@ class Operation:
   def lower(self, lowering) -> None:
     raise NotImplementedError(f"{type(self).__name__} cannot be lowered.")
 
+  # For an operation without a plan (no communication), the kind of local
+  # work it does, which the cost model prices: "elementwise", "copy"
+  # (broadcast, transpose), "identity", "import", "constant", "variable",
+  # "assign"; None for any other (one kernel on the inputs' slices).
+  local_kernel: Optional[str] = None
+
+  def plan(self, mesh):
+    """What this operation communicates under a layout, as a plan of
+    mesh_tensorflow.lowering.plans (e.g. a LocalPlan: the operands' moves, a
+    local kernel, the results' moves), given a `plans.PlanMesh`. Its
+    lowering executes this plan and the cost model prices it. None (the
+    default): no communication, one local kernel on the inputs' slices.
+
+    Example:
+      >>> op.plan(lowering.plan_mesh(op))
+    """
+    del mesh
+    return None
+
   def gradient(self, grad_ys):
     raise ValueError(
         f"Operation {self._name!r} ({type(self).__name__}) has no gradient; "

@@ -144,15 +144,20 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
       grad = probs * g_log_z if grad is None else grad + probs * g_log_z
     return [grad, None]
 
+  def plan(self, mesh):
+    # With vocab split: the maxima, the sums of exponentials and the target
+    # logits are allreduced over its mesh axis.
+    return plans.StatisticsPlan(
+        self._vocab_dim, plans.plan_statistics(self.inputs[0].shape, self._vocab_dim,
+                                               mesh.layout_of, ("MAX", "SUM", "SUM")),
+        "cross_entropy")
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     logits, ids = self.inputs
     out_shape = self.outputs[0].shape
     vocab = self._vocab_dim
-    # With vocab split: the maxima, the sums of exponentials and the target
-    # logits are allreduced over its mesh axis.
-    statistics = plans.plan_statistics(logits.shape, vocab, impl.tensor_layout,
-                                       ("MAX", "SUM", "SUM"))
+    statistics = self.plan(lowering.plan_mesh(self)).steps
     # Logits with vocab last, ids in the same order as the other dimensions.
     ordered = out_shape + [vocab]
     dtype = logits.dtype

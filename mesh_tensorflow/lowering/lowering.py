@@ -16,9 +16,8 @@ from typing import Dict, List
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Graph, Mesh, Operation, Tensor
-from mesh_tensorflow.lowering import observers
-from mesh_tensorflow.lowering import slice_variables
-from mesh_tensorflow.lowering.mesh_impl import CollectiveRecord, LaidOutTensor, MeshImpl, as_laid_out
+from mesh_tensorflow.lowering import observers, plans, slice_variables
+from mesh_tensorflow.lowering.mesh_impl import LaidOutTensor, MeshImpl, as_laid_out, partial_sum_axes
 
 
 @contextlib.contextmanager
@@ -58,7 +57,13 @@ class Lowering:
     ...   return lowering.export_to_tf_tensor(loss)
   """
 
-  def __init__(self, graph: Graph, mesh_to_impl: Dict[Mesh, MeshImpl]):
+  def __init__(self, graph: Graph, mesh_to_impl: Dict[Mesh, MeshImpl], *,
+               counting_only: bool = False):
+    # counting_only: lowered to read the counters only (the cost model's exact
+    # mode): imported TensorFlow tensors are stood in for by zeros of their
+    # shape (they may belong to another graph), and the mtf graph is not
+    # marked as lowered into the current TensorFlow graph.
+    self.counting_only = counting_only
     if not isinstance(graph, Graph):
       raise TypeError(f"Lowering: graph must be an mtf.Graph, got {graph!r}.")
     self.graph = graph
@@ -79,19 +84,19 @@ class Lowering:
     # twice into one TF1 graph, would make its variables twice: refused. A
     # graph without variables may be lowered again into a TF1 graph (as the
     # original allowed; each lowering makes its own ops).
-    if not tf.executing_eagerly() and (tf.inside_function() or graph.all_variables):
+    if not tf.executing_eagerly() and not counting_only and (tf.inside_function() or graph.all_variables):
       graph.mark_lowered_into(tf.compat.v1.get_default_graph())
     self.tensors: Dict[Tensor, object] = {}
     self.completed_sums: Dict[Tensor, object] = {}  # pending sums laid_out completed
     self.operations: Dict[Operation, object] = {}
     self.variables = {}
-    self.collective_records: List[CollectiveRecord] = []
+    self.collective_records: List[observers.Collective] = []
     self.flops: Dict[str, int] = collections.defaultdict(int)
     self._random_keys = {}
     self._current_op_name = None
     self._extra_counters: List[tuple] = []
-    self._impl_ids = {id(impl) for impl in self.mesh_to_impl.values()}
-    with observers.observe(self._count_collective), _cyclic_gc_paused():
+    self._impls = list(self.mesh_to_impl.values())
+    with observers.observe(self._count_collective, self._impls), _cyclic_gc_paused():
       self.lower_operations(graph.operations)
 
   def lower_operations(self, operations) -> None:
@@ -127,13 +132,60 @@ class Lowering:
     self.tensors[mtf_tensor] = laid_out
     return laid_out
 
+  def plan_mesh(self, op: Operation):
+    """The PlanMesh that `op.plan` takes when `op` is lowered: its mesh
+    implementation's layouts and the placement of the tensors lowered so far."""
+    return self.mesh_impl(op).plan_mesh(
+        lambda t: partial_sum_axes(self.tensors.get(t)),
+        lambda t: (partial_sum_axes(self.tensors.get(t))
+                   or partial_sum_axes(self.completed_sums.get(t))))
+
+  def imported_value(self, source, shape) -> tf.Tensor:
+    """The TensorFlow value an import of `source` (a tensor or tf.Variable)
+    lowers: the source itself, or zeros of `shape` when counting only."""
+    if self.counting_only:
+      return tf.zeros(shape.to_integer_list(), source.dtype)
+    value = tf.convert_to_tensor(source)
+    if not value.shape.is_fully_defined():
+      value = tf.ensure_shape(value, shape.to_integer_list())
+    return value
+
+  def lower_with_plan(self, op: Operation, plan, fn=None) -> list:
+    """Runs LocalPlan `plan` of `op` (see plans.py) with kernel `fn` on the
+    lowered inputs. Returns the results; unless the plan combines them, they
+    also become `op`'s outputs.
+
+    Example:
+      >>> lowering.lower_with_plan(op, op.plan(lowering.plan_mesh(op)), fn)
+    """
+    impl = self.mesh_impl(op)
+    operands = []
+    for o in plan.operands:
+      t = op.inputs[o.input]
+      if not o.partial:
+        operands.append(self.laid_out(t))
+        continue
+      value = self.tensors.get(t)
+      if partial_sum_axes(value) is None:  # completed by a consumer before
+        value = self.completed_sums.get(t, value)
+      if o.partial == plans.TAKES_PARTIAL and value.is_pending:
+        value.derived()
+      operands.append(value.laid_out_input)
+    results = impl.execute_local(operands, plan, fn)
+    if plan.flops:
+      self.add_flops(plan.flops)
+    if not plan.combined:
+      for out, value in zip(op.outputs, results):
+        self.set_tensor_lowering(out, value)
+    return results
+
   def export_to_tf_tensor(self, x: Tensor) -> tf.Tensor:
     """The full value of mtf tensor `x` as one TensorFlow tensor."""
     if not isinstance(x, Tensor):
       raise TypeError(f"export_to_tf_tensor expects an mtf.Tensor, got {x!r}.")
     impl = self.mesh_impl(x)
     self._current_op_name = "export/" + x.name
-    with observers.observe(self._count_collective):
+    with observers.observe(self._count_collective, self._impls):
       return impl.export_to_tf_tensor(self.laid_out(x), x.shape)
 
   def lowered_operation(self, op: Operation):
@@ -169,17 +221,15 @@ class Lowering:
     self._random_keys[mesh_impl] = key
 
   # ---- counters ------------------------------------------------------------
-  def _count_collective(self, event: observers.CollectiveEvent) -> None:
-    """The observer subscribed while lowering: records the collectives of
-    this lowering's mesh implementations under the current operation."""
-    if id(event.impl) in self._impl_ids:
-      self.record_collective(event.kind, event.mesh_axes, event.bytes_per_processor,
-                             event.group_size, event.num_groups)
+  def _count_collective(self, record: observers.Collective) -> None:
+    """The observer subscribed (for this lowering's mesh implementations)
+    while lowering: files each collective under the current operation."""
+    self.collective_records.append(record._replace(op_name=self._current_op_name))
 
   def record_collective(self, kind, mesh_axes, nbytes, group_size, num_groups):
     """Records one collective under the operation being lowered (custom
     operations that communicate by other means may call it)."""
-    self.collective_records.append(CollectiveRecord(
+    self.collective_records.append(observers.Collective(
         self._current_op_name, kind, tuple(mesh_axes), nbytes, group_size, num_groups))
 
   def laid_out_size(self, tensor: Tensor) -> int:

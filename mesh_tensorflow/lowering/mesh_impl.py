@@ -12,9 +12,8 @@ sums happen before the (single) allreduce.
 
 from __future__ import annotations
 
-import collections
 import math
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -23,13 +22,11 @@ from mesh_tensorflow.core.shapes import Shape, convert_to_shape
 from mesh_tensorflow.lowering import observers
 from mesh_tensorflow.lowering import plans
 
-CollectiveRecord = collections.namedtuple(
-    "CollectiveRecord",
-    ["op_name", "kind", "mesh_axes", "bytes_per_processor", "group_size", "num_groups"])
 
 
 class LaidOutTensor:
-  """The slices of one tensor, one per processor (in pnum order)."""
+  """The slices of one tensor, one per processor (in pnum order), placed as
+  the layout says: each processor holds its block of the tensor."""
 
   def __init__(self, tensor_list: Sequence[tf.Tensor]):
     self.tensor_list = list(tensor_list)
@@ -37,6 +34,12 @@ class LaidOutTensor:
   @property
   def all_slices(self):
     return self.tensor_list
+
+  @property
+  def partial_sum_axes(self) -> Tuple[int, ...]:
+    """Mesh axes over which the slices are partial sums still to be added
+    (DTensor's `Partial` placement): none for a laid-out tensor."""
+    return ()
 
   def to_laid_out_tensor(self):
     return self
@@ -46,28 +49,36 @@ class LaidOutTensor:
 
 
 class LazyAllreduceSum:
-  """Per-processor partial sums whose allreduce over `mesh_axes` is deferred."""
+  """A tensor placed as partial sums over `mesh_axes` (DTensor's `Partial`):
+  each processor holds a summand of its block, and the allreduce that
+  completes it waits until something needs the whole value, so that later
+  local sums fold in first.
+
+  The mesh implementation decides how a pending sum completes
+  (`MeshImpl.complete_pending_sum`; a SIMD program reduces several together).
+  Operations make one with `MeshImpl.partial_sum` and read the placement of
+  any lowered value with `partial_sum_axes(value)`.
+  """
 
   def __init__(self, mesh_impl, laid_out_input: LaidOutTensor, mesh_axes,
                add_counter_fn: Optional[Callable[[], None]] = None):
     self.mesh_impl = mesh_impl
     self.laid_out_input = laid_out_input
     self.mesh_axes = tuple(sorted(mesh_axes))
-    self.add_counter_fn = add_counter_fn  # called when the allreduce is made
+    self.add_counter_fn = add_counter_fn  # the original's argument: called when reduced
     self._reduced = None
-    note = getattr(mesh_impl, "note_pending_sum", None)
-    if note is not None:  # an implementation that reduces pending sums together
-      note(self)
+    mesh_impl.pending_sum_made(self)
+
+  @property
+  def partial_sum_axes(self) -> Tuple[int, ...]:
+    """The mesh axes the pending allreduce runs over."""
+    return self.mesh_axes
 
   def to_laid_out_tensor(self) -> LaidOutTensor:
     if self._reduced is None:
-      reduce_pending = getattr(self.mesh_impl, "reduce_pending_sums", None)
-      if reduce_pending is not None:
-        reduce_pending(self)  # sets _reduced, of this sum and of others pending
-      if self._reduced is None:
-        self._reduced = self.mesh_impl.allreduce(self.laid_out_input, self.mesh_axes, "SUM")
-        if self.add_counter_fn is not None:
-          self.add_counter_fn()
+      self._reduced = self.mesh_impl.complete_pending_sum(self)
+      if self.add_counter_fn is not None:
+        self.add_counter_fn()
     return self._reduced
 
   def set_reduced(self, value: "LaidOutTensor") -> None:
@@ -78,9 +89,7 @@ class LazyAllreduceSum:
     """Tells the implementation that a new pending sum was made from this
     one's partial sums: this one is then reduced only if something needs it
     (not along with others)."""
-    forget = getattr(self.mesh_impl, "forget_pending_sum", None)
-    if forget is not None:
-      forget(self)
+    self.mesh_impl.pending_sum_folded(self)
 
   @property
   def is_pending(self) -> bool:
@@ -103,6 +112,18 @@ class LazyAllreduceSum:
 
   def __add__(self, other):
     return self.combine(other, tf.add)
+
+
+def partial_sum_axes(value) -> Optional[Tuple[int, ...]]:
+  """The mesh axes over which a lowered value (what `lowering.tensors`
+  holds) is a pending sum, or None when it is laid out whole.
+
+  Example:
+    >>> partial_sum_axes(lowering.tensors[grad])   # a data-parallel gradient
+    (0,)
+  """
+  axes = getattr(value, "partial_sum_axes", ())
+  return tuple(axes) if axes else None
 
 
 def compatible_lazy_allreduce_sums(xs) -> bool:
@@ -184,6 +205,44 @@ class MeshImpl:
   ndims = property(lambda self: self._shape.ndims)
   size = property(lambda self: self._shape.size)
   layout_rules = property(lambda self: self._layout_rules)
+
+  # ---- capabilities the lowering asks about ----------------------------------
+  @property
+  def shares_replicas(self) -> bool:
+    """Whether processors holding the same slice share one TensorFlow tensor
+    (one memory): then an einsum's allreduce may be realized by gathering
+    its operands (plans.plan_einsum's `fused`)."""
+    return False
+
+  def gathers_without_copy(self, x, mesh_axis: int, concat_axis: int) -> bool:
+    """Whether allconcat(x, mesh_axis, concat_axis) would return tensors
+    that already exist (x's slices are blocks of one tensor), so joining
+    them costs nothing."""
+    del x, mesh_axis, concat_axis
+    return False
+
+  # ---- pending sums (partial placement) -------------------------------------
+  def partial_sum(self, x: LaidOutTensor, mesh_axes) -> "LazyAllreduceSum | LaidOutTensor":
+    """x's slices as partial sums over `mesh_axes`, their allreduce pending
+    (x itself when there are none).
+
+    Example:
+      >>> y = impl.partial_sum(local_products, [1])   # Partial over mesh axis 1
+    """
+    mesh_axes = tuple(mesh_axes)
+    return LazyAllreduceSum(self, x, mesh_axes) if mesh_axes else x
+
+  def pending_sum_made(self, lazy: LazyAllreduceSum) -> None:
+    """Called for every new pending sum on this mesh (an implementation that
+    completes several together keeps track of them)."""
+
+  def pending_sum_folded(self, lazy: LazyAllreduceSum) -> None:
+    """`lazy`'s partial sums went into another pending sum: it completes
+    only if something still needs it."""
+
+  def complete_pending_sum(self, lazy: LazyAllreduceSum) -> LaidOutTensor:
+    """The allreduce that completes `lazy` (its plan: one AllReduce step)."""
+    return self.execute(lazy.laid_out_input, plans.AllReduce(lazy.mesh_axes, "SUM"))
 
   @property
   def supports_control_dependencies(self) -> bool:
@@ -289,17 +348,13 @@ class MeshImpl:
     size in bytes)."""
     if not observers.observing():
       return
-    mesh_axes = tuple(mesh_axes)
-    group_size = 1
-    for a in mesh_axes:
-      group_size *= self.mesh_axis_size(a)
     if isinstance(x, int):
       nbytes = x
     else:
       t = x.tensor_list[0]
       nbytes = t.shape.num_elements() * t.dtype.size if t.shape.is_fully_defined() else 0
-    observers.announce(observers.CollectiveEvent(
-        self, kind, mesh_axes, nbytes, group_size, self.size // max(group_size, 1)))
+    observers.announce(self, observers.collective(kind, mesh_axes, nbytes,
+                                                  self._shape.to_integer_list()))
 
   def unrecorded(self):
     """A context in which this implementation's collectives reach no observer
@@ -475,9 +530,55 @@ class MeshImpl:
         x = self.slice_along(x, step.mesh_axis, step.tensor_axis)
       elif isinstance(step, plans.AllReduce):
         x = self.allreduce(x, list(step.mesh_axes), step.reduction)
+      elif isinstance(step, plans.Permute):
+        x = self.receive(x, step.mesh_axis, list(step.sources))
+      elif isinstance(step, plans.ReduceScatter):
+        x = self.reduce_scatter(x, step.mesh_axis, step.tensor_axis)
+      elif isinstance(step, plans.JoinBlocks):
+        with self.unrecorded():  # the blocks' tensor itself: nothing moves
+          x = self.allconcat(x, step.mesh_axis, step.tensor_axis)
       else:
         raise TypeError(f"execute: unknown plan step {step!r}.")
     return x
+
+  def execute_all(self, xs: Sequence[LaidOutTensor], plan) -> List[LaidOutTensor]:
+    """Runs one plan per laid-out tensor in `xs` (a sequence of plans), or a
+    GatheredAllReduce on all of them.
+
+    Example:
+      >>> slices = impl.execute_all(operands, einsum_plan.communication)
+    """
+    if isinstance(plan, plans.GatheredAllReduce):
+      self.record_collective("allreduce", plan.nbytes, plan.mesh_axes)
+      with self.unrecorded():  # realized by the gathers
+        return [self.execute(x, move) for x, move in zip(xs, plan.operand_moves)]
+    return [self.execute(x, move) for x, move in zip(xs, plan)]
+
+  def execute_local(self, operands: Sequence[LaidOutTensor], plan: "plans.LocalPlan",
+                    fn: Optional[Callable] = None) -> list:
+    """Runs a LocalPlan: moves each operand, runs fn on every processor's
+    slices (unless the plan has no kernel), moves each result and leaves it
+    a pending sum where the plan says. Returns the results in order.
+
+    Example:
+      >>> [y] = impl.execute_local([laid_x], plans.plan_unsplit(op, layout_of, {"d"}), fn)
+    """
+    args = [self.execute(x, o.move) for x, o in zip(operands, plan.operands)]
+    if plan.kernel:
+      out = self.slicewise(fn, *args)
+      args = list(out) if isinstance(out, tuple) else [out]
+    return [self.partial_sum(self.execute(x, r.move), r.pending_sum_axes)
+            for x, r in zip(args, plan.results)]
+
+  def plan_mesh(self, partial_sum_axes_of: Optional[Callable] = None,
+                summands_axes_of: Optional[Callable] = None) -> "plans.PlanMesh":
+    """The PlanMesh of this implementation (layouts, sizes, shared memory);
+    partial_sum_axes_of and summands_axes_of tell the placement of lowered
+    tensors (see plans.PlanMesh)."""
+    return plans.PlanMesh(self.tensor_layout, tuple(self._shape.to_integer_list()),
+                          self.shares_replicas, partial_sum_axes_of or (lambda t: None),
+                          tuple(self._shape.dimension_names),
+                          summands_axes_of or (lambda t: None))
 
   def relayout(self, x: LaidOutTensor, shape, old_layout, new_layout) -> LaidOutTensor:
     """Moves a tensor from one layout to another with the fewest collectives

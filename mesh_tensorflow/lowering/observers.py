@@ -1,9 +1,12 @@
 """Observers of the collectives that mesh implementations execute.
 
-A mesh implementation announces every collective it runs (its kind, mesh
-axes and bytes per processor) and knows nothing of who listens. Whoever wants
-to count subscribes a callback for a span of code with `observe`: the
-Lowering does so while it lowers, and so can a test or a tool. Where an
+A mesh implementation announces every collective it runs (a `Collective`:
+its kind, mesh axes and bytes per processor) and knows nothing of who
+listens. Whoever wants to count subscribes a callback for a span of code with
+`observe`, optionally only for some implementations: the Lowering does so
+while it lowers, and so can a test or a tool. `Collective` is also what the
+Lowering records (`collective_records`) and what the cost model prices: one
+record type from execution to estimate. Where an
 implementation realizes one collective with other data movement (a fused
 allreduce made by gathering operands), it announces the collective the layout
 implies and executes the realization `silenced`.
@@ -22,23 +25,23 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
-from typing import Callable, Iterator, Tuple
+import math
+from typing import Callable, Iterable, Iterator, NamedTuple, Optional, Sequence, Tuple
 
 
-@dataclasses.dataclass(frozen=True)
-class CollectiveEvent:
-  """One collective as a mesh implementation executed it.
+class Collective(NamedTuple):
+  """One collective: as a mesh implementation runs it, as a Lowering records
+  it, and as the cost model prices it.
 
   Attributes:
-    impl: the MeshImpl that ran it (observers filter on it).
+    op_name: the mtf operation it belongs to ("" until a Lowering files it).
     kind: "allreduce", "allgather", "alltoall", "reduce_scatter" or "permute".
     mesh_axes: the mesh axes it communicates over.
     bytes_per_processor: bytes each processor sends (its slice).
     group_size: processors per group (product of the mesh axes' sizes).
     num_groups: groups that run it at the same time.
   """
-  impl: object
+  op_name: str
   kind: str
   mesh_axes: Tuple[int, ...]
   bytes_per_processor: int
@@ -46,24 +49,50 @@ class CollectiveEvent:
   num_groups: int
 
 
-Observer = Callable[[CollectiveEvent], None]
+def group_size(mesh_axes: Iterable[int], mesh_sizes: Sequence[int]) -> int:
+  """Processors in each group of a collective over `mesh_axes`.
 
-_observers: contextvars.ContextVar[Tuple[Observer, ...]] = contextvars.ContextVar(
+  Example:
+    >>> group_size((0, 1), [2, 4])
+    8
+  """
+  return math.prod(mesh_sizes[a] for a in mesh_axes)
+
+
+def collective(kind: str, mesh_axes: Iterable[int], bytes_per_processor: int,
+               mesh_sizes: Sequence[int], op_name: str = "") -> Collective:
+  """The Collective of `kind` over `mesh_axes` of a mesh of `mesh_sizes`.
+
+  Example:
+    >>> collective("allreduce", [1], 64, [2, 4])
+    Collective(op_name='', kind='allreduce', mesh_axes=(1,), bytes_per_processor=64, group_size=4, num_groups=2)
+  """
+  mesh_axes = tuple(mesh_axes)
+  size = group_size(mesh_axes, mesh_sizes)
+  return Collective(op_name, kind, mesh_axes, int(bytes_per_processor), size,
+                    math.prod(mesh_sizes) // max(size, 1))
+
+
+Observer = Callable[[Collective], None]
+
+_observers: contextvars.ContextVar[Tuple[Tuple[Observer, Optional[frozenset]], ...]] = contextvars.ContextVar(
     "mesh_tensorflow_collective_observers", default=())
 _silenced: contextvars.ContextVar[Tuple[int, ...]] = contextvars.ContextVar(
     "mesh_tensorflow_silenced_impls", default=())
 
 
 @contextlib.contextmanager
-def observe(observer: Observer) -> Iterator[None]:
-  """Calls `observer(event)` for every collective announced inside.
+def observe(observer: Observer, impls: Optional[Iterable[object]] = None) -> Iterator[None]:
+  """Calls `observer(collective)` for every collective announced inside (by
+  the mesh implementations in `impls` only, when given).
 
   Example:
-    >>> with observe(lambda e: print(e.kind, e.bytes_per_processor)):
+    >>> with observe(lambda c: print(c.kind, c.bytes_per_processor)):
     ...   impl.allconcat(laid_out_x, 0, 0)
     allgather 64
   """
-  token = _observers.set(_observers.get() + (observer,))
+  only = None if impls is None else frozenset(id(i) for i in impls)
+  token = _observers.set(_observers.get() + ((observer, only),))
   try:
     yield
   finally:
@@ -81,12 +110,14 @@ def silenced(impl) -> Iterator[None]:
     _silenced.reset(token)
 
 
-def announce(event: CollectiveEvent) -> None:
-  """Passes `event` to every observer, unless its implementation is silenced."""
+def announce(impl, record: Collective) -> None:
+  """Passes `record`, run by mesh implementation `impl`, to every observer of
+  it, unless `impl` is silenced."""
   observers = _observers.get()
-  if observers and id(event.impl) not in _silenced.get():
-    for observer in observers:
-      observer(event)
+  if observers and id(impl) not in _silenced.get():
+    for observer, only in observers:
+      if only is None or id(impl) in only:
+        observer(record)
 
 
 def observing() -> bool:

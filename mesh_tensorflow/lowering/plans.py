@@ -93,7 +93,59 @@ class AllReduce:
     return tuple(layout)
 
 
-Step = Union[AllGather, AllToAll, SliceAlong, AllReduce]
+@dataclasses.dataclass(frozen=True)
+class Permute:
+  """Each processor receives the slice of the processor at coordinate
+  `sources[c]` along `mesh_axis` (its own coordinate being c), or zeros
+  where that is None; the layout stays. Collective kind "permute"."""
+  mesh_axis: int
+  sources: Tuple[Optional[int], ...]
+  kind = "permute"
+
+  def apply(self, layout: Layout) -> Layout:
+    return tuple(layout)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReduceScatter:
+  """Sums partial slices over `mesh_axis` and leaves each processor the
+  block of `tensor_axis` at its coordinate (that axis becomes split over
+  `mesh_axis`). Collective kind "reduce_scatter"."""
+  mesh_axis: int
+  tensor_axis: int
+  kind = "reduce_scatter"
+
+  def apply(self, layout: Layout) -> Layout:
+    return _with(layout, self.tensor_axis, self.mesh_axis)
+
+
+@dataclasses.dataclass(frozen=True)
+class JoinBlocks:
+  """Where processors share memory and their slices are the blocks of one
+  existing tensor along `tensor_axis` (split over `mesh_axis`), each takes
+  that whole tensor: local, no communication and no copy."""
+  mesh_axis: int
+  tensor_axis: int
+  kind = None
+
+  def apply(self, layout: Layout) -> Layout:
+    return _with(layout, self.tensor_axis, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class GatheredAllReduce:
+  """An allreduce over `mesh_axes` (of `nbytes` per processor) that, where
+  processors share memory, the operands' redistributions `operand_moves`
+  realize: they gather the summed dimensions too, so one product per group
+  makes the sum. Run on a list of operands; counted as the allreduce the
+  layout implies. Collective kind "allreduce"."""
+  mesh_axes: Tuple[int, ...]
+  nbytes: int
+  operand_moves: Tuple["Redistribution", ...]
+  kind = "allreduce"
+
+
+Step = Union[AllGather, AllToAll, SliceAlong, AllReduce, Permute, ReduceScatter, JoinBlocks]
 
 
 def _with(layout: Layout, tensor_axis: int, mesh_axis: Optional[int]) -> Layout:
@@ -124,6 +176,22 @@ class Redistribution:
     for step in self.steps:
       yield step, layout
       layout = step.apply(layout)
+
+  def then(self, *steps: Step) -> "Redistribution":
+    """This redistribution followed by `steps` (a Redistribution's steps, or
+    single steps)."""
+    more = []
+    for s in steps:
+      more.extend(s.steps if isinstance(s, Redistribution) else (s,))
+    layout = self.target
+    for s in more:
+      layout = s.apply(layout)
+    return Redistribution(self.source, layout, self.steps + tuple(more))
+
+
+def stay(layout: Sequence[Optional[int]]) -> Redistribution:
+  """No communication: a tensor stays in `layout`."""
+  return Redistribution(tuple(layout), tuple(layout), ())
 
 
 def plan_relayout(source: Sequence[Optional[int]], target: Sequence[Optional[int]]
@@ -224,6 +292,14 @@ class EinsumPlan:
   def pending_sum_axes(self) -> Tuple[int, ...]:
     """Mesh axes of the allreduce left pending on the output (none if fused)."""
     return () if self.fused else self.reduced_axes
+
+  @property
+  def communication(self):
+    """What `MeshImpl.execute_all` runs on the operands: their
+    redistributions, or the GatheredAllReduce that fuses the allreduce."""
+    if self.fused:
+      return GatheredAllReduce(self.reduced_axes, self.output_bytes, self.operand_moves)
+    return self.operand_moves
 
 
 def plan_einsum(inputs, output, layout_of: Callable, mesh_sizes: Sequence[int],
@@ -400,6 +476,18 @@ def plan_statistics(shape, dim, layout_of: Callable, reductions: Sequence[str]
   return tuple(AllReduce((mesh_axis,), r) for r in reductions)
 
 
+@dataclasses.dataclass(frozen=True)
+class StatisticsPlan:
+  """How an operation that reduces along `dim` inside its local kernels
+  communicates: `steps`, one AllReduce per per-slice statistic where the
+  layout splits `dim` (none when it is whole). `kernels` names the local
+  kernels around them: "softmax", "log_softmax", "softmax_grad",
+  "log_softmax_grad" or "cross_entropy"."""
+  dim: object
+  steps: Tuple[AllReduce, ...]
+  kernels: str
+
+
 def adds_pending_sums(a_pending_axes: Optional[Sequence[int]],
                       b_pending_axes: Optional[Sequence[int]], a_shape, b_shape,
                       out_shape) -> bool:
@@ -488,3 +576,181 @@ def plan_scatter_add(out_shape, indices_shape, dim, layout_of: Callable) -> Scat
   pending = tuple(sorted(idx_axes - {a for a in out_layout if a is not None}))
   return ScatterAddPlan(False, mesh_axis is not None, computed, None,
                         plan_relayout(computed, out_layout), pending)
+
+
+# ----------------------------------------------------------------------------- local kernels
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanMesh:
+  """What an operation's plan depends on: the layout of a shape
+  (`layout_of(shape)`: per tensor axis the mesh axis splitting it, or
+  None), the mesh axes' sizes (and names), whether processors share memory,
+  and the placement of the operation's inputs (`partial_sum_axes_of(tensor)`: the
+  mesh axes of its pending sum, or None; `summands_axes_of(tensor)`: the
+  same for a pending sum that a consumer may have completed since, whose
+  summands are still at hand). Both the lowering (from a mesh
+  implementation) and the cost model make one; `Operation.plan(mesh)` takes
+  it.
+
+  Example:
+    >>> mesh = PlanMesh(lambda shape: (0, None), (8,))
+    >>> einsum_op.plan(mesh).reduced_axes
+  """
+  layout_of: Callable
+  sizes: Tuple[int, ...]
+  shares_memory: bool = False
+  partial_sum_axes_of: Callable = lambda tensor: None
+  names: Tuple[str, ...] = ()
+  summands_axes_of: Callable = lambda tensor: None
+
+
+READS_PARTIAL = "read"
+TAKES_PARTIAL = "take"
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+  """One argument of an operation's local kernel: input number `input`
+  after `move`. `partial`: "" for the input's value; READS_PARTIAL or
+  TAKES_PARTIAL to use the summands of the input's pending sum (its Partial
+  placement) instead, `move` then starting with the allreduces or
+  reduce-scatters it needs. An operation that takes them over leaves the sum
+  to complete only if something else needs it; one that reads them leaves
+  it as it is."""
+  input: int
+  move: Redistribution
+  partial: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+  """One result of an operation's local kernel, of `shape` with elements of
+  `dtype_size` bytes, moved by `move` (from the layout the kernel makes it
+  in) and left a pending sum over `pending_sum_axes`."""
+  shape: object
+  dtype_size: int
+  move: Redistribution
+  pending_sum_axes: Tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalPlan:
+  """An operation made of communication around one local kernel: the
+  operands' moves, the kernel on every processor (none when `kernel` is
+  False: the results are the operands), and the results' moves. Its results
+  are the operation's outputs in order, or, when `combined`, the arguments
+  of one more local kernel that makes the single output.
+
+  Example:
+    >>> plan = plan_unsplit(op, layout_of, {"length"})
+    >>> [o.move.steps for o in plan.operands]
+    [(AllGather(mesh_axis=0, tensor_axis=1),)]
+  """
+  operands: Tuple[Operand, ...]
+  results: Tuple[Result, ...]
+  flops: int = 0
+  kernel: bool = True
+  combined: bool = False
+
+
+def _kept_split(shape, layout: Layout, whole_names) -> Layout:
+  return tuple(None if d.name in whole_names else a for d, a in zip(shape.dims, layout))
+
+
+def plan_unsplit(op, layout_of: Callable, unsplit_names, partial_sum_axes=None,
+                 flops: int = 0) -> LocalPlan:
+  """The LocalPlan of an operation computed on slices in which the
+  dimensions `unsplit_names` are whole: the inputs gather them, the kernel
+  runs on every processor, and each output (whole along them) is summed
+  over its `partial_sum_axes` (one list per output, if any) and then split
+  into its own layout locally."""
+  unsplit = set(unsplit_names)
+  operands = tuple(Operand(i, plan_gather_dims(t.shape, layout_of(t.shape), unsplit))
+                   for i, t in enumerate(op.inputs))
+  results = []
+  for i, out in enumerate(op.outputs):
+    layout = tuple(layout_of(out.shape))
+    current = _kept_split(out.shape, layout, unsplit)
+    move = stay(current)
+    if partial_sum_axes and partial_sum_axes[i]:
+      move = move.then(AllReduce(tuple(sorted(partial_sum_axes[i]))))
+    results.append(Result(out.shape, out.dtype.size, move.then(plan_relayout(current, layout))))
+  return LocalPlan(operands, tuple(results), flops)
+
+
+def plan_local(op, layout_of: Callable, gather_names, whole_out_names, flops: int = 0
+               ) -> LocalPlan:
+  """The LocalPlan of an operation with one output computed per processor
+  on its inputs' slices with `gather_names` gathered: input dimensions that
+  stay split and are missing from the output are summed by the kernel, the
+  output is whole along `whole_out_names` and split elsewhere as its layout
+  says. The partial sums stay pending (allreduced at once when a summed
+  mesh axis also splits a dimension the kernel makes whole)."""
+  gather_names = set(gather_names)
+  out = op.outputs[0]
+  out_names = set(out.shape.dimension_names)
+  operands, reduced = [], set()
+  for i, t in enumerate(op.inputs):
+    names = gather_names & set(t.shape.dimension_names)
+    layout = tuple(layout_of(t.shape))
+    operands.append(Operand(i, plan_gather_dims(t.shape, layout, names)))
+    for d, a in zip(t.shape.dims, layout):
+      if a is not None and d.name not in names and d.name not in out_names:
+        reduced.add(a)
+  target = tuple(layout_of(out.shape))
+  current = _kept_split(out.shape, target, whole_out_names)
+  move = stay(current)
+  if reduced & {a for a, c in zip(target, current) if a is not None and c is None}:
+    move = move.then(AllReduce(tuple(sorted(reduced))))  # sum, then split
+    reduced = set()
+  move = move.then(plan_relayout(current, target))
+  return LocalPlan(tuple(operands),
+                   (Result(out.shape, out.dtype.size, move, tuple(sorted(reduced))),), flops)
+
+
+def plan_shift(op, dim, offset: int, layout_of: Callable, mesh_sizes: Sequence[int]
+               ) -> LocalPlan:
+  """The LocalPlan of shifting `op`'s input by `offset` along `dim`: nothing
+  for no offset; where `dim` is split and the offset at most one slice, each
+  processor receives its neighbour's slice (a Permute) and combines it with
+  its own; otherwise `dim` is gathered, shifted and split again. With
+  `wrap` (op.wrap) the ends wrap around."""
+  x = op.inputs[0]
+  layout = tuple(layout_of(x.shape))
+  if offset == 0:
+    return LocalPlan((Operand(0, stay(layout)),), (Result(x.shape, x.dtype.size, stay(layout)),),
+                     kernel=False)
+  mesh_axis = split_axis(x.shape, dim, layout_of)
+  n = 1 if mesh_axis is None else mesh_sizes[mesh_axis]
+  if n == 1 or abs(offset) > dim.size // n:
+    return plan_unsplit(op, layout_of, {dim.name})
+  sources = [(c - 1 if offset > 0 else c + 1) for c in range(n)]
+  sources = tuple(s % n if op.wrap else (s if 0 <= s < n else None) for s in sources)
+  return LocalPlan((Operand(0, stay(layout)),
+                    Operand(0, stay(layout).then(Permute(mesh_axis, sources)))),
+                   (Result(x.shape, x.dtype.size, stay(layout)),))
+
+
+def plan_sum_relayout(x, out, layout_of: Callable, pending_axes: Optional[Sequence[int]],
+                      reduce_scatter: bool) -> LocalPlan:
+  """The LocalPlan of moving `x` to the layout of `out` (same sizes, other
+  dimension names). A pending sum (over `pending_axes`) that the new layout
+  splits along one of its mesh axes is reduce-scattered there when
+  `reduce_scatter` (the other axes allreduced first); anything else is
+  completed and redistributed."""
+  in_layout, out_layout = tuple(layout_of(x.shape)), tuple(layout_of(out.shape))
+  if reduce_scatter and pending_axes:
+    scatter = [(m, t) for t, m in enumerate(out_layout)
+               if m is not None and m in pending_axes and in_layout[t] is None]
+    if scatter:
+      move = stay(in_layout)
+      rest = tuple(a for a in pending_axes if a not in {m for m, _ in scatter})
+      if rest:
+        move = move.then(AllReduce(rest))
+      move = move.then(*[ReduceScatter(m, t) for m, t in scatter])
+      move = move.then(plan_relayout(move.target, out_layout))
+      return LocalPlan((Operand(0, move, partial=TAKES_PARTIAL),),
+                       (Result(out.shape, out.dtype.size, stay(out_layout)),), kernel=False)
+  return LocalPlan((Operand(0, plan_relayout(in_layout, out_layout)),),
+                   (Result(out.shape, out.dtype.size, stay(out_layout)),), kernel=False)

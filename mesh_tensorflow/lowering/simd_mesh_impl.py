@@ -43,6 +43,7 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from mesh_tensorflow.lowering import observers
 from mesh_tensorflow.lowering.collective_keys import allocate_simd_keys
 from mesh_tensorflow.lowering.mesh_impl import LaidOutTensor, MeshImpl, as_laid_out
 from mesh_tensorflow.core.shapes import convert_to_shape
@@ -360,20 +361,21 @@ class SimdMeshImpl(MeshImpl):
     return None
 
   # ---- collectives ---------------------------------------------------------
-  def note_pending_sum(self, lazy) -> None:
-    """Called by every new LazyAllreduceSum of this mesh."""
+  def pending_sum_made(self, lazy) -> None:
+    """Keeps the pending sums made at the program's top level, to complete
+    them together."""
     state = self._state
     if (state is not None and self.coalesce_sums and self._backend == "devices"
         and tf.compat.v1.get_default_graph() is state.graph):
       state.pending.append(lazy)
 
-  def forget_pending_sum(self, lazy) -> None:
+  def pending_sum_folded(self, lazy) -> None:
     """`lazy` was folded into another pending sum: reduce it only on demand."""
     state = self._state
     if state is not None:
       state.pending = [p for p in state.pending if p is not lazy]
 
-  def reduce_pending_sums(self, lazy) -> None:
+  def complete_pending_sum(self, lazy):
     """Reduces `lazy` together with the other pending sums over its mesh
     axes and of its dtype (one collective), when it was made at the program's
     top level and is reduced there (a sum inside a loop body is reduced
@@ -381,7 +383,15 @@ class SimdMeshImpl(MeshImpl):
     state = self._state
     if (state is None or tf.compat.v1.get_default_graph() is not state.graph
         or not any(p is lazy for p in state.pending)):
-      return
+      return super().complete_pending_sum(lazy)
+    self._reduce_together(lazy, state)
+    if lazy.is_pending:  # not of a shape that one collective reduces with others
+      return super().complete_pending_sum(lazy)
+    return lazy.to_laid_out_tensor()
+
+  def _reduce_together(self, lazy, state) -> None:
+    """Sets the reduced value of `lazy` and of the other pending sums that
+    one collective can reduce with it."""
     dtype = lazy.laid_out_input.tensor_list[0].dtype
     group, rest = [], []
     for p in state.pending:
@@ -409,10 +419,7 @@ class SimdMeshImpl(MeshImpl):
       p.set_reduced(LaidOutTensor([tf.reshape(piece, t.shape)]))
 
   def _group_size(self, mesh_axes) -> int:
-    n = 1
-    for a in mesh_axes:
-      n *= self.mesh_axis_size(a)
-    return n
+    return observers.group_size(mesh_axes, self.shape.to_integer_list())
 
   def _keys(self, mesh_axes):
     """(group_size, group_key, instance_key) tensors for a collective."""

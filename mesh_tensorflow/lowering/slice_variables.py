@@ -245,7 +245,7 @@ def get_or_create(mesh_impl, name: str, shape, master_dtype, slice_dtype,
           f"{list(full_shape)}, slice {slice_shape} {tf.as_dtype(slice_dtype).name}. Use "
           "another name, or the same shape, dtype and layout.")
     return existing
-  shared = getattr(mesh_impl, "shares_replicas", False)
+  shared = mesh_impl.shares_replicas
   begins, slices, by_begin = [], [], {}
   with tf.init_scope():
     for pnum in range(mesh_impl.size):

@@ -18,6 +18,8 @@ from mesh_tensorflow.core.shapes import Shape, convert_to_shape
 class ConstantOperation(Operation):
   """A constant; each processor builds only its own slice."""
 
+  local_kernel = "constant"  # the kind of local work the cost model prices
+
   def __init__(self, mesh: Mesh, value, shape, dtype, name=None):
     # Validate before joining the graph: a failed constructor leaves no op.
     shape = convert_to_shape(shape)
@@ -87,6 +89,8 @@ def fill(mesh, shape, value, dtype=tf.float32, name=None) -> Tensor:
 class ImportOperation(Operation):
   """Brings a TensorFlow tensor (full value) into the mtf graph."""
 
+  local_kernel = "import"  # the kind of local work the cost model prices
+
   has_gradient = False
 
   def __init__(self, mesh: Mesh, tf_tensor, shape, name=None):
@@ -108,9 +112,7 @@ class ImportOperation(Operation):
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     shape = self.outputs[0].shape
-    value = tf.convert_to_tensor(self._source)
-    if not value.shape.is_fully_defined():
-      value = tf.ensure_shape(value, shape.to_integer_list())
+    value = lowering.imported_value(self._source, shape)
     lowering.set_tensor_lowering(self.outputs[0], impl.import_tf_tensor(value, shape))
 
 

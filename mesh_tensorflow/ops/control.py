@@ -21,6 +21,8 @@ from mesh_tensorflow.ops.random_ops import RandomOperation
 
 
 class _IdentityLike(Operation):
+  local_kernel = "identity"  # the kind of local work the cost model prices
+
   def __init__(self, inputs, num_outputs, name, grad=None, control_inputs=()):
     super().__init__(inputs, name=name)
     self._control = list(control_inputs)

@@ -33,7 +33,8 @@ from typing import List, Optional, Sequence, Tuple, Union
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
-from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum, int_constant
+from mesh_tensorflow.lowering import plans
+from mesh_tensorflow.lowering.mesh_impl import int_constant
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 from mesh_tensorflow.ops.slicing import concat, pad, shift
 from mesh_tensorflow.ops.slicing import slice as mtf_slice
@@ -167,50 +168,10 @@ def _from_canonical(t: tf.Tensor, others: Sequence[str], other_sizes: Sequence[i
   return t
 
 
-def _lower_local(lowering, op: Operation, gather_names, whole_out_names, fn,
-                 flops: int = 0) -> None:
-  """Lowers `op` (one output) by running fn on every processor's slices.
-
-  Dimensions in `gather_names` are gathered in the inputs first. In fn's
-  result, the output dimensions in `whole_out_names` are whole and the others
-  are split as the output's layout says. Input dimensions that are split and
-  missing from the output are summed by fn locally; their mesh axes are
-  allreduced (lazily where possible).
-  """
-  impl = lowering.mesh_impl(op)
-  gather_names = set(gather_names)
-  out = op.outputs[0]
-  out_names = set(out.shape.dimension_names)
-  slices, reduced_axes = [], set()
-  for t in op.inputs:
-    names = gather_names & set(t.shape.dimension_names)
-    slices.append(impl.gather_dims(lowering.laid_out(t), t.shape, names))
-    for d, a in zip(t.shape.dims, impl.tensor_layout(t.shape)):
-      if a is not None and d.name not in names and d.name not in out_names:
-        reduced_axes.add(a)
-  result = impl.slicewise(fn, *slices)
-  if flops:
-    lowering.add_flops(flops)
-  target = impl.tensor_layout(out.shape)
-  current = [None if d.name in whole_out_names else a
-             for d, a in zip(out.shape.dims, target)]
-  sliced_axes = {a for a, c in zip(target, current) if a is not None and c is None}
-  if reduced_axes & sliced_axes:
-    # A summed axis also splits a dimension computed whole: sum, then split.
-    result = impl.allreduce(result, sorted(reduced_axes), "SUM")
-    reduced_axes = set()
-  result = impl.relayout(result, out.shape, current, target)
-  if reduced_axes:
-    result = LazyAllreduceSum(impl, result, sorted(reduced_axes))
-  lowering.set_tensor_lowering(out, result)
-
-
-def _local_size(impl, shape: Shape, name: str) -> int:
-  layout = impl.tensor_layout(shape)
-  i = shape.index_of(name)
-  a = layout[i]
-  size = shape.dims[i].size
-  return size if a is None else size // impl.mesh_axis_size(a)
+def _lower_local(lowering, op: Operation, fn) -> None:
+  """Lowers `op` (one output) by running its LocalPlan (`op.plan`, from
+  plans.plan_local) with kernel fn on every processor's slices."""
+  lowering.lower_with_plan(op, op.plan(lowering.plan_mesh(op)), fn)
 
 
 # ---- convolution operations ---------------------------------------------------
@@ -266,14 +227,17 @@ class _ConvBase(Operation):
             f"and {n_small} on the output side, which a {self._padding} window of "
             f"{k} with stride {s} does not give.")
 
-  def _conv_flops(self, impl, small_shape: Shape) -> int:
+  def _conv_flops(self, mesh, small_shape: Shape) -> int:
     """2 * (local elements of the c2-side image) * filter window * local c1."""
-    local = impl.slice_size(small_shape)
+    layout = mesh.layout_of(small_shape)
+    local = plans.slice_elements(small_shape, layout, mesh.sizes)
     for name in self._spatial:
-      a = impl.tensor_layout(small_shape)[small_shape.index_of(name)]
+      a = layout[small_shape.index_of(name)]
       if a is not None:
-        local *= impl.mesh_axis_size(a)
-    filter_local = _local_size(impl, self._filter_shape, self._c1.name)
+        local *= mesh.sizes[a]
+    c1 = self._filter_shape.index_of(self._c1.name)
+    a = mesh.layout_of(self._filter_shape)[c1]
+    filter_local = self._c1.size // (1 if a is None else mesh.sizes[a])
     return 2 * local * math.prod(self._ksize) * filter_local
 
   def _args(self):
@@ -322,7 +286,6 @@ class ConvOperation(_ConvBase):
   def lower(self, lowering):
     x, f = self.inputs
     out = self.outputs[0]
-    impl = lowering.mesh_impl(self)
     x_names, out_names = x.shape.dimension_names, out.shape.dimension_names
     spatial, c1, c2 = self._spatial, self._c1.name, self._c2.name
     conv_fn, tf_strides, padding = _CONV_FNS[self._n], self._tf_strides(), self._padding
@@ -331,8 +294,11 @@ class ConvOperation(_ConvBase):
       t, others, sizes = _to_canonical(tx, x_names, spatial, c1)
       y = conv_fn(t, tf_filter, strides=tf_strides, padding=padding)
       return _from_canonical(y, others, sizes, spatial, c2, out_names)
-    _lower_local(lowering, self, set(spatial) | set(self._k_names), set(spatial), fn,
-                 self._conv_flops(impl, out.shape))
+    _lower_local(lowering, self, fn)
+
+  def plan(self, mesh):
+    return plans.plan_local(self, mesh.layout_of, set(self._spatial) | set(self._k_names),
+                            set(self._spatial), self._conv_flops(mesh, self.outputs[0].shape))
 
 
 class ConvBackpropInputOperation(_ConvBase):
@@ -376,7 +342,6 @@ class ConvBackpropInputOperation(_ConvBase):
   def lower(self, lowering):
     dy, f = self.inputs
     out = self.outputs[0]
-    impl = lowering.mesh_impl(self)
     dy_names, out_names = dy.shape.dimension_names, out.shape.dimension_names
     spatial, c1, c2 = self._spatial, self._c1.name, self._c2.name
     out_spatial = [out.shape.get_dim_by_name(s).size for s in spatial]
@@ -389,8 +354,11 @@ class ConvBackpropInputOperation(_ConvBase):
       x = transpose_fn(t, tf_filter, int_constant(shape), strides=tf_strides,
                        padding=padding)
       return _from_canonical(x, others, sizes, spatial, c1, out_names)
-    _lower_local(lowering, self, set(spatial) | set(self._k_names), set(spatial), fn,
-                 self._conv_flops(impl, dy.shape))
+    _lower_local(lowering, self, fn)
+
+  def plan(self, mesh):
+    return plans.plan_local(self, mesh.layout_of, set(self._spatial) | set(self._k_names),
+                            set(self._spatial), self._conv_flops(mesh, self.inputs[0].shape))
 
 
 class ConvBackpropFilterOperation(_ConvBase):
@@ -431,7 +399,6 @@ class ConvBackpropFilterOperation(_ConvBase):
   def lower(self, lowering):
     x, dy = self.inputs
     out = self.outputs[0]
-    impl = lowering.mesh_impl(self)
     x_names, dy_names = x.shape.dimension_names, dy.shape.dimension_names
     spatial, c1, c2 = self._spatial, self._c1.name, self._c2.name
     k_names, ksize = self._k_names, self._ksize
@@ -449,8 +416,11 @@ class ConvBackpropFilterOperation(_ConvBase):
       current = list(k_names) + [c1, c2]
       perm = [current.index(nm) for nm in out_names]
       return k if perm == list(range(len(perm))) else tf.transpose(k, int_constant(perm))
-    _lower_local(lowering, self, set(spatial), set(k_names), fn,
-                 self._conv_flops(impl, dy.shape))
+    _lower_local(lowering, self, fn)
+
+  def plan(self, mesh):
+    return plans.plan_local(self, mesh.layout_of, set(self._spatial), set(self._k_names),
+                            self._conv_flops(mesh, self.inputs[1].shape))
 
 
 def _check_filter(conv_filter: Tensor, n: int, what: str) -> None:
@@ -853,6 +823,9 @@ class _PoolBase(Operation):
   def _unsplittable_dim_names(self):
     return set(self._spatial)
 
+  def plan(self, mesh):
+    return plans.plan_local(self, mesh.layout_of, set(self._spatial), set(self._spatial))
+
   def _window(self):
     return [1] + list(self._ksize) + [1], [1] + list(self._strides) + [1]
 
@@ -905,7 +878,7 @@ class PoolOperation(_PoolBase):
     def fn(t):
       c, _, sizes = self._canon(t, x.shape)
       return self._restore(pool_fn(c, ksize, strides, padding), sizes, out.shape)
-    _lower_local(lowering, self, set(self._spatial), set(self._spatial), fn)
+    _lower_local(lowering, self, fn)
 
 
 class PoolBackpropOperation(_PoolBase):
@@ -962,7 +935,7 @@ class PoolBackpropOperation(_PoolBase):
         r = grad_fn(orig_input=c[0], orig_output=c[1], grad=c[2], ksize=ksize,
                     strides=strides, padding=padding)
       return self._restore(r, sizes, out_shape)
-    _lower_local(lowering, self, set(self._spatial), set(self._spatial), fn)
+    _lower_local(lowering, self, fn)
 
 
 def _pool(kind: str, n: int, x: Tensor, ksize, strides, padding,

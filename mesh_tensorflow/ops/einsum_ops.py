@@ -14,7 +14,6 @@ from typing import Sequence
 
 from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.core.graph import Operation, Tensor
-from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum
 from mesh_tensorflow.ops.local_einsum import local_einsum
 from mesh_tensorflow.ops.shape_ops import broadcast
 from mesh_tensorflow.core.shapes import Shape, convert_to_shape, shape_union
@@ -65,21 +64,18 @@ class EinsumOperation(Operation):
       grads.append(broadcast(gx, x.shape) if target != x.shape else gx)
     return grads
 
+  def plan(self, mesh):
+    return plans.plan_einsum(self.inputs, self.outputs[0], mesh.layout_of, mesh.sizes,
+                             mesh.shares_memory)
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     out = self.outputs[0]
-    shares_memory = getattr(impl, "shares_replicas", False)
-    plan = plans.plan_einsum(self.inputs, out, impl.tensor_layout,
-                             impl.shape.to_integer_list(), shares_memory)
+    shares_memory = impl.shares_replicas
+    plan = self.plan(lowering.plan_mesh(self))
     # Completing an operand's pending sum is an allreduce of its own.
     operands = [lowering.laid_out(t) for t in self.inputs]
-    if plan.fused:
-      # Counted as the allreduce the layout implies; realized by the gathers.
-      impl.record_collective("allreduce", plan.output_bytes, plan.reduced_axes)
-      with impl.unrecorded():
-        slices = [impl.execute(x, move) for x, move in zip(operands, plan.operand_moves)]
-    else:
-      slices = [impl.execute(x, move) for x, move in zip(operands, plan.operand_moves)]
+    slices = impl.execute_all(operands, plan.communication)
     letters = {}
     for t in [out] + self.inputs:
       for d in t.shape.dims:
@@ -97,15 +93,12 @@ class EinsumOperation(Operation):
       # dimension of one operand: multiply once on the whole operand and take
       # each processor's rows (no collective).
       i, mesh_axis = batched
-      with impl.unrecorded():
-        slices[i] = impl.allconcat(slices[i], mesh_axis, 0)
+      slices[i] = impl.execute(slices[i], plans.JoinBlocks(mesh_axis, 0))
     result = impl.slicewise(lambda *xs: local_einsum(eq, *xs), *slices)
     if batched is not None:
-      result = impl.slice_along(result, batched[1], 0)
+      result = impl.execute(result, plans.SliceAlong(batched[1], 0))
     lowering.add_flops(plan.flops)
-    if plan.pending_sum_axes:
-      result = LazyAllreduceSum(impl, result, list(plan.pending_sum_axes))
-    lowering.set_tensor_lowering(out, result)
+    lowering.set_tensor_lowering(out, impl.partial_sum(result, plan.pending_sum_axes))
 
 
 _LETTERS = string.ascii_letters

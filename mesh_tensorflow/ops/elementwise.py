@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.core.graph import TENSOR_OPERATORS, Operation, Tensor
 from mesh_tensorflow.lowering import plans
-from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum, expand_to_shape, once_per_graph
+from mesh_tensorflow.lowering.mesh_impl import expand_to_shape, once_per_graph
 from mesh_tensorflow.ops.constant_ops import zeros_like
 from mesh_tensorflow.ops._common import first_tensor, is_scalar_value, num_elements, to_tensor
 from mesh_tensorflow.core.shapes import Shape, convert_to_shape, shape_union
@@ -37,6 +37,8 @@ class ElementwiseOperation(Operation):
       (None for an input without one); mtf.gradients then builds only the
       gradients it needs (none for a constant operand, say).
   """
+
+  local_kernel = "elementwise"  # the kind of local work the cost model prices
 
   def __init__(self, tf_fn: Callable, inputs: Sequence[Tensor], output_shape=None,
                output_dtype=None, grad_fn=None, name=None, zero_gradient=False,
@@ -395,15 +397,27 @@ logical_xor = _binary(tf.math.logical_xor, "logical_xor", output_dtype=tf.bool)
 class _LazyAwareAdd(ElementwiseOperation):
   """add/sub that keeps two pending allreduces (same mesh axes) pending."""
 
+  def plan(self, mesh):
+    """Two pending sums over the same mesh axes (no broadcasting): their
+    summands are added locally and the result stays pending. Otherwise no
+    plan: an elementwise kernel on the completed inputs."""
+    (a, b), out = self._inputs, self.outputs[0]
+    pending = mesh.partial_sum_axes_of(a)
+    if not plans.adds_pending_sums(pending, mesh.partial_sum_axes_of(b), a.shape, b.shape,
+                                   out.shape):
+      return None
+    layout = plans.stay(mesh.layout_of(out.shape))
+    return plans.LocalPlan(
+        (plans.Operand(0, layout, plans.TAKES_PARTIAL),
+         plans.Operand(1, layout, plans.TAKES_PARTIAL)),
+        (plans.Result(out.shape, out.dtype.size, layout, tuple(sorted(pending))),))
+
   def lower(self, lowering):
-    a, b = (lowering.tensors.get(t) for t in self._inputs)
-    if plans.adds_pending_sums(
-        a.mesh_axes if isinstance(a, LazyAllreduceSum) else None,
-        b.mesh_axes if isinstance(b, LazyAllreduceSum) else None,
-        self._inputs[0].shape, self._inputs[1].shape, self.outputs[0].shape):
-      lowering.set_tensor_lowering(self.outputs[0], a.combine(b, self._tf_fn))
+    plan = self.plan(lowering.plan_mesh(self))
+    if plan is None:
+      super().lower(lowering)
       return
-    super().lower(lowering)
+    lowering.lower_with_plan(self, plan, self._tf_fn)
 
 
 def add(x, y, output_shape=None, name=None) -> Tensor:

@@ -11,14 +11,13 @@ import tensorflow as tf
 
 from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.core.graph import Operation, Tensor
-from mesh_tensorflow.lowering.mesh_impl import (LazyAllreduceSum, LaidOutTensor, expand_to_shape,
+from mesh_tensorflow.lowering.mesh_impl import (LaidOutTensor, expand_to_shape,
                                       int_constant, once_per_graph, shared_constant)
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops.constant_ops import constant
 from mesh_tensorflow.ops.einsum_ops import einsum
 from mesh_tensorflow.ops.random_ops import random_uniform
 from mesh_tensorflow.ops.reduction import _dim_of, pool_tensor_1d, reduce_max
-from mesh_tensorflow.ops.shape_ops import lower_with_unsplit
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
 
@@ -159,13 +158,17 @@ class GatherOperation(Operation):
     return [scatter_add_grad(grad_ys[0], self.inputs[1], self.inputs[0].shape, self._dim),
             None]
 
+  def plan(self, mesh):
+    weights, indices = self.inputs
+    return plans.plan_gather(weights, indices, self.outputs[0], self._dim, mesh.layout_of,
+                             mesh.sizes)
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     weights, indices = self.inputs
     out = self.outputs[0]
     dim = self._dim
-    plan = plans.plan_gather(weights, indices, out, dim, impl.tensor_layout,
-                             impl.shape.to_integer_list())
+    plan = self.plan(lowering.plan_mesh(self))
     w_laid = impl.execute(lowering.laid_out(weights), plan.table_move)
     mesh_axis = plan.masked_axis
     axis = weights.shape.index_of(dim.name)
@@ -190,7 +193,7 @@ class GatherOperation(Operation):
                else 0)
     result = impl.slicewise(fn, w_laid, lowering.laid_out(indices), offsets)
     if mesh_axis is not None:
-      result = LazyAllreduceSum(impl, result, [mesh_axis])
+      result = impl.partial_sum(result, [mesh_axis])
     lowering.set_tensor_lowering(out, result)
 
 
@@ -240,12 +243,16 @@ class ScatterAddGradOperation(Operation):
     return [gather(grad_ys[0], self.inputs[1], self._dim, output_shape=self.inputs[0].shape),
             None]
 
+  def plan(self, mesh):
+    return plans.plan_scatter_add(self.outputs[0].shape, self.inputs[1].shape, self._dim,
+                                  mesh.layout_of)
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     g, indices = self.inputs
     out = self.outputs[0]
     dim = self._dim
-    plan = plans.plan_scatter_add(out.shape, indices.shape, dim, impl.tensor_layout)
+    plan = self.plan(lowering.plan_mesh(self))
     mesh_axis = impl.tensor_dimension_to_mesh_axis(dim)
     g_laid = lowering.laid_out(g)
     local_size = dim.size if not plan.uses_offsets else dim.size // impl.mesh_axis_size(mesh_axis)
@@ -274,7 +281,7 @@ class ScatterAddGradOperation(Operation):
     result = impl.execute(result, plan.after)
     if plan.pending_sum_axes:
       # Index dims that are split were summed locally: allreduce over their axes.
-      result = LazyAllreduceSum(impl, result, list(plan.pending_sum_axes))
+      result = impl.partial_sum(result, plan.pending_sum_axes)
     lowering.set_tensor_lowering(out, result)
 
 
@@ -339,9 +346,12 @@ class CumsumOperation(Operation):
     return [CumsumOperation(grad_ys[0], self._dim, self._exclusive,
                             not self._reverse).outputs[0]]
 
+  def plan(self, mesh):
+    return plans.plan_unsplit(self, mesh.layout_of, [self._dim.name])
+
   def lower(self, lowering):
     axis = self.inputs[0].shape.index_of(self._dim.name)
-    lower_with_unsplit(lowering, self, [self._dim.name], lambda t: tf.cumsum(
+    lowering.lower_with_plan(self, self.plan(lowering.plan_mesh(self)), lambda t: tf.cumsum(
         t, axis=axis, exclusive=self._exclusive, reverse=self._reverse))
 
 
@@ -371,6 +381,9 @@ class TopKOperation(Operation):
     onehot = one_hot(self.outputs[1], self._reduced_dim, dtype=g.dtype)
     return [einsum([onehot, g], output_shape=self.inputs[0].shape)]
 
+  def plan(self, mesh):
+    return plans.plan_unsplit(self, mesh.layout_of, [self._reduced_dim.name, self._k_dim.name])
+
   def lower(self, lowering):
     x = self.inputs[0]
     axis = x.shape.index_of(self._reduced_dim.name)
@@ -382,7 +395,7 @@ class TopKOperation(Operation):
       if axis != rank - 1:
         t = tf.transpose(t, perm)  # tf.math.top_k works on the last axis
       return tuple(tf.math.top_k(t, k=k))
-    lower_with_unsplit(lowering, self, [self._reduced_dim.name, self._k_dim.name], fn)
+    lowering.lower_with_plan(self, self.plan(lowering.plan_mesh(self)), fn)
 
 
 builtin_range = __builtins__["range"] if isinstance(__builtins__, dict) else __builtins__.range
@@ -417,11 +430,14 @@ class ArgmaxOperation(Operation):
     self._dim = reduced_dim
     self._outputs = [Tensor(self, x.shape - [self._dim], dtype)]
 
+  def plan(self, mesh):
+    return plans.plan_unsplit(self, mesh.layout_of, [self._dim.name])
+
   def lower(self, lowering):
     axis = self.inputs[0].shape.index_of(self._dim.name)
     dtype = self.outputs[0].dtype
-    lower_with_unsplit(lowering, self, [self._dim.name],
-                       lambda t: tf.argmax(t, axis=axis, output_type=dtype))
+    lowering.lower_with_plan(self, self.plan(lowering.plan_mesh(self)),
+                             lambda t: tf.argmax(t, axis=axis, output_type=dtype))
 
 
 def argmax(x: Tensor, reduced_dim, name=None, dtype=tf.int32) -> Tensor:

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering import plans
-from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum, expand_to_shape, int_constant
+from mesh_tensorflow.lowering.mesh_impl import expand_to_shape, int_constant, partial_sum_axes
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops._common import num_elements
 from mesh_tensorflow.ops.control import stop_gradient
@@ -56,6 +56,11 @@ class ReduceOperation(Operation):
     mask = ew.cast(ew.equal(x, broadcast(y, x.shape)), g.dtype)
     return [g * mask]
 
+  def plan(self, mesh):
+    x, out = self.inputs[0], self.outputs[0]
+    return plans.plan_reduce(x.shape, out.shape, self._reduction, x.dtype == tf.bool,
+                             mesh.partial_sum_axes_of(x), mesh.layout_of)
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     x, out = self.inputs[0], self.outputs[0]
@@ -72,9 +77,8 @@ class ReduceOperation(Operation):
         t2 = fn(t, axis=int_constant(axes)) if axes else t
       return expand_to_shape(t2, kept_shape, out.shape)
     value = lowering.tensors[x]
-    pending = isinstance(value, LazyAllreduceSum)
-    plan = plans.plan_reduce(x.shape, out.shape, self._reduction, x.dtype == tf.bool,
-                             value.mesh_axes if pending else None, impl.tensor_layout)
+    pending = partial_sum_axes(value) is not None
+    plan = self.plan(lowering.plan_mesh(self))
     if plan.folds_pending:
       value.derived()
       partial = impl.slicewise(local, value.laid_out_input)
@@ -83,7 +87,7 @@ class ReduceOperation(Operation):
     lowering.add_flops(num_elements(lowering.laid_out(x).tensor_list[0])
                        if not pending else 0)
     if plan.pending:
-      result = LazyAllreduceSum(impl, partial, list(plan.mesh_axes))
+      result = impl.partial_sum(partial, plan.mesh_axes)
     elif plan.allreduce is not None:
       result = impl.execute(partial, plan.allreduce)
     else:
@@ -231,11 +235,17 @@ class SoftmaxOperation(Operation):
       return [y * (dy - reduce_sum(dy * y, reduced_dim=self._dim))]
     return [SoftmaxGradOperation(y, dy, self._dim, self._log).outputs[0]]
 
+  def plan(self, mesh):
+    return plans.StatisticsPlan(
+        self._dim, plans.plan_statistics(self.inputs[0].shape, self._dim, mesh.layout_of,
+                                         ("MAX", "SUM")),
+        "log_softmax" if self._log else "softmax")
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     x = self.inputs[0]
     axis = x.shape.index_of(self._dim)
-    statistics = plans.plan_statistics(x.shape, self._dim, impl.tensor_layout, ("MAX", "SUM"))
+    statistics = self.plan(lowering.plan_mesh(self)).steps
     laid = lowering.laid_out(x)
     if not statistics:
       fn = tf.nn.log_softmax if self._log else _softmax_any_rank
@@ -292,11 +302,17 @@ class SoftmaxGradOperation(Operation):
     return [g * (dy - reduce_sum(y * dy, reduced_dim=self._dim)) - dy * g_dot_y,
             SoftmaxGradOperation(y, g, self._dim, False).outputs[0]]
 
+  def plan(self, mesh):
+    return plans.StatisticsPlan(
+        self._dim, plans.plan_statistics(self.inputs[0].shape, self._dim, mesh.layout_of,
+                                         ("SUM",)),
+        "log_softmax_grad" if self._log else "softmax_grad")
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     y, dy = self.inputs
     axis = y.shape.index_of(self._dim)
-    statistics = plans.plan_statistics(y.shape, self._dim, impl.tensor_layout, ("SUM",))
+    statistics = self.plan(lowering.plan_mesh(self)).steps
     ly, ldy = lowering.laid_out(y), lowering.laid_out(dy)
     axis = int_constant(axis)  # one shared constant, not one per processor
     if self._log:

@@ -25,18 +25,8 @@ from typing import Optional, Sequence, Union
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
-from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum
+from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.core.shapes import Shape
-
-
-def _pending_sum(lowering, x: Tensor):
-  """The LazyAllreduceSum that `x` was lowered to, or None: the live entry,
-  or the one the Lowering remembered when a consumer completed it."""
-  value = lowering.tensors.get(x)
-  if isinstance(value, LazyAllreduceSum):
-    return value
-  value = getattr(lowering, "completed_sums", {}).get(x)
-  return value if isinstance(value, LazyAllreduceSum) else None
 
 
 class ReplicaSquaredNorm(Operation):
@@ -51,45 +41,65 @@ class ReplicaSquaredNorm(Operation):
     self.mesh_dim = mesh_dim
     self._outputs = [Tensor(self, Shape([]), tf.float32)]
 
-  def _partial(self, lowering, impl, grad: Tensor, axis: int):
-    """Replica `axis`'s part of `grad` on each processor."""
-    if impl.mesh_axis_size(axis) == 1:
-      return lowering.laid_out(grad)
-    pending = _pending_sum(lowering, grad)
-    if pending is None or axis not in pending.mesh_axes:
+  def plan(self, mesh):
+    """Per gradient, replica `mesh_dim`'s part (the summands of its pending
+    sum, allreduced over the sum's other mesh axes); one kernel makes the
+    local square-sums, added per set of mesh axes to sum them over (the
+    replica axis and the axes splitting the gradient), and each set's
+    scalar is allreduced: usually one or two for a whole model."""
+    axis = self._mesh_axis(mesh)
+    operands = []
+    for i, grad in enumerate(self.inputs):
+      layout = tuple(mesh.layout_of(grad.shape))
+      if mesh.sizes[axis] == 1:
+        operands.append(plans.Operand(i, plans.stay(layout)))
+      else:
+        pending = mesh.summands_axes_of(grad)
+        if pending is None or axis not in pending:
+          raise ValueError(
+              f"replica_squared_norm: {grad.name} {grad.shape} is not a pending sum over "
+              f"mesh dimension {self.mesh_dim!r} (the data-parallel allreduce of a "
+              "gradient), so its per-replica parts are unknown. Pass a gradient "
+              "straight from mtf.gradients on a layout that splits the batch over "
+              f"{self.mesh_dim!r}, or (AdaScale) use samples='microbatches'.")
+        others = tuple(a for a in pending if a != axis)
+        move = plans.stay(layout)
+        if others:  # e.g. a batch split over two mesh dimensions
+          move = move.then(plans.AllReduce(others))
+        operands.append(plans.Operand(i, move, partial=plans.READS_PARTIAL))
+    results = tuple(plans.Result(Shape([]), 4, plans.stay(()).then(plans.AllReduce(axes)))
+                    for axes in self._groups(mesh))
+    return plans.LocalPlan(tuple(operands), results, combined=True)
+
+  def _mesh_axis(self, mesh) -> int:
+    names = list(mesh.names)
+    if self.mesh_dim not in names:
+      mesh_string = ";".join(f"{n}:{s}" for n, s in zip(names, mesh.sizes))
       raise ValueError(
-          f"replica_squared_norm: {grad.name} {grad.shape} is not a pending sum over "
-          f"mesh dimension {self.mesh_dim!r} (the data-parallel allreduce of a "
-          "gradient), so its per-replica parts are unknown. Pass a gradient "
-          "straight from mtf.gradients on a layout that splits the batch over "
-          f"{self.mesh_dim!r}, or (AdaScale) use samples='microbatches'.")
-    others = [a for a in pending.mesh_axes if a != axis]
-    if others:  # e.g. a batch split over two mesh dimensions
-      return impl.allreduce(pending.laid_out_input, others, "SUM")
-    return pending.laid_out_input
+          f"replica_squared_norm: mesh dimension {self.mesh_dim!r} is not in the mesh "
+          f"'{mesh_string}'; pass one of {names}.")
+    return names.index(self.mesh_dim)
+
+  def _groups(self, mesh):
+    """Input numbers per set of mesh axes their square-sums are summed over."""
+    axis = self._mesh_axis(mesh)
+    groups = {}
+    for i, grad in enumerate(self.inputs):
+      axes = tuple(sorted({a for a in mesh.layout_of(grad.shape) if a is not None} | {axis}))
+      groups.setdefault(axes, []).append(i)
+    return groups
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
-    names = impl.shape.dimension_names
-    if self.mesh_dim not in names:
-      raise ValueError(
-          f"replica_squared_norm: mesh dimension {self.mesh_dim!r} is not in the mesh "
-          f"'{impl.shape.to_string()}'; pass one of {names}.")
-    axis = names.index(self.mesh_dim)
-    replicas = impl.mesh_axis_size(axis)
-    # Local square-sums, added locally per set of mesh axes to sum them over
-    # (the replica axis and the axes splitting the gradient): one scalar
-    # allreduce per set, usually one or two for a whole model.
-    groups = {}
-    for grad in self.inputs:
-      local = impl.slicewise(lambda t: tf.reduce_sum(tf.square(tf.cast(t, tf.float32))),
-                             self._partial(lowering, impl, grad, axis))
-      axes = tuple(sorted({a for a in impl.tensor_layout(grad.shape) if a is not None}
-                          | {axis}))
-      groups.setdefault(axes, []).append(local)
-    totals = [impl.allreduce(impl.slicewise(lambda *ts: tf.add_n(list(ts)), *locals_), axes,
-                             "SUM")
-              for axes, locals_ in groups.items()]
+    mesh = lowering.plan_mesh(self)
+    plan = self.plan(mesh)
+    members = list(self._groups(mesh).values())
+
+    def square_sums(*parts):
+      sq = [tf.reduce_sum(tf.square(tf.cast(t, tf.float32))) for t in parts]
+      return tuple(tf.add_n([sq[i] for i in m]) for m in members)
+    totals = lowering.lower_with_plan(self, plan, square_sums)
+    replicas = mesh.sizes[self._mesh_axis(mesh)]
     # mean_r |R p_r|^2 = R * sum_r |p_r|^2
     result = impl.slicewise(lambda *ts: tf.add_n(list(ts)) * float(replicas), *totals)
     lowering.set_tensor_lowering(self.outputs[0], result)

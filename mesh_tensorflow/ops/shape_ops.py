@@ -21,25 +21,15 @@ from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, 
 
 
 def lower_with_unsplit(lowering, op, unsplit_names, fn, partial_sum_axes=None):
-  """Lowers `op` by computing fn on slices in which `unsplit_names` are whole.
-
-  Inputs are gathered along those dimensions, fn(*slices) is applied on every
-  processor, and the outputs (whole along `unsplit_names`, split elsewhere as
-  the layout says) are then split into their own layouts without
-  communication. `partial_sum_axes`, one list per output, names mesh axes over
-  which an output is only a partial sum: it is summed over them first.
+  """Lowers `op` by computing fn on slices in which `unsplit_names` are whole:
+  runs plans.plan_unsplit (inputs gathered along those dimensions, fn on
+  every processor, each output summed over its `partial_sum_axes` if given,
+  one list per output, then split into its own layout locally). Operations
+  that lower this way state the same plan in their `plan` method.
   """
   impl = lowering.mesh_impl(op)
-  unsplit = set(unsplit_names)
-  inputs = [impl.gather_dims(lowering.laid_out(t), t.shape, unsplit) for t in op.inputs]
-  result = impl.slicewise(fn, *inputs)
-  results = result if isinstance(result, tuple) else (result,)
-  for i, (out, laid) in enumerate(zip(op.outputs, results)):
-    if partial_sum_axes and partial_sum_axes[i]:
-      laid = impl.allreduce(laid, sorted(partial_sum_axes[i]), "SUM")
-    layout = impl.tensor_layout(out.shape)
-    current = [None if d.name in unsplit else a for d, a in zip(out.shape.dims, layout)]
-    lowering.set_tensor_lowering(out, impl.relayout(laid, out.shape, current, layout))
+  lowering.lower_with_plan(
+      op, plans.plan_unsplit(op, impl.tensor_layout, unsplit_names, partial_sum_axes), fn)
 
 
 class ReshapeOperation(Operation):
@@ -60,12 +50,15 @@ class ReshapeOperation(Operation):
   def gradient(self, grad_ys):
     return [reshape(grad_ys[0], self.inputs[0].shape)]
 
+  def plan(self, mesh):
+    return plans.plan_reshape(self.inputs[0].shape, self.outputs[0].shape, mesh.layout_of,
+                              mesh.sizes)
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     x = self.inputs[0]
     out = self.outputs[0]
-    plan = plans.plan_reshape(x.shape, out.shape, impl.tensor_layout,
-                              impl.shape.to_integer_list())
+    plan = self.plan(lowering.plan_mesh(self))
     laid = impl.execute(lowering.laid_out(x), plan.before)
     local_shape = [d.size // impl.mesh_axis_size(a) if a is not None else d.size
                    for d, a in zip(out.shape.dims, plan.kept)]
@@ -88,6 +81,8 @@ def reshape(x: Tensor, new_shape, name=None) -> Tensor:
 
 class TransposeOperation(Operation):
   """Reorders dimensions (same names); always local."""
+
+  local_kernel = "copy"  # the kind of local work the cost model prices
 
   has_gradient = True
 
@@ -166,6 +161,8 @@ def _as_dim_list(x):
 
 class BroadcastOperation(Operation):
   """Broadcasts x to a shape containing all its dims (local)."""
+
+  local_kernel = "copy"  # the kind of local work the cost model prices
 
   has_gradient = True
 

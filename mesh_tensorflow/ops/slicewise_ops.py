@@ -22,8 +22,8 @@ from typing import Callable, List, Optional, Sequence
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
-from mesh_tensorflow.ops.shape_ops import lower_with_unsplit
-from mesh_tensorflow.core.shapes import convert_to_dimension, convert_to_shape
+from mesh_tensorflow.lowering import plans
+from mesh_tensorflow.core.shapes import Shape, convert_to_dimension, convert_to_shape
 
 
 def _names(tensors) -> List[str]:
@@ -76,10 +76,14 @@ class SlicewiseOperation(Operation):
       return self._grad_function(self, *grad_ys)
     return GenericGradOperation(self, grad_ys).outputs
 
+  def plan(self, mesh):
+    return plans.plan_unsplit(self, mesh.layout_of, self._unsplittable_dims)
+
   def lower(self, lowering):
     tf_fn = self._tf_fn
-    lower_with_unsplit(lowering, self, self._unsplittable_dims,
-                       lambda *slices: _as_outputs(tf_fn(*slices), len(self._outputs)))
+    lowering.lower_with_plan(
+        self, self.plan(lowering.plan_mesh(self)),
+        lambda *slices: _as_outputs(tf_fn(*slices), len(self._outputs)))
 
 
 class GenericGradOperation(Operation):
@@ -102,6 +106,19 @@ class GenericGradOperation(Operation):
     # forward op needs whole are gathered here too, whatever is reported.
     self._gathered_dims = forward_op.unsplittable_dims
 
+  def plan(self, mesh):
+    # An input without a split dimension of the outputs saw only this
+    # processor's part of them: its gradient is a partial sum over that axis.
+    fwd = self._forward_op
+    unsplit = self._gathered_dims
+    out_names = set(_names(fwd.outputs))
+    partial = []
+    for x in fwd.inputs:
+      axes = {mesh.layout_of(Shape([_dim(fwd, name)]))[0]
+              for name in out_names - set(x.shape.dimension_names) - unsplit}
+      partial.append(axes - {None})
+    return plans.plan_unsplit(self, mesh.layout_of, unsplit, partial_sum_axes=partial)
+
   def lower(self, lowering):
     fwd = self._forward_op
     n_in, n_out = len(fwd.inputs), len(fwd.outputs)
@@ -120,17 +137,7 @@ class GenericGradOperation(Operation):
                           unconnected_gradients=tf.UnconnectedGradients.ZERO)
       return tuple(tf.cast(dx, x.dtype) for dx, x in zip(dxs, xs))
 
-    # An input without a split dimension of the outputs saw only this
-    # processor's part of them: its gradient is a partial sum over that axis.
-    impl = lowering.mesh_impl(self)
-    unsplit = self._gathered_dims
-    out_names = set(_names(fwd.outputs))
-    partial = []
-    for x in fwd.inputs:
-      axes = {impl.tensor_dimension_to_mesh_axis(_dim(fwd, name))
-              for name in out_names - set(x.shape.dimension_names) - unsplit}
-      partial.append(axes - {None})
-    lower_with_unsplit(lowering, self, unsplit, grad_fn, partial_sum_axes=partial)
+    lowering.lower_with_plan(self, self.plan(lowering.plan_mesh(self)), grad_fn)
 
 
 def _dim(op: Operation, name: str):

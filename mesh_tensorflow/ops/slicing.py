@@ -16,11 +16,12 @@ import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering.mesh_impl import int_constant
+from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops.constant_ops import zeros
 from mesh_tensorflow.ops.einsum_ops import einsum
 from mesh_tensorflow.ops.indexing import mtf_range, one_hot
-from mesh_tensorflow.ops.shape_ops import lower_with_unsplit, rename_dimension
+from mesh_tensorflow.ops.shape_ops import rename_dimension
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension
 
 
@@ -50,6 +51,9 @@ class SliceOperation(Operation):
     return [pad(grad_ys[0], [self._begin, self._dim.size - self._begin - size],
                 self._dim.name)]
 
+  def plan(self, mesh):
+    return plans.plan_unsplit(self, mesh.layout_of, [self._dim.name])
+
   def lower(self, lowering):
     axis = self.inputs[0].shape.index_of(self._dim.name)
     size = self.outputs[0].shape.dims[axis].size
@@ -60,7 +64,7 @@ class SliceOperation(Operation):
       s = [-1] * t.shape.rank
       b[axis], s[axis] = begin, size
       return tf.slice(t, int_constant(b), int_constant(s))
-    lower_with_unsplit(lowering, self, [self._dim.name], fn)
+    lowering.lower_with_plan(self, self.plan(lowering.plan_mesh(self)), fn)
 
 
 def slice(x: Tensor, begin: int, size: int, slice_dim_name: str, name=None) -> Tensor:  # pylint: disable=redefined-builtin
@@ -88,6 +92,9 @@ class PadOperation(Operation):
   def gradient(self, grad_ys):
     return [slice(grad_ys[0], self._paddings[0], self._dim.size, self._dim.name)]
 
+  def plan(self, mesh):
+    return plans.plan_unsplit(self, mesh.layout_of, [self._dim.name])
+
   def lower(self, lowering):
     axis = self.inputs[0].shape.index_of(self._dim.name)
     pads = self._paddings
@@ -96,7 +103,7 @@ class PadOperation(Operation):
       p = [[0, 0]] * t.shape.rank
       p[axis] = list(pads)
       return tf.pad(t, p)
-    lower_with_unsplit(lowering, self, [self._dim.name], fn)
+    lowering.lower_with_plan(self, self.plan(lowering.plan_mesh(self)), fn)
 
 
 def pad(x: Tensor, paddings, dim_name: str, name=None) -> Tensor:
@@ -136,10 +143,13 @@ class ConcatOperation(Operation):
       begin += s
     return out
 
+  def plan(self, mesh):
+    return plans.plan_unsplit(self, mesh.layout_of, [self._dim_name])
+
   def lower(self, lowering):
     axis = self.inputs[0].shape.index_of(self._dim_name)
-    lower_with_unsplit(lowering, self, [self._dim_name],
-                       lambda *ts: tf.concat(list(ts), axis=axis))
+    lowering.lower_with_plan(self, self.plan(lowering.plan_mesh(self)),
+                             lambda *ts: tf.concat(list(ts), axis=axis))
 
 
 def concat(xs: Sequence[Tensor], concat_dim_name: str, name=None) -> Tensor:
@@ -192,10 +202,13 @@ class StackOperation(Operation):
   def gradient(self, grad_ys):
     return unstack(grad_ys[0], self.outputs[0].shape.get_dim_by_name(self._dim_name))
 
+  def plan(self, mesh):
+    return plans.plan_unsplit(self, mesh.layout_of, [self._dim_name])
+
   def lower(self, lowering):
     axis = self._axis
-    lower_with_unsplit(lowering, self, [self._dim_name],
-                       lambda *ts: tf.stack(list(ts), axis=axis))
+    lowering.lower_with_plan(self, self.plan(lowering.plan_mesh(self)),
+                             lambda *ts: tf.stack(list(ts), axis=axis))
 
 
 def stack(xs: Sequence[Tensor], dim_name: str, axis: int = 0, name=None) -> Tensor:
@@ -221,10 +234,13 @@ class UnstackOperation(Operation):
           for g in grad_ys]
     return [stack(gs, self._dim.name, self.inputs[0].shape.index_of(self._dim.name))]
 
+  def plan(self, mesh):
+    return plans.plan_unsplit(self, mesh.layout_of, [self._dim.name])
+
   def lower(self, lowering):
     axis = self.inputs[0].shape.index_of(self._dim.name)
-    lower_with_unsplit(lowering, self, [self._dim.name],
-                       lambda t: tuple(tf.unstack(t, axis=axis)))
+    lowering.lower_with_plan(self, self.plan(lowering.plan_mesh(self)),
+                             lambda t: tuple(tf.unstack(t, axis=axis)))
 
 
 def unstack(x: Tensor, dim, name=None) -> List[Tensor]:
@@ -246,33 +262,29 @@ class ShiftOperation(Operation):
   def gradient(self, grad_ys):
     return [shift(grad_ys[0], -self._offset, self._dim, self._wrap)]
 
+  wrap = property(lambda self: self._wrap)
+
+  def plan(self, mesh):
+    return plans.plan_shift(self, self._dim, self._offset, mesh.layout_of, mesh.sizes)
+
   def lower(self, lowering):
-    impl = lowering.mesh_impl(self)
     x = self.inputs[0]
     axis = x.shape.index_of(self._dim.name)
-    mesh_axis = impl.tensor_dimension_to_mesh_axis(self._dim)
     offset, wrap = self._offset, self._wrap
-    n = 1 if mesh_axis is None else impl.mesh_axis_size(mesh_axis)
-    local = self._dim.size // n
-    if offset == 0:
-      lowering.set_tensor_lowering(self.outputs[0], lowering.laid_out(x))
+    plan = self.plan(lowering.plan_mesh(self))
+    if len(plan.operands) == 1:  # no offset, or the dimension gathered
+      lowering.lower_with_plan(self, plan, lambda t: _local_shift(t, offset, axis, wrap))
       return
-    if n == 1 or abs(offset) > local:
-      lower_with_unsplit(lowering, self, [self._dim.name],
-                         lambda t: _local_shift(t, offset, axis, wrap))
-      return
-    # Exchange only the boundary: each processor receives its neighbour's slice.
-    src = [(c - 1 if offset > 0 else c + 1) for c in range(n)]
-    src = [s % n if wrap else (s if 0 <= s < n else None) for s in src]
-    laid = lowering.laid_out(x)
-    received = impl.receive(laid, mesh_axis, src)
+    # Only the boundary moves: each processor combines its slice with the
+    # one its neighbour sent.
+    local = lowering.mesh_impl(self).slice_shape(x.shape)[axis]
     k = abs(offset)
 
     def combine(mine, theirs):
       if offset > 0:
         return tf.concat([_take(theirs, axis, local - k, k), _take(mine, axis, 0, local - k)], axis)
       return tf.concat([_take(mine, axis, k, local - k), _take(theirs, axis, 0, k)], axis)
-    lowering.set_tensor_lowering(self.outputs[0], impl.slicewise(combine, laid, received))
+    lowering.lower_with_plan(self, plan, combine)
 
 
 def _take(t, axis, begin, size):

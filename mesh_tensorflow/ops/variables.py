@@ -58,6 +58,8 @@ class GlorotUniform:
 class Variable(Operation):
   """An mtf variable; `outputs[0]` (also `.value`) is its current value."""
 
+  local_kernel = "variable"  # the kind of local work the cost model prices
+
   is_variable = True
 
   def __init__(self, mesh: Mesh, name: str, shape, dtype: VariableDType, initializer,
@@ -242,6 +244,8 @@ def _as_variable(var) -> Variable:
 
 class Assign(Operation):
   """Assigns (or adds, subtracts) new values to variables; no outputs."""
+
+  local_kernel = "assign"  # the kind of local work the cost model prices
 
   def __init__(self, variables, new_values, assign_fn=None, name=None):
     variables = [_as_variable(v) for v in variables]

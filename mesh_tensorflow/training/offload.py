@@ -134,7 +134,7 @@ def host_mesh_impl(mesh_impl, host_device_fn: Optional[Callable[[str], str]] = N
     # shares replicas; otherwise each processor keeps its own copy.
     cache[key] = PlacementMeshImpl(mesh_impl.shape, mesh_impl.layout_rules, devices,
                                    collectives="direct",
-                                   share_replicas=getattr(mesh_impl, "shares_replicas", False))
+                                   share_replicas=mesh_impl.shares_replicas)
   host = cache[key]
   host.__dict__["_variable_stores"] = mesh_impl.__dict__.setdefault("_variable_stores", {})
   host.__dict__[_PENDING_KEY] = mesh_impl.__dict__.get(_PENDING_KEY)

@@ -43,7 +43,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Graph, Operation, Tensor
 from mesh_tensorflow.core.layout import LayoutRules
-from mesh_tensorflow.lowering.mesh_impl import LazyAllreduceSum
+from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.core.shapes import Dimension, Shape
 
 ZERO_DIM_PREFIX = "zero_"
@@ -257,29 +257,13 @@ class ZeroRelayout(Operation):
   def gradient(self, grad_ys):
     return [relayout(grad_ys[0], self.inputs[0].shape)]
 
+  def plan(self, mesh):
+    x = self.inputs[0]
+    return plans.plan_sum_relayout(x, self.outputs[0], mesh.layout_of,
+                                   mesh.partial_sum_axes_of(x), self._reduce_scatter)
+
   def lower(self, lowering):
-    impl = lowering.mesh_impl(self)
-    x, out = self.inputs[0], self.outputs[0]
-    in_layout = list(impl.tensor_layout(x.shape))
-    out_layout = impl.tensor_layout(out.shape)
-    value = lowering.tensors.get(x)
-    if self._reduce_scatter and isinstance(value, LazyAllreduceSum):
-      scatter = [(m, t) for t, m in enumerate(out_layout)
-                 if m is not None and m in value.mesh_axes and in_layout[t] is None]
-      if scatter:
-        value.derived()
-        laid = value.laid_out_input
-        rest = [a for a in value.mesh_axes if a not in {m for m, _ in scatter}]
-        if rest:
-          laid = impl.allreduce(laid, rest, "SUM")
-        for m, t in scatter:
-          laid = impl.reduce_scatter(laid, m, t)
-          in_layout[t] = m
-        lowering.set_tensor_lowering(out, impl.relayout(laid, out.shape, in_layout,
-                                                        out_layout))
-        return
-    laid = lowering.laid_out(x)
-    lowering.set_tensor_lowering(out, impl.relayout(laid, out.shape, in_layout, out_layout))
+    lowering.lower_with_plan(self, self.plan(lowering.plan_mesh(self)))
 
 
 def relayout(x: Tensor, new_shape: Shape, reduce_scatter: bool = True) -> Tensor:

@@ -333,3 +333,101 @@ def test_calibrate_measures_positive_parameters(capsys, tmp_path):
   out = tmp_path / "params.json"
   assert cost_model.main(["--calibrate", f"--output={out}"]) == 0
   assert cost_model.DeviceParams.from_json(str(out)).name == "calibrated"
+
+
+def _conv_step(mesh):
+  """conv2d on [batch, h, w, c] with the filter's c split or not, a
+  max-pool, and a halo-exchanged conv over blocks of h."""
+  b, h, w, c, d = (mtf.Dimension(n, s) for n, s in
+                   (("batch", 8), ("h", 8), ("w", 4), ("c", 4), ("d", 4)))
+  x = mtf.import_tf_tensor(mesh, RNG.normal(size=(8, 8, 4, 4)).astype(np.float32), [b, h, w, c])
+  f = mtf.get_variable(mesh, "f", [mtf.Dimension("kh", 3), mtf.Dimension("kw", 3), c, d])
+  y = mtf.max_pool2d(mtf.conv2d(x, f), (2, 2))
+  blocks, block = mtf.Dimension("hb", 4), mtf.Dimension("hh", 2)
+  xb = mtf.reshape(x, [b, blocks, block, w, c])
+  yb = mtf.conv2d_with_blocks(xb, f, (1, 1), "SAME", blocks, None)
+  loss = mtf.reduce_sum(mtf.square(y)) + mtf.reduce_sum(mtf.square(yb))
+  grads = mtf.gradients([loss], [f.outputs[0] if hasattr(f, "outputs") else f])
+  return loss, mtf.optimize.SgdOptimizer(0.1).apply_grads(
+      grads, mesh.graph.trainable_variables)
+
+
+def _slicing_step(mesh):
+  """shift (boundary permute and gathered), slice, pad, concat, cumsum and
+  top_k along a split dimension."""
+  b, n = mtf.Dimension("batch", 4), mtf.Dimension("length", 16)
+  x = mtf.import_tf_tensor(mesh, RNG.normal(size=(4, 16)).astype(np.float32), [b, n])
+  w = mtf.get_variable(mesh, "w", [n])
+  x = x * w
+  parts = [mtf.shift(x, 1, n, wrap=False), mtf.shift(x, -1, n, wrap=True),
+           mtf.shift(x, 5, n, wrap=False), mtf.shift(x, 0, n, wrap=False),
+           mtf.pad(mtf.slice(x, 4, 8, "length"), [4, 4], "length"),
+           mtf.cumsum(x, n)]
+  y = parts[0]
+  for p in parts[1:]:
+    y = y + p
+  both = mtf.concat([y, x], "length")
+  values, _ = mtf.top_k(x, n, k=2)
+  loss = mtf.reduce_sum(mtf.square(both)) + mtf.reduce_sum(values)
+  grads = mtf.gradients([loss], [v.outputs[0] for v in mesh.graph.trainable_variables])
+  return loss, mtf.optimize.SgdOptimizer(0.1).apply_grads(
+      grads, mesh.graph.trainable_variables)
+
+
+def _replica_stats_step(mesh):
+  """The per-replica squared norm of an MLP's pending gradients."""
+  loss, _ = mlp_step(mesh)
+  variables = mesh.graph.trainable_variables
+  grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+  sq = mtf.replica_stats.replica_squared_norm(grads, "rows")
+  return loss + sq, mtf.optimize.SgdOptimizer(0.1).apply_grads(grads, variables)
+
+
+def _zero_step(mesh):
+  """Gradients reduce-scattered into a layout split over rows (ZeRO stage
+  2), and all-gathered back."""
+  loss, _ = mlp_step(mesh)
+  variables = mesh.graph.trainable_variables
+  grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+  updates = []
+  for v, g in zip(variables, grads):
+    first = v.outputs[0].shape.dims[0]
+    sharded = mtf.Shape([mtf.Dimension("zero_rows", first.size)] + v.outputs[0].shape.dims[1:])
+    back = mtf.zero.relayout(mtf.zero.relayout(g, sharded) * 0.1, v.outputs[0].shape)
+    updates.append(mtf.assign_sub(v, back))
+  return loss, updates
+
+
+@pytest.mark.parametrize("step_fn,mesh_shape,layout", [
+    (_conv_step, "rows:2;cols:4", "batch:rows;d:cols"),
+    (_conv_step, "rows:2;cols:4", "c:cols;hb:rows"),
+    (_slicing_step, "rows:2;cols:4", "length:cols;batch:rows"),
+    (_slicing_step, "all:8", "length:all"),
+    (_replica_stats_step, "rows:2;cols:4", "batch:rows;hidden:cols"),
+    (_replica_stats_step, "rows:4;cols:2", "batch:rows;features:cols"),
+    (_zero_step, "rows:2;cols:4", "batch:rows;zero_rows:rows;hidden:cols"),
+])
+def test_plans_of_conv_slicing_replica_stats_and_zero_match_the_lowering(step_fn, mesh_shape,
+                                                                         layout):
+  """Convolutions and halo exchange, shifts and slicing, replica statistics
+  and ZeRO's reduce-scatters state their plans: the estimate's collectives
+  per operation (kind, mesh axes, bytes) and FLOPs equal the lowering's,
+  and no operation is priced approximately. (Replica statistics and ZeRO
+  read the gradients' pending sums, which shared memory would fuse away: one
+  copy per device there.)"""
+  shared = step_fn not in (_replica_stats_step, _zero_step)
+  graph, lowering, _ = lower(step_fn, mesh_shape, layout, share_replicas=shared)
+  est = cost_model.estimate(graph, mesh_shape, layout, params="cpu" if shared else "gpu")
+  assert not [op.name for op in est.ops if op.approximate]
+  by_op = {}
+  for r in lowering.collective_records:
+    if not r.op_name.startswith("export/"):
+      by_op.setdefault(r.op_name, []).append((r.kind, r.mesh_axes, r.bytes_per_processor))
+  got = {op.name: sorted((c.kind, c.mesh_axes, c.bytes_per_processor) for c in op.collectives)
+         for op in est.ops if op.collectives}
+  assert got == {k: sorted(v) for k, v in by_op.items()}
+  assert est.flops == sum(lowering.flops.values())
+  kinds = {r.kind for r in lowering.collective_records}
+  expected = {_conv_step: "allreduce", _slicing_step: "permute",
+              _replica_stats_step: "allreduce", _zero_step: "reduce_scatter"}[step_fn]
+  assert expected in kinds

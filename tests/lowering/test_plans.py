@@ -133,14 +133,16 @@ def test_observers_see_each_collective_once_and_not_silenced_ones():
           impl.allreduce(laid, [0], "MAX")
   assert [e.kind for e in outer] == ["allreduce", "allgather"]
   assert [e.kind for e in inner] == ["allgather"]
-  event = outer[0]
-  assert event.impl is impl and event.mesh_axes == (0,) and event.bytes_per_processor == 16
-  assert (event.group_size, event.num_groups) == (8, 1)
+  record = outer[0]
+  assert record.mesh_axes == (0,) and record.bytes_per_processor == 16
+  assert (record.group_size, record.num_groups) == (8, 1)
+  assert record == observers.collective("allreduce", [0], 16, [8])
 
 
 def test_a_lowering_counts_only_its_own_implementations():
   """Observers are per thread: a lowering in another thread, and an
-  implementation the lowering does not use, add nothing to its counters."""
+  implementation the lowering does not use (an observer subscribed for some
+  implementations only), add nothing to its counters."""
   impl = mtf_test_utils.make_impl("all:8", "batch:all")
   other = mtf_test_utils.make_impl("all:8", "batch:all")
 
@@ -154,7 +156,8 @@ def test_a_lowering_counts_only_its_own_implementations():
     graph, mesh, total = build()
     lowering = mtf.Lowering(graph, {mesh: impl})
     lowering.export_to_tf_tensor(total)
-    with observers.observe(lowering._count_collective):  # pylint: disable=protected-access
+    seen = []
+    with observers.observe(lowering._count_collective, [impl]), observers.observe(seen.append):  # pylint: disable=protected-access
       laid = other.import_tf_tensor(tf.zeros([8, 4]), mtf.convert_to_shape("batch:8;d:4"))
       other.allreduce(laid, [0], "SUM")
   counts = {}
@@ -169,6 +172,7 @@ def test_a_lowering_counts_only_its_own_implementations():
   thread.start()
   thread.join()
   assert lowering.collective_counts() == {"allreduce": (1, 4)}
+  assert [r.kind for r in seen] == ["allreduce"]
   assert counts["elsewhere"] == {"allreduce": (1, 4)}
 
 
@@ -207,3 +211,55 @@ def test_execute_runs_an_allreduce_step_as_the_implementations_allreduce():
   assert [(e.kind, e.mesh_axes, e.bytes_per_processor) for e in seen] == [("allreduce", (0,), 64)]
   for v in values:  # the two row blocks of ones, summed
     np.testing.assert_array_equal(v, np.full([4, 4], 2.0, np.float32))
+
+
+def test_permute_and_reduce_scatter_steps_run_as_their_collectives():
+  """A Permute step is the implementation's receive (each processor gets
+  its left neighbour's slice, zeros at the start); a ReduceScatter step sums
+  over its mesh axis and keeps each processor's block, counted once as
+  "reduce_scatter" with the partial slice's bytes."""
+  impl = mtf_test_utils.make_impl("rows:2;cols:4", "batch:cols")
+  shape = mtf.convert_to_shape("batch:8;d:4")
+  xv = np.arange(32, dtype=np.float32).reshape(8, 4)
+  seen = []
+  with tf.Graph().as_default(), observers.observe(seen.append):
+    laid = impl.import_tf_tensor(tf.constant(xv), shape)
+    shifted = impl.execute(laid, plans.stay((1, None)).then(plans.Permute(1, (None, 0, 1, 2))))
+    whole = impl.import_tf_tensor(tf.constant(xv), mtf.convert_to_shape("b:8;d:4"))
+    scattered = impl.execute(whole, plans.ReduceScatter(0, 1))
+    with tf.compat.v1.Session() as sess:
+      got_shift, got_scatter = sess.run([shifted.tensor_list, scattered.tensor_list])
+  assert [(e.kind, e.mesh_axes, e.bytes_per_processor) for e in seen] == [
+      ("permute", (1,), 32), ("reduce_scatter", (0,), 128)]
+  for p in range(8):
+    col, row = p % 4, p // 4
+    want = np.zeros([2, 4]) if col == 0 else xv[2 * (col - 1):2 * col]
+    np.testing.assert_array_equal(got_shift[p], want)
+    np.testing.assert_array_equal(got_scatter[p], 2 * xv[:, 2 * row:2 * row + 2])
+
+
+def test_local_plans_of_shift_and_sum_relayout():
+  """plan_shift exchanges only the boundary (a Permute) when the offset fits
+  in a slice and gathers otherwise; plan_sum_relayout reduce-scatters a
+  pending sum into the axis the new layout splits, after allreducing its
+  other axes."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  x = mtf.zeros(mesh, "batch:4;length:16")
+  rules = mtf.convert_to_layout_rules("length:cols;l2:rows")
+  mesh_shape = mtf.convert_to_shape("rows:2;cols:4")
+
+  def layout_of(shape):
+    return tuple(rules.tensor_layout(shape, mesh_shape))
+  near = mtf.shift(x, 1, "length", wrap=True).operation.plan(plans.PlanMesh(layout_of, (2, 4)))
+  assert [o.move.steps for o in near.operands] == [(), (plans.Permute(1, (3, 0, 1, 2)),)]
+  far = mtf.shift(x, 5, "length", wrap=False).operation.plan(plans.PlanMesh(layout_of, (2, 4)))
+  assert [o.move.steps for o in far.operands] == [(plans.AllGather(1, 1),)]
+  assert far.results[0].move.steps == (plans.SliceAlong(1, 1),)
+  grad = mtf.zeros(mesh, "batch:4;d:16")
+  y = mtf.zero.relayout(grad, mtf.convert_to_shape("batch:4;l2:16"))
+  plan = y.operation.plan(plans.PlanMesh(layout_of, (2, 4),
+                                         partial_sum_axes_of=lambda t: (0, 1)))
+  (operand,) = plan.operands
+  assert operand.partial == plans.TAKES_PARTIAL and not plan.kernel
+  assert operand.move.steps == (plans.AllReduce((1,)), plans.ReduceScatter(0, 1))

@@ -17,10 +17,13 @@ backward pass reads). A few device parameters turn these into a step time.
 
 `estimate(..., exact=True)` lowers the graph into a throwaway TensorFlow graph
 instead and reads the lowering's own counters (slower; every op supported).
-The analytical mode prices einsum, reductions, softmax and its gradient,
-elementwise ops, reshapes, broadcasts, gathers and their gradient, the fused
-cross-entropy and variables; any other operation is costed as local work on
-its inputs' slices (`OpCost.approximate` is then True).
+The analytical mode prices the plan each operation states (`Operation.plan`:
+convolutions and halo exchange, shifts, slicing, replica statistics, ZeRO's
+reduce-scatters, anything lowered on gathered dimensions) with the same
+code for all, and prices einsum, reductions, softmax and its gradient,
+reshapes, gathers and their gradient and the fused cross-entropy from their
+plans too; an operation that states no plan communicates nothing and is
+costed as local work on its inputs' slices.
 
 Calibrate the device parameters on the machine at hand (8 logical CPUs):
 
@@ -105,7 +108,7 @@ def estimate(graph, mesh_shape, layout, params=None, exact: bool = False,
     for op in operations:
       for t in op.outputs:
         rules.tensor_layout(t.shape, mesh_shape, t.name)
-  ops = est.run(pricing.HANDLERS, pricing.generic)
+  ops = est.run(pricing.PLAN_PRICING, pricing.LOCAL_HANDLERS, pricing.generic)
   memory = memory_lib._memory(est, operations, False)
   result = CostEstimate(mesh_shape, rules, ops, memory, params)
   if exact:
@@ -119,24 +122,14 @@ def _apply_exact(result: CostEstimate, est: _Estimator, graph, mesh_shape, rules
   from mesh_tensorflow.lowering.lowering import Lowering  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.lowering.placement_mesh_impl import PlacementMeshImpl  # pylint: disable=g-import-not-at-top
   meshes = {op.mesh for op in graph.operations}
-  swapped = []
   with tf.Graph().as_default():
     # Imported TensorFlow tensors and variables (eager, or from the graph of a
-    # tf.function) cannot be used in this graph: import zeros of their shape.
-    for op in graph.operations:
-      source = getattr(op, "_source", None)
-      if tf.is_tensor(source) or isinstance(source, tf.Variable):
-        swapped.append((op, source))
-        op._source = tf.zeros(op.outputs[0].shape.to_integer_list(), source.dtype)  # pylint: disable=protected-access
+    # tf.function) cannot be used in this graph: a counting lowering imports
+    # zeros of their shape.
     impls = {m: PlacementMeshImpl(mesh_shape, rules, [f"/cpu:{i}" for i in range(mesh_shape.size)],
                                   share_replicas=result.params.shares_memory)
              for m in meshes}
-    try:
-      lowering = Lowering(graph, impls)
-    finally:
-      for op, source in swapped:
-        op._source = source  # pylint: disable=protected-access
-      graph._lowered_into.discard(tf.compat.v1.get_default_graph())  # pylint: disable=protected-access
+    lowering = Lowering(graph, impls, counting_only=True)
   by_name = {op.name: op for op in result.ops}
   for op in result.ops:
     op.collectives = []
@@ -147,7 +140,7 @@ def _apply_exact(result: CostEstimate, est: _Estimator, graph, mesh_shape, rules
     if target is None:
       target = by_name.setdefault(r.op_name, OpCost(r.op_name, "export"))
       result.ops.append(target)
-    target.collectives.append(Collective(*r))
+    target.collectives.append(r)
   for name, fl in lowering.flops.items():
     if name in by_name:
       by_name[name].flops += fl

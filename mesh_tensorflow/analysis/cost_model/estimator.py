@@ -13,10 +13,10 @@ import itertools
 from typing import Callable, Dict, List, Optional, Tuple
 
 from mesh_tensorflow.analysis.cost_model.params import DeviceParams
-from mesh_tensorflow.analysis.cost_model.results import Collective, CostEstimate, OpCost
+from mesh_tensorflow.analysis.cost_model.results import CostEstimate, OpCost
 from mesh_tensorflow.core.layout import pnum_to_processor_coordinates
 from mesh_tensorflow.core.shapes import Shape
-from mesh_tensorflow.lowering import plans
+from mesh_tensorflow.lowering import observers, plans
 
 
 class _Lazy:
@@ -61,6 +61,12 @@ class _Estimator:
     self._layouts = {}
     self._next_id = itertools.count(1)
     self.state = {}  # tensor -> _Lazy, or a tuple of per-processor tensor ids
+    self.completed = {}  # tensor -> the _Lazy it was before a consumer completed it
+    self.plan_mesh = plans.PlanMesh(
+        self.layout, tuple(self.mesh_sizes), self.share,
+        self.pending_axes, tuple(mesh_shape.dimension_names),
+        lambda t: self.pending_axes(t) or (self.completed[t].axes if t in self.completed
+                                           else None))
     self.device = {}  # tensor id -> the processor whose device computes it
     # The kernels, as [op cost, output id, input ids, kernels, bytes, flops,
     # combine bytes]; only those that a sink needs are counted (`_prune`).
@@ -245,21 +251,15 @@ class _Estimator:
 
   # ---- recording ------------------------------------------------------------
   def collective(self, kind, nbytes, axes):
-    axes = tuple(axes)
-    group = 1
-    for a in axes:
-      group *= self.mesh_sizes[a]
-    self.current.collectives.append(Collective(
-        self.current.name, kind, axes, int(nbytes), group, self.mesh_size // max(group, 1)))
+    self.current.collectives.append(
+        observers.collective(kind, axes, nbytes, self.mesh_sizes, self.current.name))
 
   def allreduce(self, nbytes, axes, ids):
     axes = [a for a in axes if self.mesh_sizes[a] > 1]
     if not axes:
       return ids
     self.collective("allreduce", nbytes, axes)
-    group = 1
-    for a in axes:
-      group *= self.mesh_sizes[a]
+    group = observers.group_size(axes, self.mesh_sizes)
     return self.combine_ids(ids, axes, nbytes, (group + 1) * nbytes)
 
   def laid_out(self, t):
@@ -267,18 +267,60 @@ class _Estimator:
     Lowering.laid_out does."""
     s = self.state.get(t)
     if isinstance(s, _Lazy):
+      self.completed[t] = s
       s = self.allreduce(s.nbytes, s.axes, s.ids)
       self.state[t] = s
     if s is None:  # produced by an op this estimate skipped: assume by layout
       s = self.state[t] = self.by_layout(self.layout(t.shape), count=False)
     return s
 
+  def pending_axes(self, t):
+    """The mesh axes of t's pending sum, or None."""
+    s = self.state.get(t)
+    return s.axes if isinstance(s, _Lazy) else None
+
+  def partial_ids(self, t):
+    """Per-processor ids of the summands of t's pending sum (completed by a
+    consumer already or not)."""
+    s = self.state.get(t)
+    return (s if isinstance(s, _Lazy) else self.completed[t]).ids
+
+  def permute_ids(self, ids, step: plans.Permute, nbytes: int):
+    """Each processor's tensor after a Permute: the source's tensor (shared
+    memory) or a copy on its device; zeros where there is no source."""
+    out = []
+    for p, c in enumerate(self.coords):
+      src = step.sources[c[step.mesh_axis]]
+      new = next(self._next_id)
+      self.device[new] = p
+      if src is None:
+        self.unit(new, (), 1, nbytes)
+      else:
+        coords = list(c)
+        coords[step.mesh_axis] = src
+        source = ids[self.coords.index(tuple(coords))]
+        if self.share:
+          new = source
+        else:
+          self.unit(new, (source,), 1, nbytes)
+      out.append(new)
+    return tuple(out)
+
   def execute(self, plan: plans.Redistribution, shape: Shape, dtype_size: int, ids,
               record: bool = True):
-    """Prices the steps of a redistribution plan (the one the lowering
-    executes) as the mesh implementation runs them: each collective sends
-    the slice of the layout before it. Returns the per-processor ids."""
+    """Prices the steps of a plan (the one the lowering executes) as the
+    mesh implementation runs them: each collective sends the slice of the
+    layout before it. Returns the per-processor ids."""
     for step, layout in plan.walk():
+      nbytes = self.slice_elems(shape, layout) * dtype_size
+      if isinstance(step, plans.AllReduce):
+        ids = self.allreduce(nbytes, step.mesh_axes, ids) if record else ids
+        continue
+      if isinstance(step, plans.Permute):
+        if record:
+          self.collective(step.kind, nbytes, [step.mesh_axis])
+        ids = self.permute_ids(ids, step, nbytes)
+        continue
       size = self.mesh_sizes[step.mesh_axis]
       if size == 1:
         continue
@@ -286,32 +328,42 @@ class _Estimator:
         ids = self.slice_along_ids(ids, step.mesh_axis,
                                    self.slice_elems(shape, step.apply(layout)) * dtype_size)
         continue
-      nbytes = self.slice_elems(shape, layout) * dtype_size
+      if isinstance(step, plans.JoinBlocks):  # the blocks' tensor: nothing moves
+        ids = self.combine_ids(ids, [step.mesh_axis], nbytes * size)
+        continue
       if record:
         self.collective(step.kind, nbytes, [step.mesh_axis])
       if isinstance(step, plans.AllGather):
         ids = self.combine_ids(ids, [step.mesh_axis], nbytes * size)
+      elif isinstance(step, plans.ReduceScatter):
+        ids = self.combine_ids(ids, [step.mesh_axis], nbytes, (size + 1) * nbytes)
+        ids = self.slice_along_ids(ids, step.mesh_axis, nbytes // size)
       else:
         ids = self.alltoall_ids(ids, step.mesh_axis, nbytes)
     return ids
 
   # ---- operations -----------------------------------------------------------
-  def run(self, handlers: Dict[str, Callable], fallback: Callable) -> List[OpCost]:
-    """Prices every operation with handlers[its class name] (or that of a
-    base class), else with `fallback` (then marked approximate)."""
+  def run(self, plan_pricing: Dict[type, Callable], handlers: Dict[str, Callable],
+          fallback: Callable) -> List[OpCost]:
+    """Prices every operation: the plan it states (`op.plan`) with
+    plan_pricing[the plan's type]; an operation without a plan (no
+    communication) with handlers[the kind of local work it declares,
+    `op.local_kernel`], else with `fallback`."""
     ops = []
     for op in self.operations:
       cost = OpCost(op.name, type(op).__name__)
       self.current = cost
-      handler = handlers.get(type(op).__name__)
-      if handler is None:
-        for klass in type(op).__mro__:
-          handler = handlers.get(klass.__name__)
-          if handler is not None:
-            break
-      if handler is None:
-        cost.approximate = True
-        handler = fallback
+      plan = op.plan(self.plan_mesh)
+      if plan is not None:
+        try:
+          pricing = plan_pricing[type(plan)]
+        except KeyError:
+          raise TypeError(f"cost model: operation {op.name!r} states a plan of type "
+                          f"{type(plan).__name__}, which has no pricing.") from None
+        pricing(self, op, plan)
+        ops.append(cost)
+        continue
+      handler = handlers.get(op.local_kernel, fallback)
       handler(self, op)
       ops.append(cost)
     self.add_exports(self.outputs)
@@ -319,6 +371,32 @@ class _Estimator:
     for cost in ops:
       cost.time_s = self.time_of(cost)
     return ops
+
+  def local_plan(self, op, plan: plans.LocalPlan) -> None:
+    """Prices a LocalPlan as MeshImpl.execute_local runs it: the operands'
+    moves, one kernel per distinct combination of slices, the results'
+    moves and pending sums."""
+    args, nbytes = [], 0
+    for o in plan.operands:
+      t = op.inputs[o.input]
+      ids = self.partial_ids(t) if o.partial else self.laid_out(t)
+      args.append(self.execute(o.move, t.shape, t.dtype.size, ids))
+      nbytes += self.slice_elems(t.shape, o.move.target) * t.dtype.size
+    self.current.flops += plan.flops
+    if plan.kernel:
+      nbytes += sum(self.slice_elems(r.shape, r.move.source) * r.dtype_size
+                    for r in plan.results)
+      args = [self.slicewise(args, nbytes, plan.flops)] * len(plan.results)
+    results = []
+    for r, ids in zip(plan.results, args):
+      ids = self.execute(r.move, r.shape, r.dtype_size, ids)
+      results.append(_Lazy(r.pending_sum_axes, self.slice_elems(r.shape, r.move.target)
+                           * r.dtype_size, ids) if r.pending_sum_axes else ids)
+    if plan.combined:
+      out_bytes = sum(self.slice_bytes(t) for t in op.outputs)
+      results = [self.slicewise(results, out_bytes)] * len(op.outputs)
+    for t, value in zip(op.outputs, results):
+      self.state[t] = value
 
   def time_of(self, cost: OpCost) -> float:
     cost.components = self.components(cost)
@@ -350,22 +428,31 @@ class _Estimator:
       # counted (like all kernels) only where something needs the result.
       return (flops, nbytes, dispatched, float(cost.transfers + cost.combines),
               cost.combine_bytes / parallel)
-    groups = 0.0
-    moved_total = 0.0
-    for c in cost.collectives:
-      g = c.group_size
-      if c.kind == "allreduce":
-        moved = 2.0 * (g - 1) / g * c.bytes_per_processor
-      elif c.kind == "allgather":
-        moved = (g - 1) * c.bytes_per_processor
-      elif c.kind == "alltoall":
-        moved = (g - 1) / g * c.bytes_per_processor
-      else:
-        moved = c.bytes_per_processor
-      # The groups run concurrently, each on its own links.
-      groups += 1.0
-      moved_total += moved
+    # The groups of a collective run concurrently, each on its own links.
+    groups = float(len(cost.collectives))
+    moved_total = sum(collective_traffic(c.kind, c.bytes_per_processor, c.group_size,
+                                         c.mesh_axes) for c in cost.collectives)
     return (flops, nbytes, dispatched, groups, moved_total)
+
+
+def collective_traffic(kind: str, bytes_per_processor: int, group_size: int,
+                       mesh_axes) -> float:
+  """Bytes each processor moves over its links for one collective (ring
+  algorithms): the one place a collective's communication is priced.
+
+  Example:
+    >>> collective_traffic("allreduce", 1024, 4, (1,))
+    1536.0
+  """
+  del mesh_axes  # every mesh axis has the same links here
+  g = max(group_size, 1)
+  if kind == "allreduce":
+    return 2.0 * (g - 1) / g * bytes_per_processor
+  if kind == "allgather":
+    return float((g - 1) * bytes_per_processor)
+  if kind in ("alltoall", "reduce_scatter"):
+    return (g - 1) / g * bytes_per_processor
+  return float(bytes_per_processor)
 
 
 def time_from_components(components, params: DeviceParams) -> float:

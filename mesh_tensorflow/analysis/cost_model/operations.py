@@ -1,13 +1,15 @@
-"""How each kind of operation is priced: the plan its lowering executes
-(from mesh_tensorflow.lowering.plans, the same function the lowering calls)
-and the local kernels it runs. `HANDLERS` maps an operation's class name to
-its pricing function; any other operation is priced by `generic`.
+"""How each kind of plan is priced: the plan an operation states
+(`Operation.plan`, the one its lowering executes) and the local kernels
+around it. `PLAN_PRICING` maps a plan type to its pricing function
+(LocalPlans are priced by `_Estimator.local_plan`); operations that state no
+plan communicate nothing and are priced by the kind of local kernel they run
+(`LOCAL_HANDLERS`), else by `generic`.
 """
 
 from __future__ import annotations
 
 from mesh_tensorflow.analysis.cost_model.estimator import _Estimator, _Lazy
-from mesh_tensorflow.lowering import plans
+from mesh_tensorflow.lowering import observers, plans
 
 # pylint: disable=protected-access
 
@@ -55,18 +57,6 @@ def _elementwise(est: _Estimator, op):
   est.state[out] = est.slicewise(ins, nbytes)
 
 
-def _lazy_add(est: _Estimator, op):
-  a, b = (est.state.get(t) for t in op.inputs)
-  out = op.outputs[0]
-  if plans.adds_pending_sums(a.axes if isinstance(a, _Lazy) else None,
-                             b.axes if isinstance(b, _Lazy) else None,
-                             op.inputs[0].shape, op.inputs[1].shape, out.shape):
-    ids = est.slicewise([a.ids, b.ids], 3 * a.nbytes)
-    est.state[out] = _Lazy(a.axes, a.nbytes, ids)
-    return
-  _elementwise(est, op)
-
-
 def _local(est: _Estimator, op):
   """Broadcast, transpose: local, one kernel per distinct input slice."""
   ins = [est.laid_out(t) for t in op.inputs]
@@ -74,22 +64,20 @@ def _local(est: _Estimator, op):
   est.state[out] = est.slicewise(ins, est.slice_bytes(op.inputs[0]) + est.slice_bytes(out))
 
 
-def _einsum(est: _Estimator, op):
+def _einsum(est: _Estimator, op, plan: plans.EinsumPlan):
   """Prices the EinsumPlan that EinsumOperation.lower executes."""
   out = op.outputs[0]
-  plan = plans.plan_einsum(op.inputs, out, est.layout, est.mesh_sizes, est.share)
   est.current.flops += plan.flops
   per_kernel, local_bytes = plan.flops, plan.operand_bytes
   operands = [est.laid_out(t) for t in op.inputs]  # completes pending sums
-  if plan.fused:
+  communication = plan.communication
+  if isinstance(communication, plans.GatheredAllReduce):
     # Shared memory: the operands are gathered along the summed dimensions
     # (counted as the allreduce) and multiplied once per group.
-    est.collective("allreduce", plan.output_bytes, plan.reduced_axes)
+    est.collective(communication.kind, communication.nbytes, communication.mesh_axes)
     ins = [est.execute(move, t.shape, t.dtype.size, ids, record=False)
-           for t, ids, move in zip(op.inputs, operands, plan.operand_moves)]
-    group = 1
-    for a in plan.reduced_axes:
-      group *= est.mesh_sizes[a]
+           for t, ids, move in zip(op.inputs, operands, communication.operand_moves)]
+    group = observers.group_size(communication.mesh_axes, est.mesh_sizes)
     per_kernel *= group
     local_bytes *= group
   else:
@@ -115,13 +103,10 @@ def _einsum(est: _Estimator, op):
   est.state[out] = _Lazy(plan.pending_sum_axes, out_bytes, ids) if plan.pending_sum_axes else ids
 
 
-def _reduce(est: _Estimator, op):
+def _reduce(est: _Estimator, op, plan: plans.ReducePlan):
   """Prices the ReducePlan that ReduceOperation.lower executes."""
   x, out = op.inputs[0], op.outputs[0]
   s = est.state.get(x)
-  pending = isinstance(s, _Lazy)
-  plan = plans.plan_reduce(x.shape, out.shape, op.reduction_fn_string, x.dtype.name == "bool",
-                           s.axes if pending else None, est.layout)
   out_bytes = est.slice_bytes(out)
   if plan.folds_pending:
     partial = est.slicewise([s.ids], s.nbytes + out_bytes)
@@ -137,20 +122,18 @@ def _reduce(est: _Estimator, op):
     est.state[out] = partial
 
 
-def _reshape(est: _Estimator, op):
+def _reshape(est: _Estimator, op, plan: plans.ReshapePlan):
   """Prices the ReshapePlan that ReshapeOperation.lower executes."""
   x, out = op.inputs[0], op.outputs[0]
-  plan = plans.plan_reshape(x.shape, out.shape, est.layout, est.mesh_sizes)
   ids = est.execute(plan.before, x.shape, x.dtype.size, est.laid_out(x))
   ids = est.slicewise([ids], 2 * est.slice_bytes(out))
   est.state[out] = est.execute(plan.after, out.shape, out.dtype.size, ids)
 
 
-def _gather(est: _Estimator, op):
+def _gather(est: _Estimator, op, plan: plans.GatherPlan):
   """Prices the GatherPlan that GatherOperation.lower executes."""
   weights, indices = op.inputs
   out = op.outputs[0]
-  plan = plans.plan_gather(weights, indices, out, op._dim, est.layout, est.mesh_sizes)  # pylint: disable=protected-access
   w_ids = est.execute(plan.table_move, weights.shape, weights.dtype.size, est.laid_out(weights))
   a = plan.masked_axis
   out_bytes = est.slice_bytes(out)
@@ -162,11 +145,10 @@ def _gather(est: _Estimator, op):
       a is not None and est.mesh_sizes[a] > 1) else ids
 
 
-def _scatter_add_grad(est: _Estimator, op):
+def _scatter_add_grad(est: _Estimator, op, plan: plans.ScatterAddPlan):
   """Prices the ScatterAddPlan that ScatterAddGradOperation.lower executes."""
   g, indices = op.inputs
   out = op.outputs[0]
-  plan = plans.plan_scatter_add(out.shape, indices.shape, op._dim, est.layout)  # pylint: disable=protected-access
   ins = [est.laid_out(g), est.laid_out(indices)]
   if plan.uses_offsets:
     ins.append(est.by_layout(est.layout(out.shape)))  # slice offsets
@@ -179,14 +161,20 @@ def _scatter_add_grad(est: _Estimator, op):
   est.state[out] = _Lazy(axes, est.slice_bytes(out), ids) if axes else ids
 
 
-def _sparse_xent(est: _Estimator, op):
-  """Prices SparseSoftmaxCrossEntropyOperation: TensorFlow's fused kernel,
-  or, with vocab split, the statistics' allreduces of its plan."""
+def _statistics(est: _Estimator, op, plan: plans.StatisticsPlan):
+  """Prices a StatisticsPlan by the local kernels it names."""
+  {"softmax": _softmax, "log_softmax": _softmax, "softmax_grad": _softmax_grad,
+   "log_softmax_grad": _softmax_grad, "cross_entropy": _sparse_xent}[plan.kernels](
+       est, op, plan)
+
+
+def _sparse_xent(est: _Estimator, op, plan: plans.StatisticsPlan):
+  """The fused cross-entropy: TensorFlow's fused kernel, or, with vocab
+  split, the statistics' allreduces of its plan."""
   logits, ids_t = op.inputs
   lg = est.laid_out(logits)
   idx = est.laid_out(ids_t)
-  statistics = plans.plan_statistics(logits.shape, op._vocab_dim, est.layout,  # pylint: disable=protected-access
-                                     ("MAX", "SUM", "SUM"))
+  statistics = plan.steps
   out = op.outputs[0]
   lg_bytes = est.slice_bytes(logits)
   prep = est.slicewise([lg, idx], 2 * lg_bytes)
@@ -206,7 +194,7 @@ def _sparse_xent(est: _Estimator, op):
   est.state[op.outputs[2]] = est.slicewise([result], 2 * lg_bytes)
 
 
-def _softmax(est: _Estimator, op):
+def _softmax(est: _Estimator, op, plan: plans.StatisticsPlan):
   """One fused kernel per slice, or, with the dimension split: the MAX and
   SUM allreduces of the plan's per-slice statistics around four slicewise
   kernels."""
@@ -214,8 +202,8 @@ def _softmax(est: _Estimator, op):
   ids = est.laid_out(x)
   nbytes = est.slice_bytes(x)
   est.current.flops += 5 * est.slice_elems(x.shape)
-  dim = op.reduced_dim
-  statistics = plans.plan_statistics(x.shape, dim, est.layout, ("MAX", "SUM"))
+  dim = plan.dim
+  statistics = plan.steps
   if not statistics:
     est.state[out] = est.slicewise([ids], 2 * nbytes)
     return
@@ -227,10 +215,11 @@ def _softmax(est: _Estimator, op):
   exps = est.slicewise([shifted], 2 * nbytes)
   sums = est.allreduce(stats_bytes, sum_step.mesh_axes,
                        est.slicewise([exps], nbytes + stats_bytes))
-  est.state[out] = est.slicewise([shifted if op.log else exps, sums], 2 * nbytes)
+  est.state[out] = est.slicewise([shifted if plan.kernels == "log_softmax" else exps, sums],
+                                 2 * nbytes)
 
 
-def _softmax_grad(est: _Estimator, op):
+def _softmax_grad(est: _Estimator, op, plan: plans.StatisticsPlan):
   """Per slice a product and a sum that keeps the dimension, the plan's SUM
   allreduce of the sums when the dimension is split, then one elementwise
   kernel."""
@@ -238,10 +227,9 @@ def _softmax_grad(est: _Estimator, op):
   ids_y, ids_dy = est.laid_out(y), est.laid_out(dy)
   nbytes = est.slice_bytes(y)
   est.current.flops += 4 * est.slice_elems(y.shape)
-  dim = op.reduced_dim
-  stats_bytes = est.slice_elems(y.shape - [dim]) * y.dtype.size
+  stats_bytes = est.slice_elems(y.shape - [plan.dim]) * y.dtype.size
   sums = est.slicewise([ids_y, ids_dy], 2 * nbytes + stats_bytes)
-  for step in plans.plan_statistics(y.shape, dim, est.layout, ("SUM",)):
+  for step in plan.steps:
     sums = est.allreduce(stats_bytes, step.mesh_axes, sums)
   est.state[op.outputs[0]] = est.slicewise([ids_y, ids_dy, sums], 3 * nbytes)
 
@@ -255,7 +243,7 @@ def _source(est: _Estimator, op):
       est.state[t] = est.slicewise([], est.slice_bytes(t))
     else:
       est.state[t] = est.by_layout(layout, nbytes=est.slice_bytes(t))
-      if type(op).__name__ == "ImportOperation" and sum(a is not None for a in layout) == 1:
+      if op.local_kernel == "import" and sum(a is not None for a in layout) == 1:
         est.blocks.add(tuple(est.state[t]))
 
 
@@ -277,22 +265,24 @@ def _passthrough(est: _Estimator, op):
       est.state[t] = ins[i]
 
 
-HANDLERS = {
-    "Variable": _variable,
-    "Assign": _assign,
-    "EinsumOperation": _einsum,
-    "ReduceOperation": _reduce,
-    "_LazyAwareAdd": _lazy_add,
-    "ElementwiseOperation": _elementwise,
-    "ReshapeOperation": _reshape,
-    "BroadcastOperation": _local,
-    "TransposeOperation": _local,
-    "GatherOperation": _gather,
-    "ScatterAddGradOperation": _scatter_add_grad,
-    "SparseSoftmaxCrossEntropyOperation": _sparse_xent,
-    "SoftmaxOperation": _softmax,
-    "SoftmaxGradOperation": _softmax_grad,
-    "_IdentityLike": _passthrough,
-    "ImportOperation": _source,
-    "ConstantOperation": _source,
+PLAN_PRICING = {
+    plans.EinsumPlan: _einsum,
+    plans.ReducePlan: _reduce,
+    plans.ReshapePlan: _reshape,
+    plans.GatherPlan: _gather,
+    plans.ScatterAddPlan: _scatter_add_grad,
+    plans.StatisticsPlan: _statistics,
+    plans.LocalPlan: lambda est, op, plan: est.local_plan(op, plan),
+}
+
+# Operations without communication, by the kind of local work they declare
+# (`Operation.local_kernel`).
+LOCAL_HANDLERS = {
+    "variable": _variable,
+    "assign": _assign,
+    "elementwise": _elementwise,
+    "copy": _local,
+    "identity": _passthrough,
+    "import": _source,
+    "constant": _source,
 }

@@ -6,17 +6,12 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from typing import Dict, List, Tuple
 
 from mesh_tensorflow.analysis.cost_model.params import DeviceParams
 from mesh_tensorflow.core.shapes import Shape
-
-
-Collective = collections.namedtuple(
-    "Collective", ["op_name", "kind", "mesh_axes", "bytes_per_processor", "group_size",
-                   "num_groups"])
+from mesh_tensorflow.lowering.observers import Collective  # the lowering's record type
 
 
 @dataclasses.dataclass
@@ -31,8 +26,8 @@ class OpCost:
     collectives: the collectives the lowering emits for it (including a
       pending allreduce of an input that it completes).
     time_s: estimated seconds (compute, dispatch and communication).
-    approximate: the analytical model has no rule for this op type and
-      treats it as local work on its inputs.
+    approximate: always False: every operation states its plan (kept for
+      callers that read it).
     components: the time components (see `time_from_components`).
     work_flops: matrix-product FLOPs of all its distinct kernels together
       (what processors sharing cores compute in all).
