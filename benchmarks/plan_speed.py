@@ -19,7 +19,8 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from mesh_tensorflow.analysis.cost_model import hardware, plan_search, planner  # noqa: E402
+from mesh_tensorflow.analysis.cost_model import hardware  # noqa: E402
+from mesh_tensorflow.transformer import plan_search, planner  # noqa: E402
 from mesh_tensorflow.transformer import gin_config  # noqa: E402
 
 

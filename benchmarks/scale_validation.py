@@ -45,7 +45,8 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from mesh_tensorflow.analysis.cost_model import hardware, planner  # noqa: E402
+from mesh_tensorflow.analysis.cost_model import hardware  # noqa: E402
+from mesh_tensorflow.transformer import planner  # noqa: E402
 from mesh_tensorflow.transformer import gin_config  # noqa: E402
 
 SHAZEER = "Shazeer et al. 2018 (Mesh-TensorFlow), LM table"
@@ -158,7 +159,7 @@ def fit(rows):
 
 def compare_auto(sizes, same_memory=False):
   """plan --auto's best plan against the published plan, same cluster."""
-  from mesh_tensorflow.analysis.cost_model import plan_search  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
   for row in megatron_rows():
     if not any(abs(float(row.name.split()[1][:-1]) - s) < 1e-6 for s in sizes):
       continue

@@ -62,7 +62,8 @@ def _main(argv: Sequence[str]) -> int:
     parser.error(f"--top={args.top}: must be at least 1")
   cli.quiet_tensorflow_startup()
   import json  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow.analysis.cost_model import hardware, planner  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.analysis.cost_model import hardware  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import planner  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
   try:
     cluster = hardware.parse_cluster(args.hardware)
@@ -75,7 +76,7 @@ def _main(argv: Sequence[str]) -> int:
   options.virtual_stages = args.virtual_stages
   options.overlap_grad_reduce = not args.no_overlap
   if args.auto:
-    from mesh_tensorflow.analysis.cost_model import plan_search  # pylint: disable=g-import-not-at-top
+    from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
     result = plan_search.search(cluster, top=args.top)
     if args.json:
       print(json.dumps(result.to_dict(), indent=2, sort_keys=True))

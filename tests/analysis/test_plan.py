@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from mesh_tensorflow.analysis.cost_model import hardware, planner
+from mesh_tensorflow.analysis.cost_model import hardware
+from mesh_tensorflow.transformer import planner
 from mesh_tensorflow.transformer import gin_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -103,7 +104,7 @@ def test_plan_command_json_and_errors(capsys):
 
 
 def test_auto_search_returns_fitting_plans_fastest_first():
-  from mesh_tensorflow.analysis.cost_model import plan_search  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
   gin_config.parse([], MODEL + ["num_layers = 4", "run.batch_size = 16"])
   result = plan_search.search(hardware.parse_cluster("h100-sxm:4"), top=3, micro_sizes=(1,))
   assert result.plans and result.tried >= len(result.plans)

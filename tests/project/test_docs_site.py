@@ -7,7 +7,6 @@ reads every page; it runs as users run it, `sphinx-build -W -n` in a
 subprocess, into a temporary directory.
 """
 
-import importlib.util
 import os
 import pathlib
 import re
@@ -16,20 +15,15 @@ import sys
 
 import pytest
 
+import mtf_test_utils
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.xdist_group("docs_site")
 
 
-def _load(name, path):
-  spec = importlib.util.spec_from_file_location(name, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 @pytest.fixture(scope="module")
 def docgen():
-  return _load("docgen", ROOT / "docs" / "_ext" / "docgen.py")
+  return mtf_test_utils.import_script("docgen", "docs", "_ext", "docgen.py")
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +50,7 @@ def test_command_tables_list_every_defined_flag(generated):
       "mesh_tensorflow.inspect_checkpoint": "mesh_tensorflow/inspect_checkpoint.py",
       "mesh_tensorflow.export_original_checkpoint": "mesh_tensorflow/export_original_checkpoint.py",
       "mesh_tensorflow.analysis.cost_model": "mesh_tensorflow/analysis/cost_model/calibration.py",
+      "mesh_tensorflow.plan": "mesh_tensorflow/plan.py",
   }
   assert set(sections) == set(sources)
   for command, source in sources.items():
@@ -111,7 +106,7 @@ def test_a_stale_table_is_reported(docgen, tmp_path):
 
 
 def test_docstring_markup_is_escaped():
-  conf = _load("docs_conf", ROOT / "docs" / "conf.py")
+  conf = mtf_test_utils.import_script("docs_conf", "docs", "conf.py")
   assert conf._escape_markup("x * y | z, `a*b`") == "x \\* y \\| z, `a*b`"  # pylint: disable=protected-access
   assert conf._escape_markup("* a `Dimension`s") == "* a `Dimension`\\ s"  # pylint: disable=protected-access
   lines = ["Text:", "", "    code()", "      more()", "", "after"]

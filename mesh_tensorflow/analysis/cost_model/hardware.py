@@ -106,18 +106,6 @@ class Hardware:
       raise ValueError(f"hardware {self.name!r}: matmul_efficiency must be in (0, 1].")
     return self
 
-  def to_device_params(self):
-    """The flat `DeviceParams` of the cost model (one collective bandwidth:
-    the slowest link a collective may cross)."""
-    from mesh_tensorflow.analysis.cost_model.params import DeviceParams  # pylint: disable=g-import-not-at-top
-    if self.kind == "gpu":
-      bw, lat = self.network_bytes_per_s, self.network_latency_s
-    else:
-      bw, lat = 2 * self.ici_link_bytes_per_s / self.devices_per_chip, self.intra_host_latency_s
-    return DeviceParams(self.name, flops_per_s=self.peak_flops_per_s * self.matmul_efficiency,
-                        memory_bytes_per_s=self.hbm_bytes_per_s, collective_bytes_per_s=bw,
-                        collective_latency_s=lat, op_overhead_s=self.kernel_overhead_s)
-
   def to_json(self) -> str:
     return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
 

@@ -4,7 +4,7 @@
     218400000000000.0
 
 "gpu" and "tpu" are the `hardware` presets a100-80gb and tpu-v3 flattened
-(`Hardware.to_device_params`); any preset name works too ("h100-sxm").
+(`from_hardware`); any preset name works too ("h100-sxm").
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from typing import Optional
+
+from mesh_tensorflow.analysis.cost_model import hardware
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,9 +56,8 @@ class DeviceParams:
       return _DEFAULTS[kind.lower()]
     except KeyError:
       pass
-    from mesh_tensorflow.analysis.cost_model import hardware  # pylint: disable=g-import-not-at-top
     try:
-      return hardware.preset(kind).to_device_params()
+      return from_hardware(hardware.preset(kind))
     except ValueError:
       raise ValueError(f"DeviceParams.default: unknown device kind {kind!r}; use one of "
                        f"{sorted(_DEFAULTS)}, a hardware preset or calibrate (python -m "
@@ -98,9 +99,20 @@ _DEFAULTS = {
 }
 
 
+def from_hardware(device: "hardware.Hardware") -> DeviceParams:
+  """The flat `DeviceParams` of a hardware preset (one collective bandwidth:
+  the slowest link a collective may cross)."""
+  if device.kind == "gpu":
+    bw, lat = device.network_bytes_per_s, device.network_latency_s
+  else:
+    bw, lat = 2 * device.ici_link_bytes_per_s / device.devices_per_chip, device.intra_host_latency_s
+  return DeviceParams(device.name, flops_per_s=device.peak_flops_per_s * device.matmul_efficiency,
+                      memory_bytes_per_s=device.hbm_bytes_per_s, collective_bytes_per_s=bw,
+                      collective_latency_s=lat, op_overhead_s=device.kernel_overhead_s)
+
+
 def _preset_params(kind: str, preset_name: str) -> DeviceParams:
-  from mesh_tensorflow.analysis.cost_model import hardware  # pylint: disable=g-import-not-at-top
-  return dataclasses.replace(hardware.preset(preset_name).to_device_params(), name=kind)
+  return dataclasses.replace(from_hardware(hardware.preset(preset_name)), name=kind)
 
 
 _DEFAULTS["gpu"] = _preset_params("gpu", "a100-80gb")
@@ -116,9 +128,8 @@ def as_device_params(params) -> DeviceParams:
   if isinstance(params, str):
     if params.lower() in _DEFAULTS:
       return DeviceParams.default(params)
-    from mesh_tensorflow.analysis.cost_model import hardware  # pylint: disable=g-import-not-at-top
     if params.strip().lower() in hardware.PRESETS:
-      return hardware.preset(params).to_device_params()
+      return from_hardware(hardware.preset(params))
     return DeviceParams.from_json(params)
   if isinstance(params, dict):
     return DeviceParams(**params)

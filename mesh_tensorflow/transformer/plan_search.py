@@ -26,7 +26,7 @@ import time
 from typing import List
 
 from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
-from mesh_tensorflow.analysis.cost_model import planner
+from mesh_tensorflow.transformer import planner
 
 LAYOUT = "stages:pipe;batch:data;d_ff:model;heads:model;vocab:model"
 
