@@ -7,8 +7,8 @@ device meshes.
 """
 
 from mesh_tensorflow import cli as _cli
-if _cli.started_as_command():
-  _cli.quiet_tensorflow_startup()  # before anything imports TensorFlow
+from mesh_tensorflow import _environment
+_environment.check_tensorflow()  # one line if TensorFlow is missing or untested (quiet for commands)
 
 from mesh_tensorflow.compat import moved_modules as _moved_modules
 _moved_modules.install()  # this library's former flat module paths

@@ -36,6 +36,7 @@ from typing import (Callable, Collection, Dict, List, Mapping, Optional, Sequenc
 import gin
 import tensorflow as tf
 
+from mesh_tensorflow import _environment
 from mesh_tensorflow.core.autograph_exempt import plain_tf
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer.corpus import (  # noqa: F401 (re-exported)
@@ -101,13 +102,10 @@ def tfds_text(name: str, split: str = "train", text_key: str = "text",
   Example:
     >>> ds = tfds_text("lm1b", "train", "text")
   """
-  try:
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ImportError(
-        "tfds_text needs tensorflow-datasets (`pip install tensorflow-datasets`); without "
-        "it, train on text files (dataset_fn=@dataset.lm_dataset_fn with train_files=...)."
-    ) from e
+  tfds = _environment.require_optional(
+      "tensorflow_datasets", "tfds_text", "tfds",
+      alternative="without it, train on text files "
+                  "(dataset_fn=@dataset.lm_dataset_fn with train_files=...)")
   ds = tfds.load(name, split=split, data_dir=data_dir, shuffle_files=False)
   return ds.map(plain_tf(lambda ex: ex[text_key]))
 
@@ -794,14 +792,10 @@ def pretokenized_t2t_dataset(dataset_name: str = gin.REQUIRED, text2self: bool =
 
 
 def _tfds(what: str):
-  try:
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ImportError(
-        f"{what} needs tensorflow-datasets (`pip install tensorflow-datasets`); without it, "
-        f"read text files (simple_text_line_dataset, packed_parallel_tsv_dataset or "
-        f"dataset_fn with train_files=...).") from e
-  return tfds
+  return _environment.require_optional(
+      "tensorflow_datasets", what, "tfds",
+      alternative="without it, read text files (simple_text_line_dataset, "
+                  "packed_parallel_tsv_dataset or dataset_fn with train_files=...)")
 
 
 @gin.configurable

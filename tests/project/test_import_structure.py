@@ -53,7 +53,8 @@ LAYERS = {
     "lowering.master_variables": "core", "lowering.collective_keys": "core",
     "lowering.tpu_topology": "core", "lowering.policies": "core", "lowering.plans": "core",
     "lowering.observers": "core",
-    "lowering.tpu_variables": "core", "cli": "core", "training.checkpoint_verify": "core",
+    "lowering.tpu_variables": "core", "cli": "core", "_environment": "core",
+    "training.checkpoint_verify": "core",
     "training.original_checkpoint": "core", "distributed.cluster": "core",
     "compat.utils": "core", "compat.moved_modules": "core",
     # 1 ops
