@@ -31,7 +31,6 @@ setup(
     # The transformer's gin configs (defaults.gin, models/, layouts/,
     # learning_rate_schedules/): every command reads them by name.
     package_data={"mesh_tensorflow.transformer": ["gin/*.gin", "gin/*/*.gin"]},
-    include_package_data=True,
     python_requires=f">={PYTHON_VERSIONS[0]},<3.{int(PYTHON_VERSIONS[-1].split('.')[1]) + 1}",
     install_requires=["numpy", "gin-config", "absl-py"],
     extras_require={
@@ -60,7 +59,6 @@ setup(
         "console_scripts": ["mtf-transformer = mesh_tensorflow.transformer.main:console_main"],
     },
     classifiers=[
-        "License :: OSI Approved :: Apache Software License",
         "Operating System :: POSIX :: Linux",
         "Programming Language :: Python :: 3",
         "Programming Language :: Python :: 3 :: Only",

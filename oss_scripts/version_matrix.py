@@ -1,7 +1,8 @@
 r"""Tests the built wheel against several TensorFlow and Python versions.
 
     python oss_scripts/version_matrix.py [--tensorflow=2.16,2.18,2.21,nightly]
-        [--python=3.10,3.11,3.12,3.13] [--workdir=DIR] [--markdown=FILE]
+        [--python=3.10,3.11,3.12,3.13] [--workdir=DIR] [--results=FILE]
+        [--order=2.16/3.11,... [--only]] [--markdown=FILE]
 
 Builds the wheel once (`python -m build --wheel`), then for every combination
 (one at a time): makes a virtual environment with that Python, installs that
@@ -16,9 +17,15 @@ and decoding, checkpoints restored under other meshes, and model directories
 written by the original Mesh TensorFlow 0.1.21.
 
 A Python that a TensorFlow has no wheel for is reported as such (not a
-failure). Prints a markdown table; --markdown writes it into a page (between
-the page's table markers). Needs `build` (`pip install build`) and the
-Python versions on PATH as python3.X. Exit status 1 if any cell failed.
+failure). Each cell's result goes into a JSON results file (default
+DIR/results.json); a later run with the same file runs only the cells it does
+not hold yet (--rerun: all), and several runs may share one file, so cells
+can run in separate processes (--order picks the cells to run first, --only
+just those). Prints a markdown table of the whole grid ("not run" for cells
+not run yet); --markdown writes it into a page, between the page's table
+markers, after every cell. Needs `build` (`pip install build`) and the
+Python versions as python3.X (on PATH or installed by pyenv). Exit status 1
+if any cell failed.
 """
 
 from __future__ import annotations
