@@ -92,11 +92,18 @@ def _clean_env() -> dict:
 
 
 def build_wheel(workdir: str, log) -> str:
-  """Builds the wheel once into workdir/dist; returns its path."""
-  dist = os.path.join(workdir, "dist")
-  shutil.rmtree(dist, ignore_errors=True)
-  proc = _run([sys.executable, "-m", "build", "--wheel", "--outdir", dist, REPO], log,
-              env=_clean_env())
+  """Builds the sdist and from it the wheel into workdir/dist, from a copy
+  of the source (so that the build writes nothing into the source tree and
+  several runs can build at once); returns the wheel's path."""
+  dist, source = os.path.join(workdir, "dist"), os.path.join(workdir, "source")
+  for folder in (dist, source):
+    shutil.rmtree(folder, ignore_errors=True)
+  os.makedirs(source)
+  for name in ("setup.py", "setup.cfg", "README.md", "LICENSE"):
+    shutil.copy(os.path.join(REPO, name), source)
+  shutil.copytree(os.path.join(REPO, "mesh_tensorflow"), os.path.join(source, "mesh_tensorflow"),
+                  ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+  proc = _run([sys.executable, "-m", "build", "--outdir", dist, source], log, env=_clean_env())
   if proc.returncode != 0:
     raise SystemExit(f"error: building the wheel failed (see {log.name})")
   wheels = [f for f in os.listdir(dist) if f.endswith(".whl")]
