@@ -34,17 +34,18 @@ setup(
     python_requires=f">={PYTHON_VERSIONS[0]},<3.{int(PYTHON_VERSIONS[-1].split('.')[1]) + 1}",
     install_requires=["numpy", "gin-config", "absl-py"],
     extras_require={
-        # TensorFlow for a fresh environment (its TensorBoard comes with it).
-        "tensorflow": [f"tensorflow{TENSORFLOW}"],
-        "tensorflow-cpu": [f"tensorflow-cpu{TENSORFLOW}"],
-        # TensorBoard summaries with a TensorFlow installed without it
-        # (tf-nightly installed with --no-deps, some vendor builds).
+        # TensorFlow for a fresh environment, with TensorBoard for the
+        # summaries (TensorFlow 2.20 and later no longer install it).
+        "tensorflow": [f"tensorflow{TENSORFLOW}", "tensorboard"],
+        "tensorflow-cpu": [f"tensorflow-cpu{TENSORFLOW}", "tensorboard"],
+        # TensorBoard summaries beside a TensorFlow installed without it.
         "tensorboard": ["tensorboard"],
         # pytest-xdist: the suite runs in two processes (tracing and lowering
-        # are single-threaded Python, so the second core would idle); build:
-        # the packaging test builds the wheel.
+        # are single-threaded Python, so the second core would idle); build,
+        # wheel: the packaging test builds the sdist and wheel.
+        # tensorboard: tests read the summaries training writes.
         "test": ["pytest", "pytest-xdist>=3.0", "hypothesis", "scikit-learn", "matplotlib",
-                 "build"],
+                 "tensorboard", "build", "wheel"],
         # Layout report PNGs (mtf.layout_report(...).to_png, python -m mesh_tensorflow.report --png).
         "report": ["matplotlib"],
         # auto_mtf needs no extra: it searches exhaustively or with a beam (OR-Tools,
