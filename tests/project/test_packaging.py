@@ -149,7 +149,7 @@ def test_wheel_in_a_fresh_environment_runs_the_main_job(dist, tmp_path):
   work.mkdir()
   params = ["num_layers = 1", "d_model = 32", "d_ff = 64", "num_heads = 8", "d_kv = 8",
             "run.batch_size = 8", "run.train_steps = 2", "run.eval_steps = 1",
-            "run.log_every = 1", "run.num_samples = 1", "run.decode_length = 4",
+            "run.log_every = 1", "run.num_samples = 0",
             "dataset_fn.corpus_bytes = 300000", "dataset_fn.shuffle_buffer = 200",
             "run.sequence_length = {'inputs': 16, 'targets': 16}"]
   env = _clean_env()
