@@ -35,7 +35,7 @@ setup(
     install_requires=["numpy", "gin-config", "absl-py"],
     extras_require={
         # TensorFlow for a fresh environment, with TensorBoard for the
-        # summaries (TensorFlow 2.20 and later no longer install it).
+        # summaries (TensorFlow 2.21 does not require it).
         "tensorflow": [f"tensorflow{TENSORFLOW}", "tensorboard"],
         "tensorflow-cpu": [f"tensorflow-cpu{TENSORFLOW}", "tensorboard"],
         # TensorBoard summaries beside a TensorFlow installed without it.
