@@ -20,6 +20,15 @@ TENSORFLOW = ">=2.16,<2.22"
 # The Python versions the version matrix passes on.
 PYTHON_VERSIONS = ("3.10", "3.11", "3.12", "3.13")
 
+
+
+def _python_requires(versions):
+  """'>=3.10,<3.14' for 3.10 to 3.13 (with '!=3.X.*' for any left out)."""
+  minors = [int(v.split(".")[1]) for v in versions]
+  gaps = [f",!=3.{m}.*" for m in range(minors[0], minors[-1]) if m not in minors]
+  return f">=3.{minors[0]},<3.{minors[-1] + 1}" + "".join(gaps)
+
+
 setup(
     name="mesh-tensorflow",
     version="0.2.0",
@@ -31,7 +40,7 @@ setup(
     # The transformer's gin configs (defaults.gin, models/, layouts/,
     # learning_rate_schedules/): every command reads them by name.
     package_data={"mesh_tensorflow.transformer": ["gin/*.gin", "gin/*/*.gin"]},
-    python_requires=f">={PYTHON_VERSIONS[0]},<3.{int(PYTHON_VERSIONS[-1].split('.')[1]) + 1}",
+    python_requires=_python_requires(PYTHON_VERSIONS),
     install_requires=["numpy", "gin-config", "absl-py"],
     extras_require={
         # TensorFlow for a fresh environment, with TensorBoard for the
