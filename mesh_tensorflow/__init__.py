@@ -7,8 +7,8 @@ device meshes.
 """
 
 from mesh_tensorflow import cli as _cli
-if _cli.started_as_command():
-  _cli.quiet_tensorflow_startup()  # before anything imports TensorFlow
+from mesh_tensorflow import _environment
+_environment.check_tensorflow()  # one line if TensorFlow is missing or untested (quiet for commands)
 
 from mesh_tensorflow.compat import original_paths as _original_paths
 _original_paths.install()  # the original's module paths (mesh_tensorflow.optimize, ...)

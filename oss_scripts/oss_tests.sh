@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Installs mesh_tensorflow with its test dependencies and runs the test suite
-# on 8 logical CPU devices (tests/conftest.py sets them up), in parallel
-# worker processes (pytest-xdist).
+# Installs mesh_tensorflow (with TensorFlow, through the `tensorflow` extra)
+# and its test dependencies, and runs the test suite on 8 logical CPU devices
+# (tests/conftest.py sets them up), in parallel worker processes
+# (pytest-xdist). Other TensorFlow and Python versions: oss_scripts/version_matrix.py.
 #   bash oss_scripts/oss_tests.sh [extra pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install --quiet --disable-pip-version-check -e ".[test,examples,docs]"
+python -m pip install --quiet --disable-pip-version-check \
+    -e ".[tensorflow,test,examples,sentencepiece,tfds,docs]"
 # One worker process per core, at most 4 (each holds TensorFlow and 8 devices);
 # tests marked with one xdist_group run in one worker, so that a module
 # fixture they share (a run over every layout) is computed once; the 15

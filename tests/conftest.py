@@ -20,9 +20,43 @@ from mesh_tensorflow import testing  # pylint: disable=g-import-not-at-top
 
 testing.use_logical_cpus(8)
 
+import logging  # pylint: disable=g-import-not-at-top
+import re  # pylint: disable=g-import-not-at-top
+import sys  # pylint: disable=g-import-not-at-top
+import warnings  # pylint: disable=g-import-not-at-top
+
 import pytest  # pylint: disable=g-import-not-at-top
 
 import mtf_test_utils  # pylint: disable=g-import-not-at-top
+
+# Modules whose frames stand between a deprecated TensorFlow function and
+# its caller (TensorFlow's dispatch and decorators, logging itself).
+_PASS_THROUGH = re.compile(r"(tensorflow|keras|tf_keras|absl|logging|contextlib|functools|"
+                           r"conftest)(\.|$)")
+_LIBRARY = re.compile(r"mesh_tensorflow(\.|$)")
+
+
+class _TensorFlowDeprecationsAsWarnings(logging.Handler):
+  """TensorFlow announces a call of a deprecated function with a log line
+  ("X is deprecated and will be removed ..."), not a warning, logged during
+  the call. If the innermost frame outside TensorFlow (the caller) is in
+  mesh_tensorflow, it becomes a DeprecationWarning of that module there,
+  which the warnings filter in setup.cfg turns into a test failure."""
+
+  def emit(self, record: logging.LogRecord) -> None:
+    message = record.getMessage()
+    if "is deprecated" not in message:
+      return
+    frame = sys._getframe(1)  # pylint: disable=protected-access
+    while frame is not None and _PASS_THROUGH.match(frame.f_globals.get("__name__", "")):
+      frame = frame.f_back
+    module = frame.f_globals.get("__name__", "") if frame is not None else ""
+    if _LIBRARY.match(module):
+      warnings.warn_explicit(message, DeprecationWarning, frame.f_code.co_filename,
+                             frame.f_lineno, module=module)
+
+
+logging.getLogger("tensorflow").addHandler(_TensorFlowDeprecationsAsWarnings())
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ over the mesh (biggest first), per-operation compute and communication (most
 expensive first), communication per mesh dimension and memory per processor,
 all from the cost model. `to_png` draws the mesh with how the biggest tensors
 are split and where communication happens (needs matplotlib: `pip install
-mesh_tensorflow[report]`).
+"mesh-tensorflow[report]"`).
 
     >>> report = mtf.layout_report(graph, "rows:2;cols:4", "batch:rows;hidden:cols")
     >>> print(report)
@@ -154,19 +154,16 @@ class LayoutReport:
     where communication happens, and writes a PNG to `path`.
 
     Raises:
-      ImportError: matplotlib is missing (pip install mesh_tensorflow[report]).
+      ImportError: matplotlib is missing (pip install "mesh-tensorflow[report]").
 
     Example:
       >>> report.to_png("/tmp/layout.png")
       '/tmp/layout.png'
     """
-    try:
-      import matplotlib  # pylint: disable=g-import-not-at-top
-      matplotlib.use("Agg")
-      import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-    except ImportError as e:
-      raise ImportError("LayoutReport.to_png needs matplotlib: pip install "
-                        "'mesh_tensorflow[report]' (or pip install matplotlib).") from e
+    from mesh_tensorflow import _environment  # pylint: disable=g-import-not-at-top
+    matplotlib = _environment.require_optional("matplotlib", "LayoutReport.to_png", "report")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
     tensors = self._picture_tensors(max(1, num_tensors))
     rows, cols = _grid(self.mesh_shape)
     n = len(tensors)

@@ -20,6 +20,8 @@ from typing import Optional, Sequence
 import tensorflow as tf
 from absl import logging
 
+from mesh_tensorflow import _environment
+
 SCALAR_SUMMARIES_COLLECTION_KEY = "mtf_scalar_summaries"
 _VARIABLE_OP_TYPES = ("Variable", "VariableV2", "VarHandleOp")
 
@@ -130,6 +132,8 @@ def create_host_call(model_dir: str):
     if len(args) != len(names):
       raise ValueError(f"host_call_fn: {len(args)} values for {len(names)} summaries.")
     step = tf.cast(tf.reshape(global_step, [-1])[0], tf.int64)
+    if not _environment.tensorboard_available(model_dir):
+      return []
     with tf.summary.create_file_writer(model_dir).as_default():
       written = [tf.summary.scalar(name, tf.reduce_mean(t), step=step)
                  for name, t in zip(names, args)]

@@ -28,6 +28,7 @@ import tensorflow as tf
 from absl import logging
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow import _environment
 from mesh_tensorflow.training import checkpoint as checkpoint_lib
 from mesh_tensorflow.lowering import slice_variables
 from mesh_tensorflow.experimental import _flag_specs
@@ -164,6 +165,8 @@ class _Runner:
   def _writer(self) -> Optional[tf.summary.SummaryWriter]:
     """The summary writer of --summary_dir (None without --write_summary)."""
     if not (_flag("write_summary") and _flag("summary_dir")):
+      return None
+    if not _environment.tensorboard_available(_flag("summary_dir")):
       return None
     if self._summary_writer is None:
       self._summary_writer = tf.summary.create_file_writer(_flag("summary_dir"))

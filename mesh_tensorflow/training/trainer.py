@@ -22,6 +22,7 @@ from typing import Callable, Dict, Optional, Sequence
 import tensorflow as tf
 from absl import logging
 
+from mesh_tensorflow import _environment
 from mesh_tensorflow.training import checkpoint as checkpoint_lib
 from mesh_tensorflow.training import offload
 from mesh_tensorflow.lowering import slice_variables
@@ -164,8 +165,10 @@ class Trainer:
 
   def _summary_writer(self) -> Optional[tf.summary.SummaryWriter]:
     """model_dir's TensorBoard writer, made at the first summary (so a run
-    that fails before its first step writes nothing into model_dir)."""
-    if self._writer is None and self._model_dir:
+    that fails before its first step writes nothing into model_dir); None
+    without model_dir, or without TensorBoard (which says so in one line)."""
+    if (self._writer is None and self._model_dir
+        and _environment.tensorboard_available(self._model_dir)):
       self._writer = tf.summary.create_file_writer(self._model_dir)
     return self._writer
 

@@ -36,6 +36,7 @@ from typing import (Callable, Collection, Dict, List, Mapping, Optional, Sequenc
 import gin
 import tensorflow as tf
 
+from mesh_tensorflow import _environment
 from mesh_tensorflow.core.autograph_exempt import plain_tf
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 from mesh_tensorflow.transformer.corpus import (  # noqa: F401 (re-exported)
@@ -173,14 +174,9 @@ def seqio_dataset(name: str, split: str, sequence_length: Mapping[str, int],
 
 
 def _tfds_load(name: str, split: str, data_dir: Optional[str]) -> tf.data.Dataset:
-  try:
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ImportError(
-        f"dataset {name!r} is a TensorFlow Datasets name, which needs tensorflow-datasets "
-        "(`pip install tensorflow-datasets`, the tfds extra); without it, train on text or TSV "
-        "files "
-        "(dataset_fn.train_files=...).") from e
+  tfds = _environment.require_optional(
+      "tensorflow_datasets", f"dataset {name!r}", "tfds",
+      alternative="without it, train on text or TSV files (dataset_fn.train_files=...)")
   return tfds.load(name, split=split, data_dir=data_dir, shuffle_files=False)
 
 
@@ -890,14 +886,10 @@ def pretokenized_t2t_dataset(dataset_name: str = gin.REQUIRED, text2self: bool =
 
 
 def _tfds(what: str):
-  try:
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ImportError(
-        f"{what} needs tensorflow-datasets (`pip install tensorflow-datasets`); without it, "
-        f"read text files (simple_text_line_dataset, packed_parallel_tsv_dataset or "
-        f"dataset_fn with train_files=...).") from e
-  return tfds
+  return _environment.require_optional(
+      "tensorflow_datasets", what, "tfds",
+      alternative="without it, read text files (simple_text_line_dataset, "
+                  "packed_parallel_tsv_dataset or dataset_fn with train_files=...)")
 
 
 @gin.configurable

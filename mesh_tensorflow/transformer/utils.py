@@ -36,6 +36,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 
+from mesh_tensorflow import _environment
 from mesh_tensorflow.transformer import dataset as dataset_lib
 from mesh_tensorflow.transformer import export as export_lib
 from mesh_tensorflow.transformer import inference
@@ -402,7 +403,7 @@ def _write_scalars(model_dir: Optional[str], step: int, values: Dict[str, float]
   """TensorBoard scalars of evaluations ("eval/perplexity") in model_dir,
   next to the Trainer's "eval/loss" (TensorBoard reads every events file of
   the directory)."""
-  if not model_dir:
+  if not model_dir or not _environment.tensorboard_available(model_dir):
     return
   path = model_dir
   if path not in _EVAL_WRITERS:

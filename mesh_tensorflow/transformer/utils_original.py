@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow import _environment
 from mesh_tensorflow.transformer import dataset as dataset_lib
 from mesh_tensorflow.transformer import export as export_lib
 from mesh_tensorflow.transformer import gin_config
@@ -895,7 +896,8 @@ def eval_model(estimator, vocabulary, sequence_length, batch_size, dataset_split
           [_example_text(estimator.vocabulary, ex, "inputs") for ex in examples[t.name]
            if "inputs" in ex or "inputs_pretokenized" in ex],
           os.path.join(summary_dir, f"{t.name}_inputs"))
-  writer = tf.summary.create_file_writer(summary_dir)
+  writer = (tf.summary.create_file_writer(summary_dir)
+            if _environment.tensorboard_available(summary_dir) else None)
   results = {}
   for path in get_checkpoint_iterator(eval_checkpoint_step, model_dir):
     estimator.restore(path)
@@ -916,14 +918,16 @@ def eval_model(estimator, vocabulary, sequence_length, batch_size, dataset_split
       if output_eval_examples:
         compat.write_lines_to_file(predictions,
                                    os.path.join(summary_dir, f"{t.name}_{step}_predictions"))
-      with writer.as_default():
-        for metric_fn in t.metric_fns:
-          for metric, value in metric_fn(targets[t.name], predictions).items():
-            tag = f"eval/{t.name}/{metric}"
-            results[step][tag] = float(value)
-            tf.summary.scalar(tag, float(value), step=step)
-            logging.info("%s at step %d: %.3f", tag, step, value)
-      writer.flush()
+      for metric_fn in t.metric_fns:
+        for metric, value in metric_fn(targets[t.name], predictions).items():
+          tag = f"eval/{t.name}/{metric}"
+          results[step][tag] = float(value)
+          if writer is not None:
+            with writer.as_default():
+              tf.summary.scalar(tag, float(value), step=step)
+          logging.info("%s at step %d: %.3f", tag, step, value)
+      if writer is not None:
+        writer.flush()
   return results
 
 

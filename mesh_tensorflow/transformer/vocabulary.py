@@ -26,6 +26,8 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from mesh_tensorflow import _environment
+
 PAD_ID = 0
 EOS_ID = 1
 
@@ -193,13 +195,9 @@ class SentencePieceVocabulary(Vocabulary):
   """
 
   def __init__(self, sentencepiece_model_file: str, extra_ids: int = 0):
-    try:
-      import sentencepiece  # pylint: disable=g-import-not-at-top
-    except ImportError as e:
-      raise ImportError(
-          "SentencePieceVocabulary needs the sentencepiece package: "
-          "`pip install sentencepiece` (or use ByteVocabulary, which needs no files)."
-      ) from e
+    sentencepiece = _environment.require_optional(
+        "sentencepiece", "SentencePieceVocabulary", "sentencepiece",
+        alternative="use ByteVocabulary, which needs no files")
     if not tf.io.gfile.exists(sentencepiece_model_file):
       raise ValueError(
           f"SentencePieceVocabulary: no model file {sentencepiece_model_file!r}.")
@@ -454,12 +452,9 @@ def get_tfds_vocabulary(dataset_name: str = gin.REQUIRED) -> TFDSVocabulary:
   Example:
     >>> vocab = get_tfds_vocabulary("lm1b/subwords8k")
   """
-  try:
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ImportError(
-        "get_tfds_vocabulary needs tensorflow-datasets (`pip install tensorflow-datasets`); "
-        "without it use ByteVocabulary or SentencePieceVocabulary.") from e
+  tfds = _environment.require_optional(
+      "tensorflow_datasets", "get_tfds_vocabulary", "tfds",
+      alternative="without it use ByteVocabulary or SentencePieceVocabulary")
   info = tfds.builder(dataset_name).info
   if not info.supervised_keys:
     raise ValueError(f"get_tfds_vocabulary: {dataset_name!r} has no supervised keys to find "

@@ -32,6 +32,7 @@ LAYER_NAMES = ("core", "lowering", "ops", "training", "layers", "compat", "api",
 FOLDERS = {
     "core": "core",  # shapes, layout rules, the mtf graph, layout-independent random numbers
     "cli": "core",  # the commands' error convention (a module; the package imports it first)
+    "_environment": "core",  # the TensorFlow and optional-package checks (imported first)
     "lowering": "lowering",  # the implementation interface, plans, observers, implementations, the walk
     "distributed": "lowering",  # meshes over several processes
     "ops": "ops",  # the operations and automatic differentiation
