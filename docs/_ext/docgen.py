@@ -23,7 +23,6 @@ A table inside a page sits between `<!-- generated: NAME -->` and
 from __future__ import annotations
 
 import ast
-import contextlib
 import importlib
 import inspect
 import json
@@ -345,29 +344,18 @@ def original_names_table() -> str:
 
 # ------------------------------------------------------------ requirements
 def requirements_line() -> str:
-  """What setup.py requires of Python and TensorFlow, for docs/support.md."""
-  tree = ast.parse((ROOT / "setup.py").read_text())
-  keywords = {}
-  for node in ast.walk(tree):
-    if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setup":
-      keywords = {k.arg: k.value for k in node.keywords}
-  python = ast.literal_eval(keywords["python_requires"])
-  requirements = list(ast.literal_eval(keywords.get("install_requires", ast.List(elts=[]))))
-  extras = {}
-  if "extras_require" in keywords:
-    with contextlib.suppress(ValueError):
-      extras = ast.literal_eval(keywords["extras_require"])
-  tensorflow = [r for r in requirements if re.match(r"tensorflow\b(?![-_\w])", r)]
-  where = "install_requires"
-  if not tensorflow:
-    for extra, items in extras.items():
-      found = [r for r in items if re.match(r"tensorflow\b(?![-_\w])", r)]
-      if found:
-        tensorflow, where = found, f'the extra "{extra}"'
-        break
-  tf_spec = tensorflow[0] if tensorflow else "tensorflow (not listed)"
-  return (f"setup.py declares `python_requires=\"{python}\"` and `{tf_spec}` "
-          f"(in {where}).")
+  """What setup.py requires of Python and TensorFlow, for docs/support.md
+  (its module-level TENSORFLOW and PYTHON_VERSIONS, which setup() uses)."""
+  constants = {}
+  for node in ast.parse((ROOT / "setup.py").read_text()).body:
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+      name = getattr(node.targets[0], "id", "")
+      if name in ("TENSORFLOW", "PYTHON_VERSIONS"):
+        constants[name] = ast.literal_eval(node.value)
+  versions = constants["PYTHON_VERSIONS"]
+  return (f"setup.py declares Python {versions[0]} to {versions[-1]} (`python_requires`) and "
+          f"`tensorflow{constants['TENSORFLOW']}` (through the extras `tensorflow` and "
+          "`tensorflow-cpu`; an installed TensorFlow is used as it is).")
 
 
 # ------------------------------------------------------------------ the files
