@@ -33,13 +33,12 @@ class Collective(NamedTuple):
   """One collective: as a mesh implementation runs it, as a Lowering records
   it, and as the cost model prices it.
 
-  Attributes:
-    op_name: the mtf operation it belongs to ("" until a Lowering files it).
-    kind: "allreduce", "allgather", "alltoall", "reduce_scatter" or "permute".
-    mesh_axes: the mesh axes it communicates over.
-    bytes_per_processor: bytes each processor sends (its slice).
-    group_size: processors per group (product of the mesh axes' sizes).
-    num_groups: groups that run it at the same time.
+  Its fields: `op_name`, the mtf operation it belongs to ("" until a
+  Lowering files it); `kind`, "allreduce", "allgather", "alltoall",
+  "reduce_scatter" or "permute"; `mesh_axes`, the mesh axes it communicates
+  over; `bytes_per_processor`, the bytes each processor sends (its slice);
+  `group_size`, the processors per group (product of the mesh axes' sizes);
+  `num_groups`, the groups that run it at the same time.
   """
   op_name: str
   kind: str

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from mesh_tensorflow import export_original_checkpoint
 from mesh_tensorflow.training import original_checkpoint
-from mesh_tensorflow.training import slice_variables
+from mesh_tensorflow.lowering import slice_variables
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "original_0.1.21"
