@@ -17,7 +17,7 @@ regenerates them in memory and compares):
 * the requirements line of docs/support.md, from setup.py.
 
 A table inside a page sits between `<!-- generated: NAME -->` and
-`<!-- end generated: NAME -->`; the rest of that page is written by hand.
+`<!-- end generated: NAME -->`; the rest of that page is ordinary prose.
 """
 
 from __future__ import annotations
