@@ -57,6 +57,12 @@ def stdlib_files(split: str = TRAIN, max_bytes: int = DEFAULT_CORPUS_BYTES,
     chosen.append(path)
     total += size
   holdout = [p for i, p in enumerate(chosen) if i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1]
+  if not holdout:
+    needed = sum(os.path.getsize(p) for p in paths[:HOLDOUT_EVERY])
+    raise ValueError(
+        f"dataset_fn.corpus_bytes = {max_bytes} holds {len(chosen)} stdlib file(s), too few "
+        f"for a validation split (every {HOLDOUT_EVERY}th file is held out): set it to at "
+        f"least {needed}.")
   if split == VALIDATION:
     return holdout
   return [p for p in chosen if p not in set(holdout)]

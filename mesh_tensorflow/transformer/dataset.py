@@ -189,6 +189,9 @@ def _expand(files: Union[str, Sequence[str]]) -> List[str]:
     if not matches:
       raise ValueError(f"No file matches {pattern!r}.")
     out.extend(matches)
+  if not out:
+    raise ValueError("No files given: name at least one file (dataset_fn.train_files, "
+                     "dataset_fn.eval_files).")
   return out
 
 

@@ -250,3 +250,13 @@ def test_learning_rate_schedules_from_gin(clean_gin):
 def test_unknown_gin_file_is_a_clear_error(clean_gin):
   with pytest.raises(ValueError, match="No gin file 'models/huge.gin'"):
     gin_config.parse(["models/huge.gin"])
+
+
+def test_too_small_corpus_or_no_files_is_one_clear_line():
+  with pytest.raises(ValueError, match=r"corpus_bytes = 50000 .* too few for a validation "
+                     r"split .* at least \d+"):
+    dataset.stdlib_files("validation", 50000)
+  train = dataset.stdlib_files("train", 300_000)
+  assert train  # a large enough corpus still splits
+  with pytest.raises(ValueError, match="No files given"):
+    dataset.text_dataset([], unit="file")
