@@ -14,7 +14,10 @@ regenerates them in memory and compares):
 * the coverage table of docs/original_api.md, from
   tests/data/original_public_names.json and the lists of names not yet
   provided in tests/compat/test_original_public_names.py;
-* the requirements line of docs/support.md, from setup.py.
+* the requirements line of docs/support.md, from setup.py;
+* the module list of every API reference page (docs/reference/api/*.md):
+  every public module of the folders the page covers (`API_PAGES`), so a
+  module added or moved is documented where it now lives.
 
 A table inside a page sits between `<!-- generated: NAME -->` and
 `<!-- end generated: NAME -->`; the rest of that page is ordinary prose.
@@ -53,6 +56,74 @@ COMMANDS: List[Tuple[str, str, str]] = [
      "mesh_tensorflow.analysis.cost_model.calibration", "parser"),
     ("python -m mesh_tensorflow.plan", "mesh_tensorflow.plan", "parser"),
 ]
+
+
+# API reference page -> (the folders it documents, the modules it shows
+# first, in reading order). Every other public module of those folders
+# follows in alphabetical order. A module is public when no part of its name
+# starts with "_"; a folder face (__init__) is shown only where listed first
+# (most only re-export).
+API_PAGES: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...]]] = {
+    "core": (("core", "cli"), ("core.shapes", "core.layout", "core.graph")),
+    "ops": (("ops",), ("ops.constant_ops", "ops.elementwise", "ops.einsum_ops",
+                       "ops.reduction", "ops.shape_ops", "ops.slicing", "ops.indexing")),
+    "lowering": (("lowering",), ("lowering.lowering", "lowering.mesh_impl",
+                                 "lowering.placement_mesh_impl", "lowering.simd_mesh_impl",
+                                 "lowering.plans", "lowering.observers")),
+    "layers": (("layers",), ("layers.core", "layers.attention")),
+    "training": (("training",), ("training.trainer", "training.optimize",
+                                 "training.checkpoint")),
+    "analysis": (("analysis", "auto_mtf"), ("analysis.cost_model",
+                                            "analysis.cost_model.params")),
+    "distributed": (("distributed",), ("distributed.cluster", "distributed.launch")),
+    "transformer": (("transformer",), ("transformer.transformer", "transformer.layer_stack",
+                                       "transformer.transformer_layers")),
+    "bert": (("bert",), ("bert.bert", "bert.optimization", "bert.tokenization")),
+    "experimental": (("experimental",), ("experimental.unet",)),
+    "compat": (("compat",), ()),
+    "testing": (("testing",), ()),
+}
+# The commands (`python -m mesh_tensorflow.NAME` files at the package's top)
+# are documented by their flags in docs/reference/commands.md.
+
+
+def _public_modules(folder: str) -> List[Tuple[str, bool]]:
+  """(module name relative to the package, is a folder face) of the public
+  modules under `folder`, sorted."""
+  base = ROOT / "mesh_tensorflow" / folder.replace(".", "/")
+  names = []
+  paths = [base.with_suffix(".py")] if base.with_suffix(".py").exists() else base.rglob("*.py")
+  for path in paths:
+    rel = path.relative_to(ROOT / "mesh_tensorflow").with_suffix("")
+    face = rel.name == "__init__"
+    parts = rel.parts[:-1] if face else rel.parts
+    if not parts or any(part.startswith("_") for part in parts):
+      continue
+    names.append((".".join(parts), face))
+  return sorted(names)
+
+
+def api_modules(page: str) -> List[str]:
+  """The modules `docs/reference/api/<page>.md` documents, in page order."""
+  folders, first = API_PAGES[page]
+  every = [m for folder in folders for m in _public_modules(folder)]
+  missing = [m for m in first if m not in {name for name, _ in every}]
+  if missing:
+    raise ValueError(f"API_PAGES[{page!r}] names modules that do not exist: {missing}")
+  return list(first) + [name for name, face in every if not face and name not in first]
+
+
+def api_module_list(page: str) -> str:
+  """The autodoc block of one API page. Compatibility modules re-export the
+  library's classes under the original's names: only what they define
+  themselves is shown (`:ignore-module-all:`), the rest has its own page."""
+  lines = ["```{eval-rst}"]
+  for module in api_modules(page):
+    lines += [f".. automodule:: mesh_tensorflow.{module}"]
+    if page == "compat":
+      lines += ["   :ignore-module-all:"]
+    lines += [""]
+  return "\n".join(lines[:-1] + ["```"])
 
 
 # ----------------------------------------------------------------- helpers
@@ -367,6 +438,16 @@ def generated_files() -> Dict[pathlib.Path, str]:
   }
   api = DOCS / "original_api.md"
   out[api] = _replace_between(api.read_text(), "original-names", original_names_table())
+  documented = {m for page in API_PAGES for m in api_modules(page)}
+  commands = {module.split(".", 1)[1] for _, module, _ in COMMANDS} | {
+      line.split(".", 1)[1] for line in ("mesh_tensorflow.report", "mesh_tensorflow.launch")}
+  undocumented = [name for name, face in _public_modules("")
+                  if not face and name not in documented and name not in commands]
+  if undocumented:
+    raise ValueError(f"modules on no API page: {undocumented}; add their folder to API_PAGES")
+  for page in API_PAGES:
+    path = DOCS / "reference" / "api" / f"{page}.md"
+    out[path] = _replace_between(path.read_text(), "modules", api_module_list(page))
   support = DOCS / "support.md"
   out[support] = _replace_between(support.read_text(), "requirements", requirements_line())
   return out

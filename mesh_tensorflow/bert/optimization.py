@@ -155,8 +155,13 @@ def create_optimizer(loss: mtf.Tensor, init_lr: Optional[float], num_train_steps
 
   Args:
     loss: scalar mtf loss.
-    init_lr, num_train_steps, num_warmup_steps, max_optimized_variable_size,
-      optimizer, clip_gradients: see `make_optimizer`.
+    init_lr: the peak learning rate; it and the next five arguments mean
+      what they mean for `make_optimizer`.
+    num_train_steps: see `make_optimizer`.
+    num_warmup_steps: see `make_optimizer`.
+    max_optimized_variable_size: see `make_optimizer`.
+    optimizer: see `make_optimizer`.
+    clip_gradients: see `make_optimizer`.
     global_step: the number of updates so far (an mtf scalar, a TensorFlow
       scalar or variable, or an int); required with a learning-rate schedule
       (TF2 has no implicit global step). Incrementing it is the caller's job.

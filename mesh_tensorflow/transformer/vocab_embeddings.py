@@ -269,10 +269,12 @@ class MixtureOfSoftmaxes:
   distribution is a weighted mixture of K softmaxes, which lifts the rank
   limit of a single softmax (the "softmax bottleneck").
 
-  With h = hidden * d_model^-0.5:
+  With h = hidden * d_model^-0.5::
+
     prior_k = softmax_k(h . mixture_weights[k]),
     context_k = tanh(h . context_weights[k]),
     p(v) = sum_k prior_k softmax_v(context_k . embedding[v]),
+
   and the logits are log p(v) (log-probabilities, so the model's softmax of
   them is p itself). The input embedding is a plain table.
 
@@ -350,7 +352,8 @@ class Mixtape:
   Efficiently", NeurIPS 2019): four context vectors make four logit
   vectors, mixed per token by gates from a sigmoid tree.
 
-  With h = hidden * d_model^-0.5:
+  With h = hidden * d_model^-0.5::
+
     context_g = tanh(h . context_weights[g] + context_weights_bias[g]),
       for the 4 gates g ("gates");
     component_g(v) = context_g . embedding[v];
@@ -360,6 +363,7 @@ class Mixtape:
     the tree's three sigmoids s0, s1, s2 give the gates
       (s0 s1, s0 (1 - s1), (1 - s0) s2, (1 - s0)(1 - s2));
     logits(v) = sum_g gate_g(v) component_g(v).
+
   Rare tokens share the gates of the context (no per-token prior), which is
   what makes Mixtape cheaper than a mixture of softmaxes.
 
