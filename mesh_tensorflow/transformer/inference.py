@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -448,23 +448,93 @@ def score(setup: modeling.Setup, input_file: Optional[str],
   if setup.model_type == "lm":
     _warn_cut(setup, lines, setup.sequence_length["targets"], "text")
   batch = padded_batch_size(setup.batch_size, setup.batch_split)
+  batches = ((len(chunk), _score_features(setup, chunk, batch))
+             for chunk in _chunks(lines, batch))
+  return _write_scores(setup, batches, batch, output_file)
+
+
+def score_dataset(setup: modeling.Setup, dataset: tf.data.Dataset,
+                  output_file: str) -> Dict[str, float]:
+  """Writes the log-likelihood (nats) of every example of `dataset`, one per
+  line to output_file, in the dataset's order: T5's scoring of a task's
+  examples. `dataset` yields unpacked examples, one per row (batched or not):
+  {"targets": ids} for "lm", and "inputs" too for "bitransformer" (id 0 is
+  padding, EOS included as the data gives it); ids past the sequence length
+  are cut.
+
+  Example:
+    >>> ds = dataset_fn("validation", vocab, lengths, 1, None, False, packed=False)
+    >>> score_dataset(setup, ds, "/tmp/validation.scores")
+    {'examples': 120.0, 'mean_score': -35.7}
+  """
+  keys = setup.feature_keys
+  missing = [k for k in keys if k not in dataset.element_spec]
+  if missing:
+    raise ValueError(f"score: the dataset has no {missing} feature(s); a {setup.model_type!r} "
+                     f"model scores {list(keys)}.")
+  batch = padded_batch_size(setup.batch_size, setup.batch_split)
+
+  def rows():
+    for example in dataset.as_numpy_iterator():
+      ids = {k: np.asarray(example[k]) for k in keys}
+      if ids[keys[0]].ndim == 1:
+        yield ids
+      else:
+        for row in range(ids[keys[0]].shape[0]):
+          yield {k: v[row] for k, v in ids.items()}
+
+  def batches():
+    chunk = []
+    for row in rows():
+      if not np.any(row["targets"]):
+        continue  # an empty padding row
+      chunk.append(row)
+      if len(chunk) == batch:
+        yield len(chunk), _rows_to_features(setup, chunk, batch)
+        chunk = []
+    if chunk:
+      yield len(chunk), _rows_to_features(setup, chunk, batch)
+
+  return _write_scores(setup, batches(), batch, output_file)
+
+
+def _rows_to_features(setup: modeling.Setup, rows: Sequence[Dict[str, np.ndarray]],
+                      batch: int) -> Dict[str, np.ndarray]:
+  """One unpacked batch from id rows (cut to the sequence length, zero-padded)."""
+  features = {}
+  for key in setup.feature_keys:
+    length = setup.sequence_length[key]
+    ids = np.zeros([batch, length], np.int32)
+    for i, row in enumerate(rows):
+      row = row[key][:length]
+      ids[i, :len(row)] = row
+    positions = np.broadcast_to(np.arange(length, dtype=np.int32), ids.shape)
+    features[key] = ids
+    features[key + "_segmentation"] = (ids != 0).astype(np.int32)
+    features[key + "_position"] = np.where(ids != 0, positions, 0).astype(np.int32)
+  return features
+
+
+def _write_scores(setup: modeling.Setup, batches: Iterable[Tuple[int, Dict[str, np.ndarray]]],
+                  batch: int, output_file: str) -> Dict[str, float]:
+  """Scores (rows used, features) batches and writes one score per row."""
   cache, scores = {}, []
-  for chunk in _chunks(lines, batch):
 
-    def build(mesh, features):
-      del mesh
-      logits, _ = modeling.call_model(setup, setup.new_model(), features, "eval",
-                                      compute_loss=False)
-      return {"score": modeling.log_likelihoods(logits, features["targets"])}
+  def build(mesh, features):
+    del mesh
+    logits, _ = modeling.call_model(setup, setup.new_model(), features, "eval",
+                                    compute_loss=False)
+    return {"score": modeling.log_likelihoods(logits, features["targets"])}
 
-    out = run_mtf(setup.mesh_impl, _score_features(setup, chunk, batch),
-                  setup.feature_shapes(batch), build, cache, "score")
-    scores.extend(float(s) for s in out["score"][:len(chunk)])
+  for used, features in batches:
+    out = run_mtf(setup.mesh_impl, features, setup.feature_shapes(batch), build, cache,
+                  "score")
+    scores.extend(float(s) for s in out["score"][:used])
   with tf.io.gfile.GFile(output_file, "w") as f:
-    f.write("")  # creates the file even when there are no lines
+    f.write("")  # creates the file even when there are no examples
     for s in scores:
       f.write(f"{s:.6f}\n")
   mean = float(np.mean(scores)) if scores else float("nan")
-  log(f"scored {len(lines)} examples to {output_file} (log-likelihood in nats; mean "
+  log(f"scored {len(scores)} examples to {output_file} (log-likelihood in nats; mean "
       f"{mean:.4f})")
-  return {"examples": float(len(lines)), "mean_score": mean}
+  return {"examples": float(len(scores)), "mean_score": mean}

@@ -12,7 +12,9 @@ by `mode`:
 * "eval": held-out loss, perplexity and token accuracy of the checkpoint;
 * "infer": decodes every line of `input_file` into `output_file`;
 * "score": writes the log-likelihood of every line of `input_file` (a text
-  for "lm", "input<TAB>target" for "bitransformer") to `output_file`;
+  for "lm", "input<TAB>target" for "bitransformer") to `output_file`; without
+  `input_file`, of every validation example of the data (a TFDS dataset, a
+  seqio task, files), one per line in the data's order;
 * "export": writes a SavedModel of the checkpoint to `export_dir`, served
   without this library (see `mesh_tensorflow.transformer.export`).
 
@@ -264,6 +266,25 @@ def unigram_entropy(ds: tf.data.Dataset, num_batches: int = 100,
     return float("nan")
   p = counts[counts > 0] / counts.sum()
   return float(-(p * np.log(p)).sum())
+
+
+def unpacked_validation_data(dataset_fn: Callable, vocabulary, sequence_length: Mapping[str, int],
+                             model_type: str) -> tf.data.Dataset:
+  """The validation split of `dataset_fn`'s data, one example per row, every
+  example once (batches of one, no repeat), for scoring.
+
+  Example:
+    >>> ds = unpacked_validation_data(dataset_lib.dataset_fn, vocab, {"targets": 128}, "lm")
+  """
+  try:
+    return dataset_fn(dataset_lib.VALIDATION, vocabulary, sequence_length, 1, None, False,
+                      model_type=model_type, packed=False)
+  except TypeError as e:
+    if "packed" not in str(e):
+      raise
+    raise ValueError(f"--mode=score without --input_file needs a dataset_fn that takes "
+                     f"packed=False (one example per row); {dataset_fn!r} does not: give "
+                     f"--input_file instead.") from e
 
 
 def make_optimizer(optimizer, learning_rate_schedule):
@@ -881,7 +902,12 @@ def run(model_dir: Optional[str],
     if not checkpoint_path and eval_checkpoint_step is None and \
         tf.train.get_checkpoint_state(model_dir) is None:
       raise ValueError(f"No checkpoint in {model_dir!r}: train first (--mode=train).")
-    lines = inference.read_input_file(mode, input_file, input_encoding, input_errors)
+    scores_dataset = mode == "score" and not input_file
+    if scores_dataset and not output_file:
+      raise ValueError("--mode=score without --input_file scores the validation examples of "
+                       "the data (dataset_fn): give --output_file for their scores.")
+    lines = None if scores_dataset else inference.read_input_file(
+        mode, input_file, input_encoding, input_errors)
     if eval_checkpoint_step is not None:
       path = checkpoint_at_step(model_dir, eval_checkpoint_step)
       mtf.checkpoint.CheckpointManager(mesh_impl, model_dir).restore(path)
@@ -891,6 +917,9 @@ def run(model_dir: Optional[str],
     if mode == "infer":
       return inference.infer(setup, input_file, output_file, decode_length, temperature,
                              top_k, beam_size, alpha, lines=lines)
+    if scores_dataset:
+      return inference.score_dataset(setup, unpacked_validation_data(
+          dataset_fn, vocabulary, sequence_length, model_type), output_file)
     return inference.score(setup, input_file, output_file, lines=lines)
 
   if model_dir and fresh and mode == "train":

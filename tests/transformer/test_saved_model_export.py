@@ -250,3 +250,24 @@ def test_export_without_checkpoint_is_one_clear_error(tmp_path):
     export.export_saved_model(str(tmp_path), model_type="lm")
   with pytest.raises(ValueError, match="needs --model_dir"):
     export.export_saved_model("", model_type="lm")
+
+
+def test_score_without_input_file_scores_every_validation_example(exported, tmp_path):
+  """T5's scoring of a task: --mode=score without --input_file scores the
+  validation examples of the data in order, as scoring the same pairs from a
+  file does."""
+  model_dir, data = exported["bi"]["model_dir"], exported["data"]
+  from_data = str(tmp_path / "validation.scores")
+  result = _run("bi", data, SINGLE, model_dir=model_dir, mode="score", output_file=from_data)
+  held_out = data[1].split(" = ", 1)[1].strip("[]'")
+  lines = inference.read_lines(held_out)
+  _run("bi", data, SINGLE, model_dir=model_dir, mode="score", input_file=held_out,
+       output_file=str(tmp_path / "file.scores"))
+  with open(from_data) as f:
+    got = [float(line) for line in f]
+  with open(tmp_path / "file.scores") as f:
+    want = [float(line) for line in f]
+  assert result["examples"] == len(lines) == len(got) == 64
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="give --output_file"):
+    _run("bi", data, SINGLE, model_dir=model_dir, mode="score")
