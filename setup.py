@@ -63,6 +63,9 @@ setup(
         "examples": ["scikit-learn"],
         "sentencepiece": ["sentencepiece"],
         "tfds": ["tensorflow-datasets"],
+        # seqio tasks and mixtures as data (dataset_fn.seqio_task); seqio
+        # brings JAX and Flax with it.
+        "seqio": ["seqio"],
         "docs": ["sphinx", "myst-parser"],
     },
     entry_points={

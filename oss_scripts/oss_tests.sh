@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet --disable-pip-version-check \
-    -e ".[tensorflow,test,examples,sentencepiece,tfds,docs]"
+    -e ".[tensorflow,test,examples,sentencepiece,tfds,seqio,docs]"
 # tensorflow-text (the SentencePiece op, for string signatures in exported
 # SavedModels) of the installed TensorFlow's release, without its dependencies
 # so that it cannot add or replace a TensorFlow distribution.

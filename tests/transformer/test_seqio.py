@@ -5,6 +5,8 @@ vocabulary (the same 259 ids as this library's ByteVocabulary), tokenized and
 given EOS by seqio's preprocessors; `dataset_fn` packs or pads its features.
 """
 
+import functools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -59,3 +61,16 @@ def test_seqio_task_feeds_dataset_fn():
     dataset.dataset_fn("train", **dict(common, seqio_task="no_such_task"))
   with pytest.raises(ValueError, match="vocabulary of 259 ids.*has 359"):
     dataset.dataset_fn("train", **dict(common, vocabulary=vocabulary.ByteVocabulary(100)))
+
+
+def test_scoring_reads_every_validation_example_of_a_task():
+  """--mode=score without --input_file reads the task's validation split one
+  example per row (utils.unpacked_validation_data), each once."""
+  from mesh_tensorflow.transformer import utils  # pylint: disable=g-import-not-at-top
+  vocab = vocabulary.ByteVocabulary()
+  data_fn = functools.partial(dataset.dataset_fn, seqio_task=TASK, shuffle_buffer=1)
+  ds = utils.unpacked_validation_data(data_fn, vocab, {"inputs": 16, "targets": 16},
+                                      "bitransformer")
+  rows = list(ds.as_numpy_iterator())
+  assert len(rows) == len(PAIRS[:1])
+  assert vocab.decode([t for t in rows[0]["inputs"][0] if t > 1]) == PAIRS[0][0]
