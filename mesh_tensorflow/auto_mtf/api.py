@@ -1,8 +1,8 @@
 """The automatic layout entry points as a module:
 `from mesh_tensorflow.auto_mtf import api; api.layout(...)`.
 
-`layout` and `layout_and_mesh_shape` minimize memory per processor; `search` (in search.py) minimizes estimated step time under a
-memory budget.
+`layout` and `layout_and_mesh_shape` minimize memory per processor; `search`
+(in search.py) minimizes estimated step time under a memory budget.
 """
 
 from typing import Iterator, List, Optional

@@ -1,7 +1,8 @@
 """Prints a layout solution (`print_solution`).
 
-Works for this library's `layout_optimizer.LayoutOptimizer` and for an OR-Tools CP-SAT model and solver (read through their
-protocol buffers; OR-Tools is not needed otherwise).
+Works for this library's `layout_optimizer.LayoutOptimizer` and for an
+OR-Tools CP-SAT model and solver (read through their protocol buffers;
+OR-Tools is not needed otherwise).
 
     >>> optimizer = layout_optimizer.LayoutOptimizer(estimator)
     >>> optimizer.solve()

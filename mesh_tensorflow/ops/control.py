@@ -393,8 +393,9 @@ def custom_gradient(fn: Callable, grad_fn: Callable, explicit_inputs: Sequence[T
   - grad_fn(inputs, captured, outputs, output_grads), returning one gradient
     per input (optionally followed by one per captured tensor, i.e. each
     tensor such as a variable that fn used without it being in `inputs`);
-  - a grad_fn with an `all_inputs` or `forward_operations` parameter: called with the keywords `explicit_inputs`, `all_inputs`
-    (inputs, then captured), `forward_operations`, `outputs` (fn's outputs)
+  - a grad_fn with an `all_inputs` or `forward_operations` parameter:
+    called with the keywords `explicit_inputs`, `all_inputs` (inputs, then
+    captured), `forward_operations`, `outputs` (fn's outputs)
     and `output_grads`, it returns one gradient per tensor of all_inputs (or
     per explicit input).
 

@@ -26,7 +26,8 @@ class RandomOperation(Operation):
 
   `distribution` may also be a TensorFlow function with its keywords
   (`RandomOperation(mesh, shape, tf.random.uniform, minval=..., maxval=...,
-  dtype=...)`): it names the distribution, and the samples are this library's layout-invariant ones.
+  dtype=...)`): it names the distribution, and the samples are this
+  library's layout-invariant ones.
   """
 
   def __init__(self, mesh, shape, distribution, params=None, dtype=tf.float32, seed=None,
