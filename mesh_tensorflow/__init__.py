@@ -37,6 +37,8 @@ from mesh_tensorflow import layers
 from mesh_tensorflow.compat.placement_mesh_impl import PlacementMeshImpl
 from mesh_tensorflow.compat.simd_mesh_impl import SimdMeshImpl
 from mesh_tensorflow.training import checkpoint
+from mesh_tensorflow.compat import original_checkpoint as _original_checkpoint
+del _original_checkpoint  # imported to register the TF1 name-based format with checkpoint
 from mesh_tensorflow import training
 from mesh_tensorflow.distributed import cluster  # meshes over several processes/hosts
 from mesh_tensorflow.training import zero

@@ -25,7 +25,7 @@ from absl import flags
 import tensorflow as tf
 
 from mesh_tensorflow import cli
-from mesh_tensorflow.training import original_checkpoint
+from mesh_tensorflow.compat import original_checkpoint
 
 # --dtype: (model variables' dtype, slots' dtype); None keeps the saved one.
 _DTYPES = {"original": (None, original_checkpoint.ORIGINAL_SLOT_DTYPE),

@@ -1,6 +1,6 @@
 """Automatic layouts: search the legal layouts (and mesh shapes) of an mtf
 graph with the cost model and pick the fastest that fits in memory (`search`)
-or, as the original did, the one needing the least memory (`layout`,
+or the one needing the least memory (`layout`,
 `layout_and_mesh_shape`).
 
     >>> rules = mtf.auto_mtf.layout(graph, "rows:2;cols:4", [loss])
@@ -8,7 +8,7 @@ or, as the original did, the one needing the least memory (`layout`,
     >>> result = mtf.auto_mtf.search(graph, "rows:2;cols:4", memory_budget_bytes=2**30)
     >>> print(result.explain())
 
-The original's modules are here too: `graph_interface.GraphInterface`,
+The layout tools are modules here too: `graph_interface.GraphInterface`,
 `valid_layouts.LayoutValidator`, `memory_estimator.MemoryEstimator`,
 `scheduler.minimize_peak_memory`, `layout_optimizer.LayoutOptimizer` (least
 memory per processor, without an integer-programming solver) and

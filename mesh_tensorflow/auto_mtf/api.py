@@ -1,9 +1,8 @@
-"""The original Mesh TensorFlow's module path for the automatic layout entry
-points: `from mesh_tensorflow.auto_mtf import api; api.layout(...)`.
+"""The automatic layout entry points as a module:
+`from mesh_tensorflow.auto_mtf import api; api.layout(...)`.
 
-`layout` and `layout_and_mesh_shape` minimize memory per processor, as the
-original did; `search` (in search.py) minimizes estimated step time under a
-memory budget.
+`layout` and `layout_and_mesh_shape` minimize memory per processor; `search`
+(in search.py) minimizes estimated step time under a memory budget.
 """
 
 from typing import Iterator, List, Optional
@@ -13,5 +12,5 @@ from mesh_tensorflow.auto_mtf.search import factorizations, layout, layout_and_m
 
 def _mesh_shape_iterator(num_cores: int, max_mesh_dimensions: Optional[int] = None
                          ) -> Iterator[List[int]]:
-  """The original's private name for `factorizations` (kept for its tests)."""
+  """`factorizations` under its private name."""
   return factorizations(num_cores, max_mesh_dimensions)

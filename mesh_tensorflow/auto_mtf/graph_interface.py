@@ -1,5 +1,5 @@
-"""One view of an mtf.Graph or a tf.Graph for the layout tools (the original
-auto_mtf's `GraphInterface`): operations and tensors by name, tensor sizes
+"""One view of an mtf.Graph or a tf.Graph for the layout tools
+(`GraphInterface`): operations and tensors by name, tensor sizes
 under a partial layout, final tensors, a `CostGraphDef`, and the tensors in
 memory while a schedule runs.
 

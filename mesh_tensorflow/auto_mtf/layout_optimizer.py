@@ -1,5 +1,5 @@
-"""The layout that needs the least memory per processor (the original
-auto_mtf's `LayoutOptimizer`), without an integer-programming solver.
+"""The layout that needs the least memory per processor
+(`LayoutOptimizer`), without an integer-programming solver.
 
 A layout maps each splittable tensor dimension to at most one mesh dimension
 (whose size divides it), and no operation may have two of its dimensions on
@@ -8,7 +8,7 @@ operations, of the bytes per processor of the tensors in memory
 (`evaluate_layout`). `solve` enumerates the layouts when there are at most
 `max_exhaustive` of them and otherwise grows layouts one assignment at a time
 keeping the best `beam_width`; among layouts of equal value it prefers more
-assigned dimensions (as the original did), then the lowest step time
+assigned dimensions, then the lowest step time
 estimated by this library's cost model (`mesh_tensorflow.analysis.cost_model`).
 
     >>> estimator = memory_estimator.MemoryEstimator(mtf_graph, "m1:4;m2:2")
@@ -81,7 +81,7 @@ class LayoutOptimizer:
       for d in dims:
         self._conflicts[d].update(dims - {d})
 
-  # ---- the original's interface
+  # ---- the solver interface
   def solve(self, print_solution: bool = False) -> str:
     """The layout with the least peak memory per processor, as a string
     ("a:m2;c:m1", pairs sorted; "" for all replicated).
@@ -134,7 +134,7 @@ class LayoutOptimizer:
 
   @property
   def _model(self) -> "IntegerProgram":
-    """The original's integer program over this graph, as a description:
+    """The integer program over this graph, as a description:
     `_model.Proto().variables` lists its 0/1 and integer variables (one per
     tensor dimension and mesh dimension, one per assignment of each distinct
     set of dimensions an operation or tensor has, and the peak memory "z").
@@ -255,8 +255,8 @@ class ProgramDescription(NamedTuple):
 
 
 class IntegerProgram:
-  """The integer program the original auto_mtf posed for a graph, described
-  (not solved): `Proto().variables` as in the original's CP-SAT model.
+  """The integer program of least memory for a graph, described (not
+  solved): `Proto().variables` as in a CP-SAT model.
 
   Example:
     >>> program = IntegerProgram(optimizer)
@@ -268,7 +268,7 @@ class IntegerProgram:
     self._optimizer = optimizer
 
   def Proto(self) -> ProgramDescription:  # pylint: disable=invalid-name
-    """The program's variables (the original's name for the model's proto)."""
+    """The program's variables (a CP-SAT model's proto)."""
     optimizer = self._optimizer
     validator = optimizer._layout_validator  # pylint: disable=protected-access
     graph = optimizer._graph  # pylint: disable=protected-access
@@ -292,12 +292,12 @@ def _layout_string(assignment: Assignment) -> str:
 
 
 def _global_var_name(splittable_dimension: str, mesh_dimension: str) -> str:
-  """The original's name of the 0/1 variable "dimension on mesh dimension"."""
+  """The name of the 0/1 variable "dimension on mesh dimension"."""
   return f"x_({splittable_dimension}:{mesh_dimension})"
 
 
 def _local_var_name(splittable_dimensions, assignment: Assignment) -> str:
-  """The original's name of the variable for one assignment of a set of
+  """The name of the variable for one assignment of a set of
   dimensions, e.g. "y_(channel:y,hidden)"."""
   parts = [f"{d}:{assignment[d]}" if d in assignment else d
            for d in sorted(splittable_dimensions)]

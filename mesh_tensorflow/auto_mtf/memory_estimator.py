@@ -1,5 +1,5 @@
-"""The inputs of the layout optimizer for one graph and mesh (the original
-auto_mtf's `MemoryEstimator`): a `LayoutValidator` and a `GraphInterface`
+"""The inputs of the layout optimizer for one graph and mesh
+(`MemoryEstimator`): a `LayoutValidator` and a `GraphInterface`
 whose final tensors are the computation's outputs. Memory is estimated from
 the sizes of the mtf tensors, without lowering the graph.
 

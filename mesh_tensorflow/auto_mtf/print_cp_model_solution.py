@@ -1,8 +1,8 @@
-"""Prints a layout solution (the original auto_mtf's `print_solution`).
+"""Prints a layout solution (`print_solution`).
 
-Works for this library's `layout_optimizer.LayoutOptimizer` and, as in the
-original, for an OR-Tools CP-SAT model and solver (read through their
-protocol buffers; OR-Tools is not needed otherwise).
+Works for this library's `layout_optimizer.LayoutOptimizer` and for an
+OR-Tools CP-SAT model and solver (read through their protocol buffers;
+OR-Tools is not needed otherwise).
 
     >>> optimizer = layout_optimizer.LayoutOptimizer(estimator)
     >>> optimizer.solve()

@@ -1,5 +1,5 @@
-"""Operation orders that keep peak memory low (the original auto_mtf's
-scheduler), for `GraphInterface.compute_memory_contents_under_schedule`.
+"""Operation orders that keep peak memory low, for
+`GraphInterface.compute_memory_contents_under_schedule`.
 
     >>> schedule = minimize_peak_memory(GraphInterface(mtf_graph), "LIST")
 """

@@ -275,8 +275,7 @@ def factorizations(num_devices: int, max_mesh_dimensions: Optional[int] = None
                    ) -> Iterator[List[int]]:
   """The ways to write `num_devices` as a product of factors >= 2 in
   non-increasing order, with at most `max_mesh_dimensions` factors (None: any);
-  [1] for one device. This is the set of mesh shapes the original auto_mtf
-  tried (each shape once, not its permutations).
+  [1] for one device: each shape once, not its permutations.
 
   Example:
     >>> list(factorizations(8))
@@ -335,8 +334,7 @@ def search(graph, mesh_shape=None, outputs=(), num_devices: Optional[int] = None
     fixed: rules every layout must contain, e.g. "batch:rows".
     max_mesh_dimensions: with num_devices, the most mesh dimensions tried.
     objective: "step_time" (the fastest layout that fits) or "memory" (the
-      least peak memory per processor, ties broken by step time; what the
-      original auto_mtf minimized).
+      least peak memory per processor, ties broken by step time).
 
   Returns:
     A LayoutSearchResult.
@@ -487,16 +485,14 @@ def _no_fit_error(ranked, budget, operations) -> NoLayoutFitsError:
       f"{var_text} Raise the budget, use more devices, or shrink the model or batch.")
 
 
-# ----------------------------------------------------------------------------- original API
+# ----------------------------------------------------------------------------- least memory
 
 
 def layout(mtf_graph, mesh_shape, mtf_outputs=(), objective: str = "memory",
            **kwargs) -> LayoutRules:
-  """The original auto_mtf entry point: layout rules for `mesh_shape` that
-  need the least memory per processor (ties: the lowest estimated step time).
-
-  This is what the original's layout optimizer minimized, so ported code
-  gets layouts that fit where they fitted before. For the fastest layout
+  """Layout rules for `mesh_shape` that need the least memory per processor
+  (ties: the lowest estimated step time), so a layout is found wherever one
+  fits. For the fastest layout
   that fits a budget, pass objective="step_time" (and memory_budget_bytes),
   or call `search`.
 
@@ -519,7 +515,7 @@ def layout(mtf_graph, mesh_shape, mtf_outputs=(), objective: str = "memory",
 def original_mesh_shapes(num_devices: int, max_mesh_dimensions: Optional[int] = 2) -> List[Shape]:
   """The mesh shapes `layout_and_mesh_shape` tries: each factorization of
   `num_devices` (`factorizations`) once, its dimensions named "mesh_0",
-  "mesh_1", ... as the original named them.
+  "mesh_1", ....
 
   Example:
     >>> [s.to_string() for s in original_mesh_shapes(8)]
@@ -532,7 +528,7 @@ def original_mesh_shapes(num_devices: int, max_mesh_dimensions: Optional[int] = 
 def layout_and_mesh_shape(mtf_graph, num_devices: int, mtf_outputs=(),
                           max_mesh_dimensions: Optional[int] = 2,
                           objective: str = "memory", **kwargs):
-  """The original auto_mtf entry point: (layout rules, mesh shape) over the
+  """(layout rules, mesh shape) over the
   mesh shapes of `num_devices` processors (`original_mesh_shapes`: "mesh_0:4;
   mesh_1:2", ...), chosen as `layout` chooses (least memory per processor by
   default; objective="step_time" for the fastest).

@@ -1,5 +1,5 @@
-"""Which tensor dimensions may go on which mesh dimensions (the original
-auto_mtf's `LayoutValidator`).
+"""Which tensor dimensions may go on which mesh dimensions
+(`LayoutValidator`).
 
 A dimension may be split when no operation of the graph needs it whole (an
 operation's `unsplittable_dims`, e.g. the concatenated dimension of

@@ -1,7 +1,7 @@
 """BERT on Mesh TensorFlow: the model, its tokenizer, optimizer and the
-pre-training, classification and SQuAD programs, at the original's import
-paths (`mesh_tensorflow.bert.bert`, `.tokenization`, `.optimization`,
-`.run_pretraining`, `.run_classifier`, `.run_squad`).
+pre-training, classification and SQuAD programs (`mesh_tensorflow.bert.bert`,
+`.tokenization`, `.optimization`, `.run_pretraining`, `.run_classifier`,
+`.run_squad`).
 
 Training runs on `mtf.training.Trainer` (TF2) instead of TPUEstimator; see
 docs/bert.md.

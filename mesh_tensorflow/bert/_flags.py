@@ -56,7 +56,7 @@ def program(module_name: str, *included: flags.FlagValues):
 
 def define_shared(define_flag: Callable[[str, str, Any, str], None], layout_default: str) -> None:
   """Defines the flags of every BERT program: the model config, the batch
-  size and optimizer, checkpoint saving, the layout, and the original's
+  size and optimizer, checkpoint saving, the layout, and the
   TPUEstimator flags (accepted, unused).
 
   Example:

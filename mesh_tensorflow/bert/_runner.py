@@ -14,8 +14,8 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow import cli
 
-# The --layout default of the original programs.
-ORIGINAL_DEFAULT_LAYOUT = (
+# The BERT programs' --layout default.
+DEFAULT_LAYOUT = (
     "batch:batch,vocab:model,intermediate:model,num_heads:model,experts:batch")
 
 ESTIMATOR_ONLY = (
@@ -58,12 +58,12 @@ def make_mesh_impl(mesh_shape: str, layout: str):
   """
   shape = mtf.convert_to_shape(mesh_shape)
   rules = mtf.convert_to_layout_rules(layout)
-  # The original's default layout names a "model" mesh dimension that its
+  # The default layout names a "model" mesh dimension that the
   # default mesh ("batch:8") lacks; for that layout only, such rules split
   # nothing. Any other layout must fit the mesh (the library checks).
   mesh_names = {d.name for d in shape.dims}
   kept = [(t, m) for t, m in rules.pairs if m in mesh_names]
-  if layout == ORIGINAL_DEFAULT_LAYOUT and len(kept) != len(rules.pairs):
+  if layout == DEFAULT_LAYOUT and len(kept) != len(rules.pairs):
     dropped = [f"{t}:{m}" for t, m in rules.pairs if m not in mesh_names]
     logging.info("layout rules %s name mesh dimensions not in %s; ignored", dropped,
                  mesh_shape)

@@ -2,7 +2,7 @@
 
 The model is built from mtf operations only, so it lowers under any mesh
 shape and layout with the same values and gradients. Variable names and
-shapes follow the original Mesh TensorFlow BERT:
+shapes are those of Mesh TensorFlow's BERT checkpoints:
 
     bert/embeddings/word_embeddings          [vocab, hidden]
     bert/embeddings/token_type_embeddings    [token_type_vocab, hidden]
@@ -17,7 +17,7 @@ shapes follow the original Mesh TensorFlow BERT:
     cls/predictions/transform/dense/..., cls/predictions/output_bias
     cls/seq_relationship/{kernel,bias}
 
-The vocabulary dimension is padded to a multiple of 128 (as in the original)
+The vocabulary dimension is padded to a multiple of 128
 so that it can be split over a mesh dimension.
 
 Example:
@@ -77,16 +77,17 @@ class BertConfig:
     attention_num_heads: attention heads.
     attention_head_size: size of each head's queries, keys and values
       (default d_model / attention_num_heads).
-    attention_num_key_heads: kept for the original's configs (key heads).
-    attention_key_head_size: kept for the original's configs.
-    attention_num_value_heads: kept for the original's configs.
-    attention_value_head_size: kept for the original's configs.
+    attention_num_key_heads: key heads (`key_heads_dims`).
+    attention_key_head_size: size of `key_dim`.
+    attention_num_value_heads: value heads (`value_heads_dims`).
+    attention_value_head_size: size of `value_dim`.
     attention_probs_dropout_prob: dropout rate of the attention weights.
     feedforward_intermediate_size: hidden size of the feed-forward layers.
     feedforward_intermediate_act: activation of the feed-forward hidden
       layer and the masked-LM transform ("gelu", "relu", "tanh", "linear" or
       a function).
-    feedforward_intermediate_dropout_prob: kept for the original's configs.
+    feedforward_intermediate_dropout_prob: dropout rate inside the
+      feed-forward layers.
     moe_num_experts: experts of "moe" layers.
     moe_intermediate_size: hidden size of each expert.
     type_vocab_size: number of token types (segments).
@@ -651,7 +652,7 @@ def get_assignment_map_from_checkpoint(tvars, init_checkpoint: str
       Tensors or tf.Variables); names ending in ":0" are stripped, and
       optimizer state (global_step, adam_*, slot_*) is skipped.
     init_checkpoint: a checkpoint path (or a directory with one) written by
-      this library or by the original Mesh TensorFlow.
+      this library or in the name-based TF1 format (compat.original_checkpoint).
 
   Returns:
     (assignment_map {checkpoint name: variable name}, initialized names, each

@@ -4,7 +4,7 @@ to global norm 1.
 
 Two call forms:
 
-* `create_optimizer(loss, ...)`, the original's: computes the gradients of
+* `create_optimizer(loss, ...)`: computes the gradients of
   `loss` and returns the update operations, for code that lowers its own
   graph. In TF2 there is no implicit global step: pass `global_step`.
 * `make_optimizer(...)`, for `mtf.training.Trainer` (which computes the
@@ -151,7 +151,7 @@ def create_optimizer(loss: mtf.Tensor, init_lr: Optional[float], num_train_steps
                      optimizer: str = "adam", clip_gradients: bool = True,
                      global_step: Union[mtf.Tensor, tf.Tensor, tf.Variable, int, None] = None
                      ) -> Tuple[Optional[mtf.Tensor], List[mtf.Operation]]:
-  """The original's call form: gradients of `loss` and their update ops.
+  """Gradients of `loss` and their update ops.
 
   Args:
     loss: scalar mtf loss.

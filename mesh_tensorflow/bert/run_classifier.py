@@ -36,7 +36,7 @@ from mesh_tensorflow.bert import tokenization  # noqa: E402
 flags = _flags.flags
 # This program's flags (see _flags: they are not absl's global FLAGS).
 FLAGS, _d = _flags.program(__name__, tokenization.FLAGS)  # + --preserve_unused_tokens
-_flags.define_shared(_d, layout_default=_runner.ORIGINAL_DEFAULT_LAYOUT)
+_flags.define_shared(_d, layout_default=_runner.DEFAULT_LAYOUT)
 _flags.define_fine_tuning(_d)
 
 
@@ -390,7 +390,7 @@ def create_model(bert_config, is_training, input_ids, input_mask, segment_ids, l
   """A classifier on BERT's pooled output.
 
   Variables output_weights [num_labels, hidden] and output_bias [num_labels]
-  (outside the "bert" scope, as in the original); dropout 0.1 in training.
+  (outside the "bert" scope); dropout 0.1 in training.
 
   Returns:
     (loss: mean cross-entropy plus the model's extra loss, per-example loss

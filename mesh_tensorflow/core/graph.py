@@ -137,8 +137,8 @@ class Mesh:
   Its shape and devices are given only at lowering time, by a `MeshImpl`.
   With a `variable_placer` (e.g. `mtf.utils.BalancedVariablePlacer`, or any
   object with a TF device function `device_function(op)`), every variable
-  also gets a full-size master copy on the device the placer picks, as in the
-  original (see mesh_tensorflow/lowering/master_variables.py); without one, variables
+  also gets a full-size master copy on the device the placer picks (see
+  mesh_tensorflow/lowering/master_variables.py); without one, variables
   exist only as slices on the mesh's own devices.
 
   Example:
@@ -220,7 +220,7 @@ class Tensor:
 
   @property
   def to_string(self) -> CallableString:
-    """A one-line description (also callable, as in the original)."""
+    """A one-line description (also callable: `op.to_string()`)."""
     return CallableString(repr(self))
 
   # The arithmetic and comparison operators broadcast by dimension name; the
@@ -292,7 +292,7 @@ class Operation:
   inputs = property(lambda self: list(self._inputs))
   outputs = property(lambda self: list(self._outputs))
 
-  # Splittability, in the original Mesh TensorFlow's terms: the dimensions the
+  # Splittability: the dimensions the
   # op's per-slice computation accepts split as they are, and those it needs
   # whole (which the lowering gathers first when a layout splits them). Ops
   # that need some dimension whole override _unsplittable_dim_names, or set

@@ -57,8 +57,7 @@ def convert_to_dimension(d) -> Optional[Dimension]:
 
 
 class CallableString(str):
-  """A string that is also callable (returning itself): `to_string` is a
-  property in the original Mesh TensorFlow and a method here, so both
+  """A string that is also callable (returning itself), so both
   `shape.to_string` and `shape.to_string()` give the text."""
 
   def __call__(self) -> str:
@@ -66,9 +65,9 @@ class CallableString(str):
 
 
 class CallableList(list):
-  """A list that is also callable (returning a plain copy): the original Mesh
-  TensorFlow has `shape.to_integer_list` and `shape.cumprod` as properties,
-  this library as methods; both spellings work."""
+  """A list that is also callable (returning a plain copy), so
+  `shape.to_integer_list` and `shape.cumprod` work as properties and as
+  methods."""
 
   def __call__(self) -> list:
     return list(self)
@@ -91,7 +90,7 @@ def _split_pair(s: str, what: str):
 
 
 def parse_pairs(s: str, what: str):
-  """Parses 'a:b;c:d' into [(a, b), (c, d)]; like the original Mesh TensorFlow,
+  """Parses 'a:b;c:d' into [(a, b), (c, d)];
   ',', '.' and whitespace also separate pairs ("a:b,c:d", "a:b c:d")."""
   s = s.strip()
   if not s:

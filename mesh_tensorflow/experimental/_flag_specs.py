@@ -1,7 +1,7 @@
 """Lazily defined absl flags shared by the experimental modules.
 
-The original's experimental modules defined their absl flags when imported.
-Several of those names (`mesh_shape`, `layout`, `ct_resolution`, ...) are
+The experimental modules' absl flags are defined on request, not at
+import. Several of their names (`mesh_shape`, `layout`, `ct_resolution`, ...) are
 common, so defining them at import would clash with any other program or
 example that defines the same names in the same process. Here each module
 lists its flags; `define(specs)` defines the ones no other module has

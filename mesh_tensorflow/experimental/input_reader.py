@@ -11,8 +11,8 @@ batch into the slices the layout gives each device:
     ... def step():
     ...   return reader.gpu_placement(model_fn)   # model_fn(image_slices, label_slices)
 
-The original's `SimdMeshImplInputReader`, `SubBatchSlicer` and
-`ProcessDevices` fed TPU infeed queues from TensorFlow 1 sessions, which
+`SimdMeshImplInputReader`, `SubBatchSlicer` and `ProcessDevices` would feed
+TPU infeed queues from TensorFlow 1 sessions, which
 TensorFlow 2 does not have: they raise an error naming the replacement,
 `mtf.training.Trainer` (it imports each tf.data batch with the feature
 shapes, so every processor of any mesh implementation receives only its
@@ -36,7 +36,7 @@ _TPU_INFEED = (
 
 
 class SubBatchSlicer:
-  """The original's per-host reader of TPU infeed sub-batches; not available
+  """The per-host reader of TPU infeed sub-batches; not available
   in TensorFlow 2 (raises, naming `mtf.training.Trainer`).
 
   Example:
@@ -49,7 +49,7 @@ class SubBatchSlicer:
 
 
 class ProcessDevices:
-  """The original's map from processor numbers to TPU cores and hosts; not
+  """The map from processor numbers to TPU cores and hosts; not
   available in TensorFlow 2 (raises, naming `mtf.training.Trainer`).
 
   Example:
@@ -62,7 +62,7 @@ class ProcessDevices:
 
 
 class SimdMeshImplInputReader:
-  """The original's TPU infeed reader for SimdMeshImpl; not available in
+  """The TPU infeed reader for SimdMeshImpl; not available in
   TensorFlow 2 (raises, naming `mtf.training.Trainer`).
 
   Example:
@@ -130,8 +130,8 @@ class PlacementMeshImplInputReader:
     return self._dataset
 
   def initialize(self, sess=None) -> None:
-    """(Re)starts reading from the first batch. `sess` is accepted for the
-    original's call form and ignored (TensorFlow 2 has no sessions)."""
+    """(Re)starts reading from the first batch. `sess` is accepted and
+    ignored (TensorFlow 2 has no sessions)."""
     del sess
     self._iterator = iter(self._dataset)
 

@@ -4,8 +4,8 @@
 steps of Adafactor with a step-wise decaying learning rate, batch-norm moving
 averages updated with every step) and evaluation phases
 (`num_eval_iterations_per_loop` batches, predictions saved and the lesion
-dice logged by `unet.PostProcessor`), `num_training_loops` times, with the
-original's flags. The mesh is a `PlacementMeshImpl` over the GPUs, or the
+dice logged by `unet.PostProcessor`), `num_training_loops` times, configured by
+absl flags. The mesh is a `PlacementMeshImpl` over the GPUs, or the
 logical CPUs when there is no GPU; checkpoints (any mesh can resume them) go
 to `checkpoint_dir` and summaries to `summary_dir`:
 
@@ -15,7 +15,7 @@ to `checkpoint_dir` and summaries to `summary_dir`:
         --train_file_pattern='/data/train/*' --eval_file_pattern='/data/eval/*' \\
         --ct_resolution=64 --image_nx_block=2 --image_ny_block=4 --mtf_dtype=float32
 
-`--use_tpu=true` (the original's TPU infeed driver) raises an error naming
+`--use_tpu=true` (a TPU infeed driver) raises an error naming
 the TensorFlow 2 replacement, `mtf.training.Trainer` with a `SimdMeshImpl`.
 """
 
@@ -46,10 +46,10 @@ FLAG_SPECS: Dict[str, FlagSpec] = {
     "num_eval_iterations_per_loop": FlagSpec("integer", 2, "Evaluation batches per loop."),
     "num_training_loops": FlagSpec("integer", 1000, "Train/eval loops."),
     "mesh_shape": FlagSpec("string", "rows:4, columns:4, cores:2", "Mesh shape."),
-    "master": FlagSpec("string", "", "The original's TPU master (unused)."),
+    "master": FlagSpec("string", "", "TPU master (unused)."),
     "checkpoint_dir": FlagSpec("string", "", "Checkpoint directory (empty: none)."),
     "save_checkpoints_steps": FlagSpec("integer", 500, "Save every this many steps."),
-    "on_gcp": FlagSpec("boolean", False, "The original's TPU worker setting (unused)."),
+    "on_gcp": FlagSpec("boolean", False, "TPU worker setting (unused)."),
     "write_summary": FlagSpec("boolean", True, "Write TensorBoard summaries."),
     "summary_dir": FlagSpec("string", "", "Summary directory (empty: none)."),
     "pred_output_dir": FlagSpec("string", "", "Where predictions go (empty: not saved)."),
@@ -84,7 +84,7 @@ class MeshContext:
   """The mesh shape, layout and mesh implementation of a run.
 
   Args:
-    sess: the original's tf.Session; accepted and ignored (TF2 has none).
+    sess: a tf.Session; accepted and ignored (TF2 has none).
     use_tpu: must be False (TPU infeed is TensorFlow 1 only).
     mesh_shape: e.g. "rows:2;columns:4"; one device per processor is
       needed (GPUs, else logical CPUs).

@@ -13,7 +13,7 @@ splits the volume over a 2-D mesh: every convolution first trades halos
 with the neighbouring blocks (`mtf.halo_exchange`), so the network computes
 the same numbers under any layout.
 
-Settings come from absl flags with the original's names (`ct_resolution`,
+Settings come from absl flags (`ct_resolution`,
 `network_depth`, `n_base_filters`, `mtf_dtype`, `layout`, ...). Nothing is
 defined at import: call `define_flags()` before parsing, or read the
 defaults. Functions:
@@ -25,7 +25,7 @@ defaults. Functions:
     ...     mesh, mesh_impl, "train", images, labels)
 
 `images` and `labels` may be mtf Tensors of those shapes, whole tf.Tensors,
-or laid-out slices (one tf.Tensor per processor, the original's form).
+or laid-out slices (one tf.Tensor per processor).
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def _parse_example(serialized: tf.Tensor, dataset_str: str, seed: Optional[int] 
 
 
 def _augment_and_finish(image: tf.Tensor, label: tf.Tensor, dataset_str: str):
-  """The original's per-example pipeline on one [R, R, R] volume and label."""
+  """The per-example pipeline on one [R, R, R] volume and label."""
   reso, c = _flag("ct_resolution"), _flag("image_c")
   two_d = _flag("sampled_2d_slices")
   if dataset_str == "eval" and two_d:
@@ -449,8 +449,8 @@ def unet_with_spatial_partition(mesh: mtf.Mesh, mesh_impl, dataset_str: str, ima
 
   Args:
     mesh: an mtf.Mesh.
-    mesh_impl: its mesh implementation (kept for the original's call form;
-      laid-out inputs must follow its layout).
+    mesh_impl: its mesh implementation (laid-out inputs must follow its
+      layout).
     dataset_str: "train" or "eval" (batch norm and dropout train only in "train").
     images: [batch, nx, sx, ny, sy, (sz,) image_c] as an mtf Tensor, a
       tf.Tensor or laid-out slices (see `get_input_mtf_shapes`).

@@ -33,8 +33,8 @@ The layers live in these modules and are all exported here, so models use
 
 Layout-invariant initializers (`VarianceScalingInitializer`,
 `glorot_uniform`, `he_normal`, `lecun_normal`, ...) come from
-initializers.py and are exported here too, as the original
-had `mtf.layers.VarianceScalingInitializer`.
+initializers.py and are exported here too
+(`mtf.layers.VarianceScalingInitializer`).
 
     >>> h = mtf.layers.dense(x, d_ff, reduced_dims=[d_model], activation="relu")
     >>> h = mtf.layers.layer_norm(h, d_ff)

@@ -137,7 +137,7 @@ def attention_bias_local_block(mesh: Mesh, block_length: Dimension, memory_lengt
     memory_length: the memory dimension (its size is replaced by twice the
       block length: the previous block, all visible, then the query's own
       block, visible up to the query position).
-    dtype: bias dtype (integer dtypes, the original's default, give float32).
+    dtype: bias dtype (integer dtypes give float32).
 
   Returns:
     a bias [block_length, memory_length].
@@ -174,7 +174,7 @@ def multihead_attention_params(mesh: Mesh, heads: Dimension, io_channels: Dimens
 
   Initialized (layout-invariantly) normal with stddev io^-0.5 * kv^-0.25 for q
   and k (so q.k needs no 1/sqrt(kv) scaling), io^-0.5 for v and (io *
-  heads)^-0.5 for o, as the original. With combine, one variable "qkvo" holds
+  heads)^-0.5 for o. With combine, one variable "qkvo" holds
   all four (unstacked here); otherwise variables "q", "k", "v", "o".
 
   Example:
@@ -217,7 +217,7 @@ def dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor
                           dropout_broadcast_dims=None, extra_logit=None) -> Tensor:
   """softmax(q.k + mask) . v over the memory length.
 
-  The logits are not scaled: as in the original, the 1/sqrt(depth) factor
+  The logits are not scaled: the 1/sqrt(depth) factor
   lives in the initialization of the query and key weights.
 
   Args:
@@ -226,8 +226,7 @@ def dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor
     v: [..., length_kv, depth_v].
     mask: an additive bias broadcastable to the logits [..., length_q,
       length_kv], or None.
-    is_training: dropout is applied only when true (the fifth argument, as in
-      the original).
+    is_training: dropout is applied only when true (the fifth argument).
     dropout: dropout rate on the attention weights.
     dropout_broadcast_dims: dimensions along which the dropout mask is shared.
     extra_logit: an optional extra logit (a scalar or tensor) in the softmax
@@ -327,13 +326,13 @@ def masked_local_attention_1d(x: Tensor, kv_channels: Dimension, heads: Dimensio
   split the same way); each block of queries attends to its own block and
   the blocks before it that the window reaches, fetched with `mtf.shift`
   (across a split length, only neighbouring slices move). Positions before
-  the start are masked exactly (the original left them visible as zeros).
+  the start are masked exactly, not attended as zeros.
 
   Args:
     x: [batch..., length, io_channels].
     kv_channels: per-head key/value dimension.
     heads: heads dimension.
-    is_training: accepted in the original's position; this layer has no
+    is_training: accepted for the signature's sake; this layer has no
       dropout, so it changes nothing.
     window_size: how many positions (including itself) each query sees.
     master_dtype: variable storage dtype.
@@ -409,7 +408,7 @@ def multihead_self_attention_memory_compressed(
   `compression_factor` positions (`compress_mean`), so the memory is
   compression_factor times shorter. With mask_right, a query sees a group
   only when the group's last position is at or before it. The softmax has an
-  extra zero logit (as the original), so a query that sees no group (the
+  extra zero logit, so a query that sees no group (the
   first compression_factor - 1 positions with mask_right) gets zeros.
 
   Args:

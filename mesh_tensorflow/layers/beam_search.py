@@ -27,10 +27,10 @@ The result is the finished hypotheses with their scores, or, for a batch
 element where none finished, the alive ones with their log probabilities.
 
 Given `layout` and `mesh_shape` (and use_tpu), the candidates are
-prefiltered as in the original: the vocabulary is cut into as many parts as
+prefiltered: the vocabulary is cut into as many parts as
 the layout splits it on the mesh, each beam keeps its `num_prefilter` best
 tokens per part, and the best 2 * beam come from those. A model's
-`beam_search` passes its layout and mesh shape, as the original's does.
+`beam_search` passes its layout and mesh shape.
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ def _top_candidates(scores: Tensor, batch_dims, beam_dim: Dimension, vocab_dim: 
   """The best double.size (beam, token) pairs of scores [batch..., beam,
   vocab]: (their scores, beam index, token id), each [batch..., double].
 
-  split > 1: the original's prefilter: the vocabulary cut into `split`
+  split > 1: the prefilter: the vocabulary cut into `split`
   parts, num_prefilter (or double.size) best tokens per beam and part first.
   """
   k = beam_dim.size

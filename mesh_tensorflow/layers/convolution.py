@@ -156,8 +156,8 @@ _TF_TRUNCATED_NORMAL = tf.compat.v1.truncated_normal_initializer
 
 def _truncated_normal(stddev: float):
   """The layout-invariant truncated normal, unless a caller has replaced
-  tf.compat.v1.truncated_normal_initializer (the original's layer tests patch
-  it to pin the filters' values): then the replacement, as the original did."""
+  tf.compat.v1.truncated_normal_initializer (tests patch it to pin the
+  filters' values): then the replacement."""
   if tf.compat.v1.truncated_normal_initializer is not _TF_TRUNCATED_NORMAL:
     return tf.compat.v1.truncated_normal_initializer(stddev=stddev)
   return initializers.truncated_normal(stddev=stddev)
@@ -300,8 +300,8 @@ def conv3d_with_blocks(x: Tensor, output_dim: Dimension, filter_size: IntOrInts 
                        name: Optional[str] = None, w_blocks_dim=None) -> Tensor:
   """3D convolution layer over a volume cut into blocks along d, h and/or w
   (see `conv2d_with_blocks`); the kernel is `<name>/kernel` (default
-  `conv3d/kernel`). The arguments keep the original's order; `w_blocks_dim`,
-  which the original lacked, comes last.
+  `conv3d/kernel`). `w_blocks_dim` comes last (the
+  other arguments keep the original's order).
 
   Example:
     >>> y = mtf.layers.conv3d_with_blocks(x, filters, d_blocks_dim=d_blocks)
@@ -432,8 +432,7 @@ def conv2d_transpose_with_blocks(x: Tensor, output_dim: Dimension,
   the whole image's SAME transposed convolution at rows
   [b * h * stride, (b + 1) * h * stride): splitting the blocks dimensions
   over the mesh splits the image, and the result does not depend on the
-  layout. Any filter size and stride work (the original handled the
-  (2, 2) filter with stride 2 only). Without blocks dimensions this is
+  layout. Any filter size and stride work. Without blocks dimensions this is
   `conv2d_transpose`; the kernel variable is the same
   (`conv2d_transpose/kernel` [fh, fw, output_dim, in_channels] by default).
 
@@ -478,7 +477,7 @@ def conv3d_transpose_with_blocks(x: Tensor, output_dim: Dimension,
                                  variable_dtype: Optional[VariableDType] = None,
                                  name: Optional[str] = None, w_blocks_dim=None) -> Tensor:
   """3D transposed convolution layer over a volume cut into blocks along d, h
-  (and, beyond the original, w): see `conv2d_transpose_with_blocks`. The
+  (and w): see `conv2d_transpose_with_blocks`. The
   kernel is `<name>/kernel` [fd, fh, fw, output_dim, in_channels] (default
   name "conv3d_transpose", the variable of `conv3d_transpose`).
 
@@ -505,8 +504,8 @@ def max_pool2d(x: Tensor, ksize: IntOrInts = (2, 2), name: str = "max_pool2d",
                h_blocks_dim=None, w_blocks_dim=None) -> Tensor:
   """2D max pooling over x [..., h, w, channels] (strides default to ksize).
 
-  The first three arguments are the original's (x, ksize, name); strides,
-  padding and blocks dimensions are this library's additions.
+  The first three arguments are (x, ksize, name); strides, padding and
+  blocks dimensions follow.
 
   With blocks dimensions, pools each block (windows must not cross blocks).
 
@@ -532,8 +531,7 @@ def avg_pool2d(x: Tensor, ksize: IntOrInts = (2, 2), name: str = "avg_pool2d",
 
 def max_pool3d(x: Tensor, ksize: IntOrInts = (2, 2, 2), name: str = "max_pool3d",
                strides: Optional[IntOrInts] = None, padding: str = "VALID") -> Tensor:
-  """3D max pooling over x [..., d, h, w, channels] (strides default to ksize;
-  the first three arguments are the original's).
+  """3D max pooling over x [..., d, h, w, channels] (strides default to ksize).
 
   Example:
     >>> y = mtf.layers.max_pool3d(x, ksize=(2, 2, 2))
@@ -543,8 +541,7 @@ def max_pool3d(x: Tensor, ksize: IntOrInts = (2, 2, 2), name: str = "max_pool3d"
 
 def avg_pool3d(x: Tensor, ksize: IntOrInts = (2, 2, 2), name: str = "avg_pool3d",
                strides: Optional[IntOrInts] = None, padding: str = "VALID") -> Tensor:
-  """3D average pooling over x [..., d, h, w, channels] (strides default to ksize;
-  the first three arguments are the original's).
+  """3D average pooling over x [..., d, h, w, channels] (strides default to ksize).
 
   Example:
     >>> y = mtf.layers.avg_pool3d(x, ksize=(2, 2, 2))

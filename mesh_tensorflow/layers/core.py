@@ -84,16 +84,16 @@ def layer_scope(mesh: Mesh, name: Optional[str], default_name: str):
 
 # ---------------------------------------------------------------- helpers
 def check_is_training(is_training, what: str) -> None:
-  """Rejects a number given where the original's `is_training` argument goes.
+  """Rejects a number given where the `is_training` argument goes.
 
-  The original's layers take is_training right before dropout; a call written
-  for an older order (`dense_relu_dense(x, hidden, 0.1)`) would otherwise
+  The layers take is_training right before dropout; a call written
+  for another order (`dense_relu_dense(x, hidden, 0.1)`) would otherwise
   silently train without dropout.
   """
   if isinstance(is_training, (float, int)) and not isinstance(is_training, bool):
     raise TypeError(
         f"{what}: is_training must be a bool (or a boolean tensor), got {is_training!r}. It "
-        "comes before dropout, as in the original Mesh TensorFlow; pass the rate as dropout=.")
+        "comes before dropout; pass the rate as dropout=.")
 
 
 def _dim_list(dims: Optional[DimOrDims]) -> List[Dimension]:
@@ -177,8 +177,8 @@ def dense(x: Tensor, new_dims: Optional[DimOrDims] = None,
 
   Args:
     x: input tensor.
-    new_dims: the output dimension(s); `output_dim` (the original's name for a
-      single one) is accepted instead.
+    new_dims: the output dimension(s); `output_dim` (a single one) is
+      accepted instead.
     reduced_dims: dimensions of x to sum over; defaults to x's last dimension.
     expert_dims: dimensions of x that index separate weights (experts).
     use_bias: add a bias (initialized to zero) over expert_dims + new_dims.
@@ -280,8 +280,7 @@ def dense_relu_dense(x: Tensor, hidden_channels: Dimension, is_training: bool = 
   Args:
     x: input tensor; its last dimension is the io dimension.
     hidden_channels: the hidden dimension.
-    is_training: dropout is applied only when true (the third argument, as in
-      the original).
+    is_training: dropout is applied only when true (the third argument).
     dropout: dropout rate on the hidden activations.
     dropout_broadcast_dims: dimensions along which the dropout mask is shared.
     master_dtype: variable storage dtype.
@@ -316,7 +315,7 @@ def layer_norm(x: Tensor, dim: DimOrDims, epsilon: float = 1e-6,
   scale (ones) and bias (zeros) over those dimensions.
 
   Variables "<name>/layer_norm/layer_norm_scale" and ".../layer_norm_bias"
-  (default name "layer_prepostprocess", as the original). A split `dim` costs
+  (default name "layer_prepostprocess"). A split `dim` costs
   two small allreduces (mean and variance).
 
   Example:
@@ -360,7 +359,7 @@ def batch_norm(x: Tensor, is_training: bool, momentum: float = 0.99, epsilon: fl
   averages and returns no ops. Scale (ones, or zeros with init_zero) and bias
   (zeros) have the remaining dimensions, as do the non-trainable
   "bn_moving_mean" (zeros) and "bn_moving_variance" (ones). `epsilon`
-  defaults to the original's 1e-9.
+  defaults to 1e-9.
 
   Returns:
     (normalized x, list of update operations).
@@ -416,8 +415,7 @@ def embedding_weights(mesh: Mesh, vocab_dim: Dimension, output_dim: Dimension,
   """The embedding table: a variable named `name` over ensemble_dim + [vocab_dim,
   output_dim], by default standard normal (layout-invariant).
 
-  Calls with the same name share the table (as the original, whose default
-  name is "embedding").
+  Calls with the same name share the table (default name "embedding").
 
   Example:
     >>> table = embedding_weights(mesh, vocab, d_model, mtf.VariableDType())
@@ -563,13 +561,11 @@ def annealed_dropout(x: Tensor, is_training: bool, start_step, end_step,
                      init_rate: Optional[float] = None, noise_shape=None, name=None,
                      step: Optional[Tensor] = None) -> Tensor:
   """Dropout whose rate falls linearly from `init_rate` at `start_step` to 0
-  at `end_step` (the original's `annealed_dropout`).
+  at `end_step` (replaces the original's `annealed_dropout`).
 
   The step is the optimizer's step counter (`mtf.optimize.step_counter`, the
-  number of updates applied), or `step` (a scalar mtf Tensor) where given;
-  the original read TensorFlow's global step, which TF2 does not keep. Unlike
-  the original, steps before `start_step` use `init_rate` (the original
-  extrapolated to a higher rate there).
+  number of updates applied), or `step` (a scalar mtf Tensor) where given.
+  Steps before `start_step` use `init_rate`.
 
   Args:
     x: an mtf Tensor.
@@ -610,7 +606,7 @@ def annealed_dropout(x: Tensor, is_training: bool, start_step, end_step,
 
 def summary_for_clip_activation_gradient(t: Tensor, name: Optional[str] = None,
                                          batch_dims=None) -> None:
-  """Records scalar summaries of an activation (the original's companion of
+  """Records scalar summaries of an activation (the companion of
   `clip_activation_gradient`): its mean ("mean/") and maximum ("max/"), and,
   with `batch_dims`, the mean, maximum and variance over the batch of the
   per-example root mean square ("rms_mean/<name>", "rms_max/<name>",

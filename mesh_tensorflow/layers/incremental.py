@@ -156,7 +156,7 @@ def masked_local_attention_1d_incremental(
   key and value go to slot step_num % window_length, and the query attends
   to the filled slots (all of them once step_num >= window_length - 1), i.e.
   to positions (step_num - window_length, step_num]. Slots not written yet
-  are masked (the original attended to them as zeros).
+  are masked, not attended as zeros.
 
   Args:
     x: the new position's input [batch..., io_channels].

@@ -213,9 +213,8 @@ _TF_RANDOM_NORMAL = tf.compat.v1.random_normal_initializer
 
 def random_normal_or_replaced(stddev: float = 1.0):
   """`random_normal(stddev=stddev)`, unless a caller has replaced
-  tf.compat.v1.random_normal_initializer (the original's embedding tests
-  patch it to pin a table's values): then that replacement, as the
-  original's layers used it.
+  tf.compat.v1.random_normal_initializer (tests patch it to pin a table's
+  values): then that replacement.
 
   Example:
     >>> init = random_normal_or_replaced(stddev=0.5)
@@ -256,10 +255,9 @@ class VarianceScalingInitializer(Initializer):
   stddev sqrt(scale / n); "truncated_normal" draws from a normal truncated at
   two standard deviations and rescaled so the variance is still scale / n;
   "uniform" draws from [-limit, limit) with limit = sqrt(3 * scale / n).
-  (The original Mesh TensorFlow's "normal" was an unrescaled truncated normal;
-  ask for "truncated_normal" for the Keras behaviour.)
+  ("truncated_normal" is the Keras behaviour.)
 
-  Like the original `mtf.layers.VarianceScalingInitializer`, calling it with
+  Calling it with
   (reduced_dims, new_dims) returns a copy bound to those fans, so it can be
   given to `mtf.layers.dense(kernel_initializer=...)`.
 
@@ -302,7 +300,7 @@ class VarianceScalingInitializer(Initializer):
                                       fan_in_dims, fan_out_dims, self.seed)
 
   def __call__(self, shape_or_reduced_dims, new_dims_or_dtype=tf.float32, **kwargs):
-    """`init(reduced_dims, new_dims)` binds the fans (original DenseInitializer
+    """`init(reduced_dims, new_dims)` binds the fans (DenseInitializer
     API); `init(shape, dtype)` returns the full tensor (Keras API)."""
     if _is_dim_list(shape_or_reduced_dims) and _is_dim_list(new_dims_or_dtype):
       return self.for_dims(shape_or_reduced_dims, new_dims_or_dtype)
@@ -435,7 +433,7 @@ def lecun_uniform(fan_in_dims: DimsLike = None, seed=None) -> VarianceScalingIni
 
 
 class DenseInitializer:
-  """Base class of the original API's dense initializers: `dense` calls
+  """Base class of the dense initializers: `dense` calls
   `init(reduced_dims, new_dims)` and uses the initializer it returns.
 
   Example:
@@ -454,7 +452,7 @@ class DenseInitializer:
 def bind_fans(initializer, fan_in_dims: DimsLike, fan_out_dims: DimsLike):
   """`initializer` with its fans set, where it supports that; else unchanged.
 
-  Accepts `VarianceScalingInitializer`s and the original API's
+  Accepts `VarianceScalingInitializer`s and
   DenseInitializer-style callables `init(reduced_dims, new_dims)`.
 
   Example:

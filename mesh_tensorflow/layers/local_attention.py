@@ -11,8 +11,7 @@ under every layout.
 With `mask_right`, only the blocks before (left, and for images also above)
 come in, and a query sees the positions up to itself (raster order for
 images). Positions outside the sequence or image (the halo of the first and
-last blocks) are masked exactly; the original left them visible as zero keys
-and values.
+last blocks) are masked exactly, not attended as zero keys and values.
 
     >>> x = mtf.reshape(x, [batch, num_w_blocks, w, d_model])   # length = 4 * 16
     >>> y = mtf.layers.local_self_attention_spatial_blocks(x, d_kv, heads, mask_right=True)
@@ -153,7 +152,7 @@ def attention_bias_local_2d_block(mesh: Mesh, h_dim: Dimension, w_dim: Dimension
     w_dim: the query block's column dimension.
     memory_h_dim: the memory row dimension (its size becomes 2 * h).
     memory_w_dim: the memory column dimension (its size becomes 2 * w).
-    dtype: bias dtype (integer dtypes, the original's default, give float32).
+    dtype: bias dtype (integer dtypes give float32).
 
   Returns:
     a bias [h_dim, w_dim, memory_h_dim, memory_w_dim].
@@ -192,10 +191,10 @@ def local_self_attention_spatial_blocks(query_antecedent: Tensor, kv_channels: D
     query_antecedent: [batch..., num_w_blocks, w, io_channels].
     kv_channels: per-head key/value dimension.
     heads: heads dimension.
-    is_training: accepted in the original's position; this layer has no
+    is_training: accepted for the signature's sake; this layer has no
       dropout, so it changes nothing.
     memory_w_dim: ignored (the memory dimension is always "memory_" + w's
-      name); accepted because the original's signature has it.
+      name).
     mask_right: causal attention (for decoders).
     master_dtype: variable storage dtype.
     slice_dtype: variable slice dtype.
@@ -253,10 +252,10 @@ def local_2d_self_attention_spatial_blocks(query_antecedent: Tensor, kv_channels
     query_antecedent: [batch..., num_h_blocks, num_w_blocks, h, w, io_channels].
     kv_channels: per-head key/value dimension.
     heads: heads dimension.
-    is_training: accepted in the original's position; this layer has no
+    is_training: accepted for the signature's sake; this layer has no
       dropout, so it changes nothing.
     memory_h_dim: ignored (the memory dimensions are always "memory_" + h's
-      and w's names); accepted because the original's signature has it.
+      and w's names).
     memory_w_dim: ignored, as memory_h_dim.
     mask_right: causal (raster order) attention, for decoders.
     master_dtype: variable storage dtype.

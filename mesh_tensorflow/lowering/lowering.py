@@ -82,8 +82,8 @@ class Lowering:
             "has no mesh implementation. Pass {mesh: mesh_impl} for every mesh.")
     # Lowering a graph twice into one tf.function, or a graph with variables
     # twice into one TF1 graph, would make its variables twice: refused. A
-    # graph without variables may be lowered again into a TF1 graph (as the
-    # original allowed; each lowering makes its own ops).
+    # graph without variables may be lowered again into a TF1 graph (each
+    # lowering makes its own ops).
     if not tf.executing_eagerly() and not counting_only and (tf.inside_function() or graph.all_variables):
       graph.mark_lowered_into(tf.compat.v1.get_default_graph())
     self.tensors: Dict[Tensor, object] = {}

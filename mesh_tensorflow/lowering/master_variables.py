@@ -1,7 +1,7 @@
 """Master variables: a full-size copy of each mtf variable, on request.
 
 Variables normally exist only as per-processor slices (slice_variables.py).
-Code written for the original Mesh TensorFlow may ask for a full-size
+A program may ask for a full-size
 "master" copy of every variable as well, by giving its mesh a variable placer:
 
     >>> placer = mtf.utils.BalancedVariablePlacer(["cpu:0", "cpu:1"])

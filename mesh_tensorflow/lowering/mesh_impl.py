@@ -65,7 +65,7 @@ class LazyAllreduceSum:
     self.mesh_impl = mesh_impl
     self.laid_out_input = laid_out_input
     self.mesh_axes = tuple(sorted(mesh_axes))
-    self.add_counter_fn = add_counter_fn  # the original's argument: called when reduced
+    self.add_counter_fn = add_counter_fn  # called when the sum is reduced
     self._reduced = None
     mesh_impl.pending_sum_made(self)
 
@@ -305,7 +305,7 @@ class MeshImpl:
 
   def laid_out_size(self, tensor_shape) -> int:
     """Number of elements of all processors' slices together (replicas
-    counted): `slice_size(tensor_shape) * size`, as in the original. For the
+    counted): `slice_size(tensor_shape) * size`. For the
     elements one processor holds, use `slice_size`.
 
     Example:

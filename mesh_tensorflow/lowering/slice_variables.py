@@ -189,8 +189,8 @@ def set_pending_checkpoint(mesh_impl, prefix: Optional[str],
 def set_pending(mesh_impl, pending) -> None:
   """Variables created later on `mesh_impl` start from `pending`: any object
   with a method pending_value(name, full_shape, begin, size, trainable,
-  graph) returning a slice value or None (e.g. an original-format checkpoint's
-  `original_checkpoint.Plan`)."""
+  graph) returning a slice value or None (e.g. what a registered checkpoint
+  format's restore_into returns, see training.checkpoint)."""
   mesh_impl.__dict__[_META_KEY] = pending
 
 

@@ -8,15 +8,14 @@ over the mesh), a physical core:
 * `logical_to_physical` walks the chips in a serpentine order (never jumping
   between non-neighbours) and lays the mesh over that walk, so processors
   adjacent along the last mesh dimension are adjacent chips.
-* `auto_logical_to_physical_tpu` is the same mapping under the original Mesh
-  TensorFlow's name and signature, as physical processor numbers.
+* `auto_logical_to_physical_tpu` is the same mapping as physical processor
+  numbers (the original's name and signature).
 * `HierarchicalTiling` lets the user say, for each mesh dimension, the tile of
   the physical grid it spans.
 * `tpu_device_assignment` turns a mapping into the
   `tf.tpu.experimental.DeviceAssignment` that `SimdMeshImpl` replicates over.
 
-All of them are also importable from `mesh_tensorflow.lowering.simd_mesh_impl`, where
-the original kept them.
+All of them are also importable from `mesh_tensorflow.lowering.simd_mesh_impl`.
 
     >>> tiling = HierarchicalTiling([("dp", None), ("mp", [1, 1, 2])], [8, 8, 2])
     >>> tiling.mesh_shape
@@ -118,8 +117,8 @@ def _physical_pnums(physical_shape: Sequence[int], coordinates) -> List[int]:
 def auto_logical_to_physical_tpu(logical_shape: Sequence[int], physical_shape: Sequence[int],
                                  return_coordinates: bool = False,
                                  device_assignment=None):
-  """For each logical pnum, the physical processor it runs on (the original's
-  name for `logical_to_physical`).
+  """For each logical pnum, the physical processor it runs on (replaces the
+  original's function of this name; see `logical_to_physical`).
 
   Args:
     logical_shape: the mesh's sizes, e.g. [16, 8] (or an mtf Shape / string).

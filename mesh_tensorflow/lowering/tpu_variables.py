@@ -1,8 +1,8 @@
-"""The original Mesh TensorFlow's `tpu_variables`: one variable made of
-per-replica copies (`ReplicatedVariable`).
+"""One variable made of per-replica copies (`ReplicatedVariable`; replaces
+the original's `mesh_tensorflow.tpu_variables`).
 
-The original resolved such a variable inside a TF1 `tpu.replicate()`
-computation to the replica's own handle. TensorFlow 2 has no such context; the
+Inside a TF1 `tpu.replicate()` computation such a variable resolved to the
+replica's own handle. TensorFlow 2 has no such context; the
 replacement is a variable created under `tf.distribute.TPUStrategy` (or any
 `tf.distribute.Strategy`), which mirrors it on every replica. Here
 `ReplicatedVariable` works on the devices at hand: it reads its first copy and
@@ -20,8 +20,8 @@ from typing import Sequence
 
 import tensorflow as tf
 
-TF_23 = True  # the original's "TensorFlow is 2.3 or newer" switch
-VariableBase = object  # the original's base class (a private TensorFlow type there)
+TF_23 = True  # "TensorFlow is 2.3 or newer": always true here
+VariableBase = object  # ReplicatedVariable's base class
 
 
 class ReplicatedVariable(VariableBase):
@@ -57,7 +57,7 @@ class ReplicatedVariable(VariableBase):
   @property
   def handle(self):
     """The first copy's resource handle (TensorFlow 2 has no replicated
-    context in which the original picked the replica's own)."""
+    context that would pick the replica's own)."""
     return self._primary_var.handle
 
   @property

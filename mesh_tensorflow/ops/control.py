@@ -127,7 +127,7 @@ class WhileLoopOperation(Operation):
   def __init__(self, cond_fn, body_fn, inputs, num_loop_vars=None, name=None,
                has_accumulators: bool = False, tf_kwargs=None):
     if isinstance(num_loop_vars, dict) or isinstance(name, bool):
-      # The original's positional order: (cond_fn, body_fn, inputs, tf_kwargs,
+      # The positional order (cond_fn, body_fn, inputs, tf_kwargs,
       # has_accumulators, name).
       tf_kwargs, has_accumulators, name = (
           num_loop_vars, bool(name), has_accumulators if isinstance(has_accumulators, str)
@@ -282,7 +282,7 @@ def while_loop(cond_fn: Callable, body_fn: Callable, inputs: Sequence[Tensor],
   after the loop variables (zero when the loop runs no iteration), e.g. the
   gradients of several micro-batches. Other keyword arguments
   (`maximum_iterations`, `parallel_iterations`, `swap_memory`) go to
-  tf.while_loop, as in the original.
+  tf.while_loop.
 
   Example:
     >>> i, total = mtf.while_loop(lambda i, t: mtf.less(i, 10),
@@ -297,7 +297,7 @@ def while_loop(cond_fn: Callable, body_fn: Callable, inputs: Sequence[Tensor],
 
 class CustomGradientOperation(Operation):
   """Identity on fn's outputs whose gradient is given by grad_fn (see
-  `custom_gradient`); the original's constructor signature.
+  `custom_gradient`).
 
   Args:
     explicit_inputs: the tensors fn was called with.
@@ -330,7 +330,7 @@ class CustomGradientOperation(Operation):
     k = self._n_all
     explicit = self.inputs[:self._n_explicit]
     fn_outputs = self.inputs[k:]
-    if _takes_original_keywords(self._grad_fn):
+    if _takes_keyword_form(self._grad_fn):
       grads = list(self._grad_fn(
           explicit_inputs=explicit, all_inputs=self.inputs[:k],
           forward_operations=self.forward_operations, outputs=fn_outputs,
@@ -351,18 +351,18 @@ class CustomGradientOperation(Operation):
       lowering.set_tensor_lowering(out, lowering.laid_out(t))
 
 
-_ORIGINAL_GRAD_FN_KEYWORDS = ("all_inputs", "forward_operations")
+_KEYWORD_FORM_PARAMETERS = ("all_inputs", "forward_operations")
 
 
-def _takes_original_keywords(grad_fn) -> bool:
-  """Whether grad_fn is written for the original's keyword call
+def _takes_keyword_form(grad_fn) -> bool:
+  """Whether grad_fn is written for the keyword call
   (explicit_inputs=, all_inputs=, forward_operations=, outputs=,
   output_grads=) rather than this library's positional one."""
   try:
     params = inspect.signature(grad_fn).parameters
   except (TypeError, ValueError):
     return False
-  return any(k in params for k in _ORIGINAL_GRAD_FN_KEYWORDS)
+  return any(k in params for k in _KEYWORD_FORM_PARAMETERS)
 
 
 def _run_and_capture(fn, explicit_inputs):
@@ -393,9 +393,9 @@ def custom_gradient(fn: Callable, grad_fn: Callable, explicit_inputs: Sequence[T
   - grad_fn(inputs, captured, outputs, output_grads), returning one gradient
     per input (optionally followed by one per captured tensor, i.e. each
     tensor such as a variable that fn used without it being in `inputs`);
-  - the original's (a grad_fn with an `all_inputs` or `forward_operations`
-    parameter): called with the keywords `explicit_inputs`, `all_inputs`
-    (inputs, then captured), `forward_operations`, `outputs` (fn's outputs)
+  - a grad_fn with an `all_inputs` or `forward_operations` parameter:
+    called with the keywords `explicit_inputs`, `all_inputs` (inputs, then
+    captured), `forward_operations`, `outputs` (fn's outputs)
     and `output_grads`, it returns one gradient per tensor of all_inputs (or
     per explicit input).
 

@@ -192,7 +192,7 @@ identity = _unary(tf.identity, "identity", lambda x, y, dy: dy)
 
 
 def gelu(x: Tensor, name=None) -> Tensor:
-  """Gaussian error linear unit, tanh approximation (as the original mtf)."""
+  """Gaussian error linear unit, tanh approximation."""
   c = math.sqrt(2.0 / math.pi)
   return x * 0.5 * (1.0 + tanh(c * (x + 0.044715 * x * x * x)))
 

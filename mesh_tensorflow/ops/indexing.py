@@ -369,7 +369,7 @@ class TopKOperation(Operation):
       raise ValueError(f"mtf.top_k: k={k_dim.size} exceeds {reduced_dim} of {x.name}.")
     super().__init__([x], name=name or "top_k")
     self._reduced_dim, self._k_dim = reduced_dim, k_dim
-    # As in the original: reduced_dim removed, k_dim appended last.
+    # reduced_dim removed, k_dim appended last.
     shape = x.shape - [reduced_dim] + [k_dim]
     self._outputs = [Tensor(self, shape, x.dtype, index=0),
                      Tensor(self, shape, tf.int32, index=1)]
@@ -405,7 +405,7 @@ def top_k(x: Tensor, reduced_dim, k_dim=None, name=None, k=None):
   """The k largest values along reduced_dim and their indices, largest first.
 
   Returns (values, indices), both shaped as x without reduced_dim and with
-  k_dim last (as in the original Mesh TensorFlow). Ties go to the lower index.
+  k_dim last. Ties go to the lower index.
 
   Example:
     >>> values, indices = mtf.top_k(logits, vocab_dim, k_dim=mtf.Dimension("k", 4))
@@ -443,8 +443,7 @@ class ArgmaxOperation(Operation):
 def argmax(x: Tensor, reduced_dim, name=None, dtype=tf.int32) -> Tensor:
   """Index of the maximum along reduced_dim (the first one on ties).
 
-  The third argument is the name, as in the original 0.1.x; a dtype given
-  there (older releases' order) is taken as the dtype.
+  The third argument is the name; a dtype given there is taken as the dtype.
 
   Example:
     >>> best = mtf.argmax(logits, vocab_dim)             # int32, no vocab_dim
@@ -455,8 +454,8 @@ def argmax(x: Tensor, reduced_dim, name=None, dtype=tf.int32) -> Tensor:
 
 
 def top_1(x: Tensor, reduced_dim, name=None, dtype=tf.int32):
-  """(max, argmax) along reduced_dim: the values and their indices, in the
-  order of the original Mesh TensorFlow 0.1.x (`values, indices = top_1(...)`).
+  """(max, argmax) along reduced_dim: the values and their indices, in this
+  order (`values, indices = top_1(...)`).
 
   Example:
     >>> gate, expert_index = mtf.top_1(raw_gates, reduced_dim=experts_dim)

@@ -24,9 +24,10 @@ _DEFAULT_PARAMS = {"uniform": {"minval": 0.0, "maxval": 1.0},
 class RandomOperation(Operation):
   """Samples a tensor of `shape` from `distribution` ('uniform' or 'normal').
 
-  The original's form `RandomOperation(mesh, shape, tf.random.uniform,
-  minval=..., maxval=..., dtype=...)` works too: the TensorFlow function names
-  the distribution, and the samples are this library's layout-invariant ones.
+  `distribution` may also be a TensorFlow function with its keywords
+  (`RandomOperation(mesh, shape, tf.random.uniform, minval=..., maxval=...,
+  dtype=...)`): it names the distribution, and the samples are this
+  library's layout-invariant ones.
   """
 
   def __init__(self, mesh, shape, distribution, params=None, dtype=tf.float32, seed=None,
@@ -79,13 +80,14 @@ def dropout(x: Tensor, is_training: bool = True, keep_prob=None, rate=None,
             noise_shape=None, name=None) -> Tensor:
   """Zeros elements with probability `rate` (= 1 - keep_prob), scales the rest.
 
-  Called as the original `dropout(x, keep_prob, noise_shape=None)` too.
+  `dropout(x, keep_prob, noise_shape=None)` works too: a second argument that
+  is not a bool is keep_prob.
 
   Example:
     >>> h = mtf.dropout(h, is_training, rate=0.1)
   """
   if not isinstance(is_training, bool):
-    # Original call form: dropout(x, keep_prob, ...).
+    # dropout(x, keep_prob, ...).
     if keep_prob is None and rate is None:
       keep_prob, is_training = is_training, True
     else:

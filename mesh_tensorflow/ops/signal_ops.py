@@ -1,7 +1,7 @@
-"""Distributed 3-D Fourier transforms (the original's `mesh_tensorflow.ops.signal_ops`).
+"""Distributed 3-D Fourier transforms (`mtf.signal_ops`).
 
 `fft3d` transforms the innermost three dimensions of a complex tensor and
-returns the spectrum transposed, as the original did: [..., x, y, z] becomes
+returns the spectrum transposed: [..., x, y, z] becomes
 [..., ky, kz, kx]. `ifft3d` takes such a transposed spectrum back to
 [..., x, y, z]. The transform runs as three one-dimensional passes; each pass
 needs only the dimension it transforms whole on a processor, so a layout may

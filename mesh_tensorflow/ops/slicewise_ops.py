@@ -102,7 +102,7 @@ class GenericGradOperation(Operation):
                      mesh=forward_op.mesh, name=name or f"{forward_op.name}/grad")
     self._outputs = [Tensor(self, x.shape, x.dtype, index=i)
                      for i, x in enumerate(forward_op.inputs)]
-    # Reported splittable everywhere, as in the original: the dimensions the
+    # Reported splittable everywhere: the dimensions the
     # forward op needs whole are gathered here too, whatever is reported.
     self._gathered_dims = forward_op.unsplittable_dims
 

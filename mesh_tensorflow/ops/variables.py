@@ -75,7 +75,7 @@ class Variable(Operation):
     # that the layout splits it further (ZeRO stage 3, mesh_tensorflow/training/zero.py).
     self.storage_shape = self._shape
     # A full-size master copy, only when the mesh has a variable placer
-    # (the original's way to ask for one; master_variables.py).
+    # (master_variables.py).
     self.master = None
     placer = getattr(mesh, "variable_placer", None)
     if placer is not None:
@@ -96,7 +96,7 @@ class Variable(Operation):
   slice_dtype = property(lambda self: self._dtype.slice_dtype)
   activation_dtype = property(lambda self: self._dtype.activation_dtype)
   variable_dtype = property(lambda self: self._dtype)
-  dtype = variable_dtype  # the original's name
+  dtype = variable_dtype
   size = property(lambda self: self._shape.size)
 
   def lower(self, lowering):
@@ -260,8 +260,8 @@ class Assign(Operation):
     super().__init__(new_values, mesh=variables[0].mesh, name=name or "assign")
     self._variables = variables
     self._assign_fn = assign_fn or _set_slice
-    # The original Mesh TensorFlow's assign functions (mtf.assign_slice, ...)
-    # also take the mtf Variable first: assign_fn(variable, slice, value).
+    # An assign function may also take the mtf Variable first (as
+    # mtf.assign_slice does): assign_fn(variable, slice, value).
     self._takes_variable = _positional_arity(self._assign_fn) >= 3
 
   @property

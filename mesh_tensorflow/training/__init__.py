@@ -1,5 +1,5 @@
 """Training: the trainer, optimizers, learning-rate schedules, checkpoints
-(this library's and the original's), micro-batches, ZeRO, host offload, mixed
+(and a registry of checkpoint formats), micro-batches, ZeRO, host offload, mixed
 precision, AdaScale and pipeline parallelism.
 
 `mtf.training` is this package; the trainer's names (`Trainer`,

@@ -35,13 +35,84 @@ from __future__ import annotations
 import copy
 import os
 import re
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Protocol, Tuple
 
 import tensorflow as tf
 
 from mesh_tensorflow.training import checkpoint_verify
-from mesh_tensorflow.training import original_checkpoint
 from mesh_tensorflow.lowering import slice_variables
+
+
+def resolve(path: str) -> str:
+  """The checkpoint prefix of `path`: a prefix, or a directory (its latest
+  checkpoint, per its `checkpoint` state file).
+
+  Raises:
+    ValueError: naming `path` if it holds no checkpoint.
+
+  Example:
+    >>> resolve("/models/t5_small")
+    '/models/t5_small/model.ckpt-1000000'
+  """
+  if os.path.isdir(path):
+    prefix = tf.train.latest_checkpoint(path)
+    if prefix is None:
+      raise ValueError(f"No checkpoint in directory {path!r} (no `checkpoint` state file "
+                       "naming one).")
+    return prefix
+  if not tf.io.gfile.exists(path + ".index"):
+    raise ValueError(f"No checkpoint at {path!r}: {path}.index does not exist. Give a "
+                     "checkpoint prefix such as DIR/model.ckpt-1000 or a model directory.")
+  return path
+
+
+class CheckpointFormat(Protocol):
+  """A checkpoint format other than this library's own, which `restore` and
+  `list_variables` read once it is registered (`register_format`).
+
+  `mesh_tensorflow.compat.original_checkpoint` registers the name-based TF1
+  format when the package is imported.
+  """
+
+  def recognizes(self, prefix: str) -> bool:
+    """Whether the checkpoint at path prefix `prefix` is in this format."""
+
+  def restore_into(self, variables: Dict[str, slice_variables.SlicedVariable], prefix: str,
+                   allow_missing: bool, include_optimizer_state: bool):
+    """Checks and assigns the existing `variables` from `prefix`; returns the
+    pending source of variables created later (see slice_variables.set_pending)."""
+
+  def list_variables(self, prefix: str) -> List[Tuple[str, List[int], str]]:
+    """[(name as saved, shape, dtype name)] of the checkpoint at `prefix`."""
+
+
+_FORMATS: List[CheckpointFormat] = []
+
+
+def register_format(checkpoint_format: CheckpointFormat) -> None:
+  """Makes `CheckpointManager.restore` and `list_variables` read checkpoints
+  that `checkpoint_format` recognizes (checked in registration order, before
+  this library's own format).
+
+  Example:
+    >>> register_format(MyFormat())
+  """
+  if checkpoint_format not in _FORMATS:
+    _FORMATS.append(checkpoint_format)
+
+
+def format_of(prefix: str) -> Optional[CheckpointFormat]:
+  """The registered format of the checkpoint at `prefix`; None for this
+  library's own.
+
+  Example:
+    >>> format_of(resolve("/tmp/run")) is None
+    True
+  """
+  for checkpoint_format in _FORMATS:
+    if checkpoint_format.recognizes(prefix):
+      return checkpoint_format
+  return None
 
 
 class _Variables(tf.Module):
@@ -137,9 +208,9 @@ class CheckpointManager:
     """Restores existing variables from a checkpoint (default: the latest) and
     makes variables created later start from it.
 
-    The checkpoint may also be one the original Mesh TensorFlow wrote (a
-    name-based TF1 checkpoint, detected automatically): see
-    mesh_tensorflow/training/original_checkpoint.py. Then every problem (a model
+    The checkpoint may also be in a registered format (`register_format`,
+    detected automatically), such as the name-based TF1 checkpoints of
+    mesh_tensorflow/compat/original_checkpoint.py. Then every problem (a model
     variable it lacks, a checkpoint variable nothing takes, a shape
     mismatch) is listed in one ValueError.
 
@@ -170,9 +241,9 @@ class CheckpointManager:
       >>> manager.restore(".../ckpt-100", allow_missing=True)
     """
     if checkpoint_path:
-      checkpoint_path = original_checkpoint.resolve(checkpoint_path)
+      checkpoint_path = resolve(checkpoint_path)
     if verify:
-      # A directory written by other tools (the original's model.ckpt-N) has a
+      # A directory written by other tools (a TF1 Saver's model.ckpt-N) has a
       # latest checkpoint that tf.train.CheckpointManager does not list as its own.
       candidates = self.checkpoints or (
           [self.latest_checkpoint] if self.latest_checkpoint else [])
@@ -181,12 +252,13 @@ class CheckpointManager:
       path = checkpoint_path or self.latest_checkpoint
     if not path:
       raise ValueError(f"No checkpoint found in {self._directory!r}.")
-    path = original_checkpoint.resolve(path)
-    if original_checkpoint.is_original_format(path):
-      plan = original_checkpoint.restore_into(self._variables(), path, allow_missing,
-                                              include_optimizer_state)
+    path = resolve(path)
+    checkpoint_format = format_of(path)
+    if checkpoint_format is not None:
+      pending = checkpoint_format.restore_into(self._variables(), path, allow_missing,
+                                               include_optimizer_state)
       for impl in self._impls:
-        slice_variables.set_pending(impl, plan)
+        slice_variables.set_pending(impl, pending)
       return path
     try:
       pending = slice_variables.PendingCheckpoint(path, allow_missing,
@@ -248,9 +320,9 @@ def list_variables(checkpoint: str) -> List[Tuple[str, List[int], str]]:
     raise ValueError(f"Cannot read checkpoint {path!r}: {e}") from e
   dtypes = reader.get_variable_to_dtype_map()
   prefix, suffix = "model/variables_by_name/", "/.ATTRIBUTES/value"
-  if original_checkpoint.is_original_format(path):  # names as saved
-    return sorted((k, list(v), dtypes[k].name)
-                  for k, v in reader.get_variable_to_shape_map().items())
+  checkpoint_format = format_of(path)
+  if checkpoint_format is not None:
+    return checkpoint_format.list_variables(path)
   out = []
   for key, shape in reader.get_variable_to_shape_map().items():
     if key.startswith(prefix) and key.endswith(suffix):

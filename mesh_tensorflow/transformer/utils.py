@@ -507,7 +507,7 @@ def _master_dtype_from_checkpoint(variable_dtype: mtf.VariableDType,
   keeps training and saving bfloat16 masters, as it would there."""
   if prefix is None or modeling._bound("get_variable_dtype", "master_dtype"):  # pylint: disable=protected-access
     return variable_dtype
-  from mesh_tensorflow.training import original_checkpoint  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.compat import original_checkpoint  # pylint: disable=g-import-not-at-top
   try:
     saved = original_checkpoint.saved_master_dtype(resolve_checkpoint(prefix))
   except tf.errors.OpError:

@@ -566,7 +566,7 @@ def test_make_optimizer_leaves_large_variables_untrained():
 
 def test_original_default_layout_fits_any_mesh_but_given_layouts_must_fit():
   from mesh_tensorflow.bert import _runner  # pylint: disable=g-import-not-at-top
-  impl = _runner.make_mesh_impl("batch:2", _runner.ORIGINAL_DEFAULT_LAYOUT)
+  impl = _runner.make_mesh_impl("batch:2", _runner.DEFAULT_LAYOUT)
   layout = impl.tensor_layout(mtf.Shape([mtf.Dimension("batch", 4),
                                          mtf.Dimension("vocab", 128)]))
   assert str(layout) == "TensorLayout(0, None)"

@@ -243,3 +243,51 @@ def test_list_variables_and_inspect_checkpoint_cli(saved, tmp_path):
   bad = subprocess.run(cmd + [str(tmp_path)], capture_output=True, text=True, env=env,
                        cwd=REPO_ROOT, timeout=600, check=False)
   assert bad.returncode == 2 and "No checkpoint in directory" in bad.stderr
+
+
+class _TaggedFormat:
+  """A checkpoint format recognized by a marker file beside the prefix."""
+
+  def __init__(self):
+    self.restored = []
+
+  def recognizes(self, prefix):
+    return os.path.exists(prefix + ".tagged")
+
+  def restore_into(self, variables, prefix, allow_missing, include_optimizer_state):
+    self.restored.append((sorted(variables), prefix, allow_missing, include_optimizer_state))
+    return self
+
+  def pending_value(self, name, full_shape, begin, size, trainable, graph=None):
+    del name, begin, graph
+    return np.full(size, 7.0, np.float32) if trainable else None
+
+  def list_variables(self, prefix):
+    return [("tagged", [1], "float32")]
+
+
+def test_a_registered_format_restores_and_lists(saved, tmp_path):
+  directory, _, _, _ = saved
+  prefix = mtf.checkpoint.resolve(directory)
+  assert mtf.checkpoint.format_of(prefix) is None  # this library's own format
+  tagged = _TaggedFormat()
+  mtf.checkpoint.register_format(tagged)
+  try:
+    with open(prefix + ".tagged", "w", encoding="utf-8"):
+      pass
+    assert mtf.checkpoint.format_of(prefix) is tagged
+    assert mtf.checkpoint.list_variables(directory) == [("tagged", [1], "float32")]
+    impl = make_impl("all:8", "hidden:all")
+    manager = mtf.checkpoint.CheckpointManager(impl, str(tmp_path))
+    assert manager.restore(directory, allow_missing=True, verify=False) == prefix
+    assert tagged.restored == [([], prefix, True, True)]
+    # Variables created later start from what the format's restore returned.
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    w = mtf.get_variable(mesh, "w", [mtf.Dimension("hidden", 16)])
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    np.testing.assert_array_equal(lowering.export_to_tf_tensor(w), np.full([16], 7.0))
+  finally:
+    os.remove(prefix + ".tagged")
+    mtf.checkpoint._FORMATS.remove(tagged)  # pylint: disable=protected-access
+  assert mtf.checkpoint.format_of(prefix) is None

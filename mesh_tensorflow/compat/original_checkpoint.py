@@ -19,14 +19,15 @@ The transformer's variables here carry the same names; two things differ:
 Reading is per slice: each processor's slice is read with RestoreV2's
 shape-and-slice (for a converted weight, the contiguous 2-D range that
 covers the slice, then reshaped and cut), so no processor ever holds a
-whole tensor. `mesh_tensorflow.training.checkpoint.CheckpointManager.restore` detects
-the format and calls `restore_into` / `set_pending`; use it rather than
-these functions:
+whole tensor. Importing `mesh_tensorflow` registers the format with
+`mesh_tensorflow.training.checkpoint` (`register_format`), so
+`CheckpointManager.restore` detects it and calls `restore_into`; use it rather
+than these functions:
 
     >>> manager = mtf.checkpoint.CheckpointManager(mesh_impl, "/tmp/new_run")
     >>> manager.restore("/path/to/t5_model_dir", include_optimizer_state=False)
 
-Writing (`export`, or `python -m mesh_tensorflow.training.original_checkpoint`)
+Writing (`export`, or `python -m mesh_tensorflow.export_original_checkpoint`)
 assembles one variable at a time on the host; it is an offline tool.
 """
 
@@ -41,6 +42,8 @@ import tensorflow as tf
 from absl import logging
 
 from mesh_tensorflow.lowering import slice_variables
+from mesh_tensorflow.training import checkpoint as checkpoint_lib
+from mesh_tensorflow.training.checkpoint import resolve
 
 GLOBAL_STEP = "global_step"
 # This library's Adafactor slot -> the original's slot suffix.
@@ -53,26 +56,6 @@ _OUR_FORMAT_PREFIX = "model/variables_by_name/"
 
 
 # ------------------------------------------------------------------ formats
-def resolve(path: str) -> str:
-  """The checkpoint prefix of `path`: a prefix, or a directory (its latest
-  checkpoint, per its `checkpoint` state file).
-
-  Example:
-    >>> resolve("/models/t5_small")
-    '/models/t5_small/model.ckpt-1000000'
-  """
-  if os.path.isdir(path):
-    prefix = tf.train.latest_checkpoint(path)
-    if prefix is None:
-      raise ValueError(f"No checkpoint in directory {path!r} (no `checkpoint` state file "
-                       "naming one).")
-    return prefix
-  if not tf.io.gfile.exists(path + ".index"):
-    raise ValueError(f"No checkpoint at {path!r}: {path}.index does not exist. Give a "
-                     "checkpoint prefix such as DIR/model.ckpt-1000 or a model directory.")
-  return path
-
-
 def _index(prefix: str) -> Dict[str, Tuple[List[int], tf.DType]]:
   try:
     reader = tf.train.load_checkpoint(prefix)
@@ -381,6 +364,35 @@ def restore_into(variables: Dict[str, "slice_variables.SlicedVariable"], prefix:
       with tf.device(v.device):
         v.assign(tf.cast(source.read(prefix, begin, size), v.dtype))
   return plan
+
+
+class OriginalFormat:
+  """The name-based format as a `training.checkpoint.CheckpointFormat`: what
+  `CheckpointManager.restore` and `checkpoint.list_variables` use for it.
+
+  Example:
+    >>> OriginalFormat().recognizes(resolve("/models/t5_small"))
+    True
+  """
+
+  def recognizes(self, prefix: str) -> bool:
+    return is_original_format(prefix)
+
+  def restore_into(self, variables, prefix: str, allow_missing: bool,
+                   include_optimizer_state: bool) -> Plan:
+    return restore_into(variables, prefix, allow_missing, include_optimizer_state)
+
+  def list_variables(self, prefix: str) -> List[Tuple[str, List[int], str]]:
+    return sorted((name, shape, dtype.name) for name, (shape, dtype) in _index(prefix).items())
+
+  def __eq__(self, other) -> bool:
+    return isinstance(other, OriginalFormat)
+
+  def __hash__(self) -> int:
+    return hash(OriginalFormat)
+
+
+checkpoint_lib.register_format(OriginalFormat())
 
 
 # ------------------------------------------------------------------ writing

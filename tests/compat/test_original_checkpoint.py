@@ -1,5 +1,5 @@
 """Checkpoints in the original Mesh TensorFlow's format
-(mesh_tensorflow/training/original_checkpoint.py).
+(mesh_tensorflow/compat/original_checkpoint.py).
 
 The fixtures are written with tf.raw_ops.SaveV2 from the published naming
 scheme (names, 2-D attention shapes, bfloat16 or float32 masters, Adafactor
@@ -21,7 +21,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.training import original_checkpoint
+from mesh_tensorflow.compat import original_checkpoint
 from mesh_tensorflow.lowering import slice_variables
 from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import transformer_layers as tl
@@ -519,3 +519,24 @@ def test_make_layer_stack_names_slots_as_the_original():
       "block_000/layer_000", "block_001/layer_000", "block_002/layer_000"]
   assert not stack.legacy and transformer.LayerStack([], dropout_rate=0.1,
                                                      norm_epsilon=1e-6).legacy
+
+
+def test_the_format_needs_no_import_but_the_checkpoint_module():
+  # A program importing only training.checkpoint restores and lists a model
+  # directory written by the original (tests/data/original_0.1.21/lm).
+  model_dir = os.path.join(REPO_ROOT, "tests", "data", "original_0.1.21", "lm")
+  code = (
+      "from mesh_tensorflow.training import checkpoint\n"
+      "from mesh_tensorflow.lowering.placement_mesh_impl import PlacementMeshImpl\n"
+      f"names = {{n: s for n, s, _ in checkpoint.list_variables({model_dir!r})}}\n"
+      "assert names['global_step'] == [], names\n"
+      "assert any(n.endswith('SelfAttention/q') and len(s) == 2 for n, s in names.items())\n"
+      "impl = PlacementMeshImpl('all:2', '', ['cpu:0', 'cpu:0'])\n"
+      "import tempfile\n"
+      "manager = checkpoint.CheckpointManager(impl, tempfile.mkdtemp())\n"
+      f"print(manager.restore({model_dir!r}, include_optimizer_state=False))\n")
+  env = dict(os.environ, PYTHONPATH=REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+  done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                        timeout=300, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.strip().endswith(os.path.join(model_dir, "model.ckpt-2"))

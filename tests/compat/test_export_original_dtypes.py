@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from mesh_tensorflow import export_original_checkpoint
-from mesh_tensorflow.training import original_checkpoint
+from mesh_tensorflow.compat import original_checkpoint
 from mesh_tensorflow.lowering import slice_variables
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -62,7 +62,7 @@ def test_default_export_has_the_originals_dtypes(tmp_path, name):
   source = str(tmp_path / "run" / "ckpt-2")
   _trained_here(original, source, tf.bfloat16)
   # The command's entry point with its default flags (its subprocess run is
-  # tests/training/test_original_checkpoint.py's).
+  # tests/compat/test_original_checkpoint.py's).
   assert export_original_checkpoint.main(
       ["export", f"--checkpoint={source}", f"--output_dir={tmp_path / 'exported'}"]) == 0
   want = tf.train.load_checkpoint(original)
