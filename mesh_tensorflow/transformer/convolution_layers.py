@@ -5,7 +5,7 @@
 `base_layers.Conv1D`'s cache.
 
     >>> layer = SeparableConv1DLayer(min_relative_pos=-3, max_relative_pos=0,
-    ...                              num_depthwise_filters=1)
+    ...                              output_size=512)
 """
 
 from __future__ import annotations

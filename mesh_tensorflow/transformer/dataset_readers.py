@@ -6,8 +6,8 @@ Datasets to feature dicts: text lines (`sample_from_text_line_datasets`,
 `pretokenized_tfds_dataset`), raw TFDS text (`untokenized_tfds_dataset`)
 and `pad_dataset_with_zeroed_out_examples`.
 
-    >>> ds = packed_parallel_tsv_dataset(tsv_dataset(["pairs.tsv"]), sequence_length=64,
-    ...                                  vocabulary=vocab, append_eos=True)
+    >>> lines = tf.data.TextLineDataset(["pairs.tsv"])   # "input<TAB>target" lines
+    >>> ds = packed_parallel_tsv_dataset(lines, "train", None, 64, vocabulary.ByteVocabulary())
 """
 
 from __future__ import annotations
