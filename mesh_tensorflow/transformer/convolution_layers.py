@@ -107,11 +107,17 @@ class Conv1DLocalAttn(SeparableConv1DLayer):
   input).
 
   Args:
-    min_relative_pos, max_relative_pos, output_size,
-      depthwise_filter_initializer_scale, pointwise_filter_initializer_scale,
-      activation: as SeparableConv1DLayer.
+    min_relative_pos: as SeparableConv1DLayer.
+    max_relative_pos: as SeparableConv1DLayer.
+    output_size: as SeparableConv1DLayer.
+    depthwise_filter_initializer_scale: as SeparableConv1DLayer.
+    pointwise_filter_initializer_scale: as SeparableConv1DLayer.
+    activation: as SeparableConv1DLayer.
     num_unique_depth_filters: how many times the filter repeats along d_model
       (must divide output_size).
+
+  Example:
+    >>> layer = LightweightConv1DLocalAttn(-2, 0, output_size=512, num_unique_depth_filters=8)
   """
 
   def __init__(self, min_relative_pos: int, max_relative_pos: int, output_size: int,
@@ -205,10 +211,13 @@ class LocalConvAttnBlock(transformer.TransformerLayer):
   "local_conv_attn_op_projection" (with bias).
 
   Args:
-    min_relative_pos, max_relative_pos, output_size,
-      depthwise_filter_initializer_scale, pointwise_filter_initializer_scale,
-      activation, num_unique_depth_filters: as Conv1DLocalAttn (the original
-      ignored num_unique_depth_filters here; so does this).
+    min_relative_pos: as Conv1DLocalAttn.
+    max_relative_pos: as Conv1DLocalAttn.
+    output_size: as Conv1DLocalAttn.
+    depthwise_filter_initializer_scale: as Conv1DLocalAttn.
+    pointwise_filter_initializer_scale: as Conv1DLocalAttn.
+    activation: as Conv1DLocalAttn.
+    num_unique_depth_filters: accepted and ignored, as the original did.
     attention_type: "lightweight_conv" or "dynamic_conv".
 
   Example:
