@@ -18,6 +18,5 @@ from mesh_tensorflow.transformer import moe  # noqa: F401
 from mesh_tensorflow.transformer import sublayers  # noqa: F401
 from mesh_tensorflow.transformer import transformer  # noqa: F401
 from mesh_tensorflow.transformer import transformer_layers  # noqa: F401
-from mesh_tensorflow.transformer import extra_layers  # noqa: F401 (adds its layers to transformer_layers)
 from mesh_tensorflow.transformer import vocab_embeddings  # noqa: F401
 from mesh_tensorflow.transformer import adaptive_softmax  # noqa: F401

@@ -28,6 +28,7 @@ from typing import Optional
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import attention
+from mesh_tensorflow.transformer import base_layers
 from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import transformer_layers
 
@@ -223,7 +224,7 @@ class SelfAttentionFixup(transformer_layers.SelfAttention):
     self.init_distribution = init_distribution
 
   def make_params(self, context: transformer.Context) -> AttentionParamsFixup:
-    query_heads, memory_heads = transformer_layers._heads_dims(  # pylint: disable=protected-access
+    query_heads, memory_heads = base_layers._heads_dims(  # pylint: disable=protected-access
         self.num_heads, self.num_memory_heads)
     d_model = context.model.model_dim
     return AttentionParamsFixup(

@@ -1,4 +1,4 @@
-"""Experts attention (extra_layers.ExpertsSelfAttention / ExpertsEncDecAttention,
+"""Experts attention (attention_variants.ExpertsSelfAttention / ExpertsEncDecAttention,
 attention.ExpertsAttentionParams, moe.MoE1D(use_experts_attention)): the
 logits, the experts' loss and the gradients of a tiny Bitransformer are the
 same on one device and under split layouts (batch, heads, experts, d_ff);

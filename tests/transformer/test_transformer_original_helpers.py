@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import bitransformer
 from mesh_tensorflow.transformer import gin_config
 from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import transformer_layers as tl
@@ -286,7 +287,7 @@ def test_make_bitransformer_from_python_without_gin(monkeypatch):
   layers = [tl.SelfAttention(num_heads=2, key_value_size=4),
             tl.EncDecAttention(num_heads=2, key_value_size=4),
             tl.DenseReluDense(hidden_size=8)]
-  monkeypatch.setattr(transformer, "make_layer_stack",
+  monkeypatch.setattr(bitransformer, "make_layer_stack",
                       functools.partial(transformer.make_layer_stack, layers, num_layers=1))
   built = []
 
