@@ -35,6 +35,7 @@ ORIGINAL_PATHS = {
     "mesh_tensorflow.simd_mesh_impl": "mesh_tensorflow.compat.simd_mesh_impl",
     "mesh_tensorflow.test_utils": "mesh_tensorflow.compat.test_utils",
     "mesh_tensorflow.tpu_variables": "mesh_tensorflow.lowering.tpu_variables",
+    "mesh_tensorflow.transformer.utils": "mesh_tensorflow.compat.transformer.utils",
     "mesh_tensorflow.utils": "mesh_tensorflow.compat.utils",
 }
 
