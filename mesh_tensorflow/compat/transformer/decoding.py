@@ -21,7 +21,10 @@ import tensorflow as tf
 
 from mesh_tensorflow.compat.transformer import helpers
 from mesh_tensorflow.transformer import dataset as dataset_lib
-from mesh_tensorflow.compat.transformer.estimator import _check_estimator, _ids_to_text, _lengths, decode_texts
+from mesh_tensorflow.compat.transformer.estimator import _check_estimator
+from mesh_tensorflow.compat.transformer.estimator import _ids_to_text
+from mesh_tensorflow.compat.transformer.estimator import _lengths
+from mesh_tensorflow.compat.transformer.estimator import decode_texts
 
 # ------------------------------------------------------------------ checkpoints
 def _checkpoint_steps(model_dir: str) -> Dict[int, str]:

@@ -24,8 +24,12 @@ from mesh_tensorflow import _environment
 from mesh_tensorflow.compat.transformer import helpers
 from mesh_tensorflow.transformer import dataset as dataset_lib
 from mesh_tensorflow.transformer import export as export_lib
-from mesh_tensorflow.compat.transformer.decoding import _example_text, get_checkpoint_iterator
-from mesh_tensorflow.compat.transformer.estimator import _check_estimator, _lengths, decode_texts, score_ids
+from mesh_tensorflow.compat.transformer.decoding import _example_text
+from mesh_tensorflow.compat.transformer.decoding import get_checkpoint_iterator
+from mesh_tensorflow.compat.transformer.estimator import _check_estimator
+from mesh_tensorflow.compat.transformer.estimator import _lengths
+from mesh_tensorflow.compat.transformer.estimator import decode_texts
+from mesh_tensorflow.compat.transformer.estimator import score_ids
 
 # ------------------------------------------------------------------ evaluation
 def metric_sum(values, name=None, **kwargs):

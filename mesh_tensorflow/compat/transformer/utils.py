@@ -14,60 +14,42 @@ gave them:
     'batch:4;model:2'
 """
 
-# pylint: disable=unused-import
-from mesh_tensorflow.compat.transformer.decoding import _maybe_add_pretokenized_features  # noqa: F401
-from mesh_tensorflow.compat.transformer.decoding import compute_log_likelihoods  # noqa: F401
-from mesh_tensorflow.compat.transformer.decoding import decode  # noqa: F401
-from mesh_tensorflow.compat.transformer.decoding import decode_from_dataset  # noqa: F401
-from mesh_tensorflow.compat.transformer.decoding import decode_from_file  # noqa: F401
-from mesh_tensorflow.compat.transformer.decoding import get_checkpoint_iterator  # noqa: F401
-from mesh_tensorflow.compat.transformer.decoding import infer_model  # noqa: F401
-from mesh_tensorflow.compat.transformer.decoding import save_scores  # noqa: F401
-from mesh_tensorflow.compat.transformer.decoding import score_from_dataset  # noqa: F401
-from mesh_tensorflow.compat.transformer.decoding import score_from_strings  # noqa: F401
-from mesh_tensorflow.compat.transformer.decoding import score_with_estimator  # noqa: F401
-from mesh_tensorflow.compat.transformer.estimator import FLAGS  # noqa: F401
-from mesh_tensorflow.compat.transformer.estimator import MeshEstimator  # noqa: F401
-from mesh_tensorflow.compat.transformer.estimator import build_model  # noqa: F401
-from mesh_tensorflow.compat.transformer.estimator import get_estimator  # noqa: F401
-from mesh_tensorflow.compat.transformer.estimator import parse_gin_defaults_and_flags  # noqa: F401
-from mesh_tensorflow.compat.transformer.estimator import train_model  # noqa: F401
-from mesh_tensorflow.compat.transformer.evaluation import eval_model  # noqa: F401
-from mesh_tensorflow.compat.transformer.evaluation import export_model  # noqa: F401
-from mesh_tensorflow.compat.transformer.evaluation import flexible_ckpt_init_mapping  # noqa: F401
-from mesh_tensorflow.compat.transformer.evaluation import metric_max  # noqa: F401
-from mesh_tensorflow.compat.transformer.evaluation import metric_sum  # noqa: F401
-from mesh_tensorflow.compat.transformer.helpers import encode_delimited_lm  # noqa: F401
-from mesh_tensorflow.compat.transformer.helpers import encode_inputs  # noqa: F401
-from mesh_tensorflow.compat.transformer.helpers import get_inputs_from_file  # noqa: F401
-from mesh_tensorflow.compat.transformer.helpers import get_step_from_checkpoint_path  # noqa: F401
-from mesh_tensorflow.compat.transformer.helpers import init_checkpoint_variable_mapping  # noqa: F401
-from mesh_tensorflow.compat.transformer.helpers import inputs_vocabulary  # noqa: F401
-from mesh_tensorflow.compat.transformer.helpers import separate_vocabularies  # noqa: F401
-from mesh_tensorflow.compat.transformer.helpers import should_load_variable  # noqa: F401
-from mesh_tensorflow.compat.transformer.helpers import targets_vocabulary  # noqa: F401
-from mesh_tensorflow.compat.transformer.helpers import tpu_estimator_model_fn  # noqa: F401
-from mesh_tensorflow.compat.transformer.helpers import variable_filter_max_size  # noqa: F401
-from mesh_tensorflow.compat.transformer.helpers import write_lines_to_file  # noqa: F401
-from mesh_tensorflow.transformer.application import checkpoint_at_step  # noqa: F401
-from mesh_tensorflow.transformer.application import configure_cpu_devices  # noqa: F401
-from mesh_tensorflow.transformer.application import make_mesh_impl  # noqa: F401
-from mesh_tensorflow.transformer.application import make_optimizer  # noqa: F401
-from mesh_tensorflow.transformer.application import resolve_checkpoint  # noqa: F401
-from mesh_tensorflow.transformer.application import run  # noqa: F401
-from mesh_tensorflow.transformer.application import start_from_checkpoint  # noqa: F401
-from mesh_tensorflow.transformer.application import unigram_entropy  # noqa: F401
-from mesh_tensorflow.transformer.run_config import AdafactorOptimizer  # noqa: F401
-from mesh_tensorflow.transformer.run_config import RunConfig  # noqa: F401
-from mesh_tensorflow.transformer.run_config import auto_train_steps  # noqa: F401
-from mesh_tensorflow.transformer.run_config import check_settings  # noqa: F401
-from mesh_tensorflow.transformer.run_config import compute_batch_size  # noqa: F401
-from mesh_tensorflow.transformer.run_config import get_variable_dtype  # noqa: F401
-from mesh_tensorflow.transformer.run_config import rules_for_mesh  # noqa: F401
-from mesh_tensorflow.transformer.run_config import serialize_num_microbatches  # noqa: F401
-from mesh_tensorflow.transformer.run_config import tpu_mesh_shape  # noqa: F401
-from mesh_tensorflow.transformer.sequence_ops import clean_decodes  # noqa: F401
-from mesh_tensorflow.transformer.sequence_ops import concat_inputs_and_targets  # noqa: F401
+from mesh_tensorflow.compat.transformer.decoding import (
+    _maybe_add_pretokenized_features, compute_log_likelihoods, decode, decode_from_dataset,
+    decode_from_file, get_checkpoint_iterator, infer_model, save_scores, score_from_dataset,
+    score_from_strings, score_with_estimator)
+from mesh_tensorflow.compat.transformer.estimator import (
+    FLAGS, MeshEstimator, build_model, get_estimator, parse_gin_defaults_and_flags, train_model)
+from mesh_tensorflow.compat.transformer.evaluation import (
+    eval_model, export_model, flexible_ckpt_init_mapping, metric_max, metric_sum)
+from mesh_tensorflow.compat.transformer.helpers import (
+    encode_delimited_lm, encode_inputs, get_inputs_from_file, get_step_from_checkpoint_path,
+    init_checkpoint_variable_mapping, inputs_vocabulary, separate_vocabularies,
+    should_load_variable, targets_vocabulary, tpu_estimator_model_fn, variable_filter_max_size,
+    write_lines_to_file)
+from mesh_tensorflow.transformer.application import (
+    checkpoint_at_step, configure_cpu_devices, make_mesh_impl, make_optimizer, resolve_checkpoint,
+    run, start_from_checkpoint, unigram_entropy)
+from mesh_tensorflow.transformer.run_config import (
+    AdafactorOptimizer, RunConfig, auto_train_steps, check_settings, compute_batch_size,
+    get_variable_dtype, rules_for_mesh, serialize_num_microbatches, tpu_mesh_shape)
+from mesh_tensorflow.transformer.sequence_ops import clean_decodes, concat_inputs_and_targets
 
 # The original's name of concat_inputs_and_targets.
 _dynamic_text2self = concat_inputs_and_targets
+
+__all__ = [
+    "AdafactorOptimizer", "FLAGS", "MeshEstimator", "RunConfig", "_dynamic_text2self",
+    "_maybe_add_pretokenized_features", "auto_train_steps", "build_model", "check_settings",
+    "checkpoint_at_step", "clean_decodes", "compute_batch_size", "compute_log_likelihoods",
+    "concat_inputs_and_targets", "configure_cpu_devices", "decode", "decode_from_dataset",
+    "decode_from_file", "encode_delimited_lm", "encode_inputs", "eval_model", "export_model",
+    "flexible_ckpt_init_mapping", "get_checkpoint_iterator", "get_estimator",
+    "get_inputs_from_file", "get_step_from_checkpoint_path", "get_variable_dtype", "infer_model",
+    "init_checkpoint_variable_mapping", "inputs_vocabulary", "make_mesh_impl", "make_optimizer",
+    "metric_max", "metric_sum", "parse_gin_defaults_and_flags", "resolve_checkpoint",
+    "rules_for_mesh", "run", "save_scores", "score_from_dataset", "score_from_strings",
+    "score_with_estimator", "separate_vocabularies", "serialize_num_microbatches",
+    "should_load_variable", "start_from_checkpoint", "targets_vocabulary", "tpu_estimator_model_fn",
+    "tpu_mesh_shape", "train_model", "unigram_entropy", "variable_filter_max_size",
+    "write_lines_to_file"]
