@@ -2,7 +2,8 @@
 
 The original kept some modules at the top of the package
 (`mesh_tensorflow.placement_mesh_impl`, `mesh_tensorflow.optimize`,
-`mesh_tensorflow.utils`, ...). Here they live in folders; the finder
+`mesh_tensorflow.utils`, ...) and its transformer application in
+`mesh_tensorflow.transformer.utils`. Here they live in folders; the finder
 installed by `install()` (the package's `__init__` calls it first thing)
 answers an import of an original path with the module at its current path:
 the same module object, so `import mesh_tensorflow.placement_mesh_impl` and
@@ -35,6 +36,7 @@ ORIGINAL_PATHS = {
     "mesh_tensorflow.simd_mesh_impl": "mesh_tensorflow.compat.simd_mesh_impl",
     "mesh_tensorflow.test_utils": "mesh_tensorflow.compat.test_utils",
     "mesh_tensorflow.tpu_variables": "mesh_tensorflow.lowering.tpu_variables",
+    "mesh_tensorflow.transformer.utils": "mesh_tensorflow.compat.transformer.utils",
     "mesh_tensorflow.utils": "mesh_tensorflow.compat.utils",
 }
 

@@ -5,7 +5,7 @@ Import the modules you need, e.g.
     >>> from mesh_tensorflow.transformer import transformer, vocabulary, dataset
 
 `python -m mesh_tensorflow.transformer.main` trains, evaluates and decodes the
-models from gin configs (see `utils.run`).
+models from gin configs (see `application.run`).
 """
 
 # The model library (plain Python, no gin): imported here so that

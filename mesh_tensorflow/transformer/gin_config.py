@@ -105,7 +105,7 @@ def register_configurables() -> Dict[str, object]:
   """
   if CONFIGURABLES:
     return CONFIGURABLES
-  from mesh_tensorflow.transformer import utils  # noqa: F401 (registers run & co.)
+  from mesh_tensorflow.transformer import application  # noqa: F401 (registers run & co.)
   from mesh_tensorflow.transformer import planner  # noqa: F401 (vocabulary.SizedVocabulary)
   decorated = set()
   for module_name, gin_module, names in _MODEL_NAMES:
@@ -240,7 +240,8 @@ def _known_names() -> List[str]:
 def _parameters_of(selector: str) -> Optional[List[str]]:
   short = selector.split(".")[-1]
   obj = CONFIGURABLES.get(short)
-  for module_name in ("utils", "dataset", "export", "learning_rate_schedules", "vocabulary"):
+  for module_name in ("application", "run_config", "dataset", "export",
+                      "learning_rate_schedules", "vocabulary"):
     if obj is not None:
       break
     module = importlib.import_module(f"mesh_tensorflow.transformer.{module_name}")

@@ -112,8 +112,8 @@ def main(argv):
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # INFO shows TensorFlow's chatter on every save.
   # Logical devices must be configured before TensorFlow initializes them.
-  from mesh_tensorflow.transformer import utils  # pylint: disable=g-import-not-at-top
-  utils.configure_cpu_devices(FLAGS.cpu_devices)
+  from mesh_tensorflow.transformer import application  # pylint: disable=g-import-not-at-top
+  application.configure_cpu_devices(FLAGS.cpu_devices)
   from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
   bindings = list(FLAGS.gin_param)
   for flag, name in (("export_mesh_shape", "mesh_shape"), ("export_layout", "layout_rules")):
@@ -131,7 +131,7 @@ def main(argv):
   if FLAGS.fresh:
     overrides["fresh"] = True
   try:
-    utils.run(**overrides)
+    application.run(**overrides)
   except ValueError as e:
     if (FLAGS.model_dir and "heckpoint" in str(e) and cli.is_user_error(e)
         and "intact" not in str(e)):

@@ -261,7 +261,7 @@ def _build_step(mesh_shape: str, layout: str, batch_size: int, num_layers: int) 
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import learning_rate_schedules  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow.transformer import modeling, utils  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import application, modeling, run_config  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import vocabulary as vocabulary_lib  # pylint: disable=g-import-not-at-top
 
   saved = {}
@@ -307,9 +307,9 @@ def _build_step(mesh_shape: str, layout: str, batch_size: int, num_layers: int) 
     first_optimizer = len(graph.operations)
     steps = b.get("total_run_steps") or b.get("train_steps")
     schedule = learning_rate_schedules.bind_total_train_steps(
-        utils._schedule(b.get("learning_rate_schedule")),  # pylint: disable=protected-access
+        run_config.as_schedule(b.get("learning_rate_schedule")),
         steps if isinstance(steps, int) else 1000)
-    utils.make_optimizer(b.get("optimizer"), schedule).apply_grads(grads, variables)
+    application.make_optimizer(b.get("optimizer"), schedule).apply_grads(grads, variables)
   finally:
     with gin.unlock_config():
       for k, v in saved.items():
@@ -453,14 +453,14 @@ class _CommPricer:
 def _config_mesh_and_layout(mesh_shape, layout):
   import gin  # pylint: disable=g-import-not-at-top
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow.transformer import utils  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import run_config  # pylint: disable=g-import-not-at-top
   b = dict(gin.get_bindings("run"))
   mesh_shape = mesh_shape or b.get("mesh_shape", "rows:2;cols:4")
   if isinstance(mesh_shape, mtf.Shape):
     mesh_shape = mesh_shape.to_string()
   layout = layout if layout is not None else b.get(
       "layout_rules", "batch:rows;d_ff:cols;heads:cols;experts:rows")
-  layout = utils.rules_for_mesh(layout, mesh_shape)
+  layout = run_config.rules_for_mesh(layout, mesh_shape)
   return mtf.convert_to_shape(mesh_shape), mtf.convert_to_layout_rules(layout)
 
 

@@ -24,10 +24,11 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow import auto_mtf
 from mesh_tensorflow import cli
 from mesh_tensorflow.analysis.layout_report import layout_report
+from mesh_tensorflow.transformer import application
 from mesh_tensorflow.transformer import gin_config
 from mesh_tensorflow.transformer import learning_rate_schedules
 from mesh_tensorflow.transformer import modeling
-from mesh_tensorflow.transformer import utils
+from mesh_tensorflow.transformer import run_config
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 
 
@@ -52,7 +53,7 @@ class TrainingStep:
 def build_training_step(mesh_shape: Optional[str] = None,
                         layout: Optional[str] = None) -> TrainingStep:
   """One training step of the transformer configured by the gin config that
-  is parsed now (`gin_config.parse`), as `utils.run` would build it.
+  is parsed now (`gin_config.parse`), as `application.run` would build it.
 
   Example:
     >>> gin_config.parse(["models/tiny_lm.gin"])
@@ -68,7 +69,7 @@ def build_training_step(mesh_shape: Optional[str] = None,
       "layout_rules", "batch:rows;d_ff:cols;heads:cols;experts:rows")
   if isinstance(mesh_shape, mtf.Shape):  # the original's @utils.tpu_mesh_shape()
     mesh_shape = mesh_shape.to_string()
-  layout = utils.rules_for_mesh(layout, mesh_shape)
+  layout = run_config.rules_for_mesh(layout, mesh_shape)
   vocabulary = b.get("vocabulary") or vocabulary_lib.ByteVocabulary()
   if not hasattr(vocabulary, "vocab_size"):
     raise ValueError(f"run.vocabulary is {vocabulary!r}: set one of this library's "
@@ -80,7 +81,7 @@ def build_training_step(mesh_shape: Optional[str] = None,
   grad_accum = int(b.get("grad_accum_steps") or 1)
   batch_size = b.get("batch_size", 32)
   if not isinstance(batch_size, int):  # the original's (method, value) form
-    batch_size = utils.compute_batch_size(sequence_length, mesh_shape, layout, batch_size)
+    batch_size = run_config.compute_batch_size(sequence_length, mesh_shape, layout, batch_size)
   batch_size //= grad_accum
   impl = mtf.MeshImpl(mesh_shape, layout)
   setup = modeling.Setup(
@@ -101,9 +102,9 @@ def build_training_step(mesh_shape: Optional[str] = None,
   grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
   steps = b.get("total_run_steps") or b.get("train_steps")
   schedule = learning_rate_schedules.bind_total_train_steps(
-      utils._schedule(b.get("learning_rate_schedule")),  # pylint: disable=protected-access
+      run_config.as_schedule(b.get("learning_rate_schedule")),
       steps if isinstance(steps, int) else 1000)
-  optimizer = utils.make_optimizer(b.get("optimizer"), schedule)
+  optimizer = application.make_optimizer(b.get("optimizer"), schedule)
   updates = optimizer.apply_grads(grads, variables)
   return TrainingStep(graph, mesh, loss, updates, mtf.convert_to_shape(mesh_shape).to_string(),
                       mtf.convert_to_layout_rules(layout).to_string())

@@ -23,10 +23,12 @@ import sys
 
 import pytest
 
+from mesh_tensorflow.compat import original_paths
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = "mesh_tensorflow"
 LAYER_NAMES = ("core", "lowering", "ops", "training", "layers", "compat", "api", "analysis",
-               "models", "programs")
+               "models", "models_compat", "programs")
 
 # Folder (or top-level module) -> floor, one line each.
 FOLDERS = {
@@ -43,18 +45,13 @@ FOLDERS = {
     "analysis": "analysis",  # cost model and layout report
     "auto_mtf": "analysis",  # the layout search, over the cost model
     "transformer": "models",  # the transformer library and its command
+    # The original's transformer-era paths (transformer.utils and its
+    # Estimator-era entry points), served on top of the transformer library.
+    "compat.transformer": "models_compat",
 }
 # The face of ops/ (its __init__) is the original's `ops` namespace, which
 # holds compat's legacy classes too (compat.original_ops): a compat module.
 FACES = {"ops": "compat"}
-
-# Edges that still close import cycles. Only remove entries (see
-# test_allowed_cycle_edges_still_exist): the transformer's `utils` re-exports
-# the original's entry points (utils_original), which parse gin files through
-# gin_config, which imports utils to register `run`.
-ALLOWED_CYCLE_EDGES = {
-    ("transformer.utils", "transformer.utils_original"),
-}
 
 
 def _modules():
@@ -90,6 +87,8 @@ def import_graph():
   modules = _modules()
 
   def resolve(name):
+    # An original module path counts as the module that serves it.
+    name = original_paths.current_name(name) or name
     while name and name not in modules:
       name = name.rpartition(".")[0]
     return name or None
@@ -204,8 +203,8 @@ def floor_table(graph=None):
   for key, layer in FOLDERS.items():
     if key == "":
       folders[layer].append("the package (`import mesh_tensorflow as mtf`)")
-    elif os.path.isdir(os.path.join(REPO_ROOT, PACKAGE, key)):
-      folders[layer].append(f"`{key}/`")
+    elif os.path.isdir(os.path.join(REPO_ROOT, PACKAGE, *key.split("."))):
+      folders[layer].append(f"`{key.replace('.', '/')}/`")
     else:
       folders[layer].append(f"`{key}`")
   for face, layer in FACES.items():
@@ -240,22 +239,13 @@ def test_every_module_has_a_known_layer():
   assert _layer("mesh_tensorflow.ops") == "compat"
   assert _layer("mesh_tensorflow.lowering.plans") == "lowering"
   assert _layer("mesh_tensorflow.training.zero") == "training"
-  assert _layer("mesh_tensorflow.transformer.utils") == "models"
+  assert _layer("mesh_tensorflow.transformer.application") == "models"
+  assert _layer("mesh_tensorflow.compat.transformer.utils") == "models_compat"
   assert _layer(PACKAGE) == "api"
 
 
-def test_allowed_cycle_edges_still_exist():
-  graph = import_graph()
-  gone = sorted(e for e in ALLOWED_CYCLE_EDGES if e[1] not in graph.get(e[0], ()))
-  assert not gone, (f"{gone} no longer exist: remove them from ALLOWED_CYCLE_EDGES "
-                    "(the list only shrinks)")
-
-
 def test_no_import_cycles():
-  graph = import_graph()
-  pruned = {m: {t for t in targets if (m, t) not in ALLOWED_CYCLE_EDGES}
-            for m, targets in graph.items()}
-  cycles = find_cycles(pruned)
+  cycles = find_cycles(import_graph())
   assert not cycles, "import cycles:\n" + "\n".join(
       " -> ".join(_named(m) for m in cycle) for cycle in cycles)
 
@@ -351,6 +341,7 @@ ORIGINAL_PATHS = {  # the original's top-level modules -> the module now
     "mesh_tensorflow.utils": "mesh_tensorflow.compat.utils",
     "mesh_tensorflow.beam_search": "mesh_tensorflow.layers.beam_search",
     "mesh_tensorflow.tpu_variables": "mesh_tensorflow.lowering.tpu_variables",
+    "mesh_tensorflow.transformer.utils": "mesh_tensorflow.compat.transformer.utils",
     "mesh_tensorflow.test_utils": "mesh_tensorflow.compat.test_utils",
     "mesh_tensorflow.ops_with_redefined_builtins":
         "mesh_tensorflow.compat.ops_with_redefined_builtins",

@@ -16,6 +16,7 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import gin_config
 from mesh_tensorflow.transformer import modeling
+from mesh_tensorflow.transformer import run_config
 from mesh_tensorflow.transformer import transformer_layers
 from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
@@ -161,9 +162,9 @@ def test_run_level_helpers_compute_as_the_original():
   dtype = utils.get_variable_dtype(activation_dtype="bfloat16")
   assert (dtype.master_dtype, dtype.slice_dtype, dtype.activation_dtype) == (
       tf.float32, tf.float32, tf.bfloat16)
-  constant = utils._schedule(0.25)  # pylint: disable=protected-access
+  constant = run_config.as_schedule(0.25)
   assert constant(3) == 0.25
-  product = utils._schedule([0.5, 2.0])  # pylint: disable=protected-access
+  product = run_config.as_schedule([0.5, 2.0])
   assert float(product(1, total_train_steps=10)) == 1.0
 
 

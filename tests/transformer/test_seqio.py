@@ -65,11 +65,11 @@ def test_seqio_task_feeds_dataset_fn():
 
 def test_scoring_reads_every_validation_example_of_a_task():
   """--mode=score without --input_file reads the task's validation split one
-  example per row (utils.unpacked_validation_data), each once."""
-  from mesh_tensorflow.transformer import utils  # pylint: disable=g-import-not-at-top
+  example per row (application.unpacked_validation_data), each once."""
+  from mesh_tensorflow.transformer import application  # pylint: disable=g-import-not-at-top
   vocab = vocabulary.ByteVocabulary()
   data_fn = functools.partial(dataset.dataset_fn, seqio_task=TASK, shuffle_buffer=1)
-  ds = utils.unpacked_validation_data(data_fn, vocab, {"inputs": 16, "targets": 16},
+  ds = application.unpacked_validation_data(data_fn, vocab, {"inputs": 16, "targets": 16},
                                       "bitransformer")
   rows = list(ds.as_numpy_iterator())
   assert len(rows) == len(PAIRS[:1])

@@ -1,5 +1,5 @@
-"""The original transformer/utils.py helpers re-exported from utils
-(estimator_compat.py)."""
+"""The original transformer/utils.py helpers served at its path
+(compat/transformer/helpers.py)."""
 
 import gin
 import numpy as np

@@ -1,5 +1,5 @@
 """The original's Estimator-era entry points of transformer/utils.py
-(utils_original.py): get_estimator, train_model, decode_from_file,
+(compat/transformer/): get_estimator, train_model, decode_from_file,
 score_from_strings, eval_model, export_model, get_checkpoint_iterator, ..."""
 
 import os

@@ -1,23 +1,23 @@
 """The original transformer/utils.py helpers that do not need an Estimator,
-and clear errors for the ones that only made sense with one. Re-exported from
-`transformer.utils`:
+and clear errors for the ones that only made sense with one. Served at the
+original's path `mesh_tensorflow.transformer.utils`:
 
     >>> from mesh_tensorflow.transformer import utils
     >>> utils.write_lines_to_file(["a", "b"], "/tmp/out.txt")
     >>> utils.get_inputs_from_file("/tmp/out.txt")
     ['a', 'b']
 
-Training, evaluation, decoding and scoring run through `utils.run` (and the
-`python -m mesh_tensorflow.transformer.main` command line), built on
-`mtf.training.Trainer` and `mtf.checkpoint.CheckpointManager`; the original's
+Training, evaluation, decoding and scoring run through
+`mesh_tensorflow.transformer.application.run` (and the
+`python -m mesh_tensorflow.transformer.main` command line); the original's
 Estimator-era entry points (get_estimator, train_model, ...) are in
-`utils_original`.
+`estimator`, `decoding` and `evaluation` beside this module.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Callable, List, Mapping, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 __all__ = [
     "inputs_vocabulary", "targets_vocabulary", "separate_vocabularies",
@@ -29,7 +29,6 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-import mesh_tensorflow as mtf
 
 
 def inputs_vocabulary(vocabulary):
