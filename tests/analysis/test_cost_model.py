@@ -431,3 +431,56 @@ def test_plans_of_conv_slicing_replica_stats_and_zero_match_the_lowering(step_fn
   expected = {_conv_step: "allreduce", _slicing_step: "permute",
               _replica_stats_step: "allreduce", _zero_step: "reduce_scatter"}[step_fn]
   assert expected in kinds
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_zero_stage_3_storage_relayout_is_priced_as_lowered(share):
+  """ZeRO stage 3 stores each variable split over the data-parallel axis:
+  reading it all-gathers the slices (the Variable's StoragePlan) and the
+  updates write the shards. The estimate's collectives per operation and
+  FLOPs equal the lowering's, and its variable memory is the stored
+  shards (what processor 0 holds)."""
+  mesh_shape, layout = "rows:2;cols:4", "batch:rows;hidden:cols"
+  impl = tu.make_impl(mesh_shape, layout, share_replicas=share)
+  holder = {}
+
+  @tf.function(autograph=False)
+  def run():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    loss, _ = mlp_step(mesh, optimizer=_NoUpdates())
+    mtf.zero.shard_training_state(graph, impl, stage=3)
+    variables = graph.trainable_variables
+    grads = mtf.zero.shard_gradients(
+        mtf.gradients([loss], [v.outputs[0] for v in variables]), variables)
+    updates = mtf.optimize.AdamWeightDecayOptimizer(0.01).apply_grads(grads, variables)
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    holder.update(graph=graph, lowering=lowering)
+    with tf.control_dependencies([lowering.lowered_operation(u) for u in updates]):
+      return tf.identity(lowering.export_to_tf_tensor(loss))
+  assert np.isfinite(run().numpy())
+  graph, lowering = holder["graph"], holder["lowering"]
+  est = cost_model.estimate(graph, mesh_shape, impl.layout_rules,
+                            params="cpu" if share else "gpu")
+  by_op = {}
+  for r in lowering.collective_records:
+    if not r.op_name.startswith("export/"):
+      by_op.setdefault(r.op_name, []).append((r.kind, r.mesh_axes, r.bytes_per_processor))
+  got = {op.name: sorted((c.kind, c.mesh_axes, c.bytes_per_processor) for c in op.collectives)
+         for op in est.ops if op.collectives}
+  assert got == {k: sorted(v) for k, v in by_op.items()}
+  assert est.flops == sum(lowering.flops.values())
+  # The variables' reads gather their shards over rows.
+  assert got["w1"] == [("allgather", (0,), 8 * 32 // 4 // 2 * 4)]
+  store = slice_variables.variable_store(impl)
+  held = sum(sv.slices[0].shape.num_elements() * sv.slices[0].dtype.size
+             for sv in store.values() if sv.trainable)
+  assert est.memory.variables == held
+
+
+class _NoUpdates:
+  """An optimizer stand-in: mlp_step's own updates are not made."""
+
+  def apply_grads(self, grads, variables):
+    del grads, variables
+    return []
