@@ -598,29 +598,19 @@ class BertModel:
       size = self.config.d_model // self.config.attention_num_heads
     return mtf.Dimension("attention_head", size)
 
-  @property
-  def key_dim(self) -> mtf.Dimension:
-    if self.config.attention_key_head_size is None:
-      raise ValueError("BertModel: config.attention_key_head_size is not set.")
-    return mtf.Dimension("d_k", self.config.attention_key_head_size)
+  def _configured_dim(self, field: str, name: str) -> mtf.Dimension:
+    """Dimension `name` of the size config.`field`, which must be set."""
+    size = getattr(self.config, field)
+    if size is None:
+      raise ValueError(f"BertModel: config.{field} is not set.")
+    return mtf.Dimension(name, size)
 
-  @property
-  def key_heads_dims(self) -> mtf.Dimension:
-    if self.config.attention_num_key_heads is None:
-      raise ValueError("BertModel: config.attention_num_key_heads is not set.")
-    return mtf.Dimension("key_heads", self.config.attention_num_key_heads)
-
-  @property
-  def value_dim(self) -> mtf.Dimension:
-    if self.config.attention_value_head_size is None:
-      raise ValueError("BertModel: config.attention_value_head_size is not set.")
-    return mtf.Dimension("d_v", self.config.attention_value_head_size)
-
-  @property
-  def value_heads_dims(self) -> mtf.Dimension:
-    if self.config.attention_num_value_heads is None:
-      raise ValueError("BertModel: config.attention_num_value_heads is not set.")
-    return mtf.Dimension("value_heads", self.config.attention_num_value_heads)
+  key_dim = property(lambda self: self._configured_dim("attention_key_head_size", "d_k"))
+  key_heads_dims = property(
+      lambda self: self._configured_dim("attention_num_key_heads", "key_heads"))
+  value_dim = property(lambda self: self._configured_dim("attention_value_head_size", "d_v"))
+  value_heads_dims = property(
+      lambda self: self._configured_dim("attention_num_value_heads", "value_heads"))
 
 
 def get_activation(activation_string):

@@ -158,17 +158,36 @@ class XnliProcessor(DataProcessor):
     return ["contradiction", "entailment", "neutral"]
 
 
-class MnliProcessor(DataProcessor):
-  """MultiNLI (GLUE), matched dev and test sets."""
+class _GlueFilesProcessor(DataProcessor):
+  """A GLUE task whose sets are the files `SETS` names in data_dir, each
+  read by `_create_examples(rows, set_type)`."""
+
+  # set -> (file name, set_type passed to _create_examples)
+  SETS = {"train": ("train.tsv", "train"), "dev": ("dev.tsv", "dev"),
+          "test": ("test.tsv", "test")}
+
+  def _create_examples(self, lines, set_type):
+    raise NotImplementedError()
+
+  def _examples(self, data_dir, which):
+    name, set_type = self.SETS[which]
+    return self._create_examples(self._lines(data_dir, name), set_type)
 
   def get_train_examples(self, data_dir):
-    return self._create_examples(self._lines(data_dir, "train.tsv"), "train")
+    return self._examples(data_dir, "train")
 
   def get_dev_examples(self, data_dir):
-    return self._create_examples(self._lines(data_dir, "dev_matched.tsv"), "dev_matched")
+    return self._examples(data_dir, "dev")
 
   def get_test_examples(self, data_dir):
-    return self._create_examples(self._lines(data_dir, "test_matched.tsv"), "test")
+    return self._examples(data_dir, "test")
+
+
+class MnliProcessor(_GlueFilesProcessor):
+  """MultiNLI (GLUE), matched dev and test sets."""
+
+  SETS = {"train": ("train.tsv", "train"), "dev": ("dev_matched.tsv", "dev_matched"),
+          "test": ("test_matched.tsv", "test")}
 
   def get_labels(self):
     return ["contradiction", "entailment", "neutral"]
@@ -185,17 +204,8 @@ class MnliProcessor(DataProcessor):
     return examples
 
 
-class MrpcProcessor(DataProcessor):
+class MrpcProcessor(_GlueFilesProcessor):
   """Microsoft Research Paraphrase Corpus (GLUE)."""
-
-  def get_train_examples(self, data_dir):
-    return self._create_examples(self._lines(data_dir, "train.tsv"), "train")
-
-  def get_dev_examples(self, data_dir):
-    return self._create_examples(self._lines(data_dir, "dev.tsv"), "dev")
-
-  def get_test_examples(self, data_dir):
-    return self._create_examples(self._lines(data_dir, "test.tsv"), "test")
 
   def get_labels(self):
     return ["0", "1"]
@@ -212,17 +222,8 @@ class MrpcProcessor(DataProcessor):
     return examples
 
 
-class ColaProcessor(DataProcessor):
+class ColaProcessor(_GlueFilesProcessor):
   """Corpus of Linguistic Acceptability (GLUE); single sentences."""
-
-  def get_train_examples(self, data_dir):
-    return self._create_examples(self._lines(data_dir, "train.tsv"), "train")
-
-  def get_dev_examples(self, data_dir):
-    return self._create_examples(self._lines(data_dir, "dev.tsv"), "dev")
-
-  def get_test_examples(self, data_dir):
-    return self._create_examples(self._lines(data_dir, "test.tsv"), "test")
 
   def get_labels(self):
     return ["0", "1"]

@@ -60,12 +60,10 @@ class LazyAllreduceSum:
   any lowered value with `partial_sum_axes(value)`.
   """
 
-  def __init__(self, mesh_impl, laid_out_input: LaidOutTensor, mesh_axes,
-               add_counter_fn: Optional[Callable[[], None]] = None):
+  def __init__(self, mesh_impl, laid_out_input: LaidOutTensor, mesh_axes):
     self.mesh_impl = mesh_impl
     self.laid_out_input = laid_out_input
     self.mesh_axes = tuple(sorted(mesh_axes))
-    self.add_counter_fn = add_counter_fn  # called when the sum is reduced
     self._reduced = None
     mesh_impl.pending_sum_made(self)
 
@@ -77,8 +75,6 @@ class LazyAllreduceSum:
   def to_laid_out_tensor(self) -> LaidOutTensor:
     if self._reduced is None:
       self._reduced = self.mesh_impl.complete_pending_sum(self)
-      if self.add_counter_fn is not None:
-        self.add_counter_fn()
     return self._reduced
 
   def set_reduced(self, value: "LaidOutTensor") -> None:

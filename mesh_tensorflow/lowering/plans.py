@@ -754,3 +754,33 @@ def plan_sum_relayout(x, out, layout_of: Callable, pending_axes: Optional[Sequen
                        (Result(out.shape, out.dtype.size, stay(out_layout)),), kernel=False)
   return LocalPlan((Operand(0, plan_relayout(in_layout, out_layout)),),
                    (Result(out.shape, out.dtype.size, stay(out_layout)),), kernel=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class StoragePlan:
+  """Variables whose slice variables are laid out as `storage[i]` while
+  their values use another layout (ZeRO stage 3 stores a variable split
+  further than its value is used). `moves[i]` carries variable i's value
+  between the two: from the storage to the value when a Variable reads its
+  slices (`writes` False), from the value to the storage when an Assign
+  writes them (`writes` True).
+
+  Example:
+    >>> plan = variable_op.plan(mesh)      # stored split over rows, used whole
+    >>> plan.moves[0].steps
+    (AllGather(mesh_axis=0, tensor_axis=0),)
+  """
+  storage: Tuple[Layout, ...]
+  moves: Tuple[Redistribution, ...]
+  writes: bool
+
+
+def plan_storage(storage_shapes, value_shapes, layout_of: Callable, writes: bool
+                 ) -> StoragePlan:
+  """The StoragePlan of reading (`writes` False) or writing variables stored
+  in `storage_shapes` whose values have `value_shapes` (same sizes)."""
+  storage = tuple(tuple(layout_of(s)) for s in storage_shapes)
+  values = [tuple(layout_of(s)) for s in value_shapes]
+  moves = tuple(plan_relayout(v, s) if writes else plan_relayout(s, v)
+                for s, v in zip(storage, values))
+  return StoragePlan(storage, moves, writes)

@@ -24,154 +24,25 @@ How each op is laid out:
     >>> y = mtf.conv2d(blocked_x, kernel, (1, 1), "SAME", h_blocks_dim=h_blocks)
     >>> z = mtf.max_pool2d(y, ksize=(2, 2))
 """
-
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.lowering.mesh_impl import int_constant
-from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
+from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_shape
+from mesh_tensorflow.ops.pooling import (  # noqa: F401  (served here)
+    PoolBackpropOperation, PoolOperation, avg_pool2d, avg_pool3d, max_pool2d, max_pool3d)
 from mesh_tensorflow.ops.slicing import concat, pad, shift
 from mesh_tensorflow.ops.slicing import slice as mtf_slice
-
-IntOrInts = Union[int, Sequence[int]]
-DimLike = Union[Dimension, str, None]
-
-_CONV_FNS = {2: tf.nn.conv2d, 3: tf.nn.conv3d}
-_CONV_TRANSPOSE_FNS = {2: tf.nn.conv2d_transpose, 3: tf.nn.conv3d_transpose}
-_POOL_FNS = {("max", 2): tf.nn.max_pool2d, ("avg", 2): tf.nn.avg_pool2d,
-             ("max", 3): tf.nn.max_pool3d, ("avg", 3): tf.nn.avg_pool3d}
-
-
-# ---- argument helpers --------------------------------------------------------
-def _normalize_padding(padding: str, what: str) -> str:
-  p = str(padding).upper()
-  if p not in ("SAME", "VALID"):
-    raise ValueError(f"{what}: padding must be 'SAME' or 'VALID', got {padding!r}.")
-  return p
-
-
-def _normalize_ints(value: IntOrInts, n: int, what: str) -> Tuple[int, ...]:
-  """An int, n ints, or n + 2 ints with 1 at both ends (TF's NHWC form)."""
-  if isinstance(value, int):
-    out = (value,) * n
-  else:
-    out = tuple(int(v) for v in value)
-    if len(out) == n + 2:
-      if out[0] != 1 or out[-1] != 1:
-        raise ValueError(
-            f"{what}: {list(out)} has {n + 2} entries, so the first and last (batch "
-            "and channels) must be 1.")
-      out = out[1:-1]
-  if len(out) != n or any(v < 1 for v in out):
-    raise ValueError(f"{what}: expected {n} positive integers, got {value!r}.")
-  return out
-
-
-def conv_output_size(in_size: int, filter_size: int, stride: int, padding: str) -> int:
-  """Spatial output size of a convolution or pooling window, as TensorFlow's.
-
-  Example:
-    >>> conv_output_size(8, 3, 2, "SAME"), conv_output_size(8, 3, 2, "VALID")
-    (4, 3)
-  """
-  if padding == "SAME":
-    return -(-in_size // stride)
-  if in_size < filter_size:
-    raise ValueError(
-        f"A VALID window of size {filter_size} does not fit in a dimension of size "
-        f"{in_size}.")
-  return (in_size - filter_size) // stride + 1
-
-
-def conv_transpose_output_size(in_size: int, filter_size: int, stride: int,
-                               padding: str) -> int:
-  """Spatial output size of a transposed convolution: in_size * stride for
-  SAME, (in_size - 1) * stride + filter_size for VALID (the sizes whose
-  convolution gives back in_size; TensorFlow also accepts a few others).
-
-  Example:
-    >>> conv_transpose_output_size(4, 3, 2, "SAME"), conv_transpose_output_size(4, 3, 2, "VALID")
-    (8, 9)
-  """
-  if padding == "SAME":
-    return in_size * stride
-  return (in_size - 1) * stride + filter_size
-
-
-def _same_padding(in_size: int, filter_size: int, stride: int) -> Tuple[int, int]:
-  """(before, after) zero padding that TensorFlow's SAME adds."""
-  out = -(-in_size // stride)
-  total = max((out - 1) * stride + filter_size - in_size, 0)
-  return total // 2, total - total // 2
-
-
-def _dim_of(shape: Shape, dim: DimLike, what: str) -> Optional[Dimension]:
-  if dim is None:
-    return None
-  name = dim if isinstance(dim, str) else convert_to_dimension(dim).name
-  if name not in shape.dimension_names:
-    raise ValueError(f"{what}: {shape} has no dimension {name!r}.")
-  return shape.get_dim_by_name(name)
-
-
-def _spatial_dims(shape: Shape, n: int, exclude: Sequence[str], what: str) -> List[Dimension]:
-  """The last n dimensions of `shape` whose names are not in `exclude`."""
-  candidates = [d for d in shape.dims if d.name not in set(exclude)]
-  if len(candidates) < n:
-    raise ValueError(
-        f"{what}: {shape} needs {n} spatial dimensions besides {list(exclude)}.")
-  return candidates[-n:]
-
-
-# ---- local (per-slice) computation -------------------------------------------
-def _to_canonical(t: tf.Tensor, names: Sequence[str], spatial: Sequence[str],
-                  channel: Optional[str], others: Optional[Sequence[str]] = None):
-  """Transposes a slice to [others..., spatial..., channel] and flattens the
-  others into one batch axis. Without a channel name, appends a size-1 one.
-  `others` fixes the order of the remaining dims (default: their own order).
-
-  Returns (tensor, other names, their local sizes).
-  """
-  names = list(names)
-  if others is None:
-    others = [n for n in names if n not in spatial and n != channel]
-  others = list(others)
-  order = others + list(spatial) + ([channel] if channel is not None else [])
-  perm = [names.index(n) for n in order]
-  if perm != list(range(len(perm))):
-    t = tf.transpose(t, int_constant(perm))
-  sizes = t.shape.as_list()
-  other_sizes = sizes[:len(others)]
-  new_shape = [math.prod(other_sizes)] + sizes[len(others):]
-  if channel is None:
-    new_shape.append(1)
-  return tf.reshape(t, int_constant(new_shape)), others, other_sizes
-
-
-def _from_canonical(t: tf.Tensor, others: Sequence[str], other_sizes: Sequence[int],
-                    spatial: Sequence[str], channel: Optional[str],
-                    out_names: Sequence[str]) -> tf.Tensor:
-  """Inverse of `_to_canonical`, ending in the dimension order `out_names`."""
-  sizes = t.shape.as_list()
-  body = sizes[1:] if channel is not None else sizes[1:-1]
-  t = tf.reshape(t, int_constant(list(other_sizes) + body))
-  current = list(others) + list(spatial) + ([channel] if channel is not None else [])
-  perm = [current.index(n) for n in out_names]
-  if perm != list(range(len(perm))):
-    t = tf.transpose(t, int_constant(perm))
-  return t
-
-
-def _lower_local(lowering, op: Operation, fn) -> None:
-  """Lowers `op` (one output) by running its LocalPlan (`op.plan`, from
-  plans.plan_local) with kernel fn on every processor's slices."""
-  lowering.lower_with_plan(op, op.plan(lowering.plan_mesh(op)), fn)
+from mesh_tensorflow.ops.spatial import (  # noqa: F401  (conv_*_output_size served here)
+    _CONV_FNS, _CONV_TRANSPOSE_FNS, DimLike, IntOrInts, _dim_of, _from_canonical, _lower_local,
+    _normalize_ints, _normalize_padding, _same_padding, _spatial_dims, _to_canonical,
+    conv_output_size, conv_transpose_output_size, windowed_dims)
 
 
 # ---- convolution operations ---------------------------------------------------
@@ -264,16 +135,8 @@ class ConvOperation(_ConvBase):
           f"dimension of the input {x.shape}; give it another name.")
     super().__init__([x, conv_filter], name=name or f"conv{n}d")
     self._setup(n, strides, padding, spatial_dim_names, conv_filter.shape)
-    dims = []
-    for d in x.shape.dims:
-      if d.name in self._spatial:
-        i = self._spatial.index(d.name)
-        dims.append(Dimension(d.name, conv_output_size(
-            d.size, self._ksize[i], self._strides[i], self._padding)))
-      elif d.name == c1.name:
-        dims.append(c2)
-      else:
-        dims.append(d)
+    dims = [c2 if d.name == c1.name else d for d in
+            windowed_dims(x.shape, self._spatial, self._ksize, self._strides, self._padding)]
     self.has_gradient = x.dtype.is_floating
     self._outputs = [Tensor(self, Shape(dims), x.dtype)]
 
@@ -803,229 +666,6 @@ def conv3d_transpose_backprop_filter(conv_input: Tensor, filter_shape, dy: Tenso
     >>> dk = mtf.conv3d_transpose_backprop_filter(x, k.shape, dy, (2, 2, 2), "SAME")
   """
   return _transpose_backprop_filter(3, conv_input, filter_shape, dy, strides, padding, name)
-
-
-# ---- pooling ----------------------------------------------------------------------
-class _PoolBase(Operation):
-  """Window, strides, padding and spatial dimensions of a pooling op."""
-
-  def _setup(self, n, ksize, strides, padding, spatial, x_shape: Shape):
-    self._n = n
-    self._ksize = tuple(ksize)
-    self._strides = tuple(strides)
-    self._padding = padding
-    self._spatial = list(spatial)
-    last = x_shape.dims[-1].name
-    self._channel = None if last in self._spatial else last
-    self._others = [d.name for d in x_shape.dims
-                    if d.name not in self._spatial and d.name != self._channel]
-
-  def _unsplittable_dim_names(self):
-    return set(self._spatial)
-
-  def plan(self, mesh):
-    return plans.plan_local(self, mesh.layout_of, set(self._spatial), set(self._spatial))
-
-  def _window(self):
-    return [1] + list(self._ksize) + [1], [1] + list(self._strides) + [1]
-
-  def _args(self):
-    return (self._ksize, self._strides, self._padding, self._spatial)
-
-  def _canon(self, t, shape: Shape):
-    return _to_canonical(t, shape.dimension_names, self._spatial, self._channel,
-                         others=self._others)
-
-  def _restore(self, t, sizes, shape: Shape):
-    return _from_canonical(t, self._others, sizes, self._spatial, self._channel,
-                           shape.dimension_names)
-
-
-class PoolOperation(_PoolBase):
-  """Max or average pooling over N spatial dimensions (N = 2 or 3)."""
-
-  def __init__(self, x: Tensor, kind: str, ksize, strides, padding,
-               spatial_dim_names: Sequence[str], name=None):
-    n = len(spatial_dim_names)
-    if kind not in ("max", "avg"):
-      raise ValueError(f"PoolOperation: kind must be 'max' or 'avg', got {kind!r}.")
-    super().__init__([x], name=name or f"{kind}_pool{n}d")
-    self._kind = kind
-    self._setup(n, ksize, strides, padding, spatial_dim_names, x.shape)
-    dims = []
-    for d in x.shape.dims:
-      if d.name in self._spatial:
-        i = self._spatial.index(d.name)
-        dims.append(Dimension(d.name, conv_output_size(
-            d.size, self._ksize[i], self._strides[i], self._padding)))
-      else:
-        dims.append(d)
-    self.has_gradient = x.dtype.is_floating
-    self._outputs = [Tensor(self, Shape(dims), x.dtype)]
-
-  def gradient(self, grad_ys):
-    x, y, dy = self.inputs[0], self.outputs[0], grad_ys[0]
-    if self._kind == "max":
-      return [PoolBackpropOperation("max", [x, y, dy], x.shape, *self._args()).outputs[0]]
-    return [PoolBackpropOperation("avg", [dy], x.shape, *self._args()).outputs[0]]
-
-  def lower(self, lowering):
-    x, out = self.inputs[0], self.outputs[0]
-    pool_fn = _POOL_FNS[(self._kind, self._n)]
-    ksize, strides = self._window()
-    padding = self._padding
-
-    def fn(t):
-      c, _, sizes = self._canon(t, x.shape)
-      return self._restore(pool_fn(c, ksize, strides, padding), sizes, out.shape)
-    _lower_local(lowering, self, fn)
-
-
-class PoolBackpropOperation(_PoolBase):
-  """Gradients of pooling, each linear in its last input.
-
-  kind "max": (x, y, dy) -> dx, of x's shape; "max_gradgrad": (x, y, g) -> the
-  adjoint of "max" in dy, of y's shape; "avg": (dy,) -> dx of `input_shape`.
-  """
-
-  def __init__(self, kind: str, inputs: Sequence[Tensor], input_shape, ksize, strides,
-               padding, spatial_dim_names: Sequence[str], name=None):
-    n = len(spatial_dim_names)
-    if kind not in ("max", "max_gradgrad", "avg"):
-      raise ValueError(f"PoolBackpropOperation: unknown kind {kind!r}.")
-    super().__init__(list(inputs), name=name or f"{kind}_pool{n}d_backprop")
-    self._kind = kind
-    input_shape = convert_to_shape(input_shape)
-    self._setup(n, ksize, strides, padding, spatial_dim_names, input_shape)
-    self._input_shape = input_shape
-    out_shape = inputs[1].shape if kind == "max_gradgrad" else input_shape
-    self.has_gradient = inputs[-1].dtype.is_floating
-    self._outputs = [Tensor(self, out_shape, inputs[-1].dtype)]
-
-  def gradient(self, grad_ys):
-    g = grad_ys[0]
-    if self._kind == "avg":
-      return [PoolOperation(g, "avg", *self._args()).outputs[0]]
-    x, y, _ = self.inputs
-    other = "max_gradgrad" if self._kind == "max" else "max"
-    return [None, None, PoolBackpropOperation(other, [x, y, g], x.shape,
-                                              *self._args()).outputs[0]]
-
-  def lower(self, lowering):
-    ksize, strides = self._window()
-    padding, n, kind = self._padding, self._n, self._kind
-    shapes = [t.shape for t in self.inputs]
-    out_shape = self.outputs[0].shape
-    in_spatial = [self._input_shape.get_dim_by_name(s).size for s in self._spatial]
-
-    def fn(*ts):
-      canon = [self._canon(t, s) for t, s in zip(ts, shapes)]
-      sizes = canon[-1][2]
-      c = [ct[0] for ct in canon]
-      if kind == "avg":
-        orig = [c[0].shape.as_list()[0]] + in_spatial + [c[0].shape.as_list()[-1]]
-        grad_fn = tf.raw_ops.AvgPoolGrad if n == 2 else tf.raw_ops.AvgPool3DGrad
-        r = grad_fn(orig_input_shape=int_constant(orig), grad=c[0], ksize=ksize,
-                    strides=strides, padding=padding)
-      else:
-        if kind == "max":
-          grad_fn = tf.raw_ops.MaxPoolGrad if n == 2 else tf.raw_ops.MaxPool3DGrad
-        else:
-          grad_fn = tf.raw_ops.MaxPoolGradGrad if n == 2 else tf.raw_ops.MaxPool3DGradGrad
-        r = grad_fn(orig_input=c[0], orig_output=c[1], grad=c[2], ksize=ksize,
-                    strides=strides, padding=padding)
-      return self._restore(r, sizes, out_shape)
-    _lower_local(lowering, self, fn)
-
-
-def _pool(kind: str, n: int, x: Tensor, ksize, strides, padding,
-          blocks_dims: Sequence[DimLike], name) -> Tensor:
-  what = f"mtf.{kind}_pool{n}d"
-  if not isinstance(x, Tensor):
-    raise TypeError(f"{what}: x must be an mtf.Tensor, got {x!r}.")
-  ksize = _normalize_ints(ksize, n, f"{what} ksize")
-  strides = ksize if strides is None else _normalize_ints(strides, n, f"{what} strides")
-  padding = _normalize_padding(padding, what)
-  blocks = [_dim_of(x.shape, b, what) for b in blocks_dims]
-  exclude = [x.shape.dims[-1].name] + [b.name for b in blocks if b is not None]
-  spatial = _spatial_dims(x.shape, n, exclude, what)
-  for b, d, k, s in zip(blocks, spatial, ksize, strides):
-    if b is not None and (k > s or d.size % s):
-      raise ValueError(
-          f"{what}: pooling over blocks of {d.name!r} (size {d.size}) needs windows "
-          f"that stay inside a block: ksize <= stride and a block size divisible by "
-          f"the stride; got ksize {k}, stride {s}.")
-  return PoolOperation(x, kind, ksize, strides, padding, [d.name for d in spatial],
-                       name=name).outputs[0]
-
-
-def max_pool2d(x: Tensor, ksize: IntOrInts = (2, 2), strides: Optional[IntOrInts] = None,
-               padding: str = "VALID", h_blocks_dim: DimLike = None,
-               w_blocks_dim: DimLike = None, name: Optional[str] = None) -> Tensor:
-  """2D max pooling of x [..., h, w, channels], like tf.nn.max_pool2d.
-
-  The spatial dimensions are the two before the last (channels) dimension,
-  skipping blocks dimensions. Strides default to ksize. With blocks
-  dimensions, each block is pooled on its own, which equals pooling the whole
-  image when windows never cross blocks (ksize <= stride, block size divisible
-  by the stride); other cases raise.
-
-  Args:
-    x: the input image.
-    ksize: an int or (window_h, window_w).
-    strides: an int, (stride_h, stride_w), or None for ksize.
-    padding: "SAME" or "VALID".
-    h_blocks_dim: optional blocks dimension (or name) along h.
-    w_blocks_dim: optional blocks dimension (or name) along w.
-    name: optional op name.
-
-  Returns:
-    The pooled mtf.Tensor (h and w resized, names kept).
-
-  Example:
-    >>> y = mtf.max_pool2d(x, ksize=(2, 2))
-  """
-  return _pool("max", 2, x, ksize, strides, padding, [h_blocks_dim, w_blocks_dim], name)
-
-
-def avg_pool2d(x: Tensor, ksize: IntOrInts = (2, 2), strides: Optional[IntOrInts] = None,
-               padding: str = "VALID", h_blocks_dim: DimLike = None,
-               w_blocks_dim: DimLike = None, name: Optional[str] = None) -> Tensor:
-  """2D average pooling of x [..., h, w, channels], like tf.nn.avg_pool2d
-  (see `max_pool2d` for the arguments).
-
-  Example:
-    >>> y = mtf.avg_pool2d(x, ksize=(2, 2))
-  """
-  return _pool("avg", 2, x, ksize, strides, padding, [h_blocks_dim, w_blocks_dim], name)
-
-
-def max_pool3d(x: Tensor, ksize: IntOrInts = (2, 2, 2), strides: Optional[IntOrInts] = None,
-               padding: str = "VALID", d_blocks_dim: DimLike = None,
-               h_blocks_dim: DimLike = None, w_blocks_dim: DimLike = None,
-               name: Optional[str] = None) -> Tensor:
-  """3D max pooling of x [..., d, h, w, channels], like tf.nn.max_pool3d
-  (see `max_pool2d`).
-
-  Example:
-    >>> y = mtf.max_pool3d(x, ksize=(2, 2, 2))
-  """
-  return _pool("max", 3, x, ksize, strides, padding,
-               [d_blocks_dim, h_blocks_dim, w_blocks_dim], name)
-
-
-def avg_pool3d(x: Tensor, ksize: IntOrInts = (2, 2, 2), strides: Optional[IntOrInts] = None,
-               padding: str = "VALID", d_blocks_dim: DimLike = None,
-               h_blocks_dim: DimLike = None, w_blocks_dim: DimLike = None,
-               name: Optional[str] = None) -> Tensor:
-  """3D average pooling of x [..., d, h, w, channels], like tf.nn.avg_pool3d
-  (see `max_pool2d`).
-
-  Example:
-    >>> y = mtf.avg_pool3d(x, ksize=(2, 2, 2))
-  """
-  return _pool("avg", 3, x, ksize, strides, padding,
-               [d_blocks_dim, h_blocks_dim, w_blocks_dim], name)
 
 from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
 _autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -17,6 +17,7 @@ import math
 import tensorflow as tf
 
 from mesh_tensorflow.lowering import master_variables
+from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.core import rng
 from mesh_tensorflow.lowering import slice_variables
 from mesh_tensorflow.lowering.slice_variables import variable_store  # noqa: F401 (public)
@@ -57,8 +58,6 @@ class GlorotUniform:
 
 class Variable(Operation):
   """An mtf variable; `outputs[0]` (also `.value`) is its current value."""
-
-  local_kernel = "variable"  # the kind of local work the cost model prices
 
   is_variable = True
 
@@ -103,6 +102,7 @@ class Variable(Operation):
     impl = lowering.mesh_impl(self)
     if self.storage_shape == self._shape:  # stored sharded on impl by an earlier graph?
       self.storage_shape = impl.__dict__.get("_zero_storage", {}).get(self._name, self._shape)
+    plan = self.plan(lowering.plan_mesh(self))
     slices = self._get_or_create_slices(impl)
     lowering.variables[self] = LaidOutVariable(self, impl, slices)
     act = self.activation_dtype
@@ -115,10 +115,14 @@ class Variable(Operation):
         t = v.read_value() if hasattr(v, "read_value") else tf.identity(v)
       return tf.cast(t, act) if t.dtype != act else t
     value = impl.slicewise(read, LaidOutTensor(slices))
-    if self.storage_shape != self._shape:  # gathered just before use
-      value = impl.relayout(value, self._shape, impl.tensor_layout(self.storage_shape),
-                            impl.tensor_layout(self._shape))
-    lowering.set_tensor_lowering(self.outputs[0], value)
+    # Stored split further (ZeRO stage 3): gathered just before use.
+    lowering.set_tensor_lowering(self.outputs[0], impl.execute(value, plan.moves[0]))
+
+  def plan(self, mesh):
+    """The StoragePlan of reading the slice variables (laid out as
+    `storage_shape`) into the value's layout."""
+    return plans.plan_storage([self.storage_shape], [self._shape], mesh.layout_of,
+                              writes=False)
 
   def _get_or_create_slices(self, impl):
     full = self._shape.to_integer_list()
@@ -245,8 +249,6 @@ def _as_variable(var) -> Variable:
 class Assign(Operation):
   """Assigns (or adds, subtracts) new values to variables; no outputs."""
 
-  local_kernel = "assign"  # the kind of local work the cost model prices
-
   def __init__(self, variables, new_values, assign_fn=None, name=None):
     variables = [_as_variable(v) for v in variables]
     new_values = list(new_values)
@@ -272,15 +274,19 @@ class Assign(Operation):
   def assign_fn(self):
     return self._assign_fn
 
+  def plan(self, mesh):
+    """The StoragePlan of moving each new value into the layout its
+    variable's slices are stored in."""
+    return plans.plan_storage([v.storage_shape for v in self._variables],
+                              [t.shape for t in self.inputs], mesh.layout_of, writes=True)
+
   def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    plan = self.plan(lowering.plan_mesh(self))
     ops = []
-    for var, value in zip(self._variables, self.inputs):
+    for var, value, move in zip(self._variables, self.inputs, plan.moves):
       laid_var = lowering.variables[var]
-      laid = lowering.laid_out(value)
-      if value.shape != var.storage_shape:
-        impl = lowering.mesh_impl(self)
-        laid = impl.relayout(laid, value.shape, impl.tensor_layout(value.shape),
-                             impl.tensor_layout(var.storage_shape))
+      laid = impl.execute(lowering.laid_out(value), move)
       fn = self._assign_fn
       if self._takes_variable:
         fn = functools.partial(self._assign_fn, var)

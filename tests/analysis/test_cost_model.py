@@ -60,10 +60,10 @@ def transformer_step(mesh, batch=4, length=8, d_model=16, heads=4, d_ff=32, voca
   return loss, mtf.optimize.SgdOptimizer(0.1).apply_grads(grads, variables)
 
 
-def lower(step_fn, mesh_shape, layout, **impl_kwargs):
-  """Builds and lowers a step in a tf.function and runs it once; returns
-  (graph, lowering, mesh_impl)."""
-  impl = tu.make_impl(mesh_shape, layout, **impl_kwargs)
+def lower(step_fn, mesh_shape, layout, impl=None, **impl_kwargs):
+  """Builds and lowers a step in a tf.function (on `impl`, or a new mesh
+  implementation) and runs it once; returns (graph, lowering, mesh_impl)."""
+  impl = impl or tu.make_impl(mesh_shape, layout, **impl_kwargs)
   holder = {}
 
   @tf.function(autograph=False)
@@ -77,6 +77,22 @@ def lower(step_fn, mesh_shape, layout, **impl_kwargs):
       return tf.identity(lowering.export_to_tf_tensor(loss))
   assert np.isfinite(run().numpy())
   return holder["graph"], holder["lowering"], impl
+
+
+def lowered_per_op(lowering):
+  """{op name: sorted (kind, mesh axes, bytes) of its collectives} that the
+  lowering recorded (exports left out)."""
+  by_op = {}
+  for r in lowering.collective_records:
+    if not r.op_name.startswith("export/"):
+      by_op.setdefault(r.op_name, []).append((r.kind, r.mesh_axes, r.bytes_per_processor))
+  return {k: sorted(v) for k, v in by_op.items()}
+
+
+def estimated_per_op(est):
+  """The same for a cost estimate."""
+  return {op.name: sorted((c.kind, c.mesh_axes, c.bytes_per_processor) for c in op.collectives)
+          for op in est.ops if op.collectives}
 
 
 def lowering_counts(lowering):
@@ -419,15 +435,48 @@ def test_plans_of_conv_slicing_replica_stats_and_zero_match_the_lowering(step_fn
   graph, lowering, _ = lower(step_fn, mesh_shape, layout, share_replicas=shared)
   est = cost_model.estimate(graph, mesh_shape, layout, params="cpu" if shared else "gpu")
   assert not [op.name for op in est.ops if op.approximate]
-  by_op = {}
-  for r in lowering.collective_records:
-    if not r.op_name.startswith("export/"):
-      by_op.setdefault(r.op_name, []).append((r.kind, r.mesh_axes, r.bytes_per_processor))
-  got = {op.name: sorted((c.kind, c.mesh_axes, c.bytes_per_processor) for c in op.collectives)
-         for op in est.ops if op.collectives}
-  assert got == {k: sorted(v) for k, v in by_op.items()}
+  assert estimated_per_op(est) == lowered_per_op(lowering)
   assert est.flops == sum(lowering.flops.values())
   kinds = {r.kind for r in lowering.collective_records}
   expected = {_conv_step: "allreduce", _slicing_step: "permute",
               _replica_stats_step: "allreduce", _zero_step: "reduce_scatter"}[step_fn]
   assert expected in kinds
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_zero_stage_3_storage_relayout_is_priced_as_lowered(share):
+  """ZeRO stage 3 stores each variable split over the data-parallel axis:
+  reading it all-gathers the slices (the Variable's StoragePlan) and the
+  updates write the shards. The estimate's collectives per operation and
+  FLOPs equal the lowering's, and its variable memory is the stored
+  shards (what processor 0 holds)."""
+  mesh_shape, layout = "rows:2;cols:4", "batch:rows;hidden:cols"
+  impl = tu.make_impl(mesh_shape, layout, share_replicas=share)
+
+  def step(mesh):
+    loss, _ = mlp_step(mesh, optimizer=_NoUpdates())
+    mtf.zero.shard_training_state(mesh.graph, impl, stage=3)
+    variables = mesh.graph.trainable_variables
+    grads = mtf.zero.shard_gradients(
+        mtf.gradients([loss], [v.outputs[0] for v in variables]), variables)
+    return loss, mtf.optimize.AdamWeightDecayOptimizer(0.01).apply_grads(grads, variables)
+  graph, lowering, _ = lower(step, mesh_shape, layout, impl=impl)
+  est = cost_model.estimate(graph, mesh_shape, impl.layout_rules,
+                            params="cpu" if share else "gpu")
+  got = estimated_per_op(est)
+  assert got == lowered_per_op(lowering)
+  assert est.flops == sum(lowering.flops.values())
+  # The variables' reads gather their shards over rows.
+  assert got["w1"] == [("allgather", (0,), 8 * 32 // 4 // 2 * 4)]
+  store = slice_variables.variable_store(impl)
+  held = sum(sv.slices[0].shape.num_elements() * sv.slices[0].dtype.size
+             for sv in store.values() if sv.trainable)
+  assert est.memory.variables == held
+
+
+class _NoUpdates:
+  """An optimizer stand-in: mlp_step's own updates are not made."""
+
+  def apply_grads(self, grads, variables):
+    del grads, variables
+    return []

@@ -38,7 +38,7 @@ def _memory(est: _Estimator, operations, shares_memory: bool) -> MemoryEstimate:
   per_variable = {}
   for op in operations:
     if getattr(op, "is_variable", False):
-      n = est.slice_elems(op.shape) * op.slice_dtype.size
+      n = est.slice_elems(op.storage_shape) * op.slice_dtype.size
       per_variable[op.name] = n
       if op.trainable:
         variables += n

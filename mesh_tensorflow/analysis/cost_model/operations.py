@@ -24,18 +24,23 @@ def generic(est: _Estimator, op):
     est.state[t] = ids
 
 
-def _variable(est: _Estimator, op):
-  out = op.outputs[0]
-  slices = est.by_layout(est.layout(out.shape), count=False)
-  est.state[out] = est.slicewise([slices], 2 * est.slice_bytes(out))
-
-
-def _assign(est: _Estimator, op):
-  for t in op.inputs:
-    ids = est.laid_out(t)
-    # One assign per distinct slice variable, on the first processor that
-    # holds it, reading that processor's value.
-    axes = [a for a in est.layout(t.shape) if a is not None]
+def _storage(est: _Estimator, op, plan: plans.StoragePlan):
+  """Prices the StoragePlan that Variable.lower and Assign.lower execute:
+  one read of each distinct slice variable (laid out as its storage) moved
+  into the value's layout; or the new values moved into the storage layout
+  and one assign per distinct slice variable, on the first processor that
+  holds it, reading that processor's value."""
+  if not plan.writes:
+    out = op.outputs[0]
+    storage, move = plan.storage[0], plan.moves[0]
+    nbytes = est.slice_elems(out.shape, storage) * out.dtype.size
+    ids = est.slicewise([est.by_layout(storage, count=False)], 2 * nbytes)
+    est.state[out] = est.execute(move, out.shape, out.dtype.size, ids)
+    return
+  for t, storage, move in zip(op.inputs, plan.storage, plan.moves):
+    ids = est.execute(move, t.shape, t.dtype.size, est.laid_out(t))
+    nbytes = 2 * est.slice_elems(t.shape, storage) * t.dtype.size
+    axes = [a for a in storage if a is not None]
     seen = set()
     for p, c in enumerate(est.coords):
       key = tuple(c[a] for a in axes) if est.share else p
@@ -44,7 +49,7 @@ def _assign(est: _Estimator, op):
       seen.add(key)
       new = next(est._next_id)  # pylint: disable=protected-access
       est.device[new] = p
-      est.unit(new, (ids[p],), 1, 2 * est.slice_bytes(t))
+      est.unit(new, (ids[p],), 1, nbytes)
       est.sinks.add(new)
 
 
@@ -272,14 +277,13 @@ PLAN_PRICING = {
     plans.GatherPlan: _gather,
     plans.ScatterAddPlan: _scatter_add_grad,
     plans.StatisticsPlan: _statistics,
+    plans.StoragePlan: _storage,
     plans.LocalPlan: lambda est, op, plan: est.local_plan(op, plan),
 }
 
 # Operations without communication, by the kind of local work they declare
 # (`Operation.local_kernel`).
 LOCAL_HANDLERS = {
-    "variable": _variable,
-    "assign": _assign,
     "elementwise": _elementwise,
     "copy": _local,
     "identity": _passthrough,

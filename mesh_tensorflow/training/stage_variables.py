@@ -1,0 +1,198 @@
+"""Stage variables of a pipeline: the variables a stage function creates,
+stacked along the `stages` dimension (stage s's weights are row s), with
+per-stage views that the stage function reads as if it were alone.
+
+    >>> variables = StageVariables(mesh, stages_dim)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Dict, Optional, Tuple
+
+import tensorflow as tf
+
+from mesh_tensorflow.core.graph import Mesh, Tensor
+from mesh_tensorflow.ops import constant_ops as const_ops
+from mesh_tensorflow.ops import einsum_ops as einsum_ops
+from mesh_tensorflow.ops import indexing
+from mesh_tensorflow.ops import reduction
+from mesh_tensorflow.ops import variables as var_ops
+from mesh_tensorflow.core.shapes import Dimension, Shape
+
+
+# ------------------------------------------------------ stacked stage variables
+class _PerStageView:
+  """What get_variable sees inside a stage: the per-stage shape, and the
+  tensor it returns (the stacked variable, or one stage's slice of it)."""
+
+  def __init__(self, shape: Shape, value: Tensor):
+    self.shape = shape
+    self._value = value
+
+  @property
+  def outputs(self):
+    return [self._value]
+
+
+class _StagedNameMap(dict):
+  """Stands in for graph.name_to_variable while a stage function runs."""
+
+  def __init__(self, real: dict, lookup: Callable[[str], Optional[_PerStageView]]):
+    super().__init__(real)
+    self._lookup = lookup
+
+  def get(self, key, default=None):
+    view = self._lookup(key)
+    return view if view is not None else super().get(key, default)
+
+  def __setitem__(self, key, value):
+    raise ValueError(
+        f"pipeline: the stage function created variable {key!r} on a later call "
+        "than its first. A stage must create the same variables every time it "
+        "is called (no variables created conditionally).")
+
+
+class _StackedInitializer:
+  """Initializes each stage's row as the per-stage variable named
+  `init_name_fn(name, stage)` would be initialized."""
+
+  def __init__(self, inner, name_fn: Callable[[int], str]):
+    self._inner = inner
+    self._name_fn = name_fn
+
+  def slice_value(self, name, full_shape, begin, slice_shape, dtype):
+    del name
+    rows = []
+    for s in range(begin[0], begin[0] + slice_shape[0]):
+      stage_name = self._name_fn(s)
+      if hasattr(type(self._inner), "slice_value"):
+        rows.append(self._inner.slice_value(stage_name, list(full_shape[1:]), list(begin[1:]),
+                                            list(slice_shape[1:]), dtype))
+      else:
+        full = var_ops._call_initializer(self._inner, list(full_shape[1:]), dtype, stage_name)  # pylint: disable=protected-access
+        rows.append(tf.slice(full, list(begin[1:]), list(slice_shape[1:])))
+    return tf.stack(rows, axis=0)
+
+
+class StageVariables:
+  """Gives the variables a stage function creates a leading `stages`
+  dimension.
+
+  `discover(fn, *args)` calls fn once to learn which variables it creates
+  (names, shapes, dtypes, initializers), removes what that call added to the
+  graph and creates each variable again as [stages] + shape under the same
+  name. Inside `with sv.stacked():` `mtf.get_variable` returns the stacked
+  variables (for a stage function vectorized over `stages`); inside
+  `with sv.stage(s):` it returns stage s's row (for running stages one after
+  another, e.g. when decoding).
+
+  Args:
+    mesh: the mesh.
+    stages_dim: the `stages` dimension (its size is the number of stages).
+    init_name_fn: init_name_fn(variable_name, stage) -> the name whose
+      initial value stage s's row gets (so a pipelined model can start from
+      the unpipelined model's weights); default "<name>/stage_<s>".
+
+  Example:
+    >>> sv = StageVariables(mesh, stages)
+    >>> sv.discover(stage_fn, h)
+    >>> with sv.stacked():
+    ...   h = stage_fn(h)
+  """
+
+  def __init__(self, mesh: Mesh, stages_dim: Dimension,
+               init_name_fn: Optional[Callable[[str, int], str]] = None):
+    self.mesh = mesh
+    self.stages_dim = stages_dim
+    self._init_name_fn = init_name_fn or (lambda name, s: f"{name}/stage_{s}")
+    self.variables: Dict[str, var_ops.Variable] = {}
+    self._per_stage_shapes: Dict[str, Shape] = {}
+    self._stage_cache: Dict[Tuple[str, int], Tensor] = {}
+
+  def discover(self, fn: Callable, *args, **kwargs):
+    """Calls fn to find its variables, then undoes that call (its ops and
+    variables leave the graph) and creates the stacked variables."""
+    graph = self.mesh.graph
+    start = len(graph.operations)
+    before = set(graph.name_to_variable)
+    real = graph.name_to_variable
+
+    def existing(name):
+      """A stacked variable made by an earlier call (the same model called
+      again in this graph): reused, with a placeholder value here."""
+      var = real.get(name)
+      if var is None or not var.shape.dims or var.shape.dims[0] != self.stages_dim:
+        return None
+      per_stage = Shape(var.shape.dims[1:])
+      self.variables[name] = var
+      self._per_stage_shapes[name] = per_stage
+      return _PerStageView(per_stage, const_ops.zeros(self.mesh, per_stage, dtype=var.outputs[0].dtype))
+
+    class _DiscoveryMap(_StagedNameMap):
+      def __setitem__(self, key, value):
+        dict.__setitem__(self, key, value)
+    graph.name_to_variable = _DiscoveryMap(real, existing)
+    try:
+      fn(*args, **kwargs)
+      created = graph.name_to_variable
+    finally:
+      graph.name_to_variable = real
+    found = [created[n] for n in created if n not in before]
+    del graph.operations[start:]
+    for var in found:
+      if self.stages_dim in var.shape.dims:
+        raise ValueError(f"pipeline: stage variable {var.name!r} already has a "
+                         f"{self.stages_dim.name!r} dimension ({var.shape}).")
+      name = var.name
+      init = _StackedInitializer(getattr(var, "_initializer"),
+                                 lambda s, name=name: self._init_name_fn(name, s))
+      stacked = var_ops.Variable(self.mesh, name, Shape([self.stages_dim] + var.shape.dims),
+                                 var.variable_dtype, init, trainable=var.trainable)
+      graph.name_to_variable[name] = stacked
+      self.variables[name] = stacked
+      self._per_stage_shapes[name] = var.shape
+    return found
+
+  @contextlib.contextmanager
+  def _swap(self, lookup):
+    graph = self.mesh.graph
+    real = graph.name_to_variable
+    graph.name_to_variable = _StagedNameMap(real, lookup)
+    try:
+      yield
+    finally:
+      graph.name_to_variable = real
+
+  def stacked(self):
+    """Context: get_variable returns [stages] + shape variables."""
+    def lookup(name):
+      if name not in self.variables:
+        return None
+      return _PerStageView(self._per_stage_shapes[name], self.variables[name].outputs[0])
+    return self._swap(lookup)
+
+  def stage(self, s: int):
+    """Context: get_variable returns stage s's row of each variable."""
+
+    def lookup(name):
+      if name not in self.variables:
+        return None
+      key = (name, s)
+      if key not in self._stage_cache:
+        value = self.variables[name].outputs[0]
+        pick = indexing.one_hot(
+            indexing.mtf_range(self.mesh, Dimension("_stage_pick", 1), tf.int32) * 0 + s,
+            self.stages_dim, dtype=value.dtype)
+        pick = _drop_dim(pick, "_stage_pick")
+        self._stage_cache[key] = einsum_ops.einsum([value, pick],
+                                                   output_shape=self._per_stage_shapes[name])
+      return _PerStageView(self._per_stage_shapes[name], self._stage_cache[key])
+    return self._swap(lookup)
+
+
+def _drop_dim(x: Tensor, name: str) -> Tensor:
+  return reduction.reduce_sum(x, reduced_dim=x.shape.get_dim_by_name(name))
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone
