@@ -65,7 +65,8 @@ def _decode_here(name, setting, input_ids):
                                            mtf.Dimension("beam", setting["beam_size"]),
                                            mtf.Dimension("length", LENGTH)]), dtype=tf.int32)
         best = model.beam_search(zeros, setting["decode_length"], variable_dtype=dtype,
-                                 alpha=setting["alpha"], stop_at_token=eos)
+                                 alpha=setting["alpha"], stop_at_token=eos,
+                                 bos_id=setting.get("bos_id", 0))
       else:
         options = {k: v for k, v in setting.items()
                    if k in ("beam_size", "alpha", "decode_length_multiplier",
@@ -97,17 +98,17 @@ def restored(request):
   _STATE.clear()
 
 
-
-
 # The settings compared here (each is one lowering and decode; the fixtures
 # hold more, all equal as well): the vocabulary prefilter with ends, beam 2
-# without length penalty, a decode length cut short; the CLI test below
+# without length penalty, a decode length cut short, a language model that
+# reads a start id (bos_id 2) first; the CLI test below
 # decodes beam 4, alpha 0.6 on a split mesh.
 CHECKED = {"t5_v1_0_bi": ["beam4_alpha0.6_eos_split", "beam2_alpha0_eos",
                           "beam3_alpha1_short_eos"],
            "t5_1_1_bi": ["beam4_alpha0.6_eos_split", "beam2_alpha0_eos",
                          "beam3_alpha1_short_eos"],
-           "lm": ["beam4_alpha0.6_eos_split", "beam3_alpha2_len6_eos"]}
+           "lm": ["beam4_alpha0.6_eos_split", "beam3_alpha2_len6_eos",
+                  "beam4_alpha0.6_bos2_eos_split"]}
 
 
 def test_python_api_beam_decodes_equal_the_originals(restored):
