@@ -46,10 +46,16 @@ def _token_weights(decoder, targets: mtf.Tensor, dtype) -> mtf.Tensor:
   """1 at the target tokens that count in the loss (not padding, and only
   the targets part with loss_on_targets_only), else 0."""
   weights = mtf.layers.weights_nonzero(targets, dtype=dtype)
-  if getattr(decoder, "loss_on_targets_only", False):
+  if _setting(decoder, "loss_on_targets_only", False):
     weights = weights * mtf.cast(mtf.logical_not(transformer.inputs_prefix_mask(targets)),
                                  dtype)
   return weights
+
+
+def _setting(decoder, name: str, default):
+  """decoder's `name` when it is a plain number or bool, else default."""
+  value = getattr(decoder, name, default)
+  return value if isinstance(value, (bool, int, float)) else default
 
 
 def _mean_loss(decoder, total: mtf.Tensor, weights: mtf.Tensor) -> mtf.Tensor:
@@ -212,7 +218,8 @@ class AdaptiveSoftmaxVocabEmbedding:
     return mtf.concat(parts, self._vocab_dim.name)
 
   def compute_loss(self, decoder, hidden: mtf.Tensor, targets: mtf.Tensor,
-                   context: Optional[transformer.Context] = None) -> mtf.Tensor:
+                   context: Optional[transformer.Context] = None,
+                   training: Optional[bool] = None) -> mtf.Tensor:
     """The mean cross-entropy of the targets, from the hidden states, with
     the head softmax for every token and each tail's softmax for its tokens.
 
@@ -223,6 +230,8 @@ class AdaptiveSoftmaxVocabEmbedding:
       targets: int32 [batch..., length] (0 is padding).
       context: the call's Context (z_loss and length_projection_factor
         apply in training).
+      training: whether this is the training loss (None: context's mode
+        says).
 
     Returns:
       a scalar.
@@ -230,12 +239,12 @@ class AdaptiveSoftmaxVocabEmbedding:
     Example:
       >>> loss = emb.compute_loss(model, hidden, targets, context)
     """
-    if getattr(decoder, "label_smoothing", 0.0):
+    if _setting(decoder, "label_smoothing", 0.0):
       raise ValueError("AdaptiveSoftmaxVocabEmbedding does not support label_smoothing "
                        f"(got {decoder.label_smoothing}); set Unitransformer.label_smoothing "
                        "= 0.0.")
-    training = _is_training(context)
-    z_loss = getattr(decoder, "z_loss", 0.0) if training else 0.0
+    training = _is_training(context) if training is None else training
+    z_loss = _setting(decoder, "z_loss", 0.0) if training else 0.0
     dtype = hidden.dtype
     weights = _token_weights(decoder, targets, dtype)
     length_dim = targets.shape.dims[-1]
@@ -279,8 +288,10 @@ def adaptive_softmax_loss_fn(decoder, context: transformer.Context, logits: mtf.
   In training, the embedding's `compute_loss` of the stack's output (which
   the Unitransformer leaves in context.cache["vocab_embedding_hidden"]; a
   `logits` argument without the vocabulary dimension is taken as that
-  output, as in the original); otherwise the cross-entropy of the
-  log-probabilities `logits`.
+  output and gets the training loss, as in the original); otherwise the
+  cross-entropy of the log-probabilities `logits`. The embedding is the
+  context's shared_params["embedding"] (as in the original) or the one the
+  Unitransformer left in context.cache["vocab_embedding"].
 
   Example:
     >>> # gin: Unitransformer.loss_fn = @adaptive_softmax.adaptive_softmax_loss_fn
@@ -292,15 +303,18 @@ def adaptive_softmax_loss_fn(decoder, context: transformer.Context, logits: mtf.
   if targets is None:
     raise TypeError("adaptive_softmax_loss_fn(decoder, context, logits, targets, "
                     "output_vocab_dim): targets is missing.")
-  embedding = context.cache.get("vocab_embedding", context.shared_params.get("embedding"))
-  if not hasattr(embedding, "compute_loss"):
+  found = [context.shared_params.get("embedding"), context.cache.get("vocab_embedding")]
+  embedding = next((e for e in found if isinstance(e, AdaptiveSoftmaxVocabEmbedding)),
+                   found[-1] if found[-1] is not None else found[0])
+  if not isinstance(embedding, AdaptiveSoftmaxVocabEmbedding):
     raise ValueError("adaptive_softmax_loss_fn needs the model's vocab_embedding_cls to be "
                      "adaptive_softmax.AdaptiveSoftmaxVocabEmbedding, got "
                      f"{type(embedding).__name__}.")
   vocab_name = (output_vocab_dim.name if output_vocab_dim is not None
                 else embedding._vocab_dim.name)  # pylint: disable=protected-access
   if not logits.shape.has_dim_name(vocab_name):
-    return embedding.compute_loss(decoder, logits, targets, context)
+    # The original's convention: in training its logits were the hidden states.
+    return embedding.compute_loss(decoder, logits, targets, context, training=True)
   hidden = context.cache.get("vocab_embedding_hidden")
   if _is_training(context) and hidden is not None:
     return embedding.compute_loss(decoder, hidden, targets, context)
