@@ -20,7 +20,7 @@ decodes with the original's beam search:
   capped by the length dimension), one batch of every input;
 - the language model through `Unitransformer.beam_search` from an empty
   prefix (the original's only beam search for a decoder-only model), with a
-  given decode_length.
+  given decode_length and bos_id.
 
 Each setting stores the best beam's ids (what the model methods return) and,
 captured from `mtf.beam_search.beam_search`, every beam's ids and score.
@@ -80,6 +80,9 @@ LM_SETTINGS = [
                                       **LM_SPLIT4)),
     ("beam2_alpha0_eos", dict(beam_size=2, alpha=0.0, decode_length=16, eos_id="auto")),
     ("beam3_alpha2_len6_eos", dict(beam_size=3, alpha=2.0, decode_length=6, eos_id="auto")),
+    # The first position reads bos_id instead of 0 (Unitransformer.beam_search's bos_id).
+    ("beam4_alpha0.6_bos2_eos_split", dict(beam_size=4, alpha=0.6, decode_length=16,
+                                           eos_id="auto", bos_id=2, **LM_SPLIT2)),
 ]
 LENGTH = 16
 VOCAB_SIZE = 259  # the byte vocabulary: pad 0, EOS 1, UNK 2, then byte + 3
@@ -183,7 +186,8 @@ def _decode_model(model_dir, name, settings):
           zeros = mtf.zeros(mesh, mtf.Shape([batch_dim, beam_dim, length_dim]), tf.int32)
           best = model.beam_search(
               zeros, mtf.constant(mesh, setting["decode_length"], dtype=tf.int32),
-              variable_dtype=variable_dtype, alpha=setting["alpha"])
+              variable_dtype=variable_dtype, alpha=setting["alpha"],
+              bos_id=setting.get("bos_id", 0))
       finally:
         mtf.beam_search.beam_search = real_beam_search
       lowering = mtf.Lowering(graph, {mesh: mesh_impl}, autostack=False)

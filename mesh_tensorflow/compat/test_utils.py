@@ -42,13 +42,21 @@ class NumpyConverter:
 
   def convert_np_array_to_mtf_tensor(self, x: np.ndarray, dim_names: Optional[Sequence[str]] = None,
                                      dtype=tf.int32) -> Tensor:
-    """x as an mtf Tensor with dimensions `dim_names` (default dim0, dim1, ...)."""
+    """x as an mtf Tensor with dimensions `dim_names` (default dim0, dim1, ...).
+
+    A tensor cannot have two dimensions of one name here. A name given twice
+    (the original's tests build a kernel [d_model, d_model] for a layer whose
+    output channels keep the input's name) names the last of those axes;
+    the earlier ones get a "_" prefix ("_d_model"), the name this library's
+    convolutions give such a kernel's input channels.
+    """
     x = np.asarray(x)
     if dim_names is None:
       dim_names = [f"dim{i}" for i in range(x.ndim)]
     if len(dim_names) != x.ndim:
       raise ValueError(f"NumpyConverter: {len(dim_names)} dim_names for an array of rank "
                        f"{x.ndim}; give one name per axis.")
+    dim_names = ["_" + n if n in dim_names[i + 1:] else n for i, n in enumerate(dim_names)]
     shape = Shape([Dimension(n, s) for n, s in zip(dim_names, x.shape)])
     return import_tf_tensor(self._mesh, tf.constant(x, dtype=dtype), shape)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import gin
@@ -225,7 +226,11 @@ def dense(x: Tensor, new_dims: Optional[DimOrDims] = None,
   variable_dtype = _variable_dtype(x.dtype, master_dtype, slice_dtype, variable_dtype)
   name = unique_layer_name(x.mesh, name, "dense")
   if kernel_weights is None:
-    kernel_weights = get_dense_kernel_weights(
+    # Looked up on mtf.layers, as the original's dense found it in its own
+    # module: the original's tests replace mtf.layers.get_dense_kernel_weights.
+    kernel_weights_fn = getattr(sys.modules.get(__package__), "get_dense_kernel_weights",
+                                get_dense_kernel_weights)
+    kernel_weights = kernel_weights_fn(
         x, new_dims, reduced_dims, expert_dims, kernel_initializer, name, variable_dtype)
   with x.mesh.graph.name_scope(name):
     y = us_einsum([x, kernel_weights], output_shape=Shape(kept + new_dims))

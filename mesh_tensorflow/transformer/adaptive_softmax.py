@@ -38,12 +38,6 @@ from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import vocab_embeddings
 
 
-def _logaddexp(a: mtf.Tensor, b: mtf.Tensor) -> mtf.Tensor:
-  """log(exp(a) + exp(b)), stably (a and b of one shape)."""
-  top = mtf.stop_gradient(mtf.maximum(a, b))
-  return top + mtf.log(mtf.exp(a - top) + mtf.exp(b - top))
-
-
 def _is_training(context) -> bool:
   return context is not None and context.mode == transformer.ModeKeys.TRAIN
 
@@ -52,10 +46,16 @@ def _token_weights(decoder, targets: mtf.Tensor, dtype) -> mtf.Tensor:
   """1 at the target tokens that count in the loss (not padding, and only
   the targets part with loss_on_targets_only), else 0."""
   weights = mtf.layers.weights_nonzero(targets, dtype=dtype)
-  if getattr(decoder, "loss_on_targets_only", False):
+  if _setting(decoder, "loss_on_targets_only", False):
     weights = weights * mtf.cast(mtf.logical_not(transformer.inputs_prefix_mask(targets)),
                                  dtype)
   return weights
+
+
+def _setting(decoder, name: str, default):
+  """decoder's `name` when it is a plain number or bool, else default."""
+  value = getattr(decoder, name, default)
+  return value if isinstance(value, (bool, int, float)) else default
 
 
 def _mean_loss(decoder, total: mtf.Tensor, weights: mtf.Tensor) -> mtf.Tensor:
@@ -96,10 +96,11 @@ class _TailCluster(vocab_embeddings._Cluster):  # pylint: disable=protected-acce
 class AdaptiveSoftmaxVocabEmbedding:
   """A vocabulary embedding with an adaptive softmax over clusters of ids.
 
-  The head cluster's logits come from its embedding (plain, or factorized
-  when its embedding_size is not d_model), plus one logit per tail cluster
-  from a table "`name`_tail_clusters" [tail_clusters, d_model]; each tail's
-  logits come from its own embedding (see `AdaptiveVocabEmbedding`).
+  The variables are the original's, so that a checkpoint the original wrote
+  restores: the head cluster's table (plain, or factorized when its
+  embedding_size is not d_model) has one row per head token followed by one
+  row per tail cluster (the tail entries of the head softmax), and each tail
+  cluster has its own table over its tokens (see `AdaptiveVocabEmbedding`).
 
   `hidden_to_logits` returns log-probabilities over the whole vocabulary
   in every mode (the original returned the hidden states in training). The
@@ -119,8 +120,8 @@ class AdaptiveSoftmaxVocabEmbedding:
     mesh, vocab_dim, output_dim, variable_dtype, ensemble_dim: as
       `transformer.VocabEmbedding`.
     name: cluster i's variables are `name`_i (plain) or `name`_i1 and
-      `name`_i2 (factorized); the tail entries of the head are
-      `name`_tail_clusters.
+      `name`_i2 (factorized); cluster 0's vocabulary dimension has
+      token_count + (number of tail clusters) entries.
     clusters: a list of dicts, the first being the head:
       "token_count": ids in the cluster (the counts must add up to the
         vocabulary size);
@@ -130,7 +131,8 @@ class AdaptiveSoftmaxVocabEmbedding:
         sequence's positions (the first ones with targets in the tail);
         evaluation counts every position.
       Clusters are split like "vocab": a layout splitting "vocab" n ways
-      needs every token count to be a multiple of n.
+      needs every tail's token count, and the head's plus the number of
+      tails, to be a multiple of n.
 
   Raises:
     ValueError: if the clusters do not cover the vocabulary exactly, a
@@ -157,23 +159,25 @@ class AdaptiveSoftmaxVocabEmbedding:
     self._output_dim = output_dim
     self._clusters = []
     start = 0
+    num_tails = len(specs) - 1
     for i, spec in enumerate(specs):
       factor = spec.get("length_projection_factor", 1.0)
       if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
         raise ValueError(f"AdaptiveSoftmaxVocabEmbedding: cluster {i}'s "
                          f"length_projection_factor must be in (0, 1], got {factor!r}.")
+      # The head's table also holds one row per tail cluster, after its tokens.
+      rows = spec["token_count"] + (num_tails if i == 0 else 0)
       cluster = vocab_embeddings.make_cluster(
           mesh, vocab_dim, output_dim, variable_dtype, f"{name}_{i}", ensemble_dim, start,
-          spec["token_count"], spec["embedding_size"])
+          rows, spec["embedding_size"])
+      if i == 0:
+        cluster = vocab_embeddings._Cluster(  # pylint: disable=protected-access
+            cluster.embedding, start, start + spec["token_count"], cluster.vocab_dim)
       self._clusters.append(cluster if i == 0 else _TailCluster(cluster, float(factor)))
       start += spec["token_count"]
     self._head, self._tails = self._clusters[0], self._clusters[1:]
-    self._tails_dim = None
-    if self._tails:
-      self._tails_dim = mtf.Dimension("tail_clusters", len(self._tails))
-      self._tail_weights = mtf.layers.embedding_weights(
-          mesh, self._tails_dim, output_dim, variable_dtype, name=f"{name}_tail_clusters",
-          ensemble_dim=ensemble_dim)
+    self._head_count = specs[0]["token_count"]
+    self._tails_dim = mtf.Dimension("tail_clusters", num_tails) if num_tails else None
 
   def ids_to_embedding(self, ids: mtf.Tensor,
                        context: Optional[transformer.Context] = None) -> mtf.Tensor:
@@ -182,15 +186,18 @@ class AdaptiveSoftmaxVocabEmbedding:
     return parts[0] if len(parts) == 1 else mtf.add_n(parts)
 
   def _head_logits(self, hidden: mtf.Tensor, context):
-    """(logits of the head's tokens [..., vocab (head)], logits of the tail
-    clusters [..., tail_clusters] or None, their joint log-normalizer)."""
-    tokens = self._head.hidden_to_logits(hidden, context)
-    log_z = mtf.reduce_logsumexp(tokens, self._head.vocab_dim)
-    if not self._tails:
-      return tokens, None, log_z
-    h = hidden * (self._output_dim.size ** -0.5)
-    tails = mtf.einsum([h, self._tail_weights], reduced_dims=[self._output_dim])
-    return tokens, tails, _logaddexp(log_z, mtf.reduce_logsumexp(tails, self._tails_dim))
+    """(the head table's logits [..., vocab (head tokens, then one entry per
+    tail cluster)], their log-normalizer)."""
+    logits = self._head.hidden_to_logits(hidden, context)
+    return logits, mtf.reduce_logsumexp(logits, self._head.vocab_dim)
+
+  def _split_head(self, logits: mtf.Tensor):
+    """(the head tokens' entries [..., vocab (head tokens)], the tail
+    clusters' entries [..., tail_clusters]) of the head table's logits."""
+    name = self._head.vocab_dim.name
+    tokens = mtf.slice(logits, 0, self._head_count, name)
+    tails = mtf.slice(logits, self._head_count, self._tails_dim.size, name)
+    return tokens, mtf.rename_dimension(tails, name, self._tails_dim.name)
 
   def hidden_to_logits(self, hidden: mtf.Tensor,
                        context: Optional[transformer.Context] = None) -> mtf.Tensor:
@@ -199,17 +206,20 @@ class AdaptiveSoftmaxVocabEmbedding:
     Example:
       >>> log_probs = emb.hidden_to_logits(hidden, context)   # logsumexp 0
     """
-    tokens, tails, log_z = self._head_logits(hidden, context)
+    logits, log_z = self._head_logits(hidden, context)
+    if not self._tails:
+      return logits - log_z
+    tokens, tails = self._split_head(logits)
     parts = [tokens - log_z]
-    if tails is not None:
-      tail_log_p = mtf.unstack(tails - log_z, self._tails_dim)
-      for cluster, log_p in zip(self._tails, tail_log_p):
-        logits = cluster.hidden_to_logits(hidden, context)
-        parts.append(log_p + mtf.log_softmax(logits, cluster.vocab_dim))
-    return parts[0] if len(parts) == 1 else mtf.concat(parts, self._vocab_dim.name)
+    tail_log_p = mtf.unstack(tails - log_z, self._tails_dim)
+    for cluster, log_p in zip(self._tails, tail_log_p):
+      tail_logits = cluster.hidden_to_logits(hidden, context)
+      parts.append(log_p + mtf.log_softmax(tail_logits, cluster.vocab_dim))
+    return mtf.concat(parts, self._vocab_dim.name)
 
   def compute_loss(self, decoder, hidden: mtf.Tensor, targets: mtf.Tensor,
-                   context: Optional[transformer.Context] = None) -> mtf.Tensor:
+                   context: Optional[transformer.Context] = None,
+                   training: Optional[bool] = None) -> mtf.Tensor:
     """The mean cross-entropy of the targets, from the hidden states, with
     the head softmax for every token and each tail's softmax for its tokens.
 
@@ -220,6 +230,8 @@ class AdaptiveSoftmaxVocabEmbedding:
       targets: int32 [batch..., length] (0 is padding).
       context: the call's Context (z_loss and length_projection_factor
         apply in training).
+      training: whether this is the training loss (None: context's mode
+        says).
 
     Returns:
       a scalar.
@@ -227,40 +239,37 @@ class AdaptiveSoftmaxVocabEmbedding:
     Example:
       >>> loss = emb.compute_loss(model, hidden, targets, context)
     """
-    if getattr(decoder, "label_smoothing", 0.0):
+    if _setting(decoder, "label_smoothing", 0.0):
       raise ValueError("AdaptiveSoftmaxVocabEmbedding does not support label_smoothing "
                        f"(got {decoder.label_smoothing}); set Unitransformer.label_smoothing "
                        "= 0.0.")
-    training = _is_training(context)
-    z_loss = getattr(decoder, "z_loss", 0.0) if training else 0.0
+    training = _is_training(context) if training is None else training
+    z_loss = _setting(decoder, "z_loss", 0.0) if training else 0.0
     dtype = hidden.dtype
     weights = _token_weights(decoder, targets, dtype)
     length_dim = targets.shape.dims[-1]
-    tokens, tails, log_z = self._head_logits(hidden, context)
-    # The head's target: the token itself, or the entry of its tail cluster.
+    logits, log_z = self._head_logits(hidden, context)
+    # The head's target: the token itself, or the entry of its tail cluster
+    # (the head table's row head_count + i for tail i).
     in_head = self._head.contains(targets)
+    head_target = self._head.local_ids(targets, in_head)
+    for i, cluster in enumerate(self._tails):
+      head_target = head_target + (self._head_count + i) * mtf.to_int32(
+          cluster.contains(targets))
     picked = mtf.reduce_sum(
-        tokens * mtf.one_hot(self._head.local_ids(targets, in_head), self._head.vocab_dim,
-                             dtype=dtype), reduced_dim=self._head.vocab_dim)
-    picked = picked * mtf.cast(in_head, dtype)
+        logits * mtf.one_hot(head_target, self._head.vocab_dim, dtype=dtype),
+        reduced_dim=self._head.vocab_dim)
     tail_losses = []
-    if tails is not None:
-      which = mtf.zeros_like(targets)
-      for i, cluster in enumerate(self._tails):
-        which = which + i * mtf.to_int32(cluster.contains(targets))
-      tail_pick = mtf.reduce_sum(tails * mtf.one_hot(which, self._tails_dim, dtype=dtype),
-                                 reduced_dim=self._tails_dim)
-      picked = picked + tail_pick * mtf.cast(mtf.logical_not(in_head), dtype)
-      for cluster in self._tails:
-        inside = cluster.contains(targets)
-        local = cluster.local_ids(targets, inside)
-        w = weights * mtf.cast(inside, dtype)
-        h = hidden
-        if training and cluster.length_projection_factor < 1.0:
-          h, local, w = cluster.positions(hidden, local, w, length_dim)
-        xent = mtf.layers.softmax_cross_entropy_with_logits(
-            cluster.hidden_to_logits(h, context), local, cluster.vocab_dim, z_loss=z_loss)
-        tail_losses.append(mtf.reduce_sum(xent * w))
+    for cluster in self._tails:
+      inside = cluster.contains(targets)
+      local = cluster.local_ids(targets, inside)
+      w = weights * mtf.cast(inside, dtype)
+      h = hidden
+      if training and cluster.length_projection_factor < 1.0:
+        h, local, w = cluster.positions(hidden, local, w, length_dim)
+      xent = mtf.layers.softmax_cross_entropy_with_logits(
+          cluster.hidden_to_logits(h, context), local, cluster.vocab_dim, z_loss=z_loss)
+      tail_losses.append(mtf.reduce_sum(xent * w))
     head_xent = log_z - picked
     if z_loss:
       head_xent = head_xent + z_loss * mtf.square(log_z)
@@ -279,8 +288,10 @@ def adaptive_softmax_loss_fn(decoder, context: transformer.Context, logits: mtf.
   In training, the embedding's `compute_loss` of the stack's output (which
   the Unitransformer leaves in context.cache["vocab_embedding_hidden"]; a
   `logits` argument without the vocabulary dimension is taken as that
-  output, as in the original); otherwise the cross-entropy of the
-  log-probabilities `logits`.
+  output and gets the training loss, as in the original); otherwise the
+  cross-entropy of the log-probabilities `logits`. The embedding is the
+  context's shared_params["embedding"] (as in the original) or the one the
+  Unitransformer left in context.cache["vocab_embedding"].
 
   Example:
     >>> # gin: Unitransformer.loss_fn = @adaptive_softmax.adaptive_softmax_loss_fn
@@ -292,15 +303,18 @@ def adaptive_softmax_loss_fn(decoder, context: transformer.Context, logits: mtf.
   if targets is None:
     raise TypeError("adaptive_softmax_loss_fn(decoder, context, logits, targets, "
                     "output_vocab_dim): targets is missing.")
-  embedding = context.cache.get("vocab_embedding", context.shared_params.get("embedding"))
-  if not hasattr(embedding, "compute_loss"):
+  found = [context.shared_params.get("embedding"), context.cache.get("vocab_embedding")]
+  embedding = next((e for e in found if isinstance(e, AdaptiveSoftmaxVocabEmbedding)),
+                   found[-1] if found[-1] is not None else found[0])
+  if not isinstance(embedding, AdaptiveSoftmaxVocabEmbedding):
     raise ValueError("adaptive_softmax_loss_fn needs the model's vocab_embedding_cls to be "
                      "adaptive_softmax.AdaptiveSoftmaxVocabEmbedding, got "
                      f"{type(embedding).__name__}.")
   vocab_name = (output_vocab_dim.name if output_vocab_dim is not None
                 else embedding._vocab_dim.name)  # pylint: disable=protected-access
   if not logits.shape.has_dim_name(vocab_name):
-    return embedding.compute_loss(decoder, logits, targets, context)
+    # The original's convention: in training its logits were the hidden states.
+    return embedding.compute_loss(decoder, logits, targets, context, training=True)
   hidden = context.cache.get("vocab_embedding_hidden")
   if _is_training(context) and hidden is not None:
     return embedding.compute_loss(decoder, hidden, targets, context)

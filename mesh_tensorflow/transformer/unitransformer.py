@@ -531,15 +531,15 @@ class Unitransformer:
                             encoder_output=None, encoder_sequence_id=None, shared_params=None,
                             encoder_layer_outputs=None, beam_dim=None, never_end_token=None,
                             initial_position=None, encoder_inputs=None,
-                            ban_padding: bool = True):
+                            ban_padding: bool = True, bos_id: int = 0):
     """logits_fn(step, ids, states) -> (logits, new_states): one incremental
     decoding step, in the form mtf.beam_search's decoders take.
 
     step is the position decoded (a scalar or [batch...]); the token read
-    is ids at step - 1. The logits of id 0 (padding) unless ban_padding is
-    False (beam search, whose log probabilities are the original's over the
-    whole vocabulary), and of never_end_token if given, are -1e9: decoding
-    never produces them.
+    is ids at step - 1 (at step 0: bos_id). The logits of id 0 (padding)
+    unless ban_padding is False (beam search, whose log probabilities are the
+    original's over the whole vocabulary), and of never_end_token if given,
+    are -1e9: decoding never produces them.
 
     Example:
       >>> fn = model.incremental_logits_fn([batch], length, vdtype, constants)
@@ -558,6 +558,8 @@ class Unitransformer:
                                                initial_position),
           read_priority=step)
       token = _one_position(ids, step - 1, length_dim)
+      if bos_id:  # the original's: step 0 reads bos_id
+        token = token + bos_id * mtf.to_int32(mtf.equal(step, 0))
       with mtf.name_scope(ids.mesh, self.name):
         logits = self._call_internal(context, token)
       banned = (([0] if ban_padding else []) +
@@ -663,7 +665,8 @@ class Unitransformer:
       alpha: length penalty exponent: scores are log P / ((5 + n) / 6)^alpha.
       shared_params: variables shared with the encoder.
       encoder_layer_outputs: the encoder's layer outputs.
-      bos_id: only 0 is supported (see sample_autoregressive).
+      bos_id: the id the first position reads (the model's start token;
+        0 unless it was trained with shift_targets(targets, bos_id)).
       stop_at_token: end-of-sequence id.
       return_all_beams: return ([batch, beam, length], scores [batch, beam])
         instead of the best sequence [batch, length].
@@ -675,7 +678,6 @@ class Unitransformer:
     if not self.autoregressive:
       raise ValueError("beam_search needs an autoregressive Unitransformer.")
     variable_dtype = variable_dtype or mtf.VariableDType(tf.float32)
-    _check_bos_id(bos_id, "beam_search")
     batch_dims = inputs.shape.dims[:-2]
     beam_dim, length_dim = inputs.shape.dims[-2:]
     states, constant_states = self.first_part(
@@ -686,7 +688,7 @@ class Unitransformer:
     logits_fn = self.incremental_logits_fn(
         batch_dims + [beam_dim], length_dim, variable_dtype, constant_states, encoder_output,
         encoder_sequence_id, shared_params, encoder_layer_outputs, beam_dim=beam_dim,
-        encoder_inputs=encoder_inputs, ban_padding=False)
+        encoder_inputs=encoder_inputs, ban_padding=False, bos_id=bos_id)
     beams, scores = beam_search_lib.beam_search(
         logits_fn, inputs, alpha, states=states, eos_id=stop_at_token,
         decode_length=decode_length, use_tpu=True, dtype=tf.float32,
