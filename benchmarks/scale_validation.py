@@ -3,14 +3,20 @@ r"""The planner (`python -m mesh_tensorflow.plan`) against published large runs.
 Rows:
 
 * Shazeer et al. 2018, "Mesh-TensorFlow: Deep Learning for Supercomputers"
-  (NeurIPS), the largest language model of its one-billion-word table:
-  4.9B parameters on a 512-core TPU v2 mesh, about 6 of the 11.5 PFLOP/s
-  peak (the paper's "more than 50%" of peak). Sizes used here: 6 decoder
-  layers, d_model 1024, d_ff 262144, 512 heads of 128 (heads = d_ff / 512
-  in that table), 32,768 tokens of vocabulary: 4.9B parameters. Mesh
-  16 x 32 cores, batch over 16, d_ff / heads / vocab over 32; batch 256
-  sequences of 256 tokens (an assumption: the table states no batch).
-  Compared: FLOP/s (model FLOPs / step time).
+  (NeurIPS; arXiv 1811.02084), its largest language model: 4.9B parameters
+  trained on the one-billion-word benchmark on a 512-core TPU v2 mesh at
+  about 6 of the 11.5 PFLOP/s peak (the paper's text: "more than 50%" of
+  peak). The sizes and mesh are those of the paper's released configuration,
+  tensor2tensor/models/mtf_transformer.py, `mtf_transformer_paper_lm(5)` and
+  `mtf_transformer_paper_lm_5` (github.com/tensorflow/tensor2tensor), whose
+  docstring lists the same 4.90B parameters as the paper's LM table: 6
+  decoder layers, d_model 1024, d_ff 8192 x 32 = 262,144, 8 x 32 = 256 heads
+  of d_kv 256, separate embedding and softmax weights, batch 256 packed
+  sequences of 256 tokens (`max_length`), Adafactor, bfloat16 activations;
+  mesh `batch:16;model:32`, layout `batch:batch;vocab:model;d_ff:model;
+  heads:model`. Vocabulary: the lm1b 32k subword vocabulary, 32,768 entries
+  here (its exact size is not stated in either source; 128 rows more or less
+  change nothing visible). Compared: FLOP/s (model FLOPs / step time).
 * Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
   GPU Clusters Using Megatron-LM" (SC'21), Table 1: GPT models of 1.7B to 1T
   parameters on 32 to 3,072 A100 80 GB GPUs (DGX A100, Selene), sequence
@@ -49,7 +55,7 @@ from mesh_tensorflow.analysis.cost_model import hardware  # noqa: E402
 from mesh_tensorflow.transformer import planner  # noqa: E402
 from mesh_tensorflow.transformer import gin_config  # noqa: E402
 
-SHAZEER = "Shazeer et al. 2018 (Mesh-TensorFlow), LM table"
+SHAZEER = "Shazeer et al. 2018 (Mesh-TensorFlow), 4.9B LM"
 NARAYANAN = "Narayanan et al. 2021, Table 1"
 
 # (params B, heads, hidden, layers, t, p, GPUs, batch, published TFLOP/s per GPU)
@@ -114,14 +120,18 @@ def megatron_rows():
 
 
 def shazeer_row():
+  # tensor2tensor mtf_transformer_paper_lm(5): n = 2 ** 5, d_ff = 8192 n,
+  # num_heads = 8 n, d_kv = 256, d_model = 1024, batch_size = 256, 6 layers and
+  # max_length 256 from mtf_transformer_base; mesh from mtf_transformer_paper_lm_5.
   bindings = [
-      "num_layers = 6", "d_model = 1024", "d_ff = 262144", "num_heads = 512", "d_kv = 128",
+      "num_layers = 6", "d_model = 1024", "d_ff = 262144", "num_heads = 256", "d_kv = 256",
       "run.model_type = 'lm'", "run.sequence_length = {'inputs': 256, 'targets': 256}",
       "run.batch_size = 256", "run.activation_dtype = 'bfloat16'",
+      "run.optimizer = @optimize.AdafactorOptimizer",
       "run.vocabulary = @vocabulary.SizedVocabulary()", "vocabulary.SizedVocabulary.size = 32768",
       "Unitransformer.shared_embedding_and_softmax_weights = False"]
-  return Row("Transformer LM 4.9B", SHAZEER, "tpu-v2", 512, "rows:16;cols:32",
-             "batch:rows;d_ff:cols;heads:cols;vocab:cols", bindings, 6.0, "PFLOP/s")
+  return Row("Transformer LM 4.9B", SHAZEER, "tpu-v2", 512, "batch:16;model:32",
+             "batch:batch;vocab:model;d_ff:model;heads:model", bindings, 6.0, "PFLOP/s")
 
 
 def predict(row: Row, efficiency=None):
