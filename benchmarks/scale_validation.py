@@ -20,15 +20,20 @@ Rows:
 * Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
   GPU Clusters Using Megatron-LM" (SC'21), Table 1: GPT models of 1.7B to 1T
   parameters on 32 to 3,072 A100 80 GB GPUs (DGX A100, Selene), sequence
-  2048, vocabulary 51,200, activation recomputation, tensor-parallel size t
-  (inside a host) and pipeline size p as in the table, the rest data
-  parallel; micro-batch size 1 with the interleaved schedule of 2 chunks per
-  device where the layers per stage allow it, else 1F1B, and without a
-  pipeline gradient accumulation over micro-batches of 4 sequences per
-  replica (assumed: the table does not list them); Adam. Compared: the
-  table's achieved teraFLOP/s per GPU, with the paper's own FLOP count
-  96 B s l h^2 (1 + s / (6 h) + V / (16 l h)) divided by the predicted step
-  time and the GPU count.
+  2048, vocabulary 51,200, tensor-parallel size t (inside a host) and
+  pipeline size p as in the table, the rest data parallel; Adam. The
+  settings the table does not list are those of the authors' script for
+  it, examples/sc21/run_table_1.sh in github.com/NVIDIA/Megatron-LM: the
+  micro-batch size (MBS: 16 for 1.7B to 7.5B, 8 for 18.4B, 4 for 39.1B, 2
+  for 76.1B and 145.6B, 1 above), full activation recomputation of every
+  layer (`--recompute-method uniform`) in every row, and the interleaved
+  schedule where the script sets `--num-layers-per-virtual-pipeline-stage`
+  (76.1B: 5 layers, 3 chunks per device; 145.6B: 5, 2 chunks; 310.1B: 3, 2
+  chunks; 529.6B: 1, 3 chunks), else 1F1B. Batch / (replicas x MBS)
+  micro-batches per step: pipeline micro-batches, or without a pipeline
+  gradient accumulation. Compared: the table's achieved teraFLOP/s per GPU,
+  with the paper's own FLOP count 96 B s l h^2 (1 + s / (6 h) + V / (16 l h))
+  divided by the predicted step time and the GPU count.
 
 The one fitted constant is the GPUs' `matmul_efficiency` (fraction of peak
 of a large matrix product): fitted on the rows marked "fit" (1.7B, 18.4B and
@@ -58,18 +63,21 @@ from mesh_tensorflow.transformer import gin_config  # noqa: E402
 SHAZEER = "Shazeer et al. 2018 (Mesh-TensorFlow), 4.9B LM"
 NARAYANAN = "Narayanan et al. 2021, Table 1"
 
-# (params B, heads, hidden, layers, t, p, GPUs, batch, published TFLOP/s per GPU)
+# Narayanan et al. 2021, Table 1, and (mbs, chunks) from the authors'
+# examples/sc21/run_table_1.sh (MBS; layers per stage / layers per virtual
+# pipeline stage).
+# (params B, heads, hidden, layers, t, p, GPUs, batch, published TFLOP/s per GPU, mbs, chunks)
 MEGATRON_TABLE_1 = [
-    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
-    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
-    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
-    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
-    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
-    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
-    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
-    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
-    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
-    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 16, 1),
+    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 16, 1),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 16, 1),
+    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 8, 1),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 4, 1),
+    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 2, 3),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 2, 2),
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 1, 2),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 1, 3),
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 1, 1),
 ]
 FIT_ROWS = (1.7, 18.4, 145.6)
 SEQ, VOCAB = 2048, 51200
@@ -93,9 +101,9 @@ class Row:
 
 def megatron_rows():
   rows = []
-  for params, heads, h, layers, t, p, gpus, batch, tflops in MEGATRON_TABLE_1:
+  for params, heads, h, layers, t, p, gpus, batch, tflops, mbs, chunks in MEGATRON_TABLE_1:
     d = gpus // (t * p)
-    micro = batch // d  # micro-batches of one sequence per data-parallel replica
+    micro = batch // (d * mbs)  # micro-batches of mbs sequences per data-parallel replica
     dims = ([f"pipe:{p}"] if p > 1 else []) + [f"data:{d}"] + ([f"model:{t}"] if t > 1 else [])
     layout = (["stages:pipe"] if p > 1 else []) + ["batch:data"] + (
         ["d_ff:model", "heads:model", "vocab:model"] if t > 1 else [])
@@ -110,12 +118,12 @@ def megatron_rows():
         f"transformer.make_layer_stack.num_stages = {p}",
         f"transformer.make_layer_stack.num_microbatches = {micro if p > 1 else 1}",
         "transformer.make_layer_stack.pipeline_schedule = '1f1b'"]
-    if p == 1:  # gradient accumulation: micro-batches of 4 sequences per replica
-      bindings.append(f"run.grad_accum_steps = {batch // (d * 4)}")
+    if p == 1 and micro > 1:  # gradient accumulation over micro-batches of mbs sequences
+      bindings.append(f"run.grad_accum_steps = {micro}")
     flops = 96 * batch * SEQ * layers * h * h * (1 + SEQ / (6 * h) + VOCAB / (16 * layers * h))
     rows.append(Row(f"GPT {params}B", NARAYANAN, "a100-80gb", gpus, ";".join(dims),
                     ";".join(layout), bindings, tflops, "TFLOP/s per GPU", flops,
-                    virtual_stages=2 if p > 1 and (layers // p) % 2 == 0 else 1, fit=params in FIT_ROWS))
+                    virtual_stages=chunks, fit=params in FIT_ROWS))
   return rows
 
 
