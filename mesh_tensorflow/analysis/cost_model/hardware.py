@@ -296,6 +296,19 @@ def hardware_from_json(text_or_path: str) -> Tuple[Hardware, Optional[int]]:
   return Hardware(**values).validate(), count
 
 
+def hardware_from_spec(spec: str) -> Hardware:
+  """A preset by name, or a Hardware JSON object (`Hardware.to_json`);
+  what `DeviceParams.hardware` holds.
+
+  Example:
+    >>> hardware_from_spec("a100-80gb").devices_per_host
+    8
+  """
+  if spec.lstrip().startswith("{"):
+    return hardware_from_json(spec)[0]
+  return preset(spec)
+
+
 def parse_cluster(spec: str) -> Cluster:
   """"NAME:COUNT" (a preset) or "FILE.json[:COUNT]".
 
