@@ -43,6 +43,7 @@ to put in hardware.py; `--quick` runs the two smallest GPU rows.
     python benchmarks/scale_validation.py            # all rows, about a minute
     python benchmarks/scale_validation.py --quick
     python benchmarks/scale_validation.py --auto=1.7,18.4   # --auto against the published plan
+    python benchmarks/scale_validation.py --auto=all        # every row (long: run it in the background)
 """
 
 from __future__ import annotations
@@ -175,30 +176,65 @@ def fit(rows):
   return (lo + hi) / 2
 
 
-def compare_auto(sizes, same_memory=False):
-  """plan --auto's best plan against the published plan, same cluster."""
+def _describe(plan) -> str:
+  o = plan.options
+  parts = [plan.mesh_shape]
+  if o.num_stages > 1:
+    parts.append(f"{o.num_microbatches} micro-batches, "
+                 + (f"interleaved x{o.virtual_stages}" if o.schedule == "interleaved"
+                    else o.schedule))
+  parts.append(f"recompute {o.recompute}")
+  if o.zero_stage:
+    parts.append(f"ZeRO {o.zero_stage}")
+  return (f"{', '.join(parts)}: {plan.step_time_s:.3f} s/step, "
+          f"{plan.memory_bytes_per_device / 2**30:.1f} GiB")
+
+
+def _size(row: Row) -> float:
+  return float(row.name.split()[-1][:-1])
+
+
+def compare_auto(sizes=None):
+  """For each row (all, or those of `sizes` billions), plan --auto's search on
+  the row's cluster and batch, against the published plan: the fastest plan
+  within the published plan's memory per device, and the fastest that fits
+  the device at all. The search covers the published plan (its mesh, micro-
+  batch size, schedule, recomputation), so the first is never slower."""
   from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
-  for row in megatron_rows():
-    if not any(abs(float(row.name.split()[1][:-1]) - s) < 1e-6 for s in sizes):
-      continue
+  rows = [shazeer_row()] + megatron_rows()
+  if sizes:
+    rows = [r for r in rows if any(abs(_size(r) - x) < 1e-6 for x in sizes)]
+  for row in rows:
     _, published = predict(row)
     gin_config.parse([], row.bindings)
     start = time.time()
-    budget = published.memory_bytes_per_device if same_memory else None
-    result = plan_search.search(hardware.parse_cluster(f"{row.hardware}:{row.count}"), top=1,
-                                micro_sizes=(1,), memory_budget_bytes=budget)
-    print(f"{row.name}: published plan {row.mesh_shape}, recompute "
-          f"{published.options.recompute}: {published.step_time_s:.2f} s/step, "
-          f"{published.memory_bytes_per_device / 2**30:.1f} GiB")
-    if not result.plans:
-      print(f"  --auto: no plan fits ({'; '.join(result.rejected[:3])})")
-      continue
-    best = result.plans[0]
-    print(f"  --auto ({result.tried} plans, {time.time() - start:.0f} s): {best.mesh_shape}, "
-          f"micro-batches {best.options.num_microbatches}, recompute {best.options.recompute}, "
-          f"ZeRO {best.options.zero_stage}: {best.step_time_s:.2f} s/step "
-          f"({published.step_time_s / best.step_time_s:.2f}x), "
-          f"{best.memory_bytes_per_device / 2**30:.1f} GiB")
+    result = plan_search.search(hardware.parse_cluster(f"{row.hardware}:{row.count}"),
+                                top=1, micro_sizes=(1, 2, 4),
+                                virtual_stages=tuple(sorted({1, row.virtual_stages})))
+    seconds = time.time() - start
+    budget = published.memory_bytes_per_device * (1 + 1e-9)
+    same_memory = [p for p in result.plans if p.memory_bytes_per_device <= budget]
+    print(f"{row.name} on {row.count} x {row.hardware} ({result.tried} plans searched in "
+          f"{seconds:.0f} s)")
+    print(f"  published:         {_describe(published)}")
+    if not same_memory:
+      print("  same memory:       none: no searched plan fits in the published plan's "
+            f"{published.memory_bytes_per_device / 2**30:.1f} GiB")
+    else:
+      best = same_memory[0]
+      speedup = published.step_time_s / best.step_time_s
+      if speedup < 1 + 1e-6:
+        print("  same memory:       nothing faster: the published plan is the fastest that "
+              "fits in its memory")
+      else:
+        print(f"  same memory:       {_describe(best)} ({speedup:.2f}x)")
+    if result.plans:
+      best = result.plans[0]
+      print(f"  fits the device:   {_describe(best)} "
+            f"({published.step_time_s / best.step_time_s:.2f}x)")
+    else:
+      print(f"  fits the device:   none ({'; '.join(result.rejected[:3])})")
+    sys.stdout.flush()
   return 0
 
 
@@ -206,14 +242,14 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--quick", action="store_true", help="the two smallest GPU rows only")
   parser.add_argument("--fit", action="store_true", help="refit the GPU matmul efficiency")
-  parser.add_argument("--same_memory", action="store_true",
-                      help="with --auto: only plans using at most the published plan's memory")
   parser.add_argument("--auto", default="",
-                      help="comma-separated GPT sizes (billions): run plan --auto for them and "
-                      "compare its best plan with the published one")
+                      help="'all' or comma-separated model sizes in billions (4.9 is the "
+                      "Mesh-TensorFlow row): run plan --auto's search for those rows and "
+                      "compare its best plans with the published one")
   args = parser.parse_args(argv)
   if args.auto:
-    return compare_auto([float(x) for x in args.auto.split(",")], args.same_memory)
+    return compare_auto(None if args.auto == "all" else
+                        [float(x) for x in args.auto.split(",")])
   rows = megatron_rows()
   if args.quick:
     rows = rows[:2]

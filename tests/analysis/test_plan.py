@@ -106,8 +106,18 @@ def test_plan_command_json_and_errors(capsys):
 def test_auto_search_returns_fitting_plans_fastest_first():
   from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
   gin_config.parse([], MODEL + ["num_layers = 4", "run.batch_size = 16"])
-  result = plan_search.search(hardware.parse_cluster("h100-sxm:4"), top=3, micro_sizes=(1,))
+  result = plan_search.search(hardware.parse_cluster("h100-sxm:4"), top=3, micro_sizes=(1,),
+                              virtual_stages=(1, 2))
   assert result.plans and result.tried >= len(result.plans)
+  # Interleaving only where 2 chunks divide the layers of a stage (pipe:2),
+  # and then with a smaller bubble than the same plan without it.
+  interleaved = [p for p in result.plans if p.options.schedule == "interleaved"]
+  assert interleaved and {p.options.num_stages for p in interleaved} == {2}
+  for p in interleaved:
+    (plain,) = [q for q in result.plans if q.mesh_shape == p.mesh_shape
+                and q.options.schedule != "interleaved" and q.options.recompute ==
+                p.options.recompute and q.options.zero_stage == p.options.zero_stage]
+    assert p.time_breakdown["pipeline_bubble"] < plain.time_breakdown["pipeline_bubble"]
   times = [p.step_time_s for p in result.plans]
   assert times == sorted(times)
   meshes = {p.mesh_shape for p in result.plans}
