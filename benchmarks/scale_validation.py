@@ -3,26 +3,37 @@ r"""The planner (`python -m mesh_tensorflow.plan`) against published large runs.
 Rows:
 
 * Shazeer et al. 2018, "Mesh-TensorFlow: Deep Learning for Supercomputers"
-  (NeurIPS), the largest language model of its one-billion-word table:
-  4.9B parameters on a 512-core TPU v2 mesh, about 6 of the 11.5 PFLOP/s
-  peak (the paper's "more than 50%" of peak). Sizes used here: 6 decoder
-  layers, d_model 1024, d_ff 262144, 512 heads of 128 (heads = d_ff / 512
-  in that table), 32,768 tokens of vocabulary: 4.9B parameters. Mesh
-  16 x 32 cores, batch over 16, d_ff / heads / vocab over 32; batch 256
-  sequences of 256 tokens (an assumption: the table states no batch).
-  Compared: FLOP/s (model FLOPs / step time).
+  (NeurIPS; arXiv 1811.02084), its largest language model: 4.9B parameters
+  trained on the one-billion-word benchmark on a 512-core TPU v2 mesh at
+  about 6 of the 11.5 PFLOP/s peak (the paper's text: "more than 50%" of
+  peak). The sizes and mesh are those of the paper's released configuration,
+  tensor2tensor/models/mtf_transformer.py, `mtf_transformer_paper_lm(5)` and
+  `mtf_transformer_paper_lm_5` (github.com/tensorflow/tensor2tensor), whose
+  docstring lists the same 4.90B parameters as the paper's LM table: 6
+  decoder layers, d_model 1024, d_ff 8192 x 32 = 262,144, 8 x 32 = 256 heads
+  of d_kv 256, separate embedding and softmax weights, batch 256 packed
+  sequences of 256 tokens (`max_length`), Adafactor, bfloat16 activations;
+  mesh `batch:16;model:32`, layout `batch:batch;vocab:model;d_ff:model;
+  heads:model`. Vocabulary: the lm1b 32k subword vocabulary, 32,768 entries
+  here (its exact size is not stated in either source; 128 rows more or less
+  change nothing visible). Compared: FLOP/s (model FLOPs / step time).
 * Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
   GPU Clusters Using Megatron-LM" (SC'21), Table 1: GPT models of 1.7B to 1T
   parameters on 32 to 3,072 A100 80 GB GPUs (DGX A100, Selene), sequence
-  2048, vocabulary 51,200, activation recomputation, tensor-parallel size t
-  (inside a host) and pipeline size p as in the table, the rest data
-  parallel; micro-batch size 1 with the interleaved schedule of 2 chunks per
-  device where the layers per stage allow it, else 1F1B, and without a
-  pipeline gradient accumulation over micro-batches of 4 sequences per
-  replica (assumed: the table does not list them); Adam. Compared: the
-  table's achieved teraFLOP/s per GPU, with the paper's own FLOP count
-  96 B s l h^2 (1 + s / (6 h) + V / (16 l h)) divided by the predicted step
-  time and the GPU count.
+  2048, vocabulary 51,200, tensor-parallel size t (inside a host) and
+  pipeline size p as in the table, the rest data parallel; Adam. The
+  settings the table does not list are those of the authors' script for
+  it, examples/sc21/run_table_1.sh in github.com/NVIDIA/Megatron-LM: the
+  micro-batch size (MBS: 16 for 1.7B to 7.5B, 8 for 18.4B, 4 for 39.1B, 2
+  for 76.1B and 145.6B, 1 above), full activation recomputation of every
+  layer (`--recompute-method uniform`) in every row, and the interleaved
+  schedule where the script sets `--num-layers-per-virtual-pipeline-stage`
+  (76.1B: 5 layers, 3 chunks per device; 145.6B: 5, 2 chunks; 310.1B: 3, 2
+  chunks; 529.6B: 1, 3 chunks), else 1F1B. Batch / (replicas x MBS)
+  micro-batches per step: pipeline micro-batches, or without a pipeline
+  gradient accumulation. Compared: the table's achieved teraFLOP/s per GPU,
+  with the paper's own FLOP count 96 B s l h^2 (1 + s / (6 h) + V / (16 l h))
+  divided by the predicted step time and the GPU count.
 
 The one fitted constant is the GPUs' `matmul_efficiency` (fraction of peak
 of a large matrix product): fitted on the rows marked "fit" (1.7B, 18.4B and
@@ -32,6 +43,7 @@ to put in hardware.py; `--quick` runs the two smallest GPU rows.
     python benchmarks/scale_validation.py            # all rows, about a minute
     python benchmarks/scale_validation.py --quick
     python benchmarks/scale_validation.py --auto=1.7,18.4   # --auto against the published plan
+    python benchmarks/scale_validation.py --auto=all        # every row (long: run it in the background)
 """
 
 from __future__ import annotations
@@ -49,21 +61,24 @@ from mesh_tensorflow.analysis.cost_model import hardware  # noqa: E402
 from mesh_tensorflow.transformer import planner  # noqa: E402
 from mesh_tensorflow.transformer import gin_config  # noqa: E402
 
-SHAZEER = "Shazeer et al. 2018 (Mesh-TensorFlow), LM table"
+SHAZEER = "Shazeer et al. 2018 (Mesh-TensorFlow), 4.9B LM"
 NARAYANAN = "Narayanan et al. 2021, Table 1"
 
-# (params B, heads, hidden, layers, t, p, GPUs, batch, published TFLOP/s per GPU)
+# Narayanan et al. 2021, Table 1, and (mbs, chunks) from the authors'
+# examples/sc21/run_table_1.sh (MBS; layers per stage / layers per virtual
+# pipeline stage).
+# (params B, heads, hidden, layers, t, p, GPUs, batch, published TFLOP/s per GPU, mbs, chunks)
 MEGATRON_TABLE_1 = [
-    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
-    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
-    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
-    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
-    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
-    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
-    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
-    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
-    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
-    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 16, 1),
+    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 16, 1),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 16, 1),
+    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 8, 1),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 4, 1),
+    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 2, 3),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 2, 2),
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 1, 2),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 1, 3),
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 1, 1),
 ]
 FIT_ROWS = (1.7, 18.4, 145.6)
 SEQ, VOCAB = 2048, 51200
@@ -87,9 +102,9 @@ class Row:
 
 def megatron_rows():
   rows = []
-  for params, heads, h, layers, t, p, gpus, batch, tflops in MEGATRON_TABLE_1:
+  for params, heads, h, layers, t, p, gpus, batch, tflops, mbs, chunks in MEGATRON_TABLE_1:
     d = gpus // (t * p)
-    micro = batch // d  # micro-batches of one sequence per data-parallel replica
+    micro = batch // (d * mbs)  # micro-batches of mbs sequences per data-parallel replica
     dims = ([f"pipe:{p}"] if p > 1 else []) + [f"data:{d}"] + ([f"model:{t}"] if t > 1 else [])
     layout = (["stages:pipe"] if p > 1 else []) + ["batch:data"] + (
         ["d_ff:model", "heads:model", "vocab:model"] if t > 1 else [])
@@ -104,24 +119,28 @@ def megatron_rows():
         f"transformer.make_layer_stack.num_stages = {p}",
         f"transformer.make_layer_stack.num_microbatches = {micro if p > 1 else 1}",
         "transformer.make_layer_stack.pipeline_schedule = '1f1b'"]
-    if p == 1:  # gradient accumulation: micro-batches of 4 sequences per replica
-      bindings.append(f"run.grad_accum_steps = {batch // (d * 4)}")
+    if p == 1 and micro > 1:  # gradient accumulation over micro-batches of mbs sequences
+      bindings.append(f"run.grad_accum_steps = {micro}")
     flops = 96 * batch * SEQ * layers * h * h * (1 + SEQ / (6 * h) + VOCAB / (16 * layers * h))
     rows.append(Row(f"GPT {params}B", NARAYANAN, "a100-80gb", gpus, ";".join(dims),
                     ";".join(layout), bindings, tflops, "TFLOP/s per GPU", flops,
-                    virtual_stages=2 if p > 1 and (layers // p) % 2 == 0 else 1, fit=params in FIT_ROWS))
+                    virtual_stages=chunks, fit=params in FIT_ROWS))
   return rows
 
 
 def shazeer_row():
+  # tensor2tensor mtf_transformer_paper_lm(5): n = 2 ** 5, d_ff = 8192 n,
+  # num_heads = 8 n, d_kv = 256, d_model = 1024, batch_size = 256, 6 layers and
+  # max_length 256 from mtf_transformer_base; mesh from mtf_transformer_paper_lm_5.
   bindings = [
-      "num_layers = 6", "d_model = 1024", "d_ff = 262144", "num_heads = 512", "d_kv = 128",
+      "num_layers = 6", "d_model = 1024", "d_ff = 262144", "num_heads = 256", "d_kv = 256",
       "run.model_type = 'lm'", "run.sequence_length = {'inputs': 256, 'targets': 256}",
       "run.batch_size = 256", "run.activation_dtype = 'bfloat16'",
+      "run.optimizer = @optimize.AdafactorOptimizer",
       "run.vocabulary = @vocabulary.SizedVocabulary()", "vocabulary.SizedVocabulary.size = 32768",
       "Unitransformer.shared_embedding_and_softmax_weights = False"]
-  return Row("Transformer LM 4.9B", SHAZEER, "tpu-v2", 512, "rows:16;cols:32",
-             "batch:rows;d_ff:cols;heads:cols;vocab:cols", bindings, 6.0, "PFLOP/s")
+  return Row("Transformer LM 4.9B", SHAZEER, "tpu-v2", 512, "batch:16;model:32",
+             "batch:batch;vocab:model;d_ff:model;heads:model", bindings, 6.0, "PFLOP/s")
 
 
 def predict(row: Row, efficiency=None):
@@ -157,30 +176,65 @@ def fit(rows):
   return (lo + hi) / 2
 
 
-def compare_auto(sizes, same_memory=False):
-  """plan --auto's best plan against the published plan, same cluster."""
+def _describe(plan) -> str:
+  o = plan.options
+  parts = [plan.mesh_shape]
+  if o.num_stages > 1:
+    parts.append(f"{o.num_microbatches} micro-batches, "
+                 + (f"interleaved x{o.virtual_stages}" if o.schedule == "interleaved"
+                    else o.schedule))
+  parts.append(f"recompute {o.recompute}")
+  if o.zero_stage:
+    parts.append(f"ZeRO {o.zero_stage}")
+  return (f"{', '.join(parts)}: {plan.step_time_s:.3f} s/step, "
+          f"{plan.memory_bytes_per_device / 2**30:.1f} GiB")
+
+
+def _size(row: Row) -> float:
+  return float(row.name.split()[-1][:-1])
+
+
+def compare_auto(sizes=None):
+  """For each row (all, or those of `sizes` billions), plan --auto's search on
+  the row's cluster and batch, against the published plan: the fastest plan
+  within the published plan's memory per device, and the fastest that fits
+  the device at all. The search covers the published plan (its mesh, micro-
+  batch size, schedule, recomputation), so the first is never slower."""
   from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
-  for row in megatron_rows():
-    if not any(abs(float(row.name.split()[1][:-1]) - s) < 1e-6 for s in sizes):
-      continue
+  rows = [shazeer_row()] + megatron_rows()
+  if sizes:
+    rows = [r for r in rows if any(abs(_size(r) - x) < 1e-6 for x in sizes)]
+  for row in rows:
     _, published = predict(row)
     gin_config.parse([], row.bindings)
     start = time.time()
-    budget = published.memory_bytes_per_device if same_memory else None
-    result = plan_search.search(hardware.parse_cluster(f"{row.hardware}:{row.count}"), top=1,
-                                micro_sizes=(1,), memory_budget_bytes=budget)
-    print(f"{row.name}: published plan {row.mesh_shape}, recompute "
-          f"{published.options.recompute}: {published.step_time_s:.2f} s/step, "
-          f"{published.memory_bytes_per_device / 2**30:.1f} GiB")
-    if not result.plans:
-      print(f"  --auto: no plan fits ({'; '.join(result.rejected[:3])})")
-      continue
-    best = result.plans[0]
-    print(f"  --auto ({result.tried} plans, {time.time() - start:.0f} s): {best.mesh_shape}, "
-          f"micro-batches {best.options.num_microbatches}, recompute {best.options.recompute}, "
-          f"ZeRO {best.options.zero_stage}: {best.step_time_s:.2f} s/step "
-          f"({published.step_time_s / best.step_time_s:.2f}x), "
-          f"{best.memory_bytes_per_device / 2**30:.1f} GiB")
+    result = plan_search.search(hardware.parse_cluster(f"{row.hardware}:{row.count}"),
+                                top=1, micro_sizes=(1, 2, 4),
+                                virtual_stages=tuple(sorted({1, row.virtual_stages})))
+    seconds = time.time() - start
+    budget = published.memory_bytes_per_device * (1 + 1e-9)
+    same_memory = [p for p in result.plans if p.memory_bytes_per_device <= budget]
+    print(f"{row.name} on {row.count} x {row.hardware} ({result.tried} plans searched in "
+          f"{seconds:.0f} s)")
+    print(f"  published:         {_describe(published)}")
+    if not same_memory:
+      print("  same memory:       none: no searched plan fits in the published plan's "
+            f"{published.memory_bytes_per_device / 2**30:.1f} GiB")
+    else:
+      best = same_memory[0]
+      speedup = published.step_time_s / best.step_time_s
+      if speedup < 1 + 1e-6:
+        print("  same memory:       nothing faster: the published plan is the fastest that "
+              "fits in its memory")
+      else:
+        print(f"  same memory:       {_describe(best)} ({speedup:.2f}x)")
+    if result.plans:
+      best = result.plans[0]
+      print(f"  fits the device:   {_describe(best)} "
+            f"({published.step_time_s / best.step_time_s:.2f}x)")
+    else:
+      print(f"  fits the device:   none ({'; '.join(result.rejected[:3])})")
+    sys.stdout.flush()
   return 0
 
 
@@ -188,14 +242,14 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--quick", action="store_true", help="the two smallest GPU rows only")
   parser.add_argument("--fit", action="store_true", help="refit the GPU matmul efficiency")
-  parser.add_argument("--same_memory", action="store_true",
-                      help="with --auto: only plans using at most the published plan's memory")
   parser.add_argument("--auto", default="",
-                      help="comma-separated GPT sizes (billions): run plan --auto for them and "
-                      "compare its best plan with the published one")
+                      help="'all' or comma-separated model sizes in billions (4.9 is the "
+                      "Mesh-TensorFlow row): run plan --auto's search for those rows and "
+                      "compare its best plans with the published one")
   args = parser.parse_args(argv)
   if args.auto:
-    return compare_auto([float(x) for x in args.auto.split(",")], args.same_memory)
+    return compare_auto(None if args.auto == "all" else
+                        [float(x) for x in args.auto.split(",")])
   rows = megatron_rows()
   if args.quick:
     rows = rows[:2]

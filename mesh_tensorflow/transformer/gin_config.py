@@ -106,7 +106,6 @@ def register_configurables() -> Dict[str, object]:
   if CONFIGURABLES:
     return CONFIGURABLES
   from mesh_tensorflow.transformer import application  # noqa: F401 (registers run & co.)
-  from mesh_tensorflow.transformer import planner  # noqa: F401 (vocabulary.SizedVocabulary)
   decorated = set()
   for module_name, gin_module, names in _MODEL_NAMES:
     try:

@@ -22,6 +22,7 @@ and reused across options.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from typing import List
 
@@ -92,9 +93,14 @@ def _divisors(n: int) -> List[int]:
 
 
 def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
-           max_pipeline: int = 64, memory_budget_bytes=None) -> SearchResult:
+           max_pipeline: int = 64, memory_budget_bytes=None,
+           virtual_stages=(1,)) -> SearchResult:
   """Searches plans for the parsed gin config on `cluster`; a plan fits when
-  its memory per device is within the HBM and `memory_budget_bytes`."""
+  its memory per device is within the HBM and `memory_budget_bytes`.
+
+  `virtual_stages` other than 1 also try, for pipelines whose layers per
+  stage they divide, the interleaved schedule with that many layer chunks
+  per device (an estimate only: the library runs gpipe and 1f1b)."""
   import gin  # pylint: disable=g-import-not-at-top
   start = time.time()
   b = dict(gin.get_bindings("run"))
@@ -123,23 +129,23 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
       mesh = ";".join(dims)
       layout = ";".join(r for r in LAYOUT.split(";")
                         if r.split(":")[1] in {x.split(":")[0] for x in dims})
-      for m in micros:
-        for recompute in ("none", "layer"):
-          for zero in (0, 1):
-            tried += 1
-            options = planner.PlanOptions(num_stages=p, num_microbatches=m,
-                                          schedule=schedule if p > 1 else "gpipe",
-                                          recompute=recompute, zero_stage=zero)
-            try:
-              plan = planner.plan_current_config(cluster, mesh, layout, options)
-            except ValueError as e:
-              rejected.append(f"{mesh}: {e}")
-              break
-            if plan.fits and (memory_budget_bytes is None
-                              or plan.memory_bytes_per_device <= memory_budget_bytes):
-              plans.append(plan)
-            else:
-              rejected.append(f"{mesh} m={m} recompute={recompute} zero={zero}: needs "
-                              f"{plan.memory_bytes_per_device / 2**30:.1f} GiB")
+      chunks = [v for v in virtual_stages if v == 1 or (p > 1 and (num_layers // p) % v == 0)]
+      for m, v, recompute, zero in itertools.product(micros, chunks, ("none", "layer"), (0, 1)):
+        tried += 1
+        options = planner.PlanOptions(
+            num_stages=p, num_microbatches=m,
+            schedule="interleaved" if v > 1 else schedule if p > 1 else "gpipe",
+            virtual_stages=v, recompute=recompute, zero_stage=zero)
+        try:
+          plan = planner.plan_current_config(cluster, mesh, layout, options)
+        except ValueError as e:  # the mesh does not suit the config
+          rejected.append(f"{mesh}: {e}")
+          break
+        if plan.fits and (memory_budget_bytes is None
+                          or plan.memory_bytes_per_device <= memory_budget_bytes):
+          plans.append(plan)
+        else:
+          rejected.append(f"{mesh} m={m} v={v} recompute={recompute} zero={zero}: needs "
+                          f"{plan.memory_bytes_per_device / 2**30:.1f} GiB")
   plans.sort(key=lambda p: (round(p.step_time_s, 6), p.memory_bytes_per_device))
   return SearchResult(plans, tried, rejected, time.time() - start, top)

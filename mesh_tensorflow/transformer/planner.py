@@ -46,42 +46,12 @@ import dataclasses
 import json
 from typing import Dict, List, Optional, Tuple
 
+from mesh_tensorflow.analysis.cost_model import estimator
 from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
 from mesh_tensorflow.analysis.cost_model import topology
 
 GIB = 2 ** 30
 PHASES = ("forward", "backward", "optimizer")
-
-
-# ------------------------------------------------------------ vocabulary
-def _register_vocabulary():
-  import gin  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow.transformer import vocabulary as vocabulary_lib  # pylint: disable=g-import-not-at-top
-
-  class SizedVocabulary(vocabulary_lib.ByteVocabulary):
-    """A vocabulary of which only the size is known (planning: no file).
-
-    gin: `run.vocabulary = @vocabulary.SizedVocabulary()` and
-    `vocabulary.SizedVocabulary.size = 51200`.
-    """
-
-    def __init__(self, size: int = 32000):
-      super().__init__()
-      if size <= 0:
-        raise ValueError(f"SizedVocabulary.size must be positive, got {size}.")
-      self._size = int(size)
-
-    @property
-    def vocab_size(self) -> int:
-      return self._size
-
-  try:
-    return gin.external_configurable(SizedVocabulary, "SizedVocabulary", module="vocabulary")
-  except ValueError:  # already registered
-    return SizedVocabulary
-
-
-SizedVocabulary = _register_vocabulary()
 
 
 # ------------------------------------------------------------ options
@@ -247,75 +217,16 @@ class _Step:
   layout: object
 
 
-_LIBRARY_DEFAULTS = {"transformer.make_layer_stack.num_layers": 6,
-                     "transformer.make_layer_stack.num_stages": 1,
-                     "transformer.make_layer_stack.num_microbatches": 1,
-                     "transformer.make_layer_stack.recompute": "none",
-                     "transformer.make_layer_stack.pipeline_schedule": "gpipe"}
-
-
 def _build_step(mesh_shape: str, layout: str, batch_size: int, num_layers: int) -> _Step:
   """One micro-batch's training step of the parsed config with num_layers
-  layers and no pipeline, recomputation or gradient accumulation."""
-  import gin  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  layers and no pipeline, recomputation or gradient accumulation: the step
+  `python -m mesh_tensorflow.report` builds (`report.build_training_step`)."""
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow.transformer import learning_rate_schedules  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow.transformer import application, modeling, run_config  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow.transformer import vocabulary as vocabulary_lib  # pylint: disable=g-import-not-at-top
-
-  saved = {}
-  overrides = {"transformer.make_layer_stack.num_layers": num_layers,
-               "transformer.make_layer_stack.num_stages": 1,
-               "transformer.make_layer_stack.num_microbatches": 1,
-               "transformer.make_layer_stack.recompute": "none",
-               "transformer.make_layer_stack.pipeline_schedule": "gpipe"}
-  with gin.unlock_config():
-    for k, v in overrides.items():
-      saved[k] = _binding(k, None)
-      gin.bind_parameter(k, v)
-  try:
-    b = dict(gin.get_bindings("run"))
-    vocabulary = b.get("vocabulary") or vocabulary_lib.ByteVocabulary()
-    if not hasattr(vocabulary, "vocab_size"):
-      raise ValueError(f"run.vocabulary is {vocabulary!r}: set one of this library's "
-                       "vocabularies, or only its size: run.vocabulary = "
-                       "@vocabulary.SizedVocabulary() and vocabulary.SizedVocabulary.size = N.")
-    sequence_length = b.get("sequence_length") or {"inputs": 128, "targets": 128}
-    if isinstance(sequence_length, int):
-      sequence_length = {"inputs": sequence_length, "targets": sequence_length}
-    impl = mtf.MeshImpl(mesh_shape, layout)
-    setup = modeling.Setup(
-        model_type=b.get("model_type", "lm"), vocabulary=vocabulary, mesh_impl=impl,
-        sequence_length=dict(sequence_length), batch_size=batch_size,
-        vocab_size=vocabulary.vocab_size, vocab_divisor=b.get("vocab_divisor"),
-        variable_dtype=mtf.VariableDType(tf.float32, tf.float32,
-                                         b.get("activation_dtype") or "float32"))
-    graph = mtf.Graph()
-    mesh = mtf.Mesh(graph, "mesh")
-    features = {}
-    for name, shape in setup.feature_shapes().items():
-      shape = mtf.convert_to_shape(shape)
-      # A scalar broadcast: no tensor of the feature's size is allocated.
-      features[name] = mtf.import_tf_tensor(
-          mesh, tf.broadcast_to(tf.constant(0, tf.int32), shape.to_integer_list()), shape,
-          name=name)
-    loss, _ = modeling.make_model_fn(setup)(mesh, features, "train")
-    first_backward = len(graph.operations)
-    variables = graph.trainable_variables
-    grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
-    first_optimizer = len(graph.operations)
-    steps = b.get("total_run_steps") or b.get("train_steps")
-    schedule = learning_rate_schedules.bind_total_train_steps(
-        run_config.as_schedule(b.get("learning_rate_schedule")),
-        steps if isinstance(steps, int) else 1000)
-    application.make_optimizer(b.get("optimizer"), schedule).apply_grads(grads, variables)
-  finally:
-    with gin.unlock_config():
-      for k, v in saved.items():
-        gin.bind_parameter(k, v if v is not None else _LIBRARY_DEFAULTS[k])
-  return _Step(graph, (first_backward, first_optimizer), mtf.convert_to_shape(mesh_shape),
-               mtf.convert_to_layout_rules(layout))
+  from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
+  step = report.build_training_step(mesh_shape, layout, batch_size=batch_size,
+                                    num_layers=num_layers)
+  return _Step(step.graph, (step.first_backward_op, step.first_optimizer_op),
+               mtf.convert_to_shape(step.mesh_shape), mtf.convert_to_layout_rules(step.layout))
 
 
 # ------------------------------------------------------------ pricing
@@ -380,7 +291,11 @@ def _einsum_model_flops(op) -> float:
 
 def _price_step(step: _Step) -> _Priced:
   from mesh_tensorflow.analysis import cost_model  # pylint: disable=g-import-not-at-top
-  est = cost_model.estimate(step.graph, step.mesh_shape, step.layout, params="gpu", check=False)
+  # Counts only (FLOPs, bytes, kernels, collectives): the plan prices them
+  # on the cluster itself, so the estimate's own times are not needed.
+  counting = dataclasses.replace(cost_model.DeviceParams.default("gpu"), hardware=None)
+  est = cost_model.estimate(step.graph, step.mesh_shape, step.layout, params=counting,
+                            check=False)
   ops = step.graph.operations
   n = step.mesh_shape.size
   first_bwd, first_opt = step.boundaries
@@ -425,25 +340,25 @@ def _compute_time(ph: _Phase, h: hardware_lib.Hardware) -> float:
 
 
 class _CommPricer:
-  """Prices collectives of the sub-mesh on the full mesh's topology."""
+  """Prices collectives of the sub-mesh on the full mesh's topology, through
+  the cost model's `collective_seconds` (the estimate's own pricing)."""
 
   def __init__(self, full_sizes, axis_map, cluster, dim_names):
     self.full_sizes = full_sizes
     self.axis_map = axis_map  # sub-mesh axis -> full mesh axis
     self.cluster = cluster
     self.dim_names = dim_names
-    self._cache = {}
+
+  def full_axes(self, axes):
+    return [self.axis_map[a] for a in axes]
 
   def levels(self, axes):
-    key = tuple(axes)
-    if key not in self._cache:
-      self._cache[key] = topology.group_levels(
-          self.full_sizes, [self.axis_map[a] for a in axes], self.cluster)
-    return self._cache[key]
+    return estimator.collective_levels(self.full_sizes, self.full_axes(axes), self.cluster)
 
   def time(self, key) -> float:
     kind, axes, nbytes = key
-    return topology.collective_time(kind, nbytes, self.levels(axes))
+    return estimator.collective_seconds(kind, nbytes, self.full_sizes, self.full_axes(axes),
+                                        self.cluster)
 
   def total(self, ph: _Phase) -> float:
     return sum(count * self.time(k) for k, count in ph.comm.items())
@@ -451,16 +366,9 @@ class _CommPricer:
 
 # ------------------------------------------------------------ the plan
 def _config_mesh_and_layout(mesh_shape, layout):
-  import gin  # pylint: disable=g-import-not-at-top
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
-  from mesh_tensorflow.transformer import run_config  # pylint: disable=g-import-not-at-top
-  b = dict(gin.get_bindings("run"))
-  mesh_shape = mesh_shape or b.get("mesh_shape", "rows:2;cols:4")
-  if isinstance(mesh_shape, mtf.Shape):
-    mesh_shape = mesh_shape.to_string()
-  layout = layout if layout is not None else b.get(
-      "layout_rules", "batch:rows;d_ff:cols;heads:cols;experts:rows")
-  layout = run_config.rules_for_mesh(layout, mesh_shape)
+  from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
+  mesh_shape, layout = report.config_mesh_and_layout(mesh_shape, layout)
   return mtf.convert_to_shape(mesh_shape), mtf.convert_to_layout_rules(layout)
 
 
@@ -561,8 +469,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
     dp *= sub_dims[a].size
   if options.zero_stage >= 3 and dp > 1:
     layer_var_bytes = (two.variables - one.variables)
-    zero3_l = 2 * topology.collective_time(
-        "allgather", layer_var_bytes / dp, pricer.levels(dp_axes))
+    zero3_l = 2 * pricer.time(("allgather", tuple(dp_axes), layer_var_bytes / dp))
   micro_time = (per_stage * (fwd_l + bwd_l + recompute_l + zero3_l) + fwd_x + bwd_x)
   p2p = 0.0
   if s > 1:

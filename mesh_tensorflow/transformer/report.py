@@ -18,16 +18,16 @@ communication from a real lowering (slower, every op type).
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import auto_mtf
 from mesh_tensorflow import cli
 from mesh_tensorflow.analysis.layout_report import layout_report
-from mesh_tensorflow.transformer import application
 from mesh_tensorflow.transformer import gin_config
 from mesh_tensorflow.transformer import learning_rate_schedules
 from mesh_tensorflow.transformer import modeling
+from mesh_tensorflow.transformer import application
 from mesh_tensorflow.transformer import run_config
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
 
@@ -41,6 +41,9 @@ class TrainingStep:
     loss: the scalar loss.
     updates: the optimizer's assign operations.
     mesh_shape, layout: the config's (or the overriding) mesh and layout.
+    first_backward_op, first_optimizer_op: index in `graph.operations` of
+      the first operation of the backward pass and of the optimizer's update
+      (the forward pass is everything before).
   """
   graph: object
   mesh: object
@@ -48,12 +51,66 @@ class TrainingStep:
   updates: list
   mesh_shape: str
   layout: str
+  first_backward_op: int = 0
+  first_optimizer_op: int = 0
 
 
-def build_training_step(mesh_shape: Optional[str] = None,
-                        layout: Optional[str] = None) -> TrainingStep:
+# Bindings that `build_training_step(num_layers=...)` replaces while it builds
+# (one micro-batch of a plain stack), with the library's defaults to restore
+# where the config left them unset.
+_STACK_DEFAULTS = {"transformer.make_layer_stack.num_layers": 6,
+                   "transformer.make_layer_stack.num_stages": 1,
+                   "transformer.make_layer_stack.num_microbatches": 1,
+                   "transformer.make_layer_stack.recompute": "none",
+                   "transformer.make_layer_stack.pipeline_schedule": "gpipe"}
+
+
+def config_mesh_and_layout(mesh_shape: Optional[str] = None,
+                           layout: Optional[str] = None) -> Tuple[str, str]:
+  """The mesh shape and layout rules (strings) of the parsed gin config, or
+  the overriding ones; the layout keeps only rules naming the mesh's
+  dimensions.
+
+  Example:
+    >>> config_mesh_and_layout("b:4", "batch:b;d_ff:m")
+    ('b:4', 'batch:b')
+  """
+  import gin  # pylint: disable=g-import-not-at-top
+  b = dict(gin.get_bindings("run"))
+  mesh_shape = mesh_shape or b.get("mesh_shape", "rows:2;cols:4")
+  layout = layout if layout is not None else b.get(
+      "layout_rules", "batch:rows;d_ff:cols;heads:cols;experts:rows")
+  if isinstance(mesh_shape, mtf.Shape):  # the original's @utils.tpu_mesh_shape()
+    mesh_shape = mesh_shape.to_string()
+  layout = run_config.rules_for_mesh(layout, mesh_shape)
+  return (mtf.convert_to_shape(mesh_shape).to_string(),
+          mtf.convert_to_layout_rules(layout).to_string())
+
+
+def _query(name: str):
+  import gin  # pylint: disable=g-import-not-at-top
+  try:
+    return gin.query_parameter(name)
+  except ValueError:
+    return None
+
+
+def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] = None,
+                        batch_size: Optional[int] = None,
+                        num_layers: Optional[int] = None) -> TrainingStep:
   """One training step of the transformer configured by the gin config that
-  is parsed now (`gin_config.parse`), as `application.run` would build it.
+  is parsed now (`gin_config.parse`), as `application.run` would build it: the
+  step of `python -m mesh_tensorflow.report` and, one micro-batch with one
+  and two layers, of `python -m mesh_tensorflow.plan`. No tensor of the
+  model's size is allocated (features are broadcast scalars, variables are
+  not initialized).
+
+  Args:
+    mesh_shape, layout: override the config's.
+    batch_size: sequences in the step (default: run.batch_size divided by
+      run.grad_accum_steps, one accumulation step).
+    num_layers: build a plain stack of this many layers (no pipeline stages,
+      micro-batches or recomputation), whatever the config says.
 
   Example:
     >>> gin_config.parse(["models/tiny_lm.gin"])
@@ -62,52 +119,64 @@ def build_training_step(mesh_shape: Optional[str] = None,
   import gin  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-
-  b = dict(gin.get_bindings("run"))
-  mesh_shape = mesh_shape or b.get("mesh_shape", "rows:2;cols:4")
-  layout = layout if layout is not None else b.get(
-      "layout_rules", "batch:rows;d_ff:cols;heads:cols;experts:rows")
-  if isinstance(mesh_shape, mtf.Shape):  # the original's @utils.tpu_mesh_shape()
-    mesh_shape = mesh_shape.to_string()
-  layout = run_config.rules_for_mesh(layout, mesh_shape)
-  vocabulary = b.get("vocabulary") or vocabulary_lib.ByteVocabulary()
-  if not hasattr(vocabulary, "vocab_size"):
-    raise ValueError(f"run.vocabulary is {vocabulary!r}: set one of this library's "
-                     "vocabularies (see docs/porting_t5_models.md).")
-  sequence_length = b.get("sequence_length") or {"inputs": 128, "targets": 128}
-  if isinstance(sequence_length, int):
-    sequence_length = {"inputs": sequence_length, "targets": sequence_length}
-  sequence_length = dict(sequence_length)
-  grad_accum = int(b.get("grad_accum_steps") or 1)
-  batch_size = b.get("batch_size", 32)
-  if not isinstance(batch_size, int):  # the original's (method, value) form
-    batch_size = run_config.compute_batch_size(sequence_length, mesh_shape, layout, batch_size)
-  batch_size //= grad_accum
-  impl = mtf.MeshImpl(mesh_shape, layout)
-  setup = modeling.Setup(
-      model_type=b.get("model_type", "lm"), vocabulary=vocabulary, mesh_impl=impl,
-      sequence_length=sequence_length, batch_size=batch_size,
-      vocab_size=vocabulary.vocab_size, vocab_divisor=b.get("vocab_divisor"),
-      variable_dtype=mtf.VariableDType(tf.float32, tf.float32,
-                                       b.get("activation_dtype") or "float32"))
-  graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, "mesh")
-  features = {}
-  for name, shape in setup.feature_shapes().items():
-    shape = mtf.convert_to_shape(shape)
-    features[name] = mtf.import_tf_tensor(
-        mesh, tf.zeros(shape.to_integer_list(), tf.int32), shape, name=name)
-  loss, _ = modeling.make_model_fn(setup)(mesh, features, "train")
-  variables = graph.trainable_variables
-  grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
-  steps = b.get("total_run_steps") or b.get("train_steps")
-  schedule = learning_rate_schedules.bind_total_train_steps(
-      run_config.as_schedule(b.get("learning_rate_schedule")),
-      steps if isinstance(steps, int) else 1000)
-  optimizer = application.make_optimizer(b.get("optimizer"), schedule)
-  updates = optimizer.apply_grads(grads, variables)
-  return TrainingStep(graph, mesh, loss, updates, mtf.convert_to_shape(mesh_shape).to_string(),
-                      mtf.convert_to_layout_rules(layout).to_string())
+  mesh_shape, layout = config_mesh_and_layout(mesh_shape, layout)
+  overrides = {} if num_layers is None else dict(
+      _STACK_DEFAULTS, **{"transformer.make_layer_stack.num_layers": num_layers})
+  saved = {k: _query(k) for k in overrides}
+  with gin.unlock_config():
+    for k, v in overrides.items():
+      gin.bind_parameter(k, v)
+  try:
+    b = dict(gin.get_bindings("run"))
+    vocabulary = b.get("vocabulary") or vocabulary_lib.ByteVocabulary()
+    if not hasattr(vocabulary, "vocab_size"):
+      raise ValueError(f"run.vocabulary is {vocabulary!r}: set one of this library's "
+                       "vocabularies (see docs/porting_t5_models.md), or only its size: "
+                       "run.vocabulary = @vocabulary.SizedVocabulary() and "
+                       "vocabulary.SizedVocabulary.size = N.")
+    sequence_length = b.get("sequence_length") or {"inputs": 128, "targets": 128}
+    if isinstance(sequence_length, int):
+      sequence_length = {"inputs": sequence_length, "targets": sequence_length}
+    sequence_length = dict(sequence_length)
+    if batch_size is None:
+      grad_accum = int(b.get("grad_accum_steps") or 1)
+      batch_size = b.get("batch_size", 32)
+      if not isinstance(batch_size, int):  # the original's (method, value) form
+        batch_size = run_config.compute_batch_size(sequence_length, mesh_shape, layout, batch_size)
+      batch_size //= grad_accum
+    impl = mtf.MeshImpl(mesh_shape, layout)
+    setup = modeling.Setup(
+        model_type=b.get("model_type", "lm"), vocabulary=vocabulary, mesh_impl=impl,
+        sequence_length=sequence_length, batch_size=batch_size,
+        vocab_size=vocabulary.vocab_size, vocab_divisor=b.get("vocab_divisor"),
+        variable_dtype=mtf.VariableDType(tf.float32, tf.float32,
+                                         b.get("activation_dtype") or "float32"))
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    features = {}
+    for name, shape in setup.feature_shapes().items():
+      shape = mtf.convert_to_shape(shape)
+      # A broadcast scalar: no tensor of the feature's size is allocated.
+      features[name] = mtf.import_tf_tensor(
+          mesh, tf.broadcast_to(tf.constant(0, tf.int32), shape.to_integer_list()), shape,
+          name=name)
+    loss, _ = modeling.make_model_fn(setup)(mesh, features, "train")
+    first_backward = len(graph.operations)
+    variables = graph.trainable_variables
+    grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+    first_optimizer = len(graph.operations)
+    steps = b.get("total_run_steps") or b.get("train_steps")
+    schedule = learning_rate_schedules.bind_total_train_steps(
+        run_config.as_schedule(b.get("learning_rate_schedule")),
+        steps if isinstance(steps, int) else 1000)
+    optimizer = application.make_optimizer(b.get("optimizer"), schedule)
+    updates = optimizer.apply_grads(grads, variables)
+  finally:
+    with gin.unlock_config():
+      for k, v in saved.items():
+        gin.bind_parameter(k, v if v is not None else _STACK_DEFAULTS[k])
+  return TrainingStep(graph, mesh, loss, updates, mesh_shape, layout, first_backward,
+                      first_optimizer)
 
 
 def report_for_current_config(mesh_shape: Optional[str] = None, layout: Optional[str] = None,
@@ -157,8 +226,11 @@ def _main(argv: Sequence[str]) -> int:
   parser.add_argument("--exact", action="store_true",
                       help="communication from a real lowering (slower)")
   parser.add_argument("--params", default="cpu",
-                      help="device parameters: cpu, gpu, tpu or a JSON file from "
-                      "python -m mesh_tensorflow.analysis.cost_model --calibrate")
+                      help="device parameters: cpu (this machine, calibrated), a hardware "
+                      "preset (gpu = a100-80gb, tpu = tpu-v3, h100-sxm, tpu-v4, ...: the mesh's "
+                      "processors are that many of its devices and each collective is priced "
+                      "on the links it crosses, as python -m mesh_tensorflow.plan does) or a "
+                      "JSON file from python -m mesh_tensorflow.analysis.cost_model --calibrate")
   parser.add_argument("--auto", action="store_true",
                       help="report the layout auto_mtf picks on the mesh shape instead")
   parser.add_argument("--memory_budget_bytes", type=int, default=None,

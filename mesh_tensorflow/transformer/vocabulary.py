@@ -165,6 +165,35 @@ class ByteVocabulary(Vocabulary):
 
 
 @gin.configurable
+class SizedVocabulary(ByteVocabulary):
+  """A vocabulary of which only the size is known: enough to plan a run
+  (`python -m mesh_tensorflow.plan`) or report a layout without a
+  vocabulary file. It encodes and decodes as `ByteVocabulary`.
+
+  gin: `run.vocabulary = @vocabulary.SizedVocabulary()` and
+  `vocabulary.SizedVocabulary.size = 51200`.
+
+  Args:
+    size: the number of token ids (the model's vocabulary dimension, before
+      `vocab_divisor` rounding).
+
+  Example:
+    >>> SizedVocabulary(51200).vocab_size
+    51200
+  """
+
+  def __init__(self, size: int = 32000):
+    super().__init__()
+    if size <= 0:
+      raise ValueError(f"SizedVocabulary.size must be positive, got {size}.")
+    self._size = int(size)
+
+  @property
+  def vocab_size(self) -> int:
+    return self._size
+
+
+@gin.configurable
 class SentencePieceVocabulary(Vocabulary):
   """A trained SentencePiece model (needs `pip install sentencepiece`).
 

@@ -106,8 +106,18 @@ def test_plan_command_json_and_errors(capsys):
 def test_auto_search_returns_fitting_plans_fastest_first():
   from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
   gin_config.parse([], MODEL + ["num_layers = 4", "run.batch_size = 16"])
-  result = plan_search.search(hardware.parse_cluster("h100-sxm:4"), top=3, micro_sizes=(1,))
+  result = plan_search.search(hardware.parse_cluster("h100-sxm:4"), top=3, micro_sizes=(1,),
+                              virtual_stages=(1, 2))
   assert result.plans and result.tried >= len(result.plans)
+  # Interleaving only where 2 chunks divide the layers of a stage (pipe:2),
+  # and then with a smaller bubble than the same plan without it.
+  interleaved = [p for p in result.plans if p.options.schedule == "interleaved"]
+  assert interleaved and {p.options.num_stages for p in interleaved} == {2}
+  for p in interleaved:
+    (plain,) = [q for q in result.plans if q.mesh_shape == p.mesh_shape
+                and q.options.schedule != "interleaved" and q.options.recompute ==
+                p.options.recompute and q.options.zero_stage == p.options.zero_stage]
+    assert p.time_breakdown["pipeline_bubble"] < plain.time_breakdown["pipeline_bubble"]
   times = [p.step_time_s for p in result.plans]
   assert times == sorted(times)
   meshes = {p.mesh_shape for p in result.plans}
@@ -116,3 +126,79 @@ def test_auto_search_returns_fitting_plans_fastest_first():
     assert p.fits and p.num_layers == 4
   text = result.summary()
   assert "#1" in text and "why:" in text and "gin for #1" in text
+
+
+def _one_allreduce_graph():
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  batch, hidden, out = (mtf.Dimension("batch", 64), mtf.Dimension("hidden", 1024),
+                        mtf.Dimension("out", 4096))
+  y = mtf.relu(mtf.einsum([mtf.zeros(mesh, [batch, hidden]), mtf.zeros(mesh, [hidden, out])],
+                          output_shape=[batch, out]))
+  return graph, y
+
+
+@pytest.mark.parametrize("layout,axis", [("hidden:gpus", 1), ("hidden:hosts", 0)])
+def test_estimate_prices_collectives_on_the_cluster_links_as_the_planner(layout, axis):
+  """A preset's parameters price each collective on the links its groups
+  cross (the report's --params=a100-80gb), with the planner's function."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.analysis import cost_model  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.analysis.cost_model import estimator  # pylint: disable=g-import-not-at-top
+  graph, y = _one_allreduce_graph()
+  est = cost_model.estimate(graph, "hosts:2;gpus:8", layout, params="a100-80gb", outputs=[y])
+  (op,) = [o for o in est.ops if o.collectives]
+  (c,) = op.collectives
+  assert (c.kind, c.mesh_axes, c.bytes_per_processor) == ("allreduce", (axis,), 4 * 64 * 4096)
+  cluster = hardware.parse_cluster("a100-80gb:16")
+  seconds = estimator.collective_seconds("allreduce", c.bytes_per_processor, [2, 8], [axis],
+                                         cluster)
+  assert op.components[4] / est.params.collective_bytes_per_s == pytest.approx(seconds)
+  pricer = planner._CommPricer([2, 8], {0: 0, 1: 1}, cluster, ["hosts", "gpus"])  # pylint: disable=protected-access
+  assert pricer.time(("allreduce", (axis,), c.bytes_per_processor)) == pytest.approx(seconds)
+  flat = dataclasses.replace(est.params, hardware=None)
+  flat_est = cost_model.estimate(graph, "hosts:2;gpus:8", layout, params=flat, outputs=[y])
+  assert flat_est.ops[-1].components[4] > 0 and flat_est.ops[-1].components[3] == 1
+
+
+def test_estimate_on_links_puts_the_host_boundary_first():
+  """Flat pricing charges the 8-member in-host ring more than the 2-member
+  one across hosts; on the cluster's links the network makes it the reverse."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.analysis import cost_model  # pylint: disable=g-import-not-at-top
+  graph, y = _one_allreduce_graph()
+
+  def comm(layout, params):
+    est = cost_model.estimate(graph, "hosts:2;gpus:8", layout, params=params, outputs=[y])
+    return sum(o.time_s for o in est.ops if o.collectives)
+
+  linked = cost_model.DeviceParams.default("a100-80gb")
+  flat = dataclasses.replace(linked, hardware=None)
+  assert comm("hidden:gpus", linked) < comm("hidden:hosts", linked)
+  assert comm("hidden:gpus", flat) > comm("hidden:hosts", flat)
+
+
+def test_training_step_builder_leaves_the_gin_config_as_it_was():
+  """The planner builds one- and two-layer steps through the report's
+  builder; the config's stack bindings (macros included) come back with
+  the values they had."""
+  import gin  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
+  gin_config.parse([], MODEL + ["transformer.make_layer_stack.recompute = 'layer'"])
+  stack = "transformer.make_layer_stack."
+
+  def values():
+    return (gin.query_parameter(stack + "num_layers"), gin.query_parameter("%num_layers"),
+            gin.query_parameter(stack + "recompute"))
+
+  before = values()
+  one = report.build_training_step("data:2;model:8", "batch:data;d_ff:model", batch_size=8,
+                                   num_layers=1)
+  two = report.build_training_step("data:2;model:8", "batch:data;d_ff:model", batch_size=8,
+                                   num_layers=2)
+  full = report.build_training_step("data:2;model:8", "batch:data;d_ff:model")
+  assert values() == before and str(before[0]) == "%num_layers" and before[1:] == (8, "layer")
+  assert 0 < one.first_backward_op < one.first_optimizer_op < len(one.graph.operations)
+  assert len(one.graph.operations) < len(two.graph.operations) < len(full.graph.operations)
+  assert two.mesh_shape == "data:2;model:8" and two.layout == "batch:data;d_ff:model"

@@ -9,9 +9,12 @@ as a table.
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
+from mesh_tensorflow.analysis.cost_model import topology
 from mesh_tensorflow.analysis.cost_model.params import DeviceParams
 from mesh_tensorflow.analysis.cost_model.results import CostEstimate, OpCost
 from mesh_tensorflow.core.layout import pnum_to_processor_coordinates
@@ -55,6 +58,9 @@ class _Estimator:
     self.params = params
     self.mesh_sizes = mesh_shape.to_integer_list()
     self.mesh_size = mesh_shape.size
+    # The mesh's processors as devices of params.hardware (if named).
+    self.cluster = (hardware_lib.Cluster(hardware_lib.hardware_from_spec(params.hardware),
+                                         self.mesh_size) if params.hardware else None)
     self.share = params.shares_memory
     self.coords = [tuple(pnum_to_processor_coordinates(mesh_shape, p))
                    for p in range(self.mesh_size)]
@@ -428,6 +434,13 @@ class _Estimator:
       # counted (like all kernels) only where something needs the result.
       return (flops, nbytes, dispatched, float(cost.transfers + cost.combines),
               cost.combine_bytes / parallel)
+    if p.hardware:
+      # On the machine's links (as the planner prices them): the seconds, in
+      # bytes at collective_bytes_per_s so that the step-time formula holds.
+      seconds = sum(collective_seconds(c.kind, c.bytes_per_processor, self.mesh_sizes,
+                                       c.mesh_axes, self.cluster)
+                    for c in cost.collectives)
+      return (flops, nbytes, dispatched, 0.0, seconds * p.collective_bytes_per_s)
     # The groups of a collective run concurrently, each on its own links.
     groups = float(len(cost.collectives))
     moved_total = sum(collective_traffic(c.kind, c.bytes_per_processor, c.group_size,
@@ -453,6 +466,37 @@ def collective_traffic(kind: str, bytes_per_processor: int, group_size: int,
   if kind in ("alltoall", "reduce_scatter"):
     return (g - 1) / g * bytes_per_processor
   return float(bytes_per_processor)
+
+
+@functools.lru_cache(maxsize=4096)
+def _levels(mesh_sizes: Tuple[int, ...], mesh_axes: Tuple[int, ...],
+            cluster: "hardware_lib.Cluster"):
+  return tuple(topology.group_levels(list(mesh_sizes), list(mesh_axes), cluster))
+
+
+def collective_levels(mesh_sizes: Sequence[int], mesh_axes: Sequence[int],
+                      cluster: "hardware_lib.Cluster") -> Tuple["topology.Level", ...]:
+  """The links (fastest first) a collective over `mesh_axes` crosses when
+  the mesh's processors are `cluster`'s devices (`topology.group_levels`)."""
+  return _levels(tuple(mesh_sizes), tuple(mesh_axes), cluster)
+
+
+def collective_seconds(kind: str, bytes_per_processor: float, mesh_sizes: Sequence[int],
+                       mesh_axes: Sequence[int], cluster: "hardware_lib.Cluster") -> float:
+  """Seconds of one collective on a cluster's links: hierarchical rings over
+  the levels its groups span (NVLink then network; TPU chip, torus, slices).
+  The estimate (parameters that name their `hardware`) and the planner
+  (`python -m mesh_tensorflow.plan`) both price collectives here.
+
+  Example:
+    >>> cluster = hardware_lib.parse_cluster("a100-80gb:16")
+    >>> inside = collective_seconds("allreduce", 2**20, [2, 8], [1], cluster)
+    >>> across = collective_seconds("allreduce", 2**20, [2, 8], [0], cluster)
+    >>> across > inside
+    True
+  """
+  return topology.collective_time(kind, bytes_per_processor,
+                                  collective_levels(mesh_sizes, mesh_axes, cluster))
 
 
 def time_from_components(components, params: DeviceParams) -> float:

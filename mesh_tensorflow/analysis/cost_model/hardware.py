@@ -167,7 +167,7 @@ def _tpu(name, flops, hbm, hbm_bw, devices_per_host, torus_dims, ici_link, devic
 # per GPU: 25 or 50 GB/s per GPU and direction.
 # GPU matmul efficiency: fitted on three rows of Narayanan et al. 2021,
 # Table 1 (benchmarks/scale_validation.py).
-_GPU_EFFICIENCY = 0.873
+_GPU_EFFICIENCY = 0.842
 # TPU matmul efficiency: not fitted (the single published TPU run is held
 # out); the GPU figure is used.
 _TPU_EFFICIENCY = _GPU_EFFICIENCY
@@ -294,6 +294,19 @@ def hardware_from_json(text_or_path: str) -> Tuple[Hardware, Optional[int]]:
   if missing:
     raise ValueError(f"hardware file {text_or_path!r}: missing fields {missing}.")
   return Hardware(**values).validate(), count
+
+
+def hardware_from_spec(spec: str) -> Hardware:
+  """A preset by name, or a Hardware JSON object (`Hardware.to_json`);
+  what `DeviceParams.hardware` holds.
+
+  Example:
+    >>> hardware_from_spec("a100-80gb").devices_per_host
+    8
+  """
+  if spec.lstrip().startswith("{"):
+    return hardware_from_json(spec)[0]
+  return preset(spec)
 
 
 def parse_cluster(spec: str) -> Cluster:

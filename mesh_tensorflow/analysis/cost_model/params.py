@@ -1,10 +1,12 @@
 """Device parameters: the speeds that turn the cost model's counts into seconds.
 
-    >>> DeviceParams.default("gpu").flops_per_s   # the a100-80gb preset's
-    218400000000000.0
+    >>> DeviceParams.default("gpu").hardware
+    'a100-80gb'
 
 "gpu" and "tpu" are the `hardware` presets a100-80gb and tpu-v3 flattened
-(`from_hardware`); any preset name works too ("h100-sxm").
+(`from_hardware`); any preset name works too ("h100-sxm"). Parameters made
+from a preset keep its name in `hardware`: the estimate then prices each
+collective on that machine's links (`topology`), as the planner does.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ class DeviceParams:
     shares_memory: processors share one memory (logical CPU devices of one
       process): processors holding the same (replicated) slice share one
       kernel and one copy, as `PlacementMeshImpl` does there.
+    hardware: a `hardware` preset name or a Hardware JSON object: the mesh's
+      processors are that many devices of it, and each collective is priced
+      on the links its groups cross (hosts, network, TPU torus;
+      `estimator.collective_seconds`) instead of at collective_bytes_per_s
+      and collective_latency_s. None: one flat link for every collective.
 
   Example:
     >>> p = DeviceParams.default("gpu")
@@ -47,6 +54,7 @@ class DeviceParams:
   op_overhead_s: float
   parallel_processors: Optional[int] = None
   shares_memory: bool = False
+  hardware: Optional[str] = None
 
   @staticmethod
   def default(kind: str = "cpu") -> "DeviceParams":
@@ -100,15 +108,19 @@ _DEFAULTS = {
 
 
 def from_hardware(device: "hardware.Hardware") -> DeviceParams:
-  """The flat `DeviceParams` of a hardware preset (one collective bandwidth:
-  the slowest link a collective may cross)."""
+  """The `DeviceParams` of a hardware preset: its compute and memory speeds,
+  and its links through `hardware` (collective_bytes_per_s and
+  collective_latency_s, the slowest link a collective may cross, serve only
+  where `hardware` is dropped)."""
   if device.kind == "gpu":
     bw, lat = device.network_bytes_per_s, device.network_latency_s
   else:
     bw, lat = 2 * device.ici_link_bytes_per_s / device.devices_per_chip, device.intra_host_latency_s
+  named = hardware.PRESETS.get(device.name) == device
   return DeviceParams(device.name, flops_per_s=device.peak_flops_per_s * device.matmul_efficiency,
                       memory_bytes_per_s=device.hbm_bytes_per_s, collective_bytes_per_s=bw,
-                      collective_latency_s=lat, op_overhead_s=device.kernel_overhead_s)
+                      collective_latency_s=lat, op_overhead_s=device.kernel_overhead_s,
+                      hardware=device.name if named else device.to_json())
 
 
 def _preset_params(kind: str, preset_name: str) -> DeviceParams:
