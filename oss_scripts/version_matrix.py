@@ -7,9 +7,11 @@ r"""Tests the built wheel against several TensorFlow and Python versions.
 Builds the wheel once (`python -m build --wheel`), then for every combination
 (one at a time): makes a virtual environment with that Python, installs that
 TensorFlow (`tensorflow-cpu==X.Y.*`, or `tf-nightly`) the way a user with a
-TensorFlow already in place would, installs the wheel with its `test` extra
-beside it, checks that this did not replace or add a TensorFlow distribution
-and that `mesh_tensorflow` is imported from the environment, and runs a fast
+TensorFlow already in place would, installs the wheel beside it and checks
+that this did not replace or add a TensorFlow distribution nor change NumPy,
+installs the `test` extra under the environment's TensorFlow and NumPy
+versions (a test tool may want a newer NumPy than that TensorFlow takes), and
+checks that `mesh_tensorflow` is imported from the environment, and runs a fast
 subset of the test suite from a copy of tests/ (the source tree is not on the
 path): the language core (ops and their gradients, lowered), the
 transformer command line training, resuming from its checkpoint, evaluating
@@ -175,17 +177,29 @@ def run_cell(cell: Cell, wheel: str, suite: str, workdir: str, log) -> None:
       cell.status, cell.detail = "failed", "installing TensorFlow"
     return
   before = _distributions(python, log)
-  tf_before = {d: v for d, v in before.items() if d in TENSORFLOW_DISTRIBUTIONS}
-  proc = _run(pip + [f"{wheel}[test]"], log, env=env)
+  kept = {d: v for d, v in before.items() if d in TENSORFLOW_DISTRIBUTIONS + ("numpy",)}
+  # The wheel as a user installs it: it must leave TensorFlow and NumPy alone.
+  proc = _run(pip + [wheel], log, env=env)
   if proc.returncode != 0:
     cell.status, cell.detail = "failed", "installing the wheel"
     return
   after = _distributions(python, log)
-  tf_after = {d: v for d, v in after.items() if d in TENSORFLOW_DISTRIBUTIONS}
-  cell.numpy_version = after.get("numpy", "")
-  if tf_after != tf_before:
-    cell.status, cell.detail = "failed", f"the wheel changed TensorFlow: {tf_before} -> {tf_after}"
+  changed = {d: (v, after.get(d)) for d, v in kept.items() if after.get(d) != v}
+  added = sorted(d for d in after if d in TENSORFLOW_DISTRIBUTIONS and d not in kept)
+  if changed or added:
+    cell.status, cell.detail = "failed", f"the wheel changed {changed or added}"
     return
+  # The test tools (matplotlib, scikit-learn, ...) may want a newer NumPy than
+  # this TensorFlow takes: they are installed under the environment's own
+  # TensorFlow and NumPy versions.
+  constraints = os.path.join(venv, "constraints.txt")
+  with open(constraints, "w", encoding="utf-8") as f:
+    f.write("".join(f"{d}=={v}\n" for d, v in kept.items()))
+  proc = _run(pip + ["-c", constraints, f"{wheel}[test]"], log, env=env)
+  if proc.returncode != 0:
+    cell.status, cell.detail = "failed", "installing the test extra"
+    return
+  cell.numpy_version = _distributions(python, log).get("numpy", "")
   probe = _run([python, "-c", "import mesh_tensorflow, tensorflow as tf; "
                 "print(mesh_tensorflow.__file__); print(tf.__version__)"],
                log, cwd=suite, env=env)
