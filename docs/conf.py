@@ -120,7 +120,17 @@ def _process_docstring(app, what, name, obj, options, lines):  # pylint: disable
     lines[i] = _escape_markup(line)
 
 
+def _skip_borrowed_function(app, what, name, obj, skip, options):  # pylint: disable=unused-argument
+  """A dataclass field whose default is a function defined elsewhere (e.g.
+  RunConfig.dataset_fn) is documented as the field, not as a method."""
+  if what == "class" and callable(obj) and hasattr(obj, "__qualname__"):
+    if "." not in obj.__qualname__ and not isinstance(obj, type):
+      return True
+  return None
+
+
 def setup(app):
   from pygments.lexers.python import PythonLexer  # pylint: disable=g-import-not-at-top
   app.add_lexer("gin", PythonLexer)  # gin bindings are Python-like
   app.connect("autodoc-process-docstring", _process_docstring)
+  app.connect("autodoc-skip-member", _skip_borrowed_function)

@@ -57,14 +57,18 @@ class LazyAllreduceSum:
   The mesh implementation decides how a pending sum completes
   (`MeshImpl.complete_pending_sum`; a SIMD program reduces several together).
   Operations make one with `MeshImpl.partial_sum` and read the placement of
-  any lowered value with `partial_sum_axes(value)`.
+  any lowered value with `partial_sum_axes(value)`. `add_counter_fn`
+  (the original's argument; the library's own counting is by observers) is
+  called once, when the allreduce is made.
   """
 
-  def __init__(self, mesh_impl, laid_out_input: LaidOutTensor, mesh_axes):
+  def __init__(self, mesh_impl, laid_out_input: LaidOutTensor, mesh_axes,
+               add_counter_fn: Optional[Callable[[], None]] = None):
     self.mesh_impl = mesh_impl
     self.laid_out_input = laid_out_input
     self.mesh_axes = tuple(sorted(mesh_axes))
     self._reduced = None
+    self._add_counter_fn = add_counter_fn
     mesh_impl.pending_sum_made(self)
 
   @property
@@ -74,11 +78,15 @@ class LazyAllreduceSum:
 
   def to_laid_out_tensor(self) -> LaidOutTensor:
     if self._reduced is None:
+      if self._add_counter_fn is not None:
+        self._add_counter_fn()
       self._reduced = self.mesh_impl.complete_pending_sum(self)
     return self._reduced
 
   def set_reduced(self, value: "LaidOutTensor") -> None:
     """Completes the sum with `value` (its allreduce, done by the caller)."""
+    if self._reduced is None and self._add_counter_fn is not None:
+      self._add_counter_fn()
     self._reduced = value
 
   def derived(self) -> None:

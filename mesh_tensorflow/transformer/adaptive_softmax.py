@@ -122,17 +122,15 @@ class AdaptiveSoftmaxVocabEmbedding:
     name: cluster i's variables are `name`_i (plain) or `name`_i1 and
       `name`_i2 (factorized); cluster 0's vocabulary dimension has
       token_count + (number of tail clusters) entries.
-    clusters: a list of dicts, the first being the head:
-      "token_count": ids in the cluster (the counts must add up to the
-        vocabulary size);
-      "embedding_size": (default d_model) the cluster's embedding size;
-      "length_projection_factor": (tails; default 1, in (0, 1]) in
-        training, the tail's loss covers at most this fraction of each
-        sequence's positions (the first ones with targets in the tail);
-        evaluation counts every position.
-      Clusters are split like "vocab": a layout splitting "vocab" n ways
-      needs every tail's token count, and the head's plus the number of
-      tails, to be a multiple of n.
+    clusters: a list of dicts, the first being the head. "token_count" is
+      the number of ids in the cluster (the counts must add up to the
+      vocabulary size); "embedding_size" (default d_model) is the cluster's
+      embedding size; "length_projection_factor" (tails only; default 1, in
+      (0, 1]) limits the tail's training loss to at most this fraction of
+      each sequence's positions (the first ones with targets in the tail),
+      while evaluation counts every position. Clusters are split like
+      "vocab": a layout splitting "vocab" n ways needs every tail's token
+      count, and the head's plus the number of tails, to be a multiple of n.
 
   Raises:
     ValueError: if the clusters do not cover the vocabulary exactly, a
