@@ -228,7 +228,9 @@ _add(_tpu("tpu-v4", 275e12, 32 * GIB, 1200 * GB, 4, 3, 50e9, 1, 4096, {
     "peak_flops_per_s": _CLOUD + "TPU v4: 275 TFLOPS (bf16) per chip",
     "hbm_bytes": _CLOUD + "TPU v4: 32 GiB HBM2 per chip",
     "hbm_bytes_per_s": _CLOUD + "TPU v4: 1,200 GB/s",
-    "ici_link_bytes_per_s": _CLOUD + "TPU v4: 6 ICI links, 2,400 Gbit/s per chip -> 50 GB/s per link",
+    "ici_link_bytes_per_s": ("Jouppi et al., TPU v4 (ISCA 2023): an ICI link carries 400 Gbit/s "
+                             "each way -> 50 GB/s; " + _CLOUD + "TPU v4: 1.1 PB/s all-reduce "
+                             "bandwidth per 4,096-chip pod, about 270 GB/s per chip over 6 links"),
     "torus_dims": _CLOUD + "TPU v4: 3D torus, 4,096 chips per pod",
     "devices_per_host": _CLOUD + "TPU v4: 4 chips per host"}, matmul_efficiency=_TPU_EFFICIENCY))
 _add(_tpu("tpu-v5e", 197e12, 16 * GIB, 819 * GB, 8, 2, 50e9, 1, 256, {
