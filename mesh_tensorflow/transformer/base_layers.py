@@ -6,16 +6,9 @@ convolutions that decode incrementally (`Conv1D`, `Conv1DLayer`) and
 
 The layer families build on these (talking_heads_attention.py,
 attention_variants.py, convolution_layers.py); `transformer_layers` gathers
-all of them under the original's names.
-
-Every layer works in all modes: training and eval (whole sequences),
-"first_part" (the prefix pass before decoding, which records caches) and
-"incremental" (one position per sequence, reading and updating the caches).
-
-    >>> layers = [SelfAttention(num_heads=8, key_value_size=64,
-    ...                         relative_attention_type="bias"),
-    ...           EncDecAttention(num_heads=8, key_value_size=64),
-    ...           DenseReluDense(hidden_size=2048, activation=["gelu", "linear"])]
+all of them under the original's names (its docstring shows them in use).
+Every layer works in all modes: training and eval, "first_part" and
+"incremental".
 """
 
 from __future__ import annotations
