@@ -286,13 +286,7 @@ class LayerStack(TransformerLayer):
     return self.num_stages > 1
 
   def call(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
-    self.recompute_ops = []
-    if self._sublayers is not None:
-      x = self._run_sublayers(self._sublayers[0], context, x, "sublayers_initial")
-    else:
-      x = self._dropout(context, x)
-    if context.layer_outputs is not None:
-      context.layer_outputs.append(x)
+    x = self._begin(context, x)
     if not self.pipelined:
       x = self._apply_layers(context, x, self._layers, 0, collect=True)
     elif self._runs_pipelined(context):
@@ -300,6 +294,15 @@ class LayerStack(TransformerLayer):
     else:
       x = self._call_stages_in_turn(context, x)
     return self.finish(context, x)
+
+  def _begin(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
+    """The initial sublayers, or dropout (before the first layer)."""
+    self.recompute_ops = []
+    if self._sublayers is not None:
+      x = self._run_sublayers(self._sublayers[0], context, x, "sublayers_initial")
+    else:
+      x = self._dropout(context, x)
+    return _record_layer_output(context, x)
 
   def finish(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
     """The final norm, dropout and padding mask (after the last layer), or
@@ -313,9 +316,7 @@ class LayerStack(TransformerLayer):
       x = self._dropout(context, x)
       if mask is not None:
         x = x * mask
-    if context.layer_outputs is not None:
-      context.layer_outputs.append(x)
-    return x
+    return _record_layer_output(context, x)
 
   # ---- the layers ------------------------------------------------------------
   def _apply_layers(self, context: Context, x: mtf.Tensor, layers, first: int,
@@ -612,6 +613,13 @@ class LayerStack(TransformerLayer):
       variance = mtf.reduce_mean(mtf.square(x), reduced_dim=d_model)
       y = x * mtf.rsqrt(variance + self._norm_epsilon) * scale
       return y + bias if self._norm_type == "layer" else y
+
+
+def _record_layer_output(context: Context, x: mtf.Tensor) -> mtf.Tensor:
+  """x, appended to context.layer_outputs when the caller collects them."""
+  if context.layer_outputs is not None:
+    context.layer_outputs.append(x)
+  return x
 
 
 def kept_activation_bytes(graph: mtf.Graph, num_forward_ops: int, mesh_impl=None) -> int:

@@ -131,13 +131,7 @@ class ReversibleLayerStack(LayerStack):
     return f
 
   def call(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
-    self.recompute_ops = []
-    if self._sublayers is not None:
-      x = self._run_sublayers(self._sublayers[0], context, x, "sublayers_initial")
-    else:
-      x = self._dropout(context, x)
-    if context.layer_outputs is not None:
-      context.layer_outputs.append(x)
+    x = self._begin(context, x)
     reversible = context.train and self.recompute != "none"
     if reversible:
       self._check_recompute(context, self._layers)
