@@ -32,6 +32,22 @@ def _gin_or(name: str, default):
   return layer_stack.gin_configurables().get(name, default)
 
 
+class _EncoderMemory:
+  """What the encoder-decoder attention layers share: relative_attention_type
+  defaults to None, they make no shared params (a "bias_shared" relative
+  bias is made by `enc_dec_attention_bias`) and their memory is the
+  encoder's output. Comes before the attention class among the bases."""
+
+  def __init__(self, relative_attention_type: Optional[str] = None, **kwargs):
+    super().__init__(relative_attention_type=relative_attention_type, **kwargs)
+
+  def make_shared_params(self, context: transformer.Context) -> None:
+    del context
+
+  def _get_memory_antecedent(self, context: transformer.Context) -> Optional[mtf.Tensor]:
+    return context.encoder_output
+
+
 def _memory(context: transformer.Context, x: mtf.Tensor) -> mtf.Tensor:
   return mtf.replace_dimensions(x, context.length_dim, context.memory_length_dim)
 

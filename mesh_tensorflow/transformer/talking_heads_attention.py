@@ -15,7 +15,7 @@ from typing import Optional
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import base_layers as tl
 from mesh_tensorflow.transformer.attention_layer_helpers import (
-    FIRST_PART, INCREMENTAL, _encoder_output, _gin_or, _heads, _memory, _memory_dim,
+    FIRST_PART, INCREMENTAL, _EncoderMemory, _encoder_output, _gin_or, _heads, _memory, _memory_dim,
     _self_attention_bias, _set_relative, _update_cache, enc_dec_attention_bias)
 
 
@@ -174,7 +174,7 @@ class TalkingHeadsSelfAttention(tl.SelfAttention):
                         for p in projections])
 
 
-class TalkingHeadsEncDecAttention(TalkingHeadsSelfAttention):
+class TalkingHeadsEncDecAttention(_EncoderMemory, TalkingHeadsSelfAttention):
   """Talking-heads attention over the encoder output (see
   TalkingHeadsSelfAttention); relative biases come from
   `enc_dec_attention_bias` over the softmax heads.
@@ -182,15 +182,6 @@ class TalkingHeadsEncDecAttention(TalkingHeadsSelfAttention):
   Example:
     >>> layer = TalkingHeadsEncDecAttention(softmax_heads_dims=[("heads", 8)])
   """
-
-  def __init__(self, relative_attention_type: Optional[str] = None, **kwargs):
-    super().__init__(relative_attention_type=relative_attention_type, **kwargs)
-
-  def make_shared_params(self, context) -> None:
-    del context  # its shared bias is made by enc_dec_attention_bias
-
-  def _get_memory_antecedent(self, context):
-    return context.encoder_output
 
   def call(self, context, x, losses=None):
     del losses
