@@ -371,16 +371,10 @@ class LayerStack(TransformerLayer):
 
   def _layer_with_sublayers(self, context: Context, x: mtf.Tensor, layer, scope: str,
                             policy: str, label: str) -> mtf.Tensor:
-    """The per-layer sublayers on x in the name scope `scope`, with the
-    context's current layer and input set while they run."""
+    """The per-layer sublayers on x (`_per_layer_sublayers`), recomputed as
+    `policy` says."""
     def block(x):
-      saved = context.current_layer, context.current_layer_input
-      context.current_layer, context.current_layer_input = layer, x
-      try:
-        with mtf.name_scope(context.mesh, scope):
-          y = self._run_sublayers(self._sublayers[1], context, x, "sublayers_per_layer")
-      finally:
-        context.current_layer, context.current_layer_input = saved
+      y = self._per_layer_sublayers(context, x, layer, scope)
       if y.shape != x.shape:
         raise ValueError(f"{type(self).__name__}: the sublayers_per_layer of {label} "
                          f"({type(layer).__name__}) returned shape {y.shape} for an input of "
@@ -390,6 +384,18 @@ class LayerStack(TransformerLayer):
     if policy == "layer":
       return self._recompute(block, [x], policy)
     return block(x)
+
+  def _per_layer_sublayers(self, context: Context, x: mtf.Tensor, layer,
+                           scope: str) -> mtf.Tensor:
+    """The per-layer sublayers on x in the name scope `scope`, with the
+    context's current layer and input set to `layer` and x while they run."""
+    saved = context.current_layer, context.current_layer_input
+    context.current_layer, context.current_layer_input = layer, x
+    try:
+      with mtf.name_scope(context.mesh, scope):
+        return self._run_sublayers(self._sublayers[1], context, x, "sublayers_per_layer")
+    finally:
+      context.current_layer, context.current_layer_input = saved
 
   def _run_sublayers(self, sublayers, context: Context, x: mtf.Tensor,
                      what: str) -> mtf.Tensor:
