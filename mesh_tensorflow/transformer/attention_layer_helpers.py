@@ -12,12 +12,12 @@ original names:
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.layers.attention import _relative_position_bucket
 from mesh_tensorflow.transformer import attention
 from mesh_tensorflow.transformer import layer_stack
 from mesh_tensorflow.transformer import transformer
@@ -103,27 +103,6 @@ def _attention_kwargs(layer, context: transformer.Context) -> dict:
 
 
 # ------------------------------------------------------- relative positions
-def _relative_position_bucket(relative_position: mtf.Tensor, bidirectional: bool = True,
-                              num_buckets: int = 32, max_distance: int = 128) -> mtf.Tensor:
-  """`attention.relative_position_bucket` on an int32 mtf.Tensor of
-  relative positions (memory position - query position)."""
-  n = -relative_position
-  ret = mtf.zeros_like(n)
-  if bidirectional:
-    num_buckets //= 2
-    ret += mtf.to_int32(mtf.less(n, 0)) * num_buckets
-    n = mtf.abs(n)
-  else:
-    n = mtf.maximum(n, 0)
-  max_exact = num_buckets // 2
-  is_small = mtf.less(n, max_exact)
-  large = max_exact + mtf.to_int32(
-      mtf.log(mtf.to_float(mtf.maximum(n, 1)) / max_exact)
-      / math.log(max_distance / max_exact) * (num_buckets - max_exact))
-  large = mtf.minimum(large, num_buckets - 1)
-  return ret + mtf.where(is_small, n, large)
-
-
 def relative_position_spans(context: transformer.Context, num_sentinels: int = None
                             ) -> mtf.Tensor:
   """Relative positions from decoder to encoder tokens for span-filling
