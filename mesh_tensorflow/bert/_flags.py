@@ -15,7 +15,6 @@ from typing import Any, Callable, List, Optional, Sequence
 from absl import flags
 
 from mesh_tensorflow import cli
-from mesh_tensorflow.bert import _runner
 
 
 def new() -> flags.FlagValues:
@@ -52,22 +51,6 @@ def program(module_name: str, *included: flags.FlagValues):
 
   def define_flag(kind: str, name: str, default: Any, help_text: str) -> None:
     define(flag_values, kind, name, default, help_text, module_name=module_name)
-  return flag_values, define_flag
-
-
-def bert_program(module_name: str, fine_tuning: bool):
-  """A BERT program's FLAGS, holding the tokenizer's flags and those of
-  `define_shared` (and `define_fine_tuning` for a fine-tuning program), and
-  its `define(kind, name, default, help_text)` for the program's own.
-
-  Example:
-    >>> FLAGS, define_flag = bert_program(__name__, fine_tuning=True)
-  """
-  from mesh_tensorflow.bert import tokenization  # pylint: disable=g-import-not-at-top  (it imports this module)
-  flag_values, define_flag = program(module_name, tokenization.FLAGS)
-  define_shared(define_flag, layout_default=_runner.DEFAULT_LAYOUT)
-  if fine_tuning:
-    define_fine_tuning(define_flag)
   return flag_values, define_flag
 
 

@@ -35,7 +35,7 @@ from mesh_tensorflow.bert import tokenization  # noqa: E402
 
 flags = _flags.flags
 # This program's flags (see _flags: they are not absl's global FLAGS).
-FLAGS, _d = _flags.bert_program(__name__, fine_tuning=True)
+FLAGS, _d = _runner.program_flags(__name__, fine_tuning=True)
 
 
 _d("string", "data_dir", None, "Directory of the task's .tsv files.")

@@ -35,7 +35,7 @@ from mesh_tensorflow.bert import optimization as optimization_lib  # noqa: E402
 
 flags = _flags.flags
 # This program's flags (see _flags: they are not absl's global FLAGS).
-FLAGS, _d = _flags.bert_program(__name__, fine_tuning=False)
+FLAGS, _d = _runner.program_flags(__name__, fine_tuning=False)
 
 
 _d("string", "input_train_files", None,
