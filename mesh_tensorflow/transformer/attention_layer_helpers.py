@@ -12,7 +12,7 @@ original names:
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
@@ -76,6 +76,19 @@ def _encoder_output(layer, context: transformer.Context) -> mtf.Tensor:
     raise ValueError(f"{type(layer).__name__}: the encoder output's channels "
                      f"{m.shape.dims[-1]} differ from the decoder's {context.model.model_dim}.")
   return m
+
+
+def _once_per_decode(layer, context: transformer.Context, memory: Optional[mtf.Tensor],
+                     compute: Callable[[mtf.Tensor], Sequence[mtf.Tensor]]) -> tuple:
+  """compute(memory) and memory's "memory_length" dimension, as one tuple,
+  computed once per decode: the first part records them as a constant
+  state and each incremental step reads them back (memory is then unused)."""
+  if context.incremental:
+    return context.get_constant_state()
+  values = tuple(compute(memory)) + (_memory_dim(memory, type(layer).__name__),)
+  if context.mode == FIRST_PART:
+    context.record_constant_state(values)
+  return values
 
 
 def _update_cache(context: transformer.Context, cache: mtf.Tensor, new: mtf.Tensor,
@@ -223,17 +236,13 @@ def enc_dec_attention(self_attention_layer, memory_antecedent: mtf.Tensor,
                      f" differ from the model's {context.model.model_dim}.")
   params = layer.make_params(context)
   q = params.compute_q(x)
-  if context.incremental:
-    k, v, memory_length = context.get_constant_state()
-  else:
-    m = memory_antecedent
+
+  def keys_and_values(m):
     if layer.shared_kv:
-      k = v = params.compute_kv(m)
-    else:
-      k, v = params.compute_k(m), params.compute_v(m)
-    memory_length = _memory_dim(m, type(layer).__name__)
-    if context.mode == FIRST_PART:
-      context.record_constant_state((k, v, memory_length))
+      kv = params.compute_kv(m)
+      return kv, kv
+    return params.compute_k(m), params.compute_v(m)
+  k, v, memory_length = _once_per_decode(layer, context, memory_antecedent, keys_and_values)
   bias = _gin_or("enc_dec_attention_bias", enc_dec_attention_bias)(
       layer, context, params.query_heads_dims)
   o = attention_fn(q, k, v, memory_length, layer.kv_dim, layer.kv_dim, bias, context=context,

@@ -21,7 +21,7 @@ from mesh_tensorflow.transformer import attention
 from mesh_tensorflow.transformer import base_layers as tl
 from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer.attention_layer_helpers import (
-    FIRST_PART, INCREMENTAL, _EncoderMemory, _attention_kwargs, _encoder_output, _gin_or, _heads, _memory, _memory_dim, _self_attention_bias, _self_attention_output, _set_relative, _to_memory_length, _update_cache, enc_dec_attention, enc_dec_attention_bias)
+    FIRST_PART, INCREMENTAL, _EncoderMemory, _attention_kwargs, _encoder_output, _gin_or, _heads, _memory, _once_per_decode, _self_attention_bias, _self_attention_output, _set_relative, _to_memory_length, _update_cache, enc_dec_attention, enc_dec_attention_bias)
 
 
 class GeneralBilinearSelfAttention(tl.SelfAttention):
@@ -104,13 +104,8 @@ class GeneralBilinearEncDecAttention(_EncoderMemory, GeneralBilinearSelfAttentio
   def call(self, context, x, losses=None):
     del losses
     q = self.compute_q(context, x)
-    if context.incremental:
-      m, memory_length = context.get_constant_state()
-    else:
-      m = _encoder_output(self, context)
-      memory_length = _memory_dim(m, type(self).__name__)
-      if context.mode == FIRST_PART:
-        context.record_constant_state((m, memory_length))
+    m = None if context.incremental else _encoder_output(self, context)
+    m, memory_length = _once_per_decode(self, context, m, lambda m: (m,))
     bias = _gin_or("enc_dec_attention_bias", enc_dec_attention_bias)(
         self, context, self.heads_dims)
     return self.attention_internal(context, q, m, memory_length, bias)
