@@ -1,5 +1,5 @@
-"""What the BERT programs share: devices, mesh implementation, input files,
-the Trainer and an initial checkpoint."""
+"""What the BERT programs share: their common flags, devices, mesh
+implementation, input files, the Trainer and an initial checkpoint."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import cli
+from mesh_tensorflow.bert import _flags
+from mesh_tensorflow.bert import tokenization
 
 # The BERT programs' --layout default.
 DEFAULT_LAYOUT = (
@@ -21,6 +23,22 @@ DEFAULT_LAYOUT = (
 ESTIMATOR_ONLY = (
     "{what} belongs to TPUEstimator, which TensorFlow 2 does not have; in this library "
     "training runs on mtf.training.Trainer (see docs/bert.md)")
+
+
+def program_flags(module_name: str, fine_tuning: bool):
+  """A BERT program's FLAGS, holding the tokenizer's flags and those of
+  `_flags.define_shared` (and `_flags.define_fine_tuning` for a fine-tuning
+  program), and its `define(kind, name, default, help_text)` for the
+  program's own (see `_flags.program`).
+
+  Example:
+    >>> FLAGS, define_flag = program_flags(__name__, fine_tuning=True)
+  """
+  flag_values, define_flag = _flags.program(module_name, tokenization.FLAGS)
+  _flags.define_shared(define_flag, layout_default=DEFAULT_LAYOUT)
+  if fine_tuning:
+    _flags.define_fine_tuning(define_flag)
+  return flag_values, define_flag
 
 
 def devices_for(mesh_size: int) -> List[str]:

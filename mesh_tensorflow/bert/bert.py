@@ -32,13 +32,13 @@ from __future__ import annotations
 import collections
 import copy
 import json
-import math
 import re
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.layers.attention import _relative_position_bucket
 
 _POSITION_SIGNALS = ("embedding", "relative_attention_bias")
 _RESIDUAL_STRUCTURES = ("original", "direct")
@@ -675,29 +675,6 @@ def get_assignment_map_from_checkpoint(tvars, init_checkpoint: str
       initialized[name] = 1
       initialized[name + ":0"] = 1
   return assignment_map, initialized
-
-
-def _relative_position_bucket(relative_position: mtf.Tensor, bidirectional: bool = True,
-                              num_buckets: int = 32, max_distance: int = 128) -> mtf.Tensor:
-  """Bucket of each relative position (memory - query): exact buckets for
-  small distances, logarithmically wider ones up to max_distance, one
-  bucket beyond. Bidirectional: half the buckets for each sign."""
-  bucket = 0
-  n = -relative_position
-  if bidirectional:
-    num_buckets //= 2
-    bucket += mtf.to_int32(mtf.less(n, 0)) * num_buckets
-    n = mtf.mtf_abs(n)
-  else:
-    n = mtf.maximum(n, 0)
-  max_exact = num_buckets // 2
-  is_small = mtf.less(n, max_exact)
-  # n is clamped below at 1 inside the log (its value is unused where n is small).
-  log_ratio = mtf.log(mtf.to_float(mtf.maximum(n, 1)) / max_exact)
-  large = max_exact + mtf.to_int32(
-      log_ratio / math.log(max_distance / max_exact) * (num_buckets - max_exact))
-  large = mtf.minimum(large, num_buckets - 1)
-  return bucket + mtf.where(is_small, n, large)
 
 
 def layer_norm(x: mtf.Tensor, dim: mtf.Dimension, epsilon: float = 1e-6,

@@ -35,9 +35,7 @@ from mesh_tensorflow.bert import tokenization  # noqa: E402
 
 flags = _flags.flags
 # This program's flags (see _flags: they are not absl's global FLAGS).
-FLAGS, _d = _flags.program(__name__, tokenization.FLAGS)  # + --preserve_unused_tokens
-_flags.define_shared(_d, layout_default=_runner.DEFAULT_LAYOUT)
-_flags.define_fine_tuning(_d)
+FLAGS, _d = _runner.program_flags(__name__, fine_tuning=True)
 
 
 _d("string", "data_dir", None, "Directory of the task's .tsv files.")
@@ -127,6 +125,36 @@ def _column(line, index, path_hint):
                      f"{index + 1}: {line!r}") from None
 
 
+def _pair_examples(lines: Sequence[Sequence[str]], set_type: str, text_a_column: int,
+                   text_b_column: int, label_column: int, test_label: str,
+                   guid_column: Optional[int] = None) -> List[InputExample]:
+  """The sentence-pair examples of a GLUE file's rows (the first is a header).
+
+  Args:
+    lines: the file's rows.
+    set_type: "train", "dev", "test", ...: the guids' prefix; the "test" set
+      has no labels.
+    text_a_column: the column of the first sentence.
+    text_b_column: the column of the second sentence.
+    label_column: the column of the label.
+    test_label: the label of every test example.
+    guid_column: the column of the example's id (None: the row number).
+
+  Returns:
+    One InputExample per row after the header.
+  """
+  path = f"the {set_type} file"
+  examples = []
+  for i, line in enumerate(lines):
+    if i == 0:
+      continue
+    label = test_label if set_type == "test" else _column(line, label_column, path)
+    guid = i if guid_column is None else _column(line, guid_column, path)
+    examples.append(InputExample(f"{set_type}-{guid}", _column(line, text_a_column, path),
+                                 _column(line, text_b_column, path), label))
+  return examples
+
+
 class XnliProcessor(DataProcessor):
   """XNLI (Chinese by default: `language`)."""
 
@@ -193,15 +221,7 @@ class MnliProcessor(_GlueFilesProcessor):
     return ["contradiction", "entailment", "neutral"]
 
   def _create_examples(self, lines, set_type):
-    path = f"the {set_type} file"
-    examples = []
-    for i, line in enumerate(lines):
-      if i == 0:
-        continue
-      label = "contradiction" if set_type == "test" else _column(line, -1, path)
-      examples.append(InputExample(f"{set_type}-{_column(line, 0, path)}",
-                                   _column(line, 8, path), _column(line, 9, path), label))
-    return examples
+    return _pair_examples(lines, set_type, 8, 9, -1, "contradiction", guid_column=0)
 
 
 class MrpcProcessor(_GlueFilesProcessor):
@@ -211,15 +231,7 @@ class MrpcProcessor(_GlueFilesProcessor):
     return ["0", "1"]
 
   def _create_examples(self, lines, set_type):
-    path = f"the {set_type} file"
-    examples = []
-    for i, line in enumerate(lines):
-      if i == 0:
-        continue
-      label = "0" if set_type == "test" else _column(line, 0, path)
-      examples.append(InputExample(f"{set_type}-{i}", _column(line, 3, path),
-                                   _column(line, 4, path), label))
-    return examples
+    return _pair_examples(lines, set_type, 3, 4, 0, "0")
 
 
 class ColaProcessor(_GlueFilesProcessor):

@@ -32,12 +32,10 @@ from mesh_tensorflow.bert import _flags  # noqa: E402
 from mesh_tensorflow.bert import _runner  # noqa: E402
 from mesh_tensorflow.bert import bert as bert_lib  # noqa: E402
 from mesh_tensorflow.bert import optimization as optimization_lib  # noqa: E402
-from mesh_tensorflow.bert import tokenization  # noqa: E402
 
 flags = _flags.flags
 # This program's flags (see _flags: they are not absl's global FLAGS).
-FLAGS, _d = _flags.program(__name__, tokenization.FLAGS)  # + --preserve_unused_tokens
-_flags.define_shared(_d, layout_default=_runner.DEFAULT_LAYOUT)
+FLAGS, _d = _runner.program_flags(__name__, fine_tuning=False)
 
 
 _d("string", "input_train_files", None,

@@ -38,9 +38,7 @@ from mesh_tensorflow.bert import tokenization  # noqa: E402
 
 flags = _flags.flags
 # This program's flags (see _flags: they are not absl's global FLAGS).
-FLAGS, _d = _flags.program(__name__, tokenization.FLAGS)  # + --preserve_unused_tokens
-_flags.define_shared(_d, layout_default=_runner.DEFAULT_LAYOUT)
-_flags.define_fine_tuning(_d)
+FLAGS, _d = _runner.program_flags(__name__, fine_tuning=True)
 
 
 _d("string", "output_dir", None, "Where checkpoints and predictions go.")

@@ -305,6 +305,30 @@ def multihead_attention(query_antecedent: Tensor, memory_antecedent: Optional[Te
     return einsum([o, wo], output_shape=batch_dims + [length, io_channels])
 
 
+def _relative_position_bucket(relative_position: Tensor, bidirectional: bool = True,
+                              num_buckets: int = 32, max_distance: int = 128) -> Tensor:
+  """The bucket of each relative position (memory - query) of an int32
+  tensor: exact buckets for small distances, logarithmically wider ones up
+  to max_distance, one bucket beyond; bidirectional, half the buckets for
+  each sign. The transformer's and BERT's relative attention biases use it."""
+  bucket = 0
+  n = -relative_position
+  if bidirectional:
+    num_buckets //= 2
+    bucket += ew.to_int32(ew.less(n, 0)) * num_buckets
+    n = ew.abs(n)
+  else:
+    n = ew.maximum(n, 0)
+  max_exact = num_buckets // 2
+  is_small = ew.less(n, max_exact)
+  # n is clamped below at 1 inside the log (its value is unused where n is small).
+  log_ratio = ew.log(ew.to_float(ew.maximum(n, 1)) / max_exact)
+  large = max_exact + ew.to_int32(
+      log_ratio / math.log(max_distance / max_exact) * (num_buckets - max_exact))
+  large = ew.minimum(large, num_buckets - 1)
+  return bucket + ew.where(is_small, n, large)
+
+
 def _block_length(length_per_split: int, window_size: int) -> int:
   """The largest divisor of length_per_split that is at most window_size."""
   for b in range(min(window_size, length_per_split), 0, -1):

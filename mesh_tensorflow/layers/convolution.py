@@ -15,7 +15,7 @@ again (e.g. in another traced function) finds the same variables.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -71,6 +71,37 @@ def _as_tuple(value: IntOrInts, n: int, what: str):
   if len(value) != n:
     raise ValueError(f"{what}: expected {n} integers, got {value!r}.")
   return value
+
+
+def _conv_layer(x: Tensor, output_dim: Dimension, filter_size: IntOrInts,
+                window_names: Sequence[str], transposed: bool, filter_initializer,
+                variable_dtype: Optional[VariableDType], name: Optional[str],
+                default_name: str, what: str,
+                apply: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+  """`apply(x, kernel)` in the layer's scope, with its kernel variable.
+
+  Args:
+    x, output_dim, filter_initializer, variable_dtype, name: the layer's.
+    filter_size: one int, or one per name in `window_names`.
+    window_names: the kernel's window dimensions, e.g. ["fh", "fw"].
+    transposed: the kernel ends [output_dim, in_channels] (TensorFlow's order
+      for transposed filters) instead of [in_channels, output_dim].
+    default_name: the layer's scope name when `name` is None.
+    what: the layer, as its errors name it.
+    apply: the convolution of x (channels renamed if output_dim has their
+      name) with the kernel.
+
+  Returns:
+    What `apply` returns.
+  """
+  filter_size = _as_tuple(filter_size, len(window_names), f"{what} filter_size")
+  output_dim = convert_to_dimension(output_dim)
+  x = _distinct_channels(x, output_dim)
+  with _layer_scope(x, name, default_name):
+    channels = [output_dim, x.shape[-1]] if transposed else [x.shape[-1], output_dim]
+    kernel = _kernel(x, _window_dims(filter_size, window_names) + channels,
+                     filter_initializer, variable_dtype)
+    return apply(x, kernel)
 
 
 def conv2d(x: Tensor, output_dim: Dimension, filter_size: IntOrInts = (3, 3),
@@ -142,13 +173,11 @@ def conv2d_with_blocks(x: Tensor, output_dim: Dimension, filter_size: IntOrInts 
     >>> y = mtf.layers.conv2d_with_blocks(x, filters, (3, 3), (1, 1), "SAME",
     ...                                   h_blocks_dim=h_blocks)
   """
-  filter_size = _as_tuple(filter_size, 2, "conv2d filter_size")
-  output_dim = convert_to_dimension(output_dim)
-  x = _distinct_channels(x, output_dim)
-  with _layer_scope(x, name, "conv2d"):
-    kernel = _kernel(x, _window_dims(filter_size, ["fh", "fw"]) + [x.shape[-1], output_dim],
-                     filter_initializer, variable_dtype)
-    return conv_ops.conv2d(x, kernel, strides, padding, h_blocks_dim, w_blocks_dim)
+  return _conv_layer(
+      x, output_dim, filter_size, ["fh", "fw"], False, filter_initializer, variable_dtype,
+      name, "conv2d", "conv2d",
+      lambda x, kernel: conv_ops.conv2d(x, kernel, strides, padding, h_blocks_dim,
+                                        w_blocks_dim))
 
 
 _TF_TRUNCATED_NORMAL = tf.compat.v1.truncated_normal_initializer
@@ -306,14 +335,11 @@ def conv3d_with_blocks(x: Tensor, output_dim: Dimension, filter_size: IntOrInts 
   Example:
     >>> y = mtf.layers.conv3d_with_blocks(x, filters, d_blocks_dim=d_blocks)
   """
-  filter_size = _as_tuple(filter_size, 3, "conv3d filter_size")
-  output_dim = convert_to_dimension(output_dim)
-  x = _distinct_channels(x, output_dim)
-  with _layer_scope(x, name, "conv3d"):
-    kernel = _kernel(x, _window_dims(filter_size, ["fd", "fh", "fw"])
-                     + [x.shape[-1], output_dim], filter_initializer, variable_dtype)
-    return conv_ops.conv3d(x, kernel, strides, padding, d_blocks_dim, h_blocks_dim,
-                           w_blocks_dim)
+  return _conv_layer(
+      x, output_dim, filter_size, ["fd", "fh", "fw"], False, filter_initializer,
+      variable_dtype, name, "conv3d", "conv3d",
+      lambda x, kernel: conv_ops.conv3d(x, kernel, strides, padding, d_blocks_dim,
+                                        h_blocks_dim, w_blocks_dim))
 
 
 def conv2d_transpose(x: Tensor, output_dim: Dimension, filter_size: IntOrInts = (2, 2),
@@ -329,13 +355,10 @@ def conv2d_transpose(x: Tensor, output_dim: Dimension, filter_size: IntOrInts = 
   Example:
     >>> up = mtf.layers.conv2d_transpose(x, mtf.Dimension("filters", 16))
   """
-  filter_size = _as_tuple(filter_size, 2, "conv2d_transpose filter_size")
-  output_dim = convert_to_dimension(output_dim)
-  x = _distinct_channels(x, output_dim)
-  with _layer_scope(x, name, "conv2d_transpose"):
-    kernel = _kernel(x, _window_dims(filter_size, ["fh", "fw"]) + [output_dim, x.shape[-1]],
-                     filter_initializer, variable_dtype)
-    return conv_ops.conv2d_transpose(x, kernel, strides, padding)
+  return _conv_layer(
+      x, output_dim, filter_size, ["fh", "fw"], True, filter_initializer, variable_dtype,
+      name, "conv2d_transpose", "conv2d_transpose",
+      lambda x, kernel: conv_ops.conv2d_transpose(x, kernel, strides, padding))
 
 
 def conv3d_transpose(x: Tensor, output_dim: Dimension, filter_size: IntOrInts = (2, 2, 2),
@@ -348,13 +371,10 @@ def conv3d_transpose(x: Tensor, output_dim: Dimension, filter_size: IntOrInts = 
   Example:
     >>> up = mtf.layers.conv3d_transpose(x, mtf.Dimension("filters", 8))
   """
-  filter_size = _as_tuple(filter_size, 3, "conv3d_transpose filter_size")
-  output_dim = convert_to_dimension(output_dim)
-  x = _distinct_channels(x, output_dim)
-  with _layer_scope(x, name, "conv3d_transpose"):
-    kernel = _kernel(x, _window_dims(filter_size, ["fd", "fh", "fw"])
-                     + [output_dim, x.shape[-1]], filter_initializer, variable_dtype)
-    return conv_ops.conv3d_transpose(x, kernel, strides, padding)
+  return _conv_layer(
+      x, output_dim, filter_size, ["fd", "fh", "fw"], True, filter_initializer,
+      variable_dtype, name, "conv3d_transpose", "conv3d_transpose",
+      lambda x, kernel: conv_ops.conv3d_transpose(x, kernel, strides, padding))
 
 
 def _conv_transpose_with_blocks(x: Tensor, kernel: Tensor, strides, blocks_dims,
@@ -436,17 +456,8 @@ def conv2d_transpose_with_blocks(x: Tensor, output_dim: Dimension,
   `conv2d_transpose`; the kernel variable is the same
   (`conv2d_transpose/kernel` [fh, fw, output_dim, in_channels] by default).
 
-  Args:
-    x: the input image; its last dimension is the input channels.
-    output_dim: the output channel dimension.
-    filter_size: (filter_height, filter_width), or an int for both.
-    strides: (stride_height, stride_width), or an int for both.
-    padding: "SAME" (required with blocks) or "VALID".
-    h_blocks_dim: optional dimension of x numbering blocks along h.
-    w_blocks_dim: optional dimension of x numbering blocks along w.
-    filter_initializer: initializer of the kernel.
-    variable_dtype: an mtf.VariableDType.
-    name: the layer's name (default "conv2d_transpose", made unique).
+  The arguments are those of `conv2d_with_blocks` (the default name is
+  "conv2d_transpose").
 
   Returns:
     An mtf.Tensor like x with per-block spatial sizes times the strides and
@@ -461,13 +472,11 @@ def conv2d_transpose_with_blocks(x: Tensor, output_dim: Dimension,
     return conv2d_transpose(x, output_dim, filter_size, strides, padding, filter_initializer,
                             variable_dtype, name)
   _check_transpose_blocks(padding, what)
-  filter_size = _as_tuple(filter_size, 2, f"{what} filter_size")
-  output_dim = convert_to_dimension(output_dim)
-  x = _distinct_channels(x, output_dim)
-  with _layer_scope(x, name, "conv2d_transpose"):
-    kernel = _kernel(x, _window_dims(filter_size, ["fh", "fw"]) + [output_dim, x.shape[-1]],
-                     filter_initializer, variable_dtype)
-    return _conv_transpose_with_blocks(x, kernel, strides, [h_blocks_dim, w_blocks_dim], what)
+  return _conv_layer(
+      x, output_dim, filter_size, ["fh", "fw"], True, filter_initializer, variable_dtype,
+      name, "conv2d_transpose", what,
+      lambda x, kernel: _conv_transpose_with_blocks(x, kernel, strides,
+                                                    [h_blocks_dim, w_blocks_dim], what))
 
 
 def conv3d_transpose_with_blocks(x: Tensor, output_dim: Dimension,
@@ -489,14 +498,11 @@ def conv3d_transpose_with_blocks(x: Tensor, output_dim: Dimension,
     return conv3d_transpose(x, output_dim, filter_size, strides, padding, filter_initializer,
                             variable_dtype, name)
   _check_transpose_blocks(padding, what)
-  filter_size = _as_tuple(filter_size, 3, f"{what} filter_size")
-  output_dim = convert_to_dimension(output_dim)
-  x = _distinct_channels(x, output_dim)
-  with _layer_scope(x, name, "conv3d_transpose"):
-    kernel = _kernel(x, _window_dims(filter_size, ["fd", "fh", "fw"])
-                     + [output_dim, x.shape[-1]], filter_initializer, variable_dtype)
-    return _conv_transpose_with_blocks(x, kernel, strides,
-                                       [d_blocks_dim, h_blocks_dim, w_blocks_dim], what)
+  return _conv_layer(
+      x, output_dim, filter_size, ["fd", "fh", "fw"], True, filter_initializer,
+      variable_dtype, name, "conv3d_transpose", what,
+      lambda x, kernel: _conv_transpose_with_blocks(
+          x, kernel, strides, [d_blocks_dim, h_blocks_dim, w_blocks_dim], what))
 
 
 def max_pool2d(x: Tensor, ksize: IntOrInts = (2, 2), name: str = "max_pool2d",

@@ -250,18 +250,12 @@ def local_2d_self_attention_spatial_blocks(query_antecedent: Tensor, kv_channels
 
   Args:
     query_antecedent: [batch..., num_h_blocks, num_w_blocks, h, w, io_channels].
-    kv_channels: per-head key/value dimension.
-    heads: heads dimension.
-    is_training: accepted for the signature's sake; this layer has no
-      dropout, so it changes nothing.
     memory_h_dim: ignored (the memory dimensions are always "memory_" + h's
       and w's names).
     memory_w_dim: ignored, as memory_h_dim.
     mask_right: causal (raster order) attention, for decoders.
-    master_dtype: variable storage dtype.
-    slice_dtype: variable slice dtype.
-    name: scope name (default "multihead_attention", unique per call);
-      variable "<name>/qkvo".
+    kv_channels, heads, is_training, master_dtype, slice_dtype, name: as in
+      `local_self_attention_spatial_blocks`.
 
   Returns:
     a tensor with query_antecedent's shape.

@@ -54,7 +54,7 @@ def resolve(path: str) -> str:
     >>> resolve("/models/t5_small")
     '/models/t5_small/model.ckpt-1000000'
   """
-  if os.path.isdir(path):
+  if tf.io.gfile.isdir(path):
     prefix = tf.train.latest_checkpoint(path)
     if prefix is None:
       raise ValueError(f"No checkpoint in directory {path!r} (no `checkpoint` state file "

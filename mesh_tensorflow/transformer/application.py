@@ -197,22 +197,14 @@ def _master_dtype_from_checkpoint(variable_dtype: mtf.VariableDType,
 
 
 def resolve_checkpoint(path: str) -> str:
-  """A checkpoint path prefix: `path` itself, or a directory's latest.
+  """A checkpoint path prefix: `path` itself, or a directory's latest (see
+  `mtf.checkpoint.resolve`).
 
   Example:
     >>> resolve_checkpoint("/models/t5_small")
     '/models/t5_small/model.ckpt-1000000'
   """
-  if tf.io.gfile.isdir(path):
-    latest = tf.train.latest_checkpoint(path)
-    if not latest:
-      raise ValueError(f"init_checkpoint {path!r} is a directory without a checkpoint "
-                       "(no 'checkpoint' state file naming one).")
-    return latest
-  if not tf.io.gfile.exists(path + ".index"):
-    raise ValueError(f"init_checkpoint {path!r}: no such checkpoint (give a path prefix "
-                     "such as DIR/model.ckpt-1000000, or a model directory).")
-  return path
+  return mtf.checkpoint.resolve(path)
 
 
 def start_from_checkpoint(trainer: "mtf.training.Trainer", mesh_impl, init_checkpoint: str,

@@ -12,12 +12,12 @@ original names:
 
 from __future__ import annotations
 
-import math
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.layers.attention import _relative_position_bucket
 from mesh_tensorflow.transformer import attention
 from mesh_tensorflow.transformer import layer_stack
 from mesh_tensorflow.transformer import transformer
@@ -30,6 +30,22 @@ def _gin_or(name: str, default):
   """The gin-configurable version of a layer class once registered (so that
   gin bindings apply to layers built inside other layers), else `default`."""
   return layer_stack.gin_configurables().get(name, default)
+
+
+class _EncoderMemory:
+  """What the encoder-decoder attention layers share: relative_attention_type
+  defaults to None, they make no shared params (a "bias_shared" relative
+  bias is made by `enc_dec_attention_bias`) and their memory is the
+  encoder's output. Comes before the attention class among the bases."""
+
+  def __init__(self, relative_attention_type: Optional[str] = None, **kwargs):
+    super().__init__(relative_attention_type=relative_attention_type, **kwargs)
+
+  def make_shared_params(self, context: transformer.Context) -> None:
+    del context
+
+  def _get_memory_antecedent(self, context: transformer.Context) -> Optional[mtf.Tensor]:
+    return context.encoder_output
 
 
 def _memory(context: transformer.Context, x: mtf.Tensor) -> mtf.Tensor:
@@ -62,6 +78,19 @@ def _encoder_output(layer, context: transformer.Context) -> mtf.Tensor:
   return m
 
 
+def _once_per_decode(layer, context: transformer.Context, memory: Optional[mtf.Tensor],
+                     compute: Callable[[mtf.Tensor], Sequence[mtf.Tensor]]) -> tuple:
+  """compute(memory) and memory's "memory_length" dimension, as one tuple,
+  computed once per decode: the first part records them as a constant
+  state and each incremental step reads them back (memory is then unused)."""
+  if context.incremental:
+    return context.get_constant_state()
+  values = tuple(compute(memory)) + (_memory_dim(memory, type(layer).__name__),)
+  if context.mode == FIRST_PART:
+    context.record_constant_state(values)
+  return values
+
+
 def _update_cache(context: transformer.Context, cache: mtf.Tensor, new: mtf.Tensor,
                   memory_dim: mtf.Dimension) -> mtf.Tensor:
   """cache [..., memory_length, ...] with the decoded position's slot set to new."""
@@ -87,27 +116,6 @@ def _attention_kwargs(layer, context: transformer.Context) -> dict:
 
 
 # ------------------------------------------------------- relative positions
-def _relative_position_bucket(relative_position: mtf.Tensor, bidirectional: bool = True,
-                              num_buckets: int = 32, max_distance: int = 128) -> mtf.Tensor:
-  """`attention.relative_position_bucket` on an int32 mtf.Tensor of
-  relative positions (memory position - query position)."""
-  n = -relative_position
-  ret = mtf.zeros_like(n)
-  if bidirectional:
-    num_buckets //= 2
-    ret += mtf.to_int32(mtf.less(n, 0)) * num_buckets
-    n = mtf.abs(n)
-  else:
-    n = mtf.maximum(n, 0)
-  max_exact = num_buckets // 2
-  is_small = mtf.less(n, max_exact)
-  large = max_exact + mtf.to_int32(
-      mtf.log(mtf.to_float(mtf.maximum(n, 1)) / max_exact)
-      / math.log(max_distance / max_exact) * (num_buckets - max_exact))
-  large = mtf.minimum(large, num_buckets - 1)
-  return ret + mtf.where(is_small, n, large)
-
-
 def relative_position_spans(context: transformer.Context, num_sentinels: int = None
                             ) -> mtf.Tensor:
   """Relative positions from decoder to encoder tokens for span-filling
@@ -228,17 +236,13 @@ def enc_dec_attention(self_attention_layer, memory_antecedent: mtf.Tensor,
                      f" differ from the model's {context.model.model_dim}.")
   params = layer.make_params(context)
   q = params.compute_q(x)
-  if context.incremental:
-    k, v, memory_length = context.get_constant_state()
-  else:
-    m = memory_antecedent
+
+  def keys_and_values(m):
     if layer.shared_kv:
-      k = v = params.compute_kv(m)
-    else:
-      k, v = params.compute_k(m), params.compute_v(m)
-    memory_length = _memory_dim(m, type(layer).__name__)
-    if context.mode == FIRST_PART:
-      context.record_constant_state((k, v, memory_length))
+      kv = params.compute_kv(m)
+      return kv, kv
+    return params.compute_k(m), params.compute_v(m)
+  k, v, memory_length = _once_per_decode(layer, context, memory_antecedent, keys_and_values)
   bias = _gin_or("enc_dec_attention_bias", enc_dec_attention_bias)(
       layer, context, params.query_heads_dims)
   o = attention_fn(q, k, v, memory_length, layer.kv_dim, layer.kv_dim, bias, context=context,

@@ -21,7 +21,7 @@ from mesh_tensorflow.transformer import attention
 from mesh_tensorflow.transformer import base_layers as tl
 from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer.attention_layer_helpers import (
-    FIRST_PART, INCREMENTAL, _attention_kwargs, _encoder_output, _gin_or, _heads, _memory, _memory_dim, _self_attention_bias, _self_attention_output, _set_relative, _to_memory_length, _update_cache, enc_dec_attention, enc_dec_attention_bias)
+    FIRST_PART, INCREMENTAL, _EncoderMemory, _attention_kwargs, _encoder_output, _gin_or, _heads, _memory, _once_per_decode, _self_attention_bias, _self_attention_output, _set_relative, _to_memory_length, _update_cache, enc_dec_attention, enc_dec_attention_bias)
 
 
 class GeneralBilinearSelfAttention(tl.SelfAttention):
@@ -93,7 +93,7 @@ class GeneralBilinearSelfAttention(tl.SelfAttention):
     return self.compute_y(context, u)
 
 
-class GeneralBilinearEncDecAttention(GeneralBilinearSelfAttention):
+class GeneralBilinearEncDecAttention(_EncoderMemory, GeneralBilinearSelfAttention):
   """General bilinear attention over the encoder output (see
   GeneralBilinearSelfAttention).
 
@@ -101,25 +101,11 @@ class GeneralBilinearEncDecAttention(GeneralBilinearSelfAttention):
     >>> layer = GeneralBilinearEncDecAttention(heads_dims=[("heads", 4)])
   """
 
-  def __init__(self, relative_attention_type: Optional[str] = None, **kwargs):
-    super().__init__(relative_attention_type=relative_attention_type, **kwargs)
-
-  def make_shared_params(self, context) -> None:
-    del context
-
-  def _get_memory_antecedent(self, context):
-    return context.encoder_output
-
   def call(self, context, x, losses=None):
     del losses
     q = self.compute_q(context, x)
-    if context.incremental:
-      m, memory_length = context.get_constant_state()
-    else:
-      m = _encoder_output(self, context)
-      memory_length = _memory_dim(m, type(self).__name__)
-      if context.mode == FIRST_PART:
-        context.record_constant_state((m, memory_length))
+    m = None if context.incremental else _encoder_output(self, context)
+    m, memory_length = _once_per_decode(self, context, m, lambda m: (m,))
     bias = _gin_or("enc_dec_attention_bias", enc_dec_attention_bias)(
         self, context, self.heads_dims)
     return self.attention_internal(context, q, m, memory_length, bias)
@@ -185,21 +171,12 @@ class BranchedSelfAttention(tl.SelfAttention):
     return self.layer_output_from_attention_output(context, out, losses)
 
 
-class BranchedEncDecAttention(BranchedSelfAttention):
+class BranchedEncDecAttention(_EncoderMemory, BranchedSelfAttention):
   """Branched attention over the encoder output (see BranchedSelfAttention).
 
   Example:
     >>> layer = BranchedEncDecAttention(num_heads=4, key_value_size=16)
   """
-
-  def __init__(self, relative_attention_type: Optional[str] = None, **kwargs):
-    super().__init__(relative_attention_type=relative_attention_type, **kwargs)
-
-  def make_shared_params(self, context) -> None:
-    del context
-
-  def _get_memory_antecedent(self, context):
-    return context.encoder_output
 
   def call(self, context, x, losses=None):
     return _gin_or("enc_dec_attention", enc_dec_attention)(
@@ -406,7 +383,7 @@ class ExpertsSelfAttention(tl.SelfAttention):
         memory_from_query=self._memory_from_query)
 
 
-class ExpertsEncDecAttention(ExpertsSelfAttention):
+class ExpertsEncDecAttention(_EncoderMemory, ExpertsSelfAttention):
   """Attention over the encoder's output with experts-computed queries (from
   the decoder) and keys/values (the same experts applied to the encoder
   output); see ExpertsSelfAttention.
@@ -416,12 +393,6 @@ class ExpertsEncDecAttention(ExpertsSelfAttention):
   """
 
   _memory_from_query = False
-
-  def __init__(self, relative_attention_type=None, **kwargs):
-    super().__init__(relative_attention_type=relative_attention_type, **kwargs)
-
-  def make_shared_params(self, context) -> None:
-    del context
 
   def call(self, context, x, losses=None):
     del losses

@@ -6,16 +6,9 @@ convolutions that decode incrementally (`Conv1D`, `Conv1DLayer`) and
 
 The layer families build on these (talking_heads_attention.py,
 attention_variants.py, convolution_layers.py); `transformer_layers` gathers
-all of them under the original's names.
-
-Every layer works in all modes: training and eval (whole sequences),
-"first_part" (the prefix pass before decoding, which records caches) and
-"incremental" (one position per sequence, reading and updating the caches).
-
-    >>> layers = [SelfAttention(num_heads=8, key_value_size=64,
-    ...                         relative_attention_type="bias"),
-    ...           EncDecAttention(num_heads=8, key_value_size=64),
-    ...           DenseReluDense(hidden_size=2048, activation=["gelu", "linear"])]
+all of them under the original's names (its docstring shows them in use).
+Every layer works in all modes: training and eval, "first_part" and
+"incremental".
 """
 
 from __future__ import annotations
@@ -28,7 +21,8 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.layers import core as layers_core
 from mesh_tensorflow.transformer import attention
 from mesh_tensorflow.transformer import transformer
-from mesh_tensorflow.transformer.attention_layer_helpers import enc_dec_attention_bias
+from mesh_tensorflow.transformer.attention_layer_helpers import (
+    _EncoderMemory, enc_dec_attention_bias)
 
 _RELATIVE_TYPES = (None, "bias", "bias_shared")
 
@@ -346,7 +340,7 @@ class LocalSelfAttention(SelfAttention):
                           mtf.greater(memory_position, query_position + self.radius))
 
 
-class EncDecAttention(SelfAttention):
+class EncDecAttention(_EncoderMemory, SelfAttention):
   """Attention from the decoder to the encoder output (context.encoder_output).
 
   Memory positions of encoder padding are hidden (encoder_sequence_id 0); with
@@ -359,12 +353,6 @@ class EncDecAttention(SelfAttention):
   Example:
     >>> layer = EncDecAttention(num_heads=8, key_value_size=64)
   """
-
-  def __init__(self, relative_attention_type: Optional[str] = None, **kwargs):
-    super().__init__(relative_attention_type=relative_attention_type, **kwargs)
-
-  def make_shared_params(self, context: transformer.Context) -> None:
-    del context  # a "bias_shared" relative bias is made by enc_dec_attention_bias
 
   def call(self, context: transformer.Context, x: mtf.Tensor) -> mtf.Tensor:
     memory = context.encoder_output

@@ -246,12 +246,6 @@ class EncDecAttentionFixup(transformer_layers.EncDecAttention):
     >>> layer = EncDecAttentionFixup(num_heads=8)
   """
 
-  def __init__(self, relative_attention_type: Optional[str] = None, **kwargs):
-    super().__init__(relative_attention_type=relative_attention_type, **kwargs)
-
-  def _get_memory_antecedent(self, context: transformer.Context) -> mtf.Tensor:
-    return context.encoder_output
-
   def call(self, context: transformer.Context, x: mtf.Tensor, losses=None) -> mtf.Tensor:
     del losses
     return super().call(context, x)

@@ -286,13 +286,7 @@ class LayerStack(TransformerLayer):
     return self.num_stages > 1
 
   def call(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
-    self.recompute_ops = []
-    if self._sublayers is not None:
-      x = self._run_sublayers(self._sublayers[0], context, x, "sublayers_initial")
-    else:
-      x = self._dropout(context, x)
-    if context.layer_outputs is not None:
-      context.layer_outputs.append(x)
+    x = self._begin(context, x)
     if not self.pipelined:
       x = self._apply_layers(context, x, self._layers, 0, collect=True)
     elif self._runs_pipelined(context):
@@ -300,6 +294,15 @@ class LayerStack(TransformerLayer):
     else:
       x = self._call_stages_in_turn(context, x)
     return self.finish(context, x)
+
+  def _begin(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
+    """The initial sublayers, or dropout (before the first layer)."""
+    self.recompute_ops = []
+    if self._sublayers is not None:
+      x = self._run_sublayers(self._sublayers[0], context, x, "sublayers_initial")
+    else:
+      x = self._dropout(context, x)
+    return _record_layer_output(context, x)
 
   def finish(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
     """The final norm, dropout and padding mask (after the last layer), or
@@ -313,9 +316,7 @@ class LayerStack(TransformerLayer):
       x = self._dropout(context, x)
       if mask is not None:
         x = x * mask
-    if context.layer_outputs is not None:
-      context.layer_outputs.append(x)
-    return x
+    return _record_layer_output(context, x)
 
   # ---- the layers ------------------------------------------------------------
   def _apply_layers(self, context: Context, x: mtf.Tensor, layers, first: int,
@@ -370,16 +371,10 @@ class LayerStack(TransformerLayer):
 
   def _layer_with_sublayers(self, context: Context, x: mtf.Tensor, layer, scope: str,
                             policy: str, label: str) -> mtf.Tensor:
-    """The per-layer sublayers on x in the name scope `scope`, with the
-    context's current layer and input set while they run."""
+    """The per-layer sublayers on x (`_per_layer_sublayers`), recomputed as
+    `policy` says."""
     def block(x):
-      saved = context.current_layer, context.current_layer_input
-      context.current_layer, context.current_layer_input = layer, x
-      try:
-        with mtf.name_scope(context.mesh, scope):
-          y = self._run_sublayers(self._sublayers[1], context, x, "sublayers_per_layer")
-      finally:
-        context.current_layer, context.current_layer_input = saved
+      y = self._per_layer_sublayers(context, x, layer, scope)
       if y.shape != x.shape:
         raise ValueError(f"{type(self).__name__}: the sublayers_per_layer of {label} "
                          f"({type(layer).__name__}) returned shape {y.shape} for an input of "
@@ -389,6 +384,18 @@ class LayerStack(TransformerLayer):
     if policy == "layer":
       return self._recompute(block, [x], policy)
     return block(x)
+
+  def _per_layer_sublayers(self, context: Context, x: mtf.Tensor, layer,
+                           scope: str) -> mtf.Tensor:
+    """The per-layer sublayers on x in the name scope `scope`, with the
+    context's current layer and input set to `layer` and x while they run."""
+    saved = context.current_layer, context.current_layer_input
+    context.current_layer, context.current_layer_input = layer, x
+    try:
+      with mtf.name_scope(context.mesh, scope):
+        return self._run_sublayers(self._sublayers[1], context, x, "sublayers_per_layer")
+    finally:
+      context.current_layer, context.current_layer_input = saved
 
   def _run_sublayers(self, sublayers, context: Context, x: mtf.Tensor,
                      what: str) -> mtf.Tensor:
@@ -612,6 +619,13 @@ class LayerStack(TransformerLayer):
       variance = mtf.reduce_mean(mtf.square(x), reduced_dim=d_model)
       y = x * mtf.rsqrt(variance + self._norm_epsilon) * scale
       return y + bias if self._norm_type == "layer" else y
+
+
+def _record_layer_output(context: Context, x: mtf.Tensor) -> mtf.Tensor:
+  """x, appended to context.layer_outputs when the caller collects them."""
+  if context.layer_outputs is not None:
+    context.layer_outputs.append(x)
+  return x
 
 
 def kept_activation_bytes(graph: mtf.Graph, num_forward_ops: int, mesh_impl=None) -> int:

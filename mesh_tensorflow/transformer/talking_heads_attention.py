@@ -15,8 +15,9 @@ from typing import Optional
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import base_layers as tl
 from mesh_tensorflow.transformer.attention_layer_helpers import (
-    FIRST_PART, INCREMENTAL, _encoder_output, _gin_or, _heads, _memory, _memory_dim,
-    _self_attention_bias, _set_relative, _update_cache, enc_dec_attention_bias)
+    FIRST_PART, INCREMENTAL, _EncoderMemory, _encoder_output, _gin_or, _heads, _memory,
+    _once_per_decode, _self_attention_bias, _set_relative, _update_cache,
+    enc_dec_attention_bias)
 
 
 class TalkingHeadsSelfAttention(tl.SelfAttention):
@@ -174,7 +175,7 @@ class TalkingHeadsSelfAttention(tl.SelfAttention):
                         for p in projections])
 
 
-class TalkingHeadsEncDecAttention(TalkingHeadsSelfAttention):
+class TalkingHeadsEncDecAttention(_EncoderMemory, TalkingHeadsSelfAttention):
   """Talking-heads attention over the encoder output (see
   TalkingHeadsSelfAttention); relative biases come from
   `enc_dec_attention_bias` over the softmax heads.
@@ -183,27 +184,12 @@ class TalkingHeadsEncDecAttention(TalkingHeadsSelfAttention):
     >>> layer = TalkingHeadsEncDecAttention(softmax_heads_dims=[("heads", 8)])
   """
 
-  def __init__(self, relative_attention_type: Optional[str] = None, **kwargs):
-    super().__init__(relative_attention_type=relative_attention_type, **kwargs)
-
-  def make_shared_params(self, context) -> None:
-    del context  # its shared bias is made by enc_dec_attention_bias
-
-  def _get_memory_antecedent(self, context):
-    return context.encoder_output
-
   def call(self, context, x, losses=None):
     del losses
     q = self.compute_q(context, x)
-    if context.incremental:
-      k, v, memory_length = context.get_constant_state()
-      m = None
-    else:
-      m = _encoder_output(self, context)
-      k, v = self.compute_k(context, m), self.compute_v(context, m)
-      memory_length = _memory_dim(m, type(self).__name__)
-      if context.mode == FIRST_PART:
-        context.record_constant_state((k, v, memory_length))
+    m = None if context.incremental else _encoder_output(self, context)
+    k, v, memory_length = _once_per_decode(
+        self, context, m, lambda m: (self.compute_k(context, m), self.compute_v(context, m)))
     bias = _gin_or("enc_dec_attention_bias", enc_dec_attention_bias)(
         self, context, self.softmax_heads_dims)
     if m is None and any(p in self.dynamic_projections for p in ("m2l", "m2w")):

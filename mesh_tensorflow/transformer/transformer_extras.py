@@ -110,13 +110,7 @@ class ReversibleLayerStack(LayerStack):
 
     def f(x):
       if self._sublayers is not None:
-        saved = context.current_layer, context.current_layer_input
-        context.current_layer, context.current_layer_input = layer, x
-        try:
-          with mtf.name_scope(context.mesh, scope):
-            y = self._run_sublayers(self._sublayers[1], context, x, "sublayers_per_layer")
-        finally:
-          context.current_layer, context.current_layer_input = saved
+        y = self._per_layer_sublayers(context, x, layer, scope)
       else:
         with mtf.name_scope(context.mesh, scope):
           norm_x = self._norm(context, x if mask is None else x * mask,
@@ -131,13 +125,7 @@ class ReversibleLayerStack(LayerStack):
     return f
 
   def call(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
-    self.recompute_ops = []
-    if self._sublayers is not None:
-      x = self._run_sublayers(self._sublayers[0], context, x, "sublayers_initial")
-    else:
-      x = self._dropout(context, x)
-    if context.layer_outputs is not None:
-      context.layer_outputs.append(x)
+    x = self._begin(context, x)
     reversible = context.train and self.recompute != "none"
     if reversible:
       self._check_recompute(context, self._layers)

@@ -41,7 +41,8 @@ from typing import Optional, Sequence
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer.layer_stack import Context, TransformerLayer, _make_layer
+from mesh_tensorflow.transformer.layer_stack import (
+    Context, TransformerLayer, _make_layer, _record_layer_output)
 
 _RECURRENCES = ("basic", "highway", "act")
 _ACT_TYPES = ("basic", "accumulated", "random", "global")
@@ -397,9 +398,7 @@ class UTLayerStack(TransformerLayer):
 
   def call(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
     mask = context.nonpadding
-    x = self._dropout(context, x)
-    if context.layer_outputs is not None:
-      context.layer_outputs.append(x)
+    x = _record_layer_output(context, self._dropout(context, x))
     if self.mix_with_transformer_before_ut:
       for i in range(self.num_vanilla_transformer_layers):
         x = self.vanilla_transformer_layer(context, x, mask, scope=f"before_ut_{i}")
@@ -416,9 +415,7 @@ class UTLayerStack(TransformerLayer):
     x = self._dropout(context, x)
     if mask is not None:
       x = x * mask
-    if context.layer_outputs is not None:
-      context.layer_outputs.append(x)
-    return x
+    return _record_layer_output(context, x)
 
   def _dropout(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
     if not context.train or not self._dropout_rate:

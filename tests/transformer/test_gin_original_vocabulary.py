@@ -267,11 +267,11 @@ def test_eval_checkpoint_step_and_init_checkpoint_paths(tmp_path):
   assert utils.resolve_checkpoint(str(tmp_path)) == str(tmp_path / "model.ckpt-1200")
   assert utils.resolve_checkpoint(str(tmp_path / "model.ckpt-1000")) == str(
       tmp_path / "model.ckpt-1000")
-  with pytest.raises(ValueError, match="no such checkpoint"):
+  with pytest.raises(ValueError, match="No checkpoint at"):
     utils.resolve_checkpoint(str(tmp_path / "model.ckpt-7"))
   empty = tmp_path / "empty"
   empty.mkdir()
-  with pytest.raises(ValueError, match="directory without a checkpoint"):
+  with pytest.raises(ValueError, match="No checkpoint in directory"):
     utils.resolve_checkpoint(str(empty))
 
 
