@@ -613,6 +613,18 @@ def test_lazy_allreduce_sums_add_before_their_one_allreduce():
   assert [float(t) for t in plain.tensor_list] == [8.0, 9.0]
 
 
+def test_lazy_allreduce_sum_calls_add_counter_fn_once_when_the_allreduce_is_made():
+  impl = mtf.placement_mesh_impl.PlacementMeshImpl("all:2", "", DEVICES[:2])
+  calls = []
+  lazy = mtf.LazyAllreduceSum(impl, mtf.LaidOutTensor([tf.constant(1.0), tf.constant(2.0)]), [0],
+                              add_counter_fn=lambda: calls.append(1))
+  assert not calls  # nothing is reduced while the sum is pending
+  first = lazy.to_laid_out_tensor()
+  second = lazy.to_laid_out_tensor()
+  assert len(calls) == 1 and first is second
+  assert [float(t) for t in first.tensor_list] == [3.0, 3.0]
+
+
 def test_slice_numbers_cumprods_and_laid_out_args_for_custom_lowerings():
   """The MeshImpl helpers that the original's custom operations call."""
   impl = mtf.placement_mesh_impl.PlacementMeshImpl("rows:2;cols:4", "d:rows;batch:cols", DEVICES)
