@@ -59,16 +59,6 @@ class _TensorFlowDeprecationsAsWarnings(logging.Handler):
 logging.getLogger("tensorflow").addHandler(_TensorFlowDeprecationsAsWarnings())
 
 
-@pytest.fixture(autouse=True)
-def _no_gin_bindings_left_behind():
-  """Clears gin's bindings after every test, so that a test that parses a
-  gin file in-process (the main job, the layouts) leaves nothing bound for
-  the next test in the same worker."""
-  yield
-  import gin  # pylint: disable=g-import-not-at-top
-  gin.clear_config()
-
-
 @pytest.fixture
 def devices():
   """The eight logical CPU devices, in pnum order."""

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 
+import gin
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -26,6 +27,14 @@ from mesh_tensorflow.lowering import slice_variables
 from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import transformer_layers as tl
 from mtf_test_utils import make_impl
+
+
+@pytest.fixture(autouse=True)
+def _models_from_their_arguments_alone():
+  """The models here are built from their arguments: no gin binding left by
+  an earlier test in the worker (a parsed operative config) may change them."""
+  gin.clear_config()
+
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 B, L, D, H, K, F, V, VPAD = 2, 6, 16, 4, 8, 32, 27, 32

@@ -96,6 +96,7 @@ def restored(request):
   _STATE["impl"] = impl
   yield name
   _STATE.clear()
+  gin.clear_config()  # the operative config binds Unitransformer for later tests too
 
 
 # The settings compared here (each is one lowering and decode; the fixtures
