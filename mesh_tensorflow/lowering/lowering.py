@@ -150,10 +150,11 @@ class Lowering:
       value = tf.ensure_shape(value, shape.to_integer_list())
     return value
 
-  def lower_with_plan(self, op: Operation, plan, fn=None) -> list:
+  def lower_with_plan(self, op: Operation, plan, fn=None, extra=()) -> list:
     """Runs LocalPlan `plan` of `op` (see plans.py) with kernel `fn` on the
-    lowered inputs. Returns the results; unless the plan combines them, they
-    also become `op`'s outputs.
+    lowered inputs (then `extra` per-processor arguments, such as slice
+    offsets). Returns the results; unless the plan combines them, they also
+    become `op`'s outputs.
 
     Example:
       >>> lowering.lower_with_plan(op, op.plan(lowering.plan_mesh(op)), fn)
@@ -171,7 +172,7 @@ class Lowering:
       if o.partial == plans.TAKES_PARTIAL and value.is_pending:
         value.derived()
       operands.append(value.laid_out_input)
-    results = impl.execute_local(operands, plan, fn)
+    results = impl.execute_local(operands, plan, fn, extra)
     if plan.flops:
       self.add_flops(plan.flops)
     if not plan.combined:

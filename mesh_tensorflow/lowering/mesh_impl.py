@@ -559,17 +559,19 @@ class MeshImpl:
     return [self.execute(x, move) for x, move in zip(xs, plan)]
 
   def execute_local(self, operands: Sequence[LaidOutTensor], plan: "plans.LocalPlan",
-                    fn: Optional[Callable] = None) -> list:
+                    fn: Optional[Callable] = None, extra: Sequence = ()) -> list:
     """Runs a LocalPlan: moves each operand, runs fn on every processor's
     slices (unless the plan has no kernel), moves each result and leaves it
     a pending sum where the plan says. Returns the results in order.
+    `extra`: more per-processor arguments of fn after the operands (the slice
+    offsets of a plan's `coordinates`).
 
     Example:
       >>> [y] = impl.execute_local([laid_x], plans.plan_unsplit(op, layout_of, {"d"}), fn)
     """
     args = [self.execute(x, o.move) for x, o in zip(operands, plan.operands)]
     if plan.kernel:
-      out = self.slicewise(fn, *args)
+      out = self.slicewise(fn, *args, *extra)
       args = list(out) if isinstance(out, tuple) else [out]
     return [self.partial_sum(self.execute(x, r.move), r.pending_sum_axes)
             for x, r in zip(args, plan.results)]

@@ -27,7 +27,9 @@ A plan is a tuple of steps. Each step names mesh and tensor axes:
 Operations that choose how to communicate get their plan from a function
 here: `plan_einsum`, `plan_gather`, `plan_reshape`, `plan_reduce`,
 `plan_scatter_add`, and `plan_statistics` for those that reduce along one
-dimension (softmax, its gradient, cross-entropy). The size-based choices
+dimension (softmax, its gradient, cross-entropy). Most are LocalPlans:
+communication around one local kernel, which `MeshImpl.execute_local` runs
+and the cost model prices without knowing the operation. The size-based choices
 inside them live in policies.py.
 """
 
@@ -376,60 +378,48 @@ def batchable_operand(inputs, output, layout_of: Callable, mesh_sizes: Sequence[
 # ----------------------------------------------------------------------------- gather
 
 
-@dataclasses.dataclass(frozen=True)
-class GatherPlan:
-  """How mtf.gather (a table lookup along `dim`) communicates.
-
-  Attributes:
-    table_move: the redistribution of the table first (gathering the
-      looked-up dimension, or nothing).
-    masked_axis: the mesh axis splitting the looked-up dimension when each
-      processor looks up in its own block, masking ids that other blocks
-      hold; the results are partial sums over it (pending allreduce). None
-      when the table is whole along that dimension.
-  """
-  table_move: Redistribution
-  masked_axis: Optional[int]
-
-
 def plan_gather(weights, indices, output, dim, layout_of: Callable,
-                mesh_sizes: Sequence[int]) -> GatherPlan:
-  """The GatherPlan of gather(weights, indices, dim) -> output."""
+                mesh_sizes: Sequence[int]) -> "LocalPlan":
+  """The LocalPlan of gather(weights, indices, dim) -> output (a table
+  lookup along `dim`).
+
+  The table is moved first: where a mesh axis splits `dim`, it is gathered
+  along `dim` when the indices are split over that axis too or when moving
+  the table costs less than summing the looked-up rows
+  (policies.gathers_table_first). Otherwise each processor looks up in its
+  own block of `dim` (the kernel reads the block's offset: `coordinates`),
+  masking ids that other blocks hold, and the result is a pending sum over
+  that mesh axis. The kernel reads the indices and writes the output (not
+  the whole table)."""
   w_layout = tuple(layout_of(weights.shape))
   mesh_axis = w_layout[weights.shape.index_of(dim.name)]
+  out_layout = tuple(layout_of(output.shape))
+  out_bytes = slice_elements(output.shape, out_layout, mesh_sizes) * output.dtype.size
+  kernel_bytes = out_bytes + slice_elements(indices.shape, layout_of(indices.shape),
+                                            mesh_sizes) * indices.dtype.size
+  idx = Operand(1, stay(layout_of(indices.shape)))
   if mesh_axis is not None and (
       mesh_axis in layout_of(indices.shape) or gathers_table_first(
           slice_elements(weights.shape, w_layout, mesh_sizes) * weights.dtype.size,
-          mesh_sizes[mesh_axis],
-          slice_elements(output.shape, layout_of(output.shape), mesh_sizes)
-          * output.dtype.size)):
-    return GatherPlan(plan_gather_dims(weights.shape, w_layout, {dim.name}), None)
-  return GatherPlan(plan_relayout(w_layout, w_layout), mesh_axis)
+          mesh_sizes[mesh_axis], out_bytes)):
+    return LocalPlan((Operand(0, plan_gather_dims(weights.shape, w_layout, {dim.name})), idx),
+                     (Result(output.shape, output.dtype.size, stay(out_layout)),),
+                     kernel_bytes=kernel_bytes)
+  masked = () if mesh_axis is None else (mesh_axis,)
+  return LocalPlan((Operand(0, stay(w_layout)), idx),
+                   (Result(output.shape, output.dtype.size, stay(out_layout), masked),),
+                   coordinates=w_layout if masked else None, kernel_bytes=kernel_bytes)
 
 
 # ----------------------------------------------------------------------------- reshape
 
 
-@dataclasses.dataclass(frozen=True)
-class ReshapePlan:
-  """How mtf.reshape communicates: gather the splits that do not survive
-  the reshape, reshape each slice locally, then slice the axes that the new
-  layout splits and the kept splits do not cover.
-
-  Attributes:
-    before: the redistribution of the input.
-    kept: the output's layout right after the local reshape.
-    after: the redistribution from `kept` to the output's layout (local
-      slicing only).
-  """
-  before: Redistribution
-  kept: Layout
-  after: Redistribution
-
-
-def plan_reshape(in_shape, out_shape, layout_of: Callable, mesh_sizes: Sequence[int]
-                 ) -> ReshapePlan:
-  """The ReshapePlan of reshape(x of in_shape) -> out_shape.
+def plan_reshape(in_shape, out_shape, dtype_size: int, layout_of: Callable,
+                 mesh_sizes: Sequence[int]) -> "LocalPlan":
+  """The LocalPlan of reshape(x of in_shape) -> out_shape: gather the splits
+  that do not survive the reshape, reshape each slice locally (the result's
+  move starts from the layout the slices then have), then slice the axes
+  that the new layout splits and the kept splits do not cover.
 
   A split survives when the output splits, over the same mesh axis, a
   dimension with the same stride prefix (product of the dimensions before)
@@ -450,8 +440,8 @@ def plan_reshape(in_shape, out_shape, layout_of: Callable, mesh_sizes: Sequence[
   names = {d.name for i, d in enumerate(in_shape.dims)
            if in_layout[i] is not None and i not in kept_in}
   kept = tuple(a if j in kept_out else None for j, a in enumerate(out_layout))
-  return ReshapePlan(plan_gather_dims(in_shape, in_layout, names), kept,
-                     plan_relayout(kept, out_layout))
+  return LocalPlan((Operand(0, plan_gather_dims(in_shape, in_layout, names)),),
+                   (Result(out_shape, dtype_size, plan_relayout(kept, out_layout)),))
 
 
 # ----------------------------------------------------------------------------- reductions
@@ -499,83 +489,65 @@ def adds_pending_sums(a_pending_axes: Optional[Sequence[int]],
           and a_shape == b_shape == out_shape)
 
 
-@dataclasses.dataclass(frozen=True)
-class ReducePlan:
-  """How mtf.reduce_* communicates.
+def plan_reduce(x, out, reduction: str, input_pending_axes: Optional[Sequence[int]],
+                layout_of: Callable, mesh_sizes: Sequence[int]) -> "LocalPlan":
+  """The LocalPlan of reducing `x` to the shape of `out` with `reduction`
+  ("SUM", "MAX", "MIN"; on booleans SUM and MAX are any, MIN all);
+  input_pending_axes: the mesh axes of x's pending sum, or None.
 
-  Attributes:
-    folds_pending: the input is a pending sum and this is a sum: reduce the
-      partial sums locally and leave one pending sum over both sets of axes.
-    mesh_axes: mesh axes of the combined result (empty: nothing to combine).
-    pending: the combination is a sum left pending (see LazyAllreduceSum).
-    allreduce: otherwise the allreduce to run now (None when nothing).
-  """
-  folds_pending: bool
-  mesh_axes: Tuple[int, ...]
-  pending: bool
-  allreduce: Optional[AllReduce]
-
-
-def plan_reduce(in_shape, out_shape, reduction: str, is_bool: bool,
-                input_pending_axes: Optional[Sequence[int]], layout_of: Callable
-                ) -> ReducePlan:
-  """The ReducePlan of reducing `in_shape` to `out_shape` with `reduction`;
-  input_pending_axes: the mesh axes of the input's pending sum, or None."""
-  layout = tuple(layout_of(in_shape))
-  axes = [a for d, a in zip(in_shape.dims, layout) if d not in out_shape.dims and a is not None]
+  Each processor reduces its slice. Where mesh axes split reduced
+  dimensions, a sum is left pending over them (see LazyAllreduceSum) and any
+  other reduction is allreduced at once. A sum of a pending sum takes its
+  summands instead (`TAKES_PARTIAL`) and leaves one pending sum over both
+  sets of axes."""
+  layout = tuple(layout_of(x.shape))
+  out_layout = tuple(layout_of(out.shape))
+  axes = [a for d, a in zip(x.shape.dims, layout) if d not in out.shape.dims and a is not None]
+  is_bool = x.dtype.is_bool
   is_sum = reduction == "SUM" and not is_bool
   folds = is_sum and input_pending_axes is not None
   if folds:
     axes = sorted(set(axes) | set(input_pending_axes))
   axes = tuple(axes)
-  if not axes:
-    return ReducePlan(folds, (), False, None)
-  if is_sum:
-    return ReducePlan(folds, axes, True, None)
-  op = reduction
-  if is_bool:  # any / all
-    op = "LOGICAL_OR" if reduction in ("SUM", "MAX") else "LOGICAL_AND"
-  return ReducePlan(folds, axes, False, AllReduce(axes, op))
+  operand = Operand(0, stay(layout), partial=TAKES_PARTIAL if folds else "")
+  flops = 0 if input_pending_axes is not None else slice_elements(x.shape, layout, mesh_sizes)
+  move, pending = stay(out_layout), ()
+  if axes and is_sum:
+    pending = axes
+  elif axes:
+    op = reduction
+    if is_bool:  # any / all
+      op = "LOGICAL_OR" if reduction in ("SUM", "MAX") else "LOGICAL_AND"
+    move = move.then(AllReduce(axes, op))
+  return LocalPlan((operand,), (Result(out.shape, out.dtype.size, move, pending),), flops,
+                   memory_bound=True)
 
 
-@dataclasses.dataclass(frozen=True)
-class ScatterAddPlan:
-  """How the gradient of mtf.gather (a scatter-add of `g` into the table's
-  shape along `dim`) communicates.
+def plan_scatter_add(g, indices, out, dim, layout_of: Callable) -> "LocalPlan":
+  """The LocalPlan of the gradient of mtf.gather: a scatter-add of `g` into
+  `out` (the table's shape) along `dim`.
 
-  Attributes:
-    gathers_output: the indices are split over the mesh axis that also
-      splits `dim`: each processor sums its ids into the whole of `dim`,
-      then `allreduce` adds those up and `after` splits `dim` again.
-    uses_offsets: each processor sums only the ids of its block of `dim`.
-    computed_layout: the output's layout as the local kernels produce it.
-    allreduce: the allreduce run at once (gathers_output), else None.
-    after: the redistribution from computed_layout to the output's layout.
-    pending_sum_axes: mesh axes of split index dimensions that the output
-      does not split: their partial sums stay pending.
-  """
-  gathers_output: bool
-  uses_offsets: bool
-  computed_layout: Layout
-  allreduce: Optional[AllReduce]
-  after: Redistribution
-  pending_sum_axes: Tuple[int, ...]
-
-
-def plan_scatter_add(out_shape, indices_shape, dim, layout_of: Callable) -> ScatterAddPlan:
-  """The ScatterAddPlan of scattering into `out_shape` along `dim`."""
-  out_layout = tuple(layout_of(out_shape))
-  mesh_axis = split_axis(out_shape, dim, layout_of)
-  idx_axes = {a for a in layout_of(indices_shape) if a is not None}
+  Where the indices are split over the mesh axis that also splits `dim`,
+  each processor sums its ids into the whole of `dim`; those partial sums
+  are allreduced, then `dim` is split again. Otherwise a processor whose
+  block of `dim` is split sums only the ids of its block (the kernel reads
+  the block's offset: `coordinates`), and the partial sums over mesh axes
+  that split the indices but not the output stay pending."""
+  out_layout = tuple(layout_of(out.shape))
+  mesh_axis = split_axis(out.shape, dim, layout_of)
+  idx_axes = {a for a in layout_of(indices.shape) if a is not None}
   gathers_output = mesh_axis is not None and mesh_axis in idx_axes
   computed = tuple(None if (gathers_output and d.name == dim.name) else a
-                   for d, a in zip(out_shape.dims, out_layout))
+                   for d, a in zip(out.shape.dims, out_layout))
+  operands = (Operand(0, stay(layout_of(g.shape))), Operand(1, stay(layout_of(indices.shape))))
   if gathers_output:
-    return ScatterAddPlan(True, False, computed, AllReduce(tuple(sorted(idx_axes))),
-                          plan_relayout(computed, out_layout), ())
+    move = stay(computed).then(AllReduce(tuple(sorted(idx_axes))),
+                               plan_relayout(computed, out_layout))
+    return LocalPlan(operands, (Result(out.shape, out.dtype.size, move),))
   pending = tuple(sorted(idx_axes - {a for a in out_layout if a is not None}))
-  return ScatterAddPlan(False, mesh_axis is not None, computed, None,
-                        plan_relayout(computed, out_layout), pending)
+  return LocalPlan(operands, (Result(out.shape, out.dtype.size,
+                                     plan_relayout(computed, out_layout), pending),),
+                   coordinates=out_layout if mesh_axis is not None else None)
 
 
 # ----------------------------------------------------------------------------- local kernels
@@ -642,6 +614,16 @@ class LocalPlan:
   are the operation's outputs in order, or, when `combined`, the arguments
   of one more local kernel that makes the single output.
 
+  `flops` are one processor's kernel's; a `memory_bound` kernel (a
+  reduction: one add per element read) is priced by the bytes it touches
+  rather than at matrix-product speed. `coordinates`: a layout whose slice
+  offsets the kernel also reads (the processor's block of a split
+  dimension; the lowering passes them after the operands), so processors
+  with different blocks run different kernels; None when it reads none.
+  `kernel_bytes`: what one kernel reads and writes when that is less than
+  its operands and results (a lookup reads only the rows it needs); None for
+  all of them.
+
   Example:
     >>> plan = plan_unsplit(op, layout_of, {"length"})
     >>> [o.move.steps for o in plan.operands]
@@ -652,6 +634,9 @@ class LocalPlan:
   flops: int = 0
   kernel: bool = True
   combined: bool = False
+  coordinates: Optional[Layout] = None
+  kernel_bytes: Optional[int] = None
+  memory_bound: bool = False
 
 
 def _kept_split(shape, layout: Layout, whole_names) -> Layout:

@@ -169,16 +169,17 @@ class GatherOperation(Operation):
     out = self.outputs[0]
     dim = self._dim
     plan = self.plan(lowering.plan_mesh(self))
-    w_laid = impl.execute(lowering.laid_out(weights), plan.table_move)
-    mesh_axis = plan.masked_axis
     axis = weights.shape.index_of(dim.name)
+    # The mesh axis splitting `dim` of the table as the kernel reads it
+    # (None: the table was gathered along `dim`, or is whole there).
+    mesh_axis = plan.operands[0].move.target[axis]
     w_dims = weights.shape.dims
     gathered_shape = Shape(w_dims[:axis] + indices.shape.dims + w_dims[axis + 1:])
     local_size = dim.size // (1 if mesh_axis is None else impl.mesh_axis_size(mesh_axis))
 
     gather_axis = int_constant(axis)
 
-    def fn(w, idx, offset):
+    def fn(w, idx, offset=None):
       if mesh_axis is None:
         clipped = clipped_ids(idx, None, local_size)
         return expand_to_shape(tf.raw_ops.GatherV2(params=w, indices=clipped, axis=gather_axis),
@@ -189,12 +190,8 @@ class GatherOperation(Operation):
       g = tf.where(expand_to_shape(in_block, indices.shape, gathered_shape), g,
                    shared_constant(0, g.dtype))
       return expand_to_shape(g, gathered_shape, out.shape)
-    offsets = (slice_offsets(impl, weights.shape, axis) if mesh_axis is not None
-               else 0)
-    result = impl.slicewise(fn, w_laid, lowering.laid_out(indices), offsets)
-    if mesh_axis is not None:
-      result = impl.partial_sum(result, [mesh_axis])
-    lowering.set_tensor_lowering(out, result)
+    offsets = (slice_offsets(impl, weights.shape, axis),) if plan.coordinates else ()
+    lowering.lower_with_plan(self, plan, fn, offsets)
 
 
 def gather(weights: Tensor, indices: Tensor, dim, output_shape=None, name=None) -> Tensor:
@@ -244,8 +241,8 @@ class ScatterAddGradOperation(Operation):
             None]
 
   def plan(self, mesh):
-    return plans.plan_scatter_add(self.outputs[0].shape, self.inputs[1].shape, self._dim,
-                                  mesh.layout_of)
+    g, indices = self.inputs
+    return plans.plan_scatter_add(g, indices, self.outputs[0], self._dim, mesh.layout_of)
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
@@ -254,16 +251,15 @@ class ScatterAddGradOperation(Operation):
     dim = self._dim
     plan = self.plan(lowering.plan_mesh(self))
     mesh_axis = impl.tensor_dimension_to_mesh_axis(dim)
-    g_laid = lowering.laid_out(g)
-    local_size = dim.size if not plan.uses_offsets else dim.size // impl.mesh_axis_size(mesh_axis)
+    use_offsets = plan.coordinates is not None  # each processor sums its block's ids
+    local_size = dim.size if not use_offsets else dim.size // impl.mesh_axis_size(mesh_axis)
     others = [d for d in out.shape.dims if d.name != dim.name]
     src_shape = Shape(indices.shape.dims + others)
     dest_shape = Shape([dim] + others)
 
-    use_offsets = plan.uses_offsets
     minus_one, num_segments = int_constant(-1), int_constant(local_size)
 
-    def fn(gs, idx, offset):
+    def fn(gs, idx, offset=None):
       gs = expand_to_shape(gs, g.shape, src_shape)
       clipped, in_block = ids_in_block(idx, offset if use_offsets else None, local_size)
       # Segment -1 (ids outside this processor's block) is dropped. The segment
@@ -271,18 +267,9 @@ class ScatterAddGradOperation(Operation):
       seg = tf.raw_ops.SelectV2(condition=in_block, t=clipped, e=minus_one)
       summed = tf.raw_ops.UnsortedSegmentSum(data=gs, segment_ids=seg, num_segments=num_segments)
       return expand_to_shape(summed, dest_shape, out.shape)
-    offsets = (slice_offsets(impl, out.shape, out.shape.index_of(dim.name))
-               if use_offsets else 0)
-    result = impl.slicewise(fn, g_laid, lowering.laid_out(indices), offsets)
-    if plan.allreduce is not None:
-      # Each processor summed its own indices into all of `dim`: add up those
-      # partial sums before splitting `dim` again.
-      result = impl.execute(result, plan.allreduce)
-    result = impl.execute(result, plan.after)
-    if plan.pending_sum_axes:
-      # Index dims that are split were summed locally: allreduce over their axes.
-      result = impl.partial_sum(result, plan.pending_sum_axes)
-    lowering.set_tensor_lowering(out, result)
+    offsets = ((slice_offsets(impl, out.shape, out.shape.index_of(dim.name)),)
+               if use_offsets else ())
+    lowering.lower_with_plan(self, plan, fn, offsets)
 
 
 def scatter_add_grad(g, indices, weights_shape, dim):

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering import plans
-from mesh_tensorflow.lowering.mesh_impl import expand_to_shape, int_constant, partial_sum_axes
+from mesh_tensorflow.lowering.mesh_impl import expand_to_shape, int_constant
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops._common import num_elements
 from mesh_tensorflow.ops.control import stop_gradient
@@ -58,11 +58,10 @@ class ReduceOperation(Operation):
 
   def plan(self, mesh):
     x, out = self.inputs[0], self.outputs[0]
-    return plans.plan_reduce(x.shape, out.shape, self._reduction, x.dtype == tf.bool,
-                             mesh.partial_sum_axes_of(x), mesh.layout_of)
+    return plans.plan_reduce(x, out, self._reduction, mesh.partial_sum_axes_of(x),
+                             mesh.layout_of, mesh.sizes)
 
   def lower(self, lowering):
-    impl = lowering.mesh_impl(self)
     x, out = self.inputs[0], self.outputs[0]
     reduced = [d for d in x.shape.dims if d not in out.shape.dims]
     axes = [x.shape.dims.index(d) for d in reduced]
@@ -76,23 +75,7 @@ class ReduceOperation(Operation):
       else:
         t2 = fn(t, axis=int_constant(axes)) if axes else t
       return expand_to_shape(t2, kept_shape, out.shape)
-    value = lowering.tensors[x]
-    pending = partial_sum_axes(value) is not None
-    plan = self.plan(lowering.plan_mesh(self))
-    if plan.folds_pending:
-      value.derived()
-      partial = impl.slicewise(local, value.laid_out_input)
-    else:
-      partial = impl.slicewise(local, lowering.laid_out(x))
-    lowering.add_flops(num_elements(lowering.laid_out(x).tensor_list[0])
-                       if not pending else 0)
-    if plan.pending:
-      result = impl.partial_sum(partial, plan.mesh_axes)
-    elif plan.allreduce is not None:
-      result = impl.execute(partial, plan.allreduce)
-    else:
-      result = partial
-    lowering.set_tensor_lowering(out, result)
+    lowering.lower_with_plan(self, self.plan(lowering.plan_mesh(self)), local)
 
 
 def _output_shape(x: Tensor, output_shape, reduced_dim, reduced_dims=None):

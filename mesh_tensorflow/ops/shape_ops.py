@@ -51,20 +51,18 @@ class ReshapeOperation(Operation):
     return [reshape(grad_ys[0], self.inputs[0].shape)]
 
   def plan(self, mesh):
-    return plans.plan_reshape(self.inputs[0].shape, self.outputs[0].shape, mesh.layout_of,
-                              mesh.sizes)
+    return plans.plan_reshape(self.inputs[0].shape, self.outputs[0].shape,
+                              self.outputs[0].dtype.size, mesh.layout_of, mesh.sizes)
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
-    x = self.inputs[0]
     out = self.outputs[0]
     plan = self.plan(lowering.plan_mesh(self))
-    laid = impl.execute(lowering.laid_out(x), plan.before)
+    kept = plan.results[0].move.source  # the layout the local reshape makes
     local_shape = [d.size // impl.mesh_axis_size(a) if a is not None else d.size
-                   for d, a in zip(out.shape.dims, plan.kept)]
+                   for d, a in zip(out.shape.dims, kept)]
     # Renaming a dimension leaves the slice as it is: no op to create.
-    laid = impl.slicewise(lambda t: reshape_slice(t, local_shape), laid)
-    lowering.set_tensor_lowering(out, impl.execute(laid, plan.after))
+    lowering.lower_with_plan(self, plan, lambda t: reshape_slice(t, local_shape))
 
 
 def reshape(x: Tensor, new_shape, name=None) -> Tensor:

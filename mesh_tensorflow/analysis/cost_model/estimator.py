@@ -392,7 +392,13 @@ class _Estimator:
     if plan.kernel:
       nbytes += sum(self.slice_elems(r.shape, r.move.source) * r.dtype_size
                     for r in plan.results)
-      args = [self.slicewise(args, nbytes, plan.flops)] * len(plan.results)
+      if plan.kernel_bytes is not None:
+        nbytes = plan.kernel_bytes
+      kernel_inputs = list(args)
+      if plan.coordinates is not None:  # the slice offsets: one constant per block
+        kernel_inputs.append(self.by_layout(plan.coordinates))
+      work = 0 if plan.memory_bound else plan.flops
+      args = [self.slicewise(kernel_inputs, nbytes, work)] * len(plan.results)
     results = []
     for r, ids in zip(plan.results, args):
       ids = self.execute(r.move, r.shape, r.dtype_size, ids)

@@ -108,64 +108,6 @@ def _einsum(est: _Estimator, op, plan: plans.EinsumPlan):
   est.state[out] = _Lazy(plan.pending_sum_axes, out_bytes, ids) if plan.pending_sum_axes else ids
 
 
-def _reduce(est: _Estimator, op, plan: plans.ReducePlan):
-  """Prices the ReducePlan that ReduceOperation.lower executes."""
-  x, out = op.inputs[0], op.outputs[0]
-  s = est.state.get(x)
-  out_bytes = est.slice_bytes(out)
-  if plan.folds_pending:
-    partial = est.slicewise([s.ids], s.nbytes + out_bytes)
-  else:
-    ids = est.laid_out(x)
-    est.current.flops += est.slice_elems(x.shape)
-    partial = est.slicewise([ids], est.slice_bytes(x) + out_bytes)
-  if plan.pending:
-    est.state[out] = _Lazy(plan.mesh_axes, out_bytes, partial)
-  elif plan.allreduce is not None:
-    est.state[out] = est.allreduce(out_bytes, plan.allreduce.mesh_axes, partial)
-  else:
-    est.state[out] = partial
-
-
-def _reshape(est: _Estimator, op, plan: plans.ReshapePlan):
-  """Prices the ReshapePlan that ReshapeOperation.lower executes."""
-  x, out = op.inputs[0], op.outputs[0]
-  ids = est.execute(plan.before, x.shape, x.dtype.size, est.laid_out(x))
-  ids = est.slicewise([ids], 2 * est.slice_bytes(out))
-  est.state[out] = est.execute(plan.after, out.shape, out.dtype.size, ids)
-
-
-def _gather(est: _Estimator, op, plan: plans.GatherPlan):
-  """Prices the GatherPlan that GatherOperation.lower executes."""
-  weights, indices = op.inputs
-  out = op.outputs[0]
-  w_ids = est.execute(plan.table_move, weights.shape, weights.dtype.size, est.laid_out(weights))
-  a = plan.masked_axis
-  out_bytes = est.slice_bytes(out)
-  ins = [w_ids, est.laid_out(indices)]
-  if a is not None:
-    ins.append(est.by_layout(est.layout(weights.shape)))  # slice offsets
-  ids = est.slicewise(ins, out_bytes + est.slice_bytes(indices))
-  est.state[out] = _Lazy([a], out_bytes, ids) if (
-      a is not None and est.mesh_sizes[a] > 1) else ids
-
-
-def _scatter_add_grad(est: _Estimator, op, plan: plans.ScatterAddPlan):
-  """Prices the ScatterAddPlan that ScatterAddGradOperation.lower executes."""
-  g, indices = op.inputs
-  out = op.outputs[0]
-  ins = [est.laid_out(g), est.laid_out(indices)]
-  if plan.uses_offsets:
-    ins.append(est.by_layout(est.layout(out.shape)))  # slice offsets
-  cur_bytes = est.slice_elems(out.shape, plan.computed_layout) * out.dtype.size
-  ids = est.slicewise(ins, est.slice_bytes(g) + cur_bytes)
-  if plan.allreduce is not None:
-    ids = est.allreduce(cur_bytes, plan.allreduce.mesh_axes, ids)
-  ids = est.execute(plan.after, out.shape, out.dtype.size, ids)
-  axes = [a for a in plan.pending_sum_axes if est.mesh_sizes[a] > 1]
-  est.state[out] = _Lazy(axes, est.slice_bytes(out), ids) if axes else ids
-
-
 def _statistics(est: _Estimator, op, plan: plans.StatisticsPlan):
   """Prices a StatisticsPlan by the local kernels it names."""
   {"softmax": _softmax, "log_softmax": _softmax, "softmax_grad": _softmax_grad,
@@ -272,10 +214,6 @@ def _passthrough(est: _Estimator, op):
 
 PLAN_PRICING = {
     plans.EinsumPlan: _einsum,
-    plans.ReducePlan: _reduce,
-    plans.ReshapePlan: _reshape,
-    plans.GatherPlan: _gather,
-    plans.ScatterAddPlan: _scatter_add_grad,
     plans.StatisticsPlan: _statistics,
     plans.StoragePlan: _storage,
     plans.LocalPlan: lambda est, op, plan: est.local_plan(op, plan),
