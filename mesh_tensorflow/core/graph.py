@@ -357,9 +357,9 @@ class Operation:
     raise NotImplementedError(f"{type(self).__name__} cannot be lowered.")
 
   # For an operation without a plan (no communication), the kind of local
-  # work it does, which the cost model prices: "elementwise", "copy"
-  # (broadcast, transpose), "identity", "import", "constant", "variable",
-  # "assign"; None for any other (one kernel on the inputs' slices).
+  # work it does, which the cost model prices: "elementwise" (one FLOP per
+  # output element), "copy" (broadcast, transpose), "identity", "import",
+  # "constant"; None for any other (one kernel on the inputs' slices).
   local_kernel: Optional[str] = None
 
   def plan(self, mesh):

@@ -145,28 +145,26 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
     return [grad, None]
 
   def plan(self, mesh):
-    # With vocab split: the maxima, the sums of exponentials and the target
-    # logits are allreduced over its mesh axis.
-    return plans.StatisticsPlan(
-        self._vocab_dim, plans.plan_statistics(self.inputs[0].shape, self._vocab_dim,
-                                               mesh.layout_of, ("MAX", "SUM", "SUM")),
-        "cross_entropy")
+    logits, ids = self.inputs
+    return plans.plan_cross_entropy(logits, ids, self._vocab_dim, mesh.layout_of, mesh.sizes)
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     logits, ids = self.inputs
     out_shape = self.outputs[0].shape
     vocab = self._vocab_dim
-    statistics = self.plan(lowering.plan_mesh(self)).steps
+    plan = self.plan(lowering.plan_mesh(self))
     # Logits with vocab last, ids in the same order as the other dimensions.
     ordered = out_shape + [vocab]
     dtype = logits.dtype
 
     def prepare(lg, i):
       return expand_to_shape(lg, logits.shape, ordered), expand_to_shape(i, ids.shape, out_shape)
-    lg, idx = impl.slicewise(prepare, lowering.laid_out(logits), lowering.laid_out(ids))
+
+    def back(b):  # the backprop in the logits' dimension order
+      return expand_to_shape(b, ordered, logits.shape)
     last_axis = int_constant(-1)
-    if not statistics:
+    if len(plan.kernels) == 3:  # vocab whole
       def fused(lg, idx):
         lg32 = tf.cast(lg, tf.float32)
         shape = lg32.shape.as_list()
@@ -184,45 +182,36 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
         loss = reshape_slice(loss, shape[:-1])
         backprop = reshape_slice(backprop, shape)
         return tf.cast(loss, dtype), tf.cast(log_z, dtype), tf.cast(backprop, dtype)
-      loss, log_z, backprop = impl.slicewise(fused, lg, idx)
-    else:
-      max_step, sum_exp_step, target_step = statistics
-      local_vocab = vocab.size // impl.mesh_axis_size(max_step.mesh_axes[0])
-      offsets = slice_offsets(impl, ordered, ordered.ndims - 1)
-      # Constants shared by every processor's ops (fewer ops to create).
-      zero, one = shared_constant(0.0, tf.float32), shared_constant(1.0, tf.float32)
-      # Maxima and sums of exponentials keep the vocab axis (size 1) to broadcast.
-      maxes = impl.execute(impl.slicewise(
-          lambda t: tf.reduce_max(tf.cast(t, tf.float32), axis=last_axis, keepdims=True), lg),
-          max_step)
+      lowering.lower_kernels(self, plan, [prepare, fused, back])
+      return
+    local_vocab = vocab.size // impl.mesh_axis_size(impl.tensor_dimension_to_mesh_axis(vocab))
+    offsets = slice_offsets(impl, ordered, ordered.ndims - 1)
+    # Constants shared by every processor's ops (fewer ops to create).
+    zero, one = shared_constant(0.0, tf.float32), shared_constant(1.0, tf.float32)
 
-      def partial(lg, idx, m, offset):
-        lg32 = tf.cast(lg, tf.float32)
-        exps = tf.exp(lg32 - m)
-        sum_exp = tf.reduce_sum(exps, axis=last_axis, keepdims=True)
-        # Ids outside the block (negative or past its end) give rows of zeros,
-        # so only the processor holding the id's logit contributes it. The
-        # one-hot is the gradient's too.
-        onehot = tf.raw_ops.OneHot(indices=local_ids(idx, offset),
-                                   depth=int_constant(local_vocab), on_value=one,
-                                   off_value=zero)
-        # MulNoNan: a -inf logit elsewhere in the row must not turn 0 * -inf into NaN.
-        target = tf.reduce_sum(tf.raw_ops.MulNoNan(x=lg32, y=onehot), axis=last_axis)
-        return exps, sum_exp, onehot, target
-      exps, sum_exp, onehot, target = impl.slicewise(partial, lg, idx, maxes, offsets)
-      sum_exp = impl.execute(sum_exp, sum_exp_step)
-      target = impl.execute(target, target_step)
+    def maxima(lg):  # keeps the vocab axis (size 1) to broadcast
+      return tf.reduce_max(tf.cast(lg, tf.float32), axis=last_axis, keepdims=True)
 
-      def finish(exps, onehot, m, s, t):
-        log_z = tf.squeeze(tf.math.log(s) + m, axis=-1)
-        return (tf.cast(log_z - t, dtype), tf.cast(log_z, dtype),
-                tf.cast(exps / s - onehot, dtype))
-      loss, log_z, backprop = impl.slicewise(finish, exps, onehot, maxes, sum_exp, target)
-    lowering.set_tensor_lowering(self.outputs[0], loss)
-    lowering.set_tensor_lowering(self.outputs[1], log_z)
-    # The backprop is computed in `ordered` (vocab last): put it in logits' order.
-    lowering.set_tensor_lowering(self.outputs[2], impl.slicewise(
-        lambda b: expand_to_shape(b, ordered, logits.shape), backprop))
+    def partial(lg, idx, m, offset):
+      lg32 = tf.cast(lg, tf.float32)
+      exps = tf.exp(lg32 - m)
+      sum_exp = tf.reduce_sum(exps, axis=last_axis, keepdims=True)
+      # Ids outside the block (negative or past its end) give rows of zeros,
+      # so only the processor holding the id's logit contributes it. The
+      # one-hot is the gradient's too.
+      onehot = tf.raw_ops.OneHot(indices=local_ids(idx, offset),
+                                 depth=int_constant(local_vocab), on_value=one,
+                                 off_value=zero)
+      # MulNoNan: a -inf logit elsewhere in the row must not turn 0 * -inf into NaN.
+      target = tf.reduce_sum(tf.raw_ops.MulNoNan(x=lg32, y=onehot), axis=last_axis)
+      return exps, sum_exp, onehot, target
+
+    def finish(exps, onehot, m, s, t):
+      log_z = tf.squeeze(tf.math.log(s) + m, axis=-1)
+      return (tf.cast(log_z - t, dtype), tf.cast(log_z, dtype),
+              tf.cast(exps / s - onehot, dtype))
+    lowering.lower_kernels(self, plan, [prepare, maxima, partial, finish, back],
+                           extra={2: (offsets,)})
 
 
 def sigmoid_cross_entropy_with_logits(logits: Tensor, targets: Tensor) -> Tensor:

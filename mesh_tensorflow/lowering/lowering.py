@@ -180,6 +180,20 @@ class Lowering:
         self.set_tensor_lowering(out, value)
     return results
 
+  def lower_kernels(self, op: Operation, plan, fns, extra=None) -> None:
+    """Runs KernelPlan `plan` of `op` (see plans.py) with one function per
+    kernel on the lowered inputs; its outputs become `op`'s.
+
+    Example:
+      >>> lowering.lower_kernels(op, op.plan(lowering.plan_mesh(op)), [max_fn, ...])
+    """
+    operands = [self.laid_out(op.inputs[o.input]) for o in plan.operands]
+    outputs = self.mesh_impl(op).execute_kernels(operands, plan, fns, extra)
+    if plan.flops:
+      self.add_flops(plan.flops)
+    for out, value in zip(op.outputs, outputs):
+      self.set_tensor_lowering(out, value)
+
   def export_to_tf_tensor(self, x: Tensor) -> tf.Tensor:
     """The full value of mtf tensor `x` as one TensorFlow tensor."""
     if not isinstance(x, Tensor):

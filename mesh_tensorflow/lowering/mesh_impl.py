@@ -576,6 +576,25 @@ class MeshImpl:
     return [self.partial_sum(self.execute(x, r.move), r.pending_sum_axes)
             for x, r in zip(args, plan.results)]
 
+  def execute_kernels(self, operands: Sequence[LaidOutTensor], plan: "plans.KernelPlan",
+                      fns: Sequence[Callable], extra: Optional[dict] = None) -> list:
+    """Runs a KernelPlan: moves each operand, then runs each kernel
+    (`fns[i]` for `plan.kernels[i]`, on its `args` values and then the
+    per-processor arguments `extra[i]`, if any) and moves its results.
+    Returns the values `plan.outputs`.
+
+    Example:
+      >>> [y] = impl.execute_kernels([laid_x], softmax_op.plan(mesh), fns)
+    """
+    values = [self.execute(x, o.move) for x, o in zip(operands, plan.operands)]
+    extra = extra or {}
+    for i, (kernel, fn) in enumerate(zip(plan.kernels, fns)):
+      out = self.slicewise(fn, *[values[a] for a in kernel.args], *extra.get(i, ()))
+      out = list(out) if isinstance(out, tuple) else [out]
+      values.extend(self.partial_sum(self.execute(x, r.move), r.pending_sum_axes)
+                    for x, r in zip(out, kernel.results))
+    return [values[i] for i in plan.outputs]
+
   def plan_mesh(self, partial_sum_axes_of: Optional[Callable] = None,
                 summands_axes_of: Optional[Callable] = None) -> "plans.PlanMesh":
     """The PlanMesh of this implementation (layouts, sizes, shared memory);

@@ -20,7 +20,6 @@ from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.lowering.mesh_impl import expand_to_shape, int_constant
 from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops._common import num_elements
 from mesh_tensorflow.ops.control import stop_gradient
 from mesh_tensorflow.ops.shape_ops import broadcast, replace_dimensions, transpose
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
@@ -219,37 +218,21 @@ class SoftmaxOperation(Operation):
     return [SoftmaxGradOperation(y, dy, self._dim, self._log).outputs[0]]
 
   def plan(self, mesh):
-    return plans.StatisticsPlan(
-        self._dim, plans.plan_statistics(self.inputs[0].shape, self._dim, mesh.layout_of,
-                                         ("MAX", "SUM")),
-        "log_softmax" if self._log else "softmax")
+    return plans.plan_softmax(self.inputs[0], self._dim, self._log, mesh.layout_of, mesh.sizes)
 
   def lower(self, lowering):
-    impl = lowering.mesh_impl(self)
     x = self.inputs[0]
     axis = x.shape.index_of(self._dim)
-    statistics = self.plan(lowering.plan_mesh(self)).steps
-    laid = lowering.laid_out(x)
-    if not statistics:
+    plan = self.plan(lowering.plan_mesh(self))
+    if len(plan.kernels) == 1:
       fn = tf.nn.log_softmax if self._log else _softmax_any_rank
-      result = impl.slicewise(lambda t: fn(t, axis=axis), laid)
-    else:
+      fns = [lambda t: fn(t, axis=axis)]
+    else:  # the dimension is split: statistics allreduced between the kernels
       axis = int_constant(axis)  # one shared constant, not one per processor
-      max_step, sum_step = statistics
-      local_max = impl.slicewise(
-          lambda t: tf.reduce_max(t, axis=axis, keepdims=True), laid)
-      shifted = impl.slicewise(
-          tf.subtract, laid, impl.execute(local_max, max_step))
-      exps = impl.slicewise(tf.exp, shifted)
-      sums = impl.execute(impl.slicewise(
-          lambda e: tf.reduce_sum(e, axis=axis, keepdims=True), exps), sum_step)
-      if self._log:
-        result = impl.slicewise(lambda s, z: s - tf.math.log(z), shifted, sums)
-      else:
-        result = impl.slicewise(tf.math.divide, exps, sums)
-    # Max, subtract, exp, sum and normalize: about five operations per element.
-    lowering.add_flops(5 * num_elements(result.tensor_list[0]))
-    lowering.set_tensor_lowering(self.outputs[0], result)
+      fns = [lambda t: tf.reduce_max(t, axis=axis, keepdims=True), tf.subtract, tf.exp,
+             lambda e: tf.reduce_sum(e, axis=axis, keepdims=True),
+             (lambda s, z: s - tf.math.log(z)) if self._log else tf.math.divide]
+    lowering.lower_kernels(self, plan, fns)
 
 
 class SoftmaxGradOperation(Operation):
@@ -286,31 +269,19 @@ class SoftmaxGradOperation(Operation):
             SoftmaxGradOperation(y, g, self._dim, False).outputs[0]]
 
   def plan(self, mesh):
-    return plans.StatisticsPlan(
-        self._dim, plans.plan_statistics(self.inputs[0].shape, self._dim, mesh.layout_of,
-                                         ("SUM",)),
-        "log_softmax_grad" if self._log else "softmax_grad")
+    return plans.plan_softmax_grad(self.inputs[0], self._dim, self._log, mesh.layout_of,
+                                   mesh.sizes)
 
   def lower(self, lowering):
-    impl = lowering.mesh_impl(self)
-    y, dy = self.inputs
-    axis = y.shape.index_of(self._dim)
-    statistics = self.plan(lowering.plan_mesh(self)).steps
-    ly, ldy = lowering.laid_out(y), lowering.laid_out(dy)
-    axis = int_constant(axis)  # one shared constant, not one per processor
+    y = self.inputs[0]
+    axis = int_constant(y.shape.index_of(self._dim))  # one shared constant
     if self._log:
-      sums = impl.slicewise(lambda d: tf.reduce_sum(d, axis=axis, keepdims=True), ldy)
+      fns = [lambda d: tf.reduce_sum(d, axis=axis, keepdims=True),
+             lambda a, d, s: d - tf.exp(a) * s]
     else:
-      sums = impl.slicewise(
-          lambda a, d: tf.reduce_sum(a * d, axis=axis, keepdims=True), ly, ldy)
-    for step in statistics:
-      sums = impl.execute(sums, step)
-    if self._log:
-      result = impl.slicewise(lambda a, d, s: d - tf.exp(a) * s, ly, ldy, sums)
-    else:
-      result = impl.slicewise(lambda a, d, s: a * (d - s), ly, ldy, sums)
-    lowering.add_flops(4 * num_elements(result.tensor_list[0]))
-    lowering.set_tensor_lowering(self.outputs[0], result)
+      fns = [lambda a, d: tf.reduce_sum(a * d, axis=axis, keepdims=True),
+             lambda a, d, s: a * (d - s)]
+    lowering.lower_kernels(self, self.plan(lowering.plan_mesh(self)), fns)
 
 
 def _softmax_any_rank(t: tf.Tensor, axis: int) -> tf.Tensor:

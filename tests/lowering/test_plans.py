@@ -90,12 +90,31 @@ def test_plans_name_their_collectives():
   assert plans.plan_relayout((0, None), (None, 0)).steps == (
       plans.AllToAll(mesh_axis=0, split_axis=1, concat_axis=0),)
   assert plans.plan_relayout((None, None), (None, 1)).steps == (plans.SliceAlong(1, 1),)
-  x = mtf.convert_to_shape("batch:8;vocab:16")
-  layout_of = mtf.convert_to_layout_rules("vocab:cols").tensor_layout
-  mesh = mtf.convert_to_shape("rows:2;cols:4")
-  stats = plans.plan_statistics(x, "vocab", lambda s: layout_of(s, mesh), ("MAX", "SUM"))
-  assert stats == (plans.AllReduce((1,), "MAX"), plans.AllReduce((1,), "SUM"))
-  assert plans.plan_statistics(x, "batch", lambda s: layout_of(s, mesh), ("MAX",)) == ()
+
+
+def test_softmax_plan_allreduces_its_statistics_only_where_the_dimension_is_split():
+  """With vocab split over cols: five kernels, the maxima MAX- and the sums
+  SUM-allreduced over cols (statistics 1/16 the logits' size); with it
+  whole, one fused kernel and no communication."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  batch, vocab = mtf.Dimension("batch", 8), mtf.Dimension("vocab", 16)
+  x = mtf.zeros(mesh, [batch, vocab])
+  mesh_shape = mtf.convert_to_shape("rows:2;cols:4")
+
+  def plan_for(layout):
+    rules = mtf.convert_to_layout_rules(layout)
+    return plans.plan_softmax(x, vocab, False,
+                              lambda s: tuple(rules.tensor_layout(s, mesh_shape)), (2, 4))
+  split = plan_for("vocab:cols;batch:rows")
+  moves = [r.move.steps for k in split.kernels for r in k.results]
+  assert moves == [(plans.AllReduce((1,), "MAX"),), (), (), (plans.AllReduce((1,), "SUM"),), ()]
+  assert [k.args for k in split.kernels] == [(0,), (0, 1), (2,), (3,), (3, 4)]
+  slice_bytes = 8 * 16 // 8 * 4
+  assert split.kernels[0].nbytes == slice_bytes + slice_bytes // 4  # slice + its maxima
+  whole = plan_for("batch:rows")
+  assert len(whole.kernels) == 1 and whole.kernels[0].results[0].move.steps == ()
+  assert whole.outputs == (1,)
 
 
 def test_einsum_plan_is_what_the_lowering_counts():

@@ -108,7 +108,7 @@ def estimate(graph, mesh_shape, layout, params=None, exact: bool = False,
     for op in operations:
       for t in op.outputs:
         rules.tensor_layout(t.shape, mesh_shape, t.name)
-  ops = est.run(pricing.PLAN_PRICING, pricing.LOCAL_HANDLERS, pricing.generic)
+  ops = est.run(pricing.PLAN_PRICING, pricing.WITHOUT_KERNEL)
   memory = memory_lib._memory(est, operations, False)
   result = CostEstimate(mesh_shape, rules, ops, memory, params)
   if exact:

@@ -349,29 +349,31 @@ class _Estimator:
     return ids
 
   # ---- operations -----------------------------------------------------------
-  def run(self, plan_pricing: Dict[type, Callable], handlers: Dict[str, Callable],
-          fallback: Callable) -> List[OpCost]:
+  def run(self, plan_pricing: Dict[type, Callable], without_kernel: Dict[str, Callable]
+          ) -> List[OpCost]:
     """Prices every operation: the plan it states (`op.plan`) with
-    plan_pricing[the plan's type]; an operation without a plan (no
-    communication) with handlers[the kind of local work it declares,
-    `op.local_kernel`], else with `fallback`."""
+    plan_pricing[the plan's type]. An operation that states none
+    communicates nothing: it is priced as the LocalPlan of one kernel on its
+    inputs' slices (`plans.plan_slicewise`), or, if it runs no kernel of its
+    own (imports, constants, identities: `op.local_kernel`), by
+    without_kernel[that kind]."""
     ops = []
     for op in self.operations:
       cost = OpCost(op.name, type(op).__name__)
       self.current = cost
-      plan = op.plan(self.plan_mesh)
-      if plan is not None:
-        try:
-          pricing = plan_pricing[type(plan)]
-        except KeyError:
-          raise TypeError(f"cost model: operation {op.name!r} states a plan of type "
-                          f"{type(plan).__name__}, which has no pricing.") from None
-        pricing(self, op, plan)
-        ops.append(cost)
-        continue
-      handler = handlers.get(op.local_kernel, fallback)
-      handler(self, op)
       ops.append(cost)
+      plan = op.plan(self.plan_mesh)
+      if plan is None:
+        if op.local_kernel in without_kernel:
+          without_kernel[op.local_kernel](self, op)
+          continue
+        plan = plans.plan_slicewise(op, self.layout, self.mesh_sizes)
+      try:
+        pricing = plan_pricing[type(plan)]
+      except KeyError:
+        raise TypeError(f"cost model: operation {op.name!r} states a plan of type "
+                        f"{type(plan).__name__}, which has no pricing.") from None
+      pricing(self, op, plan)
     self.add_exports(self.outputs)
     self._prune(ops)
     for cost in ops:
@@ -409,6 +411,33 @@ class _Estimator:
       results = [self.slicewise(results, out_bytes)] * len(op.outputs)
     for t, value in zip(op.outputs, results):
       self.state[t] = value
+
+  def kernel_plan(self, op, plan: plans.KernelPlan) -> None:
+    """Prices a KernelPlan as MeshImpl.execute_kernels runs it: the
+    operands' moves, then each kernel (one per distinct combination of its
+    arguments' slices) and its results' moves and pending sums."""
+    values = []
+    for o in plan.operands:
+      t = op.inputs[o.input]
+      values.append(self.execute(o.move, t.shape, t.dtype.size, self.laid_out(t)))
+    for kernel in plan.kernels:
+      inputs = [self._complete(values[a]) for a in kernel.args]
+      if kernel.coordinates is not None:
+        inputs.append(self.by_layout(kernel.coordinates))
+      ids = self.slicewise(inputs, kernel.nbytes, kernel.flops)
+      for r in kernel.results:
+        moved = self.execute(r.move, r.shape, r.dtype_size, ids)
+        values.append(_Lazy(r.pending_sum_axes, self.slice_elems(r.shape, r.move.target)
+                            * r.dtype_size, moved) if r.pending_sum_axes else moved)
+    self.current.flops += plan.flops
+    for t, i in zip(op.outputs, plan.outputs):
+      self.state[t] = values[i]
+
+  def _complete(self, value):
+    """Per-processor ids of a plan's value, completing a pending sum."""
+    if isinstance(value, _Lazy):
+      return self.allreduce(value.nbytes, value.axes, value.ids)
+    return value
 
   def time_of(self, cost: OpCost) -> float:
     cost.components = self.components(cost)

@@ -1,9 +1,11 @@
 """How each kind of plan is priced: the plan an operation states
 (`Operation.plan`, the one its lowering executes) and the local kernels
-around it. `PLAN_PRICING` maps a plan type to its pricing function
-(LocalPlans are priced by `_Estimator.local_plan`); operations that state no
-plan communicate nothing and are priced by the kind of local kernel they run
-(`LOCAL_HANDLERS`), else by `generic`.
+around it. `PLAN_PRICING` maps a plan type to its pricing: every LocalPlan
+and KernelPlan by the estimator's one pricing of each, whatever the
+operation, and the einsum's and variable storage's plans here. Operations
+that state no plan communicate nothing and are priced as one kernel on their
+inputs' slices (`plans.plan_slicewise`), except those that run no kernel of
+their own (`WITHOUT_KERNEL`).
 """
 
 from __future__ import annotations
@@ -12,16 +14,6 @@ from mesh_tensorflow.analysis.cost_model.estimator import _Estimator, _Lazy
 from mesh_tensorflow.lowering import observers, plans
 
 # pylint: disable=protected-access
-
-
-def generic(est: _Estimator, op):
-  """Any other operation: local work on its inputs' slices, one kernel per
-  distinct combination."""
-  ins = [est.laid_out(t) for t in op.inputs]
-  nbytes = sum(est.slice_bytes(t) for t in op.inputs) + sum(est.slice_bytes(t) for t in op.outputs)
-  ids = est.slicewise(ins, nbytes)
-  for t in op.outputs:
-    est.state[t] = ids
 
 
 def _storage(est: _Estimator, op, plan: plans.StoragePlan):
@@ -51,22 +43,6 @@ def _storage(est: _Estimator, op, plan: plans.StoragePlan):
       est.device[new] = p
       est.unit(new, (ids[p],), 1, nbytes)
       est.sinks.add(new)
-
-
-def _elementwise(est: _Estimator, op):
-  ins = [est.laid_out(t) for t in op.inputs]
-  out = op.outputs[0]
-  elems = est.slice_elems(out.shape)
-  est.current.flops += elems
-  nbytes = sum(est.slice_bytes(t) for t in op.inputs) + elems * out.dtype.size
-  est.state[out] = est.slicewise(ins, nbytes)
-
-
-def _local(est: _Estimator, op):
-  """Broadcast, transpose: local, one kernel per distinct input slice."""
-  ins = [est.laid_out(t) for t in op.inputs]
-  out = op.outputs[0]
-  est.state[out] = est.slicewise(ins, est.slice_bytes(op.inputs[0]) + est.slice_bytes(out))
 
 
 def _einsum(est: _Estimator, op, plan: plans.EinsumPlan):
@@ -108,79 +84,6 @@ def _einsum(est: _Estimator, op, plan: plans.EinsumPlan):
   est.state[out] = _Lazy(plan.pending_sum_axes, out_bytes, ids) if plan.pending_sum_axes else ids
 
 
-def _statistics(est: _Estimator, op, plan: plans.StatisticsPlan):
-  """Prices a StatisticsPlan by the local kernels it names."""
-  {"softmax": _softmax, "log_softmax": _softmax, "softmax_grad": _softmax_grad,
-   "log_softmax_grad": _softmax_grad, "cross_entropy": _sparse_xent}[plan.kernels](
-       est, op, plan)
-
-
-def _sparse_xent(est: _Estimator, op, plan: plans.StatisticsPlan):
-  """The fused cross-entropy: TensorFlow's fused kernel, or, with vocab
-  split, the statistics' allreduces of its plan."""
-  logits, ids_t = op.inputs
-  lg = est.laid_out(logits)
-  idx = est.laid_out(ids_t)
-  statistics = plan.steps
-  out = op.outputs[0]
-  lg_bytes = est.slice_bytes(logits)
-  prep = est.slicewise([lg, idx], 2 * lg_bytes)
-  if not statistics:  # TensorFlow's fused kernel (and a logsumexp)
-    result = est.slicewise([prep], 3 * lg_bytes)
-  else:  # max, partial sums and target logits, three allreduces, finish
-    max_step, sum_exp_step, target_step = statistics
-    nbytes = est.slice_elems(out.shape) * 4  # float32 partials
-    offsets = est.by_layout(est.layout(logits.shape))
-    maxes = est.allreduce(nbytes, max_step.mesh_axes, est.slicewise([prep], lg_bytes))
-    partial = est.slicewise([prep, idx, maxes, offsets], 2 * lg_bytes)
-    sum_exp = est.allreduce(nbytes, sum_exp_step.mesh_axes, partial)
-    target = est.allreduce(nbytes, target_step.mesh_axes, partial)
-    result = est.slicewise([prep, idx, maxes, sum_exp, target, offsets], 3 * lg_bytes)
-  est.state[op.outputs[0]] = result
-  est.state[op.outputs[1]] = result
-  est.state[op.outputs[2]] = est.slicewise([result], 2 * lg_bytes)
-
-
-def _softmax(est: _Estimator, op, plan: plans.StatisticsPlan):
-  """One fused kernel per slice, or, with the dimension split: the MAX and
-  SUM allreduces of the plan's per-slice statistics around four slicewise
-  kernels."""
-  x, out = op.inputs[0], op.outputs[0]
-  ids = est.laid_out(x)
-  nbytes = est.slice_bytes(x)
-  est.current.flops += 5 * est.slice_elems(x.shape)
-  dim = plan.dim
-  statistics = plan.steps
-  if not statistics:
-    est.state[out] = est.slicewise([ids], 2 * nbytes)
-    return
-  max_step, sum_step = statistics
-  stats_bytes = est.slice_elems(x.shape - [dim]) * x.dtype.size
-  maxes = est.allreduce(stats_bytes, max_step.mesh_axes,
-                        est.slicewise([ids], nbytes + stats_bytes))
-  shifted = est.slicewise([ids, maxes], 2 * nbytes)
-  exps = est.slicewise([shifted], 2 * nbytes)
-  sums = est.allreduce(stats_bytes, sum_step.mesh_axes,
-                       est.slicewise([exps], nbytes + stats_bytes))
-  est.state[out] = est.slicewise([shifted if plan.kernels == "log_softmax" else exps, sums],
-                                 2 * nbytes)
-
-
-def _softmax_grad(est: _Estimator, op, plan: plans.StatisticsPlan):
-  """Per slice a product and a sum that keeps the dimension, the plan's SUM
-  allreduce of the sums when the dimension is split, then one elementwise
-  kernel."""
-  y, dy = op.inputs
-  ids_y, ids_dy = est.laid_out(y), est.laid_out(dy)
-  nbytes = est.slice_bytes(y)
-  est.current.flops += 4 * est.slice_elems(y.shape)
-  stats_bytes = est.slice_elems(y.shape - [plan.dim]) * y.dtype.size
-  sums = est.slicewise([ids_y, ids_dy], 2 * nbytes + stats_bytes)
-  for step in plan.steps:
-    sums = est.allreduce(stats_bytes, step.mesh_axes, sums)
-  est.state[op.outputs[0]] = est.slicewise([ids_y, ids_dy, sums], 3 * nbytes)
-
-
 def _source(est: _Estimator, op):
   """Imports and constants: one tensor per distinct slice (a fully
   replicated import: one identity of the shared input)."""
@@ -214,16 +117,15 @@ def _passthrough(est: _Estimator, op):
 
 PLAN_PRICING = {
     plans.EinsumPlan: _einsum,
-    plans.StatisticsPlan: _statistics,
+    plans.KernelPlan: lambda est, op, plan: est.kernel_plan(op, plan),
     plans.StoragePlan: _storage,
     plans.LocalPlan: lambda est, op, plan: est.local_plan(op, plan),
 }
 
-# Operations without communication, by the kind of local work they declare
-# (`Operation.local_kernel`).
-LOCAL_HANDLERS = {
-    "elementwise": _elementwise,
-    "copy": _local,
+# Operations that run no kernel of their own, by the kind they declare
+# (`Operation.local_kernel`): their values are their inputs' slices or
+# slices made once per distinct block.
+WITHOUT_KERNEL = {
     "identity": _passthrough,
     "import": _source,
     "constant": _source,
