@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
-from mesh_tensorflow.lowering import plans
+from mesh_tensorflow.lowering import statistics_plans
 from mesh_tensorflow.lowering.mesh_impl import expand_to_shape, int_constant, reshape_slice, shared_constant
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops.indexing import local_ids, one_hot, slice_offsets
@@ -146,7 +146,8 @@ class SparseSoftmaxCrossEntropyOperation(Operation):
 
   def plan(self, mesh):
     logits, ids = self.inputs
-    return plans.plan_cross_entropy(logits, ids, self._vocab_dim, mesh.layout_of, mesh.sizes)
+    return statistics_plans.plan_cross_entropy(logits, ids, self._vocab_dim, mesh.layout_of,
+                                               mesh.sizes)
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)

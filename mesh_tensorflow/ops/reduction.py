@@ -17,7 +17,7 @@ from typing import Callable
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
-from mesh_tensorflow.lowering import plans
+from mesh_tensorflow.lowering import plans, statistics_plans
 from mesh_tensorflow.lowering.mesh_impl import expand_to_shape, int_constant
 from mesh_tensorflow.ops import elementwise as ew
 from mesh_tensorflow.ops.control import stop_gradient
@@ -218,7 +218,8 @@ class SoftmaxOperation(Operation):
     return [SoftmaxGradOperation(y, dy, self._dim, self._log).outputs[0]]
 
   def plan(self, mesh):
-    return plans.plan_softmax(self.inputs[0], self._dim, self._log, mesh.layout_of, mesh.sizes)
+    return statistics_plans.plan_softmax(self.inputs[0], self._dim, self._log, mesh.layout_of,
+                                         mesh.sizes)
 
   def lower(self, lowering):
     x = self.inputs[0]
@@ -269,8 +270,8 @@ class SoftmaxGradOperation(Operation):
             SoftmaxGradOperation(y, g, self._dim, False).outputs[0]]
 
   def plan(self, mesh):
-    return plans.plan_softmax_grad(self.inputs[0], self._dim, self._log, mesh.layout_of,
-                                   mesh.sizes)
+    return statistics_plans.plan_softmax_grad(self.inputs[0], self._dim, self._log,
+                                              mesh.layout_of, mesh.sizes)
 
   def lower(self, lowering):
     y = self.inputs[0]

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.lowering import observers
-from mesh_tensorflow.lowering import plans
+from mesh_tensorflow.lowering import plans, statistics_plans
 import mtf_test_utils
 
 _SETTINGS = dict(deadline=None, derandomize=True,
@@ -104,7 +104,7 @@ def test_softmax_plan_allreduces_its_statistics_only_where_the_dimension_is_spli
 
   def plan_for(layout):
     rules = mtf.convert_to_layout_rules(layout)
-    return plans.plan_softmax(x, vocab, False,
+    return statistics_plans.plan_softmax(x, vocab, False,
                               lambda s: tuple(rules.tensor_layout(s, mesh_shape)), (2, 4))
   split = plan_for("vocab:cols;batch:rows")
   moves = [r.move.steps for k in split.kernels for r in k.results]

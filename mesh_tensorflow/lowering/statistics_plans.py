@@ -1,0 +1,130 @@
+"""The KernelPlans of operations that reduce along one dimension inside
+their kernels: softmax, its gradient and the fused cross-entropy. With that
+dimension whole, each is one fused kernel per slice; with it split, several
+kernels with the MAX and SUM allreduces of per-slice statistics between
+them.
+
+    >>> plan = plan_softmax(x, vocab, False, layout_of, (2, 4))  # vocab split over mesh axis 1
+    >>> [r.move.steps for k in plan.kernels for r in k.results][0]
+    (AllReduce(mesh_axes=(1,), reduction='MAX'),)
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from mesh_tensorflow.core.shapes import Dimension, Shape
+from mesh_tensorflow.lowering.plans import (AllReduce, Kernel, KernelPlan, Layout, Operand, Result,
+                                            slice_elements, stay)
+
+
+def _statistics_shape(shape, dim_name: str):
+  """`shape` with dimension `dim_name` of size 1 (per-slice statistics kept
+  to broadcast back)."""
+  return Shape([Dimension(d.name, 1) if d.name == dim_name else d for d in shape.dims])
+
+
+def _unsplit(layout: Layout, tensor_axis: int) -> Layout:
+  out = list(layout)
+  out[tensor_axis] = None
+  return tuple(out)
+
+
+def plan_softmax(x, dim, log: bool, layout_of: Callable, mesh_sizes: Sequence[int]
+                 ) -> KernelPlan:
+  """The KernelPlan of softmax (or log_softmax) of `x` along `dim`: one fused
+  kernel per slice, or, with `dim` split, the local maxima, their MAX
+  allreduce, the shift, the exponentials, the local sums, their SUM
+  allreduce and the normalization."""
+  layout = tuple(layout_of(x.shape))
+  axis = x.shape.index_of(dim.name)
+  nbytes = slice_elements(x.shape, layout, mesh_sizes) * x.dtype.size
+  flops = 5 * slice_elements(x.shape, layout, mesh_sizes)
+  value = Result(x.shape, x.dtype.size, stay(layout))
+  operands = (Operand(0, stay(layout)),)
+  mesh_axis = layout[axis]
+  if mesh_axis is None:
+    return KernelPlan(operands, (Kernel((0,), (value,), 2 * nbytes),), (1,), flops)
+  stats_layout = _unsplit(layout, axis)
+  stats_shape = _statistics_shape(x.shape, dim.name)
+  stats_bytes = slice_elements(stats_shape, stats_layout, mesh_sizes) * x.dtype.size
+
+  def stats(reduction):
+    return Result(stats_shape, x.dtype.size,
+                  stay(stats_layout).then(AllReduce((mesh_axis,), reduction)))
+  kernels = (Kernel((0,), (stats("MAX"),), nbytes + stats_bytes),   # 1: maxima
+             Kernel((0, 1), (value,), 2 * nbytes),                  # 2: shifted
+             Kernel((2,), (value,), 2 * nbytes),                    # 3: exponentials
+             Kernel((3,), (stats("SUM"),), nbytes + stats_bytes),   # 4: sums
+             Kernel((2 if log else 3, 4), (value,), 2 * nbytes))    # 5: normalized
+  return KernelPlan(operands, kernels, (5,), flops)
+
+
+def plan_softmax_grad(y, dim, log: bool, layout_of: Callable, mesh_sizes: Sequence[int]
+                      ) -> KernelPlan:
+  """The KernelPlan of the gradient of softmax (log_softmax) from its output
+  y and the output's gradient dy (same shape): per slice the sum along `dim`
+  of y * dy (of dy), its SUM allreduce when `dim` is split, then one
+  elementwise kernel."""
+  layout = tuple(layout_of(y.shape))
+  axis = y.shape.index_of(dim.name)
+  nbytes = slice_elements(y.shape, layout, mesh_sizes) * y.dtype.size
+  stats_layout = _unsplit(layout, axis)
+  stats_shape = _statistics_shape(y.shape, dim.name)
+  stats_bytes = slice_elements(stats_shape, stats_layout, mesh_sizes) * y.dtype.size
+  move = stay(stats_layout)
+  if layout[axis] is not None:
+    move = move.then(AllReduce((layout[axis],), "SUM"))
+  operands = (Operand(0, stay(layout)), Operand(1, stay(layout)))
+  kernels = (Kernel((1,) if log else (0, 1), (Result(stats_shape, y.dtype.size, move),),
+                    2 * nbytes + stats_bytes),
+             Kernel((0, 1, 2), (Result(y.shape, y.dtype.size, stay(layout)),), 3 * nbytes))
+  return KernelPlan(operands, kernels, (3,), 4 * slice_elements(y.shape, layout, mesh_sizes))
+
+
+def plan_cross_entropy(logits, ids, vocab_dim, layout_of: Callable, mesh_sizes: Sequence[int]
+                       ) -> KernelPlan:
+  """The KernelPlan of the fused sparse softmax cross-entropy of `logits`
+  against `ids` along `vocab_dim`. Outputs: the loss, log Z (both of the
+  ids' shape) and softmax(logits) - one_hot(ids).
+
+  The logits are first put with the vocabulary last (`prepare`). With the
+  vocabulary whole: TensorFlow's fused kernel (and log Z from it). With it
+  split: the local maxima and their MAX allreduce; per slice the
+  exponentials, their sums, the one-hot of the ids in this block (the
+  kernel reads the block's offset) and the target logits; the sums' and
+  targets' SUM allreduces (float32 partials); then the loss, log Z and the
+  backprop. Last, the backprop goes back to the logits' dimension order."""
+  out_shape = logits.shape - [vocab_dim]
+  ordered = out_shape + [vocab_dim]
+  layout, ordered_layout = tuple(layout_of(logits.shape)), tuple(layout_of(ordered))
+  out_layout = tuple(layout_of(out_shape))
+  size = logits.dtype.size
+  lg_bytes = slice_elements(logits.shape, layout, mesh_sizes) * size
+
+  def value(shape, lay, dtype_size=size, move=None):
+    return Result(shape, dtype_size, move or stay(lay))
+  operands = (Operand(0, stay(layout)), Operand(1, stay(layout_of(ids.shape))))
+  prepare = Kernel((0, 1), (value(ordered, ordered_layout),
+                            value(out_shape, out_layout, ids.dtype.size)), 2 * lg_bytes)  # 2, 3
+  mesh_axis = ordered_layout[-1]
+  if mesh_axis is None:
+    fused = Kernel((2, 3), (value(out_shape, out_layout), value(out_shape, out_layout),
+                            value(ordered, ordered_layout)), 3 * lg_bytes)  # 4, 5, 6
+    back = Kernel((6,), (value(logits.shape, layout),), 2 * lg_bytes)  # 7
+    return KernelPlan(operands, (prepare, fused, back), (4, 5, 7))
+  stats_layout = _unsplit(ordered_layout, len(ordered_layout) - 1)
+  stats_shape = _statistics_shape(ordered, vocab_dim.name)
+
+  def summed(shape, lay, reduction):  # float32 partials, allreduced
+    return value(shape, lay, 4, stay(lay).then(AllReduce((mesh_axis,), reduction)))
+  maxima = Kernel((2,), (summed(stats_shape, stats_layout, "MAX"),), lg_bytes)  # 4
+  partial = Kernel((2, 3, 4), (value(ordered, ordered_layout, 4),            # 5: exps
+                               summed(stats_shape, stats_layout, "SUM"),     # 6: sums
+                               value(ordered, ordered_layout, 4),            # 7: one-hot
+                               summed(out_shape, out_layout, "SUM")),        # 8: targets
+                   2 * lg_bytes, coordinates=ordered_layout)
+  finish = Kernel((5, 7, 4, 6, 8), (value(out_shape, out_layout), value(out_shape, out_layout),
+                                    value(ordered, ordered_layout)), 3 * lg_bytes)  # 9, 10, 11
+  back = Kernel((11,), (value(logits.shape, layout),), 2 * lg_bytes)  # 12
+  return KernelPlan(operands, (prepare, maxima, partial, finish, back), (9, 10, 12))
