@@ -305,6 +305,14 @@ class EinsumPlan:
       return GatheredAllReduce(self.reduced_axes, self.output_bytes, self.operand_moves)
     return self.operand_moves
 
+  def as_local_plan(self, output, layout_of: Callable) -> "LocalPlan":
+    """This plan as a LocalPlan (without shared memory): the operands'
+    gathers, one product per processor, the output's partial sums pending."""
+    assert not self.fused, "a fused plan is realized by shared memory only"
+    return LocalPlan(tuple(Operand(i, move) for i, move in enumerate(self.operand_moves)),
+                     (Result(output.shape, output.dtype.size, stay(layout_of(output.shape)),
+                             self.pending_sum_axes),), self.flops)
+
 
 def plan_einsum(inputs, output, layout_of: Callable, mesh_sizes: Sequence[int],
                 shares_memory: bool) -> EinsumPlan:
@@ -637,13 +645,8 @@ class KernelPlan:
   them (the allreduces of per-slice statistics when a softmax's dimension is
   split). Values are numbered in order: the operands after their moves,
   then each kernel's results. The operation's outputs are the values
-  `outputs`; `flops` counts the operation's FLOPs per processor.
-
-  Example:
-    >>> plan = softmax_op.plan(mesh)          # dim split over mesh axis 0
-    >>> [k.results[0].move.steps for k in plan.kernels][0]
-    (AllReduce(mesh_axes=(0,), reduction='MAX'),)
-  """
+  `outputs`; `flops` counts the operation's FLOPs per processor
+  (statistics_plans.py makes them; its docstring has an example)."""
   operands: Tuple[Operand, ...]
   kernels: Tuple[Kernel, ...]
   outputs: Tuple[int, ...]

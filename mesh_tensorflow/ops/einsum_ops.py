@@ -65,23 +65,30 @@ class EinsumOperation(Operation):
     return grads
 
   def plan(self, mesh):
-    return plans.plan_einsum(self.inputs, self.outputs[0], mesh.layout_of, mesh.sizes,
+    """An EinsumPlan where processors share memory (which may fuse the
+    allreduce or batch the products); elsewhere the same plan as a
+    LocalPlan."""
+    plan = plans.plan_einsum(self.inputs, self.outputs[0], mesh.layout_of, mesh.sizes,
                              mesh.shares_memory)
+    return plan if mesh.shares_memory else plan.as_local_plan(self.outputs[0], mesh.layout_of)
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     out = self.outputs[0]
     shares_memory = impl.shares_replicas
     plan = self.plan(lowering.plan_mesh(self))
-    # Completing an operand's pending sum is an allreduce of its own.
-    operands = [lowering.laid_out(t) for t in self.inputs]
-    slices = impl.execute_all(operands, plan.communication)
     letters = {}
     for t in [out] + self.inputs:
       for d in t.shape.dims:
         letters.setdefault(d.name, _LETTERS[len(letters)])
     eq = ",".join("".join(letters[d.name] for d in t.shape.dims) for t in self.inputs)
     eq += "->" + "".join(letters[d.name] for d in out.shape.dims)
+    if isinstance(plan, plans.LocalPlan):
+      lowering.lower_with_plan(self, plan, lambda *xs: local_einsum(eq, *xs))
+      return
+    # Completing an operand's pending sum is an allreduce of its own.
+    operands = [lowering.laid_out(t) for t in self.inputs]
+    slices = impl.execute_all(operands, plan.communication)
     batched = None
     if shares_memory and not plan.reduced_axes:
       batched = plans.batchable_operand(
