@@ -573,8 +573,7 @@ class MeshImpl:
     if plan.kernel:
       out = self.slicewise(fn, *args, *extra)
       args = list(out) if isinstance(out, tuple) else [out]
-    return [self.partial_sum(self.execute(x, r.move), r.pending_sum_axes)
-            for x, r in zip(args, plan.results)]
+    return [self._moved_result(x, r) for x, r in zip(args, plan.results)]
 
   def execute_kernels(self, operands: Sequence[LaidOutTensor], plan: "plans.KernelPlan",
                       fns: Sequence[Callable], extra: Optional[dict] = None) -> list:
@@ -591,9 +590,12 @@ class MeshImpl:
     for i, (kernel, fn) in enumerate(zip(plan.kernels, fns)):
       out = self.slicewise(fn, *[values[a] for a in kernel.args], *extra.get(i, ()))
       out = list(out) if isinstance(out, tuple) else [out]
-      values.extend(self.partial_sum(self.execute(x, r.move), r.pending_sum_axes)
-                    for x, r in zip(out, kernel.results))
+      values.extend(self._moved_result(x, r) for x, r in zip(out, kernel.results))
     return [values[i] for i in plan.outputs]
+
+  def _moved_result(self, x: LaidOutTensor, result: "plans.Result"):
+    """A kernel's result moved as the plan says, left a pending sum there."""
+    return self.partial_sum(self.execute(x, result.move), result.pending_sum_axes)
 
   def plan_mesh(self, partial_sum_axes_of: Optional[Callable] = None,
                 summands_axes_of: Optional[Callable] = None) -> "plans.PlanMesh":

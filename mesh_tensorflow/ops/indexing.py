@@ -190,7 +190,8 @@ class GatherOperation(Operation):
       g = tf.where(expand_to_shape(in_block, indices.shape, gathered_shape), g,
                    shared_constant(0, g.dtype))
       return expand_to_shape(g, gathered_shape, out.shape)
-    offsets = (slice_offsets(impl, weights.shape, axis),) if plan.coordinates else ()
+    offsets = ((slice_offsets(impl, weights.shape, axis),) if plan.coordinates is not None
+               else ())
     lowering.lower_with_plan(self, plan, fn, offsets)
 
 

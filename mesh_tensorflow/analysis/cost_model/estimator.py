@@ -384,28 +384,19 @@ class _Estimator:
     """Prices a LocalPlan as MeshImpl.execute_local runs it: the operands'
     moves, one kernel per distinct combination of slices, the results'
     moves and pending sums."""
-    args, nbytes = [], 0
-    for o in plan.operands:
-      t = op.inputs[o.input]
-      ids = self.partial_ids(t) if o.partial else self.laid_out(t)
-      args.append(self.execute(o.move, t.shape, t.dtype.size, ids))
-      nbytes += self.slice_elems(t.shape, o.move.target) * t.dtype.size
+    args = [self._operand(op, o) for o in plan.operands]
     self.current.flops += plan.flops
     if plan.kernel:
-      nbytes += sum(self.slice_elems(r.shape, r.move.source) * r.dtype_size
-                    for r in plan.results)
-      if plan.kernel_bytes is not None:
-        nbytes = plan.kernel_bytes
-      kernel_inputs = list(args)
-      if plan.coordinates is not None:  # the slice offsets: one constant per block
-        kernel_inputs.append(self.by_layout(plan.coordinates))
-      work = 0 if plan.memory_bound else plan.flops
-      args = [self.slicewise(kernel_inputs, nbytes, work)] * len(plan.results)
-    results = []
-    for r, ids in zip(plan.results, args):
-      ids = self.execute(r.move, r.shape, r.dtype_size, ids)
-      results.append(_Lazy(r.pending_sum_axes, self.slice_elems(r.shape, r.move.target)
-                           * r.dtype_size, ids) if r.pending_sum_axes else ids)
+      nbytes = plan.kernel_bytes
+      if nbytes is None:
+        nbytes = sum(self.slice_elems(op.inputs[o.input].shape, o.move.target)
+                     * op.inputs[o.input].dtype.size for o in plan.operands)
+        nbytes += sum(self.slice_elems(r.shape, r.move.source) * r.dtype_size
+                      for r in plan.results)
+      ids = self.slicewise(self._kernel_inputs(args, plan.coordinates), nbytes,
+                           0 if plan.memory_bound else plan.flops)
+      args = [ids] * len(plan.results)
+    results = [self._result(r, ids) for r, ids in zip(plan.results, args)]
     if plan.combined:
       out_bytes = sum(self.slice_bytes(t) for t in op.outputs)
       results = [self.slicewise(results, out_bytes)] * len(op.outputs)
@@ -416,22 +407,37 @@ class _Estimator:
     """Prices a KernelPlan as MeshImpl.execute_kernels runs it: the
     operands' moves, then each kernel (one per distinct combination of its
     arguments' slices) and its results' moves and pending sums."""
-    values = []
-    for o in plan.operands:
-      t = op.inputs[o.input]
-      values.append(self.execute(o.move, t.shape, t.dtype.size, self.laid_out(t)))
+    values = [self._operand(op, o) for o in plan.operands]
     for kernel in plan.kernels:
-      inputs = [self._complete(values[a]) for a in kernel.args]
-      if kernel.coordinates is not None:
-        inputs.append(self.by_layout(kernel.coordinates))
-      ids = self.slicewise(inputs, kernel.nbytes, kernel.flops)
-      for r in kernel.results:
-        moved = self.execute(r.move, r.shape, r.dtype_size, ids)
-        values.append(_Lazy(r.pending_sum_axes, self.slice_elems(r.shape, r.move.target)
-                            * r.dtype_size, moved) if r.pending_sum_axes else moved)
+      args = [self._complete(values[a]) for a in kernel.args]
+      ids = self.slicewise(self._kernel_inputs(args, kernel.coordinates), kernel.nbytes,
+                           kernel.flops)
+      values.extend(self._result(r, ids) for r in kernel.results)
     self.current.flops += plan.flops
     for t, i in zip(op.outputs, plan.outputs):
       self.state[t] = values[i]
+
+  def _operand(self, op, operand: plans.Operand):
+    """Per-processor ids of a plan's operand after its move (its summands
+    where the operand takes a pending sum's partials)."""
+    t = op.inputs[operand.input]
+    ids = self.partial_ids(t) if operand.partial else self.laid_out(t)
+    return self.execute(operand.move, t.shape, t.dtype.size, ids)
+
+  def _kernel_inputs(self, args, coordinates):
+    """A kernel's inputs: its arguments, and the slice offsets of
+    `coordinates` (one constant per block) when it reads them."""
+    if coordinates is None:
+      return list(args)
+    return list(args) + [self.by_layout(coordinates)]
+
+  def _result(self, result: plans.Result, ids):
+    """A kernel's result after its move: per-processor ids, or a pending sum."""
+    ids = self.execute(result.move, result.shape, result.dtype_size, ids)
+    if not result.pending_sum_axes:
+      return ids
+    return _Lazy(result.pending_sum_axes,
+                 self.slice_elems(result.shape, result.move.target) * result.dtype_size, ids)
 
   def _complete(self, value):
     """Per-processor ids of a plan's value, completing a pending sum."""
