@@ -52,7 +52,7 @@ PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 # The fast subset: language core, training with a checkpoint resume and the
 # transformer CLI, checkpoints across meshes, the original's model directories.
 SUBSET = (
-    "tests/ops/test_gradients.py",
+    "tests/operations/test_gradients.py",
     "tests/transformer/test_transformer_cli.py::test_language_model_train_resume_eval_infer_score",
     "tests/training/test_checkpoint.py",
     "tests/transformer/test_original_model_dirs.py",

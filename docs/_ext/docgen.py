@@ -65,8 +65,10 @@ COMMANDS: List[Tuple[str, str, str]] = [
 # (most only re-export).
 API_PAGES: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...]]] = {
     "core": (("core", "cli"), ("core.shapes", "core.layout", "core.graph")),
-    "ops": (("ops",), ("ops.constant_ops", "ops.elementwise", "ops.einsum_ops",
-                       "ops.reduction", "ops.shape_ops", "ops.slicing", "ops.indexing")),
+    "ops": (("operations",), ("operations.constant_ops", "operations.elementwise",
+                              "operations.einsum_ops", "operations.reduction",
+                              "operations.shape_ops", "operations.slicing",
+                              "operations.indexing")),
     "lowering": (("lowering",), ("lowering.lowering", "lowering.mesh_impl",
                                  "lowering.placement_mesh_impl", "lowering.simd_mesh_impl",
                                  "lowering.plans", "lowering.observers")),

@@ -16,10 +16,10 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
-from mesh_tensorflow.ops import control, conv, elementwise
-from mesh_tensorflow.ops.shape_ops import lower_with_unsplit
-from mesh_tensorflow.ops.slicing import split_sizes
-from mesh_tensorflow.ops.variables import Variable, _as_variable
+from mesh_tensorflow.operations import control, conv, elementwise
+from mesh_tensorflow.operations.shape_ops import lower_with_unsplit
+from mesh_tensorflow.operations.slicing import split_sizes
+from mesh_tensorflow.operations.variables import Variable, _as_variable
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_shape
 
 
@@ -97,7 +97,7 @@ class SplitOperation(Operation):
     return [self._dim.name]
 
   def gradient(self, grad_ys):
-    from mesh_tensorflow.ops.slicing import concat
+    from mesh_tensorflow.operations.slicing import concat
     parts = [g if g is not None else elementwise.zeros_like_fn(y)
              for g, y in zip(grad_ys, self._outputs)]
     return [concat(parts, self._dim.name)]

@@ -4,8 +4,8 @@ The original kept its core (shapes, graph, lowering, every operation) in one
 module, `ops.py`; code written for it imports names from there:
 `from mesh_tensorflow import ops`, `from mesh_tensorflow.ops import *`. Here
 those names live in their folders; this module gathers them under the
-original's list (`__all__`, in its order of sorting) and
-`mesh_tensorflow/ops/__init__.py` re-exports it. As in the original, the
+original's list (`__all__`, in its order of sorting) and serves the path
+`mesh_tensorflow.ops` (`original_paths`). As in the original, the
 names that would shadow Python builtins are only here under their `mtf_`
 names (`mtf_abs`, `mtf_pow`, `mtf_range`, `mtf_slice`);
 `ops_with_redefined_builtins` adds the builtin-named ones.
@@ -26,44 +26,44 @@ from mesh_tensorflow.lowering.mesh_impl import (
     convert_args_to_laid_out_tensors)
 from mesh_tensorflow.compat.lowering import Lowering, MeshImpl
 from mesh_tensorflow.lowering.lowering import pretty_print_counters
-from mesh_tensorflow.ops.constant_ops import (
+from mesh_tensorflow.operations.constant_ops import (
     ConstantOperation as Constant, ImportLaidOutOperation as ImportLaidOutTensorOperation,
     ImportOperation, constant, import_fully_replicated, import_laid_out_tensor,
     import_tf_tensor, ones, ones_like, zeros, zeros_like)
-from mesh_tensorflow.ops.elementwise import (
+from mesh_tensorflow.operations.elementwise import (
     abs as mtf_abs, add, add_n, cast, cos, divide, elu, equal, exp, floordiv, gelu, greater,
     greater_equal, identity, leaky_relu, less, less_equal, log, logical_and, logical_not,
     logical_or, maximum, minimum, mod, multiply, negative, not_equal, pow as mtf_pow,
     reciprocal, relu, rsqrt, selu, sigmoid, sign, sin, softplus, sqrt, square, sub, swish,
     tanh, to_bfloat16, to_float, to_int32, where)
-from mesh_tensorflow.ops.einsum_ops import EinsumOperation, einsum, matmul
-from mesh_tensorflow.ops.reduction import (
+from mesh_tensorflow.operations.einsum_ops import EinsumOperation, einsum, matmul
+from mesh_tensorflow.operations.reduction import (
     ReduceOperation, log_softmax, pool_tensor_1d, reduce_all, reduce_any, reduce_logsumexp,
     reduce_max, reduce_mean, reduce_min, reduce_sum, softmax)
-from mesh_tensorflow.ops.shape_ops import (
+from mesh_tensorflow.operations.shape_ops import (
     BroadcastOperation, ReshapeOperation, broadcast, rename_dimension, replace_dimensions,
     reshape, transpose)
-from mesh_tensorflow.ops.slicing import (
+from mesh_tensorflow.operations.slicing import (
     ConcatOperation, PadOperation, ShiftOperation, SliceOperation, StackOperation,
     UnstackOperation, concat, dynamic_shift, mtf_slice, pad, shift, split, stack, unstack)
-from mesh_tensorflow.ops.indexing import (
+from mesh_tensorflow.operations.indexing import (
     OneHotOperation, RangeOperation, TopKOperation, argmax, cumsum, gather, mtf_range,
     one_hot, reduce_first, sample_with_temperature, stride_tensor_1d, top_1, top_k)
-from mesh_tensorflow.ops.random_ops import RandomOperation, dropout, random_normal, random_uniform
-from mesh_tensorflow.ops.variables import (
+from mesh_tensorflow.operations.random_ops import RandomOperation, dropout, random_normal, random_uniform
+from mesh_tensorflow.operations.variables import (
     Assign, Variable, VariableDType, assign, assign_add, assign_sub, get_variable,
     read_variable)
-from mesh_tensorflow.ops.conv import (
+from mesh_tensorflow.operations.conv import (
     conv2d_backprop_filter, conv2d_backprop_input, conv2d_transpose_backprop_filter,
     conv2d_transpose_backprop_input, conv3d_backprop_filter, conv3d_backprop_input,
     conv3d_transpose_backprop_filter, conv3d_transpose_backprop_input, halo_exchange)
-from mesh_tensorflow.ops.control import (
+from mesh_tensorflow.operations.control import (
     CustomGradientOperation, Depend, Print, PrintOperation, StopGradient,
     WhileLoopOperation, custom_gradient, depend, recompute_grad, stop_gradient, while_loop)
-from mesh_tensorflow.ops.slicewise_ops import (
+from mesh_tensorflow.operations.slicewise_ops import (
     GenericGradOperation, SlicewiseOperation, cwise, slicewise)
-from mesh_tensorflow.ops.gradients import gradients
-from mesh_tensorflow.ops.utilities import (
+from mesh_tensorflow.operations.gradients import gradients
+from mesh_tensorflow.operations.utilities import (
     anonymize, anonymous_shape, assign_add_slice, assign_slice, assign_sub_slice,
     binary_reduction_fn, combined_dimension, is_subsequence, left_halo_exchange,
     list_product, log_variable_sizes, nth_largest_element, nth_smallest_element, parallel,

@@ -1,8 +1,8 @@
 """The original Mesh TensorFlow's module paths, served by one table.
 
 The original kept some modules at the top of the package
-(`mesh_tensorflow.placement_mesh_impl`, `mesh_tensorflow.optimize`,
-`mesh_tensorflow.utils`, ...) and its transformer application in
+(`mesh_tensorflow.ops`, `mesh_tensorflow.placement_mesh_impl`,
+`mesh_tensorflow.optimize`, `mesh_tensorflow.utils`, ...) and its transformer application in
 `mesh_tensorflow.transformer.utils`. Here they live in folders; the finder
 installed by `install()` (the package's `__init__` calls it first thing)
 answers an import of an original path with the module at its current path:
@@ -31,6 +31,7 @@ ORIGINAL_PATHS = {
     "mesh_tensorflow.beam_search": "mesh_tensorflow.layers.beam_search",
     "mesh_tensorflow.ops_with_redefined_builtins":
         "mesh_tensorflow.compat.ops_with_redefined_builtins",
+    "mesh_tensorflow.ops": "mesh_tensorflow.compat.original_ops",
     "mesh_tensorflow.optimize": "mesh_tensorflow.training.optimize",
     "mesh_tensorflow.placement_mesh_impl": "mesh_tensorflow.compat.placement_mesh_impl",
     "mesh_tensorflow.simd_mesh_impl": "mesh_tensorflow.compat.simd_mesh_impl",
@@ -46,7 +47,7 @@ def current_name(name: str) -> str | None:
   not an original path.
 
       >>> current_name("mesh_tensorflow.placement_mesh_impl")
-      'mesh_tensorflow.lowering.placement_mesh_impl'
+      'mesh_tensorflow.compat.placement_mesh_impl'
   """
   for old, new in ORIGINAL_PATHS.items():
     if name == old or name.startswith(old + "."):

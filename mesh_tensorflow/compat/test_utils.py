@@ -23,7 +23,7 @@ from mesh_tensorflow.core.graph import Graph, Mesh, Tensor
 from mesh_tensorflow.core.shapes import Dimension, Shape
 from mesh_tensorflow.compat.lowering import Lowering
 from mesh_tensorflow.compat.placement_mesh_impl import PlacementMeshImpl
-from mesh_tensorflow.ops.constant_ops import import_tf_tensor
+from mesh_tensorflow.operations.constant_ops import import_tf_tensor
 
 
 class NumpyConverter:

@@ -172,7 +172,7 @@ class Mesh:
 # The functions behind Tensor's Python operators (`x + y`, `-x`, `x < y`), by
 # operator name ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow",
 # "lt", "le", "gt", "ge", "neg", "abs"). Declared here, where the operators
-# use them; mesh_tensorflow.ops.elementwise, which defines those operations,
+# use them; mesh_tensorflow.operations.elementwise, which defines those operations,
 # fills it when it is imported.
 TENSOR_OPERATORS: Dict[str, Callable] = {}
 
@@ -181,7 +181,7 @@ def _operator_function(name: str) -> Callable:
   try:
     return TENSOR_OPERATORS[name]
   except KeyError:
-    raise TypeError(f"mtf.Tensor operator {name!r} needs mesh_tensorflow.ops.elementwise: "
+    raise TypeError(f"mtf.Tensor operator {name!r} needs mesh_tensorflow.operations.elementwise: "
                     "import mesh_tensorflow first.") from None
 
 

@@ -22,14 +22,14 @@ from mesh_tensorflow.layers import initializers
 from mesh_tensorflow.core import rng
 from mesh_tensorflow.core.graph import Mesh, Tensor
 from mesh_tensorflow.layers.core import _dim_list, check_is_training, layer_scope
-from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops import random_ops
-from mesh_tensorflow.ops.einsum_ops import einsum
-from mesh_tensorflow.ops.indexing import range as mtf_range
-from mesh_tensorflow.ops.reduction import softmax
-from mesh_tensorflow.ops.shape_ops import rename_dimension, reshape
-from mesh_tensorflow.ops.slicing import concat, shift, unstack
-from mesh_tensorflow.ops.variables import VariableDType, get_variable
+from mesh_tensorflow.operations import elementwise as ew
+from mesh_tensorflow.operations import random_ops
+from mesh_tensorflow.operations.einsum_ops import einsum
+from mesh_tensorflow.operations.indexing import range as mtf_range
+from mesh_tensorflow.operations.reduction import softmax
+from mesh_tensorflow.operations.shape_ops import rename_dimension, reshape
+from mesh_tensorflow.operations.slicing import concat, shift, unstack
+from mesh_tensorflow.operations.variables import VariableDType, get_variable
 from mesh_tensorflow.core.shapes import Dimension, Shape
 
 _NEG_INF = -1e9

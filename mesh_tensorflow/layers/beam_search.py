@@ -40,16 +40,16 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Tensor
-from mesh_tensorflow.ops import constant_ops as const_ops
-from mesh_tensorflow.ops import control
-from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops.einsum_ops import einsum
-from mesh_tensorflow.ops.indexing import one_hot, sample_with_temperature, top_k
-from mesh_tensorflow.ops.reduction import (reduce_all, reduce_any, reduce_logsumexp, reduce_min,
+from mesh_tensorflow.operations import constant_ops as const_ops
+from mesh_tensorflow.operations import control
+from mesh_tensorflow.operations import elementwise as ew
+from mesh_tensorflow.operations.einsum_ops import einsum
+from mesh_tensorflow.operations.indexing import one_hot, sample_with_temperature, top_k
+from mesh_tensorflow.operations.reduction import (reduce_all, reduce_any, reduce_logsumexp, reduce_min,
                                            reduce_sum)
-from mesh_tensorflow.ops.utilities import tensor_dim_to_mesh_dim_size
-from mesh_tensorflow.ops.shape_ops import broadcast, rename_dimension, reshape, transpose
-from mesh_tensorflow.ops.slicing import concat
+from mesh_tensorflow.operations.utilities import tensor_dim_to_mesh_dim_size
+from mesh_tensorflow.operations.shape_ops import broadcast, rename_dimension, reshape, transpose
+from mesh_tensorflow.operations.slicing import concat
 from mesh_tensorflow.core.shapes import Dimension, Shape
 
 EOS_ID = 1

@@ -1,5 +1,5 @@
 """Convolution and pooling layers: each creates its filter variable and calls
-the ops of `mesh_tensorflow.ops.conv`.
+the ops of `mesh_tensorflow.operations.conv`.
 
 The filter of a layer is the variable `<name>/kernel`, with dimensions
 `fh`, `fw` (and `fd`) for the window, the input's channel dimension (its last
@@ -22,10 +22,10 @@ import tensorflow as tf
 from mesh_tensorflow.layers import initializers
 from mesh_tensorflow.core.graph import Tensor
 from mesh_tensorflow.layers.core import layer_scope
-from mesh_tensorflow.ops import conv as conv_ops
-from mesh_tensorflow.ops.shape_ops import reshape
-from mesh_tensorflow.ops.slicing import mtf_slice, pad
-from mesh_tensorflow.ops.variables import VariableDType, get_variable
+from mesh_tensorflow.operations import conv as conv_ops
+from mesh_tensorflow.operations.shape_ops import reshape
+from mesh_tensorflow.operations.slicing import mtf_slice, pad
+from mesh_tensorflow.operations.variables import VariableDType, get_variable
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension
 
 IntOrInts = Union[int, Sequence[int]]
@@ -56,7 +56,7 @@ def _distinct_channels(x: Tensor, output_dim: Dimension) -> Tensor:
   channels = x.shape.dims[-1]
   if channels.name != output_dim.name:
     return x
-  from mesh_tensorflow.ops.shape_ops import rename_dimension
+  from mesh_tensorflow.operations.shape_ops import rename_dimension
   return rename_dimension(x, channels.name, "_" + channels.name)
 
 
@@ -232,8 +232,8 @@ def separable_conv1d(x: Tensor, output_dim: Dimension, min_relative_pos: int = -
         f"separable_conv1d: max_relative_pos ({max_relative_pos}) is below "
         f"min_relative_pos ({min_relative_pos}).")
   from mesh_tensorflow.layers.core import dense
-  from mesh_tensorflow.ops.elementwise import add_n
-  from mesh_tensorflow.ops.slicing import shift
+  from mesh_tensorflow.operations.elementwise import add_n
+  from mesh_tensorflow.operations.slicing import shift
   offsets = list(range(min_relative_pos, max_relative_pos + 1))
   if kernel_depth_weights is not None and len(kernel_depth_weights) != len(offsets):
     raise ValueError(
@@ -245,7 +245,7 @@ def separable_conv1d(x: Tensor, output_dim: Dimension, min_relative_pos: int = -
   length_dim, depth_dim = x.shape.dims[-2], x.shape.dims[-1]
   if kernel_depth_weights is not None and depth_dim != channels:
     # Given filters over the input's channels follow them to their new name.
-    from mesh_tensorflow.ops.shape_ops import rename_dimension
+    from mesh_tensorflow.operations.shape_ops import rename_dimension
     kernel_depth_weights = [
         rename_dimension(w, channels.name, depth_dim.name) if channels in w.shape.dims else w
         for w in kernel_depth_weights]

@@ -22,16 +22,16 @@ import tensorflow as tf
 
 from mesh_tensorflow.layers import initializers
 from mesh_tensorflow.core.graph import Mesh, Operation, Tensor
-from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops import random_ops
-from mesh_tensorflow.ops import reduction
+from mesh_tensorflow.operations import elementwise as ew
+from mesh_tensorflow.operations import random_ops
+from mesh_tensorflow.operations import reduction
 from mesh_tensorflow.layers.unit_scaling import us_einsum
-from mesh_tensorflow.ops.control import custom_gradient
-from mesh_tensorflow.ops.einsum_ops import einsum
-from mesh_tensorflow.ops.indexing import gather
-from mesh_tensorflow.ops.reduction import reduce_mean, reduce_sum
-from mesh_tensorflow.ops.shape_ops import rename_dimension
-from mesh_tensorflow.ops.variables import VariableDType, assign, get_variable
+from mesh_tensorflow.operations.control import custom_gradient
+from mesh_tensorflow.operations.einsum_ops import einsum
+from mesh_tensorflow.operations.indexing import gather
+from mesh_tensorflow.operations.reduction import reduce_mean, reduce_sum
+from mesh_tensorflow.operations.shape_ops import rename_dimension
+from mesh_tensorflow.operations.variables import VariableDType, assign, get_variable
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
 DimOrDims = Union[Dimension, Sequence[Dimension], Shape]
@@ -471,7 +471,7 @@ def compress_mean(x: Tensor, dim: Dimension, compression_factor: int) -> Tensor:
     raise ValueError(
         f"compress_mean: compression_factor {compression_factor} must divide dimension "
         f"{dim.name!r} (size {dim.size}) of {x.name}.")
-  from mesh_tensorflow.ops.shape_ops import reshape
+  from mesh_tensorflow.operations.shape_ops import reshape
   compressed = Dimension(dim.name, dim.size // compression_factor)
   group = Dimension("_compression", compression_factor)
   dims = x.shape.dims
@@ -620,7 +620,7 @@ def summary_for_clip_activation_gradient(t: Tensor, name: Optional[str] = None,
   Example:
     >>> mtf.layers.summary_for_clip_activation_gradient(h, "block_0", h.shape[:-1])
   """
-  from mesh_tensorflow.ops.reduction import reduce_max  # pylint: disable=import-outside-toplevel
+  from mesh_tensorflow.operations.reduction import reduce_max  # pylint: disable=import-outside-toplevel
   from mesh_tensorflow.training.trainer import scalar_summary  # pylint: disable=import-outside-toplevel
   if not isinstance(t, Tensor):
     raise TypeError(f"summary_for_clip_activation_gradient: expected an mtf.Tensor, got {t!r}.")

@@ -22,10 +22,10 @@ import tensorflow as tf
 from mesh_tensorflow.core.graph import Mesh, Tensor
 from mesh_tensorflow.layers.attention import _bias, dot_product_attention, multihead_attention_vars
 from mesh_tensorflow.layers.core import layer_scope
-from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops.constant_ops import constant
-from mesh_tensorflow.ops.einsum_ops import einsum
-from mesh_tensorflow.ops.indexing import range as mtf_range
+from mesh_tensorflow.operations import elementwise as ew
+from mesh_tensorflow.operations.constant_ops import constant
+from mesh_tensorflow.operations.einsum_ops import einsum
+from mesh_tensorflow.operations.indexing import range as mtf_range
 from mesh_tensorflow.core.shapes import Shape
 
 StepNum = Union[int, Tensor]

@@ -28,15 +28,15 @@ from mesh_tensorflow.layers.attention import (
     _bias, attention_bias_local_block, dot_product_attention, memory_name,
     multihead_attention_vars)
 from mesh_tensorflow.layers.core import layer_scope
-from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops.control import stop_gradient
-from mesh_tensorflow.ops.conv import halo_exchange
-from mesh_tensorflow.ops.einsum_ops import einsum
-from mesh_tensorflow.ops.indexing import range as mtf_range
-from mesh_tensorflow.ops.reduction import reduce_max, reduce_sum
-from mesh_tensorflow.ops.shape_ops import rename_dimension, transpose
-from mesh_tensorflow.ops.slicing import pad
-from mesh_tensorflow.ops.utilities import left_halo_exchange
+from mesh_tensorflow.operations import elementwise as ew
+from mesh_tensorflow.operations.control import stop_gradient
+from mesh_tensorflow.operations.conv import halo_exchange
+from mesh_tensorflow.operations.einsum_ops import einsum
+from mesh_tensorflow.operations.indexing import range as mtf_range
+from mesh_tensorflow.operations.reduction import reduce_max, reduce_sum
+from mesh_tensorflow.operations.shape_ops import rename_dimension, transpose
+from mesh_tensorflow.operations.slicing import pad
+from mesh_tensorflow.operations.utilities import left_halo_exchange
 from mesh_tensorflow.core.shapes import Dimension, Shape
 
 DimLike = Optional[Dimension]

@@ -17,9 +17,9 @@ import tensorflow as tf
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering import statistics_plans
 from mesh_tensorflow.lowering.mesh_impl import expand_to_shape, int_constant, reshape_slice, shared_constant
-from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops.indexing import local_ids, one_hot, slice_offsets
-from mesh_tensorflow.ops.reduction import reduce_logsumexp, reduce_sum
+from mesh_tensorflow.operations import elementwise as ew
+from mesh_tensorflow.operations.indexing import local_ids, one_hot, slice_offsets
+from mesh_tensorflow.operations.reduction import reduce_logsumexp, reduce_sum
 from mesh_tensorflow.core.shapes import Dimension, convert_to_dimension
 
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Callable, List, Optional, Tuple
 
-from mesh_tensorflow.ops.gradients import gradients
+from mesh_tensorflow.operations.gradients import gradients
 from mesh_tensorflow.core.graph import Tensor
-from mesh_tensorflow.ops.constant_ops import zeros_like
-from mesh_tensorflow.ops.control import _ForwardScope, custom_gradient, depend
+from mesh_tensorflow.operations.constant_ops import zeros_like
+from mesh_tensorflow.operations.control import _ForwardScope, custom_gradient, depend
 
 def _sum(values: List[Optional[Tensor]]) -> Optional[Tensor]:
   values = [t for t in values if t is not None]

@@ -21,7 +21,7 @@ from typing import Sequence
 import gin
 
 from mesh_tensorflow.core.graph import Tensor
-from mesh_tensorflow.ops.einsum_ops import einsum
+from mesh_tensorflow.operations.einsum_ops import einsum
 
 
 @gin.configurable

@@ -23,15 +23,15 @@ import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow.layers import losses as layers_losses
-from mesh_tensorflow.ops.gradients import gradients
+from mesh_tensorflow.operations.gradients import gradients
 from mesh_tensorflow.core.graph import Graph, Mesh
-from mesh_tensorflow.ops import constant_ops as const_ops
-from mesh_tensorflow.ops import einsum_ops
-from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops import indexing
-from mesh_tensorflow.ops import reduction
-from mesh_tensorflow.ops import shape_ops
-from mesh_tensorflow.ops import variables as var_ops
+from mesh_tensorflow.operations import constant_ops as const_ops
+from mesh_tensorflow.operations import einsum_ops
+from mesh_tensorflow.operations import elementwise as ew
+from mesh_tensorflow.operations import indexing
+from mesh_tensorflow.operations import reduction
+from mesh_tensorflow.operations import shape_ops
+from mesh_tensorflow.operations import variables as var_ops
 from mesh_tensorflow.core.shapes import Dimension
 
 MLP = dict(batch=256, pixels=784, hidden=1024, classes=10)

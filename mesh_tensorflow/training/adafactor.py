@@ -15,9 +15,9 @@ from mesh_tensorflow.training import learning_rate_schedules as lrs
 from mesh_tensorflow.training.optimizer_base import (
     Hyperparameter, Optimizer, _master, _master_value, _slot, reduce_rms)
 from mesh_tensorflow.core.graph import Operation, Tensor
-from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops import reduction
-from mesh_tensorflow.ops import variables as var_ops
+from mesh_tensorflow.operations import elementwise as ew
+from mesh_tensorflow.operations import reduction
+from mesh_tensorflow.operations import variables as var_ops
 from mesh_tensorflow.core.shapes import Dimension, Shape
 
 

@@ -49,9 +49,9 @@ from typing import List, Optional, Sequence
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Mesh, Operation, Tensor
-from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops import reduction
-from mesh_tensorflow.ops import variables as var_ops
+from mesh_tensorflow.operations import elementwise as ew
+from mesh_tensorflow.operations import reduction
+from mesh_tensorflow.operations import variables as var_ops
 from mesh_tensorflow.training.optimize import Optimizer
 from mesh_tensorflow.core.shapes import Shape
 
@@ -214,7 +214,7 @@ class AdaScale(Optimizer):
     self._check_configured()
     if self.scale == 1:
       return None
-    from mesh_tensorflow.ops.replica_stats import replica_squared_norm
+    from mesh_tensorflow.operations.replica_stats import replica_squared_norm
     present = [g for g in grads if g is not None]
     if not present:
       raise ValueError("AdaScale.replica_sample: every gradient is None.")

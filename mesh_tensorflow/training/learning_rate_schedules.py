@@ -34,8 +34,8 @@ import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Tensor
-from mesh_tensorflow.ops import constant_ops as constant_ops
-from mesh_tensorflow.ops import elementwise as ew
+from mesh_tensorflow.operations import constant_ops as constant_ops
+from mesh_tensorflow.operations import elementwise as ew
 from mesh_tensorflow.core.shapes import Shape
 
 Step = Union[int, float, tf.Tensor, tf.Variable, Tensor]

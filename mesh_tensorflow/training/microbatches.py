@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-from mesh_tensorflow.ops.gradients import gradients
+from mesh_tensorflow.operations.gradients import gradients
 from mesh_tensorflow.core.graph import Tensor
-from mesh_tensorflow.ops.control import depend
-from mesh_tensorflow.ops.indexing import gather
-from mesh_tensorflow.ops.shape_ops import reshape
-from mesh_tensorflow.ops.slicing import stack
+from mesh_tensorflow.operations.control import depend
+from mesh_tensorflow.operations.indexing import gather
+from mesh_tensorflow.operations.shape_ops import reshape
+from mesh_tensorflow.operations.slicing import stack
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension
 
 _LAYER_SCOPES = "_mtf_layer_scopes"  # see layers.core.unique_layer_name

@@ -3,7 +3,7 @@ dynamic loss scaling for float16.
 
 Variables keep float32 masters (what optimizers update and checkpoints store)
 and hand the model a bfloat16 or float16 copy (`VariableDType`, see
-`mesh_tensorflow.ops.variables`):
+`mesh_tensorflow.operations.variables`):
 
     >>> w = mtf.get_variable(mesh, "w", "in:64;out:32",
     ...                      dtype=mtf.mixed_precision.variable_dtype("float16"))
@@ -29,9 +29,9 @@ from typing import List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Mesh, Operation, Tensor
-from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops import reduction
-from mesh_tensorflow.ops import variables as var_ops
+from mesh_tensorflow.operations import elementwise as ew
+from mesh_tensorflow.operations import reduction
+from mesh_tensorflow.operations import variables as var_ops
 from mesh_tensorflow.core.shapes import Shape
 
 _ACTIVATION_DTYPES = ("float32", "bfloat16", "float16")

@@ -46,7 +46,7 @@ from mesh_tensorflow.training.optimizer_base import (  # noqa: F401  (served her
     _master, _master_value, _one_learning_rate, _slot, _update_target,
     clip_by_global_norm, reduce_rms, step_counter, step_num)
 from mesh_tensorflow.core.graph import Operation, Tensor
-from mesh_tensorflow.ops import elementwise as ew
+from mesh_tensorflow.operations import elementwise as ew
 
 
 

@@ -20,10 +20,10 @@ import tensorflow as tf
 from mesh_tensorflow.training import offload
 from mesh_tensorflow.training import zero
 from mesh_tensorflow.core.graph import Graph, Mesh, Operation, Tensor
-from mesh_tensorflow.ops import constant_ops as constant_ops
-from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops import reduction
-from mesh_tensorflow.ops import variables as var_ops
+from mesh_tensorflow.operations import constant_ops as constant_ops
+from mesh_tensorflow.operations import elementwise as ew
+from mesh_tensorflow.operations import reduction
+from mesh_tensorflow.operations import variables as var_ops
 from mesh_tensorflow.core.shapes import Shape
 
 # A hyperparameter: a number, a scalar (mtf or TensorFlow) tensor, or a

@@ -56,13 +56,13 @@ import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Mesh, Tensor
-from mesh_tensorflow.ops import constant_ops as const_ops
-from mesh_tensorflow.ops import control
-from mesh_tensorflow.ops import einsum_ops as einsum_ops
-from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops import reduction
-from mesh_tensorflow.ops import shape_ops
-from mesh_tensorflow.ops import slicing
+from mesh_tensorflow.operations import constant_ops as const_ops
+from mesh_tensorflow.operations import control
+from mesh_tensorflow.operations import einsum_ops as einsum_ops
+from mesh_tensorflow.operations import elementwise as ew
+from mesh_tensorflow.operations import reduction
+from mesh_tensorflow.operations import shape_ops
+from mesh_tensorflow.operations import slicing
 from mesh_tensorflow.core.shapes import Dimension, Shape
 from mesh_tensorflow.training.pipeline_schedule import SCHEDULES, PipelineSchedule
 from mesh_tensorflow.training.stage_variables import StageVariables
@@ -582,7 +582,7 @@ class _OneFOneB:
 
 def mtf_gradients(ys, xs, grad_ys=None, operations=None):
   """mtf.gradients (imported late: gradients imports the op modules)."""
-  from mesh_tensorflow.ops.gradients import gradients  # pylint: disable=import-outside-toplevel
+  from mesh_tensorflow.operations.gradients import gradients  # pylint: disable=import-outside-toplevel
   return gradients(ys, xs, grad_ys=grad_ys, operations=operations)
 
 

@@ -13,11 +13,11 @@ from typing import Callable, Dict, Optional, Tuple
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Mesh, Tensor
-from mesh_tensorflow.ops import constant_ops as const_ops
-from mesh_tensorflow.ops import einsum_ops as einsum_ops
-from mesh_tensorflow.ops import indexing
-from mesh_tensorflow.ops import reduction
-from mesh_tensorflow.ops import variables as var_ops
+from mesh_tensorflow.operations import constant_ops as const_ops
+from mesh_tensorflow.operations import einsum_ops as einsum_ops
+from mesh_tensorflow.operations import indexing
+from mesh_tensorflow.operations import reduction
+from mesh_tensorflow.operations import variables as var_ops
 from mesh_tensorflow.core.shapes import Dimension, Shape
 
 

@@ -27,12 +27,12 @@ from mesh_tensorflow.training import checkpoint as checkpoint_lib
 from mesh_tensorflow.training import offload
 from mesh_tensorflow.lowering import slice_variables
 from mesh_tensorflow.training import zero
-from mesh_tensorflow.ops.gradients import gradients
+from mesh_tensorflow.operations.gradients import gradients
 from mesh_tensorflow.core.graph import Graph, Mesh, Tensor
 from mesh_tensorflow.lowering.lowering import Lowering
-from mesh_tensorflow.ops import constant_ops as const_ops
-from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops import variables as var_ops
+from mesh_tensorflow.operations import constant_ops as const_ops
+from mesh_tensorflow.operations import elementwise as ew
+from mesh_tensorflow.operations import variables as var_ops
 from mesh_tensorflow.core.shapes import Shape, convert_to_shape
 
 TRAIN, EVAL = "train", "eval"

@@ -37,7 +37,7 @@ FOLDERS = {
     "_environment": "core",  # the TensorFlow and optional-package checks (imported first)
     "lowering": "lowering",  # the implementation interface, plans, observers, implementations, the walk
     "distributed": "lowering",  # meshes over several processes
-    "ops": "ops",  # the operations and automatic differentiation
+    "operations": "ops",  # the operations and automatic differentiation
     "training": "training",  # optimizers, trainer, checkpoints, ZeRO, offload, pipeline
     "layers": "layers",  # neural-network layers (annealed dropout reads the optimizer's step)
     "compat": "compat",  # what exists only for the original's users
@@ -49,9 +49,6 @@ FOLDERS = {
     # Estimator-era entry points), served on top of the transformer library.
     "compat.transformer": "models_compat",
 }
-# The face of ops/ (its __init__) is the original's `ops` namespace, which
-# holds compat's legacy classes too (compat.original_ops): a compat module.
-FACES = {"ops": "compat"}
 
 
 def _modules():
@@ -72,8 +69,6 @@ def _short(module):
 
 def _layer(module):
   short = _short(module)
-  if short in FACES:
-    return FACES[short]
   best = None
   for key, layer in FOLDERS.items():
     if short == key or (key and short.startswith(key + ".")):
@@ -207,8 +202,6 @@ def floor_table(graph=None):
       folders[layer].append(f"`{key.replace('.', '/')}/`")
     else:
       folders[layer].append(f"`{key}`")
-  for face, layer in FACES.items():
-    folders[layer].append(f"`{face}/__init__`")
   folders["programs"].append("the commands, `bert/`, `experimental/`, `testing/`")
   imports = {name: set() for name in LAYER_NAMES}
   for module, targets in graph.items():
@@ -235,8 +228,8 @@ def test_every_module_has_a_known_layer():
   assert all(_layer(_named(m)) in LAYER_NAMES for m in graph)
   # Spot checks of the table itself.
   assert _layer("mesh_tensorflow.core.graph") == "core"
-  assert _layer("mesh_tensorflow.ops.einsum_ops") == "ops"
-  assert _layer("mesh_tensorflow.ops") == "compat"
+  assert _layer("mesh_tensorflow.operations.einsum_ops") == "ops"
+  assert _layer("mesh_tensorflow.compat.original_ops") == "compat"
   assert _layer("mesh_tensorflow.lowering.plans") == "lowering"
   assert _layer("mesh_tensorflow.training.zero") == "training"
   assert _layer("mesh_tensorflow.transformer.application") == "models"
@@ -345,9 +338,11 @@ ORIGINAL_PATHS = {  # the original's top-level modules -> the module now
     "mesh_tensorflow.test_utils": "mesh_tensorflow.compat.test_utils",
     "mesh_tensorflow.ops_with_redefined_builtins":
         "mesh_tensorflow.compat.ops_with_redefined_builtins",
+    "mesh_tensorflow.ops": "mesh_tensorflow.compat.original_ops",
 }
 FORMER_PATHS = ("mesh_tensorflow.graph", "mesh_tensorflow.layers_core", "mesh_tensorflow.zero",
-                "mesh_tensorflow.cost_model", "mesh_tensorflow.ops.legacy_classes")
+                "mesh_tensorflow.cost_model", "mesh_tensorflow.ops.legacy_classes",
+                "mesh_tensorflow.ops.einsum_ops")
 
 
 def test_original_paths_give_the_same_module():
@@ -388,7 +383,7 @@ def _is_plain_reexport(node, folder):
   if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
     return True  # the docstring
   if isinstance(node, ast.ImportFrom):
-    return (node.module or "").startswith(f"{PACKAGE}.{FACES.get(folder, folder)}")
+    return (node.module or "").startswith(f"{PACKAGE}.{folder}")
   if isinstance(node, ast.Assign):  # __all__ = [...]
     return [getattr(t, "id", None) for t in node.targets] == ["__all__"]
   return False
@@ -398,11 +393,11 @@ def test_every_folder_is_documented_and_its_init_is_a_plain_reexport():
   package = os.path.join(REPO_ROOT, PACKAGE)
   with open(os.path.join(REPO_ROOT, "docs", "architecture.md"), encoding="utf-8") as f:
     doc = f.read()
-  for folder in ("core", "ops", "lowering", "layers", "training", "distributed", "analysis",
-                 "compat", "testing", "transformer"):
+  for folder in ("core", "operations", "lowering", "layers", "training", "distributed",
+                 "analysis", "compat", "testing", "transformer"):
     assert os.path.isfile(os.path.join(package, folder, "__init__.py")), folder
     assert f"`{folder}/`" in doc, f"docs/architecture.md does not describe {folder}/"
-  for folder in ("core", "lowering", "distributed", "ops", "training", "layers", "compat",
+  for folder in ("core", "lowering", "distributed", "operations", "training", "layers", "compat",
                  "analysis", "auto_mtf", "bert", "experimental"):
     with open(os.path.join(package, folder, "__init__.py"), encoding="utf-8") as f:
       tree = ast.parse(f.read())
@@ -412,7 +407,7 @@ def test_every_folder_is_documented_and_its_init_is_a_plain_reexport():
   assert len(top) <= 9, f"the package's top level has grown to {len(top)} modules: {top}"
 
 
-TEST_FOLDERS = {"ops", "lowering", "layers", "training", "distributed", "analysis", "transformer",
+TEST_FOLDERS = {"operations", "lowering", "layers", "training", "distributed", "analysis", "transformer",
                 "compat", "bert", "experimental", "project"}
 
 

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.ops import variables as variable_ops
+from mesh_tensorflow.operations import variables as variable_ops
 
 DEVICES = [f"/cpu:{i}" for i in range(8)]
 

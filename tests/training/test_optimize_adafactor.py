@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.training import learning_rate_schedules as lrs
-from mesh_tensorflow.ops import variables as variable_ops
+from mesh_tensorflow.operations import variables as variable_ops
 
 DEVICES = [f"/cpu:{i}" for i in range(8)]
 

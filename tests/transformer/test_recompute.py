@@ -87,7 +87,7 @@ def test_recompute_ops_are_exposed():
   assert policies == {"selective"}
   # Two norms and one attention core per block, two blocks... x 2 layers.
   assert len(ops) == 2 * 2 + 2, [op.name for _, op in ops]
-  assert all(isinstance(op, mtf.ops.control.CustomGradientOperation) for _, op in ops)
+  assert all(isinstance(op, mtf.operations.control.CustomGradientOperation) for _, op in ops)
 
 
 def test_recompute_repeats_dropout_exactly():

@@ -19,9 +19,9 @@ from mesh_tensorflow.core.graph import Tensor
 from mesh_tensorflow.core.layout import (
     convert_to_layout_rules, pnum_to_processor_coordinates, processor_coordinates_to_pnum)
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
-from mesh_tensorflow.ops import conv
-from mesh_tensorflow.ops.indexing import gather, top_k
-from mesh_tensorflow.ops.shape_ops import reshape
+from mesh_tensorflow.operations import conv
+from mesh_tensorflow.operations.indexing import gather, top_k
+from mesh_tensorflow.operations.shape_ops import reshape
 
 _ANONYMOUS_PREFIX = "_anonymous_"
 

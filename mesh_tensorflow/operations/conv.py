@@ -35,11 +35,11 @@ from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.lowering.mesh_impl import int_constant
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_shape
-from mesh_tensorflow.ops.pooling import (  # noqa: F401  (served here)
+from mesh_tensorflow.operations.pooling import (  # noqa: F401  (served here)
     PoolBackpropOperation, PoolOperation, avg_pool2d, avg_pool3d, max_pool2d, max_pool3d)
-from mesh_tensorflow.ops.slicing import concat, pad, shift
-from mesh_tensorflow.ops.slicing import slice as mtf_slice
-from mesh_tensorflow.ops.spatial import (  # noqa: F401  (conv_*_output_size served here)
+from mesh_tensorflow.operations.slicing import concat, pad, shift
+from mesh_tensorflow.operations.slicing import slice as mtf_slice
+from mesh_tensorflow.operations.spatial import (  # noqa: F401  (conv_*_output_size served here)
     _CONV_FNS, _CONV_TRANSPOSE_FNS, DimLike, IntOrInts, _dim_of, _from_canonical, _lower_local,
     _normalize_ints, _normalize_padding, _same_padding, _spatial_dims, _to_canonical,
     conv_output_size, conv_transpose_output_size, windowed_dims)

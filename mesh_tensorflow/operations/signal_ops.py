@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Tensor
-from mesh_tensorflow.ops.slicewise_ops import slicewise
+from mesh_tensorflow.operations.slicewise_ops import slicewise
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension
 
 

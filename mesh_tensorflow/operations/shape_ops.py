@@ -16,7 +16,7 @@ from __future__ import annotations
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.lowering.mesh_impl import expand_to_shape, reshape_slice
-from mesh_tensorflow.ops.elementwise import reduce_to_shape
+from mesh_tensorflow.operations.elementwise import reduce_to_shape
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 from mesh_tensorflow.core.graph import Tensor
-from mesh_tensorflow.ops.constant_ops import ones_like
-from mesh_tensorflow.ops.elementwise import add_n
+from mesh_tensorflow.operations.constant_ops import ones_like
+from mesh_tensorflow.operations.elementwise import add_n
 
 
 def gradients(ys: Sequence[Tensor], xs: Sequence[Tensor],

@@ -18,8 +18,8 @@ import tensorflow as tf
 from mesh_tensorflow.core.graph import TENSOR_OPERATORS, Operation, Tensor
 from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.lowering.mesh_impl import expand_to_shape, once_per_graph
-from mesh_tensorflow.ops.constant_ops import zeros_like
-from mesh_tensorflow.ops._common import first_tensor, is_scalar_value, num_elements, to_tensor
+from mesh_tensorflow.operations.constant_ops import zeros_like
+from mesh_tensorflow.operations._common import first_tensor, is_scalar_value, num_elements, to_tensor
 from mesh_tensorflow.core.shapes import Shape, convert_to_shape, shape_union
 
 
@@ -112,7 +112,7 @@ def shape_union_checked(shapes, inputs, op_name) -> Shape:
 # The gradient of broadcasting sums over the dimensions an input lacks, with
 # mtf.reduce_sum (or reorders them, with mtf.transpose). Those operations sit
 # above this module (their own gradients use elementwise operations), so
-# mesh_tensorflow.ops.reduction registers the function here, where the
+# mesh_tensorflow.operations.reduction registers the function here, where the
 # gradients below use it.
 _BROADCAST_GRADIENT: List[Callable[[Tensor, Shape], Tensor]] = []
 
@@ -127,7 +127,7 @@ def reduce_to_shape(g: Tensor, shape: Shape) -> Tensor:
   if g.shape == shape:
     return g
   if not _BROADCAST_GRADIENT:
-    raise RuntimeError("mtf.reduce_to_shape needs mesh_tensorflow.ops.reduction: "
+    raise RuntimeError("mtf.reduce_to_shape needs mesh_tensorflow.operations.reduction: "
                        "import mesh_tensorflow first.")
   return _BROADCAST_GRADIENT[0](g, shape)
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.core import rng
 from mesh_tensorflow.core.graph import Operation, Tensor
-from mesh_tensorflow.ops import elementwise as ew
+from mesh_tensorflow.operations import elementwise as ew
 from mesh_tensorflow.core.shapes import convert_to_shape
 
 

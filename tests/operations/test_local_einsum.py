@@ -10,7 +10,7 @@ import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh_tensorflow.ops.local_einsum import local_einsum
+from mesh_tensorflow.operations.local_einsum import local_einsum
 
 
 def _random_equation(rng: random.Random):

@@ -15,9 +15,9 @@ import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering.mesh_impl import LaidOutTensor
-from mesh_tensorflow.ops.constant_ops import zeros
-from mesh_tensorflow.ops.gradients import gradients
-from mesh_tensorflow.ops.random_ops import RandomOperation
+from mesh_tensorflow.operations.constant_ops import zeros
+from mesh_tensorflow.operations.gradients import gradients
+from mesh_tensorflow.operations.random_ops import RandomOperation
 
 
 class _IdentityLike(Operation):

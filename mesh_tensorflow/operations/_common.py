@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Mesh, Tensor
 from mesh_tensorflow.core.shapes import Shape
-from mesh_tensorflow.ops.constant_ops import constant
+from mesh_tensorflow.operations.constant_ops import constant
 
 
 def is_scalar_value(x) -> bool:

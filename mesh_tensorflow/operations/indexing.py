@@ -13,11 +13,11 @@ from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering.mesh_impl import (LaidOutTensor, expand_to_shape,
                                       int_constant, once_per_graph, shared_constant)
-from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops.constant_ops import constant
-from mesh_tensorflow.ops.einsum_ops import einsum
-from mesh_tensorflow.ops.random_ops import random_uniform
-from mesh_tensorflow.ops.reduction import _dim_of, pool_tensor_1d, reduce_max
+from mesh_tensorflow.operations import elementwise as ew
+from mesh_tensorflow.operations.constant_ops import constant
+from mesh_tensorflow.operations.einsum_ops import einsum
+from mesh_tensorflow.operations.random_ops import random_uniform
+from mesh_tensorflow.operations.reduction import _dim_of, pool_tensor_1d, reduce_max
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
 

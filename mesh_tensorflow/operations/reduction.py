@@ -19,9 +19,9 @@ import tensorflow as tf
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering import plans, statistics_plans
 from mesh_tensorflow.lowering.mesh_impl import expand_to_shape, int_constant
-from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops.control import stop_gradient
-from mesh_tensorflow.ops.shape_ops import broadcast, replace_dimensions, transpose
+from mesh_tensorflow.operations import elementwise as ew
+from mesh_tensorflow.operations.control import stop_gradient
+from mesh_tensorflow.operations.shape_ops import broadcast, replace_dimensions, transpose
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension, convert_to_shape
 
 _TF_REDUCE = {"SUM": tf.reduce_sum, "MAX": tf.reduce_max, "MIN": tf.reduce_min}

@@ -15,7 +15,7 @@ from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.lowering.mesh_impl import int_constant
 from mesh_tensorflow.core.shapes import Shape, convert_to_shape
-from mesh_tensorflow.ops.spatial import (
+from mesh_tensorflow.operations.spatial import (
     _POOL_FNS, DimLike, IntOrInts, _dim_of, _from_canonical, _lower_local, _normalize_ints,
     _normalize_padding, _spatial_dims, _to_canonical, windowed_dims)
 

@@ -14,8 +14,8 @@ from typing import Sequence
 
 from mesh_tensorflow.lowering import plans
 from mesh_tensorflow.core.graph import Operation, Tensor
-from mesh_tensorflow.ops.local_einsum import local_einsum
-from mesh_tensorflow.ops.shape_ops import broadcast
+from mesh_tensorflow.operations.local_einsum import local_einsum
+from mesh_tensorflow.operations.shape_ops import broadcast
 from mesh_tensorflow.core.shapes import Shape, convert_to_shape, shape_union
 
 

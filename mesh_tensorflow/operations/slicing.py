@@ -17,11 +17,11 @@ import tensorflow as tf
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering.mesh_impl import int_constant
 from mesh_tensorflow.lowering import plans
-from mesh_tensorflow.ops import elementwise as ew
-from mesh_tensorflow.ops.constant_ops import zeros
-from mesh_tensorflow.ops.einsum_ops import einsum
-from mesh_tensorflow.ops.indexing import mtf_range, one_hot
-from mesh_tensorflow.ops.shape_ops import rename_dimension
+from mesh_tensorflow.operations import elementwise as ew
+from mesh_tensorflow.operations.constant_ops import zeros
+from mesh_tensorflow.operations.einsum_ops import einsum
+from mesh_tensorflow.operations.indexing import mtf_range, one_hot
+from mesh_tensorflow.operations.shape_ops import rename_dimension
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension
 
 
