@@ -214,8 +214,9 @@ class MeshImpl:
   @property
   def shares_replicas(self) -> bool:
     """Whether processors holding the same slice share one TensorFlow tensor
-    (one memory): then an einsum's allreduce may be realized by gathering
-    its operands (plans.plan_einsum's `fused`)."""
+    (one memory): then a LocalPlan's moves may realize a collective
+    (`counted_as`: an einsum's allreduce made by gathering its operands) and
+    its kernel may run once on joined blocks (`batch_axes`)."""
     return False
 
   def gathers_without_copy(self, x, mesh_axis: int, concat_axis: int) -> bool:
@@ -545,19 +546,6 @@ class MeshImpl:
         raise TypeError(f"execute: unknown plan step {step!r}.")
     return x
 
-  def execute_all(self, xs: Sequence[LaidOutTensor], plan) -> List[LaidOutTensor]:
-    """Runs one plan per laid-out tensor in `xs` (a sequence of plans), or a
-    GatheredAllReduce on all of them.
-
-    Example:
-      >>> slices = impl.execute_all(operands, einsum_plan.communication)
-    """
-    if isinstance(plan, plans.GatheredAllReduce):
-      self.record_collective("allreduce", plan.nbytes, plan.mesh_axes)
-      with self.unrecorded():  # realized by the gathers
-        return [self.execute(x, move) for x, move in zip(xs, plan.operand_moves)]
-    return [self.execute(x, move) for x, move in zip(xs, plan)]
-
   def execute_local(self, operands: Sequence[LaidOutTensor], plan: "plans.LocalPlan",
                     fn: Optional[Callable] = None, extra: Sequence = ()) -> list:
     """Runs a LocalPlan: moves each operand, runs fn on every processor's
@@ -569,10 +557,25 @@ class MeshImpl:
     Example:
       >>> [y] = impl.execute_local([laid_x], plans.plan_unsplit(op, layout_of, {"d"}), fn)
     """
-    args = [self.execute(x, o.move) for x, o in zip(operands, plan.operands)]
+    if plan.counted_as is not None:
+      counted = plan.counted_as
+      self.record_collective(counted.kind, counted.nbytes, counted.mesh_axes)
+      with self.unrecorded():  # realized by the moves
+        args = [self.execute(x, o.move) for x, o in zip(operands, plan.operands)]
+    else:
+      args = [self.execute(x, o.move) for x, o in zip(operands, plan.operands)]
     if plan.kernel:
+      batched = None
+      if plan.batch_axes is not None and self.shares_replicas:
+        batched = plans.batched_operand(
+            plan.batch_axes, lambda i: len({id(t) for t in args[i].tensor_list}) == 1,
+            lambda i, axis: self.gathers_without_copy(args[i], axis, 0))
+      if batched is not None:  # one kernel on the joined blocks
+        args[batched[0]] = self.execute(args[batched[0]], plans.JoinBlocks(batched[1], 0))
       out = self.slicewise(fn, *args, *extra)
       args = list(out) if isinstance(out, tuple) else [out]
+      if batched is not None:  # each processor's rows
+        args = [self.execute(x, plans.SliceAlong(batched[1], 0)) for x in args]
     return [self._moved_result(x, r) for x, r in zip(args, plan.results)]
 
   def execute_kernels(self, operands: Sequence[LaidOutTensor], plan: "plans.KernelPlan",

@@ -25,8 +25,8 @@ A plan is a tuple of steps. Each step names mesh and tensor axes:
     (None, 0)
 
 Operations that choose how to communicate get their plan from a function
-here: `plan_einsum`, `plan_gather`, `plan_reshape`, `plan_reduce`,
-`plan_scatter_add`; those that reduce along one dimension inside their
+here: `plan_gather`, `plan_reshape`, `plan_reduce`, `plan_scatter_add`
+(`plan_einsum` in einsum_plans.py); those that reduce along one dimension inside their
 kernels (softmax, its gradient, the cross-entropy) get a KernelPlan, several
 kernels with the statistics' allreduces between them, from
 statistics_plans.py. Most are LocalPlans:
@@ -41,8 +41,7 @@ import dataclasses
 import math
 from typing import Callable, Optional, Sequence, Tuple, Union
 
-from mesh_tensorflow.lowering.policies import (fuses_allreduce, gathers_table_first,
-                                               split_outermost)
+from mesh_tensorflow.lowering.policies import gathers_table_first
 
 Layout = Tuple[Optional[int], ...]  # per tensor axis: the mesh axis splitting it, or None
 
@@ -137,16 +136,15 @@ class JoinBlocks:
 
 
 @dataclasses.dataclass(frozen=True)
-class GatheredAllReduce:
-  """An allreduce over `mesh_axes` (of `nbytes` per processor) that, where
-  processors share memory, the operands' redistributions `operand_moves`
-  realize: they gather the summed dimensions too, so one product per group
-  makes the sum. Run on a list of operands; counted as the allreduce the
-  layout implies. Collective kind "allreduce"."""
+class CountedCollective:
+  """A collective of `kind` over `mesh_axes` (`nbytes` per processor) that a
+  LocalPlan's operand moves realize instead (its `counted_as`): where
+  processors share memory, gathering an einsum's operands along a summed
+  dimension lets one product per group make the sum the layout implies, so
+  the moves are counted as that one allreduce and their own gathers not."""
+  kind: str
   mesh_axes: Tuple[int, ...]
   nbytes: int
-  operand_moves: Tuple["Redistribution", ...]
-  kind = "allreduce"
 
 
 Step = Union[AllGather, AllToAll, SliceAlong, AllReduce, Permute, ReduceScatter, JoinBlocks]
@@ -262,127 +260,6 @@ def slice_elements(shape, layout: Sequence[Optional[int]], mesh_sizes: Sequence[
 
 
 # ----------------------------------------------------------------------------- einsum
-
-
-@dataclasses.dataclass(frozen=True)
-class EinsumPlan:
-  """How mtf.einsum communicates under a layout.
-
-  Attributes:
-    operand_moves: per operand, the redistribution before the local product
-      (each mesh axis may split only one dimension across the einsum: the
-      output's choice, else the first operand's; the others are gathered).
-    reduced_axes: mesh axes splitting a dimension that the einsum sums: the
-      local products are partial sums, allreduced over these axes (kept
-      pending so that later sums fold in before the one allreduce).
-    fused: where processors share memory, the allreduce is realized instead
-      by gathering the operands along the summed dimensions too (included in
-      operand_moves) and multiplying once per group; it is still counted as
-      the allreduce the layout implies.
-    flops: per processor, 2 * the product of the local sizes of all
-      dimensions.
-    output_bytes: one processor's slice of the output.
-    operand_bytes: one processor's operands after the gathers of an unfused
-      plan.
-  """
-  operand_moves: Tuple[Redistribution, ...]
-  reduced_axes: Tuple[int, ...]
-  fused: bool
-  flops: int
-  output_bytes: int
-  operand_bytes: int
-
-  @property
-  def pending_sum_axes(self) -> Tuple[int, ...]:
-    """Mesh axes of the allreduce left pending on the output (none if fused)."""
-    return () if self.fused else self.reduced_axes
-
-  @property
-  def communication(self):
-    """What `MeshImpl.execute_all` runs on the operands: their
-    redistributions, or the GatheredAllReduce that fuses the allreduce."""
-    if self.fused:
-      return GatheredAllReduce(self.reduced_axes, self.output_bytes, self.operand_moves)
-    return self.operand_moves
-
-  def as_local_plan(self, output, layout_of: Callable) -> "LocalPlan":
-    """This plan as a LocalPlan (without shared memory): the operands'
-    gathers, one product per processor, the output's partial sums pending."""
-    assert not self.fused, "a fused plan is realized by shared memory only"
-    return LocalPlan(tuple(Operand(i, move) for i, move in enumerate(self.operand_moves)),
-                     (Result(output.shape, output.dtype.size, stay(layout_of(output.shape)),
-                             self.pending_sum_axes),), self.flops)
-
-
-def plan_einsum(inputs, output, layout_of: Callable, mesh_sizes: Sequence[int],
-                shares_memory: bool) -> EinsumPlan:
-  """The EinsumPlan of einsum(inputs) -> output; inputs and output have
-  `.shape` and `.dtype` (mtf tensors); layout_of(shape) gives a layout."""
-  out_names = set(output.shape.dimension_names)
-  owner = {}  # mesh axis -> the one dimension it splits in this einsum
-  for t in [output] + list(inputs):
-    for d, a in zip(t.shape.dims, layout_of(t.shape)):
-      if a is not None:
-        owner.setdefault(a, d.name)
-  gather, reduced_axes, operand_bytes = [], set(), 0
-  for t in inputs:
-    names = set()
-    size = t.dtype.size
-    for d, a in zip(t.shape.dims, layout_of(t.shape)):
-      if a is not None and owner[a] != d.name:
-        names.add(d.name)
-      elif a is not None and d.name not in out_names:
-        reduced_axes.add(a)
-      size *= d.size if (a is None or d.name in names) else d.size // mesh_sizes[a]
-    gather.append(names)
-    operand_bytes += size
-  output_bytes = slice_elements(output.shape, layout_of(output.shape), mesh_sizes) * (
-      output.dtype.size)
-  fused = bool(reduced_axes) and shares_memory and fuses_allreduce(
-      operand_bytes, output_bytes,
-      not any(gather) and split_outermost(layout_of, inputs, reduced_axes))
-  if fused:
-    summed = {d.name for t in inputs for d in t.shape.dims if d.name not in out_names}
-    gather = [names | summed for names in gather]
-  moves = tuple(plan_gather_dims(t.shape, layout_of(t.shape), names)
-                for t, names in zip(inputs, gather))
-  split_by = {name: a for a, name in owner.items()}
-  flops = 2
-  for name, size in {d.name: d.size for t in inputs for d in t.shape.dims}.items():
-    a = split_by.get(name)
-    flops *= size // mesh_sizes[a] if a is not None else size
-  return EinsumPlan(moves, tuple(sorted(reduced_axes)), fused, flops, output_bytes,
-                    operand_bytes)
-
-
-def batchable_operand(inputs, output, layout_of: Callable, mesh_sizes: Sequence[int],
-                      is_shared: Callable[[int], bool],
-                      holds_blocks: Callable[[int, int], bool]) -> Optional[Tuple[int, int]]:
-  """(operand index, mesh axis) when, on shared memory, an einsum without
-  summed split dimensions can multiply once on a whole operand and let each
-  processor take its rows: exactly one operand differs between processors,
-  split along one mesh axis in its outermost dimension (also the output's),
-  and its slices are the blocks of one existing tensor (gathering them
-  copies nothing: `holds_blocks(i, mesh_axis)`); every other operand is one
-  tensor shared by all (`is_shared(i)`). Else None.
-
-  A copy (concatenating computed activations) would cost more than the one
-  large product saves, hence the blocks condition."""
-  if not output.shape.ndims:
-    return None
-  candidate = None
-  for i, t in enumerate(inputs):
-    if is_shared(i):
-      continue
-    if candidate is not None or not t.shape.ndims:
-      return None
-    layout = tuple(layout_of(t.shape))
-    split = [a for a in layout if a is not None]
-    if (len(split) != 1 or layout[0] is None or t.shape.dims[0] != output.shape.dims[0]
-        or mesh_sizes[layout[0]] == 1 or not holds_blocks(i, layout[0])):
-      return None
-    candidate = (i, layout[0])
-  return candidate
 
 
 # ----------------------------------------------------------------------------- gather
@@ -553,7 +430,7 @@ class PlanMesh:
 
   Example:
     >>> mesh = PlanMesh(lambda shape: (0, None), (8,))
-    >>> einsum_op.plan(mesh).reduced_axes
+    >>> einsum_op.plan(mesh).results[0].pending_sum_axes
   """
   layout_of: Callable
   sizes: Tuple[int, ...]
@@ -606,9 +483,18 @@ class LocalPlan:
   offsets the kernel also reads (the processor's block of a split
   dimension; the lowering passes them after the operands), so processors
   with different blocks run different kernels; None when it reads none.
-  `kernel_bytes`: what one kernel reads and writes when that is less than
-  its operands and results (a lookup reads only the rows it needs); None for
-  all of them.
+  `kernel_bytes`, `kernel_flops`: what one kernel reads and writes when
+  that is not its operands and results (a lookup reads only the rows it
+  needs), and its FLOPs when they are not `flops` (the operation's FLOPs per
+  processor); None for those.
+
+  Where processors share memory: `counted_as`, a collective that the
+  operands' moves realize (they are counted as it, see CountedCollective);
+  `batch_axes`, per operand the mesh axis that alone splits its outermost
+  dimension, also the result's (None where that is not so): when exactly one
+  operand differs between processors, has such an axis and its slices are
+  the blocks of one tensor, one kernel runs on the joined blocks and each
+  processor takes its rows of the result (`batched_operand`). None: never.
 
   Example:
     >>> plan = plan_unsplit(op, layout_of, {"length"})
@@ -623,6 +509,27 @@ class LocalPlan:
   coordinates: Optional[Layout] = None
   kernel_bytes: Optional[int] = None
   memory_bound: bool = False
+  kernel_flops: Optional[int] = None
+  counted_as: Optional[CountedCollective] = None
+  batch_axes: Optional[Tuple[Optional[int], ...]] = None
+
+
+def batched_operand(batch_axes: Sequence[Optional[int]], is_one_tensor: Callable[[int], bool],
+                    holds_blocks: Callable[[int, int], bool]) -> Optional[Tuple[int, int]]:
+  """(operand, mesh axis) on which a LocalPlan with `batch_axes` runs one
+  kernel on joined blocks, or None: exactly one operand is not one tensor
+  shared by every processor (`is_one_tensor`), it has a batch axis, and its
+  slices are the blocks of one existing tensor along it (`holds_blocks`:
+  joining them copies nothing; a copy of computed activations would cost
+  more than the one large kernel saves)."""
+  differing = [i for i in range(len(batch_axes)) if not is_one_tensor(i)]
+  if len(differing) != 1:
+    return None
+  i = differing[0]
+  axis = batch_axes[i]
+  if axis is None or not holds_blocks(i, axis):
+    return None
+  return i, axis
 
 
 @dataclasses.dataclass(frozen=True)
@@ -631,12 +538,18 @@ class Kernel:
   plan's values `args` and makes one new value per result (each moved and
   left a pending sum as the Result says). `nbytes` and `flops`: what one
   processor's kernel reads and writes, and its matrix-product FLOPs (0 for
-  kernels priced by their bytes). `coordinates`: as LocalPlan's."""
+  kernels priced by their bytes). `coordinates`: as LocalPlan's. `state`:
+  the layout of the slice variables the kernel also reads (a variable's
+  stored slices; processors holding the same slice variable run one
+  kernel), or, with `writes`, the ones it updates (once per distinct slice
+  variable: a side effect, and no results)."""
   args: Tuple[int, ...]
   results: Tuple[Result, ...]
   nbytes: int
   flops: int = 0
   coordinates: Optional[Layout] = None
+  state: Optional[Layout] = None
+  writes: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -770,31 +683,34 @@ def plan_sum_relayout(x, out, layout_of: Callable, pending_axes: Optional[Sequen
                    (Result(out.shape, out.dtype.size, stay(out_layout)),), kernel=False)
 
 
-@dataclasses.dataclass(frozen=True)
-class StoragePlan:
-  """Variables whose slice variables are laid out as `storage[i]` while
-  their values use another layout (ZeRO stage 3 stores a variable split
-  further than its value is used). `moves[i]` carries variable i's value
-  between the two: from the storage to the value when a Variable reads its
-  slices (`writes` False), from the value to the storage when an Assign
-  writes them (`writes` True).
+def plan_variable_read(storage_shape, value, layout_of: Callable, mesh_sizes: Sequence[int]
+                       ) -> KernelPlan:
+  """The KernelPlan of reading a variable whose slice variables are laid out
+  as `storage_shape` while its value (an mtf tensor) uses its own layout
+  (ZeRO stage 3 stores a variable split further than it is used): a kernel
+  reading each slice variable, its result moved into the value's layout.
 
   Example:
     >>> plan = variable_op.plan(mesh)      # stored split over rows, used whole
-    >>> plan.moves[0].steps
+    >>> plan.kernels[0].results[0].move.steps
     (AllGather(mesh_axis=0, tensor_axis=0),)
   """
-  storage: Tuple[Layout, ...]
-  moves: Tuple[Redistribution, ...]
-  writes: bool
+  storage = tuple(layout_of(storage_shape))
+  nbytes = slice_elements(value.shape, storage, mesh_sizes) * value.dtype.size
+  move = plan_relayout(storage, tuple(layout_of(value.shape)))
+  read = Kernel((), (Result(value.shape, value.dtype.size, move),), 2 * nbytes, state=storage)
+  return KernelPlan((), (read,), (0,))
 
 
-def plan_storage(storage_shapes, value_shapes, layout_of: Callable, writes: bool
-                 ) -> StoragePlan:
-  """The StoragePlan of reading (`writes` False) or writing variables stored
-  in `storage_shapes` whose values have `value_shapes` (same sizes)."""
-  storage = tuple(tuple(layout_of(s)) for s in storage_shapes)
-  values = [tuple(layout_of(s)) for s in value_shapes]
-  moves = tuple(plan_relayout(v, s) if writes else plan_relayout(s, v)
-                for s, v in zip(storage, values))
-  return StoragePlan(storage, moves, writes)
+def plan_assign(storage_shapes, values, layout_of: Callable, mesh_sizes: Sequence[int]
+                ) -> KernelPlan:
+  """The KernelPlan of assigning `values` (mtf tensors) to variables whose
+  slice variables are laid out as `storage_shapes`: each value moved into
+  its storage layout, then a kernel writing each slice variable."""
+  operands, kernels = [], []
+  for i, (shape, value) in enumerate(zip(storage_shapes, values)):
+    storage = tuple(layout_of(shape))
+    operands.append(Operand(i, plan_relayout(tuple(layout_of(value.shape)), storage)))
+    nbytes = slice_elements(value.shape, storage, mesh_sizes) * value.dtype.size
+    kernels.append(Kernel((i,), (), 2 * nbytes, state=storage, writes=True))
+  return KernelPlan(tuple(operands), tuple(kernels), ())

@@ -12,7 +12,7 @@ from __future__ import annotations
 import string
 from typing import Sequence
 
-from mesh_tensorflow.lowering import plans
+from mesh_tensorflow.lowering import einsum_plans
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.operations.local_einsum import local_einsum
 from mesh_tensorflow.operations.shape_ops import broadcast
@@ -65,47 +65,24 @@ class EinsumOperation(Operation):
     return grads
 
   def plan(self, mesh):
-    """An EinsumPlan where processors share memory (which may fuse the
-    allreduce or batch the products); elsewhere the same plan as a
-    LocalPlan."""
-    plan = plans.plan_einsum(self.inputs, self.outputs[0], mesh.layout_of, mesh.sizes,
-                             mesh.shares_memory)
-    return plan if mesh.shares_memory else plan.as_local_plan(self.outputs[0], mesh.layout_of)
+    """The LocalPlan of this einsum (einsum_plans.plan_einsum): the operands'
+    gathers, one product per processor, the output's partial sums pending;
+    where processors share memory the sum may be fused into the gathers and
+    the products batched."""
+    plan = einsum_plans.plan_einsum(self.inputs, self.outputs[0], mesh.layout_of, mesh.sizes,
+                                    mesh.shares_memory)
+    return plan.as_local_plan(self.outputs[0], mesh.layout_of)
 
   def lower(self, lowering):
-    impl = lowering.mesh_impl(self)
     out = self.outputs[0]
-    shares_memory = impl.shares_replicas
-    plan = self.plan(lowering.plan_mesh(self))
     letters = {}
     for t in [out] + self.inputs:
       for d in t.shape.dims:
         letters.setdefault(d.name, _LETTERS[len(letters)])
     eq = ",".join("".join(letters[d.name] for d in t.shape.dims) for t in self.inputs)
     eq += "->" + "".join(letters[d.name] for d in out.shape.dims)
-    if isinstance(plan, plans.LocalPlan):
-      lowering.lower_with_plan(self, plan, lambda *xs: local_einsum(eq, *xs))
-      return
-    # Completing an operand's pending sum is an allreduce of its own.
-    operands = [lowering.laid_out(t) for t in self.inputs]
-    slices = impl.execute_all(operands, plan.communication)
-    batched = None
-    if shares_memory and not plan.reduced_axes:
-      batched = plans.batchable_operand(
-          self.inputs, out, impl.tensor_layout, impl.shape.to_integer_list(),
-          is_shared=lambda i: len({id(t) for t in slices[i].tensor_list}) == 1,
-          holds_blocks=lambda i, axis: impl.gathers_without_copy(slices[i], axis, 0))
-    if batched is not None:
-      # The processors' products differ only in the outermost (split)
-      # dimension of one operand: multiply once on the whole operand and take
-      # each processor's rows (no collective).
-      i, mesh_axis = batched
-      slices[i] = impl.execute(slices[i], plans.JoinBlocks(mesh_axis, 0))
-    result = impl.slicewise(lambda *xs: local_einsum(eq, *xs), *slices)
-    if batched is not None:
-      result = impl.execute(result, plans.SliceAlong(batched[1], 0))
-    lowering.add_flops(plan.flops)
-    lowering.set_tensor_lowering(out, impl.partial_sum(result, plan.pending_sum_axes))
+    lowering.lower_with_plan(self, self.plan(lowering.plan_mesh(self)),
+                             lambda *xs: local_einsum(eq, *xs))
 
 
 _LETTERS = string.ascii_letters

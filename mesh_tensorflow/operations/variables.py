@@ -114,15 +114,14 @@ class Variable(Operation):
       else:
         t = v.read_value() if hasattr(v, "read_value") else tf.identity(v)
       return tf.cast(t, act) if t.dtype != act else t
-    value = impl.slicewise(read, LaidOutTensor(slices))
     # Stored split further (ZeRO stage 3): gathered just before use.
-    lowering.set_tensor_lowering(self.outputs[0], impl.execute(value, plan.moves[0]))
+    lowering.lower_kernels(self, plan, [read], extra={0: [LaidOutTensor(slices)]})
 
   def plan(self, mesh):
-    """The StoragePlan of reading the slice variables (laid out as
-    `storage_shape`) into the value's layout."""
-    return plans.plan_storage([self.storage_shape], [self._shape], mesh.layout_of,
-                              writes=False)
+    """The KernelPlan of reading the slice variables (laid out as
+    `storage_shape`) and moving them into the value's layout."""
+    return plans.plan_variable_read(self.storage_shape, self.outputs[0], mesh.layout_of,
+                                    mesh.sizes)
 
   def _get_or_create_slices(self, impl):
     full = self._shape.to_integer_list()
@@ -275,16 +274,19 @@ class Assign(Operation):
     return self._assign_fn
 
   def plan(self, mesh):
-    """The StoragePlan of moving each new value into the layout its
-    variable's slices are stored in."""
-    return plans.plan_storage([v.storage_shape for v in self._variables],
-                              [t.shape for t in self.inputs], mesh.layout_of, writes=True)
+    """The KernelPlan of moving each new value into the layout its
+    variable's slices are stored in, then writing them (the writing kernels
+    are `LaidOutVariable.assign_to_slices`: one update per distinct slice
+    variable, grouped into the one TensorFlow op the Assign lowers to)."""
+    return plans.plan_assign([v.storage_shape for v in self._variables], self.inputs,
+                             mesh.layout_of, mesh.sizes)
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     plan = self.plan(lowering.plan_mesh(self))
     ops = []
-    for var, value, move in zip(self._variables, self.inputs, plan.moves):
+    moves = [operand.move for operand in plan.operands]
+    for var, value, move in zip(self._variables, self.inputs, moves):
       laid_var = lowering.variables[var]
       laid = impl.execute(lowering.laid_out(value), move)
       fn = self._assign_fn

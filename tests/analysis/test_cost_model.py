@@ -446,7 +446,7 @@ def test_plans_of_conv_slicing_replica_stats_and_zero_match_the_lowering(step_fn
 @pytest.mark.parametrize("share", [False, True])
 def test_zero_stage_3_storage_relayout_is_priced_as_lowered(share):
   """ZeRO stage 3 stores each variable split over the data-parallel axis:
-  reading it all-gathers the slices (the Variable's StoragePlan) and the
+  reading it all-gathers the slices (the Variable's KernelPlan) and the
   updates write the shards. The estimate's collectives per operation and
   FLOPs equal the lowering's, and its variable memory is the stored
   shards (what processor 0 holds)."""

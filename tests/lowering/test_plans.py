@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.lowering import observers
-from mesh_tensorflow.lowering import plans, statistics_plans
+from mesh_tensorflow.lowering import einsum_plans, plans, statistics_plans
 import mtf_test_utils
 
 _SETTINGS = dict(deadline=None, derandomize=True,
@@ -128,11 +128,11 @@ def test_einsum_plan_is_what_the_lowering_counts():
   y = mtf.einsum([x, w], output_shape="batch:16;out:4")
   rules = mtf.convert_to_layout_rules("hidden:all")
   mesh_shape = mtf.convert_to_shape("all:8")
-  plan = plans.plan_einsum([x, w], y, lambda s: rules.tensor_layout(s, mesh_shape), [8], False)
+  plan = einsum_plans.plan_einsum([x, w], y, lambda s: rules.tensor_layout(s, mesh_shape), [8], False)
   assert plan.reduced_axes == (0,) and plan.pending_sum_axes == (0,) and not plan.fused
   assert plan.flops == 2 * 16 * 8 * 4 and plan.output_bytes == 16 * 4 * 4
   assert all(not move for move in plan.operand_moves)
-  shared = plans.plan_einsum([x, w], y, lambda s: rules.tensor_layout(s, mesh_shape), [8], True)
+  shared = einsum_plans.plan_einsum([x, w], y, lambda s: rules.tensor_layout(s, mesh_shape), [8], True)
   # Shared memory: operands (640 B) under 3x the output (256 B), hidden outermost.
   assert shared.fused and shared.pending_sum_axes == ()
 

@@ -384,17 +384,35 @@ class _Estimator:
     """Prices a LocalPlan as MeshImpl.execute_local runs it: the operands'
     moves, one kernel per distinct combination of slices, the results'
     moves and pending sums."""
-    args = [self._operand(op, o) for o in plan.operands]
+    inputs = [self._input_ids(op, o) for o in plan.operands]
+    counted = plan.counted_as
+    if counted is not None:  # the moves realize this collective
+      self.collective(counted.kind, counted.nbytes, counted.mesh_axes)
+    args = [self.execute(o.move, op.inputs[o.input].shape, op.inputs[o.input].dtype.size, ids,
+                         record=counted is None) for o, ids in zip(plan.operands, inputs)]
     self.current.flops += plan.flops
     if plan.kernel:
+      operand_bytes = [self.slice_elems(op.inputs[o.input].shape, o.move.target)
+                       * op.inputs[o.input].dtype.size for o in plan.operands]
       nbytes = plan.kernel_bytes
       if nbytes is None:
-        nbytes = sum(self.slice_elems(op.inputs[o.input].shape, o.move.target)
-                     * op.inputs[o.input].dtype.size for o in plan.operands)
-        nbytes += sum(self.slice_elems(r.shape, r.move.source) * r.dtype_size
-                      for r in plan.results)
-      ids = self.slicewise(self._kernel_inputs(args, plan.coordinates), nbytes,
-                           0 if plan.memory_bound else plan.flops)
+        nbytes = sum(operand_bytes) + sum(self.slice_elems(r.shape, r.move.source)
+                                          * r.dtype_size for r in plan.results)
+      flops = 0 if plan.memory_bound else (
+          plan.flops if plan.kernel_flops is None else plan.kernel_flops)
+      batched = None
+      if plan.batch_axes is not None and self.share:
+        batched = plans.batched_operand(plan.batch_axes, lambda i: len(set(args[i])) == 1,
+                                        lambda i, axis: tuple(args[i]) in self.blocks)
+      if batched is not None:  # one kernel on the joined blocks
+        i, axis = batched
+        size = self.mesh_sizes[axis]
+        args[i] = self.combine_ids(args[i], [axis], operand_bytes[i] * size)
+        nbytes, flops = nbytes * size, flops * size
+      ids = self.slicewise(self._kernel_inputs(args, plan.coordinates), nbytes, flops)
+      if batched is not None:  # each processor's rows
+        ids = self.slice_along_ids(ids, batched[1], sum(
+            self.slice_elems(r.shape, r.move.source) * r.dtype_size for r in plan.results))
       args = [ids] * len(plan.results)
     results = [self._result(r, ids) for r, ids in zip(plan.results, args)]
     if plan.combined:
@@ -406,23 +424,50 @@ class _Estimator:
   def kernel_plan(self, op, plan: plans.KernelPlan) -> None:
     """Prices a KernelPlan as MeshImpl.execute_kernels runs it: the
     operands' moves, then each kernel (one per distinct combination of its
-    arguments' slices) and its results' moves and pending sums."""
+    arguments' slices and slice variables) and its results' moves and
+    pending sums; a kernel that writes slice variables is a side effect."""
     values = [self._operand(op, o) for o in plan.operands]
     for kernel in plan.kernels:
       args = [self._complete(values[a]) for a in kernel.args]
-      ids = self.slicewise(self._kernel_inputs(args, kernel.coordinates), kernel.nbytes,
-                           kernel.flops)
+      if kernel.writes:
+        self._write_state(args, kernel)
+        continue
+      inputs = self._kernel_inputs(args, kernel.coordinates)
+      if kernel.state is not None:  # one distinct slice variable per block
+        inputs.append(self.by_layout(kernel.state, count=False))
+      ids = self.slicewise(inputs, kernel.nbytes, kernel.flops)
       values.extend(self._result(r, ids) for r in kernel.results)
     self.current.flops += plan.flops
     for t, i in zip(op.outputs, plan.outputs):
       self.state[t] = values[i]
 
-  def _operand(self, op, operand: plans.Operand):
-    """Per-processor ids of a plan's operand after its move (its summands
-    where the operand takes a pending sum's partials)."""
+  def _input_ids(self, op, operand: plans.Operand):
+    """Per-processor ids of a plan operand's input (its summands where the
+    operand takes a pending sum's partials; else completing the sum)."""
     t = op.inputs[operand.input]
-    ids = self.partial_ids(t) if operand.partial else self.laid_out(t)
-    return self.execute(operand.move, t.shape, t.dtype.size, ids)
+    return self.partial_ids(t) if operand.partial else self.laid_out(t)
+
+  def _write_state(self, args, kernel: plans.Kernel) -> None:
+    """A kernel updating slice variables of layout `kernel.state`: one
+    update per distinct slice variable (per processor without shared
+    memory), on the first processor holding it and reading that
+    processor's values; each is a side effect that the step runs."""
+    axes = [a for a in kernel.state if a is not None]
+    seen = set()
+    for p, c in enumerate(self.coords):
+      key = tuple(c[a] for a in axes) if self.share else p
+      if key in seen:
+        continue
+      seen.add(key)
+      new = next(self._next_id)
+      self.device[new] = p
+      self.unit(new, tuple(x[p] for x in args), 1, kernel.nbytes, kernel.flops)
+      self.sinks.add(new)
+
+  def _operand(self, op, operand: plans.Operand):
+    """Per-processor ids of a plan's operand after its move."""
+    t = op.inputs[operand.input]
+    return self.execute(operand.move, t.shape, t.dtype.size, self._input_ids(op, operand))
 
   def _kernel_inputs(self, args, coordinates):
     """A kernel's inputs: its arguments, and the slice offsets of
