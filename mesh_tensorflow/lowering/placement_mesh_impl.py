@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 import tensorflow as tf
 
+from mesh_tensorflow.lowering import sharing
 from mesh_tensorflow.lowering.collective_keys import placement_group_key
 from mesh_tensorflow.lowering.mesh_impl import (LaidOutTensor, MeshImpl, as_laid_out, graph_cache,
                                       int_constant)
@@ -122,19 +123,16 @@ class PlacementMeshImpl(MeshImpl):
     Returns a LaidOutTensor, or a tuple of them if fn returns a tuple.
     """
     inputs = [as_laid_out(x) for x in inputs]
+    args_of = [[x.tensor_list[pnum] if isinstance(x, LaidOutTensor) else x for x in inputs]
+               for pnum in range(self.size)]
+    made_by = sharing.makers([tuple(id(a) for a in args) for args in args_of], self._share)
     results = []
-    memo = {}
     for pnum, device in enumerate(self._devices):
-      args = [x.tensor_list[pnum] if isinstance(x, LaidOutTensor) else x for x in inputs]
-      if self._share:
-        key = tuple(id(a) for a in args)
-        if key in memo:
-          results.append(memo[key])
-          continue
+      if made_by[pnum] != pnum:
+        results.append(results[made_by[pnum]])
+        continue
       with _on_device(device):
-        results.append(fn(*args))
-      if self._share:
-        memo[key] = results[-1]
+        results.append(fn(*args_of[pnum]))
     if isinstance(results[0], (tuple, list)):
       return tuple(LaidOutTensor(list(r)) for r in zip(*results))
     return LaidOutTensor(results)
@@ -142,16 +140,15 @@ class PlacementMeshImpl(MeshImpl):
   def make_slices(self, fn, shape) -> LaidOutTensor:
     """fn(pnum, slice_begin) on each device; with shared replicas, fn must
     depend on pnum only through slice_begin."""
+    begins = [self.slice_begin(shape, pnum) for pnum in range(self.size)]
+    made_by = sharing.makers([tuple(b) for b in begins], self._share)
     out = []
-    memo = {}
     for pnum, device in enumerate(self._devices):
-      begin = self.slice_begin(shape, pnum)
-      if self._share and tuple(begin) in memo:
-        out.append(memo[tuple(begin)])
+      if made_by[pnum] != pnum:
+        out.append(out[made_by[pnum]])
         continue
       with _on_device(device):
-        out.append(fn(pnum, begin))
-      memo[tuple(begin)] = out[-1]
+        out.append(fn(pnum, begins[pnum]))
     return LaidOutTensor(out)
 
   def laid_out_pnum(self) -> LaidOutTensor:
@@ -196,10 +193,11 @@ class PlacementMeshImpl(MeshImpl):
           with _on_device(self._devices[p]), tf.control_dependencies(reduced):
             out[p] = tf.identity(r)
       else:
-        with _on_device(self._devices[group[0]]):
+        maker, copies = sharing.group_result(group, self._share)
+        with _on_device(self._devices[maker]):
           total = reduce_n(slices, reduction_fn_string)
         for p in group:
-          out[p] = total if self._share else _identity_on(self._devices[p], total)
+          out[p] = _identity_on(self._devices[p], total) if copies else total
     return LaidOutTensor(out)
 
   def _last_collective(self, pnum: int):
@@ -216,12 +214,13 @@ class PlacementMeshImpl(MeshImpl):
       return x
     out = [None] * self.size
     for group in self.processor_groups([mesh_axis]):
+      maker, copies = sharing.group_result(group, self._share)
       full = self._whole_of([x.tensor_list[p] for p in group], mesh_axis, concat_axis)
       if full is None:
-        with _on_device(self._devices[group[0]]):
+        with _on_device(self._devices[maker]):
           full = tf.concat([x.tensor_list[p] for p in group], axis=int_constant(concat_axis))
       for p in group:
-        out[p] = full if self._share else _identity_on(self._devices[p], full)
+        out[p] = _identity_on(self._devices[p], full) if copies else full
     return LaidOutTensor(out)
 
   def alltoall(self, x, mesh_axis: int, split_axis: int, concat_axis: int) -> LaidOutTensor:
@@ -252,7 +251,7 @@ class PlacementMeshImpl(MeshImpl):
       else:
         coords[mesh_axis] = src
         t = x.tensor_list[self.processor_coordinates_to_pnum(coords)]
-        out.append(t if self._share else _identity_on(device, t))
+        out.append(t if sharing.holds_source(self._share) else _identity_on(device, t))
     return LaidOutTensor(out)
 
   def slice_along(self, x, mesh_axis: int, tensor_axis: int) -> LaidOutTensor:
@@ -260,18 +259,17 @@ class PlacementMeshImpl(MeshImpl):
     n = self.mesh_axis_size(mesh_axis)
     if n == 1:
       return x
+    coordinate = [self.pnum_to_processor_coordinates(p)[mesh_axis] for p in range(self.size)]
+    made_by = sharing.makers([(id(t), c) for t, c in zip(x.tensor_list, coordinate)],
+                             self._share)
     out = []
-    memo = {}
     for pnum, device in enumerate(self._devices):
-      c = self.pnum_to_processor_coordinates(pnum)[mesh_axis]
-      t = x.tensor_list[pnum]
-      key = (id(t), c)
-      if self._share and key in memo:
-        out.append(memo[key])
+      if made_by[pnum] != pnum:
+        out.append(out[made_by[pnum]])
         continue
+      t, c = x.tensor_list[pnum], coordinate[pnum]
       with _on_device(device):
         out.append(_take_block(t, tensor_axis, c, n))
-      memo[key] = out[-1]
       self._note_block(out[-1], t, mesh_axis, tensor_axis, c)
     return LaidOutTensor(out)
 
@@ -321,9 +319,9 @@ class PlacementMeshImpl(MeshImpl):
     if slice_shape == full:
       return self.slicewise(tf.identity, LaidOutTensor([x] * self.size))
     laid = self.make_slices(lambda pnum, begin: _slice(x, begin, slice_shape), shape)
-    split = [(m, t) for t, m in enumerate(self.tensor_layout(shape)) if m is not None]
-    if len(split) == 1:  # each slice is one block of x along one mesh axis
-      mesh_axis, tensor_axis = split[0]
+    layout = tuple(self.tensor_layout(shape))
+    if sharing.blocks_of_one_tensor(layout):  # each slice is one block of x along one mesh axis
+      [(mesh_axis, tensor_axis)] = [(m, t) for t, m in enumerate(layout) if m is not None]
       for pnum, block in enumerate(laid.tensor_list):
         index = self.pnum_to_processor_coordinates(pnum)[mesh_axis]
         self._note_block(block, x, mesh_axis, tensor_axis, index)

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from mesh_tensorflow.core.shapes import Shape, convert_to_shape
+from mesh_tensorflow.lowering import sharing
 
 _META_KEY = "__pending_checkpoint__"
 
@@ -245,14 +246,13 @@ def get_or_create(mesh_impl, name: str, shape, master_dtype, slice_dtype,
           f"{list(full_shape)}, slice {slice_shape} {tf.as_dtype(slice_dtype).name}. Use "
           "another name, or the same shape, dtype and layout.")
     return existing
-  shared = mesh_impl.shares_replicas
-  begins, slices, by_begin = [], [], {}
+  begins = [mesh_impl.slice_begin(shape, pnum) for pnum in range(mesh_impl.size)]
+  made_by = sharing.makers([tuple(b) for b in begins], mesh_impl.shares_replicas)
+  slices = []
   with tf.init_scope():
-    for pnum in range(mesh_impl.size):
-      begin = mesh_impl.slice_begin(shape, pnum)
-      begins.append(begin)
-      if shared and tuple(begin) in by_begin:
-        slices.append(by_begin[tuple(begin)])
+    for pnum, begin in enumerate(begins):
+      if made_by[pnum] != pnum:  # a processor holding the same slice made it
+        slices.append(slices[made_by[pnum]])
         continue
       with tf.device(mesh_impl.variable_device(pnum)):
         value = _pending_value(mesh_impl, name, full_shape, begin, slice_shape, trainable,
@@ -261,7 +261,6 @@ def get_or_create(mesh_impl, name: str, shape, master_dtype, slice_dtype,
           value = init_fn(begin, slice_shape)
         v = tf.Variable(tf.cast(value, slice_dtype), trainable=trainable,
                         name=f"{name}/slice_{pnum}", **NOT_CAPTURED_BY_TF_FUNCTION)
-      by_begin[tuple(begin)] = v
       slices.append(v)
   sliced = SlicedVariable(name, full_shape, master_dtype, begins, slices)
   store[name] = sliced

@@ -1,14 +1,14 @@
 """The walk over the graph that prices each operation's plan: which processors
-hold the same TensorFlow tensor, the kernels each operation runs (counted only
-where something needs them), the collectives, and their time.
+hold the same TensorFlow tensor (by lowering/sharing.py's rules), the kernels
+each operation runs (counted only where something needs them), the
+collectives, and their time.
 
-The per-operation pricing lives in operations.py; `_Estimator.run` takes it
-as a table.
+The two plan pricings (`local_plan`, `kernel_plan`) are here; operations.py
+maps plan types to them and prices the operations that run no kernel.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import itertools
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -17,9 +17,9 @@ from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
 from mesh_tensorflow.analysis.cost_model import topology
 from mesh_tensorflow.analysis.cost_model.params import DeviceParams
 from mesh_tensorflow.analysis.cost_model.results import CostEstimate, OpCost
-from mesh_tensorflow.core.layout import pnum_to_processor_coordinates
+from mesh_tensorflow.core.layout import pnum_to_processor_coordinates, processor_groups
 from mesh_tensorflow.core.shapes import Shape
-from mesh_tensorflow.lowering import observers, plans
+from mesh_tensorflow.lowering import observers, plans, sharing
 
 
 class _Lazy:
@@ -37,9 +37,10 @@ class _Estimator:
   """Walks the graph once, pricing the plans the lowering executes.
 
   Besides the layouts it follows which processors hold the very same
-  TensorFlow tensor, as PlacementMeshImpl does with shared memory: a
-  slicewise op runs one kernel per distinct combination of input tensors, an
-  allreduce makes one tensor per group, and so on. That gives the number of
+  TensorFlow tensor, by the rules PlacementMeshImpl follows with shared
+  memory (lowering/sharing.py): a slicewise op runs one kernel per distinct
+  combination of input tensors, an allreduce makes one tensor per group, and
+  so on. That gives the number of
   kernels (and the work) exactly, which replication alone does not: e.g. the
   result of an allreduce over rows is one tensor per column even when the
   layout replicates it over the columns. Each kernel is recorded with the
@@ -112,14 +113,13 @@ class _Estimator:
     """Per-processor ids: one new tensor per distinct key (shared memory) or
     per processor; counts the kernels that make them, and the tensors they
     read from another device (each a send/receive pair in TensorFlow)."""
-    memo = {}
+    made_by = sharing.makers(keys, self.share)
     out = []
-    for p, k in enumerate(keys):
-      if self.share and k in memo:
-        out.append(memo[k])
+    for p, maker in enumerate(made_by):
+      if maker != p:
+        out.append(out[maker])
         continue
       new = next(self._next_id)
-      memo[k] = new
       self.device[new] = p
       if count:
         self.unit(new, tuple(x[p] for x in inputs), 1, nbytes, flops)
@@ -203,10 +203,6 @@ class _Estimator:
     keys = [tuple(c[a] for a in axes) for c in self.coords]
     return self._memo(keys, count, nbytes)
 
-  def _groups(self, axes):
-    axes = set(axes)
-    return [tuple(x for i, x in enumerate(c) if i not in axes) for c in self.coords]
-
   def combine_ids(self, ids, axes, nbytes: int, moved: int = 0):
     """allreduce / allconcat result: one tensor per group (each group's
     members share it), or one per processor without shared memory.
@@ -215,36 +211,35 @@ class _Estimator:
     axes = [a for a in axes if self.mesh_sizes[a] > 1]
     if not axes:
       return ids
-    keys = self._groups(axes)
-    # Each group's slices are combined on its first member's device.
-    first, members = {}, collections.defaultdict(list)
-    for p, k in enumerate(keys):
-      first.setdefault(k, p)
-      members[k].append(ids[p])
-    memo = {}
-    for k, p in first.items():
-      memo[k] = next(self._next_id)
-      self.device[memo[k]] = p
-      self.unit(memo[k], members[k], 1, 0, 0, max(int(moved or 2 * nbytes), 1))
-    combined = tuple(memo[k] for k in keys)
-    if not self.share:  # an identity on every device
-      return self._memo(list(range(self.mesh_size)), True, nbytes, inputs=[combined])
-    return combined
+    combined = [None] * self.mesh_size
+    copied = []
+    for group in processor_groups(self.mesh_shape, axes):
+      maker, copies = sharing.group_result(group, self.share)
+      new = next(self._next_id)
+      self.device[new] = maker
+      self.unit(new, [ids[p] for p in group], 1, 0, 0, max(int(moved or 2 * nbytes), 1))
+      for p in group:
+        combined[p] = new
+      copied.extend(copies)
+    if copied:  # an identity on each of those devices
+      for p in sorted(copied):
+        new = next(self._next_id)
+        self.device[new] = p
+        self.unit(new, (combined[p],), 1, nbytes)
+        combined[p] = new
+    return tuple(combined)
 
   def alltoall_ids(self, ids, axis: int, nbytes: int):
     if self.mesh_sizes[axis] == 1:
       return ids
     # A split on every processor, and a concat of the group's pieces.
-    keys = self._groups([axis])
-    members = collections.defaultdict(list)
-    for p, k in enumerate(keys):
-      members[k].append(ids[p])
-    out = []
-    for p, k in enumerate(keys):
-      new = next(self._next_id)
-      self.device[new] = p
-      self.unit(new, members[k], 2, nbytes)
-      out.append(new)
+    out = [None] * self.mesh_size
+    for group in processor_groups(self.mesh_shape, [axis]):
+      members = [ids[p] for p in group]
+      for p in group:
+        out[p] = next(self._next_id)
+        self.device[out[p]] = p
+        self.unit(out[p], members, 2, nbytes)
     return tuple(out)
 
   def slice_along_ids(self, ids, axis: int, nbytes: int):
@@ -305,7 +300,7 @@ class _Estimator:
         coords = list(c)
         coords[step.mesh_axis] = src
         source = ids[self.coords.index(tuple(coords))]
-        if self.share:
+        if sharing.holds_source(self.share):
           new = source
         else:
           self.unit(new, (source,), 1, nbytes)
@@ -453,12 +448,10 @@ class _Estimator:
     memory), on the first processor holding it and reading that
     processor's values; each is a side effect that the step runs."""
     axes = [a for a in kernel.state if a is not None]
-    seen = set()
-    for p, c in enumerate(self.coords):
-      key = tuple(c[a] for a in axes) if self.share else p
-      if key in seen:
+    made_by = sharing.makers([tuple(c[a] for a in axes) for c in self.coords], self.share)
+    for p, maker in enumerate(made_by):
+      if maker != p:
         continue
-      seen.add(key)
       new = next(self._next_id)
       self.device[new] = p
       self.unit(new, tuple(x[p] for x in args), 1, kernel.nbytes, kernel.flops)

@@ -10,7 +10,7 @@ their own (`WITHOUT_KERNEL`).
 from __future__ import annotations
 
 from mesh_tensorflow.analysis.cost_model.estimator import _Estimator
-from mesh_tensorflow.lowering import plans
+from mesh_tensorflow.lowering import plans, sharing
 
 # pylint: disable=protected-access
 
@@ -24,7 +24,7 @@ def _source(est: _Estimator, op):
       est.state[t] = est.slicewise([], est.slice_bytes(t))
     else:
       est.state[t] = est.by_layout(layout, nbytes=est.slice_bytes(t))
-      if op.local_kernel == "import" and sum(a is not None for a in layout) == 1:
+      if op.local_kernel == "import" and sharing.blocks_of_one_tensor(layout):
         est.blocks.add(tuple(est.state[t]))
 
 

@@ -1,0 +1,65 @@
+"""Which processors hold the same tensor: the rules of shared memory.
+
+Where processors share one memory (logical CPU devices of one process with
+shared replicas, `PlacementMeshImpl(share_replicas=True)`), a tensor that
+several processors would make alike is made once and held by all of them:
+a kernel runs once per distinct combination of inputs, a collective's result
+once per group. Elsewhere every processor holds its own copy. The placement
+implementation follows these functions when it creates TensorFlow ops, and
+the cost model follows the same functions to count the kernels the lowering
+creates, so the two cannot disagree.
+
+    >>> makers([("x", 0), ("x", 1), ("x", 0)], shares_memory=True)
+    [0, 1, 0]
+    >>> group_result([2, 3], shares_memory=False)
+    (2, [2, 3])
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, List, Sequence, Tuple
+
+
+def makers(keys: Sequence[Hashable], shares_memory: bool) -> List[int]:
+  """For each processor, the processor whose kernel makes its tensor.
+
+  `keys[p]` identifies what processor p's kernel would compute (its inputs,
+  its slice's offsets). With shared memory, the first processor with an
+  equal key makes it and the others hold that tensor; without, each
+  processor makes its own.
+
+  Example:
+    >>> makers(["a", "b", "a", "b"], shares_memory=False)
+    [0, 1, 2, 3]
+  """
+  if not shares_memory:
+    return list(range(len(keys)))
+  first = {}
+  return [first.setdefault(key, p) for p, key in enumerate(keys)]
+
+
+def group_result(group: Sequence[int], shares_memory: bool) -> Tuple[int, List[int]]:
+  """(maker, copies) of a collective's result in one group of processors:
+  the group's first member combines the members' slices; with shared memory
+  every member holds that one tensor, without it each member (`copies`)
+  gets a copy on its own device.
+
+  Example:
+    >>> group_result([4, 5, 6, 7], shares_memory=True)
+    (4, [])
+  """
+  return group[0], ([] if shares_memory else list(group))
+
+
+def holds_source(shares_memory: bool) -> bool:
+  """Whether a processor that receives another's slice (a permute) holds
+  the sender's tensor itself (shared memory) rather than a copy on its own
+  device."""
+  return shares_memory
+
+
+def blocks_of_one_tensor(layout: Sequence) -> bool:
+  """Whether the slices of a tensor imported (or sliced) with `layout` are
+  the blocks of one tensor along one mesh axis, so that joining them back
+  (an allgather along that axis) is that tensor and copies nothing."""
+  return sum(a is not None for a in layout) == 1
