@@ -1,6 +1,6 @@
-"""The original Mesh TensorFlow's remaining transformer.py names: a
-reversible layer stack, distillation from a teacher (`StudentTeacher`),
-ensemble logit reductions and annealed dropout.
+"""The transformer library's less common model pieces: a reversible layer
+stack, distillation from a teacher (`StudentTeacher`), ensemble logit
+reductions and annealed dropout.
 
 Import them from `transformer`, which re-exports them:
 
