@@ -320,10 +320,9 @@ def beam_search(logits_fn: LogitsFn, initial_ids: Tensor, alpha: float,
     logits, new_states = logits_fn(step, alive_seq, list(states))
     vocab_dim = logits.shape.dims[-1]
     logits = transpose(ew.cast(logits, dtype), Shape(batch_dims + [beam_dim, vocab_dim]))
-    # The two per-hypothesis terms are summed first, as the original's
-    # graph evaluates log_softmax(logits) + alive_lp once TensorFlow's graph
-    # optimizer has regrouped its two broadcast additions. The order matters
-    # for the empty beams (log P -1e7), where float32 steps are 1.0 and it
+    # The two per-hypothesis terms are summed first, so that the beams match
+    # the original's (whose optimized graph sums them in this order). The order
+    # matters for the empty beams (log P -1e7), where float32 steps are 1.0 and it
     # decides which of them fill alive places at the first step.
     log_probs = logits + (alive_lp - reduce_logsumexp(logits, vocab_dim))
     step_penalty = penalty(step + 1)

@@ -226,8 +226,8 @@ def dense(x: Tensor, new_dims: Optional[DimOrDims] = None,
   variable_dtype = _variable_dtype(x.dtype, master_dtype, slice_dtype, variable_dtype)
   name = unique_layer_name(x.mesh, name, "dense")
   if kernel_weights is None:
-    # Looked up on mtf.layers, as the original's dense found it in its own
-    # module: the original's tests replace mtf.layers.get_dense_kernel_weights.
+    # Looked up on mtf.layers at call time, so that a replaced
+    # mtf.layers.get_dense_kernel_weights (ported tests patch it) takes effect.
     kernel_weights_fn = getattr(sys.modules.get(__package__), "get_dense_kernel_weights",
                                 get_dense_kernel_weights)
     kernel_weights = kernel_weights_fn(

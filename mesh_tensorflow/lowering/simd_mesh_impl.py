@@ -66,7 +66,7 @@ class SimdMeshImpl(MeshImpl):
       needed for the "tpu" backend.
     device_assignment: for the TPU backend, a
       `tf.tpu.experimental.DeviceAssignment`; see `tpu_device_assignment`.
-    logical_to_physical: the original's processor permutation: processor p
+    logical_to_physical: a processor permutation: processor p
       runs on `devices[logical_to_physical[p]]` (devices listed in physical
       order; see `auto_logical_to_physical_tpu`). On TPUs, build the
       placement into the device assignment instead (`tpu_device_assignment`).

@@ -467,7 +467,7 @@ def conv3d_with_blocks(conv_input: Tensor, conv_filter: Tensor, strides: IntOrIn
                        h_blocks_dim: DimLike = None, name: Optional[str] = None,
                        w_blocks_dim: DimLike = None) -> Tensor:
   """`conv3d` over blocks (the original op's name and argument order;
-  `w_blocks_dim`, which the original lacked, comes last).
+  `w_blocks_dim` comes last).
 
   Example:
     >>> y = mtf.conv3d_with_blocks(x, kernel, (1, 1, 1), "SAME", d_blocks_dim=db)

@@ -203,7 +203,7 @@ def make_optimizer(hparams, lr: Hyperparameter) -> Optimizer:
                    "(or build an mtf.optimize optimizer directly).")
 
 
-# ---- the original's multi-schedule optimizers -----------------------------------
+# ---- multi-schedule optimizers ---------------------------------------------------
 def product_learning_rate(step, total_train_steps, factors=None, offset=0):
   """The product of `factors`: numbers and schedules called as
   f(step - offset, total_train_steps - offset) (the original's
@@ -234,9 +234,8 @@ def compute_lr_for_step(schedules, learning_rate, train_steps: int = 524288, ste
   `compute_lr_for_step`): `learning_rate` for a None entry, else the product
   of the entry's factors (see `product_learning_rate`) over `train_steps`.
 
-  The original evaluated the schedules at TensorFlow's global step, which TF2
-  does not keep: here, without `step`, each rate is a function of the step
-  that the optimizers resolve per update (see `Optimizer.hyperparameter`);
+  Without `step`, each rate is a function of the step that the optimizers
+  resolve per update (see `Optimizer.hyperparameter`);
   with `step` (a number or scalar tensor), the rates at that step.
 
   Example:
@@ -299,8 +298,7 @@ class AdafactorWithMultiLRSchedule(_MultiLRSchedule, AdafactorOptimizer):
   `alt_lr_schedules[i]` (a list of `product_learning_rate` factors over
   `train_steps`, or None for the default), the others the optimizer's own.
 
-  The original applied a matched variable's update once per pattern; here
-  each variable is updated once.
+  Each variable is updated once.
 
   Example:
     >>> opt = mtf.optimize.AdafactorWithMultiLRSchedule(

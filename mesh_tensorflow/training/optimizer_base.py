@@ -68,7 +68,7 @@ def step_counter(mesh: Mesh, name: str = STEP_COUNTER_NAME) -> Tensor:
 
 
 def step_num():
-  """The original's TensorFlow global step, which this library does not keep.
+  """The original's `step_num`; always raises: this library keeps no TensorFlow global step.
 
   Raises:
     ValueError: always, naming the replacements: `step_counter(mesh)` (an mtf

@@ -96,15 +96,14 @@ class _TailCluster(vocab_embeddings._Cluster):  # pylint: disable=protected-acce
 class AdaptiveSoftmaxVocabEmbedding:
   """A vocabulary embedding with an adaptive softmax over clusters of ids.
 
-  The variables are the original's, so that a checkpoint the original wrote
-  restores: the head cluster's table (plain, or factorized when its
+  The variables are named and laid out as the original's, so its
+  checkpoints restore: the head cluster's table (plain, or factorized when its
   embedding_size is not d_model) has one row per head token followed by one
   row per tail cluster (the tail entries of the head softmax), and each tail
   cluster has its own table over its tokens (see `AdaptiveVocabEmbedding`).
 
   `hidden_to_logits` returns log-probabilities over the whole vocabulary
-  in every mode (the original returned the hidden states in training). The
-  training loss (`compute_loss`, which Unitransformer and
+  in every mode. The training loss (`compute_loss`, which Unitransformer and
   `adaptive_softmax_loss_fn` use in training) works from the hidden states
   without forming the whole softmax, so its gradients never go through the
   log-probabilities (which the main job still reads for its token-accuracy
@@ -113,7 +112,7 @@ class AdaptiveSoftmaxVocabEmbedding:
   (head and tails) adds its own.
 
   Needs Unitransformer.shared_embedding_and_softmax_weights = True.
-  label_smoothing is not supported (a clear error; the original ignored it);
+  label_smoothing is not supported (a clear error);
   loss_on_targets_only and loss_denominator are honoured.
 
   Args:
@@ -286,10 +285,10 @@ def adaptive_softmax_loss_fn(decoder, context: transformer.Context, logits: mtf.
   In training, the embedding's `compute_loss` of the stack's output (which
   the Unitransformer leaves in context.cache["vocab_embedding_hidden"]; a
   `logits` argument without the vocabulary dimension is taken as that
-  output and gets the training loss, as in the original); otherwise the
-  cross-entropy of the log-probabilities `logits`. The embedding is the
-  context's shared_params["embedding"] (as in the original) or the one the
-  Unitransformer left in context.cache["vocab_embedding"].
+  output and gets the training loss); otherwise the cross-entropy of the
+  log-probabilities `logits`. The embedding is the context's
+  shared_params["embedding"] or the one the Unitransformer left in
+  context.cache["vocab_embedding"].
 
   Example:
     >>> # gin: Unitransformer.loss_fn = @adaptive_softmax.adaptive_softmax_loss_fn
@@ -311,7 +310,7 @@ def adaptive_softmax_loss_fn(decoder, context: transformer.Context, logits: mtf.
   vocab_name = (output_vocab_dim.name if output_vocab_dim is not None
                 else embedding._vocab_dim.name)  # pylint: disable=protected-access
   if not logits.shape.has_dim_name(vocab_name):
-    # The original's convention: in training its logits were the hidden states.
+    # Hidden states passed as logits (the original's convention in training).
     return embedding.compute_loss(decoder, logits, targets, context, training=True)
   hidden = context.cache.get("vocab_embedding_hidden")
   if _is_training(context) and hidden is not None:

@@ -179,8 +179,8 @@ def _master_dtype_from_checkpoint(variable_dtype: mtf.VariableDType,
                                   prefix: Optional[str]) -> mtf.VariableDType:
   """variable_dtype, with the master dtype of the checkpoint the run starts
   from where the config does not set `get_variable_dtype.master_dtype`: a
-  model directory the original trained with its default bfloat16 masters
-  keeps training and saving bfloat16 masters, as it would there."""
+  checkpoint with bfloat16 masters (the original's default) keeps training
+  and saving bfloat16 masters."""
   if prefix is None or modeling._bound("get_variable_dtype", "master_dtype"):  # pylint: disable=protected-access
     return variable_dtype
   from mesh_tensorflow.compat import original_checkpoint  # pylint: disable=g-import-not-at-top

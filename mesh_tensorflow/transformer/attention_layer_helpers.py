@@ -1,5 +1,5 @@
 """What the attention layer families share: the encoder-decoder attention
-of the original (`enc_dec_attention`, `enc_dec_attention_bias`), its
+(`enc_dec_attention`, `enc_dec_attention_bias`), its
 relative-position spans (`relative_position_spans`), and small helpers for
 memories, decoding caches and attention biases.
 
@@ -127,7 +127,7 @@ def relative_position_spans(context: transformer.Context, num_sentinels: int = N
   before any sentinel at the input's start) and the result is that position
   minus each encoder position. Packed examples (sequence ids) are kept
   apart. When decoding ("first_part" and "incremental" modes) every target
-  is placed at the start, as in the original: decoding a model whose
+  is placed at the start: decoding a model whose
   targets hold sentinels sees other positions than its training did.
 
   Args:

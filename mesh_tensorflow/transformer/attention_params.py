@@ -105,7 +105,7 @@ class AttentionParams:
     self.o_shape = lead + self.o_dims + [output_dim]
     self.init_weights()
 
-  # The original's names of the library's earlier attributes.
+  # Attributes under the original's names.
   @property
   def heads(self) -> Optional[mtf.Dimension]:
     return self.query_heads_dims[0] if self.query_heads_dims else None

@@ -119,10 +119,9 @@ class BranchedSelfAttention(tl.SelfAttention):
   defaults, variables "wi" and "wo" shared by the heads), scaled by "alpha"
   [heads] and summed over the heads.
 
-  kappa and alpha are kept non-negative and summing to one: the original
-  projected them after each training step (a variable constraint); here the
+  kappa and alpha are kept non-negative and summing to one: the
   projection relu(z) / sum(relu(z) + 1e-4) is applied where they are read,
-  which gives the same values for variables that satisfy it. Both are
+  which leaves values that already satisfy it unchanged. Both are
   initialized uniform in [0, 1). Takes SelfAttention's keyword arguments
   (num_memory_heads must be 0).
 

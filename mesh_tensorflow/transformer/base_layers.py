@@ -115,8 +115,8 @@ class SelfAttention(transformer.TransformerLayer):
       with doubly-normalized attention, `attention.hybrid_attention`; whole
       sequences only: decoding with it is a ValueError).
     keep_query_heads_dims, use_hyperprompt and the other hyperprompt
-      options: the original's experimental variants, not supported; anything
-      but their defaults is a ValueError.
+      options: experimental variants, not supported; anything but their
+      defaults is a ValueError.
 
   The positional order is the original's: `SelfAttention(8, 0, 64, False,
   0.1)` is 8 heads of size 64 with dropout 0.1.
@@ -194,7 +194,7 @@ class SelfAttention(transformer.TransformerLayer):
     if self.relative_attention_type != "bias_shared":
       return
     key = "relative_attention_bias_shared"
-    if key not in context.cache:  # the first such layer's, as in the original
+    if key not in context.cache:  # made in the first such layer's scope
       context.cache[key] = self._bias_variable(context, "relative_attention_bias")
 
   def _bias_variable(self, context, name):
@@ -318,7 +318,7 @@ class LocalSelfAttention(SelfAttention):
   decoding uses the same caches as SelfAttention.
 
   Args:
-    radius: how far each position looks (first, as in the original:
+    radius: how far each position looks (the first positional argument:
       `LocalSelfAttention(64, 8)` is radius 64 with 8 heads).
     num_heads ... attention_kwargs, **kwargs: SelfAttention's arguments.
 
@@ -479,8 +479,7 @@ class Conv1D(transformer.TransformerLayer):
 
   def _mask_padding(self, context, x):
     """x zeroed at padding (sequence id 0), so that padding never leaks into
-    real positions (the original compared the input ids with 0, which also
-    hid a start-of-sequence id 0 in training but not when decoding)."""
+    real positions."""
     if hasattr(context, "sequence_id"):
       mask = context.nonpadding
     elif isinstance(getattr(context, "inputs", None), mtf.Tensor) and (
@@ -498,18 +497,18 @@ _TF_GLOROT_UNIFORM = tf.compat.v1.glorot_uniform_initializer
 
 class Conv1DLayer(Conv1D):
   """A 1D convolution along the length, from the model dimension to
-  `output_size` channels (a dimension of the model dimension's name), as the
-  original's: padding positions (sequence id 0, or input id 0 in a bare
+  `output_size` channels (a dimension of the model dimension's name):
+  padding positions (sequence id 0, or input id 0 in a bare
   context) are zeroed first, the window is centred ("SAME" padding), and in
   "first_part" / "incremental" modes the last `filter_size` inputs are the
   decoding state, so that an incremental step convolves the window ending at
   the current position (which equals the full computation only for
-  filter_size 1; the original's layer behaves the same way).
+  filter_size 1).
 
   It does not stop information from crossing between packed examples: use it
   in encoders, or decoders that accept that. Variable "conv1d/kernel"
-  [1, filter_size, d_model, output_size], Glorot-uniform initialized as in
-  the original (with this library's layout-invariant Glorot initializer).
+  [1, filter_size, d_model, output_size], Glorot-uniform initialized (with
+  this library's layout-invariant Glorot initializer).
 
   Args:
     filter_size: the window length.
@@ -543,8 +542,8 @@ class Conv1DLayer(Conv1D):
     output_dim = mtf.Dimension(x.shape.dims[-1].name, self.output_size)
     # TensorFlow's Glorot initializer draws other numbers on every layout;
     # this library's Glorot-uniform default is layout-invariant and used
-    # instead. A replaced tf.compat.v1.glorot_uniform_initializer (the
-    # original's tests patch it to fix the kernel) is honoured.
+    # instead. A replaced tf.compat.v1.glorot_uniform_initializer (ported
+    # tests patch it to fix the kernel) is honoured.
     glorot = tf.compat.v1.glorot_uniform_initializer
     initializer = None if glorot is _TF_GLOROT_UNIFORM else glorot()
     y = mtf.layers.conv1d(x, output_dim, filter_size=self.filter_size, padding=padding,

@@ -1,5 +1,5 @@
 """The encoder-decoder Transformer, `Bitransformer` (two Unitransformers), and
-the original's builders of encoder-decoders from gin scopes:
+the builders of encoder-decoders from gin scopes:
 `make_bitransformer` and `make_bi_student_teacher`.
 
     >>> model = Bitransformer(encoder, decoder)
@@ -242,8 +242,8 @@ def make_bitransformer(input_vocab_size: Optional[int] = None,
                        output_vocab_size: Optional[int] = None, layout=None, mesh_shape=None,
                        encoder_name: str = "encoder", decoder_name: str = "decoder",
                        bitransformer_cls=Bitransformer):
-  """An encoder-decoder built from gin bindings, as the original's gin files
-  build it (gin: `transformer.make_bitransformer`).
+  """An encoder-decoder built from gin bindings (gin:
+  `transformer.make_bitransformer`).
 
   The encoder is a non-autoregressive Unitransformer without output
   vocabulary and the decoder an autoregressive one whose input and output
@@ -264,8 +264,7 @@ def make_bitransformer(input_vocab_size: Optional[int] = None,
   what to bind.
 
   Args:
-    input_vocab_size: the encoder's vocabulary size (required; the
-      original's default was gin.REQUIRED).
+    input_vocab_size: the encoder's vocabulary size (required).
     output_vocab_size: the decoder's vocabulary size (required).
     layout: layout rules, passed to both Unitransformers (layers such as
       MoE1D read them).
@@ -306,7 +305,7 @@ def make_bitransformer(input_vocab_size: Optional[int] = None,
           mesh_shape=mesh_shape)
   return bitransformer_cls(sides["encoder"], sides["decoder"])
 
-# The original's reversible stack, distillation and ensemble reductions.
+# Distillation: a student and a teacher (StudentTeacher, transformer_extras.py).
 
 
 def make_bi_student_teacher(input_vocab_size: Optional[int] = None,

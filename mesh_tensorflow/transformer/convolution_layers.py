@@ -1,4 +1,4 @@
-"""Convolution layers of the original: separable 1-D convolutions
+"""Convolution layers: separable 1-D convolutions
 (`SeparableConv1DLayer`) and the local convolutional attention family
 (`Conv1DLocalAttn`, `LightweightConv1DLocalAttn`, `DynamicConv1DLocalAttn`,
 `LocalConvAttnBlock`), all decoding incrementally through
@@ -217,7 +217,7 @@ class LocalConvAttnBlock(transformer.TransformerLayer):
     depthwise_filter_initializer_scale: as Conv1DLocalAttn.
     pointwise_filter_initializer_scale: as Conv1DLocalAttn.
     activation: as Conv1DLocalAttn.
-    num_unique_depth_filters: accepted and ignored, as the original did.
+    num_unique_depth_filters: accepted and ignored.
     attention_type: "lightweight_conv" or "dynamic_conv".
 
   Example:

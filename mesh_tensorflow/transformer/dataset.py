@@ -12,9 +12,9 @@ short examples into each fixed-length row and batches the rows:
 Packed rows carry, per token, the number of the example it belongs to
 (`<key>_segmentation`: 1, 2, ... within the row, 0 for padding) and its
 position inside that example (`<key>_position`), so a model keeps the examples
-apart (attention masks, position embeddings), as in the original Mesh
-TensorFlow (see packing.py). An encoder-decoder pipeline reads tab-separated "input<TAB>target"
-lines and packs `inputs` and `targets` together (`pairs_dataset`).
+apart (attention masks, position embeddings; see packing.py). An
+encoder-decoder pipeline reads tab-separated "input<TAB>target" lines and packs
+`inputs` and `targets` together (`pairs_dataset`).
 
 Every pipeline is deterministic for a given seed: the same files give the same
 batches in the same order, run after run.

@@ -23,7 +23,7 @@ from mesh_tensorflow.transformer.packing import Lengths
 _GIN_MODULE = "mesh_tensorflow.transformer.dataset"
 
 
-# ------------------------------------------- the original's dataset functions
+# ------------------------------------------- dataset functions
 # Same names, arguments and output features as the original Mesh TensorFlow's
 # transformer/dataset.py, on tf.data; padding is id 0 and EOS is id 1.
 
@@ -98,7 +98,7 @@ def _pack_group(batch: Dict[str, tf.Tensor], keys: List[str],
 def pack_dataset(dataset: tf.data.Dataset, length: Lengths,
                  keys: Optional[Collection[str]] = None,
                  use_custom_ops: bool = False) -> tf.data.Dataset:
-  """Packs several examples into each fixed-length row, as the original did.
+  """Packs several examples into each fixed-length row.
 
   Every feature in `keys` is cut to its length and its padding (id 0) dropped;
   consecutive examples then share a row while all their features fit ("next

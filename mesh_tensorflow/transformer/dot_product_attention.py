@@ -146,7 +146,7 @@ def relative_position_bias(weights: mtf.Tensor, query_position: mtf.Tensor,
   return mtf.gather(weights, buckets, buckets_dim)
 
 
-# ------------------------------------------------------ the original's functions
+# --------------------------------------------------------- masks and attention
 def visibility_mask_to_attention_bias(visible: mtf.Tensor, dtype) -> mtf.Tensor:
   """An additive attention bias: 0 where `visible` (bool) is true, a large
   negative number where it is false (-1e9; -3e4 in float16, whose range ends

@@ -11,7 +11,7 @@ the residual after each of them, as for any layer:
     ...                   SelfAttention(), EncDecAttention(), DenseReluDense()]
 
 The convolutions do not stop information from crossing between packed
-examples (as in the original); the decoder's are causal (they look only at
+examples; the decoder's are causal (they look only at
 the current and earlier positions), so a language model may use them. They
 keep no decoding caches: decode such models by running the whole prefix
 (incremental decoding raises an error).

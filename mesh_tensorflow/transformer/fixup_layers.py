@@ -238,9 +238,8 @@ class SelfAttentionFixup(transformer_layers.SelfAttention):
 
 
 class EncDecAttentionFixup(transformer_layers.EncDecAttention):
-  """Attention over the encoder's output, as `EncDecAttention` (the
-  original's Fixup variant kept its standard initialisation and only
-  defaults relative_attention_type to None).
+  """Attention over the encoder's output, as `EncDecAttention` (its standard
+  initialisation; only relative_attention_type defaults to None).
 
   Example:
     >>> layer = EncDecAttentionFixup(num_heads=8)

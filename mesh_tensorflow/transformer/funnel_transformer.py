@@ -249,7 +249,7 @@ class FunnelTransformerLayerStack(transformer.LayerStack):
     for (arg, value), default in zip((("sublayers_initial", sublayers_initial),
                                       ("sublayers_per_layer", sublayers_per_layer),
                                       ("sublayers_final", sublayers_final)), defaults):
-      # The original's default lists are the built-in body (tested in
+      # The default lists are the built-in body (tested in
       # test_transformer_sublayers.py): accepted; any other list is refused.
       if value is not None and _sublayer_names(value) != _sublayer_names(default):
         raise ValueError(

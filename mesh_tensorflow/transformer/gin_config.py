@@ -52,7 +52,7 @@ _MODEL_NAMES = [
      ["Unitransformer", "Bitransformer", "LayerStack", "make_layer_stack", "VocabEmbedding",
       "get_vocab_embedding_cls", "make_bitransformer", "make_bi_student_teacher",
       "shift_targets",
-      # The original's sublayer functions (sublayers.py):
+      # The sublayer functions (sublayers.py):
       # `transformer.LayerStack.sublayers_per_layer = [@transformer.sublayer_rms_norm, ...]`.
       "sublayer_call_layer", "sublayer_mask_padding", "sublayer_rms_norm",
       "sublayer_rms_norm_subsampled", "sublayer_legacy_rms_norm",
@@ -118,7 +118,7 @@ def register_configurables() -> Dict[str, object]:
         continue
       gin_module_path = f"mesh_tensorflow.transformer.{gin_module}"
       if isinstance(obj, type) and id(obj) not in decorated:
-        # In place, as the original's @gin.configurable classes were: a
+        # In place, as a @gin.configurable class decorator does: a
         # subclass's super().__init__() then takes its base's bindings too
         # (SelfAttention.num_heads reaches EncDecAttention).
         decorated.add(id(obj))
@@ -127,7 +127,7 @@ def register_configurables() -> Dict[str, object]:
         CONFIGURABLES[name] = gin.external_configurable(obj, module=gin_module_path)
   bitransformer = CONFIGURABLES.get("Bitransformer")
   if bitransformer is not None:
-    # The original's decoding settings: `Bitransformer.decode.beam_size = 4`,
+    # The decoding settings: `Bitransformer.decode.beam_size = 4`,
     # `Bitransformer.decode.alpha = 0.6`, ... (T5's beam_search.gin).
     bitransformer.decode = gin.configurable("decode", module="Bitransformer")(
         bitransformer.decode)

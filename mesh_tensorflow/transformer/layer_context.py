@@ -78,7 +78,7 @@ class TransformerLayer:
     return value if isinstance(value, str) else None
 
   def set_name(self, name: Optional[str]) -> None:
-    """Sets the slot scope (the original's API; `make_layer_stack` calls it)."""
+    """Sets the slot scope (`make_layer_stack` calls it)."""
     self._name = name
 
 
@@ -107,7 +107,7 @@ class Context:
       loss is computed.
     initial_position: where decoding starts (first_part mode).
     layer_outputs: a list collecting the activations after each layer (a new
-      empty list when not given, as in the original; a pipelined stack runs
+      empty list when not given; a pipelined stack runs
       its stages concurrently only when no list was given).
     encoder_output: [batch..., memory_length, d_model] for decoders.
     encoder_sequence_id: segment ids [batch..., memory_length] of the encoder.
@@ -119,10 +119,10 @@ class Context:
       to memory position m iff read_priority[q] >= write_priority[m].
     read_priority: int, like write_priority.
     inputs: the model's input ids [batch..., length], for layers that read
-      them (the original's field).
+      them.
     encoder_inputs: the encoder's input ids, for decoder layers.
-    num_microbatches: how many micro-batches the step is cut into (the
-      original's field, for layers whose statistics depend on it).
+    num_microbatches: how many micro-batches the step is cut into (for
+      layers whose statistics depend on it).
 
   A LayerStack also sets `layer_index` (the number of layers run so far)
   and, while the sublayers of one layer run (stacks given sublayer lists),

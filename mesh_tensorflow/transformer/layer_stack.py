@@ -1,7 +1,7 @@
 """The layer stack of a transformer and what its layers see: the
 `TransformerLayer` base class, the `Context` passed to every layer, the
-pre-norm residual `LayerStack` (or one built from the original's sublayer
-functions, sublayers.py) and `make_layer_stack`.
+pre-norm residual `LayerStack` (or one built from sublayer functions,
+sublayers.py) and `make_layer_stack`.
 
 The base class and the context live in layer_context.py; this module
 re-exports them. Import them from `transformer` (which re-exports them too)
@@ -45,9 +45,9 @@ class LayerStack(TransformerLayer):
   counted within its block) or, for layers without one, "layer_%03d", then
   "<LayerClass>"; the norms are "<layer>/rms_norm/scale" and the final one
   "rms_norm/scale" at the stack's scope. With both `dropout_rate` and
-  `norm_epsilon` given (the original's legacy mode, T5 v1.0 checkpoints)
-  they are "<layer>/layer_norm/scale" and "final_layer_norm/scale" instead,
-  and sublayer lists are ignored (with a warning), as in the original. A
+  `norm_epsilon` given (the legacy mode of T5 v1.0 checkpoints) they are
+  "<layer>/layer_norm/scale" and "final_layer_norm/scale" instead, and
+  sublayer lists are ignored (with a warning). A
   "layer" norm_type keeps the legacy names.
 
   Activation recomputation (`recompute`, training only):
@@ -74,14 +74,14 @@ class LayerStack(TransformerLayer):
   `mtf.pipeline.pipeline_loss`. Decoding ("first_part", "incremental") and
   `layer_outputs` run the stages one after another on the whole batch.
 
-  Sublayers (the original's configurable body): given any of
+  Sublayers (a configurable body): given any of
   `sublayers_initial`, `sublayers_per_layer` and `sublayers_final` (lists of
   functions called as `s(x, layer_stack, context)`, see sublayers.py), the
   stack runs the initial sublayers in order; then for each layer, in its
   slot scope (`layer_scope`) with `context.current_layer` and
   `context.current_layer_input` set, its per-layer sublayers in order (their
   result must keep x's shape); then the final sublayers and the padding mask.
-  A list not given is the original's default: [sublayer_dropout];
+  A list not given is the default: [sublayer_dropout];
   [sublayer_rms_norm, sublayer_call_layer, sublayer_dropout,
   sublayer_residual]; [sublayer_rms_norm, sublayer_dropout]. Then
   `dropout_rate` and `norm_epsilon` serve only `sublayer_legacy_dropout` and
@@ -142,7 +142,7 @@ class LayerStack(TransformerLayer):
       if not hasattr(layer, "call"):
         raise TypeError(f"LayerStack: {layer!r} is not a TransformerLayer (no call method).")
     self._layers = list(layers)
-    # The original's legacy mode: both given. Its norms are named
+    # Legacy mode: both given. Its norms are named
     # "layer_norm"/"final_layer_norm" and sublayer lists are ignored.
     self.legacy = dropout_rate is not None and norm_epsilon is not None
     if self.legacy and any(lst is not None for lst in (
@@ -702,10 +702,10 @@ def make_layer_stack(layers: Sequence[Any], layer_stack_cls=None, num_layers: in
   LayerStack). recompute, num_stages,
   num_microbatches, pipeline_schedule, stages_dim_name and the sublayer
   lists are LayerStack's (activation recomputation, pipeline parallelism,
-  the original's sublayers; gin: `transformer.make_layer_stack.num_stages =
+  sublayers; gin: `transformer.make_layer_stack.num_stages =
   4`). The stack is built by gin's LayerStack once gin_config has
   registered it, so `transformer.LayerStack.sublayers_per_layer = [...]`
-  in a gin file applies, as in the original; `layer_stack_cls` (the
+  in a gin file applies; `layer_stack_cls` (the
   original's argument) builds it with another LayerStack class instead.
 
   Example:
@@ -758,7 +758,7 @@ def _make_layer(spec):
     factory, kwargs = None, {}
     for item in spec:
       if isinstance(item, str):
-        continue  # the original's scope name
+        continue  # the slot's name (see _spec_name)
       if isinstance(item, dict):
         kwargs = item
       else:

@@ -16,10 +16,10 @@ be a Python number (handy for checks), a TensorFlow scalar or an mtf scalar:
     ...                    final_fraction=0.0)
     0.005
 
-The original Mesh TensorFlow's schedules take the step and the total number of
-training steps, `fn(step, total_train_steps, ...)`, with the original's names
-and defaults (`product_learning_rate`, `constant`, `constant_learning_rate`,
-`linear_decay`, `linear_warmup`, `truncated_rsqrt`, `slanted_triangular`,
+The schedules below take the step and the total number of training steps,
+`fn(step, total_train_steps, ...)`, with the original's names and defaults
+(`product_learning_rate`, `constant`, `constant_learning_rate`, `linear_decay`,
+`linear_warmup`, `truncated_rsqrt`, `slanted_triangular`,
 `learning_rate_schedule_noam`, `linear_decay_learning_rate`), so their gin
 bindings port unchanged; `utils.run` passes its `train_steps` as
 `total_train_steps` (see `bind_total_train_steps`):
@@ -104,9 +104,8 @@ def noam(step: lrs.Step, d_model: int = 512, warmup_steps: int = 4000,
 def linear_decay_learning_rate(step: lrs.Step, total_train_steps: int,
                                initial_lr: float = 0.1, offset: int = 0) -> lrs.Value:
   """`initial_lr` until step `offset`, then linearly down to 0 at
-  `total_train_steps` (the original Mesh TensorFlow's fine-tuning schedule).
-  As in the original, the result is a TensorFlow scalar even for a Python
-  step (an mtf scalar for an mtf step).
+  `total_train_steps` (a fine-tuning schedule). The result is a TensorFlow
+  scalar even for a Python step (an mtf scalar for an mtf step).
 
   Example:
     >>> float(linear_decay_learning_rate(50, total_train_steps=100, initial_lr=0.001))
@@ -119,7 +118,7 @@ def linear_decay_learning_rate(step: lrs.Step, total_train_steps: int,
 
 def bind_total_train_steps(schedule: Optional[Callable], train_steps: int) -> Optional[Callable]:
   """`schedule` as a function of the step alone: a schedule that takes
-  `total_train_steps` (the original's convention) gets `train_steps` for it.
+  `total_train_steps` gets `train_steps` for it.
 
   Example:
     >>> lr = bind_total_train_steps(linear_decay, 100)
@@ -137,7 +136,7 @@ def bind_total_train_steps(schedule: Optional[Callable], train_steps: int) -> Op
   return lambda step: schedule(step, total_train_steps=train_steps)
 
 
-# ------------------------------------------- the original's (step, total_train_steps) schedules
+# ------------------------------------------- (step, total_train_steps) schedules
 Number = Union[int, float]
 
 
@@ -191,7 +190,7 @@ def constant(step: lrs.Step, total_train_steps: Number, value=1.0) -> lrs.Value:
 @gin.configurable(module=_MODULE)
 def constant_learning_rate(step: lrs.Step, total_train_steps: Number,
                            learning_rate=gin.REQUIRED) -> lrs.Value:
-  """`learning_rate` at every step (the original's older name for `constant`).
+  """`learning_rate` at every step (the original's other name for `constant`).
 
   Example:
     >>> constant_learning_rate(7, 100, learning_rate=0.01)

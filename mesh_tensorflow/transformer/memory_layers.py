@@ -64,7 +64,7 @@ class ProductKeyValueMemory(transformer.TransformerLayer):
 
   Args:
     key_size: the size of a query (both halves): each half has
-      key_size // 2 (an odd size drops one, as in the original).
+      key_size // 2 (an odd size drops one).
     n_keys: sub-keys per half; the memory has n_keys**2 value rows.
     n_heads: memory heads (each with its own query, sub-keys and top knn).
     knn: rows read per head and token; at most n_keys.

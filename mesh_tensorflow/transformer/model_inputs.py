@@ -40,8 +40,8 @@ def positive_int(value, what: str, hint: str = "", integer_types=(int,)) -> int:
 
 
 def refuse_unsupported(owner: str, options) -> None:
-  """A ValueError for the first of the original's options (name -> (value,
-  default)) set to something else than its default: options this library
+  """A ValueError for the first of `options` (name -> (value, default)) set
+  to something else than its default: options this library
   accepts so that ported code and gin files parse, but does not provide.
 
   Example:
@@ -92,7 +92,7 @@ def sinusoid_positional_embedding_weights(mesh: mtf.Mesh, max_length_dim: mtf.Di
                                           model_dim: mtf.Dimension, dtype,
                                           min_timescale: float = 1.0,
                                           max_timescale: float = 1.0e4) -> mtf.Tensor:
-  """The original's table of sinusoids [max_length_dim, model_dim] (as in
+  """A table of sinusoids [max_length_dim, model_dim] (as in
   tensor2tensor's timing signal).
 
   With n = model_dim.size // 2 and timescale k = min_timescale *
@@ -161,8 +161,8 @@ def _check_ids(fn: str, ids, what: str = "targets") -> mtf.Dimension:
 
 
 def shift_targets(targets: mtf.Tensor, bos_id: int = 0, eos_id: int = 1) -> mtf.Tensor:
-  """Decoder inputs from decoder targets (the original's older helper; new
-  code uses `autoregressive_inputs`).
+  """Decoder inputs from decoder targets (kept for ported code; new code
+  uses `autoregressive_inputs`).
 
   The targets move one position to the right along the length (last)
   dimension. A shifted-in eos_id becomes 0, so each packed sequence (which

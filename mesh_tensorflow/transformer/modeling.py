@@ -88,7 +88,7 @@ def build_model(model_type: str, input_vocab_size: int, output_vocab_size: int,
   (see gin/defaults.gin and gin/models/*.gin).
 
   A language model is a `Unitransformer` with the name gin gives it
-  (`Unitransformer.name`, default "transformer", as in the original); an
+  (`Unitransformer.name`, default "transformer"); an
   encoder-decoder is a `Bitransformer` of an "encoder" and a "decoder",
   built in the gin scopes "encoder" and "decoder" (so
   `decoder/make_layer_stack.layers = ...` configures one side only). What

@@ -136,8 +136,8 @@ class MoE1D(transformer.TransformerLayer):
       and "k_wo", and the layer returns [queries, keys] (for
       attention.ExpertsAttentionParams).
     use_second_place_loss, word_embed_mode, use_second_place_expert_prob(_temp):
-      the original's experimental variants, not supported: anything but the
-      default is a ValueError.
+      experimental variants, not supported: anything but the default is a
+      ValueError.
 
   The positional order is the original's (`MoE1D(16, 1e-2, 1024, 512)`);
   expert_capacity and hidden_dim_name, this library's, come last.
@@ -165,7 +165,7 @@ class MoE1D(transformer.TransformerLayer):
         "word_embed_mode": (word_embed_mode, None),
         "use_second_place_expert_prob": (use_second_place_expert_prob, None),
         "use_second_place_expert_prob_temp": (use_second_place_expert_prob_temp, None)})
-    # Used only by the original's "ntlb" and expert-choice gatings, which
+    # Used only by the "ntlb" and expert-choice gatings, which
     # _GATINGS does not include: accepted so that gin files setting them parse.
     del ntlb_top_k, top_n_num_experts_per_token
     if moe_gating not in _GATINGS:
@@ -300,7 +300,7 @@ class MoE1D(transformer.TransformerLayer):
 
 class MoE2D(MoE1D):
   """Kept for compatibility: a one-level mixture of expert_x * expert_y
-  experts (the original's two-level routing is not implemented). Arguments
+  experts (two-level routing is not implemented). Arguments
   in the original's positional order; capacity_factor_second_level has no
   effect (one level), other MoE1D arguments go by keyword.
 
@@ -550,9 +550,9 @@ def balancing_loss(gates: mtf.Tensor, first_choice: mtf.Tensor, group_dim: mtf.D
   return mtf.reduce_mean(per_group) * float(experts_dim.size)
 
 
-# ------------------------------------------- the original's functional MoE API
+# ------------------------------------------- the functional MoE API
 class HParams:
-  """A bag of hyperparameters (the original's stand-in for
+  """A bag of hyperparameters (a stand-in for
   tf.contrib.training.HParams): keyword arguments become attributes.
 
   Example:
@@ -642,7 +642,7 @@ def transformer_moe_layer_v1(inputs: mtf.Tensor, output_dim: mtf.Dimension, hpar
                              train: bool, variable_dtype: mtf.VariableDType, layout=None,
                              mesh_shape=None, nonpadding: Optional[mtf.Tensor] = None,
                              activation=mtf.relu, num_microbatches=None):
-  """The original's functional mixture of experts: MoE1D's routing and
+  """A functional mixture of experts: MoE1D's routing and
   experts on [batch..., length, input_dim], configured by `hparams`
   (moe_num_experts, moe_hidden_size, moe_group_size, moe_capacity_factor_*,
   moe_gating, moe_second_policy_*, moe_second_threshold_*, moe_loss_coef;
@@ -681,10 +681,10 @@ def transformer_moe_layer_v2(inputs: mtf.Tensor, output_dim: mtf.Dimension, hpar
                              train: bool, variable_dtype: mtf.VariableDType, layout=None,
                              mesh_shape=None, nonpadding: Optional[mtf.Tensor] = None,
                              num_microbatches=None):
-  """The original's two-level mixture of experts, as `MoE2D` provides it here:
-  one level of x * y experts for hparams.moe_num_experts = [x, y] (the
-  original's second routing level, and moe_capacity_factor_second_level,
-  are not implemented). Otherwise as transformer_moe_layer_v1 (relu experts).
+  """A mixture of x * y experts, as `MoE2D` provides it: one level of
+  x * y experts for hparams.moe_num_experts = [x, y] (a second routing
+  level, and moe_capacity_factor_second_level, are not implemented).
+  Otherwise as transformer_moe_layer_v1 (relu experts).
 
   Example:
     >>> hparams = HParams(); set_default_moe_hparams(hparams)

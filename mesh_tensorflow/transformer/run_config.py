@@ -207,7 +207,7 @@ def serialize_num_microbatches(batch_per_replica: int, sequence_length: Mapping[
 @gin.configurable(module=GIN_MODULE)
 def auto_train_steps(batch_size: int, sequence_length: Mapping[str, int],
                      train_tokens: int = 2 ** 36) -> int:
-  """The original's default train_steps: train_tokens / tokens per batch.
+  """train_steps from a token budget: train_tokens / tokens per batch.
 
   Example:
     >>> auto_train_steps(128, {"inputs": 512, "targets": 128}, 2 ** 20)
@@ -318,8 +318,8 @@ IGNORED = _Ignored()
 
 
 def ignored(reason: str) -> Any:
-  """A RunConfig field that the original's `run` had and that has no meaning
-  here: accepted (so its gin files and calls keep working), and listed with
+  """A RunConfig field of the original's `run` that has no meaning here:
+  accepted (so its gin files and calls keep working), and listed with
   `reason` in one warning when set (see `RunConfig.ignored_settings`)."""
   return dataclasses.field(default=IGNORED, repr=False, metadata={"ignored": reason})
 
@@ -403,7 +403,7 @@ class RunConfig:
       resume from model_dir as usual.
     init_checkpoint_reset_optimizer: with init_checkpoint: start the
       optimizer state (slots) and the global step afresh instead of taking
-      them from the checkpoint (the original continued both, so T5-style
+      them from the checkpoint (by default both continue, so T5-style
       fine-tuning sets train_steps to the pretrained step plus the new
       steps).
     save_checkpoints_steps: the original's name of checkpoint_every (wins
@@ -530,8 +530,9 @@ class RunConfig:
     The alternative forms become the canonical ones (see the class
     docstring): `mode` one of MODES, `vocabulary` one Vocabulary,
     `sequence_length` a dict, `mesh_shape` a string, `batch_size` and
-    `train_steps` ints, the original's names folded into checkpoint_every,
-    keep_checkpoints and eval_steps, `layout_rules` without rules naming an
+    `train_steps` ints, save_checkpoints_steps, keep_checkpoint_max and
+    perplexity_eval_steps folded into checkpoint_every, keep_checkpoints and
+    eval_steps, `layout_rules` without rules naming an
     optional mesh dimension the mesh lacks (`rules_for_mesh`), and
     `beam_size`/`alpha` from gin's Bitransformer.decode when unset. The
     ignored parameters that are set are logged in one warning and cleared,

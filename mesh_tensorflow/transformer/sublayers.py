@@ -1,6 +1,5 @@
 """Sublayer functions: the steps a `LayerStack` runs around its layers when
-it is given `sublayers_initial`, `sublayers_per_layer` or `sublayers_final`
-(the original Mesh TensorFlow's way of configuring a stack's body).
+it is given `sublayers_initial`, `sublayers_per_layer` or `sublayers_final`.
 
 A sublayer is called as `s(x, layer_stack, context)` and returns a tensor of
 x's shape. Its other arguments are keywords with defaults, bound in gin
@@ -11,8 +10,7 @@ is that layer and `context.current_layer_input` its input (what
 scope ("block_%03d/layer_%03d", see `LayerStack.layer_scope`); the initial
 and final sublayers create theirs at the stack's own scope.
 
-The original's default lists (its defaults.gin), which `LayerStack` uses for
-any list it is not given:
+The default lists, which `LayerStack` uses for any list it is not given:
 
     >>> stack = LayerStack(
     ...     [SelfAttention(), DenseReluDense()],
@@ -183,8 +181,8 @@ def sublayer_residual(x: mtf.Tensor, layer_stack, context) -> mtf.Tensor:
 
 def sublayer_dropout(x: mtf.Tensor, layer_stack, context,
                      dropout_rate: float = 0.0) -> mtf.Tensor:
-  """Dropout in training (x unchanged otherwise). As in the original, one
-  mask per example and d_model channel, shared by all positions.
+  """Dropout in training (x unchanged otherwise): one mask per example and
+  d_model channel, shared by all positions.
 
   Example:
     >>> y = sublayer_dropout(x, stack, context, dropout_rate=0.1)
@@ -234,7 +232,7 @@ def sublayer_clip_activation_gradient(x: mtf.Tensor, layer_stack, context,
 
 def default_sublayers(configurables: Dict[str, Callable]
                       ) -> Tuple[List[Sublayer], List[Sublayer], List[Sublayer]]:
-  """The original's default (initial, per-layer, final) sublayer lists,
+  """The default (initial, per-layer, final) sublayer lists,
   each function taken from `configurables` (gin's versions by name, from
   layer_stack.gin_configurables()) where it is there, so bindings such as
   `transformer.sublayer_dropout.dropout_rate` apply.

@@ -25,7 +25,7 @@ Dimension names are fixed so that layout rules can refer to them: "batch",
 This module is the face of the model library: it defines nothing and
 imports the names the original's `transformer` module had from the modules
 that define them, so `transformer.Unitransformer` and
-`transformer.sublayer_dropout` work as in the original:
+`transformer.sublayer_dropout` work in programs and gin files:
 
 * unitransformer.py: `Unitransformer` and `VocabEmbedding`;
 * bitransformer.py: `Bitransformer`, `make_bitransformer` (an

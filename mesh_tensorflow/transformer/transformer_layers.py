@@ -3,7 +3,7 @@
 This module is the face of the layer families: it defines nothing and
 imports each layer from the module that defines it, so a program or a gin
 file says `transformer_layers.SelfAttention` or
-`@transformer_layers.TalkingHeadsSelfAttention` as with the original.
+`@transformer_layers.TalkingHeadsSelfAttention`.
 
 * base_layers.py: `SelfAttention` (with an optional T5-style relative
   position bias), `EncDecAttention`, `LocalSelfAttention`,

@@ -142,12 +142,12 @@ def _default_vocab_embedding_cls():
 
 
 def _call_loss_fn(loss_fn, model, context, logits, targets, vocab_dim):
-  """loss_fn(model, context, logits, targets, vocab_dim), the original's
-  convention, or loss_fn(context, logits, targets, vocab_dim) for a function
-  with four positional parameters."""
+  """loss_fn(model, context, logits, targets, vocab_dim), or
+  loss_fn(context, logits, targets, vocab_dim) for a function with four
+  positional parameters."""
   try:
     params = list(inspect.signature(loss_fn).parameters.values())
-  except (TypeError, ValueError):  # no signature to read: the original's form
+  except (TypeError, ValueError):  # no signature to read: the five-argument form
     params = None
   if params is not None and not any(p.kind == p.VAR_POSITIONAL for p in params):
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -179,14 +179,14 @@ class Unitransformer:
     vocab_divisor: vocabulary sizes are rounded up to a multiple of this, so
       that a layout can split "vocab".
     loss_fn: optional loss_fn(model, context, logits, targets, vocab_dim) ->
-      scalar (the original's convention; a four-argument loss_fn(context,
-      logits, targets, vocab_dim) works too) replacing the cross-entropy below.
+      scalar (a four-argument loss_fn(context, logits, targets, vocab_dim)
+      works too) replacing the cross-entropy below.
     positional_embedding: "learned" (or True), "sinusoidal", or "none"
       (False/None; e.g. with relative attention bias).
-    ensemble: the original's ensemble size; not supported (None or 0 only).
+    ensemble: an ensemble size; not supported (None or 0 only).
     token_dropout_rate: in training, each input token is replaced by id 0
-      (padding) with this probability (the original's option).
-    sinusoid_positional_embedding: the original's switch: a fixed table of
+      (padding) with this probability.
+    sinusoid_positional_embedding: True for a fixed table of
       sinusoids (`sinusoid_positional_embedding_weights`: sines in the first
       half of d_model, cosines in the second) instead of a learned one.
     input_full_attention: for "[inputs] EOS [targets]" language models: the
@@ -387,9 +387,8 @@ class Unitransformer:
   def _shared_layer_params(self, context: Context) -> None:
     """Variables that several layers of the stack share (relative attention
     biases of type "bias_shared"), created once, outside any recomputed or
-    pipelined region, in the scope of the first layer that uses them (where
-    the original creates them: "<stack>/block_000/layer_000/SelfAttention/
-    relative_attention_bias")."""
+    pipelined region, in the scope of the first layer that uses them
+    ("<stack>/block_000/layer_000/SelfAttention/relative_attention_bias")."""
     stack = self.layer_stack
     for i, layer in enumerate(stack.layers):
       make = getattr(layer, "make_shared_params", None)
@@ -455,7 +454,7 @@ class Unitransformer:
       encoder_layer_outputs: the encoder's layer outputs, for layers that
         read them.
       num_microbatches: how many micro-batches the caller cuts the step into
-        and sums the losses of (as the original's): the token loss is divided
+        and sums the losses of: the token loss is divided
         by it, so the sum is the whole batch's mean.
 
     Returns:
@@ -537,8 +536,8 @@ class Unitransformer:
 
     step is the position decoded (a scalar or [batch...]); the token read
     is ids at step - 1 (at step 0: bos_id). The logits of id 0 (padding)
-    unless ban_padding is False (beam search, whose log probabilities are the
-    original's over the whole vocabulary), and of never_end_token if given,
+    unless ban_padding is False (beam search, whose log probabilities are
+    over the whole vocabulary), and of never_end_token if given,
     are -1e9: decoding never produces them.
 
     Example:
@@ -558,7 +557,7 @@ class Unitransformer:
                                                initial_position),
           read_priority=step)
       token = _one_position(ids, step - 1, length_dim)
-      if bos_id:  # the original's: step 0 reads bos_id
+      if bos_id:  # step 0 reads bos_id
         token = token + bos_id * mtf.to_int32(mtf.equal(step, 0))
       with mtf.name_scope(ids.mesh, self.name):
         logits = self._call_internal(context, token)
@@ -650,9 +649,9 @@ class Unitransformer:
                   encoder_sequence_id=None, encoder_inputs=None, alpha: float = 0.6,
                   shared_params=None, encoder_layer_outputs=None, bos_id: int = 0,
                   stop_at_token: int = 1, return_all_beams: bool = False):
-    """Beam search from position 0 (see `mtf.beam_search.beam_search`), as
-    the original's: with the model's layout and mesh shape, candidates are
-    prefiltered per vocabulary part as there.
+    """Beam search from position 0 (see `mtf.beam_search.beam_search`):
+    with the model's layout and mesh shape, candidates are prefiltered per
+    vocabulary part.
 
     Args:
       inputs: int32 zeros [batch, beam, length]; the beam dimension's size is

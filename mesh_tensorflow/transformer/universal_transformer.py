@@ -23,8 +23,8 @@ layer_norm(x))), variables under "ut/layer_%03d", the same for every step),
   by `gates_inputs` ("s" state, "t" transformed state, "i" the stack's input),
   carry = 1 - transform when couple_carry_transform_gates.
 * "act": up to act_max_steps + 1 steps with per-position halting (a sigmoid
-  "pondering" unit); the output is the halting-weighted mix of the states, as
-  in the original ("accumulated": the weighted sum; "random": random halting
+  "pondering" unit); the output is the halting-weighted mix of the states
+  ("accumulated": the weighted sum; "random": random halting
   probabilities; "global": one halting probability per sequence).
 
 With mix_with_transformer_before_ut / _after_ut, `num_vanilla_transformer_layers`
