@@ -303,14 +303,7 @@ class PlacementMeshImpl(MeshImpl):
     registry = self._block_registry()
     if registry is None:
       return None
-    records = [registry.get(t.ref()) for t in slices]
-    if any(r is None for r in records):
-      return None
-    whole = records[0][0]
-    for i, (w, m, axis, index) in enumerate(records):
-      if w is not whole or m != mesh_axis or axis != concat_axis or index != i:
-        return None
-    return whole
+    return sharing.whole_of([registry.get(t.ref()) for t in slices], mesh_axis, concat_axis)
 
   # ---- import / export -----------------------------------------------------
   def import_tf_tensor(self, x, shape) -> LaidOutTensor:

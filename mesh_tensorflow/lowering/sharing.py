@@ -17,7 +17,7 @@ creates, so the two cannot disagree.
 
 from __future__ import annotations
 
-from typing import Hashable, List, Sequence, Tuple
+from typing import Any, Callable, Hashable, List, Optional, Sequence, Tuple
 
 
 def makers(keys: Sequence[Hashable], shares_memory: bool) -> List[int]:
@@ -63,3 +63,25 @@ def blocks_of_one_tensor(layout: Sequence) -> bool:
   the blocks of one tensor along one mesh axis, so that joining them back
   (an allgather along that axis) is that tensor and copies nothing."""
   return sum(a is not None for a in layout) == 1
+
+
+def whole_of(records: Sequence[Optional[Tuple[Any, int, int, int]]], mesh_axis: int,
+             tensor_axis: int, same: Callable[[Any, Any], bool] = lambda a, b: a is b):
+  """The tensor whose blocks 0..n-1 along `tensor_axis` (split over
+  `mesh_axis`) a group's slices are, or None. `records[i]` is what is known
+  of the group's i-th slice: (whole, mesh axis, tensor axis, block index)
+  when it was made as a block of `whole` (an import, a slice_along), else
+  None. Where it is found, gathering the group's slices is that tensor: no
+  kernel runs and nothing is copied.
+
+  Example:
+    >>> whole_of([("x", 1, 0, 0), ("x", 1, 0, 1)], mesh_axis=1, tensor_axis=0)
+    'x'
+  """
+  if not records or any(r is None for r in records):
+    return None
+  whole = records[0][0]
+  for i, (w, m, axis, index) in enumerate(records):
+    if not same(w, whole) or m != mesh_axis or axis != tensor_axis or index != i:
+      return None
+  return whole

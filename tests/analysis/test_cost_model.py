@@ -156,13 +156,17 @@ def _live_einsum_flops(concrete):
 
 
 @pytest.mark.parametrize("layout", ["hidden:cols", "features:rows;classes:cols",
-                                    "batch:rows;hidden:cols"])
+                                    "batch:rows;hidden:cols", "batch:rows",
+                                    "batch:rows;classes:cols"])
 def test_shared_replicas_count_only_the_kernels_tensorflow_runs(layout):
   """On rows:4;cols:2, an allreduce over cols makes one result per row, and
   the lowering emits the kernels that use each; TensorFlow runs only those
   the variable updates and the loss need. The model counts the same
   matrix-product work as the live Einsum kernels of the traced step (before
-  this was fixed, hidden:cols counted 4x the replicated layout's dW1)."""
+  this was fixed, hidden:cols counted 4x the replicated layout's dW1). With
+  the batch split alone over rows, the imported batch's blocks join back
+  into the imported tensor itself, one for every column: the forward
+  product runs once, not once per column."""
   impl = tu.make_impl("rows:4;cols:2", layout)
   holder = {}
 

@@ -24,7 +24,8 @@ def calibrate(num_devices: int = 8, repeats: int = 5) -> DeviceParams:
   of a kernel (a chain of tiny ops), matrix-product FLOP/s, elementwise
   bytes/s, how many devices compute at once (the same products on 1 and on
   all devices), and the latency and bandwidth of an allreduce across the
-  devices as PlacementMeshImpl performs it.
+  devices as PlacementMeshImpl performs it (per transfer or combine, and
+  per byte combined: the units the estimate counts with shared memory).
 
   Example:
     >>> params = calibrate()
@@ -121,11 +122,15 @@ def calibrate(num_devices: int = 8, repeats: int = 5) -> DeviceParams:
         outs.append(total[0])
       return tf.add_n(outs)
     return f
+  # Priced as the estimator prices it with shared memory: the add_n reads
+  # the other devices' slices (a transfer each) and is one combine, each
+  # costing collective_latency_s; it reads and writes (devices + 1) slices'
+  # bytes, shared by `parallel` cores, at collective_bytes_per_s.
   t_small = timed(allreduce_fn(16)) / 4
   t_large = timed(allreduce_fn(1024 * 1024)) / 4
-  latency = max(t_small - overhead, 1e-7)
-  moved = 2.0 * (len(devices) - 1) / len(devices) * 1024 * 1024 * 4
-  coll_bw = moved / max(t_large - t_small, 1e-9)
+  latency = max(t_small - overhead, 1e-7) / len(devices)
+  combined = (len(devices) + 1) * 1024 * 1024 * 4 / parallel
+  coll_bw = combined / max(t_large - t_small, 1e-9)
   return DeviceParams("calibrated", flops_per_s=float(f"{flops_per_s:.3g}"),
                       memory_bytes_per_s=float(f"{mem_bw:.3g}"),
                       collective_bytes_per_s=float(f"{coll_bw:.3g}"),

@@ -79,9 +79,11 @@ class _Estimator:
     # combine bytes]; only those that a sink needs are counted (`_prune`).
     self.units = []
     self.sinks = set()  # ids of kernels with side effects (variable updates)
-    # Per-processor ids that are the blocks of one existing tensor (imports
-    # split along one mesh axis, slice_along results): gathering them is free.
-    self.blocks = set()
+    # Per-processor ids made as blocks of one tensor (imports split along
+    # one mesh axis, slice_along results, with shared memory): id -> (the
+    # whole's id, mesh axis, tensor axis, block index). Gathering a group's
+    # blocks back is the whole (sharing.whole_of): no kernel.
+    self.block_records = {}
     self.current: Optional[OpCost] = None
 
   # ---- layouts --------------------------------------------------------------
@@ -203,11 +205,13 @@ class _Estimator:
     keys = [tuple(c[a] for a in axes) for c in self.coords]
     return self._memo(keys, count, nbytes)
 
-  def combine_ids(self, ids, axes, nbytes: int, moved: int = 0):
+  def combine_ids(self, ids, axes, nbytes: int, moved: int = 0,
+                  tensor_axis: Optional[int] = None):
     """allreduce / allconcat result: one tensor per group (each group's
     members share it), or one per processor without shared memory.
     nbytes: the result's bytes; moved: bytes the combining kernel reads and
-    writes."""
+    writes; tensor_axis: an allconcat's, whose group of blocks of one
+    tensor is that tensor (no kernel)."""
     axes = [a for a in axes if self.mesh_sizes[a] > 1]
     if not axes:
       return ids
@@ -215,6 +219,11 @@ class _Estimator:
     copied = []
     for group in processor_groups(self.mesh_shape, axes):
       maker, copies = sharing.group_result(group, self.share)
+      whole = self.whole_of([ids[p] for p in group], axes, tensor_axis)
+      if whole is not None:
+        for p in group:
+          combined[p] = whole
+        continue
       new = next(self._next_id)
       self.device[new] = maker
       self.unit(new, [ids[p] for p in group], 1, 0, 0, max(int(moved or 2 * nbytes), 1))
@@ -242,13 +251,29 @@ class _Estimator:
         self.unit(out[p], members, 2, nbytes)
     return tuple(out)
 
-  def slice_along_ids(self, ids, axis: int, nbytes: int):
+  def slice_along_ids(self, ids, axis: int, tensor_axis: int, nbytes: int):
     if self.mesh_sizes[axis] == 1:
       return ids
     keys = [(ids[p], self.coords[p][axis]) for p in range(self.mesh_size)]
     sliced = self._memo(keys, True, nbytes, inputs=[ids])
-    self.blocks.add(tuple(sliced))
+    for p, block in enumerate(sliced):
+      self.note_block(block, ids[p], axis, tensor_axis, self.coords[p][axis])
     return sliced
+
+  def note_block(self, block: int, whole: int, mesh_axis: int, tensor_axis: int,
+                 index: int) -> None:
+    """Records that tensor `block` is block `index` of tensor `whole`, as
+    the placement implementation's block registry does (shared memory only)."""
+    if self.share:
+      self.block_records[block] = (whole, mesh_axis, tensor_axis, index)
+
+  def whole_of(self, group_ids, axes, tensor_axis: Optional[int]):
+    """The id of the tensor whose blocks `group_ids` are (gathered along
+    one mesh axis `axes` and `tensor_axis`), or None."""
+    if tensor_axis is None or len(axes) != 1 or not self.share:
+      return None
+    return sharing.whole_of([self.block_records.get(i) for i in group_ids], axes[0],
+                            tensor_axis, same=lambda a, b: a == b)
 
   # ---- recording ------------------------------------------------------------
   def collective(self, kind, nbytes, axes):
@@ -326,19 +351,21 @@ class _Estimator:
       if size == 1:
         continue
       if isinstance(step, plans.SliceAlong):
-        ids = self.slice_along_ids(ids, step.mesh_axis,
+        ids = self.slice_along_ids(ids, step.mesh_axis, step.tensor_axis,
                                    self.slice_elems(shape, step.apply(layout)) * dtype_size)
         continue
       if isinstance(step, plans.JoinBlocks):  # the blocks' tensor: nothing moves
-        ids = self.combine_ids(ids, [step.mesh_axis], nbytes * size)
+        ids = self.combine_ids(ids, [step.mesh_axis], nbytes * size,
+                               tensor_axis=step.tensor_axis)
         continue
       if record:
         self.collective(step.kind, nbytes, [step.mesh_axis])
       if isinstance(step, plans.AllGather):
-        ids = self.combine_ids(ids, [step.mesh_axis], nbytes * size)
+        ids = self.combine_ids(ids, [step.mesh_axis], nbytes * size,
+                               tensor_axis=step.tensor_axis)
       elif isinstance(step, plans.ReduceScatter):
         ids = self.combine_ids(ids, [step.mesh_axis], nbytes, (size + 1) * nbytes)
-        ids = self.slice_along_ids(ids, step.mesh_axis, nbytes // size)
+        ids = self.slice_along_ids(ids, step.mesh_axis, step.tensor_axis, nbytes // size)
       else:
         ids = self.alltoall_ids(ids, step.mesh_axis, nbytes)
     return ids
@@ -397,16 +424,18 @@ class _Estimator:
           plan.flops if plan.kernel_flops is None else plan.kernel_flops)
       batched = None
       if plan.batch_axes is not None and self.share:
-        batched = plans.batched_operand(plan.batch_axes, lambda i: len(set(args[i])) == 1,
-                                        lambda i, axis: tuple(args[i]) in self.blocks)
+        batched = plans.batched_operand(
+            plan.batch_axes, lambda i: len(set(args[i])) == 1,
+            lambda i, axis: all(self.whole_of([args[i][p] for p in group], [axis], 0) is not None
+                                for group in processor_groups(self.mesh_shape, [axis])))
       if batched is not None:  # one kernel on the joined blocks
         i, axis = batched
         size = self.mesh_sizes[axis]
-        args[i] = self.combine_ids(args[i], [axis], operand_bytes[i] * size)
+        args[i] = self.combine_ids(args[i], [axis], operand_bytes[i] * size, tensor_axis=0)
         nbytes, flops = nbytes * size, flops * size
       ids = self.slicewise(self._kernel_inputs(args, plan.coordinates), nbytes, flops)
       if batched is not None:  # each processor's rows
-        ids = self.slice_along_ids(ids, batched[1], sum(
+        ids = self.slice_along_ids(ids, batched[1], 0, sum(
             self.slice_elems(r.shape, r.move.source) * r.dtype_size for r in plan.results))
       args = [ids] * len(plan.results)
     results = [self._result(r, ids) for r, ids in zip(plan.results, args)]

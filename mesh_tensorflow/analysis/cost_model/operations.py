@@ -25,7 +25,11 @@ def _source(est: _Estimator, op):
     else:
       est.state[t] = est.by_layout(layout, nbytes=est.slice_bytes(t))
       if op.local_kernel == "import" and sharing.blocks_of_one_tensor(layout):
-        est.blocks.add(tuple(est.state[t]))
+        # The slices are blocks of the imported tensor (which no kernel makes).
+        whole = next(est._next_id)
+        [(tensor_axis, mesh_axis)] = [(i, a) for i, a in enumerate(layout) if a is not None]
+        for p, block in enumerate(est.state[t]):
+          est.note_block(block, whole, mesh_axis, tensor_axis, est.coords[p][mesh_axis])
 
 
 def _passthrough(est: _Estimator, op):
