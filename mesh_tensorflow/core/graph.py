@@ -19,6 +19,12 @@ import tensorflow as tf
 from mesh_tensorflow.core.shapes import CallableString, convert_to_shape
 
 
+# Graph.keeps[LAYER_SCOPES_KEY]: the layer names already used in the graph
+# (layers.core.unique_layer_name), which recomputation and micro-batching
+# restore so that a replayed layer finds its variables under the same name.
+LAYER_SCOPES_KEY = "layer_scopes"
+
+
 class Graph:
   """Holds the operations and variables of an mtf computation.
 
@@ -37,6 +43,16 @@ class Graph:
     # (name, scalar Tensor) pairs recorded by mtf.scalar_summary; the Trainer
     # writes them to TensorBoard.
     self.summaries: List[Tuple[str, "Tensor"]] = []
+
+  @property
+  def keeps(self) -> dict:
+    """What other modules keep with this graph, under keys they name (the
+    layer scopes already used, so that layers get unique names).
+
+    Example:
+      >>> graph.keeps.setdefault("my_module", set()).add("dense")
+    """
+    return self.__dict__.setdefault("_keeps", {})
 
   @property
   def all_variables(self):

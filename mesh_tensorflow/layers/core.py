@@ -21,7 +21,7 @@ import gin
 import tensorflow as tf
 
 from mesh_tensorflow.layers import initializers
-from mesh_tensorflow.core.graph import Mesh, Operation, Tensor
+from mesh_tensorflow.core.graph import LAYER_SCOPES_KEY, Mesh, Operation, Tensor
 from mesh_tensorflow.operations import elementwise as ew
 from mesh_tensorflow.operations import random_ops
 from mesh_tensorflow.operations import reduction
@@ -56,7 +56,7 @@ def unique_layer_name(mesh: Mesh, name: Optional[str], default_name: str) -> str
     >>> unique_layer_name(mesh, None, "dense")   # "dense", then "dense_1", ...
     'dense'
   """
-  used = mesh.graph.__dict__.setdefault("_mtf_layer_scopes", set())
+  used = mesh.graph.keeps.setdefault(LAYER_SCOPES_KEY, set())
   prefix = _scope_prefix(mesh)
 
   def full(n):

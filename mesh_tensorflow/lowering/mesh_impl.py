@@ -210,6 +210,18 @@ class MeshImpl:
   size = property(lambda self: self._shape.size)
   layout_rules = property(lambda self: self._layout_rules)
 
+  @property
+  def keeps(self) -> dict:
+    """What other modules keep with this implementation, under keys they
+    name: the slice variables of each TensorFlow program
+    (`slice_variables`), a checkpoint that new variables start from, the
+    shapes ZeRO stores variables in, host-offload implementations.
+
+    Example:
+      >>> impl.keeps.setdefault("my_module", {})["note"] = 1
+    """
+    return self.__dict__.setdefault("_keeps", {})
+
   # ---- capabilities the lowering asks about ----------------------------------
   @property
   def shares_replicas(self) -> bool:

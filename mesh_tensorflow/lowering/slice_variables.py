@@ -16,7 +16,11 @@ import tensorflow as tf
 from mesh_tensorflow.core.shapes import Shape, convert_to_shape
 from mesh_tensorflow.lowering import sharing
 
-_META_KEY = "__pending_checkpoint__"
+# mesh_impl.keeps keys: the slice variables of each TensorFlow program, and
+# the checkpoint new variables start from (training.offload shares both with
+# its host implementation).
+STORES_KEY = "slice_variables"
+PENDING_KEY = "pending_checkpoint"
 
 # Slice variables are created eagerly (tf.init_scope) the first time a graph
 # needs them. Left to its default, a tf.function that sees a variable being
@@ -31,7 +35,7 @@ def variable_store(mesh_impl) -> dict:
   or the tf.compat.v1 graph being built)."""
   with tf.init_scope():
     key = "eager" if tf.executing_eagerly() else id(tf.compat.v1.get_default_graph())
-  stores = mesh_impl.__dict__.setdefault("_variable_stores", {})
+  stores = mesh_impl.keeps.setdefault(STORES_KEY, {})
   return stores.setdefault(key, {})
 
 
@@ -183,7 +187,7 @@ def set_pending_checkpoint(mesh_impl, prefix: Optional[str],
   Example:
     >>> set_pending_checkpoint(mesh_impl, "/tmp/run/ckpt-100")
   """
-  mesh_impl.__dict__[_META_KEY] = (
+  mesh_impl.keeps[PENDING_KEY] = (
       PendingCheckpoint(prefix, allow_missing, include_optimizer_state) if prefix else None)
 
 
@@ -192,11 +196,11 @@ def set_pending(mesh_impl, pending) -> None:
   with a method pending_value(name, full_shape, begin, size, trainable,
   graph) returning a slice value or None (e.g. what a registered checkpoint
   format's restore_into returns, see training.checkpoint)."""
-  mesh_impl.__dict__[_META_KEY] = pending
+  mesh_impl.keeps[PENDING_KEY] = pending
 
 
 def _pending_value(mesh_impl, name, full_shape, begin, size, trainable, graph=None):
-  pending = mesh_impl.__dict__.get(_META_KEY)
+  pending = mesh_impl.keeps.get(PENDING_KEY)
   if pending is None:
     return None
   if hasattr(pending, "pending_value"):

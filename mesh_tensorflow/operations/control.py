@@ -13,7 +13,7 @@ from typing import Callable, List, Sequence
 
 import tensorflow as tf
 
-from mesh_tensorflow.core.graph import Operation, Tensor
+from mesh_tensorflow.core.graph import LAYER_SCOPES_KEY, Operation, Tensor
 from mesh_tensorflow.lowering.mesh_impl import LaidOutTensor
 from mesh_tensorflow.operations.constant_ops import zeros
 from mesh_tensorflow.operations.gradients import gradients
@@ -421,25 +421,24 @@ class _ForwardScope:
   whose seeds derive from their names, draw the same numbers.
   """
 
-  _LAYER_SCOPES = "_mtf_layer_scopes"  # see layers.core.unique_layer_name
 
   def __init__(self, graph):
     self._graph = graph
     self._scope_stack = list(graph._scope_stack)  # pylint: disable=protected-access
     self._names_in_use = dict(graph._names_in_use)  # pylint: disable=protected-access
     self._name_to_variable = graph.name_to_variable
-    self._layer_scopes = set(graph.__dict__.get(self._LAYER_SCOPES, ()))
+    self._layer_scopes = set(graph.keeps.get(LAYER_SCOPES_KEY, ()))
     self._variable_scope = tf.compat.v1.get_variable_scope()
 
   @contextlib.contextmanager
   def replay(self):
     graph = self._graph
     saved = (graph._scope_stack, graph._names_in_use, graph.name_to_variable,  # pylint: disable=protected-access
-             graph.__dict__.get(self._LAYER_SCOPES))
+             graph.keeps.get(LAYER_SCOPES_KEY))
     graph._scope_stack = list(self._scope_stack)  # pylint: disable=protected-access
     graph._names_in_use = dict(self._names_in_use)  # pylint: disable=protected-access
     graph.name_to_variable = self._name_to_variable
-    graph.__dict__[self._LAYER_SCOPES] = set(self._layer_scopes)
+    graph.keeps[LAYER_SCOPES_KEY] = set(self._layer_scopes)
     try:
       if self._variable_scope.name != tf.compat.v1.get_variable_scope().name:
         with tf.compat.v1.variable_scope(self._variable_scope, auxiliary_name_scope=False):
@@ -449,9 +448,9 @@ class _ForwardScope:
     finally:
       graph._scope_stack, graph._names_in_use, graph.name_to_variable, layer_scopes = saved  # pylint: disable=protected-access
       if layer_scopes is None:
-        graph.__dict__.pop(self._LAYER_SCOPES, None)
+        graph.keeps.pop(LAYER_SCOPES_KEY, None)
       else:
-        graph.__dict__[self._LAYER_SCOPES] = layer_scopes
+        graph.keeps[LAYER_SCOPES_KEY] = layer_scopes
 
 
 def recompute_grad(fn: Callable, explicit_inputs: Sequence[Tensor],

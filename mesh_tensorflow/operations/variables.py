@@ -26,6 +26,12 @@ from mesh_tensorflow.lowering.mesh_impl import LaidOutTensor
 from mesh_tensorflow.core.shapes import convert_to_shape
 
 
+# mesh_impl.keeps[STORAGE_KEY]: {variable name: the shape its slices are
+# stored in}, where that is not its own (training.zero, stage 3), so that
+# every graph lowered with the implementation finds them stored that way.
+STORAGE_KEY = "variable_storage"
+
+
 class VariableDType:
   """Storage (slice), master and activation dtypes of a variable.
 
@@ -101,7 +107,7 @@ class Variable(Operation):
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     if self.storage_shape == self._shape:  # stored sharded on impl by an earlier graph?
-      self.storage_shape = impl.__dict__.get("_zero_storage", {}).get(self._name, self._shape)
+      self.storage_shape = impl.keeps.get(STORAGE_KEY, {}).get(self._name, self._shape)
     plan = self.plan(lowering.plan_mesh(self))
     slices = self._get_or_create_slices(impl)
     lowering.variables[self] = LaidOutVariable(self, impl, slices)

@@ -20,14 +20,13 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from mesh_tensorflow.operations.gradients import gradients
-from mesh_tensorflow.core.graph import Tensor
+from mesh_tensorflow.core.graph import LAYER_SCOPES_KEY, Tensor
 from mesh_tensorflow.operations.control import depend
 from mesh_tensorflow.operations.indexing import gather
 from mesh_tensorflow.operations.shape_ops import reshape
 from mesh_tensorflow.operations.slicing import stack
 from mesh_tensorflow.core.shapes import Dimension, Shape, convert_to_dimension
 
-_LAYER_SCOPES = "_mtf_layer_scopes"  # see layers.core.unique_layer_name
 _SPLITS = "_microbatch"
 
 
@@ -96,14 +95,14 @@ def serialize_training_step(features: Mapping[str, Tensor],
   splits = Dimension(_SPLITS, num_splits)
   cut = ({k: _cut(v, batch_dim, micro, splits) for k, v in batched.items()}
          if num_splits > 1 else dict(batched))
-  layer_names = set(graph.__dict__.get(_LAYER_SCOPES, ()))
+  layer_names = set(graph.keeps.get(LAYER_SCOPES_KEY, ()))
   variables = None
   grad_sum: List[Optional[Tensor]] = []
   per_split: List[Mapping[str, Tensor]] = []
   waits: List[Tensor] = []
   for k in range(num_splits):
     # Each call names its layers as the first did, so it finds their variables.
-    graph.__dict__[_LAYER_SCOPES] = set(layer_names)
+    graph.keeps[LAYER_SCOPES_KEY] = set(layer_names)
     micro_features = dict(features)
     for key, v in cut.items():
       part = gather(v, k, splits) if num_splits > 1 else v

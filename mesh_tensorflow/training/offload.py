@@ -26,10 +26,10 @@ from typing import Callable, Dict, Optional
 import tensorflow as tf
 
 from mesh_tensorflow.core.graph import Graph, Mesh, Operation, Tensor
+from mesh_tensorflow.lowering import slice_variables
 
 # mtf.Graph -> {host mesh: device mesh}.
 _HOST_MESHES: "weakref.WeakKeyDictionary[Graph, Dict[Mesh, Mesh]]" = weakref.WeakKeyDictionary()
-_PENDING_KEY = "__pending_checkpoint__"  # slice_variables' pending-restore slot
 
 
 def host_device(device: str) -> str:
@@ -127,7 +127,7 @@ def host_mesh_impl(mesh_impl, host_device_fn: Optional[Callable[[str], str]] = N
                      "offload needs a PlacementMeshImpl.")
   fn = host_device_fn or host_device
   devices = [fn(d) for d in mesh_impl.devices]
-  cache = mesh_impl.__dict__.setdefault("_host_impls", {})
+  cache = mesh_impl.keeps.setdefault("offload_host_impls", {})
   key = (mesh_impl.layout_rules.to_string(), tuple(devices))
   if key not in cache:
     # Replicated slots are shared on the host exactly when the device mesh
@@ -136,8 +136,11 @@ def host_mesh_impl(mesh_impl, host_device_fn: Optional[Callable[[str], str]] = N
                                    collectives="direct",
                                    share_replicas=mesh_impl.shares_replicas)
   host = cache[key]
-  host.__dict__["_variable_stores"] = mesh_impl.__dict__.setdefault("_variable_stores", {})
-  host.__dict__[_PENDING_KEY] = mesh_impl.__dict__.get(_PENDING_KEY)
+  # The host implementation shares the device one's slice variables and the
+  # checkpoint its new variables start from.
+  host.keeps[slice_variables.STORES_KEY] = mesh_impl.keeps.setdefault(
+      slice_variables.STORES_KEY, {})
+  host.keeps[slice_variables.PENDING_KEY] = mesh_impl.keeps.get(slice_variables.PENDING_KEY)
   return host
 
 

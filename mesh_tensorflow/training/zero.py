@@ -44,6 +44,7 @@ import tensorflow as tf
 from mesh_tensorflow.core.graph import Graph, Operation, Tensor
 from mesh_tensorflow.core.layout import LayoutRules
 from mesh_tensorflow.lowering import plans
+from mesh_tensorflow.operations.variables import STORAGE_KEY
 from mesh_tensorflow.core.shapes import Dimension, Shape
 
 ZERO_DIM_PREFIX = "zero_"
@@ -210,7 +211,7 @@ def shard_training_state(graph: Graph, mesh_impl, stage: int,
         var.storage_shape = twin
         # Other graphs lowered with mesh_impl (evaluation, decoding) find the
         # variable stored this way too (Variable.lower reads this).
-        mesh_impl.__dict__.setdefault("_zero_storage", {})[var.name] = twin
+        mesh_impl.keeps.setdefault(STORAGE_KEY, {})[var.name] = twin
   _PLANS[graph] = plan
   return plan
 
