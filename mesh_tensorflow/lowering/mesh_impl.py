@@ -12,6 +12,7 @@ sums happen before the (single) allreduce.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -569,12 +570,10 @@ class MeshImpl:
     Example:
       >>> [y] = impl.execute_local([laid_x], plans.plan_unsplit(op, layout_of, {"d"}), fn)
     """
-    if plan.counted_as is not None:
-      counted = plan.counted_as
+    counted = plan.counted_as
+    if counted is not None:  # the moves realize this collective
       self.record_collective(counted.kind, counted.nbytes, counted.mesh_axes)
-      with self.unrecorded():  # realized by the moves
-        args = [self.execute(x, o.move) for x, o in zip(operands, plan.operands)]
-    else:
+    with self.unrecorded() if counted is not None else contextlib.nullcontext():
       args = [self.execute(x, o.move) for x, o in zip(operands, plan.operands)]
     if plan.kernel:
       batched = None

@@ -125,14 +125,12 @@ class PlacementMeshImpl(MeshImpl):
     inputs = [as_laid_out(x) for x in inputs]
     args_of = [[x.tensor_list[pnum] if isinstance(x, LaidOutTensor) else x for x in inputs]
                for pnum in range(self.size)]
-    made_by = sharing.makers([tuple(id(a) for a in args) for args in args_of], self._share)
-    results = []
-    for pnum, device in enumerate(self._devices):
-      if made_by[pnum] != pnum:
-        results.append(results[made_by[pnum]])
-        continue
-      with _on_device(device):
-        results.append(fn(*args_of[pnum]))
+
+    def run(pnum):
+      with _on_device(self._devices[pnum]):
+        return fn(*args_of[pnum])
+    results = sharing.per_processor([tuple(id(a) for a in args) for args in args_of],
+                                    self._share, run)
     if isinstance(results[0], (tuple, list)):
       return tuple(LaidOutTensor(list(r)) for r in zip(*results))
     return LaidOutTensor(results)
@@ -141,15 +139,11 @@ class PlacementMeshImpl(MeshImpl):
     """fn(pnum, slice_begin) on each device; with shared replicas, fn must
     depend on pnum only through slice_begin."""
     begins = [self.slice_begin(shape, pnum) for pnum in range(self.size)]
-    made_by = sharing.makers([tuple(b) for b in begins], self._share)
-    out = []
-    for pnum, device in enumerate(self._devices):
-      if made_by[pnum] != pnum:
-        out.append(out[made_by[pnum]])
-        continue
-      with _on_device(device):
-        out.append(fn(pnum, begins[pnum]))
-    return LaidOutTensor(out)
+
+    def make(pnum):
+      with _on_device(self._devices[pnum]):
+        return fn(pnum, begins[pnum])
+    return LaidOutTensor(sharing.per_processor([tuple(b) for b in begins], self._share, make))
 
   def laid_out_pnum(self) -> LaidOutTensor:
     out = []
@@ -260,18 +254,15 @@ class PlacementMeshImpl(MeshImpl):
     if n == 1:
       return x
     coordinate = [self.pnum_to_processor_coordinates(p)[mesh_axis] for p in range(self.size)]
-    made_by = sharing.makers([(id(t), c) for t, c in zip(x.tensor_list, coordinate)],
-                             self._share)
-    out = []
-    for pnum, device in enumerate(self._devices):
-      if made_by[pnum] != pnum:
-        out.append(out[made_by[pnum]])
-        continue
+
+    def take(pnum):
       t, c = x.tensor_list[pnum], coordinate[pnum]
-      with _on_device(device):
-        out.append(_take_block(t, tensor_axis, c, n))
-      self._note_block(out[-1], t, mesh_axis, tensor_axis, c)
-    return LaidOutTensor(out)
+      with _on_device(self._devices[pnum]):
+        block = _take_block(t, tensor_axis, c, n)
+      self._note_block(block, t, mesh_axis, tensor_axis, c)
+      return block
+    return LaidOutTensor(sharing.per_processor(
+        [(id(t), c) for t, c in zip(x.tensor_list, coordinate)], self._share, take))
 
   def _block_registry(self):
     """The block records of the graph being built (None: not sharing, or eager).

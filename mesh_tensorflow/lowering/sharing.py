@@ -38,6 +38,21 @@ def makers(keys: Sequence[Hashable], shares_memory: bool) -> List[int]:
   return [first.setdefault(key, p) for p, key in enumerate(keys)]
 
 
+def per_processor(keys: Sequence[Hashable], shares_memory: bool,
+                  make: Callable[[int], Any]) -> List[Any]:
+  """Each processor's tensor: `make(p)` for the processors that make theirs
+  (`makers`), the maker's tensor for the others.
+
+  Example:
+    >>> per_processor(["a", "b", "a"], True, lambda p: f"t{p}")
+    ['t0', 't1', 't0']
+  """
+  out = []
+  for p, maker in enumerate(makers(keys, shares_memory)):
+    out.append(make(p) if maker == p else out[maker])
+  return out
+
+
 def group_result(group: Sequence[int], shares_memory: bool) -> Tuple[int, List[int]]:
   """(maker, copies) of a collective's result in one group of processors:
   the group's first member combines the members' slices; with shared memory

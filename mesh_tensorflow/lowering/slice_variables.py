@@ -251,21 +251,18 @@ def get_or_create(mesh_impl, name: str, shape, master_dtype, slice_dtype,
           "another name, or the same shape, dtype and layout.")
     return existing
   begins = [mesh_impl.slice_begin(shape, pnum) for pnum in range(mesh_impl.size)]
-  made_by = sharing.makers([tuple(b) for b in begins], mesh_impl.shares_replicas)
-  slices = []
-  with tf.init_scope():
-    for pnum, begin in enumerate(begins):
-      if made_by[pnum] != pnum:  # a processor holding the same slice made it
-        slices.append(slices[made_by[pnum]])
-        continue
-      with tf.device(mesh_impl.variable_device(pnum)):
-        value = _pending_value(mesh_impl, name, full_shape, begin, slice_shape, trainable,
-                               graph)
-        if value is None:
-          value = init_fn(begin, slice_shape)
-        v = tf.Variable(tf.cast(value, slice_dtype), trainable=trainable,
-                        name=f"{name}/slice_{pnum}", **NOT_CAPTURED_BY_TF_FUNCTION)
-      slices.append(v)
+
+  def create(pnum):
+    begin = begins[pnum]
+    with tf.device(mesh_impl.variable_device(pnum)):
+      value = _pending_value(mesh_impl, name, full_shape, begin, slice_shape, trainable, graph)
+      if value is None:
+        value = init_fn(begin, slice_shape)
+      return tf.Variable(tf.cast(value, slice_dtype), trainable=trainable,
+                         name=f"{name}/slice_{pnum}", **NOT_CAPTURED_BY_TF_FUNCTION)
+  with tf.init_scope():  # processors holding the same slice share one variable
+    slices = sharing.per_processor([tuple(b) for b in begins], mesh_impl.shares_replicas,
+                                   create)
   sliced = SlicedVariable(name, full_shape, master_dtype, begins, slices)
   store[name] = sliced
   return sliced

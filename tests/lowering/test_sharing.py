@@ -17,6 +17,15 @@ def test_makers_share_equal_keys_only_with_shared_memory():
   assert sharing.makers([], True) == []
 
 
+def test_per_processor_makes_once_per_maker():
+  made = []
+  out = sharing.per_processor(["a", "b", "a"], True, lambda p: made.append(p) or f"t{p}")
+  assert (out, made) == (["t0", "t1", "t0"], [0, 1])
+  made.clear()
+  out = sharing.per_processor(["a", "b", "a"], False, lambda p: made.append(p) or f"t{p}")
+  assert (out, made) == (["t0", "t1", "t2"], [0, 1, 2])
+
+
 def test_group_result_is_made_by_the_first_member_and_copied_without_shared_memory():
   assert sharing.group_result([3, 5, 7], True) == (3, [])
   assert sharing.group_result([3, 5, 7], False) == (3, [3, 5, 7])

@@ -115,18 +115,13 @@ class _Estimator:
     """Per-processor ids: one new tensor per distinct key (shared memory) or
     per processor; counts the kernels that make them, and the tensors they
     read from another device (each a send/receive pair in TensorFlow)."""
-    made_by = sharing.makers(keys, self.share)
-    out = []
-    for p, maker in enumerate(made_by):
-      if maker != p:
-        out.append(out[maker])
-        continue
+    def make(p):
       new = next(self._next_id)
       self.device[new] = p
       if count:
         self.unit(new, tuple(x[p] for x in inputs), 1, nbytes, flops)
-      out.append(new)
-    return tuple(out)
+      return new
+    return tuple(sharing.per_processor(keys, self.share, make))
 
   def unit(self, out_id, input_ids, kernels: int = 1, nbytes: int = 0, flops: int = 0,
            combine_bytes: int = 0):
@@ -275,6 +270,13 @@ class _Estimator:
     return sharing.whole_of([self.block_records.get(i) for i in group_ids], axes[0],
                             tensor_axis, same=lambda a, b: a == b)
 
+  def gathers_without_copy(self, ids, mesh_axis: int, tensor_axis: int) -> bool:
+    """Whether gathering `ids` along `mesh_axis` gives tensors that exist
+    (every group's slices are blocks of one tensor), as
+    PlacementMeshImpl.gathers_without_copy answers."""
+    return all(self.whole_of([ids[p] for p in group], [mesh_axis], tensor_axis) is not None
+               for group in processor_groups(self.mesh_shape, [mesh_axis]))
+
   # ---- recording ------------------------------------------------------------
   def collective(self, kind, nbytes, axes):
     self.current.collectives.append(
@@ -416,18 +418,17 @@ class _Estimator:
     if plan.kernel:
       operand_bytes = [self.slice_elems(op.inputs[o.input].shape, o.move.target)
                        * op.inputs[o.input].dtype.size for o in plan.operands]
+      result_bytes = sum(self.slice_elems(r.shape, r.move.source) * r.dtype_size
+                         for r in plan.results)
       nbytes = plan.kernel_bytes
       if nbytes is None:
-        nbytes = sum(operand_bytes) + sum(self.slice_elems(r.shape, r.move.source)
-                                          * r.dtype_size for r in plan.results)
+        nbytes = sum(operand_bytes) + result_bytes
       flops = 0 if plan.memory_bound else (
           plan.flops if plan.kernel_flops is None else plan.kernel_flops)
       batched = None
       if plan.batch_axes is not None and self.share:
-        batched = plans.batched_operand(
-            plan.batch_axes, lambda i: len(set(args[i])) == 1,
-            lambda i, axis: all(self.whole_of([args[i][p] for p in group], [axis], 0) is not None
-                                for group in processor_groups(self.mesh_shape, [axis])))
+        batched = plans.batched_operand(plan.batch_axes, lambda i: len(set(args[i])) == 1,
+                                        lambda i, axis: self.gathers_without_copy(args[i], axis, 0))
       if batched is not None:  # one kernel on the joined blocks
         i, axis = batched
         size = self.mesh_sizes[axis]
@@ -435,8 +436,7 @@ class _Estimator:
         nbytes, flops = nbytes * size, flops * size
       ids = self.slicewise(self._kernel_inputs(args, plan.coordinates), nbytes, flops)
       if batched is not None:  # each processor's rows
-        ids = self.slice_along_ids(ids, batched[1], 0, sum(
-            self.slice_elems(r.shape, r.move.source) * r.dtype_size for r in plan.results))
+        ids = self.slice_along_ids(ids, batched[1], 0, result_bytes)
       args = [ids] * len(plan.results)
     results = [self._result(r, ids) for r, ids in zip(plan.results, args)]
     if plan.combined:
@@ -477,14 +477,8 @@ class _Estimator:
     memory), on the first processor holding it and reading that
     processor's values; each is a side effect that the step runs."""
     axes = [a for a in kernel.state if a is not None]
-    made_by = sharing.makers([tuple(c[a] for a in axes) for c in self.coords], self.share)
-    for p, maker in enumerate(made_by):
-      if maker != p:
-        continue
-      new = next(self._next_id)
-      self.device[new] = p
-      self.unit(new, tuple(x[p] for x in args), 1, kernel.nbytes, kernel.flops)
-      self.sinks.add(new)
+    keys = [tuple(c[a] for a in axes) for c in self.coords]
+    self.sinks.update(self._memo(keys, True, kernel.nbytes, kernel.flops, args))
 
   def _operand(self, op, operand: plans.Operand):
     """Per-processor ids of a plan's operand after its move."""

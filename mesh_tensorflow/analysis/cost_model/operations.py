@@ -2,9 +2,9 @@
 (`Operation.plan`, the one its lowering executes) and the local kernels
 around it. `PLAN_PRICING` maps a plan type to its pricing: every LocalPlan
 and KernelPlan by the estimator's one pricing of each, whatever the
-operation. Operations that state no plan communicate nothing and are priced as one kernel on their
-inputs' slices (`plans.plan_slicewise`), except those that run no kernel of
-their own (`WITHOUT_KERNEL`).
+operation. Operations that state no plan communicate nothing and are
+priced as one kernel on their inputs' slices (`plans.plan_slicewise`),
+except those that run no kernel of their own (`WITHOUT_KERNEL`).
 """
 
 from __future__ import annotations
