@@ -346,6 +346,10 @@ def test_calibrate_measures_positive_parameters(capsys, tmp_path):
   for field in ("flops_per_s", "memory_bytes_per_s", "collective_bytes_per_s",
                 "collective_latency_s", "op_overhead_s"):
     assert getattr(params, field) > 0, field
+  # Combining slices is memory-bound work: an allreduce measurement whose
+  # repetitions TensorFlow merged into one (common subexpressions) would
+  # report several times the elementwise bandwidth.
+  assert params.collective_bytes_per_s < 3 * params.memory_bytes_per_s, params
   # The command line without --calibrate prints the defaults as JSON.
   assert cost_model.main([]) == 0
   assert json.loads(capsys.readouterr().out)["cpu"]["parallel_processors"] >= 1
