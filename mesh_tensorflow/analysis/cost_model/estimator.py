@@ -194,11 +194,13 @@ class _Estimator:
     keys = [tuple(x[p] for x in inputs) for p in range(self.mesh_size)]
     return self._memo(keys, True, nbytes, flops, inputs)
 
-  def by_layout(self, layout, count: bool = True, nbytes: int = 0):
-    """make_slices / slice variables: one tensor per distinct slice."""
+  def by_layout(self, layout, count: bool = True, nbytes: int = 0, flops: int = 0,
+                inputs=()):
+    """make_slices / slice variables (and kernels writing them): one tensor
+    per distinct slice of `layout`."""
     axes = [a for a in layout if a is not None]
     keys = [tuple(c[a] for a in axes) for c in self.coords]
-    return self._memo(keys, count, nbytes)
+    return self._memo(keys, count, nbytes, flops, inputs)
 
   def combine_ids(self, ids, axes, nbytes: int, moved: int = 0,
                   tensor_axis: Optional[int] = None):
@@ -476,9 +478,7 @@ class _Estimator:
     update per distinct slice variable (per processor without shared
     memory), on the first processor holding it and reading that
     processor's values; each is a side effect that the step runs."""
-    axes = [a for a in kernel.state if a is not None]
-    keys = [tuple(c[a] for a in axes) for c in self.coords]
-    self.sinks.update(self._memo(keys, True, kernel.nbytes, kernel.flops, args))
+    self.sinks.update(self.by_layout(kernel.state, True, kernel.nbytes, kernel.flops, args))
 
   def _operand(self, op, operand: plans.Operand):
     """Per-processor ids of a plan's operand after its move."""
