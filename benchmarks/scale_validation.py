@@ -48,6 +48,24 @@ Rows:
   schedule, full recomputation of every layer, vocabulary 51,200 (GPT-2's
   50,257 padded as Megatron pads it).
 
+* Runs sharded FSDP-style (ZeRO stage 3 here), held out:
+  - Zhang et al. 2022, "OPT: Open Pre-trained Transformer Language Models"
+    (arXiv 2205.01068), Section 2.4: OPT-175B (96 layers, hidden 12,288, 96
+    heads, sequence 2048; Table 1: batch about 2M tokens) on 992 A100 80 GB
+    with Fully Sharded Data Parallel and 8-way Megatron tensor parallelism,
+    "up to 147 TFLOP/s per GPU". Assumed: 992 sequences per step (8 per
+    data-parallel replica), every layer recomputed, vocabulary 51,200, and
+    the FLOP count of Narayanan et al. (with recomputation).
+  - Touvron et al. 2023, "LLaMA: Open and Efficient Foundation Language
+    Models" (arXiv 2302.13971), Section 2.4 and Table 2: LLaMA-65B (80
+    layers, dimension 8192, 64 heads, sequence 2048, batch 4M tokens,
+    vocabulary 32,000) at about 380 tokens/s per GPU on 2048 A100 80 GB.
+    Its SwiGLU feed-forward layer (three 8192 x 22,016 matrices) is planned
+    as this library's two-matrix layer of the same parameters and FLOPs
+    (d_ff 33,024). Assumed: no tensor parallelism (`data:2048`), ZeRO 3,
+    every layer recomputed (the paper recomputes selectively and shards
+    sequences as well; neither degree is stated).
+
 The one fitted constant is the GPUs' `matmul_efficiency` (fraction of peak
 of a large matrix product): fitted on the rows marked "fit" (1.7B, 18.4B and
 145.6B); the other rows are held out. `--fit` refits it and prints the value
@@ -100,6 +118,8 @@ FIT_ROWS = (1.7, 18.4, 145.6)
 MT_NLG_ITERATIONS = [(280, 60.1), (350, 50.2), (420, 44.4)]
 SMITH = "Smith et al. 2022 (MT-NLG), Section 2.4"
 SEQ, VOCAB = 2048, 51200
+ZHANG = "Zhang et al. 2022 (OPT), Section 2.4"
+TOUVRON = "Touvron et al. 2023 (LLaMA), Section 2.4"
 
 
 @dataclasses.dataclass
@@ -133,6 +153,22 @@ def mt_nlg_rows():
     rows.append(_gpt_row(f"MT-NLG 530B, {gpus}", SMITH, 128, h, layers, 8, 35, gpus,
                          batch, tflops, 1, 1))
   return rows
+
+
+def fsdp_rows():
+  opt = _gpt_row("OPT 175B", ZHANG, 96, 12288, 96, 8, 1, 992, 992, 147, 1, 1)
+  opt.bindings = [b for b in opt.bindings if not b.startswith("run.grad_accum_steps")]
+  opt.bindings.append("run.zero_stage = 3")
+  llama = Row(
+      "LLaMA 65B", TOUVRON, "a100-80gb", 2048, "data:2048", "batch:data",
+      ["num_layers = 80", "d_model = 8192", "d_ff = 33024", "num_heads = 64", "d_kv = 128",
+       "run.model_type = 'lm'", f"run.sequence_length = {{'inputs': {SEQ}, 'targets': {SEQ}}}",
+       "run.batch_size = 2048", "run.activation_dtype = 'bfloat16'",
+       "run.vocabulary = @vocabulary.SizedVocabulary()", "vocabulary.SizedVocabulary.size = 32000",
+       "run.optimizer = @optimize.AdamWeightDecayOptimizer",
+       "transformer.make_layer_stack.recompute = 'layer'", "run.zero_stage = 3"],
+      380.0, "tokens/s per GPU")
+  return [opt, llama]
 
 
 def _paper_flops(batch, layers, h):
@@ -194,6 +230,8 @@ def predict(row: Row, efficiency=None):
   plan = planner.plan_current_config(cluster, row.mesh_shape, row.layout, options)
   if row.unit == "PFLOP/s":
     value = plan.model_flops_per_step / plan.step_time_s / 1e15
+  elif row.unit == "tokens/s per GPU":
+    value = plan.tokens_per_s / row.count
   else:
     value = row.paper_flops / plan.step_time_s / row.count / 1e12
   return value, plan
@@ -240,7 +278,7 @@ def compare_auto(sizes=None):
   the device at all. The search covers the published plan (its mesh, micro-
   batch size, schedule, recomputation), so the first is never slower."""
   from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
-  rows = [shazeer_row()] + megatron_rows()
+  rows = [shazeer_row()] + megatron_rows() + fsdp_rows()
   if sizes:
     rows = [r for r in rows if any(abs(_size(r) - x) < 1e-6 for x in sizes)]
   for row in rows:
@@ -293,7 +331,7 @@ def main(argv=None):
   if args.quick:
     rows = rows[:2]
   else:
-    rows = [shazeer_row()] + rows + mt_nlg_rows()
+    rows = [shazeer_row()] + rows + mt_nlg_rows() + fsdp_rows()
   if args.fit:
     print(f"fitted GPU matmul_efficiency: {fit([r for r in rows if r.hardware != 'tpu-v2']):.3f}")
   print(f"{'run':<22} {'source':<44} {'devices':>8} {'published':>10} {'predicted':>10} "

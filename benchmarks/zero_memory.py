@@ -12,6 +12,10 @@ ZeRO stage it measures, per processor:
   the lowering: full allreduced slices for stages 0 and 1, reduce-scattered
   blocks for stages 2 and 3);
 
+* peak: the cost model's peak per processor (`mtf.cost_model.memory_estimate`:
+  variables, slots and the tensors alive at once in graph order, gathered
+  copies of stage 3 variables included);
+
 and prints the maximum over processors, the ratio to stage 0, the collectives
 the step emits, and the first training losses (equal for every stage).
 
@@ -67,6 +71,8 @@ def measure(mesh_shape: str, layout: str, stage: int, batch: int, length: int,
     grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
     grads = zero.shard_gradients(grads, variables)
     updates = optimizer.apply_grads(grads, variables)
+    est = mtf.cost_model.memory_estimate(graph, mesh_shape, impl.layout_rules)
+    record["peak"] = est.variables + est.slots + est.activations
     lowering = mtf.Lowering(graph, {mesh: impl})
     record["grads"] = max(zero.tensor_bytes_per_processor(lowering, grads))
     record["collectives"] = lowering.collective_counts()
@@ -76,7 +82,7 @@ def measure(mesh_shape: str, layout: str, stage: int, batch: int, length: int,
   losses = [float(train_step(tokens[i])) for i in range(steps)]
   state = zero.state_bytes_per_processor(impl)
   return {"state": max(state), "grads": record["grads"],
-          "total": max(state) + record["grads"], "losses": losses,
+          "total": max(state) + record["grads"], "peak": record["peak"], "losses": losses,
           "collectives": record["collectives"]}
 
 
@@ -92,7 +98,7 @@ def main(argv=None):
   print("ZeRO per-device training state, main-job transformer + Adam, 8 devices, "
         "max over processors (KiB)")
   print(f"{'layout':<16} {'stage':>5} {'vars+slots':>11} {'grads':>9} {'total':>9} "
-        f"{'/stage0':>8}  {'collectives (count)':<48}losses")
+        f"{'/stage0':>8} {'peak':>9}  {'collectives (count)':<48}losses")
   ok = True
   for name, (mesh_shape, layout) in LAYOUTS.items():
     base = None
@@ -102,7 +108,8 @@ def main(argv=None):
       base = base or r
       comm = ", ".join(f"{k} {n}" for k, (n, _) in sorted(r["collectives"].items()))
       print(f"{name:<16} {stage:>5} {r['state'] / 1024:>11.1f} {r['grads'] / 1024:>9.1f} "
-            f"{r['total'] / 1024:>9.1f} {r['total'] / base['total']:>8.3f}  {comm:<48}"
+            f"{r['total'] / 1024:>9.1f} {r['total'] / base['total']:>8.3f} "
+            f"{r['peak'] / 1024:>9.1f}  {comm:<48}"
             f"{' '.join(f'{x:.6f}' for x in r['losses'])}")
       if previous is not None and not r["total"] < previous["total"]:
         ok = False

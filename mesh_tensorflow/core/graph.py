@@ -369,6 +369,23 @@ class Operation:
     outs = ", ".join(f"{t.name}[{t.shape.to_string}]" for t in self._outputs)
     return CallableString(f"{self._name} ({type(self).__name__}): {ins} -> {outs}")
 
+  def replace_inputs(self, replacements: Dict["Tensor", "Tensor"]) -> List["Tensor"]:
+    """Rewires this operation to read other tensors of the same shape and
+    dtype (a graph rewrite, e.g. ZeRO stage 3's backward pass reading a
+    variable again); returns the previous inputs.
+
+    Example:
+      >>> previous = op.replace_inputs({w: w_read_again})
+    """
+    previous = list(self._inputs)
+    for old, new in replacements.items():
+      if old.shape != new.shape or old.dtype != new.dtype:
+        raise ValueError(f"Operation {self._name!r}: cannot replace input {old.name} "
+                         f"[{old.shape}, {old.dtype.name}] by {new.name} "
+                         f"[{new.shape}, {new.dtype.name}].")
+    self._inputs = [replacements.get(t, t) for t in self._inputs]
+    return previous
+
   def lower(self, lowering) -> None:
     raise NotImplementedError(f"{type(self).__name__} cannot be lowered.")
 

@@ -482,6 +482,13 @@ def recompute_grad(fn: Callable, explicit_inputs: Sequence[Tensor],
     xs2 = [depend(x, dys_real) for x in xs] if control_dependencies else list(xs)
     with forward.replay():
       outs = fn(*xs2)
+    # mtf.gradients passes a variable that gathers on read (ZeRO stage 3) as
+    # its copy read again for the backward pass: the recomputation uses it.
+    again = {c.operation.variable.outputs[0]: c for c in captured
+             if getattr(c.operation, "is_variable_reread", False)}
+    if again:
+      for op in graph.operations[start:]:
+        op.replace_inputs(again)
     outs = [outs] if isinstance(outs, Tensor) else list(outs)
     pairs = [(o, d) for o, d in zip(outs, dys) if d is not None]
     # Differentiate the recomputation only: a captured tensor may also be

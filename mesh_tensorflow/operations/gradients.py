@@ -55,6 +55,7 @@ def gradients(ys: Sequence[Tensor], xs: Sequence[Tensor],
   for y, g in zip(ys, grad_ys):
     if g is not None:
       pending.setdefault(y, []).append(g)
+  prefetch_after = None  # the output gradients of the last op that read a variable again
   for op in reversed(operations):
     out_grads = [_sum(pending.get(t)) for t in op.outputs]
     if all(g is None for g in out_grads):
@@ -71,8 +72,12 @@ def gradients(ys: Sequence[Tensor], xs: Sequence[Tensor],
       continue
     for t, g in zip(op.outputs, out_grads):
       pending[t] = [g] if g is not None else []
-    in_grads = op.gradient_for(
-        out_grads, [t in downstream and t.dtype.is_floating for t in op.inputs])
+    needed = [t in downstream and t.dtype.is_floating for t in op.inputs]
+    dys = [g for g in out_grads if g is not None]
+    in_grads, reread = _gradient_reading_variables_again(op, out_grads, needed,
+                                                         prefetch_after or dys)
+    if reread:
+      prefetch_after = dys
     for t, g in zip(op.inputs, in_grads):
       if g is not None and t in downstream and t.dtype.is_floating:
         if g.shape != t.shape:
@@ -80,6 +85,37 @@ def gradients(ys: Sequence[Tensor], xs: Sequence[Tensor],
                            f"expected {t.shape} (from {op.name}).")
         pending.setdefault(t, []).append(g)
   return [_sum(pending.get(x)) for x in xs]
+
+
+def _gradient_reading_variables_again(op, out_grads, needed, after):
+  """op's input gradients; where an input is the value of a variable that
+  gathers on read (ZeRO stage 3), the gradient reads it again once `after`
+  exist instead of keeping the forward pass's gathered copy alive.
+
+  `after` is the output gradients of the previous op (in backward order)
+  that read a variable again: each gather runs one such op ahead of its use,
+  under the computation in between. Returns (gradients, whether a variable
+  was read again). A copy that the gradient does not use is removed."""
+  graph = op.graph
+  again = {}
+  for t in op.inputs:
+    var = t.operation
+    if (t not in again and getattr(var, "is_variable", False)
+        and getattr(var, "gathers_on_read", False)):
+      again[t] = var.read_again(after)
+  if not again:
+    return op.gradient_for(out_grads, needed), False
+  first = len(graph.operations)
+  previous = op.replace_inputs(again)
+  try:
+    in_grads = op.gradient_for(out_grads, needed)
+  finally:
+    op.replace_inputs(dict(zip(op.inputs, previous)))
+  used = {t for o in graph.operations[first:] for t in o.inputs}
+  unused = [w for w in again.values() if w not in used]
+  for w in unused:
+    graph.operations.remove(w.operation)
+  return in_grads, len(unused) < len(again)
 
 
 def _sum(gs):

@@ -79,6 +79,9 @@ class Variable(Operation):
     # The shape the slices are stored in: same sizes, possibly renamed dims so
     # that the layout splits it further (ZeRO stage 3, mesh_tensorflow/training/zero.py).
     self.storage_shape = self._shape
+    # Tensors whose computation the read waits for (ZeRO stage 3 gathers
+    # only a few variables ahead of their use; see training/zero.py).
+    self.read_after: list = []
     # A full-size master copy, only when the mesh has a variable placer
     # (master_variables.py).
     self.master = None
@@ -108,20 +111,25 @@ class Variable(Operation):
     impl = lowering.mesh_impl(self)
     if self.storage_shape == self._shape:  # stored sharded on impl by an earlier graph?
       self.storage_shape = impl.keeps.get(STORAGE_KEY, {}).get(self._name, self._shape)
-    plan = self.plan(lowering.plan_mesh(self))
     slices = self._get_or_create_slices(impl)
     lowering.variables[self] = LaidOutVariable(self, impl, slices)
-    act = self.activation_dtype
+    _lower_read(lowering, self, self, slices, self.read_after)
 
-    def read(v):
-      # value(), not read_value(): the latter adds an Identity op per slice.
-      if isinstance(v, tf.Variable):
-        t = v.value()
-      else:
-        t = v.read_value() if hasattr(v, "read_value") else tf.identity(v)
-      return tf.cast(t, act) if t.dtype != act else t
-    # Stored split further (ZeRO stage 3): gathered just before use.
-    lowering.lower_kernels(self, plan, [read], extra={0: [LaidOutTensor(slices)]})
+  @property
+  def gathers_on_read(self) -> bool:
+    """Whether reading the value gathers slices that are stored split further
+    than the value is used (ZeRO stage 3). `mtf.gradients` then reads such a
+    variable again for the backward pass instead of keeping the gathered copy
+    alive from the forward pass."""
+    return self.storage_shape != self._shape
+
+  def read_again(self, after) -> Tensor:
+    """The value read anew (gathered again) once the tensors `after` exist.
+
+    Example:
+      >>> w_again = var.read_again([dy])      # in the backward pass
+    """
+    return VariableReread(self, after).outputs[0]
 
   def plan(self, mesh):
     """The KernelPlan of reading the slice variables (laid out as
@@ -150,6 +158,51 @@ class Variable(Operation):
         impl, self._name, self.storage_shape, self.master_dtype, self.slice_dtype,
         self._trainable, init_fn, graph=self.mesh.graph)
     return impl.program_slices(sliced)
+
+
+class VariableReread(Operation):
+  """A variable's value read again once `after` (mtf tensors) exist: the
+  backward pass's copy of a ZeRO stage 3 variable, gathered just before it is
+  needed rather than kept from the forward pass (`Variable.read_again`)."""
+
+  has_gradient = False
+  stops_gradient = True
+  is_variable_reread = True
+
+  def __init__(self, variable: Variable, after):
+    super().__init__(list(after), mesh=variable.mesh, name=variable.name + "/read_again")
+    self.variable = variable
+    self._outputs = [Tensor(self, variable.shape, variable.activation_dtype)]
+
+  def plan(self, mesh):
+    return plans.plan_variable_read(self.variable.storage_shape, self.outputs[0],
+                                    mesh.layout_of, mesh.sizes)
+
+  def lower(self, lowering):
+    laid = lowering.variables[self.variable]
+    _lower_read(lowering, self, self.variable, laid.slices, self.inputs)
+
+
+def _lower_read(lowering, op, variable: Variable, slices, after) -> None:
+  """Lowers `op` (a Variable or its VariableReread): each processor reads its
+  slice variable, once its slices of the tensors `after` exist, then the plan
+  moves the values into the value's layout (ZeRO stage 3: an all-gather)."""
+  act = variable.activation_dtype
+  waits = {}  # slice variable -> the tensors of its processor to wait for
+  for t in after:
+    for v, part in zip(slices, lowering.laid_out(t).tensor_list):
+      waits.setdefault(id(v), []).append(part)
+
+  def read(v):
+    with tf.control_dependencies(waits.get(id(v), [])):
+      # value(), not read_value(): the latter adds an Identity op per slice.
+      if isinstance(v, tf.Variable):
+        t = v.value()
+      else:
+        t = v.read_value() if hasattr(v, "read_value") else tf.identity(v)
+      return tf.cast(t, act) if t.dtype != act else t
+  plan = op.plan(lowering.plan_mesh(op))
+  lowering.lower_kernels(op, plan, [read], extra={0: [LaidOutTensor(slices)]})
 
 
 def _call_initializer(initializer, shape, dtype, name):

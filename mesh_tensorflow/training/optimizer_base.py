@@ -162,7 +162,11 @@ class _ReadInMasterDtype(Operation):
   shape, or its ZeRO stage-3 sharded twin, read without a gather)."""
 
   def __init__(self, var: var_ops.Variable):
-    super().__init__([var.outputs[0]], mesh=var.mesh, name="read_master_value")
+    # It reads the slices, not the value; a value that gathers on read
+    # (stage 3) is not an input, so that its gathered copy is not kept alive
+    # for the optimizer.
+    inputs = [] if var.gathers_on_read else [var.outputs[0]]
+    super().__init__(inputs, mesh=var.mesh, name="read_master_value")
     self._variable = var
     self._outputs = [Tensor(self, var.storage_shape, var.master_dtype)]
 

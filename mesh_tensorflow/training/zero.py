@@ -212,8 +212,31 @@ def shard_training_state(graph: Graph, mesh_impl, stage: int,
         # Other graphs lowered with mesh_impl (evaluation, decoding) find the
         # variable stored this way too (Variable.lower reads this).
         mesh_impl.keeps.setdefault(STORAGE_KEY, {})[var.name] = twin
+  if stage >= 3:
+    _gather_a_little_ahead(graph, [v for v in plan.shapes if v.gathers_on_read])
   _PLANS[graph] = plan
   return plan
+
+
+def _gather_a_little_ahead(graph: Graph, variables) -> None:
+  """Stage 3: each variable's forward gather waits until the first reader of
+  the variable two before it (in graph order) has run, so that only a few
+  gathered copies are alive at once; TensorFlow would otherwise run every
+  gather at the start of the step. (The backward pass reads them again one
+  operation ahead: `mtf.gradients`.)"""
+  index = {op: i for i, op in enumerate(graph.operations)}
+  wanted = set(variables)
+  first_reader = {}
+  for op in graph.operations:
+    for t in op.inputs:
+      if t.operation in wanted and t.operation not in first_reader and op.outputs:
+        first_reader[t.operation] = op
+  ordered = sorted((v for v in variables if v in first_reader), key=index.get)
+  for k, var in enumerate(ordered):
+    earlier = [first_reader[v] for v in ordered[:max(k - 1, 0)]
+               if index[first_reader[v]] < index[var]]
+    if earlier:
+      var.read_after = list(max(earlier, key=index.get).outputs)
 
 
 def _check_not_stored_whole(mesh_impl, var, twin: Shape) -> None:

@@ -4,9 +4,13 @@ For the parsed gin config and a cluster it tries every split of the devices
 into pipeline x data x model parallelism (`pipe:P;data:D;model:T`, model
 innermost so that its collectives stay inside a host where they can; T
 divides the heads and d_ff, P the layers, D the batch), the micro-batch
-sizes 1, 2 and 4 sequences per replica when pipelining, recomputation
-("none", "layer") and ZeRO stages 0 and 1, prices each with the planner,
-and keeps those that fit in memory, fastest first. Each printed plan says
+sizes 1, 2 and 4 sequences per replica when pipelining (on the 1F1B
+schedule: GPipe takes the same time and keeps more micro-batches in
+memory), recomputation
+("none", "layer") and ZeRO stages 0 and 2 (stage 2 costs no more time
+than stage 1 and holds less), and 3 without a pipeline (FSDP-style),
+prices each with the planner, and keeps those that fit in memory, fastest
+first. Each printed plan says
 why it is where it is: its largest time components and its memory headroom.
 
 The layout is the Megatron-style one (`batch:data;d_ff:model;heads:model;
@@ -112,7 +116,6 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   n = cluster.count
   max_model = h.devices_per_host if h.kind == "gpu" else 64
   plans, rejected, tried = [], [], 0
-  schedule = planner.options_from_gin().schedule
   for t in _divisors(n):
     if t > max_model or heads % t or d_ff % t:
       continue
@@ -130,11 +133,13 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
       layout = ";".join(r for r in LAYOUT.split(";")
                         if r.split(":")[1] in {x.split(":")[0] for x in dims})
       chunks = [v for v in virtual_stages if v == 1 or (p > 1 and (num_layers // p) % v == 0)]
-      for m, v, recompute, zero in itertools.product(micros, chunks, ("none", "layer"), (0, 1)):
+      zero_stages = (0, 2) if p > 1 else (0, 2, 3)
+      for m, v, recompute, zero in itertools.product(micros, chunks, ("none", "layer"),
+                                                     zero_stages):
         tried += 1
         options = planner.PlanOptions(
             num_stages=p, num_microbatches=m,
-            schedule="interleaved" if v > 1 else schedule if p > 1 else "gpipe",
+            schedule="interleaved" if v > 1 else "1f1b" if p > 1 else "gpipe",
             virtual_stages=v, recompute=recompute, zero_stage=zero)
         try:
           plan = planner.plan_current_config(cluster, mesh, layout, options)

@@ -28,9 +28,12 @@ adds what the graph of one micro-batch does not show:
 * gradient reduction (the collectives the optimizer's inputs complete, once
   per step), overlapped with the last micro-batch's backward pass except
   the last layer's share;
-* ZeRO (`run.zero_stage`): optimizer slots (stage >= 1), gradients (>= 2),
-  variables (3) split over the data-parallel mesh dimension; stage 3 adds an
-  all-gather of each layer's variables in the forward and backward passes;
+* ZeRO (`run.zero_stage`), as `mtf.zero` runs it: optimizer slots (stage
+  >= 1), gradients (>= 2), variables (3) split over the data-parallel mesh
+  dimension; each processor updates its 1/D of the variables; stages 1 and 2
+  all-gather the new values after the update, stages 2 and 3 reduce-scatter
+  the gradients; stage 3 gathers each layer's variables in the forward pass
+  and again in the backward pass, under the compute of the layer before;
 * mixed precision (`run.activation_dtype = "bfloat16"`): activations and
   their collectives in bf16, variables, gradients and slots in float32.
 
@@ -462,15 +465,11 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
     recompute_flops_l = layer["forward"].model_flops
   elif options.recompute == "selective":
     recompute_l = layer["forward"].bytes / h.hbm_bytes_per_s * 0.5
-  zero3_l = 0.0
-  dp_axes = [i for i, d in enumerate(sub_dims) if rule_map.get("batch") == d.name]
+  dp_axes = tuple(i for i, d in enumerate(sub_dims) if rule_map.get("batch") == d.name)
   dp = 1
   for a in dp_axes:
     dp *= sub_dims[a].size
-  if options.zero_stage >= 3 and dp > 1:
-    layer_var_bytes = (two.variables - one.variables)
-    zero3_l = 2 * pricer.time(("allgather", tuple(dp_axes), layer_var_bytes / dp))
-  micro_time = (per_stage * (fwd_l + bwd_l + recompute_l + zero3_l) + fwd_x + bwd_x)
+  micro_time = (per_stage * (fwd_l + bwd_l + recompute_l) + fwd_x + bwd_x)
   p2p = 0.0
   if s > 1:
     hop = topology.point_to_point_time(one.layer_input_bytes, sizes, names.index(pipe_dim),
@@ -481,14 +480,37 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   pipeline_time = slots * (micro_time + p2p)
   bubble = (slots - m) * (micro_time + p2p)
   # Once per step: the gradient reduction and the optimizer's update.
-  opt = stage_phase("optimizer")
+  opt, after_update = _zero_optimizer(stage_phase("optimizer"), dp_axes, dp, options.zero_stage)
   grad_reduce = pricer.total(opt)
   optimizer_compute = _compute_time(opt, h)
   exposed = grad_reduce
   if options.overlap_grad_reduce and grad_reduce > 0:
     hidden = per_stage * (bwd_l + recompute_l)
     exposed = max(grad_reduce / max(per_stage, 1), grad_reduce - hidden)
-  step_time = pipeline_time + exposed + optimizer_compute
+  param_gather = sum(c * pricer.time(k) for k, c in after_update.items())
+  # ZeRO 3 (mtf.zero, mtf.gradients): each layer's variables are gathered in
+  # the forward pass and again in the backward pass, a few variables ahead of
+  # their use, so each gather runs under the layer before it. Within a
+  # pipeline the forward copy serves every micro-batch; the backward pass
+  # gathers again for each.
+  zero3_gather = zero3_exposed = zero3_count = 0.0
+  var_layer = two.variables - one.variables
+  if options.zero_stage >= 3 and dp > 1:
+    # Gathered in the activation dtype (the read casts before it moves).
+    gather_bytes = int(var_layer / dp * _activation_bytes() / 4)
+    gather_l = pricer.time(("allgather", dp_axes, gather_bytes))
+    fwd_c = _compute_time(layer["forward"], h)
+    bwd_c = _compute_time(layer["backward"], h) + (fwd_c if options.recompute == "layer" else 0)
+    forward_gathers = grad_accum if s == 1 else 1
+    zero3_count = (forward_gathers + m) * num_layers
+    zero3_gather = zero3_count / s * gather_l
+    zero3_exposed = (forward_gathers * (gather_l + (per_stage - 1) * max(0.0, gather_l - fwd_c))
+                     + m * (gather_l + (per_stage - 1) * max(0.0, gather_l - bwd_c)))
+    # The gathers share the data-parallel links with the gradient reduction:
+    # what the layers' compute cannot cover shows in the step.
+    covered = per_stage * (forward_gathers * fwd_c + m * bwd_c)
+    zero3_exposed = max(zero3_exposed, zero3_gather + grad_reduce - exposed - covered)
+  step_time = pipeline_time + exposed + optimizer_compute + param_gather + zero3_exposed
 
   # FLOPs (whole step, all devices).
   model_flops_micro = (layer["forward"].model_flops + layer["backward"].model_flops) \
@@ -497,7 +519,6 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   hw_flops = model_flops + recompute_flops_l * num_layers * m
   peak = cluster.count * h.peak_flops_per_s
   # Memory per device (the busiest stage).
-  var_layer = two.variables - one.variables
   var_extra = one.variables - var_layer
   slot_layer = two.slots - one.slots
   slot_extra = one.slots - slot_layer
@@ -509,7 +530,11 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   if options.zero_stage >= 2:
     gradients /= dp
   if options.zero_stage >= 3:
-    variables = variables / dp + var_layer
+    # Stored in blocks, plus the gathered copies (activation dtype) alive at
+    # once: the embeddings', and two layers' (a pipeline keeps its stage's
+    # forward copies for the whole step).
+    gathered = var_extra + (2 if s == 1 else per_stage) * var_layer
+    variables = variables / dp + gathered * _activation_bytes() / 4
   act_layer = max(two.activations - one.activations, 0.0)
   act_extra = max(one.activations - act_layer, 0.0)
   if options.recompute == "layer":
@@ -532,6 +557,12 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
 
   # Communications, per step.
   comms = []
+
+  def add_communication(phase, key, count, seconds):
+    kind, axes, nbytes = key
+    comms.append(Communication(phase, kind, tuple(sub_dims[a].name for a in axes), nbytes,
+                               count, seconds, topology.link_label(pricer.levels(axes))))
+
   for phase in PHASES:
     if phase == "optimizer":
       counts = {k: c for k, c in opt.comm.items()}
@@ -544,14 +575,15 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
         for k, c in layer["forward"].comm.items():
           counts[k] = counts.get(k, 0) + num_layers * c
     for k, c in counts.items():
-      if c <= 0:
-        continue
-      kind, axes, nbytes = k
-      levels = pricer.levels(axes)
-      # Per device: the pipeline's stages each run their share of layers.
-      seconds = c * mult * pricer.time(k) / (s if phase != "optimizer" else 1)
-      comms.append(Communication(phase, kind, tuple(sub_dims[a].name for a in axes), nbytes,
-                                 c * mult, seconds, topology.link_label(levels)))
+      if c > 0:
+        # Per device: the pipeline's stages each run their share of layers.
+        add_communication(phase, k, c * mult,
+                          c * mult * pricer.time(k) / (s if phase != "optimizer" else 1))
+  for k, c in after_update.items():
+    add_communication("optimizer", k, c, c * pricer.time(k))
+  if zero3_gather:
+    add_communication("forward and backward", ("allgather", dp_axes, gather_bytes),
+                      zero3_count, zero3_gather)
   comms.sort(key=lambda c: -c.seconds)
   breakdown = {
       "compute": m * (per_stage * (_compute_time(layer["forward"], h)
@@ -561,7 +593,8 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
                                                + pricer.total(layer["backward"]))
                                   + pricer.total(extra["forward"]) + pricer.total(extra["backward"])),
       "recompute": m * per_stage * recompute_l,
-      "zero3_gather": m * per_stage * zero3_l,
+      "zero3_gather": zero3_exposed,
+      "zero_param_gather": param_gather,
       "pipeline_bubble": bubble,
       "pipeline_sends": m * p2p,
       "grad_reduce_exposed": exposed,
@@ -574,6 +607,39 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
               batch * seq_len, model_flops, hw_flops, model_flops / (step_time * peak),
               hw_flops / (step_time * peak), memory, h.hbm_bytes, breakdown, comms, num_layers,
               params, notes)
+
+
+def _activation_bytes() -> int:
+  """Bytes per element of the config's activations (run.activation_dtype)."""
+  dtype = str(_binding("run.activation_dtype", "float32") or "float32")
+  return 2 if ("bfloat16" in dtype or "float16" in dtype) else 4
+
+
+def _zero_optimizer(opt: _Phase, dp_axes: Tuple[int, ...], dp: int,
+                    stage: int) -> Tuple[_Phase, Dict[tuple, float]]:
+  """The optimizer phase as `mtf.zero` runs it at `stage`, and the
+  collectives that follow the update.
+
+  Stage >= 1: each of the dp data-parallel processors updates 1/dp of every
+  variable; stages 1 and 2 then all-gather the new values into the
+  replicated variables (after the update, so nothing hides them). Stage >=
+  2: the gradients' all-reduce over the data-parallel axes becomes a
+  reduce-scatter into the blocks.
+  """
+  if stage == 0 or dp == 1:
+    return opt, {}
+  comm: Dict[tuple, float] = {}
+  after: Dict[tuple, float] = {}
+  for key, count in opt.comm.items():
+    kind, axes, nbytes = key
+    if kind == "allreduce" and tuple(axes) == tuple(dp_axes):
+      if stage <= 2:
+        gather = ("allgather", axes, nbytes // dp)
+        after[gather] = after.get(gather, 0) + count
+      if stage >= 2:
+        key = ("reduce_scatter", axes, nbytes)
+    comm[key] = comm.get(key, 0) + count
+  return _Phase(opt.flops / dp, opt.model_flops, opt.bytes / dp, opt.kernels, comm), after
 
 
 def _check_options(o: PlanOptions) -> None:

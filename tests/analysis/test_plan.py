@@ -124,6 +124,11 @@ def test_auto_search_returns_fitting_plans_fastest_first():
   assert "data:4" in meshes and any("pipe" in m for m in meshes)
   for p in result.plans:
     assert p.fits and p.num_layers == 4
+    # Pipelines on 1F1B (GPipe: same time, more memory); ZeRO 3 without one.
+    assert p.options.num_stages == 1 or p.options.schedule in ("1f1b", "interleaved")
+    assert p.options.zero_stage in (0, 2, 3)
+    assert p.options.zero_stage < 3 or p.options.num_stages == 1
+  assert {p.options.zero_stage for p in result.plans} == {0, 2, 3}
   text = result.summary()
   assert "#1" in text and "why:" in text and "gin for #1" in text
 
@@ -202,3 +207,38 @@ def test_training_step_builder_leaves_the_gin_config_as_it_was():
   assert 0 < one.first_backward_op < one.first_optimizer_op < len(one.graph.operations)
   assert len(one.graph.operations) < len(two.graph.operations) < len(full.graph.operations)
   assert two.mesh_shape == "data:2;model:8" and two.layout == "batch:data;d_ff:model"
+
+
+def test_zero_stages_are_priced_as_mtf_zero_runs_them():
+  adam = ["run.optimizer = @optimize.AdamWeightDecayOptimizer"]
+  cluster, mesh = "a100-80gb:32", "data:4;model:8"
+  plans = [_plan(extra=adam + [f"run.zero_stage = {z}"], cluster=cluster, mesh=mesh)
+           for z in range(4)]
+
+  def data_comm(plan):
+    return {(c.phase, c.kind): c for c in plan.communications if c.mesh_dims == ("data",)}
+  comm = [data_comm(p) for p in plans]
+  # 0: all-reduced gradients, no gathers.
+  assert ("optimizer", "allreduce") in comm[0] and ("optimizer", "allgather") not in comm[0]
+  # 1: the same all-reduce, each processor updates a quarter of the
+  # variables, then all-gathers them (exposed: it follows the update).
+  assert comm[1][("optimizer", "allreduce")].seconds == pytest.approx(
+      comm[0][("optimizer", "allreduce")].seconds)
+  assert ("optimizer", "allgather") in comm[1]
+  assert plans[1].time_breakdown["zero_param_gather"] > 0
+  assert plans[1].time_breakdown["optimizer"] < plans[0].time_breakdown["optimizer"]
+  # 2: the all-reduce becomes a reduce-scatter (half its time), gradients / 4.
+  assert ("optimizer", "allreduce") not in comm[2]
+  assert comm[2][("optimizer", "reduce_scatter")].seconds == pytest.approx(
+      comm[0][("optimizer", "allreduce")].seconds / 2, rel=1e-6)
+  assert plans[2].memory["gradients"] == pytest.approx(plans[1].memory["gradients"] / 4)
+  assert plans[2].step_time_s < plans[1].step_time_s
+  # 3: no gather after the update; each layer gathered forward and backward
+  # (2 x 8 layers), mostly under the previous layer's compute.
+  assert plans[3].time_breakdown["zero_param_gather"] == 0
+  gathers = comm[3][("forward and backward", "allgather")]
+  assert gathers.count == 2 * 8
+  assert 0 < plans[3].time_breakdown["zero3_gather"] < gathers.seconds
+  # Stored in quarters plus two layers' and the embeddings' gathered copies.
+  assert plans[3].memory["variables"] < plans[2].memory["variables"]
+  assert plans[3].memory["variables"] > plans[2].memory["variables"] / 4

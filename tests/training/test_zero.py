@@ -29,11 +29,13 @@ def _model(mesh, x, y):
   return mtf.reduce_mean(mtf.square(mtf.einsum([h, w2], output_shape=[batch, out]) + b - y))
 
 
-def _train(mesh_shape, layout, stage, steps=3):
-  """Losses, max per-processor bytes (state, gradients) and collective counts."""
+def _train(mesh_shape, layout, stage, steps=3, model=_model, record=None):
+  """Losses, max per-processor bytes (state, gradients) and collective counts;
+  `record` (a dict) also gets what the graph and lowering did with the
+  variables."""
   impl = mtf_test_utils.make_impl(mesh_shape, layout)
   optimizer = mtf.optimize.AdamWeightDecayOptimizer(0.01)
-  record = {}
+  record = {} if record is None else record
 
   @tf.function(autograph=False)
   def step(x_tf, y_tf):
@@ -41,15 +43,23 @@ def _train(mesh_shape, layout, stage, steps=3):
     mesh = mtf.Mesh(graph, "mesh")
     x = mtf.import_tf_tensor(mesh, x_tf, f"batch:{BATCH};features:{FEATURES}")
     y = mtf.import_tf_tensor(mesh, y_tf, f"batch:{BATCH};out:{OUT}")
-    loss = _model(mesh, x, y)
+    loss = model(mesh, x, y)
     zero.shard_training_state(graph, impl, stage)
     variables = graph.trainable_variables
+    record["first_backward"] = len(graph.operations)
     grads = zero.shard_gradients(mtf.gradients([loss], [v.outputs[0] for v in variables]),
                                  variables)
     updates = optimizer.apply_grads(grads, variables)
+    ops = graph.operations
+    record["forward_value_readers"] = {
+        v.name: sorted(j for j, op in enumerate(ops) if v.outputs[0] in op.inputs)
+        for v in variables}
+    record["read_after"] = {v.name: [t.name for t in v.read_after] for v in variables}
     lowering = mtf.Lowering(graph, {mesh: impl})
     record["grads"] = max(zero.tensor_bytes_per_processor(lowering, grads))
     record["collectives"] = lowering.collective_counts()
+    record["gathers"] = sorted(r.op_name for r in lowering.collective_records
+                               if r.kind == "allgather")
     with tf.control_dependencies([lowering.lowered_operation(u) for u in updates]):
       return tf.identity(lowering.export_to_tf_tensor(loss))
 
@@ -182,3 +192,62 @@ def test_stage3_after_whole_slices_on_the_same_impl_says_how_to_switch():
          mtf.zeros(mesh, f"batch:{BATCH};out:{OUT}"))
   with pytest.raises(ValueError, match="'w1' already has slices.*restore it into a new mesh"):
     zero.shard_training_state(graph, impl, 3)
+
+
+LAYERS = 3
+
+
+def _stage3_step(stage, recompute):
+  """Losses of a 3-layer tanh MLP (optionally each layer recomputed) on
+  `all:8`, and what its graph and lowering did with the variables."""
+
+  def mlp(mesh, x, y):
+    h = x
+    for i in range(LAYERS):
+      dims = [h.shape.dims[1], mtf.Dimension(f"h{i}", HIDDEN if i < LAYERS - 1 else OUT)]
+
+      def layer(a, i=i, dims=dims):
+        w = mtf.get_variable(mesh, f"w{i}", dims)
+        return mtf.tanh(mtf.einsum([a, w], output_shape=[a.shape.dims[0], dims[1]]))
+      h = mtf.recompute_grad(layer, [h]) if recompute else layer(h)
+    return mtf.reduce_mean(mtf.square(mtf.rename_dimension(h, f"h{LAYERS - 1}", "out") - y))
+  record = {}
+  losses = _train("all:8", "batch:all", stage, model=mlp, record=record)[0]
+  return losses, record
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_stage3_gathers_again_for_the_backward_pass_instead_of_keeping_the_copy(recompute):
+  base, _ = _stage3_step(0, recompute)
+  losses, rec = _stage3_step(3, recompute)
+  np.testing.assert_allclose(losses, base, rtol=1e-6)
+  # The forward pass's gathered copies are read by forward operations only.
+  for name, readers in rec["forward_value_readers"].items():
+    assert readers and max(readers) < rec["first_backward"], (name, readers)
+  forward = [n for n in rec["gathers"] if "read_again" not in n]
+  again = [n for n in rec["gathers"] if "read_again" in n]
+  assert len(forward) == LAYERS, rec["gathers"]
+  # Backward: every layer's weight is read again, except the first layer's
+  # when its einsum's input gradient is not needed and nothing recomputes it.
+  expected = [f"w{i}/read_again" for i in range(LAYERS) if recompute or i > 0]
+  assert sorted(n.split("/read_again")[0] + "/read_again" for n in again) == expected, again
+  # Only a few variables ahead: the third waits for the first's reader.
+  assert rec["read_after"]["w0"] == [] and rec["read_after"]["w1"] == []
+  assert rec["read_after"]["w2"], rec["read_after"]
+
+
+def test_cost_model_counts_a_stage3_gathered_copy_while_it_is_alive():
+  peaks = []
+  for stage in (0, 3):
+    impl = mtf_test_utils.make_impl("all:8", "batch:all")
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    x = mtf.zeros(mesh, f"batch:{BATCH};features:{FEATURES}")
+    w = mtf.get_variable(mesh, "w", f"features:{FEATURES};hidden:{HIDDEN}")
+    mtf.einsum([x, w], output_shape=f"batch:{BATCH};hidden:{HIDDEN}")
+    zero.shard_training_state(graph, impl, stage)
+    peaks.append(mtf.cost_model.memory_estimate(graph, "all:8", impl.layout_rules))
+  # Stage 3 stores an eighth of w, and its gathered copy (all of w on every
+  # processor) is alive at the product.
+  assert peaks[1].variables == peaks[0].variables // 8
+  assert peaks[1].activations - peaks[0].activations == FEATURES * HIDDEN * 4

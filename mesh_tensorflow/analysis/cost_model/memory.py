@@ -53,7 +53,9 @@ def _memory(est: _Estimator, operations, shares_memory: bool) -> MemoryEstimate:
   peak = 0
   dying = collections.defaultdict(int)
   for i, op in enumerate(operations):
-    if not getattr(op, "is_variable", False):
+    # A variable's value is its slices, except where reading it gathers them
+    # (ZeRO stage 3): that copy lives like any other tensor.
+    if not getattr(op, "is_variable", False) or getattr(op, "gathers_on_read", False):
       for t in op.outputs:
         if t in last_use:
           b = est.slice_bytes(t)
