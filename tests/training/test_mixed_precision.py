@@ -129,12 +129,12 @@ def test_loss_scale_arguments_are_checked():
     mtf.mixed_precision.variable_dtype("int8")
 
 
-def _train_tiny_transformer(activation_dtype, steps=2, **trainer_kwargs):
+def _train_tiny_transformer(activation_dtype, steps=2, gin_params=(), **trainer_kwargs):
   import gin  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import gin_config, modeling  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import vocabulary  # pylint: disable=g-import-not-at-top
   gin_config.parse([], ["num_layers = 1", "d_model = 32", "d_ff = 64", "num_heads = 4",
-                        "d_kv = 8"])
+                        "d_kv = 8"] + list(gin_params))
   try:
     impl = mtf_test_utils.make_impl("rows:2;cols:2", "batch:rows;d_ff:cols;heads:cols")
     vocab = vocabulary.ByteVocabulary()
@@ -157,3 +157,12 @@ def test_transformer_in_float16_with_loss_scaling_and_zero3_trains_like_float32(
                                    loss_scale=mtf.mixed_precision.DynamicLossScale())
   assert np.all(np.isfinite(losses))
   np.testing.assert_allclose(losses, reference, rtol=5e-3)
+
+
+def test_transformer_with_recomputed_layers_and_zero3_trains_like_stage0():
+  # Stage 3 gathers every variable again for the backward pass, and the
+  # recomputed layers compute with that second copy.
+  recompute = ["num_layers = 2", "transformer.make_layer_stack.recompute = 'layer'"]
+  reference = _train_tiny_transformer("float32", gin_params=recompute)
+  losses = _train_tiny_transformer("float32", gin_params=recompute, zero_stage=3)
+  np.testing.assert_allclose(losses, reference, rtol=1e-5)
