@@ -466,6 +466,10 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   elif options.recompute == "selective":
     recompute_l = layer["forward"].bytes / h.hbm_bytes_per_s * 0.5
   dp_axes = tuple(i for i, d in enumerate(sub_dims) if rule_map.get("batch") == d.name)
+  if options.zero_stage and not dp_axes:
+    raise ValueError(f"run.zero_stage = {options.zero_stage} shards the training state over the "
+                     f"data-parallel mesh dimension, but layout {rules.to_string()!r} does not "
+                     "split 'batch': add a rule such as 'batch:data', or set run.zero_stage = 0.")
   dp = 1
   for a in dp_axes:
     dp *= sub_dims[a].size

@@ -66,6 +66,11 @@ def test_recompute_pipeline_and_zero_change_the_estimate():
                                                          rel=0.01)
 
 
+def test_plan_rejects_zero_without_a_data_parallel_dimension():
+  with pytest.raises(ValueError, match="does not split 'batch'.*run.zero_stage = 0"):
+    _plan(extra=["run.zero_stage = 2"], layout="d_ff:model;heads:model")
+
+
 def test_plan_rejects_mismatched_mesh_and_pipeline():
   with pytest.raises(ValueError, match="has 16 processors but"):
     _plan(cluster="a100-80gb:8")
