@@ -226,8 +226,9 @@ def _build_step(mesh_shape: str, layout: str, batch_size: int, num_layers: int) 
   `python -m mesh_tensorflow.report` builds (`report.build_training_step`)."""
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
+  # ZeRO is priced by the plan (plan_current_config), not built.
   step = report.build_training_step(mesh_shape, layout, batch_size=batch_size,
-                                    num_layers=num_layers)
+                                    num_layers=num_layers, zero_stage=0)
   return _Step(step.graph, (step.first_backward_op, step.first_optimizer_op),
                mtf.convert_to_shape(step.mesh_shape), mtf.convert_to_layout_rules(step.layout))
 

@@ -97,7 +97,8 @@ def _query(name: str):
 
 def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] = None,
                         batch_size: Optional[int] = None,
-                        num_layers: Optional[int] = None) -> TrainingStep:
+                        num_layers: Optional[int] = None,
+                        zero_stage: Optional[int] = None) -> TrainingStep:
   """One training step of the transformer configured by the gin config that
   is parsed now (`gin_config.parse`), as `application.run` would build it: the
   step of `python -m mesh_tensorflow.report` and, one micro-batch with one
@@ -111,6 +112,9 @@ def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] 
       run.grad_accum_steps, one accumulation step).
     num_layers: build a plain stack of this many layers (no pipeline stages,
       micro-batches or recomputation), whatever the config says.
+    zero_stage: shard the training state with ZeRO (`mtf.zero`) at this
+      stage; default: the config's `run.zero_stage`. The returned layout
+      then has the rule that shards it.
 
   Example:
     >>> gin_config.parse(["models/tiny_lm.gin"])
@@ -161,9 +165,14 @@ def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] 
           mesh, tf.broadcast_to(tf.constant(0, tf.int32), shape.to_integer_list()), shape,
           name=name)
     loss, _ = modeling.make_model_fn(setup)(mesh, features, "train")
+    stage = int(b.get("zero_stage") or 0) if zero_stage is None else zero_stage
+    if stage:
+      mtf.zero.shard_training_state(graph, impl, stage)
+      layout = impl.layout_rules.to_string()
     first_backward = len(graph.operations)
     variables = graph.trainable_variables
     grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+    grads = mtf.zero.shard_gradients(grads, variables)
     first_optimizer = len(graph.operations)
     steps = b.get("total_run_steps") or b.get("train_steps")
     schedule = learning_rate_schedules.bind_total_train_steps(
@@ -190,7 +199,10 @@ def report_for_current_config(mesh_shape: Optional[str] = None, layout: Optional
   """
   # With auto, the config's layout (which may name other mesh dimensions)
   # plays no part.
-  step = build_training_step(mesh_shape, "" if auto and layout is None else layout)
+  # ZeRO adds a rule for the data-parallel mesh dimension, which auto_mtf
+  # has yet to choose: the search prices the step without it.
+  step = build_training_step(mesh_shape, "" if auto and layout is None else layout,
+                             zero_stage=0 if auto else None)
   chosen = step.layout
   explanation = None
   if auto:

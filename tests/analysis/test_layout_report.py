@@ -97,3 +97,20 @@ def test_report_of_the_configured_transformer(capsys):
   gin_config.parse(["models/tiny_lm.gin"], SMALL)
   text = str(report_cli.report_for_current_config())
   assert "layout 'batch:rows;d_ff:cols;heads:cols;experts:rows'" in text
+
+
+def test_report_prices_the_configured_zero_stage():
+  from mesh_tensorflow.transformer import gin_config
+  reports = []
+  for stage in (0, 2, 3):
+    gin_config.parse(["models/tiny_lm.gin"], SMALL + [f"run.zero_stage = {stage}"])
+    reports.append(report_cli.report_for_current_config())
+  texts = [str(r) for r in reports]
+  assert "zero_rows:rows" not in texts[0] and "reduce_scatter" not in texts[0]
+  # Stage 2: the gradients reduce-scattered, the updated values all-gathered.
+  assert "layout 'batch:rows;d_ff:cols;heads:cols;experts:rows;zero_rows:rows'" in texts[1]
+  assert "reduce_scatter" in texts[1] and "allgather" in texts[1]
+  mem = [r.estimate.memory for r in reports]
+  assert mem[1].slots < mem[0].slots and mem[1].variables == mem[0].variables
+  # Stage 3: the variables stored split over rows (2 ways) too.
+  assert mem[2].variables < mem[1].variables
