@@ -85,6 +85,11 @@ def test_stages_give_stage0_losses_with_less_memory_each(mesh_shape, layout):
   assert results[3][1] < results[2][1]
   if mesh_shape == "all:8":
     assert totals[3] <= totals[0] / 6, totals
+  # Stage 3 adds gathers (forward, and again backward) and nothing else.
+  c2, c3 = results[2][3], results[3][3]
+  assert {k: v for k, v in c3.items() if k != "allgather"} == \
+      {k: v for k, v in c2.items() if k != "allgather"}
+  assert c3["allgather"][0] > c2["allgather"][0]
 
 
 def test_sharded_shapes_follow_the_layout():
