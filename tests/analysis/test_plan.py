@@ -87,6 +87,11 @@ def test_scale_validation_quick_rows_within_15_percent():
   for row in scale_validation.megatron_rows()[:2]:
     value, _ = scale_validation.predict(row)
     assert abs(value / row.published - 1) < 0.15, (row.name, value, row.published)
+  # A held-out FSDP run (ZeRO 3 over 2,048 GPUs): LLaMA-65B's tokens/s per GPU.
+  (llama,) = [r for r in scale_validation.fsdp_rows() if r.name.startswith("LLaMA")]
+  value, plan = scale_validation.predict(llama)
+  assert abs(value / llama.published - 1) < 0.15, (value, llama.published)
+  assert plan.fits and plan.options.zero_stage == 3
 
 
 def test_plan_command_json_and_errors(capsys):
