@@ -210,6 +210,12 @@ def report_for_current_config(mesh_shape: Optional[str] = None, layout: Optional
                              memory_budget_bytes=memory_budget_bytes)
     chosen = result.layout.to_string()
     explanation = result.explain()
+    import gin  # pylint: disable=g-import-not-at-top
+    configured = int(dict(gin.get_bindings("run")).get("zero_stage") or 0)
+    if configured:
+      explanation += (f"\nZeRO: the config's run.zero_stage = {configured} is not applied here "
+                      "(it needs the data-parallel mesh dimension the search picks); rerun "
+                      "without --auto with the picked layout to see it.")
   report = layout_report(step.graph, step.mesh_shape, chosen, params=params,
                                        exact=exact)
   report.search_explanation = explanation

@@ -114,3 +114,13 @@ def test_report_prices_the_configured_zero_stage():
   assert mem[1].slots < mem[0].slots and mem[1].variables == mem[0].variables
   # Stage 3: the variables stored split over rows (2 ways) too.
   assert mem[2].variables < mem[1].variables
+
+
+def test_report_auto_says_the_configured_zero_stage_is_not_applied(capsys):
+  argv = ["--gin_file=models/tiny_lm.gin", "--mesh_shape=all:8", "--auto",
+          "--gin_param=run.zero_stage = 2"]
+  argv += [f"--gin_param={p}" for p in SMALL]
+  assert report_cli.main(argv) == 0
+  out = capsys.readouterr().out
+  assert "run.zero_stage = 2 is not applied here" in out
+  assert "zero_all" not in out
