@@ -132,6 +132,22 @@ class Lowering:
     self.tensors[mtf_tensor] = laid_out
     return laid_out
 
+  def computed_slices(self, mtf_tensor: Tensor) -> list:
+    """The per-processor TensorFlow tensors `mtf_tensor` was computed as,
+    without completing a pending sum (its partial slices): something that
+    waits on them waits for the computation, not for an allreduce that the
+    tensor's readers may not need.
+
+    Example:
+      >>> with tf.control_dependencies(lowering.computed_slices(dy)): ...
+    """
+    if mtf_tensor not in self.tensors:
+      self.laid_out(mtf_tensor)  # its error names the tensor
+    value = self.tensors[mtf_tensor]
+    if partial_sum_axes(value):
+      value = value.laid_out_input
+    return value.tensor_list
+
   def plan_mesh(self, op: Operation):
     """The PlanMesh that `op.plan` takes when `op` is lowered: its mesh
     implementation's layouts and the placement of the tensors lowered so far."""

@@ -190,11 +190,7 @@ def _lower_read(lowering, op, variable: Variable, slices, after) -> None:
   act = variable.activation_dtype
   waits = {}  # slice variable -> the tensors of its processor to wait for
   for t in after:
-    value = lowering.tensors[t]
-    # A pending sum's partial slices mark the time as well; completing it
-    # here would add an allreduce that its readers may not need.
-    parts = getattr(value, "laid_out_input", value).tensor_list
-    for v, part in zip(slices, parts):
+    for v, part in zip(slices, lowering.computed_slices(t)):
       waits.setdefault(id(v), []).append(part)
 
   def read(v):

@@ -6,12 +6,11 @@ innermost so that its collectives stay inside a host where they can; T
 divides the heads and d_ff, P the layers, D the batch), the micro-batch
 sizes 1, 2 and 4 sequences per replica when pipelining (on the 1F1B
 schedule: GPipe takes the same time and keeps more micro-batches in
-memory), recomputation
-("none", "layer") and ZeRO stages 0 and 2 (stage 2 costs no more time
-than stage 1 and holds less), and 3 without a pipeline (FSDP-style),
-prices each with the planner, and keeps those that fit in memory, fastest
-first. Each printed plan says
-why it is where it is: its largest time components and its memory headroom.
+memory), recomputation ("none", "layer") and ZeRO stages 0 and 2 (stage 2
+costs no more time than stage 1 and holds less), and 3 without a pipeline
+(FSDP-style), prices each with the planner, and keeps those that fit in
+memory, fastest first. Each printed plan says why it is where it is: its
+largest time components and its memory headroom.
 
 The layout is the Megatron-style one (`batch:data;d_ff:model;heads:model;
 vocab:model;stages:pipe`); auto_mtf's layout search (`report --auto`) picks

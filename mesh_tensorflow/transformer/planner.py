@@ -454,11 +454,16 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   def stage_phase(p):
     return extra[p].plus(layer[p], per_stage)
 
-  # Time of one micro-batch on the busiest stage.
-  fwd_l = _compute_time(layer["forward"], h) + pricer.total(layer["forward"])
-  bwd_l = _compute_time(layer["backward"], h) + pricer.total(layer["backward"])
-  fwd_x = _compute_time(extra["forward"], h) + pricer.total(extra["forward"])
-  bwd_x = _compute_time(extra["backward"], h) + pricer.total(extra["backward"])
+  # Time of one micro-batch on the busiest stage: a layer's compute (c) and
+  # with its model-parallel collectives (l); the embeddings and loss (x).
+  fwd_c = _compute_time(layer["forward"], h)
+  bwd_c = _compute_time(layer["backward"], h)
+  fwd_xc = _compute_time(extra["forward"], h)
+  bwd_xc = _compute_time(extra["backward"], h)
+  fwd_l = fwd_c + pricer.total(layer["forward"])
+  bwd_l = bwd_c + pricer.total(layer["backward"])
+  fwd_x = fwd_xc + pricer.total(extra["forward"])
+  bwd_x = bwd_xc + pricer.total(extra["backward"])
   recompute_l = 0.0
   recompute_flops_l = 0.0
   if options.recompute == "layer":
@@ -504,16 +509,15 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
     # Gathered in the activation dtype (the read casts before it moves).
     gather_bytes = int(var_layer / dp * _activation_bytes() / 4)
     gather_l = pricer.time(("allgather", dp_axes, gather_bytes))
-    fwd_c = _compute_time(layer["forward"], h)
-    bwd_c = _compute_time(layer["backward"], h) + (fwd_c if options.recompute == "layer" else 0)
+    bwd_recompute_c = bwd_c + (fwd_c if options.recompute == "layer" else 0)
     forward_gathers = grad_accum if s == 1 else 1
     zero3_count = (forward_gathers + m) * num_layers
     zero3_gather = zero3_count / s * gather_l
     zero3_exposed = (forward_gathers * (gather_l + (per_stage - 1) * max(0.0, gather_l - fwd_c))
-                     + m * (gather_l + (per_stage - 1) * max(0.0, gather_l - bwd_c)))
+                     + m * (gather_l + (per_stage - 1) * max(0.0, gather_l - bwd_recompute_c)))
     # The gathers share the data-parallel links with the gradient reduction:
     # what the layers' compute cannot cover shows in the step.
-    covered = per_stage * (forward_gathers * fwd_c + m * bwd_c)
+    covered = per_stage * (forward_gathers * fwd_c + m * bwd_recompute_c)
     zero3_exposed = max(zero3_exposed, zero3_gather + grad_reduce - exposed - covered)
   step_time = pipeline_time + exposed + optimizer_compute + param_gather + zero3_exposed
 
@@ -591,9 +595,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
                       zero3_count, zero3_gather)
   comms.sort(key=lambda c: -c.seconds)
   breakdown = {
-      "compute": m * (per_stage * (_compute_time(layer["forward"], h)
-                                   + _compute_time(layer["backward"], h))
-                      + _compute_time(extra["forward"], h) + _compute_time(extra["backward"], h)),
+      "compute": m * (per_stage * (fwd_c + bwd_c) + fwd_xc + bwd_xc),
       "model_parallel_comm": m * (per_stage * (pricer.total(layer["forward"])
                                                + pricer.total(layer["backward"]))
                                   + pricer.total(extra["forward"]) + pricer.total(extra["backward"])),

@@ -87,6 +87,12 @@ def config_mesh_and_layout(mesh_shape: Optional[str] = None,
           mtf.convert_to_layout_rules(layout).to_string())
 
 
+def configured_zero_stage() -> int:
+  """The parsed gin config's `run.zero_stage` (0 when unset)."""
+  import gin  # pylint: disable=g-import-not-at-top
+  return int(dict(gin.get_bindings("run")).get("zero_stage") or 0)
+
+
 def _query(name: str):
   import gin  # pylint: disable=g-import-not-at-top
   try:
@@ -165,7 +171,7 @@ def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] 
           mesh, tf.broadcast_to(tf.constant(0, tf.int32), shape.to_integer_list()), shape,
           name=name)
     loss, _ = modeling.make_model_fn(setup)(mesh, features, "train")
-    stage = int(b.get("zero_stage") or 0) if zero_stage is None else zero_stage
+    stage = configured_zero_stage() if zero_stage is None else zero_stage
     if stage:
       mtf.zero.shard_training_state(graph, impl, stage)
       layout = impl.layout_rules.to_string()
@@ -210,8 +216,7 @@ def report_for_current_config(mesh_shape: Optional[str] = None, layout: Optional
                              memory_budget_bytes=memory_budget_bytes)
     chosen = result.layout.to_string()
     explanation = result.explain()
-    import gin  # pylint: disable=g-import-not-at-top
-    configured = int(dict(gin.get_bindings("run")).get("zero_stage") or 0)
+    configured = configured_zero_stage()
     if configured:
       explanation += (f"\nZeRO: the config's run.zero_stage = {configured} is not applied here "
                       "(it needs the data-parallel mesh dimension the search picks); rerun "

@@ -571,3 +571,24 @@ def test_data_parallel_weight_gradient_is_one_product_in_shared_memory(layout, p
   assert sum(t in ("Einsum", "MatMul", "BatchMatMulV2") for t in op_types) == products
   [r] = lowering.collective_records
   assert (r.kind, r.bytes_per_processor) == ("allreduce", 16 * 16 * F32)
+
+
+def test_computed_slices_of_a_pending_sum_do_not_complete_it():
+  """`Lowering.computed_slices` (what a read waits on) gives a pending sum's
+  partial slices; only `laid_out` completes it."""
+  impl = mtf_test_utils.make_impl("rows:2;cols:4", "k:rows")
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  a = mtf.import_tf_tensor(mesh, np.ones((4, 8), np.float32), "m:4;k:8")
+  b = mtf.import_tf_tensor(mesh, np.ones((8, 2), np.float32), "k:8;n:2")
+  p = mtf.einsum([a, b], output_shape="m:4;n:2")
+  lowering = mtf.Lowering(graph, {mesh: impl})
+  parts = lowering.computed_slices(p)
+  assert len(parts) == 8 and not _records(lowering, "allreduce")
+  # Each part is a partial sum over one half of k.
+  np.testing.assert_allclose(parts[0].numpy(), np.full((4, 2), 4.0))
+  # Completing it (laid_out) adds the halves.
+  whole = lowering.laid_out(p).tensor_list
+  np.testing.assert_allclose(whole[0].numpy(), np.full((4, 2), 8.0))
+  with pytest.raises(ValueError, match="was not lowered"):
+    lowering.computed_slices(mtf.zeros(mesh, "m:4"))
