@@ -4,7 +4,7 @@ transformer configured by gin files, on a cluster of accelerators.
 
     python -m mesh_tensorflow.plan --gin_file=models/base_lm.gin \
         --gin_param='run.batch_size = 256' --hardware=a100-80gb:64 \
-        --mesh_shape='data:8;model:8' --layout='batch:data;d_ff:model;heads:model'
+        --mesh_shape='data:16;model:4' --layout='batch:data;d_ff:model;heads:model'
     python -m mesh_tensorflow.plan ... --json      # one JSON object
     python -m mesh_tensorflow.plan ... --auto      # search meshes and options
 
@@ -47,6 +47,13 @@ def _main(argv: Sequence[str]) -> int:
                       help="override the schedule: gpipe, 1f1b or interleaved (estimate only)")
   parser.add_argument("--virtual_stages", type=int, default=1,
                       help="layer chunks per device with --pipeline_schedule=interleaved")
+  parser.add_argument("--attention", default="unfused",
+                      help="unfused (the library's attention) or fused (estimate only: price "
+                      "the attention as one on-chip kernel per pass, as FlashAttention-style "
+                      "kernels run it)")
+  parser.add_argument("--fusion", default="xla",
+                      help="xla (the step compiled by XLA, run.jit_compile = True: elementwise "
+                      "chains fused) or none (TensorFlow running it op by op; GPUs only)")
   parser.add_argument("--no_overlap", action="store_true",
                       help="do not overlap gradient reduction with the backward pass")
   parser.add_argument("--auto", action="store_true",
@@ -58,6 +65,10 @@ def _main(argv: Sequence[str]) -> int:
     parser.error("--hardware is required: e.g. --hardware=a100-80gb:1024 or tpu-v4:512")
   if args.virtual_stages < 1:
     parser.error(f"--virtual_stages={args.virtual_stages}: must be at least 1")
+  if args.attention not in ("unfused", "fused"):
+    parser.error(f"--attention={args.attention}: use unfused or fused")
+  if args.fusion not in ("xla", "none"):
+    parser.error(f"--fusion={args.fusion}: use xla or none")
   if args.top < 1:
     parser.error(f"--top={args.top}: must be at least 1")
   cli.quiet_tensorflow_startup()
@@ -75,9 +86,12 @@ def _main(argv: Sequence[str]) -> int:
     options.schedule = args.pipeline_schedule
   options.virtual_stages = args.virtual_stages
   options.overlap_grad_reduce = not args.no_overlap
+  options.attention = args.attention
+  options.fusion = args.fusion
   if args.auto:
     from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
-    result = plan_search.search(cluster, top=args.top)
+    result = plan_search.search(cluster, top=args.top, attention=args.attention,
+                                fusion=args.fusion)
     if args.json:
       print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:

@@ -97,13 +97,15 @@ def _divisors(n: int) -> List[int]:
 
 def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
            max_pipeline: int = 64, memory_budget_bytes=None,
-           virtual_stages=(1,)) -> SearchResult:
+           virtual_stages=(1,), attention: str = "unfused",
+           fusion: str = "xla") -> SearchResult:
   """Searches plans for the parsed gin config on `cluster`; a plan fits when
   its memory per device is within the HBM and `memory_budget_bytes`.
 
   `virtual_stages` other than 1 also try, for pipelines whose layers per
   stage they divide, the interleaved schedule with that many layer chunks
-  per device (an estimate only: the library runs gpipe and 1f1b)."""
+  per device (an estimate only: the library runs gpipe and 1f1b).
+  `attention` and `fusion` are `PlanOptions`' for every plan tried."""
   import gin  # pylint: disable=g-import-not-at-top
   start = time.time()
   b = dict(gin.get_bindings("run"))
@@ -139,7 +141,8 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
         options = planner.PlanOptions(
             num_stages=p, num_microbatches=m,
             schedule="interleaved" if v > 1 else "1f1b" if p > 1 else "gpipe",
-            virtual_stages=v, recompute=recompute, zero_stage=zero)
+            virtual_stages=v, recompute=recompute, zero_stage=zero, attention=attention,
+            fusion=fusion)
         try:
           plan = planner.plan_current_config(cluster, mesh, layout, options)
         except ValueError as e:  # the mesh does not suit the config

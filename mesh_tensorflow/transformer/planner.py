@@ -4,7 +4,7 @@ configured by gin files on a cluster of accelerators.
 
     >>> gin_config.parse(["models/base_lm.gin"], ["run.batch_size = 256"])
     >>> plan = plan_current_config(hardware.parse_cluster("a100-80gb:64"),
-    ...                            "batch:8;model:8", "batch:batch;d_ff:model;heads:model")
+    ...                            "batch:16;model:4", "batch:batch;d_ff:model;heads:model")
     >>> plan.step_time_s, plan.fits
 
 How: the training step (model, loss, gradients, optimizer) is built as an
@@ -36,6 +36,15 @@ adds what the graph of one micro-batch does not show:
   and again in the backward pass, under the compute of the layer before;
 * mixed precision (`run.activation_dtype = "bfloat16"`): activations and
   their collectives in bf16, variables, gradients and slots in float32.
+* kernel fusion (`PlanOptions.fusion`): by default the step is priced as
+  XLA compiles it (`run.jit_compile = True`; a TPU always does): chains of
+  elementwise operations and reductions are fused, so only what products,
+  collectives and the backward pass read goes through memory; "none"
+  prices TensorFlow running the step op by op;
+* fused attention (`PlanOptions.attention = "fused"`, estimate only): the
+  score tensors stay on chip, are not kept for the backward pass, and are
+  computed again there, as FlashAttention-style kernels do; the library's
+  own attention ("unfused") keeps them.
 
 Compute time is FLOPs / (peak x matmul_efficiency) + bytes / HBM bandwidth +
 kernels x launch overhead; model FLOPs are every einsum's full product
@@ -70,6 +79,15 @@ class PlanOptions:
     recompute: "none", "layer" or "selective" (...recompute).
     zero_stage: 0-3 (run.zero_stage).
     overlap_grad_reduce: gradient reduction overlaps the last backward pass.
+    fusion: "xla" (chains of elementwise operations and reductions fused,
+      as XLA compiles the step: `run.jit_compile = True`, and always on
+      TPUs) or "none" (every operation a kernel that reads and writes its
+      operands in memory, as TensorFlow runs the step op by op); see
+      `_phases`.
+    attention: "unfused" (the library's attention: every op on the score
+      tensors reads and writes them in memory, and the backward pass keeps
+      them) or "fused" (estimate only: one kernel per pass that keeps the
+      scores on chip, as FlashAttention-style kernels do; see `_phases`).
   """
   num_stages: int = 1
   num_microbatches: int = 1
@@ -78,6 +96,8 @@ class PlanOptions:
   recompute: str = "none"
   zero_stage: int = 0
   overlap_grad_reduce: bool = True
+  fusion: str = "xla"
+  attention: str = "unfused"
 
 
 def _binding(name: str, default=None):
@@ -185,6 +205,10 @@ class Plan:
       extras.append(f"{o.num_microbatches} micro-batches")
     extras.append(f"recompute={o.recompute}")
     extras.append(f"ZeRO stage {o.zero_stage}")
+    if o.fusion != "xla":
+      extras.append("unfused (op by op)")
+    if o.attention == "fused":
+      extras.append("fused attention")
     lines.append("  " + ", ".join(extras))
     lines.append(f"step time        {self.step_time_s:.3f} s")
     lines.append(f"tokens/s         {self.tokens_per_s:,.0f}")
@@ -238,33 +262,38 @@ def _build_step(mesh_shape: str, layout: str, batch_size: int, num_layers: int) 
 class _Phase:
   flops: float = 0.0          # per processor, matrix products
   model_flops: float = 0.0    # all processors, full einsum products
+  extra_flops: float = 0.0    # all processors, not model FLOPs (fused attention's second q.k)
   bytes: float = 0.0          # per processor
   kernels: float = 0.0        # per processor
   comm: Dict[tuple, float] = dataclasses.field(default_factory=dict)  # key -> count
 
+  _COUNTS = ("flops", "model_flops", "extra_flops", "bytes", "kernels")
+
   def minus(self, other: "_Phase") -> "_Phase":
-    keys = set(self.comm) | set(other.comm)
-    return _Phase(self.flops - other.flops, self.model_flops - other.model_flops,
-                  self.bytes - other.bytes, self.kernels - other.kernels,
-                  {k: self.comm.get(k, 0) - other.comm.get(k, 0) for k in keys})
+    return self.plus(other, -1.0)
 
   def plus(self, other: "_Phase", times: float = 1.0) -> "_Phase":
-    keys = set(self.comm) | set(other.comm)
-    return _Phase(self.flops + times * other.flops,
-                  self.model_flops + times * other.model_flops,
-                  self.bytes + times * other.bytes, self.kernels + times * other.kernels,
-                  {k: self.comm.get(k, 0) + times * other.comm.get(k, 0) for k in keys})
+    # Sorted keys: the sums' order, hence their last bit, is the same in
+    # every process.
+    keys = sorted(set(self.comm) | set(other.comm))
+    counts = {f: getattr(self, f) + times * getattr(other, f) for f in self._COUNTS}
+    return _Phase(comm={k: self.comm.get(k, 0) + times * other.comm.get(k, 0) for k in keys},
+                  **counts)
 
 
 @dataclasses.dataclass
 class _Priced:
-  phases: Dict[str, _Phase]
+  # (xla fusion, fused attention) -> phase name -> _Phase
+  variants: Dict[Tuple[bool, bool], Dict[str, _Phase]]
   variables: float
   slots: float
   activations: float
   layer_input_bytes: float
   attention_core_bytes: float
   parameters: int
+
+  def phases(self, options: "PlanOptions") -> Dict[str, _Phase]:
+    return self.variants[(options.fusion == "xla", options.attention == "fused")]
 
 
 _CACHE: Dict[tuple, _Priced] = {}
@@ -293,6 +322,21 @@ def _einsum_model_flops(op) -> float:
   return n
 
 
+@dataclasses.dataclass
+class _OpCost:
+  """One operation of the step, as each pricing variant needs it."""
+  phase: str
+  cost: object            # the estimator's OpCost
+  product: bool           # an einsum
+  fusible: bool           # XLA would fuse it with its neighbours
+  variable: bool
+  scores: float           # bytes (per processor) of attention-score tensors it reads or writes
+  makes_scores: bool      # a product whose output is a score tensor
+  reads: List[Tuple[int, float]]   # (tensor id, bytes per processor) of its inputs
+  writes: List[Tuple[int, float]]  # the same for its outputs
+  model_flops: float
+
+
 def _price_step(step: _Step) -> _Priced:
   from mesh_tensorflow.analysis import cost_model  # pylint: disable=g-import-not-at-top
   # Counts only (FLOPs, bytes, kernels, collectives): the plan prices them
@@ -301,20 +345,31 @@ def _price_step(step: _Step) -> _Priced:
   est = cost_model.estimate(step.graph, step.mesh_shape, step.layout, params=counting,
                             check=False)
   ops = step.graph.operations
-  n = step.mesh_shape.size
   first_bwd, first_opt = step.boundaries
-  phases = {p: _Phase() for p in PHASES}
+  sizes: Dict[int, float] = {}
+
+  def size(t) -> float:
+    if id(t) not in sizes:
+      sizes[id(t)] = float(est_slice_bytes(t, step))
+    return sizes[id(t)]
+
+  records = []
   for i, (op, cost) in enumerate(zip(ops, est.ops)):
-    phase = "forward" if i < first_bwd else "backward" if i < first_opt else "optimizer"
-    ph = phases[phase]
-    ph.flops += cost.work_flops / n
-    ph.bytes += cost.bytes_touched / n
-    ph.kernels += cost.kernels / n
-    if type(op).__name__ == "EinsumOperation":
-      ph.model_flops += _einsum_model_flops(op)
-    for c in cost.collectives:
-      key = (c.kind, tuple(c.mesh_axes), int(c.bytes_per_processor))
-      ph.comm[key] = ph.comm.get(key, 0) + 1
+    kind = type(op).__name__
+    product = kind == "EinsumOperation"
+    touched = list(op.inputs) + list(op.outputs)
+    records.append(_OpCost(
+        phase="forward" if i < first_bwd else "backward" if i < first_opt else "optimizer",
+        cost=cost, product=product,
+        fusible=not product and kind != "Variable" and not cost.collectives,
+        variable=kind == "Variable",
+        scores=sum(size(t) for t in touched if _is_score(t)),
+        makes_scores=product and any(_is_score(t) for t in op.outputs),
+        reads=[(id(t), size(t)) for t in op.inputs],
+        writes=[(id(t), size(t)) for t in op.outputs],
+        model_flops=_einsum_model_flops(op) if product else 0.0))
+  variants = {(xla, fused): _phases(records, step.mesh_shape.size, xla, fused)
+              for xla in (False, True) for fused in (False, True)}
   # The input of a layer: the activation slice of [batch, length, d_model].
   layer_input = 0.0
   attention = 0.0
@@ -322,13 +377,77 @@ def _price_step(step: _Step) -> _Priced:
     for t in op.outputs:
       names = [d.name for d in t.shape.dims]
       if "d_model" in names and len(names) == 3 and layer_input == 0.0:
-        layer_input = float(est_slice_bytes(t, step))
-      if "memory_length" in names and "length" in names:
-        attention += float(est_slice_bytes(t, step))
+        layer_input = size(t)
+      if _is_score(t):
+        attention += size(t)
   mem = est.memory
   count = sum(v.outputs[0].shape.size for v in step.graph.trainable_variables)
-  return _Priced(phases, mem.variables, mem.slots, mem.activations, layer_input, attention,
+  return _Priced(variants, mem.variables, mem.slots, mem.activations, layer_input, attention,
                  count)
+
+
+def _phases(records: List[_OpCost], n: int, xla: bool, fused_attention: bool
+            ) -> Dict[str, _Phase]:
+  """FLOPs, bytes, kernels and collectives of each phase of the step.
+
+  xla: elementwise operations, reductions and the like run fused (as XLA
+    compiles a step, `run.jit_compile`): such an operation reads from memory
+    only the inputs that a product, a variable, a collective or another phase
+    made, and writes only the outputs that one of those, or another phase,
+    reads (one kernel per operation that writes); the others stay in the
+    fusion. Otherwise every operation reads and writes all its operands (the
+    estimator's bytes).
+  fused_attention: the attention is one kernel per pass that keeps the
+    score tensors on chip: the operations on scores cost nothing of their
+    own and products do not move scores; the backward pass computes the
+    scores' product again (FLOPs, not model FLOPs).
+  """
+  phases = {p: _Phase() for p in PHASES}
+  made_by_fused_op = {}  # tensor id -> phase of the fusible op that made it
+  consumers: Dict[int, List[_OpCost]] = {}
+  for r in records:
+    for tid, _ in r.reads:
+      consumers.setdefault(tid, []).append(r)
+  in_attention = lambda r: fused_attention and r.scores and not r.product  # noqa: E731
+
+  def stays_on_chip(r, tid) -> bool:
+    users = consumers.get(tid, [])
+    return bool(users) and all(u.fusible and u.phase == r.phase for u in users)
+
+  for r in records:
+    ph = phases[r.phase]
+    c = r.cost
+    ph.flops += c.work_flops / n
+    ph.model_flops += r.model_flops
+    for col in c.collectives:
+      key = (col.kind, tuple(col.mesh_axes), int(col.bytes_per_processor))
+      ph.comm[key] = ph.comm.get(key, 0) + 1
+    if in_attention(r) or (xla and r.variable):  # a variable's reader reads it
+      continue
+    if r.product and fused_attention:
+      ph.bytes += c.bytes_touched / n - min(c.bytes_touched / n, r.scores)
+    elif xla and r.fusible:
+      reads = sum(b for tid, b in r.reads if made_by_fused_op.get(tid) != r.phase)
+      written = [b for tid, b in r.writes if not stays_on_chip(r, tid)]
+      if not r.writes:  # an assignment: writes its value in place
+        written = [b for _, b in r.reads[:1]]
+      ph.bytes += reads + sum(written)
+      ph.kernels += 1.0 if written else 0.0
+      for tid, _ in r.writes:  # its fusion's later operations have it at hand
+        made_by_fused_op[tid] = r.phase
+    else:
+      ph.bytes += c.bytes_touched / n
+      ph.kernels += c.kernels / n
+    if r.makes_scores and fused_attention and r.phase == "forward":
+      phases["backward"].flops += c.work_flops / n
+      phases["backward"].extra_flops += r.model_flops
+  return phases
+
+
+def _is_score(t) -> bool:
+  """An attention score tensor: one query position per key position."""
+  names = [d.name for d in t.shape.dims]
+  return "memory_length" in names and "length" in names
 
 
 def est_slice_bytes(t, step: _Step) -> int:
@@ -395,6 +514,9 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   import gin  # pylint: disable=g-import-not-at-top
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   options = options or options_from_gin()
+  if cluster.hardware.kind == "tpu" and options.fusion != "xla":
+    raise ValueError(f"fusion = {options.fusion!r} on {cluster}: a TPU runs programs compiled "
+                     "by XLA only; plan it with fusion 'xla'.")
   full_shape, rules = _config_mesh_and_layout(mesh_shape, layout)
   if full_shape.size != cluster.count:
     raise ValueError(f"mesh {full_shape.to_string()} has {full_shape.size} processors but "
@@ -447,8 +569,9 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   two = _priced(sub_mesh, sub_layout, micro, 2)
   h = cluster.hardware
   pricer = _CommPricer(sizes, axis_map, cluster, names)
-  layer = {p: two.phases[p].minus(one.phases[p]) for p in PHASES}
-  extra = {p: one.phases[p].minus(layer[p]) for p in PHASES}
+  one_phases, two_phases = one.phases(options), two.phases(options)
+  layer = {p: two_phases[p].minus(one_phases[p]) for p in PHASES}
+  extra = {p: one_phases[p].minus(layer[p]) for p in PHASES}
   per_stage = num_layers // s
 
   def stage_phase(p):
@@ -469,7 +592,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   if options.recompute == "layer":
     recompute_l = fwd_l
     recompute_flops_l = layer["forward"].model_flops
-  elif options.recompute == "selective":
+  elif options.recompute == "selective" and options.attention != "fused":
     recompute_l = layer["forward"].bytes / h.hbm_bytes_per_s * 0.5
   dp_axes = tuple(i for i, d in enumerate(sub_dims) if rule_map.get("batch") == d.name)
   if options.zero_stage and not dp_axes:
@@ -525,7 +648,9 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   model_flops_micro = (layer["forward"].model_flops + layer["backward"].model_flops) \
       * num_layers + extra["forward"].model_flops + extra["backward"].model_flops
   model_flops = model_flops_micro * m
-  hw_flops = model_flops + recompute_flops_l * num_layers * m
+  hw_flops = model_flops + (recompute_flops_l * num_layers * m
+                            + (layer["backward"].extra_flops * num_layers
+                               + extra["backward"].extra_flops) * m)
   peak = cluster.count * h.peak_flops_per_s
   # Memory per device (the busiest stage).
   var_extra = one.variables - var_layer
@@ -548,7 +673,8 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   act_extra = max(one.activations - act_layer, 0.0)
   if options.recompute == "layer":
     kept_layer = one.layer_input_bytes
-  elif options.recompute == "selective":
+  elif options.recompute == "selective" or options.attention == "fused":
+    # Without the score tensors (a fused kernel keeps one log-sum per row).
     kept_layer = max(act_layer - one.attention_core_bytes, one.layer_input_bytes)
   else:
     kept_layer = act_layer
@@ -558,7 +684,9 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
     in_flight = 1
   activations = in_flight * per_stage * kept_layer + act_extra
   if options.recompute != "none":
-    activations += act_layer  # one layer's working set while it is recomputed
+    # One layer's working set while it is recomputed.
+    activations += (max(act_layer - one.attention_core_bytes, 0.0)
+                    if options.attention == "fused" else act_layer)
   buffers = 2 * one.layer_input_bytes * (2 if s > 1 else 0)
   memory = {"variables": variables, "gradients": gradients, "optimizer_slots": slots_bytes,
             "activations": activations, "pipeline_buffers": buffers}
@@ -610,6 +738,9 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   notes = []
   if options.schedule == "interleaved":
     notes.append("the interleaved schedule is an estimate only (the library runs gpipe and 1f1b)")
+  if options.attention == "fused":
+    notes.append("fused attention is an estimate only (the library's attention keeps its scores "
+                 "in memory)")
   return Plan(str(cluster), full_shape.to_string(), rules.to_string(), options, step_time,
               batch * seq_len, model_flops, hw_flops, model_flops / (step_time * peak),
               hw_flops / (step_time * peak), memory, h.hbm_bytes, breakdown, comms, num_layers,
@@ -646,7 +777,7 @@ def _zero_optimizer(opt: _Phase, dp_axes: Tuple[int, ...], dp: int,
       if stage >= 2:
         key = ("reduce_scatter", axes, nbytes)
     comm[key] = comm.get(key, 0) + count
-  return _Phase(opt.flops / dp, opt.model_flops, opt.bytes / dp, opt.kernels, comm), after
+  return dataclasses.replace(opt, flops=opt.flops / dp, bytes=opt.bytes / dp, comm=comm), after
 
 
 def _check_options(o: PlanOptions) -> None:
@@ -654,6 +785,10 @@ def _check_options(o: PlanOptions) -> None:
     raise ValueError(f"pipeline_schedule = {o.schedule!r}: use 'gpipe', '1f1b' or 'interleaved'.")
   if o.recompute not in ("none", "layer", "selective"):
     raise ValueError(f"recompute = {o.recompute!r}: use 'none', 'layer' or 'selective'.")
+  if o.fusion not in ("none", "xla"):
+    raise ValueError(f"fusion = {o.fusion!r}: use 'none' or 'xla' (run.jit_compile = True).")
+  if o.attention not in ("unfused", "fused"):
+    raise ValueError(f"attention = {o.attention!r}: use 'unfused' or 'fused'.")
   if o.zero_stage not in (0, 1, 2, 3):
     raise ValueError(f"run.zero_stage = {o.zero_stage}: use 0, 1, 2 or 3.")
   if o.num_stages < 1 or o.num_microbatches < 1 or o.virtual_stages < 1:
