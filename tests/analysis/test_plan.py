@@ -149,6 +149,12 @@ def test_auto_search_returns_fitting_plans_fastest_first():
   assert {p.options.zero_stage for p in result.plans} == {0, 2, 3}
   text = result.summary()
   assert "#1" in text and "why:" in text and "gin for #1" in text
+  # The estimate-only options reach every plan searched (no new pricing:
+  # the steps are already built).
+  fused = plan_search.search(hardware.parse_cluster("h100-sxm:4"), top=3, micro_sizes=(1,),
+                             attention="fused", fusion="none")
+  assert fused.plans and all(p.options.attention == "fused" and p.options.fusion == "none"
+                             for p in fused.plans)
 
 
 def _one_allreduce_graph():
