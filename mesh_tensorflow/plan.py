@@ -80,6 +80,9 @@ def _main(argv: Sequence[str]) -> int:
     cluster = hardware.parse_cluster(args.hardware)
   except ValueError as e:
     raise cli.UserError(str(e), hint="python -m mesh_tensorflow.plan --help lists the presets")
+  if args.fusion == "none" and cluster.hardware.kind == "tpu":
+    raise cli.UserError(f"--fusion=none with --hardware={args.hardware}: a TPU runs programs "
+                        "compiled by XLA only", hint="drop --fusion=none")
   gin_config.parse(args.gin_file, args.gin_param)
   options = planner.options_from_gin()
   if args.pipeline_schedule:

@@ -105,7 +105,8 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   `virtual_stages` other than 1 also try, for pipelines whose layers per
   stage they divide, the interleaved schedule with that many layer chunks
   per device (an estimate only: the library runs gpipe and 1f1b).
-  `attention` and `fusion` are `PlanOptions`' for every plan tried."""
+  `attention` and `fusion` set those `PlanOptions` fields of every plan
+  tried."""
   import gin  # pylint: disable=g-import-not-at-top
   start = time.time()
   b = dict(gin.get_bindings("run"))

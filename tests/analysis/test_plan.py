@@ -359,3 +359,4 @@ def test_planner_prices_the_xla_compiled_step_unless_told_otherwise():
     _plan(cluster="tpu-v4:16", fusion="none")
   from mesh_tensorflow import plan as plan_command  # pylint: disable=g-import-not-at-top
   assert plan_command.main(["--hardware=a100-80gb:8", "--fusion=tf"]) == 2
+  assert plan_command.main(["--hardware=tpu-v4:8", "--fusion=none", "--auto"]) == 2
