@@ -83,14 +83,15 @@ Rows:
   teraFLOP/s, with Megatron-LM's FLOP count without recomputation,
   72 B s l h^2 (1 + s / (6 h)) + 6 B s h V. This library overlaps neither
   tensor-parallel communication nor the parameter gathering with compute,
-  and the planner prices the library: these rows measure how far that
-  leaves it behind, not the fitted constant.
+  nor splits the normalization work over the tensor-parallel GPUs
+  (sequence parallelism), and the planner prices the library: these rows
+  measure how far that leaves it behind.
 
 The one fitted constant is the GPUs' `matmul_efficiency` (fraction of peak
 of a large matrix product): fitted on the rows marked "fit" (1.7B, 18.4B and
 145.6B of Narayanan et al.), with the planner's default pricing (the step as
-XLA compiles it); the other rows are held out. `--fit` refits it and prints the value
-to put in hardware.py; `--quick` runs the two smallest GPU rows.
+XLA compiles it); the other rows are held out. `--fit` refits it and prints
+the value to put in hardware.py; `--quick` runs the two smallest GPU rows.
 
     python benchmarks/scale_validation.py            # all rows, under a minute
     python benchmarks/scale_validation.py --quick
