@@ -367,6 +367,34 @@ def _parse_file(path: str, state: _ParseState) -> None:
   _parse_text(text, path, state, os.path.dirname(path))
 
 
+def query(name: str, default=None):
+  """The value bound to `name` ("run.zero_stage") in the parsed config,
+  following macros (`%num_layers`) to their values; `default` when it is not
+  bound, or bound to something other than a value or a macro.
+
+  Example:
+    >>> parse([], ["num_layers = 4", "run.zero_stage = 2"])
+    []
+    >>> query("run.zero_stage"), query("transformer.make_layer_stack.num_layers")
+    (2, 4)
+  """
+  try:
+    value = gin.query_parameter(name)
+  except ValueError:
+    return default
+  for _ in range(8):  # a macro names another binding
+    if not isinstance(value, gin.config.ConfigurableReference):
+      return value
+    text = str(value)
+    if not text.startswith("%"):
+      return default
+    try:
+      value = gin.query_parameter(text)
+    except ValueError:
+      return default
+  return default
+
+
 def parse(files: Sequence[str] = (), bindings: Sequence[str] = (),
           defaults: bool = True, clear: bool = True) -> List[str]:
   """Parses defaults.gin, then `files`, then `bindings` (later ones win).

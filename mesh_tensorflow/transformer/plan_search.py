@@ -108,12 +108,13 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   `attention` and `fusion` set those `PlanOptions` fields of every plan
   tried."""
   import gin  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
   start = time.time()
   b = dict(gin.get_bindings("run"))
   batch = b.get("batch_size", 32)
-  num_layers = int(planner._binding("transformer.make_layer_stack.num_layers", 6))  # pylint: disable=protected-access
-  heads = int(planner._binding("SelfAttention.num_heads", 8) or 8)  # pylint: disable=protected-access
-  d_ff = int(planner._binding("DenseReluDense.hidden_size", 2048) or 2048)  # pylint: disable=protected-access
+  num_layers = int(gin_config.query("transformer.make_layer_stack.num_layers", 6))
+  heads = int(gin_config.query("SelfAttention.num_heads", 8) or 8)
+  d_ff = int(gin_config.query("DenseReluDense.hidden_size", 2048) or 2048)
   h = cluster.hardware
   n = cluster.count
   max_model = h.devices_per_host if h.kind == "gpu" else 64

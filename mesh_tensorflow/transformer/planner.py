@@ -101,22 +101,8 @@ class PlanOptions:
 
 
 def _binding(name: str, default=None):
-  import gin  # pylint: disable=g-import-not-at-top
-  try:
-    value = gin.query_parameter(name)
-  except ValueError:
-    return default
-  for _ in range(8):  # a macro (%num_layers) names another binding
-    if not isinstance(value, gin.config.ConfigurableReference):
-      return value
-    text = str(value)
-    if not text.startswith("%"):
-      return default
-    try:
-      value = gin.query_parameter(text)
-    except ValueError:
-      return default
-  return default
+  from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
+  return gin_config.query(name, default)
 
 
 def options_from_gin() -> PlanOptions:

@@ -89,8 +89,7 @@ def config_mesh_and_layout(mesh_shape: Optional[str] = None,
 
 def configured_zero_stage() -> int:
   """The parsed gin config's `run.zero_stage` (0 when unset)."""
-  import gin  # pylint: disable=g-import-not-at-top
-  return int(dict(gin.get_bindings("run")).get("zero_stage") or 0)
+  return int(gin_config.query("run.zero_stage", 0) or 0)
 
 
 def _query(name: str):
