@@ -212,10 +212,10 @@ def megatron_h100_rows():
   rows = []
   for params, heads, h, layers, t, p, gpus, batch, tflops in MEGATRON_H100_TABLE:
     row = _gpt_row(f"H100 GPT {params}B", MEGATRON_H100, heads, h, layers, t, p, gpus, batch,
-                   tflops, 1, 1, seq=seq, vocab=vocab)
+                   tflops, 1, 1, seq=seq, vocab=vocab, recompute="none")
     row.hardware, row.attention = "h100-sxm", "fused"
-    row.bindings = [b for b in row.bindings if "recompute" not in b] + [
-        "run.zero_stage = 2", "Unitransformer.shared_embedding_and_softmax_weights = False"]
+    row.bindings += ["run.zero_stage = 2",
+                     "Unitransformer.shared_embedding_and_softmax_weights = False"]
     row.paper_flops = (72 * batch * seq * layers * h * h * (1 + seq / (6 * h))
                        + 6 * batch * seq * h * vocab)
     rows.append(row)
@@ -228,7 +228,7 @@ def _paper_flops(batch, layers, h):
 
 
 def _gpt_row(name, source, heads, h, layers, t, p, gpus, batch, tflops, mbs, chunks,
-             fit=False, seq=SEQ, vocab=VOCAB):
+             fit=False, seq=SEQ, vocab=VOCAB, recompute="layer"):
   """A GPT row planned as Megatron-LM lays it out: t-way tensor parallelism
   inside a host, p pipeline stages, the rest data parallel."""
   d = gpus // (t * p)
@@ -243,7 +243,7 @@ def _gpt_row(name, source, heads, h, layers, t, p, gpus, batch, tflops, mbs, chu
       f"run.batch_size = {batch}", "run.activation_dtype = 'bfloat16'",
       "run.vocabulary = @vocabulary.SizedVocabulary()", f"vocabulary.SizedVocabulary.size = {vocab}",
       "run.optimizer = @optimize.AdamWeightDecayOptimizer",
-      "transformer.make_layer_stack.recompute = 'layer'",
+      f"transformer.make_layer_stack.recompute = '{recompute}'",
       f"transformer.make_layer_stack.num_stages = {p}",
       f"transformer.make_layer_stack.num_microbatches = {micro if p > 1 else 1}",
       "transformer.make_layer_stack.pipeline_schedule = '1f1b'"]

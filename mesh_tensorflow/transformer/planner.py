@@ -569,10 +569,13 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   bwd_c = _compute_time(layer["backward"], h)
   fwd_xc = _compute_time(extra["forward"], h)
   bwd_xc = _compute_time(extra["backward"], h)
-  fwd_l = fwd_c + pricer.total(layer["forward"])
-  bwd_l = bwd_c + pricer.total(layer["backward"])
-  fwd_x = fwd_xc + pricer.total(extra["forward"])
-  bwd_x = bwd_xc + pricer.total(extra["backward"])
+  # ... and their model-parallel collectives.
+  fwd_lm, bwd_lm = pricer.total(layer["forward"]), pricer.total(layer["backward"])
+  fwd_xm, bwd_xm = pricer.total(extra["forward"]), pricer.total(extra["backward"])
+  fwd_l = fwd_c + fwd_lm
+  bwd_l = bwd_c + bwd_lm
+  fwd_x = fwd_xc + fwd_xm
+  bwd_x = bwd_xc + bwd_xm
   recompute_l = 0.0
   recompute_flops_l = 0.0
   if options.recompute == "layer":
@@ -692,7 +695,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
       mult = 1
     else:
       counts = {k: extra[phase].comm.get(k, 0) + num_layers * layer[phase].comm.get(k, 0)
-                for k in set(extra[phase].comm) | set(layer[phase].comm)}
+                for k in sorted(set(extra[phase].comm) | set(layer[phase].comm))}
       mult = m
       if phase == "backward" and options.recompute == "layer":
         for k, c in layer["forward"].comm.items():
@@ -710,9 +713,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   comms.sort(key=lambda c: -c.seconds)
   breakdown = {
       "compute": m * (per_stage * (fwd_c + bwd_c) + fwd_xc + bwd_xc),
-      "model_parallel_comm": m * (per_stage * (pricer.total(layer["forward"])
-                                               + pricer.total(layer["backward"]))
-                                  + pricer.total(extra["forward"]) + pricer.total(extra["backward"])),
+      "model_parallel_comm": m * (per_stage * (fwd_lm + bwd_lm) + fwd_xm + bwd_xm),
       "recompute": m * per_stage * recompute_l,
       "zero3_gather": zero3_exposed,
       "zero_param_gather": param_gather,

@@ -360,3 +360,11 @@ def test_planner_prices_the_xla_compiled_step_unless_told_otherwise():
   from mesh_tensorflow import plan as plan_command  # pylint: disable=g-import-not-at-top
   assert plan_command.main(["--hardware=a100-80gb:8", "--fusion=tf"]) == 2
   assert plan_command.main(["--hardware=tpu-v4:8", "--fusion=none", "--auto"]) == 2
+
+
+def test_bound_values_are_read_through_macros_by_plan_and_report():
+  from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
+  gin_config.parse([], MODEL + ["ZERO = 2", "run.zero_stage = %ZERO"])
+  assert gin_config.query("run.zero_stage") == 2
+  assert report.configured_zero_stage() == 2 and planner.options_from_gin().zero_stage == 2
+  assert gin_config.query("run.not_a_parameter", 7) == 7
