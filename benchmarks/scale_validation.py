@@ -216,6 +216,9 @@ def megatron_h100_rows():
     row.hardware, row.attention = "h100-sxm", "fused"
     row.bindings += ["run.zero_stage = 2",
                      "Unitransformer.shared_embedding_and_softmax_weights = False"]
+    if t > 1:  # sequence parallelism with the tensor parallelism
+      row.layout += ";residual_length:model"
+      row.bindings.append("transformer.make_layer_stack.sequence_parallel = True")
     row.paper_flops = (72 * batch * seq * layers * h * h * (1 + seq / (6 * h))
                        + 6 * batch * seq * h * vocab)
     rows.append(row)

@@ -987,8 +987,12 @@ class _Generator:
       if offset >= 0:
         return [b.xp.concatenate([zeros, _take(b, t, axis, 0, s - k)], axis=axis)]
       return [b.xp.concatenate([_take(b, t, axis, k, s - k), zeros], axis=axis)]
-    return self.add(f"shift({offset}, wrap={wrap})", [x], [(x.dims, x.kind)],
-                    lambda mesh, ins: [mtf.shift(ins[0], offset, to_shape((d,))[0], wrap)],
+    # Derived, not drawn: the generator's random stream stays as it was.
+    split = (s + offset) % 2 == 0
+    return self.add(f"shift({offset}, wrap={wrap}, split_replicas={split})", [x],
+                    [(x.dims, x.kind)],
+                    lambda mesh, ins: [mtf.shift(ins[0], offset, to_shape((d,))[0], wrap,
+                                                 split_replicas=split)],
                     ref)
 
   def op_one_hot(self):

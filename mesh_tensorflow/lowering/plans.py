@@ -302,7 +302,8 @@ def plan_gather(weights, indices, output, dim, layout_of: Callable,
 
 
 def plan_reshape(in_shape, out_shape, dtype_size: int, layout_of: Callable,
-                 mesh_sizes: Sequence[int]) -> "LocalPlan":
+                 mesh_sizes: Sequence[int],
+                 input_pending_axes: Optional[Sequence[int]] = None) -> "LocalPlan":
   """The LocalPlan of reshape(x of in_shape) -> out_shape: gather the splits
   that do not survive the reshape, reshape each slice locally (the result's
   move starts from the layout the slices then have), then slice the axes
@@ -312,7 +313,12 @@ def plan_reshape(in_shape, out_shape, dtype_size: int, layout_of: Callable,
   dimension with the same stride prefix (product of the dimensions before)
   whose size the mesh axis divides: e.g. a split dimension cut into [blocks,
   block] with blocks split, or merged with the dimensions after it. Each
-  processor's contiguous chunk is then the same in both shapes."""
+  processor's contiguous chunk is then the same in both shapes.
+
+  A reshape is linear: where nothing is gathered and only axes outside the
+  input's pending sum (`input_pending_axes`) are sliced, the summands are
+  reshaped instead and the sum stays pending (a renamed gradient then joins
+  the sum it is added to, one allreduce for both)."""
   in_layout, out_layout = tuple(layout_of(in_shape)), tuple(layout_of(out_shape))
   in_strides, out_strides = in_shape.cumprod(), out_shape.cumprod()
   kept_in, kept_out = set(), set()
@@ -327,8 +333,13 @@ def plan_reshape(in_shape, out_shape, dtype_size: int, layout_of: Callable,
   names = {d.name for i, d in enumerate(in_shape.dims)
            if in_layout[i] is not None and i not in kept_in}
   kept = tuple(a if j in kept_out else None for j, a in enumerate(out_layout))
-  return LocalPlan((Operand(0, plan_gather_dims(in_shape, in_layout, names)),),
-                   (Result(out_shape, dtype_size, plan_relayout(kept, out_layout)),))
+  gather, out_move = plan_gather_dims(in_shape, in_layout, names), plan_relayout(kept, out_layout)
+  if input_pending_axes and not gather and all(
+      isinstance(step, SliceAlong) and step.mesh_axis not in input_pending_axes
+      for step in out_move.steps):
+    return LocalPlan((Operand(0, gather, partial=TAKES_PARTIAL),),
+                     (Result(out_shape, dtype_size, out_move, tuple(input_pending_axes)),))
+  return LocalPlan((Operand(0, gather),), (Result(out_shape, dtype_size, out_move),))
 
 
 # ----------------------------------------------------------------------------- reductions
@@ -636,13 +647,45 @@ def plan_local(op, layout_of: Callable, gather_names, whole_out_names, flops: in
                    (Result(out.shape, out.dtype.size, move, tuple(sorted(reduced))),), flops)
 
 
+def replica_splits(shape, layout: Sequence[Optional[int]], mesh_sizes: Sequence[int],
+                   keep_whole: Sequence[int] = ()) -> Tuple[Tuple[int, int], ...]:
+  """(mesh axis, tensor axis) pairs that cut a tensor replicated over mesh
+  axes into one block per replica: each mesh axis of size > 1 that `layout`
+  does not use gets the largest whole tensor axis (not in `keep_whole`, not
+  taken by an earlier pair) that its size divides.
+
+  Example:
+    >>> replica_splits(mtf.Shape([stages, batch, d_model]), (0, None, None), (4, 8))
+    ((1, 2),)      # mesh axis 1 replicates it: cut d_model (the larger axis)
+  """
+  sizes = shape.to_integer_list() if hasattr(shape, "to_integer_list") else list(shape)
+  taken = set(keep_whole) | {t for t, m in enumerate(layout) if m is not None}
+  pairs = []
+  for m, n in enumerate(mesh_sizes):
+    if n == 1 or m in layout:
+      continue
+    free = [t for t in range(len(sizes)) if t not in taken and sizes[t] % n == 0]
+    if free:
+      t = max(free, key=lambda t: (sizes[t], -t))
+      taken.add(t)
+      pairs.append((m, t))
+  return tuple(pairs)
+
+
 def plan_shift(op, dim, offset: int, layout_of: Callable, mesh_sizes: Sequence[int]
                ) -> LocalPlan:
   """The LocalPlan of shifting `op`'s input by `offset` along `dim`: nothing
   for no offset; where `dim` is split and the offset at most one slice, each
   processor receives its neighbour's slice (a Permute) and combines it with
   its own; otherwise `dim` is gathered, shifted and split again. With
-  `wrap` (op.wrap) the ends wrap around."""
+  `wrap` (op.wrap) the ends wrap around.
+
+  With `op.split_replicas`, a neighbour's slice that is replicated over
+  other mesh axes travels in blocks: each replica keeps one block
+  (`replica_splits`), sends it, and the receivers all-gather the blocks,
+  so the permute carries 1/r of the slice for r replicas (the
+  scatter-gather of pipeline sends in Narayanan et al. 2021, section 4.1:
+  the slow inter-host link carries less, the fast one the all-gather)."""
   x = op.inputs[0]
   layout = tuple(layout_of(x.shape))
   if offset == 0:
@@ -654,8 +697,11 @@ def plan_shift(op, dim, offset: int, layout_of: Callable, mesh_sizes: Sequence[i
     return plan_unsplit(op, layout_of, {dim.name})
   sources = [(c - 1 if offset > 0 else c + 1) for c in range(n)]
   sources = tuple(s % n if op.wrap else (s if 0 <= s < n else None) for s in sources)
-  return LocalPlan((Operand(0, stay(layout)),
-                    Operand(0, stay(layout).then(Permute(mesh_axis, sources)))),
+  blocks = (replica_splits(x.shape, layout, mesh_sizes, (x.shape.index_of(dim.name),))
+            if getattr(op, "split_replicas", False) else ())
+  send = stay(layout).then(*[SliceAlong(m, t) for m, t in blocks], Permute(mesh_axis, sources),
+                           *[AllGather(m, t) for m, t in reversed(blocks)])
+  return LocalPlan((Operand(0, stay(layout)), Operand(0, send)),
                    (Result(x.shape, x.dtype.size, stay(layout)),))
 
 

@@ -52,7 +52,8 @@ class ReshapeOperation(Operation):
 
   def plan(self, mesh):
     return plans.plan_reshape(self.inputs[0].shape, self.outputs[0].shape,
-                              self.outputs[0].dtype.size, mesh.layout_of, mesh.sizes)
+                              self.outputs[0].dtype.size, mesh.layout_of, mesh.sizes,
+                              mesh.partial_sum_axes_of(self.inputs[0]))
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)

@@ -253,16 +253,20 @@ class ShiftOperation(Operation):
 
   has_gradient = True
 
-  def __init__(self, x: Tensor, offset: int, dim, wrap: bool, name=None):
+  def __init__(self, x: Tensor, offset: int, dim, wrap: bool, name=None,
+               split_replicas: bool = False):
     dim = _dim_named(x, dim)
     super().__init__([x], name=name or "shift")
     self._offset, self._dim, self._wrap = int(offset), dim, bool(wrap)
+    self._split_replicas = bool(split_replicas)
     self._outputs = [Tensor(self, x.shape, x.dtype)]
 
   def gradient(self, grad_ys):
-    return [shift(grad_ys[0], -self._offset, self._dim, self._wrap)]
+    return [shift(grad_ys[0], -self._offset, self._dim, self._wrap,
+                  split_replicas=self._split_replicas)]
 
   wrap = property(lambda self: self._wrap)
+  split_replicas = property(lambda self: self._split_replicas)
 
   def plan(self, mesh):
     return plans.plan_shift(self, self._dim, self._offset, mesh.layout_of, mesh.sizes)
@@ -307,13 +311,30 @@ def _local_shift(t, offset, axis, wrap):
   return tf.concat([_take(t, axis, k, size - k), zeros], axis)
 
 
-def shift(x: Tensor, offset: int, dim, wrap: bool, name=None) -> Tensor:
+def shift(x: Tensor, offset: int, dim, wrap: bool, name=None, *,
+          split_replicas: bool = False) -> Tensor:
   """Shifts x by offset along dim: out[i] = x[i - offset].
+
+  Args:
+    x: the tensor.
+    offset: positions to shift by (negative: towards the start).
+    dim: a Dimension of x, or its name.
+    wrap: whether positions shifted out at one end come back at the other
+      (otherwise zeros come in).
+    name: the operation's name.
+    split_replicas: where `dim` is split and each processor receives its
+      neighbour's slice, and the layout replicates x over other mesh
+      dimensions, each replica sends only its block of the slice and the
+      receivers all-gather them: the same values, 1/r of the bytes on the
+      neighbour's link for r replicas plus one all-gather among the
+      replicas. Worth it where the neighbours are on another host and the
+      replicas on one (pipeline stages; `mtf.pipeline` sets it).
 
   Example:
     >>> prev_token = mtf.shift(tokens, 1, length_dim, wrap=False)
   """
-  return ShiftOperation(x, offset, dim, wrap, name=name).outputs[0]
+  return ShiftOperation(x, offset, dim, wrap, name=name,
+                        split_replicas=split_replicas).outputs[0]
 
 
 def dynamic_shift(x: Tensor, offset: Tensor, dim, wrap: bool, name=None) -> Tensor:

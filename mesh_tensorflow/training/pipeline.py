@@ -9,7 +9,9 @@ layers to its row (one einsum vectorized over `stages`), then the state moves
 one stage on with `mtf.shift(state, 1, stages)`. With the layout rule
 `stages:pp` each processor along mesh dimension `pp` holds one stage's
 weights and activations, and the shift lowers to a permute between
-neighbouring processors: the pipeline's send/receive. Other rules (e.g.
+neighbouring processors: the pipeline's send/receive (where other mesh
+dimensions replicate the activations, each replica sends one block and the
+receiving stage all-gathers them; see `_send`). Other rules (e.g.
 `batch:dp`, `heads:mp`) split the rest of each stage as usual, so pipelining
 composes with data and model parallelism.
 
@@ -69,6 +71,16 @@ from mesh_tensorflow.training.stage_variables import StageVariables
 
 
 # ---------------------------------------------------------------- helpers
+def _send(t: Tensor, offset: int, stages_dim: Dimension) -> Tensor:
+  """Moves `t` one stage on (offset 1) or back (-1): a permute between
+  neighbouring stages. Where the layout replicates `t` over other mesh
+  dimensions (the model-parallel ones, typically), each replica sends one
+  block and the next stage all-gathers them (`mtf.shift(...,
+  split_replicas=True)`), so the link between stages, often the network
+  between hosts, carries 1/r of the activations."""
+  return slicing.shift(t, offset, stages_dim, wrap=False, split_replicas=True)
+
+
 def _stage_mask(mesh: Mesh, stages_dim: Dimension, stage: int, dtype) -> Tensor:
   """1 at `stage` along stages_dim, else 0 (a constant, split like stages)."""
   value = np.zeros([stages_dim.size], dtype=dtype.as_numpy_dtype)
@@ -198,10 +210,9 @@ def pipeline(stage_fn: Callable[..., Tensor], x: Tensor, stages_dim: Dimension,
   useful = []
   for t in range(m_count + s_count - 1):
     src = min(t, m_count - 1)
-    h_in = _inject(None if h is None else slicing.shift(h, 1, stages_dim, wrap=False),
+    h_in = _inject(None if h is None else _send(h, 1, stages_dim),
                    xs[src] if t < m_count else const_ops.zeros_like(xs[0]), first, stages_dim)
-    c_in = [_inject(None if c_state[i] is None else slicing.shift(c_state[i], 1, stages_dim,
-                                                                   wrap=False),
+    c_in = [_inject(None if c_state[i] is None else _send(c_state[i], 1, stages_dim),
                     cs[i][src], first, stages_dim) for i in range(len(cs))]
     f_in = _inject(None if flag is None else slicing.shift(flag, 1, stages_dim, wrap=False),
                    one if t < m_count else zero, first, stages_dim)
@@ -479,7 +490,7 @@ class _OneFOneB:
         with self.sv.stacked():
           h = self.stage_fn(*state)
         f_in[u] = state
-        recv_f[u] = [slicing.shift(t, 1, self.stages_dim, wrap=False)
+        recv_f[u] = [_send(t, 1, self.stages_dim)
                      for t in [h] + state[1:] + [flags[-1]]]
         results.append(h)
         for s, m in fwd.items():
@@ -521,7 +532,7 @@ class _OneFOneB:
         gx = grads[0]
         for t, g in zip(cap, grads[1:]):
           accumulate(t, g)
-        recv_b[u] = slicing.shift(gx, -1, self.stages_dim, wrap=False)
+        recv_b[u] = _send(gx, -1, self.stages_dim)
         results.append(gx)
         for s, m in bwd.items():
           b_done[(s, m)] = u

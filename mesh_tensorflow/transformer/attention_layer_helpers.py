@@ -53,9 +53,11 @@ def _memory(context: transformer.Context, x: mtf.Tensor) -> mtf.Tensor:
 
 
 def _to_memory_length(x: mtf.Tensor) -> mtf.Tensor:
-  """x with a "length" dimension renamed "memory_length" (unchanged if none)."""
-  if "length" in [d.name for d in x.shape.dims]:
-    return mtf.rename_dimension(x, "length", "memory_length")
+  """x with a "length" dimension (or a sequence-parallel stack's
+  "residual_length") renamed "memory_length" (unchanged if none)."""
+  for name in ("length", "residual_length"):
+    if name in [d.name for d in x.shape.dims]:
+      return mtf.rename_dimension(x, name, "memory_length")
   return x
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import sequence_parallel as sp_lib
 from mesh_tensorflow.transformer import sublayers as sublayers_lib
 from mesh_tensorflow.transformer.layer_context import (  # noqa: F401 (re-exported)
     EOS_ID, Context, ModeKeys, TransformerLayer, gin_configurables, inputs_prefix_mask)
@@ -61,6 +62,10 @@ class LayerStack(TransformerLayer):
     [batch, heads, length, memory_length] tensors, the largest activations
     at long lengths); the outputs of the projections (matmuls with weights)
     are kept.
+
+  Sequence parallelism (`sequence_parallel=True`, see sequence_parallel.py):
+  between the layers the residual stream's length is named
+  "residual_length", which a rule such as `residual_length:model` splits.
 
   Pipeline parallelism (`num_stages` > 1): the layers are cut into
   num_stages stages of equal structure, whose variables are stacked along a
@@ -111,6 +116,8 @@ class LayerStack(TransformerLayer):
     sublayers_per_layer: sublayer functions run for each layer.
     sublayers_final: sublayer functions run after the last layer.
     recompute_grads: the original's switch: True means recompute="layer".
+    sequence_parallel: name the stream's length "residual_length" between the
+      layers (see above; `context.layer_outputs` then have that dimension).
 
   Example:
     >>> stack = LayerStack([SelfAttention(), DenseReluDense()], dropout_rate=0.1)
@@ -127,7 +134,8 @@ class LayerStack(TransformerLayer):
                dropout_rate: Optional[float] = None, norm_epsilon: Optional[float] = None,
                recompute_grads: bool = False, norm_type: str = "rms", recompute: str = "none",
                num_stages: int = 1, num_microbatches: int = 1,
-               pipeline_schedule: str = "gpipe", stages_dim_name: str = "stages"):
+               pipeline_schedule: str = "gpipe", stages_dim_name: str = "stages",
+               sequence_parallel: bool = False):
     if recompute_grads:
       if recompute not in ("none", "layer"):
         raise ValueError(f"LayerStack: recompute_grads=True asks for recompute='layer' but "
@@ -160,6 +168,7 @@ class LayerStack(TransformerLayer):
     self.num_microbatches = num_microbatches
     self.pipeline_schedule = pipeline_schedule
     self.stages_dim_name = stages_dim_name
+    self.sequence_parallel = bool(sequence_parallel)
     self.pipeline_stats: Optional[Dict[str, Any]] = None
     self._sublayers = self._check_sublayers(
         {"sublayers_initial": sublayers_initial, "sublayers_per_layer": sublayers_per_layer,
@@ -178,6 +187,8 @@ class LayerStack(TransformerLayer):
     if self._norm_type != "rms":
       unsupported.append(f"norm_type={self._norm_type!r} (put sublayer_true_layer_norm "
                          "in the lists instead)")
+    if self.sequence_parallel:
+      unsupported.append("sequence_parallel=True (use the built-in body)")
     if unsupported:
       raise ValueError("LayerStack: custom sublayers (sublayers_initial/_per_layer/_final) "
                        "do not support " + " or ".join(unsupported) + ".")
@@ -287,13 +298,14 @@ class LayerStack(TransformerLayer):
 
   def call(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
     x = self._begin(context, x)
+    x = self._to_stream(context, x)  # split from the first layer to the last
     if not self.pipelined:
       x = self._apply_layers(context, x, self._layers, 0, collect=True)
     elif self._runs_pipelined(context):
       x = self._call_pipelined(context, x)
     else:
       x = self._call_stages_in_turn(context, x)
-    return self.finish(context, x)
+    return self.finish(context, sp_lib.to_whole(x, context.length_dim))
 
   def _begin(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
     """The initial sublayers, or dropout (before the first layer)."""
@@ -322,18 +334,25 @@ class LayerStack(TransformerLayer):
   def _apply_layers(self, context: Context, x: mtf.Tensor, layers, first: int,
                     collect: bool = False) -> mtf.Tensor:
     """x through `layers` (the stack's own: their slot scopes; a pipeline
-    stage's: "layer_%03d" from `first`)."""
+    stage's: "layer_%03d" from `first`). Under sequence parallelism the
+    layers run on the stream's shape (`_to_stream`); x is returned in the
+    shape it came in."""
     policy = self.recompute if context.train else "none"
     if policy != "none":
       self._check_recompute(context, layers)
+    whole = x.shape
+    x = self._to_stream(context, x)
     for j, layer in enumerate(layers):
       lnum = first + j
       scope = self.layer_scope(lnum) if layers is self._layers else "layer_%03d" % lnum
       x = self._sublayer(context, x, layer, scope, policy, f"layer {lnum}")
       if collect and context.layer_outputs is not None and lnum != len(self._layers) - 1:
-        context.layer_outputs.append(x)
+        context.layer_outputs.append(x)  # sequence parallel: the stream's shape
       context.layer_index += 1
-    return x
+    return x if x.shape == whole else sp_lib.to_whole(x, context.length_dim)
+
+  def _to_stream(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
+    return sp_lib.to_stream(x, context.length_dim) if self.sequence_parallel else x
 
   def _sublayer(self, context: Context, x: mtf.Tensor, layer, scope: str, policy: str,
                 label: str) -> mtf.Tensor:
@@ -342,7 +361,7 @@ class LayerStack(TransformerLayer):
     layer in errors. With sublayer lists: the per-layer sublayers instead."""
     if self._sublayers is not None:
       return self._layer_with_sublayers(context, x, layer, scope, policy, label)
-    mask = context.nonpadding
+    mask = sp_lib.like_stream(context.nonpadding, x, context.length_dim)
 
     def block(x):
       with mtf.name_scope(context.mesh, scope):
@@ -352,12 +371,13 @@ class LayerStack(TransformerLayer):
                                    self._norm_names()[0]), [x], policy)
         else:
           norm_x = self._norm(context, x if mask is None else x * mask, self._norm_names()[0])
+        layer_input = sp_lib.to_whole(norm_x, context.length_dim)  # an all-gather
         with mtf.name_scope(context.mesh, getattr(layer, "scope_name", type(layer).__name__)):
-          y = layer.call(context, norm_x)
-        if y.shape != x.shape:
+          y = layer.call(context, layer_input)
+        if y.shape != layer_input.shape:
           raise ValueError(f"{type(self).__name__}: {label} ({type(layer).__name__}) returned "
-                           f"shape {y.shape} for an input of shape {x.shape}.")
-        return x + self._dropout(context, y)
+                           f"shape {y.shape} for an input of shape {layer_input.shape}.")
+        return x + self._dropout(context, mtf.zero.relayout(y, x.shape))  # reduce-scatter
     block = self._replayable(context, block)
     if policy == "layer":
       return self._recompute(block, [x], policy)
@@ -563,12 +583,14 @@ class LayerStack(TransformerLayer):
     batch_dim = _batch_dim(context, x)
     names, values = self._carried(context, batch_dim)
     x = self._dropout(context, x)
+    x = self._to_stream(context, x)
     sub_ctx = copy.copy(context)
 
     def head(y, *ins):
       n = len(names)
       for name, value in zip(names, ins[:n]):
         setattr(sub_ctx, name, value)
+      y = sp_lib.to_whole(y, sub_ctx.length_dim)
       return loss_fn(sub_ctx, self.finish(sub_ctx, y), *ins[n:])
     *result, stats = mtf.pipeline.pipeline_loss(
         self._stage_fn(context, names), head, x, self.stages_dim(), self.num_microbatches,
@@ -684,8 +706,8 @@ def make_layer_stack(layers: Sequence[Any], layer_stack_cls=None, num_layers: in
                      stages_dim_name: str = "stages",
                      sublayers_initial: Optional[Sequence[sublayers_lib.Sublayer]] = None,
                      sublayers_per_layer: Optional[Sequence[sublayers_lib.Sublayer]] = None,
-                     sublayers_final: Optional[Sequence[sublayers_lib.Sublayer]] = None
-                     ) -> LayerStack:
+                     sublayers_final: Optional[Sequence[sublayers_lib.Sublayer]] = None,
+                     sequence_parallel: bool = False) -> LayerStack:
   """A LayerStack repeating the block `layers` num_layers times.
 
   Elements of `layers` may be TransformerLayer instances (reused: layers
@@ -699,14 +721,14 @@ def make_layer_stack(layers: Sequence[Any], layer_stack_cls=None, num_layers: in
   "block_001/layer_000/SelfAttention/q"); without it "<name>" or
   "layer_%03d" counted over the stack. dropout_rate and norm_epsilon are
   passed on only when given (both given: the legacy norm names, see
-  LayerStack). recompute, num_stages,
-  num_microbatches, pipeline_schedule, stages_dim_name and the sublayer
-  lists are LayerStack's (activation recomputation, pipeline parallelism,
-  sublayers; gin: `transformer.make_layer_stack.num_stages =
+  LayerStack). recompute, num_stages, num_microbatches, pipeline_schedule,
+  stages_dim_name, sequence_parallel and the sublayer lists are
+  LayerStack's (activation recomputation, pipeline parallelism, sequence
+  parallelism, sublayers; gin: `transformer.make_layer_stack.num_stages =
   4`). The stack is built by gin's LayerStack once gin_config has
-  registered it, so `transformer.LayerStack.sublayers_per_layer = [...]`
-  in a gin file applies; `layer_stack_cls` (the
-  original's argument) builds it with another LayerStack class instead.
+  registered it, so `transformer.LayerStack.sublayers_per_layer = [...]` in
+  a gin file applies; `layer_stack_cls` (the original's argument) builds it
+  with another LayerStack class instead.
 
   Example:
     >>> stack = make_layer_stack(
@@ -740,7 +762,8 @@ def make_layer_stack(layers: Sequence[Any], layer_stack_cls=None, num_layers: in
   return (layer_stack_cls or _layer_stack_cls())(
       block, norm_type=norm_type,
       recompute=recompute, num_stages=num_stages, num_microbatches=num_microbatches,
-      pipeline_schedule=pipeline_schedule, stages_dim_name=stages_dim_name, **given)
+      pipeline_schedule=pipeline_schedule, stages_dim_name=stages_dim_name, **given,
+      **({"sequence_parallel": True} if sequence_parallel else {}))
 
 
 def _spec_name(spec) -> Optional[str]:

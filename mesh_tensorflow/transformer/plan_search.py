@@ -9,8 +9,11 @@ schedule: GPipe takes the same time and keeps more micro-batches in
 memory), recomputation ("none", "layer") and ZeRO stages 0 and 2 (stage 2
 costs no more time than stage 1 and holds less), and 3 without a pipeline
 (FSDP-style), prices each with the planner, and keeps those that fit in
-memory, fastest first. Each printed plan says why it is where it is: its
-largest time components and its memory headroom.
+memory, fastest first. With model parallelism the stack is sequence
+parallel (`residual_length:model`: the same collectives' bytes, less memory
+and elementwise work per device) unless the config's stack cannot be. Each
+printed plan says why it is where it is: its largest time components and its
+memory headroom.
 
 The layout is the Megatron-style one (`batch:data;d_ff:model;heads:model;
 vocab:model;stages:pipe`); auto_mtf's layout search (`report --auto`) picks
@@ -33,6 +36,8 @@ from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
 from mesh_tensorflow.transformer import planner
 
 LAYOUT = "stages:pipe;batch:data;d_ff:model;heads:model;vocab:model"
+SEQUENCE_PARALLEL = "transformer.make_layer_stack.sequence_parallel"
+SEQUENCE_PARALLEL_RULE = "residual_length:model"
 
 
 @dataclasses.dataclass
@@ -84,11 +89,33 @@ def gin_bindings(plan: planner.Plan) -> List[str]:
   out = [f"run.mesh_shape = '{plan.mesh_shape}'", f"run.layout_rules = '{plan.layout}'",
          f"transformer.make_layer_stack.recompute = '{o.recompute}'",
          f"run.zero_stage = {o.zero_stage}"]
+  if f"{SEQUENCE_PARALLEL_RULE.split(':')[0]}:" in plan.layout:
+    out.append(f"{SEQUENCE_PARALLEL} = True")
   if o.num_stages > 1:
     out += [f"transformer.make_layer_stack.num_stages = {o.num_stages}",
             f"transformer.make_layer_stack.num_microbatches = {o.num_microbatches}",
             f"transformer.make_layer_stack.pipeline_schedule = '{o.schedule}'"]
   return out
+
+
+def _plan(cluster, mesh: str, layout: str, options, sequence_parallel: bool):
+  """planner.plan_current_config, the stack made sequence parallel (and the
+  layout given its rule) for the duration when `sequence_parallel`."""
+  if not sequence_parallel:
+    return planner.plan_current_config(cluster, mesh, layout, options)
+  import gin  # pylint: disable=g-import-not-at-top
+  try:
+    saved = gin.query_parameter(SEQUENCE_PARALLEL)  # as bound (a macro stays one)
+  except ValueError:
+    saved = None
+  with gin.unlock_config():
+    gin.bind_parameter(SEQUENCE_PARALLEL, True)
+  try:
+    return planner.plan_current_config(cluster, mesh, layout + ";" + SEQUENCE_PARALLEL_RULE,
+                                       options)
+  finally:
+    with gin.unlock_config():
+      gin.bind_parameter(SEQUENCE_PARALLEL, saved if saved is not None else False)
 
 
 def _divisors(n: int) -> List[int]:
@@ -119,6 +146,7 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   n = cluster.count
   max_model = h.devices_per_host if h.kind == "gpu" else 64
   plans, rejected, tried = [], [], 0
+  sequence_parallel_ok = gin_config.query(SEQUENCE_PARALLEL, None) is not False
   for t in _divisors(n):
     if t > max_model or heads % t or d_ff % t:
       continue
@@ -137,6 +165,7 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
                         if r.split(":")[1] in {x.split(":")[0] for x in dims})
       chunks = [v for v in virtual_stages if v == 1 or (p > 1 and (num_layers // p) % v == 0)]
       zero_stages = (0, 2) if p > 1 else (0, 2, 3)
+      sequence_parallel = t > 1 and sequence_parallel_ok
       for m, v, recompute, zero in itertools.product(micros, chunks, ("none", "layer"),
                                                      zero_stages):
         tried += 1
@@ -146,10 +175,18 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
             virtual_stages=v, recompute=recompute, zero_stage=zero, attention=attention,
             fusion=fusion)
         try:
-          plan = planner.plan_current_config(cluster, mesh, layout, options)
-        except ValueError as e:  # the mesh does not suit the config
-          rejected.append(f"{mesh}: {e}")
-          break
+          plan = _plan(cluster, mesh, layout, options, sequence_parallel)
+        except ValueError as e:
+          if not sequence_parallel:  # the mesh does not suit the config
+            rejected.append(f"{mesh}: {e}")
+            break
+          # The config's stack cannot be sequence parallel: plan without.
+          sequence_parallel_ok = sequence_parallel = False
+          try:
+            plan = _plan(cluster, mesh, layout, options, False)
+          except ValueError as e2:
+            rejected.append(f"{mesh}: {e2}")
+            break
         if plan.fits and (memory_budget_bytes is None
                           or plan.memory_bytes_per_device <= memory_budget_bytes):
           plans.append(plan)

@@ -55,49 +55,16 @@ FLOPs include it (HFU).
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Dict, List, Optional, Tuple
 
 from mesh_tensorflow.analysis.cost_model import estimator
 from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
 from mesh_tensorflow.analysis.cost_model import topology
 
-GIB = 2 ** 30
+from mesh_tensorflow.transformer.plan_types import (  # noqa: F401 (re-exported)
+    GIB, Communication, Plan, PlanOptions)
+
 PHASES = ("forward", "backward", "optimizer")
-
-
-# ------------------------------------------------------------ options
-@dataclasses.dataclass
-class PlanOptions:
-  """What large runs do beyond one micro-batch's graph (read from gin).
-
-  Attributes:
-    num_stages: pipeline stages (transformer.make_layer_stack.num_stages).
-    num_microbatches: micro-batches per step (...num_microbatches).
-    schedule: "gpipe", "1f1b" (...pipeline_schedule) or "interleaved".
-    virtual_stages: layer chunks per device with the interleaved schedule.
-    recompute: "none", "layer" or "selective" (...recompute).
-    zero_stage: 0-3 (run.zero_stage).
-    overlap_grad_reduce: gradient reduction overlaps the last backward pass.
-    fusion: "xla" (chains of elementwise operations and reductions fused,
-      as XLA compiles the step: `run.jit_compile = True`, and always on
-      TPUs) or "none" (every operation a kernel that reads and writes its
-      operands in memory, as TensorFlow runs the step op by op); see
-      `_phases`.
-    attention: "unfused" (the library's attention: every op on the score
-      tensors reads and writes them in memory, and the backward pass keeps
-      them) or "fused" (estimate only: one kernel per pass that keeps the
-      scores on chip, as FlashAttention-style kernels do; see `_phases`).
-  """
-  num_stages: int = 1
-  num_microbatches: int = 1
-  schedule: str = "gpipe"
-  virtual_stages: int = 1
-  recompute: str = "none"
-  zero_stage: int = 0
-  overlap_grad_reduce: bool = True
-  fusion: str = "xla"
-  attention: str = "unfused"
 
 
 def _binding(name: str, default=None):
@@ -113,112 +80,6 @@ def options_from_gin() -> PlanOptions:
       schedule=str(_binding("transformer.make_layer_stack.pipeline_schedule", "gpipe")),
       recompute=str(_binding("transformer.make_layer_stack.recompute", "none")),
       zero_stage=int(_binding("run.zero_stage", 0) or 0))
-
-
-# ------------------------------------------------------------ results
-@dataclasses.dataclass
-class Communication:
-  """One kind of collective of the step, all its occurrences together."""
-  phase: str
-  kind: str
-  mesh_dims: Tuple[str, ...]
-  bytes_per_processor: int
-  count: float
-  seconds: float
-  link: str
-
-  def as_dict(self):
-    return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass
-class Plan:
-  """The estimate for one mesh, layout and set of options on a cluster."""
-  cluster: str
-  mesh_shape: str
-  layout: str
-  options: PlanOptions
-  step_time_s: float
-  tokens_per_step: int
-  model_flops_per_step: float
-  hardware_flops_per_step: float
-  mfu: float
-  hfu: float
-  memory: Dict[str, float]
-  hbm_bytes: float
-  time_breakdown: Dict[str, float]
-  communications: List[Communication]
-  num_layers: int
-  parameters: int
-  notes: List[str] = dataclasses.field(default_factory=list)
-
-  @property
-  def tokens_per_s(self) -> float:
-    return self.tokens_per_step / self.step_time_s
-
-  @property
-  def memory_bytes_per_device(self) -> float:
-    return self.memory["total"]
-
-  @property
-  def fits(self) -> bool:
-    return self.memory_bytes_per_device <= self.hbm_bytes
-
-  def to_dict(self) -> dict:
-    return {
-        "cluster": self.cluster, "mesh_shape": self.mesh_shape, "layout": self.layout,
-        "options": dataclasses.asdict(self.options),
-        "step_time_s": self.step_time_s, "tokens_per_step": self.tokens_per_step,
-        "tokens_per_s": self.tokens_per_s, "model_flops_per_step": self.model_flops_per_step,
-        "hardware_flops_per_step": self.hardware_flops_per_step, "mfu": self.mfu,
-        "hfu": self.hfu, "memory_bytes_per_device": self.memory_bytes_per_device,
-        "memory_breakdown_bytes": self.memory, "hbm_bytes_per_device": self.hbm_bytes,
-        "fits": self.fits, "time_breakdown_s": self.time_breakdown,
-        "top_communications": [c.as_dict() for c in self.communications[:5]],
-        "num_layers": self.num_layers, "parameters": self.parameters, "notes": self.notes}
-
-  def to_json(self) -> str:
-    return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
-  def summary(self) -> str:
-    o = self.options
-    lines = [f"plan: {self.cluster}, mesh {self.mesh_shape}, layout {self.layout}"]
-    extras = [f"{self.num_layers} layers", f"{self.parameters / 1e9:.2f}B parameters"]
-    if o.num_stages > 1:
-      extras.append(f"pipeline {o.num_stages} stages x {o.num_microbatches} micro-batches "
-                    f"({o.schedule}{', %d virtual' % o.virtual_stages if o.virtual_stages > 1 else ''})")
-    elif o.num_microbatches > 1:
-      extras.append(f"{o.num_microbatches} micro-batches")
-    extras.append(f"recompute={o.recompute}")
-    extras.append(f"ZeRO stage {o.zero_stage}")
-    if o.fusion != "xla":
-      extras.append("unfused (op by op)")
-    if o.attention == "fused":
-      extras.append("fused attention")
-    lines.append("  " + ", ".join(extras))
-    lines.append(f"step time        {self.step_time_s:.3f} s")
-    lines.append(f"tokens/s         {self.tokens_per_s:,.0f}")
-    lines.append(f"model FLOPs/step {self.model_flops_per_step:.3e}")
-    lines.append(f"MFU              {100 * self.mfu:.1f}%   (HFU {100 * self.hfu:.1f}%, "
-                 "recomputed forward counted)")
-    t = self.time_breakdown
-    lines.append("time: " + ", ".join(f"{k} {v:.3f} s" for k, v in t.items() if v > 0))
-    m = self.memory
-    lines.append("memory per device:")
-    for key in ("variables", "gradients", "optimizer_slots", "activations", "pipeline_buffers"):
-      lines.append(f"  {key:<17}{m[key] / GIB:9.2f} GiB")
-    verdict = ("fits" if self.fits else
-               f"does NOT fit by {(self.memory_bytes_per_device - self.hbm_bytes) / GIB:.2f} GiB")
-    lines.append(f"  {'total':<17}{m['total'] / GIB:9.2f} GiB of {self.hbm_bytes / GIB:.2f} GiB "
-                 f"HBM: {verdict}")
-    lines.append("top communications (per step):")
-    for c in self.communications[:5]:
-      lines.append(f"  {c.seconds:8.4f} s  {c.count:6.0f} x {c.kind:<14} over "
-                   f"{','.join(c.mesh_dims):<10} {c.bytes_per_processor / 2**20:10.2f} MiB  "
-                   f"[{c.phase}] on {c.link}")
-    for n in self.notes:
-      lines.append(f"note: {n}")
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------ building
@@ -277,6 +138,7 @@ class _Priced:
   layer_input_bytes: float
   attention_core_bytes: float
   parameters: int
+  layer_input_dims: tuple = ()  # the Dimensions of a layer's input
 
   def phases(self, options: "PlanOptions") -> Dict[str, _Phase]:
     return self.variants[(options.fusion == "xla", options.attention == "fused")]
@@ -356,20 +218,19 @@ def _price_step(step: _Step) -> _Priced:
         model_flops=_einsum_model_flops(op) if product else 0.0))
   variants = {(xla, fused): _phases(records, step.mesh_shape.size, xla, fused)
               for xla in (False, True) for fused in (False, True)}
-  # The input of a layer: the activation slice of [batch, length, d_model].
-  layer_input = 0.0
-  attention = 0.0
-  for op in ops[:first_bwd]:
-    for t in op.outputs:
-      names = [d.name for d in t.shape.dims]
-      if "d_model" in names and len(names) == 3 and layer_input == 0.0:
-        layer_input = size(t)
-      if _is_score(t):
-        attention += size(t)
+  # The input of a layer: the activation slice of [batch, length, d_model]
+  # (with sequence parallelism, the stream's [batch, residual_length,
+  # d_model], which the layers pass on and a pipeline sends).
+  forward = [t for op in ops[:first_bwd] for t in op.outputs]
+  streams = [t for t in forward if len(t.shape.dims) == 3 and "d_model" in t.shape.dimension_names]
+  streams = [t for t in streams if "residual_length" in t.shape.dimension_names] or streams
+  layer_input = size(streams[0]) if streams else 0.0
+  layer_input_dims = tuple(streams[0].shape.dims) if streams else ()
+  attention = sum(size(t) for t in forward if _is_score(t))
   mem = est.memory
   count = sum(v.outputs[0].shape.size for v in step.graph.trainable_variables)
   return _Priced(variants, mem.variables, mem.slots, mem.activations, layer_input, attention,
-                 count)
+                 count, layer_input_dims)
 
 
 def _phases(records: List[_OpCost], n: int, xla: bool, fused_attention: bool
@@ -594,8 +455,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   micro_time = (per_stage * (fwd_l + bwd_l + recompute_l) + fwd_x + bwd_x)
   p2p = 0.0
   if s > 1:
-    hop = topology.point_to_point_time(one.layer_input_bytes, sizes, names.index(pipe_dim),
-                                       cluster)
+    hop = _stage_send_time(one, full_shape, rules, names.index(pipe_dim), cluster)
     p2p = 2 * hop * options.virtual_stages
   v = options.virtual_stages if options.schedule == "interleaved" else 1
   slots = m + (s - 1) / v if s > 1 else m
@@ -732,6 +592,31 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
               batch * seq_len, model_flops, hw_flops, model_flops / (step_time * peak),
               hw_flops / (step_time * peak), memory, h.hbm_bytes, breakdown, comms, num_layers,
               params, notes)
+
+
+def _stage_send_time(one: _Priced, full_shape, rules, pipe_axis: int,
+                     cluster: hardware_lib.Cluster) -> float:
+  """Seconds to move a layer's input to the next stage as `mtf.pipeline`
+  sends it: the [stages, ...] activations, cut into blocks over the mesh
+  axes that replicate them (`plans.replica_splits`, the plan `mtf.shift`
+  executes), each block a point-to-point send along the pipeline's axis,
+  then all-gathered by the receivers."""
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.lowering import plans  # pylint: disable=g-import-not-at-top
+  sizes = full_shape.to_integer_list()
+  nbytes = one.layer_input_bytes
+  blocks = ()
+  if one.layer_input_dims:
+    shape = mtf.Shape([mtf.Dimension("stages", sizes[pipe_axis])] + list(one.layer_input_dims))
+    blocks = plans.replica_splits(shape, tuple(rules.tensor_layout(shape, full_shape)), sizes,
+                                  (0,))
+  for mesh_axis, _ in blocks:
+    nbytes /= sizes[mesh_axis]
+  seconds = topology.point_to_point_time(nbytes, sizes, pipe_axis, cluster)
+  for mesh_axis, _ in reversed(blocks):
+    seconds += estimator.collective_seconds("allgather", nbytes, sizes, [mesh_axis], cluster)
+    nbytes *= sizes[mesh_axis]
+  return seconds
 
 
 def _activation_bytes() -> int:

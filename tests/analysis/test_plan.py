@@ -66,6 +66,32 @@ def test_recompute_pipeline_and_zero_change_the_estimate():
                                                          rel=0.01)
 
 
+def test_pipeline_sends_are_priced_in_blocks_as_the_pipeline_sends_them():
+  """A stage's activations are replicated over the 8-way model dimension:
+  mtf.pipeline sends 1/8 of them per GPU across hosts and all-gathers the
+  blocks over NVLink; without model parallelism each GPU sends its slice."""
+  from mesh_tensorflow.analysis.cost_model import estimator  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.analysis.cost_model import topology  # pylint: disable=g-import-not-at-top
+  pipelined = ["transformer.make_layer_stack.num_stages = 2",
+               "transformer.make_layer_stack.num_microbatches = 8"]
+  cluster = hardware.parse_cluster("a100-80gb:32")
+  # One micro-batch per data-parallel processor: 4 sequences x 256 x 512, bfloat16.
+  whole = 4 * 256 * 512 * 2
+  sizes = [2, 2, 8]
+  tp = _plan(cluster="a100-80gb:32", mesh="pipe:2;data:2;model:8",
+             layout="stages:pipe;batch:data;d_ff:model;heads:model;vocab:model", extra=pipelined)
+  hop = (topology.point_to_point_time(whole / 8, sizes, 0, cluster)
+         + estimator.collective_seconds("allgather", whole / 8, sizes, [2], cluster))
+  # 8 micro-batches, each sent forward and its gradient back.
+  assert tp.time_breakdown["pipeline_sends"] == pytest.approx(8 * 2 * hop)
+  assert hop < topology.point_to_point_time(whole, sizes, 0, cluster)
+  # 4 micro-batches of 16 sequences, one per processor.
+  dp = _plan(cluster="a100-80gb:32", mesh="pipe:2;data:16", layout="stages:pipe;batch:data",
+             extra=pipelined[:1] + ["transformer.make_layer_stack.num_microbatches = 4"])
+  assert dp.time_breakdown["pipeline_sends"] == pytest.approx(
+      4 * 2 * topology.point_to_point_time(256 * 512 * 2, [2, 16], 0, cluster))
+
+
 def test_plan_rejects_zero_without_a_data_parallel_dimension():
   with pytest.raises(ValueError, match="does not split 'batch'.*run.zero_stage = 0"):
     _plan(extra=["run.zero_stage = 2"], layout="d_ff:model;heads:model")
@@ -84,7 +110,10 @@ def test_scale_validation_quick_rows_within_15_percent():
     import scale_validation  # pylint: disable=g-import-not-at-top
   finally:
     sys.path.pop(0)
-  for row in scale_validation.megatron_rows()[:2]:
+  # Narayanan et al.'s two smallest rows, and its two largest (pipelines of
+  # 35 and 64 stages whose sends cross hosts).
+  gpt = scale_validation.megatron_rows()
+  for row in gpt[:2] + gpt[-2:]:
     value, _ = scale_validation.predict(row)
     assert abs(value / row.published - 1) < 0.15, (row.name, value, row.published)
   # Held-out runs of other stacks and hardware: FSDP (ZeRO 3 over 2,048 and
@@ -147,6 +176,13 @@ def test_auto_search_returns_fitting_plans_fastest_first():
     assert p.options.zero_stage in (0, 2, 3)
     assert p.options.zero_stage < 3 or p.options.num_stages == 1
   assert {p.options.zero_stage for p in result.plans} == {0, 2, 3}
+  # Sequence parallel wherever the model is split, and the gin says so; the
+  # config's own binding is left as it was.
+  split = [p for p in result.plans if "model:" in p.mesh_shape]
+  assert split and all(p.layout.endswith(";residual_length:model") for p in split)
+  assert all(("transformer.make_layer_stack.sequence_parallel = True" in
+              plan_search.gin_bindings(p)) == (p in split) for p in result.plans)
+  assert not gin_config.query("transformer.make_layer_stack.sequence_parallel", False)
   text = result.summary()
   assert "#1" in text and "why:" in text and "gin for #1" in text
   # The estimate-only options reach every plan searched (no new pricing:
@@ -155,6 +191,17 @@ def test_auto_search_returns_fitting_plans_fastest_first():
                              attention="fused", fusion="none")
   assert fused.plans and all(p.options.attention == "fused" and p.options.fusion == "none"
                              for p in fused.plans)
+
+
+def test_auto_search_plans_a_stack_that_cannot_be_sequence_parallel_without_it():
+  from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
+  gin_config.parse([], MODEL + [
+      "num_layers = 2", "run.batch_size = 8",
+      "transformer.LayerStack.sublayers_per_layer = [@transformer.sublayer_rms_norm, "
+      "@transformer.sublayer_call_layer, @transformer.sublayer_residual]"])
+  result = plan_search.search(hardware.parse_cluster("h100-sxm:4"), top=3, micro_sizes=(1,))
+  split = [p for p in result.plans if "model:" in p.mesh_shape]
+  assert split and not any("residual_length" in p.layout for p in split)
 
 
 def _one_allreduce_graph():

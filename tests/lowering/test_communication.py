@@ -176,12 +176,12 @@ def test_reduce_of_einsum_allreduces_the_smaller_tensor(reduce_to, nbytes, two_p
 
 
 # ----------------------------------------------------------- shift / reshape
-def _shift_builder(offset, wrap, dim="length"):
+def _shift_builder(offset, wrap, dim="length", split_replicas=False):
   xv = np.arange(16 * 4, dtype=np.float32).reshape(16, 4)
 
   def builder(mesh):
     x = mtf.import_tf_tensor(mesh, tf.constant(xv), "length:16;d:4")
-    return {"y": mtf.shift(x, offset, dim, wrap)}
+    return {"y": mtf.shift(x, offset, dim, wrap, split_replicas=split_replicas)}
   axis = 0 if dim == "length" else 1
   if wrap:
     ref = np.roll(xv, offset, axis)
@@ -206,6 +206,27 @@ def test_shift_across_split_dim_uses_one_permute(offset, wrap):
   [r] = lowering.collective_records
   # Each processor receives its neighbour's whole slice (2 x 4 floats).
   assert (r.kind, r.mesh_axes, r.bytes_per_processor) == ("permute", (0,), 2 * 4 * F32)
+
+
+@pytest.mark.parametrize("impl_kwargs", IMPL_VARIANTS)
+@pytest.mark.parametrize("offset,wrap", [(1, False), (-1, True)])
+def test_shift_with_split_replicas_sends_blocks_and_gathers_them(offset, wrap, impl_kwargs):
+  """x [length:16 split 4 ways over cols, d:4] is replicated over rows (2):
+  each replica sends half its neighbour's slice, the receivers all-gather."""
+  builder, ref = _shift_builder(offset, wrap, split_replicas=True)
+  got, lowering = lower_and_run(builder, "rows:2;cols:4", "length:cols", return_lowering=True,
+                                **impl_kwargs)
+  np.testing.assert_array_equal(got["y"], ref)
+  records = sorted((r.kind, r.mesh_axes, r.bytes_per_processor)
+                   for r in lowering.collective_records)
+  # A slice is 4 x 4 floats; its block (d cut over rows) 4 x 2.
+  assert records == [("allgather", (0,), 4 * 2 * F32), ("permute", (1,), 4 * 2 * F32)]
+  # Without replicas to split over, the same shift is one whole-slice permute.
+  got, lowering = lower_and_run(builder, "all:8", "length:all", return_lowering=True,
+                                **impl_kwargs)
+  np.testing.assert_array_equal(got["y"], ref)
+  assert [(r.kind, r.bytes_per_processor) for r in lowering.collective_records] == [
+      ("permute", 2 * 4 * F32)]
 
 
 def test_shift_farther_than_a_slice_gathers_the_dimension():

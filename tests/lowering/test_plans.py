@@ -282,3 +282,53 @@ def test_local_plans_of_shift_and_sum_relayout():
   (operand,) = plan.operands
   assert operand.partial == plans.TAKES_PARTIAL and not plan.kernel
   assert operand.move.steps == (plans.AllReduce((1,)), plans.ReduceScatter(0, 1))
+
+
+def test_replica_splits_cut_the_largest_whole_axis_each_replica_axis_divides():
+  shape = mtf.convert_to_shape("stages:4;batch:8;length:6;d:16")
+  # Mesh axis 0 splits stages; axis 1 (size 2) replicates: d is the largest.
+  assert plans.replica_splits(shape, (0, None, None, None), (4, 2)) == ((1, 3),)
+  # Two replica axes take two different tensor axes, largest first.
+  assert plans.replica_splits(shape, (0, None, None, None), (4, 2, 2)) == ((1, 3), (2, 1))
+  # Kept whole, already split, or not divisible: not cut.
+  assert plans.replica_splits(shape, (0, None, None, None), (4, 5)) == ()
+  assert plans.replica_splits(shape, (0, None, None, 1), (4, 2)) == ()
+  assert plans.replica_splits(shape, (0, None, None, None), (4, 3), keep_whole=(2,)) == ()
+  assert plans.replica_splits(shape, (0, None, None, None), (4, 1)) == ()
+
+
+def test_shift_with_split_replicas_plans_blocks_around_the_permute():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  x = mtf.zeros(mesh, "stages:4;d:16")
+  rules = mtf.convert_to_layout_rules("stages:pp")
+  mesh_shape = mtf.convert_to_shape("pp:4;mp:2")
+
+  def layout_of(shape):
+    return tuple(rules.tensor_layout(shape, mesh_shape))
+  plan = mtf.shift(x, 1, "stages", wrap=False, split_replicas=True).operation.plan(
+      plans.PlanMesh(layout_of, (4, 2)))
+  assert plan.operands[1].move.steps == (
+      plans.SliceAlong(1, 1), plans.Permute(0, (None, 0, 1, 2)), plans.AllGather(1, 1))
+
+
+def test_reshape_keeps_a_pending_sum_where_nothing_moves():
+  """A rename of a pending sum passes the summands on; a reshape that must
+  slice along the summed mesh axis completes the sum first."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  x = mtf.zeros(mesh, "a:8;b:4")
+  rules = mtf.convert_to_layout_rules("a:rows;c:cols")
+  mesh_shape = mtf.convert_to_shape("rows:2;cols:4")
+
+  def layout_of(shape):
+    return tuple(rules.tensor_layout(shape, mesh_shape))
+  renamed = mtf.rename_dimension(x, "b", "b2").operation
+  plan = renamed.plan(plans.PlanMesh(layout_of, (2, 4), partial_sum_axes_of=lambda t: (1,)))
+  assert plan.operands[0].partial == plans.TAKES_PARTIAL
+  assert plan.results[0].pending_sum_axes == (1,)
+  sliced = mtf.rename_dimension(x, "b", "c").operation  # c is split over cols (axis 1)
+  plan = sliced.plan(plans.PlanMesh(layout_of, (2, 4), partial_sum_axes_of=lambda t: (1,)))
+  assert not plan.operands[0].partial and plan.results[0].pending_sum_axes == ()
+  plan = renamed.plan(plans.PlanMesh(layout_of, (2, 4)))  # no pending sum
+  assert not plan.operands[0].partial

@@ -157,6 +157,28 @@ def test_collectives_inside_while_loop(mesh_shape, layout):
   assert ("permute" in kinds) == ("batch" in split)
 
 
+def test_shift_with_split_replicas():
+  """A shift that sends blocks of a replicated slice (SliceAlong, a
+  CollectivePermute of the blocks, an all-gather): np.roll's values."""
+  x_np = np.arange(BATCH * HIDDEN, dtype=np.float32).reshape(BATCH, HIDDEN)
+  impl = simd_mesh_impl.SimdMeshImpl("rows:2;cols:4", "batch:rows", DEVICES)
+  records = {}
+
+  def program(x_tf):
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    x = mtf.import_tf_tensor(mesh, x_tf, [mtf.Dimension("batch", BATCH),
+                                          mtf.Dimension("hidden", HIDDEN)])
+    y = mtf.shift(x, 1, "batch", wrap=True, split_replicas=True)
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    records["r"] = sorted((r.kind, r.mesh_axes) for r in lowering.collective_records
+                          if not r.op_name.startswith("export/"))
+    return lowering.export_to_tf_tensor(y)
+  got = impl.run(program, x_np).numpy()
+  np.testing.assert_array_equal(got, np.roll(x_np, 1, axis=0))
+  assert records["r"] == [("allgather", (1,)), ("permute", (0,))]
+
+
 def _transformer_tests():
   """tests/transformer/test_transformer.py (its small language model and
   data), importable whichever test folders this run collected."""

@@ -5,6 +5,8 @@ GPipe's loss and gradients; the schedules' tables and the bubble measured
 in the executed graph match the theory; bad settings are clear errors.
 """
 
+import collections
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -112,6 +114,15 @@ def test_pipeline_composes_with_data_and_model_parallelism(unpipelined):
   for name, g in got.items():
     np.testing.assert_allclose(g, grads0[name], rtol=1e-4, atol=2e-6, err_msg=name)
   assert lowering.collective_counts().get("permute", (0, 0))[0] > 0
+  # The activations a stage sends, [stages, batch, length, d_model] sliced to
+  # one sequence per processor, are replicated over mp: each replica sends
+  # half (its block of d_model) and the next stage all-gathers the halves.
+  # 2 stages, M micro-batches: M + 2 - 2 forward sends, as many backward.
+  records = collections.Counter((r.kind, r.mesh_axes, r.bytes_per_processor)
+                                for r in lowering.collective_records)
+  half = L * D * 4 // 2
+  assert records[("permute", (0,), half)] == records[("allgather", (2,), half)] == 2 * M
+  assert records[("permute", (0,), 2 * half)] == 0
 
 
 def test_one_f_one_b_stack_matches_unpipelined(unpipelined):

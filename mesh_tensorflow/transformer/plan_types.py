@@ -1,0 +1,156 @@
+"""What the planner takes and returns: `PlanOptions` (what a large run does
+beyond one micro-batch's graph), `Plan` (the estimate: step time,
+throughput, FLOPs, memory, where the time goes) and its `Communication`s.
+`mesh_tensorflow.transformer.planner` makes them; import them from there.
+
+    >>> plan = planner.plan_current_config(cluster, options=PlanOptions(num_stages=8))
+    >>> plan.step_time_s, plan.fits
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Dict, List, Tuple
+
+GIB = 2 ** 30
+
+
+# ------------------------------------------------------------ options
+@dataclasses.dataclass
+class PlanOptions:
+  """What large runs do beyond one micro-batch's graph (read from gin).
+
+  Attributes:
+    num_stages: pipeline stages (transformer.make_layer_stack.num_stages).
+    num_microbatches: micro-batches per step (...num_microbatches).
+    schedule: "gpipe", "1f1b" (...pipeline_schedule) or "interleaved".
+    virtual_stages: layer chunks per device with the interleaved schedule.
+    recompute: "none", "layer" or "selective" (...recompute).
+    zero_stage: 0-3 (run.zero_stage).
+    overlap_grad_reduce: gradient reduction overlaps the last backward pass.
+    fusion: "xla" (chains of elementwise operations and reductions fused,
+      as XLA compiles the step: `run.jit_compile = True`, and always on
+      TPUs) or "none" (every operation a kernel that reads and writes its
+      operands in memory, as TensorFlow runs the step op by op); see
+      `planner._phases`.
+    attention: "unfused" (the library's attention: every op on the score
+      tensors reads and writes them in memory, and the backward pass keeps
+      them) or "fused" (estimate only: one kernel per pass that keeps the
+      scores on chip, as FlashAttention-style kernels do; see `planner._phases`).
+  """
+  num_stages: int = 1
+  num_microbatches: int = 1
+  schedule: str = "gpipe"
+  virtual_stages: int = 1
+  recompute: str = "none"
+  zero_stage: int = 0
+  overlap_grad_reduce: bool = True
+  fusion: str = "xla"
+  attention: str = "unfused"
+
+
+# ------------------------------------------------------------ results
+@dataclasses.dataclass
+class Communication:
+  """One kind of collective of the step, all its occurrences together."""
+  phase: str
+  kind: str
+  mesh_dims: Tuple[str, ...]
+  bytes_per_processor: int
+  count: float
+  seconds: float
+  link: str
+
+  def as_dict(self):
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Plan:
+  """The estimate for one mesh, layout and set of options on a cluster."""
+  cluster: str
+  mesh_shape: str
+  layout: str
+  options: PlanOptions
+  step_time_s: float
+  tokens_per_step: int
+  model_flops_per_step: float
+  hardware_flops_per_step: float
+  mfu: float
+  hfu: float
+  memory: Dict[str, float]
+  hbm_bytes: float
+  time_breakdown: Dict[str, float]
+  communications: List[Communication]
+  num_layers: int
+  parameters: int
+  notes: List[str] = dataclasses.field(default_factory=list)
+
+  @property
+  def tokens_per_s(self) -> float:
+    return self.tokens_per_step / self.step_time_s
+
+  @property
+  def memory_bytes_per_device(self) -> float:
+    return self.memory["total"]
+
+  @property
+  def fits(self) -> bool:
+    return self.memory_bytes_per_device <= self.hbm_bytes
+
+  def to_dict(self) -> dict:
+    return {
+        "cluster": self.cluster, "mesh_shape": self.mesh_shape, "layout": self.layout,
+        "options": dataclasses.asdict(self.options),
+        "step_time_s": self.step_time_s, "tokens_per_step": self.tokens_per_step,
+        "tokens_per_s": self.tokens_per_s, "model_flops_per_step": self.model_flops_per_step,
+        "hardware_flops_per_step": self.hardware_flops_per_step, "mfu": self.mfu,
+        "hfu": self.hfu, "memory_bytes_per_device": self.memory_bytes_per_device,
+        "memory_breakdown_bytes": self.memory, "hbm_bytes_per_device": self.hbm_bytes,
+        "fits": self.fits, "time_breakdown_s": self.time_breakdown,
+        "top_communications": [c.as_dict() for c in self.communications[:5]],
+        "num_layers": self.num_layers, "parameters": self.parameters, "notes": self.notes}
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+  def summary(self) -> str:
+    o = self.options
+    lines = [f"plan: {self.cluster}, mesh {self.mesh_shape}, layout {self.layout}"]
+    extras = [f"{self.num_layers} layers", f"{self.parameters / 1e9:.2f}B parameters"]
+    if o.num_stages > 1:
+      extras.append(f"pipeline {o.num_stages} stages x {o.num_microbatches} micro-batches "
+                    f"({o.schedule}{', %d virtual' % o.virtual_stages if o.virtual_stages > 1 else ''})")
+    elif o.num_microbatches > 1:
+      extras.append(f"{o.num_microbatches} micro-batches")
+    extras.append(f"recompute={o.recompute}")
+    extras.append(f"ZeRO stage {o.zero_stage}")
+    if o.fusion != "xla":
+      extras.append("unfused (op by op)")
+    if o.attention == "fused":
+      extras.append("fused attention")
+    lines.append("  " + ", ".join(extras))
+    lines.append(f"step time        {self.step_time_s:.3f} s")
+    lines.append(f"tokens/s         {self.tokens_per_s:,.0f}")
+    lines.append(f"model FLOPs/step {self.model_flops_per_step:.3e}")
+    lines.append(f"MFU              {100 * self.mfu:.1f}%   (HFU {100 * self.hfu:.1f}%, "
+                 "recomputed forward counted)")
+    t = self.time_breakdown
+    lines.append("time: " + ", ".join(f"{k} {v:.3f} s" for k, v in t.items() if v > 0))
+    m = self.memory
+    lines.append("memory per device:")
+    for key in ("variables", "gradients", "optimizer_slots", "activations", "pipeline_buffers"):
+      lines.append(f"  {key:<17}{m[key] / GIB:9.2f} GiB")
+    verdict = ("fits" if self.fits else
+               f"does NOT fit by {(self.memory_bytes_per_device - self.hbm_bytes) / GIB:.2f} GiB")
+    lines.append(f"  {'total':<17}{m['total'] / GIB:9.2f} GiB of {self.hbm_bytes / GIB:.2f} GiB "
+                 f"HBM: {verdict}")
+    lines.append("top communications (per step):")
+    for c in self.communications[:5]:
+      lines.append(f"  {c.seconds:8.4f} s  {c.count:6.0f} x {c.kind:<14} over "
+                   f"{','.join(c.mesh_dims):<10} {c.bytes_per_processor / 2**20:10.2f} MiB  "
+                   f"[{c.phase}] on {c.link}")
+    for n in self.notes:
+      lines.append(f"note: {n}")
+    return "\n".join(lines)
