@@ -317,7 +317,8 @@ def _describe(plan) -> str:
                     else o.schedule))
   parts.append(f"recompute {o.recompute}")
   if o.zero_stage:
-    parts.append(f"ZeRO {o.zero_stage}")
+    parts.append(f"ZeRO {o.zero_stage}"
+                 + ("" if o.zero_reshard_after_forward else " gathered once"))
   return (f"{', '.join(parts)}: {plan.step_time_s:.3f} s/step, "
           f"{plan.memory_bytes_per_device / 2**30:.1f} GiB")
 

@@ -101,7 +101,8 @@ def _gradient_reading_variables_again(op, out_grads, needed, after):
   for t in op.inputs:
     var = t.operation
     if (t not in again and getattr(var, "is_variable", False)
-        and getattr(var, "gathers_on_read", False)):
+        and getattr(var, "gathers_on_read", False)
+        and getattr(var, "regathers_for_backward", True)):
       again[t] = var.read_again(after)
   if not again:
     return op.gradient_for(out_grads, needed), False

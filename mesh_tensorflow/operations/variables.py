@@ -82,6 +82,9 @@ class Variable(Operation):
     # Tensors whose computation the read waits for (ZeRO stage 3 gathers
     # only a few variables ahead of their use; see training/zero.py).
     self.read_after: list = []
+    # Whether the backward pass gathers a variable stored in blocks again
+    # (False: it keeps the forward pass's copy; training/zero.py).
+    self.regathers_for_backward = True
     # A full-size master copy, only when the mesh has a variable placer
     # (master_variables.py).
     self.master = None

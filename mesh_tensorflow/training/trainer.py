@@ -90,6 +90,8 @@ class Trainer:
       the data-parallel mesh dimension. Checkpoints do not depend on it.
     zero_mesh_dim: the mesh dimension to shard over (default: the one
       splitting "batch").
+    zero_reshard_after_forward: stage 3: False keeps each gathered variable
+      from the forward pass to the backward pass (one gather per step).
     loss_scale: a `mtf.mixed_precision.DynamicLossScale` for float16
       training: steps with non-finite gradients are skipped (variables and
       slots unchanged; the global step still advances) and logged.
@@ -117,7 +119,7 @@ class Trainer:
                eval_feature_shapes: Optional[Dict[str, object]] = None,
                checkpoint_options: Optional[tf.train.CheckpointOptions] = None,
                zero_stage: int = 0, zero_mesh_dim: Optional[str] = None,
-               loss_scale=None, checkpoint_path: Optional[str] = None,
+               zero_reshard_after_forward: bool = True, loss_scale=None, checkpoint_path: Optional[str] = None,
                jit_compile=False):
     if jit_compile not in (True, False, "auto"):
       raise ValueError(f"Trainer: jit_compile={jit_compile!r}; choose True, False or 'auto'.")
@@ -141,6 +143,10 @@ class Trainer:
       optimizer.configure(mesh_impl, grad_accum_steps)
     self._zero_stage = zero_stage
     self._zero_mesh_dim = zero_mesh_dim
+    self._zero_reshard = zero_reshard_after_forward
+    if not zero_reshard_after_forward and zero_stage != 3:
+      raise ValueError(f"Trainer: zero_reshard_after_forward=False applies to zero_stage=3, "
+                       f"not {zero_stage}.")
     self._loss_scale = loss_scale
     self._model_fn = model_fn
     self._shapes = {k: convert_to_shape(v) for k, v in feature_shapes.items()}
@@ -204,7 +210,7 @@ class Trainer:
     if not isinstance(loss, Tensor) or loss.shape.ndims != 0:
       raise ValueError(f"model_fn must return a scalar mtf loss, got {loss!r}.")
     plan = zero.shard_training_state(graph, self._impl, self._zero_stage,
-                                     self._zero_mesh_dim)
+                                     self._zero_mesh_dim, self._zero_reshard)
     updates = []
     if mode == TRAIN:
       updates = self._train_updates(graph, mesh, loss, plan, step_var, apply_update)

@@ -17,8 +17,13 @@ change with the stage.
   reduce-scatter straight into the twin layout (counter kind
   "reduce_scatter").
 * stage 3: also the variable: its slices are stored in the twin layout
-  (`Variable.storage_shape`) and allgathered just before use; the update
-  writes the blocks directly, with no gather.
+  (`Variable.storage_shape`) and allgathered just before use, in the forward
+  pass and again in the backward pass; the update writes the blocks
+  directly, with no gather. With `reshard_after_forward=False` (FSDP's
+  SHARD_GRAD_OP, Megatron-LM's distributed optimizer with its parameter
+  gather overlapped) the backward pass keeps the forward pass's gathered
+  copies instead: half the gathers, and every layer's copy alive until its
+  backward pass.
 
 For each variable the renamed dimension is its largest dimension that the
 layout does not split yet and that the data-parallel mesh dimension divides;
@@ -147,13 +152,16 @@ class ZeroPlan:
   Attributes:
     stage: 0 to 3.
     mesh_dim: the data-parallel mesh dimension name.
+    reshard_after_forward: stage 3: whether the backward pass gathers the
+      variables again (True) or keeps the forward pass's copies.
     shapes: {Variable operation: its sharded twin shape}; variables missing
       here keep their stage-0 form.
   """
 
-  def __init__(self, stage: int, mesh_dim: Optional[str]):
+  def __init__(self, stage: int, mesh_dim: Optional[str], reshard_after_forward: bool = True):
     self.stage = stage
     self.mesh_dim = mesh_dim
+    self.reshard_after_forward = reshard_after_forward
     self.shapes: Dict[Operation, Shape] = {}
 
   def shards_slots(self, var) -> bool:
@@ -171,7 +179,8 @@ class ZeroPlan:
 
 
 def shard_training_state(graph: Graph, mesh_impl, stage: int,
-                         mesh_dim: Optional[str] = None) -> ZeroPlan:
+                         mesh_dim: Optional[str] = None,
+                         reshard_after_forward: bool = True) -> ZeroPlan:
   """Plans ZeRO stage `stage` for the trainable variables of `graph`.
 
   Call it after the model is built and before `apply_grads` and the
@@ -186,6 +195,8 @@ def shard_training_state(graph: Graph, mesh_impl, stage: int,
     stage: 0 (nothing sharded) to 3.
     mesh_dim: the data-parallel mesh dimension; default: the one that splits
       "batch".
+    reshard_after_forward: stage 3 only: False keeps each gathered variable
+      from its forward use to its backward use (gathered once per step).
 
   Returns:
     The ZeroPlan (also kept with the graph, see `plan_for`).
@@ -195,12 +206,15 @@ def shard_training_state(graph: Graph, mesh_impl, stage: int,
   """
   if stage not in STAGES:
     raise ValueError(f"ZeRO: zero_stage must be one of {STAGES}, got {stage!r}.")
+  if not reshard_after_forward and stage != 3:
+    raise ValueError(f"ZeRO: reshard_after_forward=False applies to stage 3 (variables stored "
+                     f"in blocks), not stage {stage}; set zero_stage = 3 or drop it.")
   if stage == 0:
     plan = ZeroPlan(0, mesh_dim)
   else:
     mesh_dim = mesh_dim or data_parallel_mesh_dim(mesh_impl)
     add_zero_rule(mesh_impl, mesh_dim)
-    plan = ZeroPlan(stage, mesh_dim)
+    plan = ZeroPlan(stage, mesh_dim, reshard_after_forward)
     for var in graph.trainable_variables:
       twin = sharded_shape(var.shape, mesh_impl, mesh_dim)
       if twin is None:
@@ -209,6 +223,7 @@ def shard_training_state(graph: Graph, mesh_impl, stage: int,
       if stage >= 3:
         _check_not_stored_whole(mesh_impl, var, twin)
         var.storage_shape = twin
+        var.regathers_for_backward = reshard_after_forward
         # Other graphs lowered with mesh_impl (evaluation, decoding) find the
         # variable stored this way too (Variable.lower reads this).
         mesh_impl.keeps.setdefault(STORAGE_KEY, {})[var.name] = twin

@@ -8,8 +8,10 @@ sizes 1, 2 and 4 sequences per replica when pipelining (on the 1F1B
 schedule: GPipe takes the same time and keeps more micro-batches in
 memory), recomputation ("none", "layer") and ZeRO stages 0 and 2 (stage 2
 costs no more time than stage 1 and holds less), and 3 without a pipeline
-(FSDP-style), prices each with the planner, and keeps those that fit in
-memory, fastest first. With model parallelism the stack is sequence
+(FSDP-style, gathering each layer again for the backward pass or keeping
+its copy), prices each with the planner, and keeps those that fit in
+memory, fastest first (step times within 0.5% of each other are a tie,
+ranked by memory per device). With model parallelism the stack is sequence
 parallel (`residual_length:model`: the same collectives' bytes, less memory
 and elementwise work per device) unless the config's stack cannot be. Each
 printed plan says why it is where it is: its largest time components and its
@@ -64,7 +66,7 @@ class SearchResult:
       o = p.options
       lines.append("")
       lines.append(f"#{rank}  mesh {p.mesh_shape}  micro-batches {o.num_microbatches}  "
-                   f"recompute={o.recompute}  zero={o.zero_stage}")
+                   f"recompute={o.recompute}  zero={_zero_label(o)}")
       lines.append(f"    step {p.step_time_s:.3f} s ({p.step_time_s / best:.2f}x best), "
                    f"{p.tokens_per_s:,.0f} tokens/s, MFU {100 * p.mfu:.1f}%, "
                    f"{p.memory_bytes_per_device / 2**30:.1f} of {p.hbm_bytes / 2**30:.1f} GiB")
@@ -91,6 +93,8 @@ def gin_bindings(plan: planner.Plan) -> List[str]:
          f"run.zero_stage = {o.zero_stage}"]
   if f"{SEQUENCE_PARALLEL_RULE.split(':')[0]}:" in plan.layout:
     out.append(f"{SEQUENCE_PARALLEL} = True")
+  if not o.zero_reshard_after_forward:
+    out.append("run.zero_reshard_after_forward = False")
   if o.num_stages > 1:
     out += [f"transformer.make_layer_stack.num_stages = {o.num_stages}",
             f"transformer.make_layer_stack.num_microbatches = {o.num_microbatches}",
@@ -116,6 +120,10 @@ def _plan(cluster, mesh: str, layout: str, options, sequence_parallel: bool):
   finally:
     with gin.unlock_config():
       gin.bind_parameter(SEQUENCE_PARALLEL, saved if saved is not None else False)
+
+
+def _zero_label(o: planner.PlanOptions) -> str:
+  return f"{o.zero_stage}" + ("" if o.zero_reshard_after_forward else " (gathered once)")
 
 
 def _divisors(n: int) -> List[int]:
@@ -164,16 +172,17 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
       layout = ";".join(r for r in LAYOUT.split(";")
                         if r.split(":")[1] in {x.split(":")[0] for x in dims})
       chunks = [v for v in virtual_stages if v == 1 or (p > 1 and (num_layers // p) % v == 0)]
-      zero_stages = (0, 2) if p > 1 else (0, 2, 3)
+      # (stage, reshard_after_forward)
+      zero_stages = ((0, True), (2, True)) + (((3, True), (3, False)) if p == 1 else ())
       sequence_parallel = t > 1 and sequence_parallel_ok
-      for m, v, recompute, zero in itertools.product(micros, chunks, ("none", "layer"),
-                                                     zero_stages):
+      for m, v, recompute, (zero, reshard) in itertools.product(
+          micros, chunks, ("none", "layer"), zero_stages):
         tried += 1
         options = planner.PlanOptions(
             num_stages=p, num_microbatches=m,
             schedule="interleaved" if v > 1 else "1f1b" if p > 1 else "gpipe",
-            virtual_stages=v, recompute=recompute, zero_stage=zero, attention=attention,
-            fusion=fusion)
+            virtual_stages=v, recompute=recompute, zero_stage=zero,
+            zero_reshard_after_forward=reshard, attention=attention, fusion=fusion)
         try:
           plan = _plan(cluster, mesh, layout, options, sequence_parallel)
         except ValueError as e:
@@ -191,7 +200,23 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
                           or plan.memory_bytes_per_device <= memory_budget_bytes):
           plans.append(plan)
         else:
-          rejected.append(f"{mesh} m={m} v={v} recompute={recompute} zero={zero}: needs "
+          rejected.append(f"{mesh} m={m} v={v} recompute={recompute} "
+                          f"zero={_zero_label(options)}: needs "
                           f"{plan.memory_bytes_per_device / 2**30:.1f} GiB")
-  plans.sort(key=lambda p: (round(p.step_time_s, 6), p.memory_bytes_per_device))
-  return SearchResult(plans, tried, rejected, time.time() - start, top)
+  return SearchResult(_ranked(plans), tried, rejected, time.time() - start, top)
+
+
+TIE = 0.005  # step times this close (relative) are a tie, below what the planner tells apart
+
+
+def _ranked(plans: List[planner.Plan]) -> List[planner.Plan]:
+  """Fastest first; plans within TIE of the fastest remaining one are a tie,
+  ranked among themselves by memory per device (the headroom decides)."""
+  rest = sorted(plans, key=lambda p: (round(p.step_time_s, 6), p.memory_bytes_per_device))
+  out = []
+  while rest:
+    limit = rest[0].step_time_s * (1 + TIE)
+    tied = [p for p in rest if p.step_time_s <= limit]
+    rest = rest[len(tied):]
+    out += sorted(tied, key=lambda p: (p.memory_bytes_per_device, p.step_time_s))
+  return out

@@ -28,6 +28,9 @@ class PlanOptions:
     virtual_stages: layer chunks per device with the interleaved schedule.
     recompute: "none", "layer" or "selective" (...recompute).
     zero_stage: 0-3 (run.zero_stage).
+    zero_reshard_after_forward: stage 3: the backward pass gathers each
+      variable again (True) or keeps the forward pass's copy
+      (run.zero_reshard_after_forward = False).
     overlap_grad_reduce: gradient reduction overlaps the last backward pass.
     fusion: "xla" (chains of elementwise operations and reductions fused,
       as XLA compiles the step: `run.jit_compile = True`, and always on
@@ -45,6 +48,7 @@ class PlanOptions:
   virtual_stages: int = 1
   recompute: str = "none"
   zero_stage: int = 0
+  zero_reshard_after_forward: bool = True
   overlap_grad_reduce: bool = True
   fusion: str = "xla"
   attention: str = "unfused"
@@ -125,7 +129,8 @@ class Plan:
     elif o.num_microbatches > 1:
       extras.append(f"{o.num_microbatches} micro-batches")
     extras.append(f"recompute={o.recompute}")
-    extras.append(f"ZeRO stage {o.zero_stage}")
+    extras.append(f"ZeRO stage {o.zero_stage}" + (
+        ", gathered once" if o.zero_stage == 3 and not o.zero_reshard_after_forward else ""))
     if o.fusion != "xla":
       extras.append("unfused (op by op)")
     if o.attention == "fused":

@@ -79,7 +79,8 @@ def options_from_gin() -> PlanOptions:
       num_microbatches=int(_binding("transformer.make_layer_stack.num_microbatches", 1) or 1),
       schedule=str(_binding("transformer.make_layer_stack.pipeline_schedule", "gpipe")),
       recompute=str(_binding("transformer.make_layer_stack.recompute", "none")),
-      zero_stage=int(_binding("run.zero_stage", 0) or 0))
+      zero_stage=int(_binding("run.zero_stage", 0) or 0),
+      zero_reshard_after_forward=_binding("run.zero_reshard_after_forward", True) is not False)
 
 
 # ------------------------------------------------------------ building
@@ -471,10 +472,10 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
     exposed = max(grad_reduce / max(per_stage, 1), grad_reduce - hidden)
   param_gather = sum(c * pricer.time(k) for k, c in after_update.items())
   # ZeRO 3 (mtf.zero, mtf.gradients): each layer's variables are gathered in
-  # the forward pass and again in the backward pass, a few variables ahead of
-  # their use, so each gather runs under the layer before it. Within a
-  # pipeline the forward copy serves every micro-batch; the backward pass
-  # gathers again for each.
+  # the forward pass and (unless the copies are kept) again in the backward
+  # pass, a few variables ahead of their use, so each gather runs under the
+  # layer before it. Within a pipeline the forward copy serves every
+  # micro-batch; the backward pass gathers again for each.
   zero3_gather = zero3_exposed = zero3_count = 0.0
   var_layer = two.variables - one.variables
   if options.zero_stage >= 3 and dp > 1:
@@ -483,14 +484,17 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
     gather_l = pricer.time(("allgather", dp_axes, gather_bytes))
     bwd_recompute_c = bwd_c + (fwd_c if options.recompute == "layer" else 0)
     forward_gathers = grad_accum if s == 1 else 1
-    zero3_count = (forward_gathers + m) * num_layers
+    backward_gathers = m if options.zero_reshard_after_forward else 0
+    zero3_count = (forward_gathers + backward_gathers) * num_layers
     zero3_gather = zero3_count / s * gather_l
     zero3_exposed = (forward_gathers * (gather_l + (per_stage - 1) * max(0.0, gather_l - fwd_c))
-                     + m * (gather_l + (per_stage - 1) * max(0.0, gather_l - bwd_recompute_c)))
-    # The gathers share the data-parallel links with the gradient reduction:
-    # what the layers' compute cannot cover shows in the step.
-    covered = per_stage * (forward_gathers * fwd_c + m * bwd_recompute_c)
-    zero3_exposed = max(zero3_exposed, zero3_gather + grad_reduce - exposed - covered)
+                     + backward_gathers * (gather_l + (per_stage - 1)
+                                           * max(0.0, gather_l - bwd_recompute_c)))
+    # Backward gathers share the data-parallel links with the gradient
+    # reduction: what the layers' compute cannot cover shows in the step.
+    covered = per_stage * (forward_gathers * fwd_c + backward_gathers * bwd_recompute_c)
+    shared = grad_reduce - exposed if backward_gathers else 0.0
+    zero3_exposed = max(zero3_exposed, zero3_gather + shared - covered)
   step_time = pipeline_time + exposed + optimizer_compute + param_gather + zero3_exposed
 
   # FLOPs (whole step, all devices).
@@ -514,9 +518,10 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
     gradients /= dp
   if options.zero_stage >= 3:
     # Stored in blocks, plus the gathered copies (activation dtype) alive at
-    # once: the embeddings', and two layers' (a pipeline keeps its stage's
-    # forward copies for the whole step).
-    gathered = var_extra + (2 if s == 1 else per_stage) * var_layer
+    # once: the embeddings', and two layers' (a pipeline, or copies kept for
+    # the backward pass: every layer's of the stage).
+    kept = s > 1 or not options.zero_reshard_after_forward
+    gathered = var_extra + (per_stage if kept else 2) * var_layer
     variables = variables / dp + gathered * _activation_bytes() / 4
   act_layer = max(two.activations - one.activations, 0.0)
   act_extra = max(one.activations - act_layer, 0.0)
@@ -568,8 +573,8 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   for k, c in after_update.items():
     add_communication("optimizer", k, c, c * pricer.time(k))
   if zero3_gather:
-    add_communication("forward and backward", ("allgather", dp_axes, gather_bytes),
-                      zero3_count, zero3_gather)
+    add_communication("forward and backward" if options.zero_reshard_after_forward else "forward",
+                      ("allgather", dp_axes, gather_bytes), zero3_count, zero3_gather)
   comms.sort(key=lambda c: -c.seconds)
   breakdown = {
       "compute": m * (per_stage * (fwd_c + bwd_c) + fwd_xc + bwd_xc),
@@ -663,6 +668,9 @@ def _check_options(o: PlanOptions) -> None:
     raise ValueError(f"attention = {o.attention!r}: use 'unfused' or 'fused'.")
   if o.zero_stage not in (0, 1, 2, 3):
     raise ValueError(f"run.zero_stage = {o.zero_stage}: use 0, 1, 2 or 3.")
+  if not o.zero_reshard_after_forward and o.zero_stage != 3:
+    raise ValueError(f"run.zero_reshard_after_forward = False applies to run.zero_stage = 3, "
+                     f"not {o.zero_stage}.")
   if o.num_stages < 1 or o.num_microbatches < 1 or o.virtual_stages < 1:
     raise ValueError("num_stages, num_microbatches and virtual_stages must be positive.")
   if o.virtual_stages > 1 and o.schedule != "interleaved":

@@ -172,7 +172,9 @@ def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] 
     loss, _ = modeling.make_model_fn(setup)(mesh, features, "train")
     stage = configured_zero_stage() if zero_stage is None else zero_stage
     if stage:
-      mtf.zero.shard_training_state(graph, impl, stage)
+      reshard = gin_config.query("run.zero_reshard_after_forward", True) is not False
+      mtf.zero.shard_training_state(graph, impl, stage,
+                                    reshard_after_forward=reshard or stage != 3)
       layout = impl.layout_rules.to_string()
     first_backward = len(graph.operations)
     variables = graph.trainable_variables

@@ -373,6 +373,9 @@ class RunConfig:
       weights either way; use float16 with loss_scale).
     zero_stage: ZeRO stage 0-3 over the mesh dimension splitting "batch"
       (mtf.zero): shard optimizer slots, gradients, variables.
+    zero_reshard_after_forward: stage 3: False keeps each gathered variable
+      from the forward pass to the backward pass (one gather per step, as
+      FSDP's SHARD_GRAD_OP; more memory).
     loss_scale: dynamic loss scaling for float16 (gin:
       @mixed_precision.DynamicLossScale()), or None.
     jit_compile: compile the train and eval steps with XLA (gin:
@@ -462,6 +465,7 @@ class RunConfig:
   vocab_divisor: Optional[int] = None
   activation_dtype: Optional[str] = None
   zero_stage: int = 0
+  zero_reshard_after_forward: bool = True
   loss_scale: Any = None
   jit_compile: Any = False
   fresh: bool = False

@@ -165,8 +165,9 @@ def test_auto_search_returns_fitting_plans_fastest_first():
                 and q.options.schedule != "interleaved" and q.options.recompute ==
                 p.options.recompute and q.options.zero_stage == p.options.zero_stage]
     assert p.time_breakdown["pipeline_bubble"] < plain.time_breakdown["pipeline_bubble"]
-  times = [p.step_time_s for p in result.plans]
-  assert times == sorted(times)
+  # Fastest first, ties (within 0.5%) by memory.
+  for a, b in zip(result.plans, result.plans[1:]):
+    assert a.step_time_s <= b.step_time_s * (1 + plan_search.TIE)
   meshes = {p.mesh_shape for p in result.plans}
   assert "data:4" in meshes and any("pipe" in m for m in meshes)
   for p in result.plans:
@@ -176,6 +177,11 @@ def test_auto_search_returns_fitting_plans_fastest_first():
     assert p.options.zero_stage in (0, 2, 3)
     assert p.options.zero_stage < 3 or p.options.num_stages == 1
   assert {p.options.zero_stage for p in result.plans} == {0, 2, 3}
+  # Stage 3 both ways: gathering again for the backward pass, or not.
+  assert {p.options.zero_reshard_after_forward for p in result.plans
+          if p.options.zero_stage == 3} == {True, False}
+  assert all(("run.zero_reshard_after_forward = False" in plan_search.gin_bindings(p))
+             == (not p.options.zero_reshard_after_forward) for p in result.plans)
   # Sequence parallel wherever the model is split, and the gin says so; the
   # config's own binding is left as it was.
   split = [p for p in result.plans if "model:" in p.mesh_shape]
@@ -191,6 +197,18 @@ def test_auto_search_returns_fitting_plans_fastest_first():
                              attention="fused", fusion="none")
   assert fused.plans and all(p.options.attention == "fused" and p.options.fusion == "none"
                              for p in fused.plans)
+
+
+def test_auto_ranks_ties_by_memory():
+  from types import SimpleNamespace  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
+
+  def plan(name, t, gib):
+    return SimpleNamespace(name=name, step_time_s=t, memory_bytes_per_device=gib * 2**30)
+  plans = [plan("fast big", 10.0, 70), plan("tied small", 10.04, 20), plan("slower", 10.2, 5),
+           plan("tied with slower", 10.22, 30)]
+  assert [p.name for p in plan_search._ranked(plans)] == [  # pylint: disable=protected-access
+      "tied small", "fast big", "slower", "tied with slower"]
 
 
 def test_auto_search_plans_a_stack_that_cannot_be_sequence_parallel_without_it():
@@ -313,6 +331,18 @@ def test_zero_stages_are_priced_as_mtf_zero_runs_them():
   # Stored in quarters plus two layers' and the embeddings' gathered copies.
   assert plans[3].memory["variables"] < plans[2].memory["variables"]
   assert plans[3].memory["variables"] > plans[2].memory["variables"] / 4
+  # 3 with the copies kept (run.zero_reshard_after_forward = False): one
+  # gather per layer, in the forward pass; every layer's copy in memory.
+  kept = _plan(extra=adam + ["run.zero_stage = 3", "run.zero_reshard_after_forward = False"],
+               cluster=cluster, mesh=mesh)
+  assert kept.options.zero_reshard_after_forward is False
+  assert data_comm(kept)[("forward", "allgather")].count == 8
+  assert kept.time_breakdown["zero3_gather"] <= plans[3].time_breakdown["zero3_gather"]
+  assert plans[3].memory["variables"] < kept.memory["variables"]
+  assert "gathered once" in kept.summary()
+  with pytest.raises(ValueError, match="zero_reshard_after_forward = False applies to"):
+    _plan(extra=adam + ["run.zero_stage = 2", "run.zero_reshard_after_forward = False"],
+          cluster=cluster, mesh=mesh)
 
 
 def test_fused_attention_takes_the_scores_out_of_memory_and_traffic():

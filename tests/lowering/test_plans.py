@@ -297,15 +297,15 @@ def test_replica_splits_cut_the_largest_whole_axis_each_replica_axis_divides():
   assert plans.replica_splits(shape, (0, None, None, None), (4, 1)) == ()
 
 
-def test_shift_with_split_replicas_plans_blocks_around_the_permute():
-  graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, "m")
-  x = mtf.zeros(mesh, "stages:4;d:16")
-  rules = mtf.convert_to_layout_rules("stages:pp")
-  mesh_shape = mtf.convert_to_shape("pp:4;mp:2")
+def _zeros_and_layout_of(shape, rules, mesh_shape):
+  """An mtf zeros tensor of `shape` and the layout function of the rules."""
+  x = mtf.zeros(mtf.Mesh(mtf.Graph(), "m"), shape)
+  rules, mesh_shape = mtf.convert_to_layout_rules(rules), mtf.convert_to_shape(mesh_shape)
+  return x, lambda s: tuple(rules.tensor_layout(s, mesh_shape))
 
-  def layout_of(shape):
-    return tuple(rules.tensor_layout(shape, mesh_shape))
+
+def test_shift_with_split_replicas_plans_blocks_around_the_permute():
+  x, layout_of = _zeros_and_layout_of("stages:4;d:16", "stages:pp", "pp:4;mp:2")
   plan = mtf.shift(x, 1, "stages", wrap=False, split_replicas=True).operation.plan(
       plans.PlanMesh(layout_of, (4, 2)))
   assert plan.operands[1].move.steps == (
@@ -315,14 +315,7 @@ def test_shift_with_split_replicas_plans_blocks_around_the_permute():
 def test_reshape_keeps_a_pending_sum_where_nothing_moves():
   """A rename of a pending sum passes the summands on; a reshape that must
   slice along the summed mesh axis completes the sum first."""
-  graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, "m")
-  x = mtf.zeros(mesh, "a:8;b:4")
-  rules = mtf.convert_to_layout_rules("a:rows;c:cols")
-  mesh_shape = mtf.convert_to_shape("rows:2;cols:4")
-
-  def layout_of(shape):
-    return tuple(rules.tensor_layout(shape, mesh_shape))
+  x, layout_of = _zeros_and_layout_of("a:8;b:4", "a:rows;c:cols", "rows:2;cols:4")
   renamed = mtf.rename_dimension(x, "b", "b2").operation
   plan = renamed.plan(plans.PlanMesh(layout_of, (2, 4), partial_sum_axes_of=lambda t: (1,)))
   assert plan.operands[0].partial == plans.TAKES_PARTIAL

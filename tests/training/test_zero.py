@@ -29,7 +29,7 @@ def _model(mesh, x, y):
   return mtf.reduce_mean(mtf.square(mtf.einsum([h, w2], output_shape=[batch, out]) + b - y))
 
 
-def _train(mesh_shape, layout, stage, steps=3, model=_model, record=None):
+def _train(mesh_shape, layout, stage, steps=3, model=_model, record=None, reshard=True):
   """Losses, max per-processor bytes (state, gradients) and collective counts;
   `record` (a dict) also gets what the graph and lowering did with the
   variables."""
@@ -44,7 +44,7 @@ def _train(mesh_shape, layout, stage, steps=3, model=_model, record=None):
     x = mtf.import_tf_tensor(mesh, x_tf, f"batch:{BATCH};features:{FEATURES}")
     y = mtf.import_tf_tensor(mesh, y_tf, f"batch:{BATCH};out:{OUT}")
     loss = model(mesh, x, y)
-    zero.shard_training_state(graph, impl, stage)
+    zero.shard_training_state(graph, impl, stage, reshard_after_forward=reshard)
     variables = graph.trainable_variables
     record["first_backward"] = len(graph.operations)
     grads = zero.shard_gradients(mtf.gradients([loss], [v.outputs[0] for v in variables]),
@@ -202,7 +202,7 @@ def test_stage3_after_whole_slices_on_the_same_impl_says_how_to_switch():
 LAYERS = 3
 
 
-def _stage3_step(stage, recompute):
+def _stage3_step(stage, recompute, reshard=True):
   """Losses of a 3-layer tanh MLP (optionally each layer recomputed) on
   `all:8`, and what its graph and lowering did with the variables."""
 
@@ -217,7 +217,7 @@ def _stage3_step(stage, recompute):
       h = mtf.recompute_grad(layer, [h]) if recompute else layer(h)
     return mtf.reduce_mean(mtf.square(mtf.rename_dimension(h, f"h{LAYERS - 1}", "out") - y))
   record = {}
-  losses = _train("all:8", "batch:all", stage, model=mlp, record=record)[0]
+  losses = _train("all:8", "batch:all", stage, model=mlp, record=record, reshard=reshard)[0]
   return losses, record
 
 
@@ -239,6 +239,23 @@ def test_stage3_gathers_again_for_the_backward_pass_instead_of_keeping_the_copy(
   # Only a few variables ahead: the third waits for the first's reader.
   assert rec["read_after"]["w0"] == [] and rec["read_after"]["w1"] == []
   assert rec["read_after"]["w2"], rec["read_after"]
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_stage3_without_resharding_gathers_once_and_keeps_the_copy(recompute):
+  """reshard_after_forward=False (FSDP's SHARD_GRAD_OP): the same losses,
+  one gather per variable and step, the backward pass reading the forward
+  pass's copies."""
+  base, _ = _stage3_step(0, recompute)
+  losses, rec = _stage3_step(3, recompute, reshard=False)
+  np.testing.assert_allclose(losses, base, rtol=1e-6)
+  assert len(rec["gathers"]) == LAYERS and not any("read_again" in n for n in rec["gathers"])
+  read_in_backward = [name for name, readers in rec["forward_value_readers"].items()
+                      if max(readers) >= rec["first_backward"]]
+  assert len(read_in_backward) >= LAYERS - 1, rec["forward_value_readers"]
+  with pytest.raises(ValueError, match="reshard_after_forward=False applies to stage 3"):
+    zero.shard_training_state(mtf.Graph(), mtf_test_utils.make_impl("all:8", "batch:all"), 2,
+                              reshard_after_forward=False)
 
 
 def test_cost_model_counts_a_stage3_gathered_copy_while_it_is_alive():
