@@ -119,7 +119,8 @@ class Trainer:
                eval_feature_shapes: Optional[Dict[str, object]] = None,
                checkpoint_options: Optional[tf.train.CheckpointOptions] = None,
                zero_stage: int = 0, zero_mesh_dim: Optional[str] = None,
-               zero_reshard_after_forward: bool = True, loss_scale=None, checkpoint_path: Optional[str] = None,
+               zero_reshard_after_forward: bool = True, loss_scale=None,
+               checkpoint_path: Optional[str] = None,
                jit_compile=False):
     if jit_compile not in (True, False, "auto"):
       raise ValueError(f"Trainer: jit_compile={jit_compile!r}; choose True, False or 'auto'.")
@@ -143,10 +144,8 @@ class Trainer:
       optimizer.configure(mesh_impl, grad_accum_steps)
     self._zero_stage = zero_stage
     self._zero_mesh_dim = zero_mesh_dim
+    zero.check_reshard(zero_stage, zero_reshard_after_forward)
     self._zero_reshard = zero_reshard_after_forward
-    if not zero_reshard_after_forward and zero_stage != 3:
-      raise ValueError(f"Trainer: zero_reshard_after_forward=False applies to zero_stage=3, "
-                       f"not {zero_stage}.")
     self._loss_scale = loss_scale
     self._model_fn = model_fn
     self._shapes = {k: convert_to_shape(v) for k, v in feature_shapes.items()}

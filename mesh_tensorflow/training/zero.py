@@ -206,9 +206,7 @@ def shard_training_state(graph: Graph, mesh_impl, stage: int,
   """
   if stage not in STAGES:
     raise ValueError(f"ZeRO: zero_stage must be one of {STAGES}, got {stage!r}.")
-  if not reshard_after_forward and stage != 3:
-    raise ValueError(f"ZeRO: reshard_after_forward=False applies to stage 3 (variables stored "
-                     f"in blocks), not stage {stage}; set zero_stage = 3 or drop it.")
+  check_reshard(stage, reshard_after_forward)
   if stage == 0:
     plan = ZeroPlan(0, mesh_dim)
   else:
@@ -231,6 +229,14 @@ def shard_training_state(graph: Graph, mesh_impl, stage: int,
     _gather_a_little_ahead(graph, [v for v in plan.shapes if v.gathers_on_read])
   _PLANS[graph] = plan
   return plan
+
+
+def check_reshard(stage: int, reshard_after_forward: bool) -> None:
+  """Raises unless `reshard_after_forward` is True or the stage is 3 (the
+  only stage that stores variables in blocks)."""
+  if not reshard_after_forward and stage != 3:
+    raise ValueError(f"ZeRO: reshard_after_forward=False applies to stage 3 (variables stored "
+                     f"in blocks), not stage {stage}; set zero_stage = 3 or drop it.")
 
 
 def _gather_a_little_ahead(graph: Graph, variables) -> None:

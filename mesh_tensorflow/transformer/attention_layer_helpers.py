@@ -20,6 +20,7 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow.layers.attention import _relative_position_bucket
 from mesh_tensorflow.transformer import attention
 from mesh_tensorflow.transformer import layer_stack
+from mesh_tensorflow.transformer import sequence_parallel
 from mesh_tensorflow.transformer import transformer
 
 INCREMENTAL = transformer.ModeKeys.INCREMENTAL
@@ -55,7 +56,7 @@ def _memory(context: transformer.Context, x: mtf.Tensor) -> mtf.Tensor:
 def _to_memory_length(x: mtf.Tensor) -> mtf.Tensor:
   """x with a "length" dimension (or a sequence-parallel stack's
   "residual_length") renamed "memory_length" (unchanged if none)."""
-  for name in ("length", "residual_length"):
+  for name in ("length", sequence_parallel.RESIDUAL_LENGTH):
     if name in [d.name for d in x.shape.dims]:
       return mtf.rename_dimension(x, name, "memory_length")
   return x

@@ -22,6 +22,7 @@ as "models/tiny_lm.gin" or "layouts/2x4.gin"), then the bindings:
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import inspect
@@ -365,6 +366,34 @@ def _parse_file(path: str, state: _ParseState) -> None:
   with tf.io.gfile.GFile(path, "r") as f:
     text = f.read()
   _parse_text(text, path, state, os.path.dirname(path))
+
+
+@contextlib.contextmanager
+def overridden(bindings: Dict[str, object], defaults: Dict[str, object]):
+  """Binds `bindings` for the duration, then each name's previous binding
+  again (as bound: a macro stays one), or its value in `defaults` where it
+  was not bound.
+
+  Example:
+    >>> with overridden({"transformer.make_layer_stack.num_layers": 1},
+    ...                 {"transformer.make_layer_stack.num_layers": 6}):
+    ...   step = build()
+  """
+  saved = {}
+  for name in bindings:
+    try:
+      saved[name] = gin.query_parameter(name)
+    except ValueError:
+      saved[name] = None
+  with gin.unlock_config():
+    for name, value in bindings.items():
+      gin.bind_parameter(name, value)
+  try:
+    yield
+  finally:
+    with gin.unlock_config():
+      for name, value in saved.items():
+        gin.bind_parameter(name, value if value is not None else defaults[name])
 
 
 def query(name: str, default=None):

@@ -91,7 +91,7 @@ def gin_bindings(plan: planner.Plan) -> List[str]:
   out = [f"run.mesh_shape = '{plan.mesh_shape}'", f"run.layout_rules = '{plan.layout}'",
          f"transformer.make_layer_stack.recompute = '{o.recompute}'",
          f"run.zero_stage = {o.zero_stage}"]
-  if f"{SEQUENCE_PARALLEL_RULE.split(':')[0]}:" in plan.layout:
+  if SEQUENCE_PARALLEL_RULE in plan.layout.split(";"):
     out.append(f"{SEQUENCE_PARALLEL} = True")
   if not o.zero_reshard_after_forward:
     out.append("run.zero_reshard_after_forward = False")
@@ -107,19 +107,10 @@ def _plan(cluster, mesh: str, layout: str, options, sequence_parallel: bool):
   layout given its rule) for the duration when `sequence_parallel`."""
   if not sequence_parallel:
     return planner.plan_current_config(cluster, mesh, layout, options)
-  import gin  # pylint: disable=g-import-not-at-top
-  try:
-    saved = gin.query_parameter(SEQUENCE_PARALLEL)  # as bound (a macro stays one)
-  except ValueError:
-    saved = None
-  with gin.unlock_config():
-    gin.bind_parameter(SEQUENCE_PARALLEL, True)
-  try:
+  from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
+  with gin_config.overridden({SEQUENCE_PARALLEL: True}, {SEQUENCE_PARALLEL: False}):
     return planner.plan_current_config(cluster, mesh, layout + ";" + SEQUENCE_PARALLEL_RULE,
                                        options)
-  finally:
-    with gin.unlock_config():
-      gin.bind_parameter(SEQUENCE_PARALLEL, saved if saved is not None else False)
 
 
 def _zero_label(o: planner.PlanOptions) -> str:

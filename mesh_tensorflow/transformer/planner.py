@@ -188,6 +188,7 @@ class _OpCost:
 
 def _price_step(step: _Step) -> _Priced:
   from mesh_tensorflow.analysis import cost_model  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import sequence_parallel  # pylint: disable=g-import-not-at-top
   # Counts only (FLOPs, bytes, kernels, collectives): the plan prices them
   # on the cluster itself, so the estimate's own times are not needed.
   counting = dataclasses.replace(cost_model.DeviceParams.default("gpu"), hardware=None)
@@ -224,7 +225,8 @@ def _price_step(step: _Step) -> _Priced:
   # d_model], which the layers pass on and a pipeline sends).
   forward = [t for op in ops[:first_bwd] for t in op.outputs]
   streams = [t for t in forward if len(t.shape.dims) == 3 and "d_model" in t.shape.dimension_names]
-  streams = [t for t in streams if "residual_length" in t.shape.dimension_names] or streams
+  streams = [t for t in streams
+             if sequence_parallel.RESIDUAL_LENGTH in t.shape.dimension_names] or streams
   layer_input = size(streams[0]) if streams else 0.0
   layer_input_dims = tuple(streams[0].shape.dims) if streams else ()
   attention = sum(size(t) for t in forward if _is_score(t))

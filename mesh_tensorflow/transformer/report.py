@@ -92,14 +92,6 @@ def configured_zero_stage() -> int:
   return int(gin_config.query("run.zero_stage", 0) or 0)
 
 
-def _query(name: str):
-  import gin  # pylint: disable=g-import-not-at-top
-  try:
-    return gin.query_parameter(name)
-  except ValueError:
-    return None
-
-
 def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] = None,
                         batch_size: Optional[int] = None,
                         num_layers: Optional[int] = None,
@@ -131,11 +123,7 @@ def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] 
   mesh_shape, layout = config_mesh_and_layout(mesh_shape, layout)
   overrides = {} if num_layers is None else dict(
       _STACK_DEFAULTS, **{"transformer.make_layer_stack.num_layers": num_layers})
-  saved = {k: _query(k) for k in overrides}
-  with gin.unlock_config():
-    for k, v in overrides.items():
-      gin.bind_parameter(k, v)
-  try:
+  with gin_config.overridden(overrides, _STACK_DEFAULTS):
     b = dict(gin.get_bindings("run"))
     vocabulary = b.get("vocabulary") or vocabulary_lib.ByteVocabulary()
     if not hasattr(vocabulary, "vocab_size"):
@@ -187,10 +175,6 @@ def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] 
         steps if isinstance(steps, int) else 1000)
     optimizer = application.make_optimizer(b.get("optimizer"), schedule)
     updates = optimizer.apply_grads(grads, variables)
-  finally:
-    with gin.unlock_config():
-      for k, v in saved.items():
-        gin.bind_parameter(k, v if v is not None else _STACK_DEFAULTS[k])
   return TrainingStep(graph, mesh, loss, updates, mesh_shape, layout, first_backward,
                       first_optimizer)
 
