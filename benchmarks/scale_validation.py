@@ -27,7 +27,9 @@ Rows:
   micro-batch size (MBS: 16 for 1.7B to 7.5B, 8 for 18.4B, 4 for 39.1B, 2
   for 76.1B and 145.6B, 1 above), full activation recomputation of every
   layer (`--recompute-method uniform`) in every row, and the interleaved
-  schedule where the script sets `--num-layers-per-virtual-pipeline-stage`
+  schedule (`transformer.make_layer_stack.pipeline_schedule =
+  "interleaved"`, `virtual_stages`) where the script sets
+  `--num-layers-per-virtual-pipeline-stage`
   (76.1B: 5 layers, 3 chunks per device; 145.6B: 5, 2 chunks; 310.1B: 3, 2
   chunks; 529.6B: 1, 3 chunks), else 1F1B. Batch / (replicas x MBS)
   micro-batches per step: pipeline micro-batches, or without a pipeline
@@ -81,10 +83,10 @@ Rows:
   (Transformer Engine), and its distributed optimizer planned as ZeRO 2
   (the same reduce-scatter and all-gather). Compared: the table's per-GPU
   teraFLOP/s, with Megatron-LM's FLOP count without recomputation,
-  72 B s l h^2 (1 + s / (6 h)) + 6 B s h V. This library overlaps neither
-  tensor-parallel communication nor the parameter gathering with compute,
-  nor splits the normalization work over the tensor-parallel GPUs
-  (sequence parallelism), and the planner prices the library: these rows
+  72 B s l h^2 (1 + s / (6 h)) + 6 B s h V. The rows with tensor
+  parallelism are planned sequence parallel, as Megatron-LM runs them. This
+  library overlaps neither tensor-parallel communication nor the parameter
+  gathering with compute, and the planner prices the library: these rows
   measure how far that leaves it behind.
 
 The one fitted constant is the GPUs' `matmul_efficiency` (fraction of peak
@@ -169,7 +171,6 @@ class Row:
   published: float  # in `unit`
   unit: str
   paper_flops: float = 0.0  # Megatron: the paper's FLOPs per step
-  virtual_stages: int = 1
   fit: bool = False
   attention: str = "unfused"  # PlanOptions.attention: "fused" where the run used such a kernel
 
@@ -249,12 +250,14 @@ def _gpt_row(name, source, heads, h, layers, t, p, gpus, batch, tflops, mbs, chu
       f"transformer.make_layer_stack.recompute = '{recompute}'",
       f"transformer.make_layer_stack.num_stages = {p}",
       f"transformer.make_layer_stack.num_microbatches = {micro if p > 1 else 1}",
-      "transformer.make_layer_stack.pipeline_schedule = '1f1b'"]
+      "transformer.make_layer_stack.pipeline_schedule = "
+      + ("'interleaved'" if chunks > 1 else "'1f1b'")]
+  if chunks > 1:  # layer chunks per stage of the interleaved schedule
+    bindings.append(f"transformer.make_layer_stack.virtual_stages = {chunks}")
   if p == 1 and micro > 1:  # gradient accumulation over micro-batches of mbs sequences
     bindings.append(f"run.grad_accum_steps = {micro}")
   return Row(name, source, "a100-80gb", gpus, ";".join(dims), ";".join(layout), bindings,
-             tflops, "TFLOP/s per GPU", _paper_flops(batch, layers, h),
-             virtual_stages=chunks, fit=fit)
+             tflops, "TFLOP/s per GPU", _paper_flops(batch, layers, h), fit=fit)
 
 
 def shazeer_row():
@@ -279,8 +282,6 @@ def predict(row: Row, efficiency=None):
                                                    matmul_efficiency=efficiency), row.count)
   gin_config.parse([], row.bindings)
   options = planner.options_from_gin()
-  if row.virtual_stages > 1:
-    options.schedule, options.virtual_stages = "interleaved", row.virtual_stages
   options.attention = row.attention
   plan = planner.plan_current_config(cluster, row.mesh_shape, row.layout, options)
   if row.unit == "PFLOP/s":
@@ -343,7 +344,7 @@ def compare_auto(sizes=None):
     start = time.time()
     result = plan_search.search(hardware.parse_cluster(f"{row.hardware}:{row.count}"),
                                 top=1, micro_sizes=(1, 2, 4),
-                                virtual_stages=tuple(sorted({1, row.virtual_stages})),
+                                virtual_stages=tuple({1, published.options.virtual_stages}),
                                 attention=row.attention)
     seconds = time.time() - start
     budget = published.memory_bytes_per_device * (1 + 1e-9)

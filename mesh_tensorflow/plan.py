@@ -44,7 +44,7 @@ def _main(argv: Sequence[str]) -> int:
                       "tpu-v4, tpu-v5e, tpu-v5p) or FILE.json[:COUNT]")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
   parser.add_argument("--pipeline_schedule", default=None,
-                      help="override the schedule: gpipe, 1f1b or interleaved (estimate only)")
+                      help="override the schedule: gpipe, 1f1b or interleaved")
   parser.add_argument("--virtual_stages", type=int, default=1,
                       help="layer chunks per device with --pipeline_schedule=interleaved")
   parser.add_argument("--attention", default="unfused",

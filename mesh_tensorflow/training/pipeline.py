@@ -34,6 +34,15 @@ Schedules (`PipelineSchedule`):
   slice until every stage reading that slot has run its backward: at most
   2 S - 1 stashed inputs, for any M. Slots: 2 (M + S - 1); bubble fraction
   (S - 1) / (M + S - 1), as GPipe's.
+* "interleaved" (`pipeline_loss` with `virtual_stages` V > 1): 1F1B over
+  S x V layer chunks, stage s holding chunks s, s + S, ...: its variables
+  get leading [virtual_stages, stages] dimensions (`StageVariables`), each
+  slot gives every stage the chunk the schedule names (a one-hot product
+  over the unsplit virtual_stages dimension, local to each processor), and
+  the sends wrap round from the last stage to the first. A slot is one
+  chunk, so the bubble fraction is (S - 1) / (V M + S - 1); M must be a
+  multiple of S. More micro-batch chunks are in flight than in 1F1B
+  (`PipelineSchedule.max_in_flight`).
 
 In this single-program (SPMD) formulation an idle stage still executes the
 tick's operations on zeros (its results are never used): the bubble costs
@@ -71,14 +80,15 @@ from mesh_tensorflow.training.stage_variables import StageVariables
 
 
 # ---------------------------------------------------------------- helpers
-def _send(t: Tensor, offset: int, stages_dim: Dimension) -> Tensor:
+def _send(t: Tensor, offset: int, stages_dim: Dimension, wrap: bool = False) -> Tensor:
   """Moves `t` one stage on (offset 1) or back (-1): a permute between
-  neighbouring stages. Where the layout replicates `t` over other mesh
+  neighbouring stages (with `wrap`, also from the last stage to the first
+  or back: the interleaved schedule's ring). Where the layout replicates `t` over other mesh
   dimensions (the model-parallel ones, typically), each replica sends one
   block and the next stage all-gathers them (`mtf.shift(...,
   split_replicas=True)`), so the link between stages, often the network
   between hosts, carries 1/r of the activations."""
-  return slicing.shift(t, offset, stages_dim, wrap=False, split_replicas=True)
+  return slicing.shift(t, offset, stages_dim, wrap=wrap, split_replicas=True)
 
 
 def _stage_mask(mesh: Mesh, stages_dim: Dimension, stage: int, dtype) -> Tensor:
@@ -189,7 +199,7 @@ def pipeline(stage_fn: Callable[..., Tensor], x: Tensor, stages_dim: Dimension,
       raise ValueError(
           f"pipeline: schedule={schedule!r} needs the loss of each micro-batch inside "
           "the schedule; use mtf.pipeline.pipeline_loss(stage_fn, loss_fn, ...) "
-          "(LayerStack(..., pipeline_schedule='1f1b') does so).")
+          f"(LayerStack(..., pipeline_schedule={schedule!r}) does so).")
     raise ValueError(f"pipeline: schedule must be one of {SCHEDULES}, got {schedule!r}.")
   batch_dim = _check_args(x, stages_dim, num_microbatches, batch_dim)
   mesh = x.mesh
@@ -254,7 +264,7 @@ def pipeline_loss(stage_fn: Callable[..., Tensor], loss_fn: Callable[..., Tensor
                   stages_dim: Dimension, num_microbatches: int, schedule: str = "1f1b",
                   carried: Sequence[Tensor] = (), loss_inputs: Sequence[Tensor] = (),
                   batch_dim=None, init_name_fn: Optional[Callable[[str, int], str]] = None,
-                  return_stats: bool = False):
+                  return_stats: bool = False, virtual_stages: int = 1):
   """The summed loss of a pipelined stack followed by a per-micro-batch loss.
 
   loss = sum over micro-batches m of loss_fn(y_m, *loss_inputs_m), where
@@ -272,7 +282,10 @@ def pipeline_loss(stage_fn: Callable[..., Tensor], loss_fn: Callable[..., Tensor
   slot's results, so TensorFlow runs the slots in order. The gradients,
   accumulated over the slots, are returned to `mtf.gradients` by
   `mtf.custom_gradient`; the result is the same loss and the same
-  gradients as GPipe, up to float rounding.
+  gradients as GPipe, up to float rounding. "interleaved" is the same with
+  `virtual_stages` layer chunks per stage (the model is then the S x V
+  chunks in order: stage_fn applied with chunk 0's weights, then chunk 1's,
+  ...; see the module doc).
 
   Args:
     stage_fn: as in `pipeline`.
@@ -283,7 +296,7 @@ def pipeline_loss(stage_fn: Callable[..., Tensor], loss_fn: Callable[..., Tensor
     x: input activations with a batch dimension.
     stages_dim: the stages dimension (its size is S).
     num_microbatches: M.
-    schedule: "1f1b" or "gpipe".
+    schedule: "1f1b", "interleaved" or "gpipe".
     carried: per-example tensors passed to stage_fn (see `pipeline`).
     loss_inputs: per-example tensors passed to loss_fn (e.g. targets).
     batch_dim: the dimension cut into micro-batches (default: x's first).
@@ -294,6 +307,7 @@ def pipeline_loss(stage_fn: Callable[..., Tensor], loss_fn: Callable[..., Tensor
       executed graph (flags that travel with the activations and, for
       1F1B, with the cotangents; for GPipe twice the forward count, the
       backward mirroring it), out of S * slots}.
+    virtual_stages: V, layer chunks per stage ("interleaved" only).
 
   Returns:
     the scalar loss, or (loss, aux) with the aux tensors of all
@@ -309,7 +323,7 @@ def pipeline_loss(stage_fn: Callable[..., Tensor], loss_fn: Callable[..., Tensor
     raise ValueError(f"pipeline_loss: schedule must be one of {SCHEDULES}, got {schedule!r}.")
   batch_dim = _check_args(x, stages_dim, num_microbatches, batch_dim)
   s_count, m_count = stages_dim.size, num_microbatches
-  table = PipelineSchedule(schedule, s_count, m_count)
+  table = PipelineSchedule(schedule, s_count, m_count, virtual_stages)
   stats = {"schedule": table, "slots": table.num_slots, "idle_fraction": table.idle_fraction}
   if schedule == "gpipe":
     y, gpipe_stats = pipeline(stage_fn, x, stages_dim, m_count, carried=carried,
@@ -387,7 +401,8 @@ class _OneFOneB:
     self.carried, self.loss_inputs = carried, loss_inputs
     self.batch_dim = batch_dim
     self.mesh = x.mesh
-    self.sv = StageVariables(self.mesh, stages_dim, init_name_fn)
+    self.sv = StageVariables(self.mesh, stages_dim, init_name_fn, table.virtual_stages)
+    self.v_count = table.virtual_stages
     self.aux: List[Optional[Tensor]] = [None]
     self.useful_stage_slots: Optional[Tensor] = None
 
@@ -459,8 +474,8 @@ class _OneFOneB:
       if g is not None:
         acc[t] = g if t not in acc else acc[t] + g
 
-    f_done = {}     # (stage, m) -> slot of that forward
-    b_done = {}     # (stage, m) -> slot of that backward
+    f_done = {}     # (stage, m, v) -> slot of that forward
+    b_done = {}     # (stage, m, v) -> slot of that backward
     f_in, recv_f = {}, {}   # per slot: stage inputs / outputs shifted to stage + 1
     recv_b = {}             # per slot: input gradients shifted to stage - 1
     head_dy = {}                       # m -> dloss_m / dy_m
@@ -470,33 +485,40 @@ class _OneFOneB:
     recv_b_flag = {}
     losses = []
     prev = []                          # the previous slot's results (ordering)
+    v_count = self.v_count
+    wrap = v_count > 1  # chunk v S - 1 (last stage) feeds chunk v S (first stage)
+    last_chunk = s_count * v_count - 1
+
+    def cells(row, kind):
+      """{stage: (micro-batch, chunk v)} of the row's cells of `kind`."""
+      return {s: (c[1], c[2] if len(c) > 2 else 0)
+              for s, c in enumerate(row) if c is not None and c[0] == kind}
     for u, row in enumerate(self.table.table):
-      fwd = {s: c[1] for s, c in enumerate(row) if c is not None and c[0] == "F"}
-      bwd = {s: c[1] for s, c in enumerate(row) if c is not None and c[0] == "B"}
+      fwd, bwd = cells(row, "F"), cells(row, "B")
       results = []
       if fwd:
         parts = []
-        for s, m in fwd.items():
-          if s == 0:
+        for s, (m, v) in fwd.items():
+          if v * s_count + s == 0:
             src = [xs[m]] + [ci[m] for ci in cs] + [one]
             parts.append((s, None, src))
-          else:
-            parts.append((s, f_done[(s - 1, m)], None))
+          else:  # from the chunk before: the stage before, or the last one round
+            parts.append((s, f_done[((s - 1) % s_count, m, v if s else v - 1)], None))
         # The last entry is a flag that travels with the data (it counts the
         # stage-slots that received a real micro-batch).
         state = self._route(parts, recv_f, prev, first_b)
         flags.append(state[-1])
         state = state[:-1]
-        with self.sv.stacked():
+        with self._weights(fwd):
           h = self.stage_fn(*state)
         f_in[u] = state
-        recv_f[u] = [_send(t, 1, self.stages_dim)
+        recv_f[u] = [_send(t, 1, self.stages_dim, wrap)
                      for t in [h] + state[1:] + [flags[-1]]]
         results.append(h)
-        for s, m in fwd.items():
-          f_done[(s, m)] = u
-        if s_count - 1 in fwd:
-          m = fwd[s_count - 1]
+        for s, (m, v) in fwd.items():
+          f_done[(s, m, v)] = u
+        if fwd.get(s_count - 1, (0, -1))[1] == v_count - 1:
+          m = fwd[s_count - 1][0]
           y = einsum_ops.einsum([h, last_f], output_shape=Shape(h.shape.dims[1:]))
           start = len(graph.operations)
           loss_m, aux_m = _loss_and_aux(self.loss_fn(y, *[li[m] for li in ls]))
@@ -509,22 +531,23 @@ class _OneFOneB:
           losses.append(loss_m)
       if bwd:
         # Stashed stage inputs of the micro-batches being differentiated.
-        stash = self._select([(s, f_in[f_done[(s, m)]]) for s, m in bwd.items()], prev)
+        stash = self._select([(s, f_in[f_done[(s, m, v)]]) for s, (m, v) in bwd.items()], prev)
         cot_parts, flag_parts = [], []
-        for s, m in bwd.items():
-          if s == s_count - 1:
+        for s, (m, v) in bwd.items():
+          if v * s_count + s == last_chunk:
             cot_parts.append((s, head_dy[m]))
             flag_parts.append((s, one))
-          else:
-            cot_parts.append((s, recv_b[b_done[(s + 1, m)]]))
-            flag_parts.append((s, recv_b_flag[b_done[(s + 1, m)]]))
+          else:  # from the chunk after: the next stage, or the first one round
+            slot = b_done[((s + 1) % s_count, m, v if s < s_count - 1 else v + 1)]
+            cot_parts.append((s, recv_b[slot]))
+            flag_parts.append((s, recv_b_flag[slot]))
         cot = self._select_cotangent(cot_parts, stash[0].shape)
         b_flag = self._select_cotangent(flag_parts, Shape([self.stages_dim]))
         flags.append(b_flag)
-        recv_b_flag[u] = slicing.shift(b_flag, -1, self.stages_dim, wrap=False)
+        recv_b_flag[u] = slicing.shift(b_flag, -1, self.stages_dim, wrap=wrap)
         h_in = control.stop_gradient(stash[0])
         start = len(graph.operations)
-        with self.sv.stacked():
+        with self._weights(bwd):
           h_out = self.stage_fn(h_in, *stash[1:])
         cap = captured(start, [h_in])
         grads = mtf_gradients([h_out], [h_in] + cap, grad_ys=[cot],
@@ -532,11 +555,11 @@ class _OneFOneB:
         gx = grads[0]
         for t, g in zip(cap, grads[1:]):
           accumulate(t, g)
-        recv_b[u] = _send(gx, -1, self.stages_dim)
+        recv_b[u] = _send(gx, -1, self.stages_dim, wrap)
         results.append(gx)
-        for s, m in bwd.items():
-          b_done[(s, m)] = u
-          if s == 0:
+        for s, (m, v) in bwd.items():
+          b_done[(s, m, v)] = u
+          if s == 0 and v == 0:
             dx[m] = einsum_ops.einsum([gx, first_f], output_shape=Shape(gx.shape.dims[1:]))
       prev = results
     dx_full = _transpose_like(
@@ -548,6 +571,13 @@ class _OneFOneB:
     self.aux = aux
     self.useful_stage_slots = control.stop_gradient(reduction.reduce_sum(ew.add_n(flags)))
     return ew.add_n(losses), grads
+
+  def _weights(self, work):
+    """Context for a slot's stage_fn call: each stage's weights (with
+    virtual stages, of the chunk `work` gives it: {stage: (m, v)})."""
+    if self.v_count == 1:
+      return self.sv.stacked()
+    return self.sv.stacked(self.sv.pick_chunks({s: v for s, (_, v) in work.items()}))
 
   def _route(self, parts, recv_f, prev, first_b):
     """The forward inputs of a slot: per stage, a new micro-batch (stage 0)

@@ -26,6 +26,7 @@ import tensorflow as tf
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import sequence_parallel as sp_lib
 from mesh_tensorflow.transformer import sublayers as sublayers_lib
+from mesh_tensorflow.transformer.stack_pipelining import PipelinedStack
 from mesh_tensorflow.transformer.layer_context import (  # noqa: F401 (re-exported)
     EOS_ID, Context, ModeKeys, TransformerLayer, gin_configurables, inputs_prefix_mask)
 
@@ -33,7 +34,7 @@ from mesh_tensorflow.transformer.layer_context import (  # noqa: F401 (re-export
 RECOMPUTE_POLICIES = ("none", "layer", "selective")
 
 
-class LayerStack(TransformerLayer):
+class LayerStack(PipelinedStack, TransformerLayer):
   """Layers with pre-normalization residual connections and a final norm.
 
   For each layer: x = x + dropout(layer(norm(x))); then the output is
@@ -76,8 +77,14 @@ class LayerStack(TransformerLayer):
   into num_microbatches micro-batches scheduled by `mtf.pipeline.pipeline`
   (GPipe); with `pipeline_schedule="1f1b"` a model that supports it
   (`Unitransformer`) computes the loss inside the schedule with
-  `mtf.pipeline.pipeline_loss`. Decoding ("first_part", "incremental") and
-  `layer_outputs` run the stages one after another on the whole batch.
+  `mtf.pipeline.pipeline_loss`; `pipeline_schedule="interleaved"` with
+  `virtual_stages` V > 1 does the same with each stage's layers cut into V
+  chunks (variables [virtual_stages, stages, ...]; chunk v S + s, stage s's
+  chunk v, holds the unpipelined layers from (v S + s) * layers_per_chunk
+  on), which shrinks the bubble V times (stacks of that schedule run chunk
+  after chunk, unpipelined, outside training). Decoding ("first_part",
+  "incremental") and `layer_outputs` run the stages one after another on
+  the whole batch. stack_pipelining.py holds this part of the stack.
 
   Sublayers (a configurable body): given any of
   `sublayers_initial`, `sublayers_per_layer` and `sublayers_final` (lists of
@@ -108,7 +115,7 @@ class LayerStack(TransformerLayer):
     recompute: "none", "layer" or "selective" (see above).
     num_stages: pipeline stages (1: no pipelining).
     num_microbatches: micro-batches per batch when pipelining.
-    pipeline_schedule: "gpipe" or "1f1b".
+    pipeline_schedule: "gpipe", "1f1b" or "interleaved".
     stages_dim_name: the name of the stages dimension (for layout rules).
     sublayers_initial: sublayer functions run before the first layer (see
       above; None: the built-in body, or the default list if another list
@@ -118,6 +125,7 @@ class LayerStack(TransformerLayer):
     recompute_grads: the original's switch: True means recompute="layer".
     sequence_parallel: name the stream's length "residual_length" between the
       layers (see above; `context.layer_outputs` then have that dimension).
+    virtual_stages: layer chunks per stage with the interleaved schedule.
 
   Example:
     >>> stack = LayerStack([SelfAttention(), DenseReluDense()], dropout_rate=0.1)
@@ -135,7 +143,7 @@ class LayerStack(TransformerLayer):
                recompute_grads: bool = False, norm_type: str = "rms", recompute: str = "none",
                num_stages: int = 1, num_microbatches: int = 1,
                pipeline_schedule: str = "gpipe", stages_dim_name: str = "stages",
-               sequence_parallel: bool = False):
+               sequence_parallel: bool = False, virtual_stages: int = 1):
     if recompute_grads:
       if recompute not in ("none", "layer"):
         raise ValueError(f"LayerStack: recompute_grads=True asks for recompute='layer' but "
@@ -163,7 +171,8 @@ class LayerStack(TransformerLayer):
     self._norm_type = norm_type
     self.recompute = recompute
     self.recompute_ops: List[Any] = []
-    self._check_pipeline(num_stages, num_microbatches, pipeline_schedule)
+    self._check_pipeline(num_stages, num_microbatches, pipeline_schedule, virtual_stages)
+    self.virtual_stages = virtual_stages
     self.num_stages = num_stages
     self.num_microbatches = num_microbatches
     self.pipeline_schedule = pipeline_schedule
@@ -208,29 +217,6 @@ class LayerStack(TransformerLayer):
               "called as s(x, layer_stack, context), e.g. transformer.sublayer_rms_norm.")
       lists.append(value)
     return tuple(lists)
-
-  def _check_pipeline(self, num_stages, num_microbatches, schedule):
-    if num_stages < 1 or num_microbatches < 1:
-      raise ValueError(f"LayerStack: num_stages ({num_stages}) and num_microbatches "
-                       f"({num_microbatches}) must be positive.")
-    if schedule not in mtf.pipeline.SCHEDULES:
-      raise ValueError(f"LayerStack: pipeline_schedule must be one of "
-                       f"{mtf.pipeline.SCHEDULES}, got {schedule!r}.")
-    if num_stages == 1:
-      return
-    n = len(self._layers)
-    if n % num_stages:
-      raise ValueError(f"LayerStack: num_stages={num_stages} must divide the number of "
-                       f"layers ({n}); change num_layers or num_stages.")
-    k = n // num_stages
-    for i, layer in enumerate(self._layers):
-      ref = self._layers[i % k]
-      if type(layer) is not type(ref) or _hyperparameters(layer) != _hyperparameters(ref):
-        raise ValueError(
-            f"LayerStack: pipeline stages must have the same layers; layer {i} "
-            f"({type(layer).__name__}) differs from layer {i % k} of stage 0 "
-            f"({type(ref).__name__}). Repeat one block of layers (make_layer_stack) "
-            "so that num_stages divides the number of blocks.")
 
   @property
   def layers(self) -> List[TransformerLayer]:
@@ -283,18 +269,6 @@ class LayerStack(TransformerLayer):
     if self.legacy or self._norm_type != "rms":
       return "layer_norm", "final_layer_norm"
     return "rms_norm", "rms_norm"
-
-  @property
-  def layers_per_stage(self) -> int:
-    return len(self._layers) // self.num_stages
-
-  def stages_dim(self) -> mtf.Dimension:
-    """The dimension the stage variables are stacked along."""
-    return mtf.Dimension(self.stages_dim_name, self.num_stages)
-
-  @property
-  def pipelined(self) -> bool:
-    return self.num_stages > 1
 
   def call(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
     x = self._begin(context, x)
@@ -446,181 +420,6 @@ class LayerStack(TransformerLayer):
           f"LayerStack: recompute={self.recompute!r} does not support layers that add "
           "auxiliary losses (mixture of experts); use recompute='none' for this stack.")
 
-  # ---- pipelining ------------------------------------------------------------
-  def _runs_pipelined(self, context: Context) -> bool:
-    return (context.mode in (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)
-            and not getattr(context, "layer_outputs_requested", True))
-
-  def _stage_context(self, context: Context, h: mtf.Tensor, carried_names,
-                     carried_values) -> Context:
-    """The context layers see inside a stage: per-example tensors of the
-    stage's micro-batches, batch dimensions [stages, micro-batch]."""
-    sub = copy.copy(context)
-    for name, value in zip(carried_names, carried_values):
-      setattr(sub, name, value)
-    names = {b.name for b in context.batch_dims}
-    sub.batch_dims = [d for d in h.shape.dims if d.name in names | {self.stages_dim_name}]
-    sub.cache = dict(context.cache)
-    sub.losses = [] if context.losses is not None else None
-    return sub
-
-  def _carried(self, context: Context, batch_dim: mtf.Dimension):
-    """Context tensors with a batch dimension: moved through the pipeline
-    along with the activations."""
-    names, values = [], []
-    for name in _PER_EXAMPLE_CONTEXT:
-      value = getattr(context, name)
-      if isinstance(value, mtf.Tensor) and batch_dim in value.shape.dims:
-        names.append(name)
-        values.append(value)
-    if isinstance(context.encoder_output, mtf.Tensor):
-      raise ValueError(
-          "LayerStack: a pipelined stack cannot attend to an encoder output yet "
-          "(encoder-decoder decoders); pipeline the encoder or a decoder-only model, "
-          "or set num_stages=1 for this stack.")
-    return names, values
-
-  def _stage_fn(self, context: Context, names):
-    k = self.layers_per_stage
-    layers = self._layers[:k]
-
-    def stage_fn(h, *carried):
-      sub = self._stage_context(context, h, names, carried)
-      with mtf.name_scope(context.mesh, "pipeline"):
-        out = self._apply_layers(sub, h, layers, 0)
-      if sub.losses:
-        raise ValueError(
-            "LayerStack: a pipelined stack's layers must not add auxiliary losses "
-            "(mixture of experts): they would be computed on the pipeline's idle "
-            "ticks too. Set num_stages=1 for this stack.")
-      return out
-    return stage_fn
-
-  def init_name_fn(self, context: Context):
-    """Maps a stacked variable's name and a stage to the unpipelined name of
-    that layer (its initial value)."""
-    k = self.layers_per_stage
-    scope = "pipeline/layer_"
-
-    def fn(name, stage):
-      i = name.find(scope)
-      if i < 0:
-        return f"{name}/stage_{stage}"
-      j = int(name[i + len(scope):i + len(scope) + 3])
-      return name[:i] + self._slot_name(stage * k + j) + name[i + len(scope) + 3:]
-    return fn
-
-  def _call_pipelined(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
-    batch_dim = _batch_dim(context, x)
-    names, values = self._carried(context, batch_dim)
-    y, stats = mtf.pipeline.pipeline(
-        self._stage_fn(context, names), x, self.stages_dim(), self.num_microbatches,
-        carried=values, batch_dim=batch_dim, init_name_fn=self.init_name_fn(context),
-        return_stats=True)
-    self.pipeline_stats = stats
-    context.layer_index += len(self._layers)
-    return y
-
-  def schedules_loss(self, context: Context) -> bool:
-    """Whether the model should hand its loss to `logits_and_loss` (a
-    pipelined 1F1B stack in training)."""
-    return (self.pipelined and self.pipeline_schedule == "1f1b" and context.train
-            and not getattr(context, "layer_outputs_requested", True)
-            and context.losses is not None)
-
-  def logits_and_loss(self, context: Context, x: mtf.Tensor, logits_fn, targets: mtf.Tensor):
-    """Logits and cross-entropy loss of a Unitransformer whose stack runs the
-    1F1B schedule: the stack, the final norm, logits_fn(y) -> logits and the
-    loss of each micro-batch run inside the schedule. The loss is the
-    model's: cross-entropy (label smoothing, z-loss) summed over non-padding
-    target tokens, over their count in the whole batch (or
-    loss_denominator).
-
-    Returns:
-      (logits [batch..., length, vocab], scalar loss).
-    """
-    model = context.model
-    if getattr(model, "_loss_fn", None) is not None:
-      raise ValueError("LayerStack: pipeline_schedule='1f1b' computes the model's "
-                       "cross-entropy per micro-batch and cannot use a custom loss_fn; "
-                       "use pipeline_schedule='gpipe'.")
-    rates = [self._dropout_rate] + [getattr(layer, "dropout_rate", 0.0) or 0.0
-                                    for layer in self._layers]
-    if max(rates) > 0.0:
-      raise ValueError(
-          "LayerStack: pipeline_schedule='1f1b' recomputes each stage in its backward "
-          "slot, where dropout would draw other masks; set the stack's and its layers' "
-          f"dropout_rate to 0 (got {max(rates)}) or use pipeline_schedule='gpipe'.")
-    vocab_dim = model.output_vocab_dim
-    weights = mtf.layers.weights_nonzero(targets, dtype=context.activation_dtype)
-    if model.loss_on_targets_only:
-      weights = weights * mtf.cast(mtf.logical_not(inputs_prefix_mask(targets)),
-                                   weights.dtype)
-    if model.loss_denominator is not None:
-      inverse = mtf.constant(context.mesh, 1.0 / float(model.loss_denominator), dtype=tf.float32)
-    else:
-      inverse = 1.0 / mtf.maximum(mtf.reduce_sum(weights), 1.0)
-    inverse = mtf.cast(mtf.stop_gradient(inverse), context.activation_dtype)
-
-    def loss_fn(_, y, t, w):
-      logits = logits_fn(y)
-      xent = mtf.layers.softmax_cross_entropy_with_logits(
-          logits, t, vocab_dim, z_loss=model.z_loss, label_smoothing=model.label_smoothing)
-      return mtf.reduce_sum(mtf.cast(xent, w.dtype) * w) * inverse, logits
-    loss, logits = self.pipeline_loss(context, x, loss_fn, [targets, weights])
-    return logits, loss
-
-  def pipeline_loss(self, context: Context, x: mtf.Tensor, loss_fn, loss_inputs=()):
-    """Runs the stack and loss_fn on each micro-batch inside the schedule
-    (`mtf.pipeline.pipeline_loss`) and returns its result.
-
-    loss_fn(context, y, *loss_inputs_mb) gets the stack's output y (after the
-    final norm) of one micro-batch and that micro-batch's rows of
-    loss_inputs, and returns a scalar or (scalar, per-example tensor); the
-    scalars are summed over micro-batches, so a mean over the batch must
-    divide by the whole batch's count.
-    """
-    batch_dim = _batch_dim(context, x)
-    names, values = self._carried(context, batch_dim)
-    x = self._dropout(context, x)
-    x = self._to_stream(context, x)
-    sub_ctx = copy.copy(context)
-
-    def head(y, *ins):
-      n = len(names)
-      for name, value in zip(names, ins[:n]):
-        setattr(sub_ctx, name, value)
-      y = sp_lib.to_whole(y, sub_ctx.length_dim)
-      return loss_fn(sub_ctx, self.finish(sub_ctx, y), *ins[n:])
-    *result, stats = mtf.pipeline.pipeline_loss(
-        self._stage_fn(context, names), head, x, self.stages_dim(), self.num_microbatches,
-        schedule=self.pipeline_schedule, carried=values, loss_inputs=values + list(loss_inputs),
-        batch_dim=batch_dim, init_name_fn=self.init_name_fn(context), return_stats=True)
-    self.pipeline_stats = stats
-    context.layer_index += len(self._layers)
-    return result[0] if len(result) == 1 else tuple(result)
-
-  def _call_stages_in_turn(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
-    """Decoding with a pipelined stack: stage after stage, whole batch."""
-    k = self.layers_per_stage
-    layers = self._layers[:k]
-    sv = mtf.pipeline.StageVariables(context.mesh, self.stages_dim(),
-                                     self.init_name_fn(context))
-    probe = copy.copy(context)
-    probe.new_states, probe.constant_states = [], []
-    probe.losses = [] if context.losses is not None else None
-    probe.cache = dict(context.cache)
-    probe.next_constant_state = context.next_constant_state
-
-    def run(ctx, x):
-      with mtf.name_scope(context.mesh, "pipeline"):
-        return self._apply_layers(ctx, x, layers, 0)
-    sv.discover(run, probe, x)
-    for s in range(self.num_stages):
-      with sv.stage(s):
-        x = run(context, x)
-    return x
-
   # ---- pieces ----------------------------------------------------------------
   def _dropout(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
     if context.train and self._dropout_rate > 0.0:
@@ -682,22 +481,6 @@ def kept_activation_bytes(graph: mtf.Graph, num_forward_ops: int, mesh_impl=None
   return total
 
 
-# Context attributes that may hold per-example tensors [batch..., length].
-_PER_EXAMPLE_CONTEXT = ("sequence_id", "position", "read_priority", "write_priority")
-
-
-def _hyperparameters(layer) -> dict:
-  """A layer's attributes without its slot name."""
-  return {k: v for k, v in vars(layer).items() if k != "_name"}
-
-
-def _batch_dim(context: Context, x: mtf.Tensor) -> mtf.Dimension:
-  for d in context.batch_dims:
-    if d in x.shape.dims:
-      return d
-  return x.shape.dims[0]
-
-
 def make_layer_stack(layers: Sequence[Any], layer_stack_cls=None, num_layers: int = 6,
                      block_scope: bool = True, dropout_rate: Optional[float] = None,
                      norm_epsilon: Optional[float] = None, norm_type: str = "rms",
@@ -707,7 +490,8 @@ def make_layer_stack(layers: Sequence[Any], layer_stack_cls=None, num_layers: in
                      sublayers_initial: Optional[Sequence[sublayers_lib.Sublayer]] = None,
                      sublayers_per_layer: Optional[Sequence[sublayers_lib.Sublayer]] = None,
                      sublayers_final: Optional[Sequence[sublayers_lib.Sublayer]] = None,
-                     sequence_parallel: bool = False) -> LayerStack:
+                     sequence_parallel: bool = False,
+                     virtual_stages: int = 1) -> LayerStack:
   """A LayerStack repeating the block `layers` num_layers times.
 
   Elements of `layers` may be TransformerLayer instances (reused: layers
@@ -722,7 +506,7 @@ def make_layer_stack(layers: Sequence[Any], layer_stack_cls=None, num_layers: in
   "layer_%03d" counted over the stack. dropout_rate and norm_epsilon are
   passed on only when given (both given: the legacy norm names, see
   LayerStack). recompute, num_stages, num_microbatches, pipeline_schedule,
-  stages_dim_name, sequence_parallel and the sublayer lists are
+  virtual_stages, stages_dim_name, sequence_parallel and the sublayer lists are
   LayerStack's (activation recomputation, pipeline parallelism, sequence
   parallelism, sublayers; gin: `transformer.make_layer_stack.num_stages =
   4`). The stack is built by gin's LayerStack once gin_config has
@@ -763,7 +547,8 @@ def make_layer_stack(layers: Sequence[Any], layer_stack_cls=None, num_layers: in
       block, norm_type=norm_type,
       recompute=recompute, num_stages=num_stages, num_microbatches=num_microbatches,
       pipeline_schedule=pipeline_schedule, stages_dim_name=stages_dim_name, **given,
-      **({"sequence_parallel": True} if sequence_parallel else {}))
+      **({"sequence_parallel": True} if sequence_parallel else {}),
+      **({"virtual_stages": virtual_stages} if virtual_stages != 1 else {}))
 
 
 def _spec_name(spec) -> Optional[str]:

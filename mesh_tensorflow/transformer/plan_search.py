@@ -99,6 +99,8 @@ def gin_bindings(plan: planner.Plan) -> List[str]:
     out += [f"transformer.make_layer_stack.num_stages = {o.num_stages}",
             f"transformer.make_layer_stack.num_microbatches = {o.num_microbatches}",
             f"transformer.make_layer_stack.pipeline_schedule = '{o.schedule}'"]
+    if o.virtual_stages > 1:
+      out.append(f"transformer.make_layer_stack.virtual_stages = {o.virtual_stages}")
   return out
 
 
@@ -168,6 +170,8 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
       sequence_parallel = t > 1 and sequence_parallel_ok
       for m, v, recompute, (zero, reshard) in itertools.product(
           micros, chunks, ("none", "layer"), zero_stages):
+        if v > 1 and m % p:  # the interleaved schedule runs groups of p micro-batches
+          continue
         tried += 1
         options = planner.PlanOptions(
             num_stages=p, num_microbatches=m,

@@ -55,6 +55,7 @@ FLOPs include it (HFU).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Dict, List, Optional, Tuple
 
 from mesh_tensorflow.analysis.cost_model import estimator
@@ -78,6 +79,7 @@ def options_from_gin() -> PlanOptions:
       num_stages=int(_binding("transformer.make_layer_stack.num_stages", 1) or 1),
       num_microbatches=int(_binding("transformer.make_layer_stack.num_microbatches", 1) or 1),
       schedule=str(_binding("transformer.make_layer_stack.pipeline_schedule", "gpipe")),
+      virtual_stages=int(_binding("transformer.make_layer_stack.virtual_stages", 1) or 1),
       recompute=str(_binding("transformer.make_layer_stack.recompute", "none")),
       zero_stage=int(_binding("run.zero_stage", 0) or 0),
       zero_reshard_after_forward=_binding("run.zero_reshard_after_forward", True) is not False)
@@ -536,6 +538,8 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
     kept_layer = act_layer
   if s > 1:
     in_flight = m if options.schedule == "gpipe" else min(m, s)
+    if options.schedule == "interleaved":  # chunk passes of L / (S V) layers each
+      in_flight = _chunks_in_flight(s, m, options.virtual_stages) / options.virtual_stages
   else:
     in_flight = 1
   activations = in_flight * per_stage * kept_layer + act_extra
@@ -590,8 +594,6 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
       "optimizer": optimizer_compute}
   params = one.parameters + (num_layers - 1) * (two.parameters - one.parameters)
   notes = []
-  if options.schedule == "interleaved":
-    notes.append("the interleaved schedule is an estimate only (the library runs gpipe and 1f1b)")
   if options.attention == "fused":
     notes.append("fused attention is an estimate only (the library's attention keeps its scores "
                  "in memory)")
@@ -659,6 +661,16 @@ def _zero_optimizer(opt: _Phase, dp_axes: Tuple[int, ...], dp: int,
   return dataclasses.replace(opt, flops=opt.flops / dp, bytes=opt.bytes / dp, comm=comm), after
 
 
+@functools.lru_cache(maxsize=64)
+def _chunks_in_flight(stages: int, microbatches: int, virtual_stages: int) -> int:
+  """The most micro-batch chunk passes a stage of the interleaved schedule
+  holds between their forward and backward (its table, as the library runs
+  it)."""
+  from mesh_tensorflow.training import pipeline_schedule  # pylint: disable=g-import-not-at-top
+  return pipeline_schedule.PipelineSchedule("interleaved", stages, microbatches,
+                                            virtual_stages).max_in_flight()
+
+
 def _check_options(o: PlanOptions) -> None:
   if o.schedule not in ("gpipe", "1f1b", "interleaved"):
     raise ValueError(f"pipeline_schedule = {o.schedule!r}: use 'gpipe', '1f1b' or 'interleaved'.")
@@ -677,3 +689,6 @@ def _check_options(o: PlanOptions) -> None:
     raise ValueError("num_stages, num_microbatches and virtual_stages must be positive.")
   if o.virtual_stages > 1 and o.schedule != "interleaved":
     raise ValueError(f"virtual_stages = {o.virtual_stages} needs the interleaved schedule.")
+  if o.schedule == "interleaved" and o.num_stages > 1 and o.num_microbatches % o.num_stages:
+    raise ValueError(f"the interleaved schedule needs num_microbatches ({o.num_microbatches}) "
+                     f"to be a multiple of num_stages ({o.num_stages}).")

@@ -66,6 +66,35 @@ def test_recompute_pipeline_and_zero_change_the_estimate():
                                                          rel=0.01)
 
 
+def test_interleaved_schedule_is_read_from_gin_and_priced_from_its_table():
+  """The interleaved schedule as the library runs it: half the bubble with
+  2 chunks, the sends of 2 rounds, the chunk passes its table holds."""
+  pipe = ["transformer.make_layer_stack.num_stages = 2",
+          "transformer.make_layer_stack.num_microbatches = 8"]
+  kw = dict(cluster="a100-80gb:32", mesh="pipe:2;data:2;model:8",
+            layout="stages:pipe;batch:data;d_ff:model;heads:model;vocab:model")
+  one = _plan(extra=pipe + ["transformer.make_layer_stack.pipeline_schedule = '1f1b'"], **kw)
+  two = _plan(extra=pipe + ["transformer.make_layer_stack.pipeline_schedule = 'interleaved'",
+                            "transformer.make_layer_stack.virtual_stages = 2"], **kw)
+  assert (two.options.schedule, two.options.virtual_stages) == ("interleaved", 2)
+  assert not any("interleaved" in n for n in two.notes)
+  # Half the idle slots, each carrying a micro-batch's sends of two rounds.
+  ratio = two.time_breakdown["pipeline_bubble"] / one.time_breakdown["pipeline_bubble"]
+  assert 0.5 < ratio < 0.55
+  assert two.time_breakdown["pipeline_sends"] == pytest.approx(
+      2 * one.time_breakdown["pipeline_sends"])
+  # 1F1B holds min(M, S) = 2 stage inputs of 4 layers; the interleaved table
+  # 5 chunk passes of 2 layers (2.5 stages' worth): 5/4 the kept activations.
+  from mesh_tensorflow.training import pipeline_schedule  # pylint: disable=g-import-not-at-top
+  assert pipeline_schedule.PipelineSchedule("interleaved", 2, 8, 2).max_in_flight() == 5
+  assert two.memory["activations"] > one.memory["activations"]
+  with pytest.raises(ValueError, match=r"num_microbatches \(3\) to be a multiple"):
+    _plan(extra=["transformer.make_layer_stack.num_stages = 2", "run.batch_size = 48",
+                 "transformer.make_layer_stack.num_microbatches = 3",
+                 "transformer.make_layer_stack.pipeline_schedule = 'interleaved'",
+                 "transformer.make_layer_stack.virtual_stages = 2"], **kw)
+
+
 def test_pipeline_sends_are_priced_in_blocks_as_the_pipeline_sends_them():
   """A stage's activations are replicated over the 8-way model dimension:
   mtf.pipeline sends 1/8 of them per GPU across hosts and all-gathers the
@@ -182,6 +211,8 @@ def test_auto_search_returns_fitting_plans_fastest_first():
           if p.options.zero_stage == 3} == {True, False}
   assert all(("run.zero_reshard_after_forward = False" in plan_search.gin_bindings(p))
              == (not p.options.zero_reshard_after_forward) for p in result.plans)
+  assert all("transformer.make_layer_stack.virtual_stages = 2" in plan_search.gin_bindings(p)
+             for p in interleaved)
   # Sequence parallel wherever the model is split, and the gin says so; the
   # config's own binding is left as it was.
   split = [p for p in result.plans if "model:" in p.mesh_shape]

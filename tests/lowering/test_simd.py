@@ -179,6 +179,48 @@ def test_shift_with_split_replicas():
   assert records["r"] == [("allgather", (1,)), ("permute", (0,))]
 
 
+def test_interleaved_pipeline_matches_placement():
+  """The interleaved pipeline schedule (4 stages x 2 layer chunks: sends
+  that wrap round, per-slot one-hot chunk picks, explicit backward slots):
+  the placement lowering's loss and gradients."""
+  from mesh_tensorflow.training import pipeline as pl  # pylint: disable=g-import-not-at-top
+  rng = np.random.RandomState(0)
+  x_np = rng.randn(BATCH, FEATURES).astype(np.float32)
+  t_np = rng.randn(BATCH, FEATURES).astype(np.float32)
+  mesh_shape, layout = "pp:4;dp:2", "stages:pp;batch:dp"
+  features = mtf.Dimension("features", FEATURES)
+
+  def stage_fn(h):
+    w = mtf.get_variable(h.mesh, "w", [features, mtf.Dimension("f2", FEATURES)],
+                         initializer=mtf.initializers.random_normal(stddev=0.5))
+    y = mtf.einsum([h, w], output_shape=h.shape - [features] + [mtf.Dimension("f2", FEATURES)])
+    return h + mtf.tanh(mtf.rename_dimension(y, "f2", "features"))
+
+  def program(impl):
+    def step(x_tf, t_tf):
+      graph = mtf.Graph()
+      mesh = mtf.Mesh(graph, "mesh")
+      batch = mtf.Dimension("batch", BATCH)
+      x = mtf.import_tf_tensor(mesh, x_tf, [batch, features])
+      t = mtf.import_tf_tensor(mesh, t_tf, [batch, features])
+      loss = pl.pipeline_loss(stage_fn, lambda y, t: mtf.reduce_sum(mtf.square(y - t)), x,
+                              mtf.Dimension("stages", 4), 4, schedule="interleaved",
+                              loss_inputs=[t], virtual_stages=2)
+      variables = graph.trainable_variables
+      grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+      lowering = mtf.Lowering(graph, {mesh: impl})
+      return [lowering.export_to_tf_tensor(v) for v in [loss] + grads]
+    if isinstance(impl, simd_mesh_impl.SimdMeshImpl):
+      return [v.numpy() for v in impl.run(step, x_np, t_np)]
+    return [v.numpy() for v in tf.function(step, autograph=False)(tf.constant(x_np),
+                                                                   tf.constant(t_np))]
+  got = program(simd_mesh_impl.SimdMeshImpl(mesh_shape, layout, DEVICES))
+  want = program(mtf_test_utils.make_impl(mesh_shape, layout))
+  assert want[1].shape == (2, 4, FEATURES, FEATURES) and np.abs(want[1]).max() > 0
+  for a, b in zip(got, want):
+    mtf_test_utils.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def _transformer_tests():
   """tests/transformer/test_transformer.py (its small language model and
   data), importable whichever test folders this run collected."""

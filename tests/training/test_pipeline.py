@@ -31,12 +31,12 @@ POSITIONS = np.where(SEGMENTS == 2, np.arange(L) - 5, np.arange(L)).astype(np.in
 PP_MESH, PP_LAYOUT = "pp:4;dp:2", "stages:pp;batch:dp"
 
 
-def _model(num_stages, schedule="gpipe", recompute="none"):
+def _model(num_stages, schedule="gpipe", recompute="none", virtual_stages=1):
   stack = transformer.make_layer_stack(
       [tl.SelfAttention(num_heads=4, key_value_size=4, relative_attention_type="bias"),
        tl.DenseReluDense(hidden_size=32)],
       num_layers=4, num_stages=num_stages, num_microbatches=M, pipeline_schedule=schedule,
-      recompute=recompute)
+      recompute=recompute, virtual_stages=virtual_stages)
   return transformer.Unitransformer(stack, d_model=D, input_vocab_size=V, output_vocab_size=V,
                                     autoregressive=True, max_length=L, vocab_divisor=8)
 
@@ -59,16 +59,20 @@ def _run(num_stages, mesh_shape, layout, **kwargs):
   return float(lowering.export_to_tf_tensor(loss).numpy()), values, lowering
 
 
-def _unstacked(pipelined_grads, layers_per_stage):
+def _unstacked(pipelined_grads, layers_per_stage, virtual_stages=1):
   """Pipelined gradients renamed as the unpipelined model's: row s of
   "pipeline/layer_00j/..." is layer i = s * layers_per_stage + j, which
-  make_layer_stack names "block_%03d/layer_%03d" (blocks of two layers)."""
+  make_layer_stack names "block_%03d/layer_%03d" (blocks of two layers).
+  With virtual stages, rows [v, s] are chunk v S + s (layers_per_stage is
+  then the layers per chunk)."""
   out = {}
   for name, g in pipelined_grads.items():
     i = name.find("pipeline/layer_")
     if i < 0:
       out[name] = g
       continue
+    if virtual_stages > 1:
+      g = g.reshape((-1,) + g.shape[2:])
     j = int(name[i + 15:i + 18])
     for s in range(g.shape[0]):
       index = s * layers_per_stage + j
@@ -155,21 +159,71 @@ def test_stages_in_turn_match_unpipelined_logits():
 
 
 def test_pipelined_stack_decodes_like_unpipelined():
-  """Greedy incremental decoding (caches per layer) runs the stages in turn:
-  the same tokens as the unpipelined model."""
+  """Greedy incremental decoding (caches per layer) runs the stages in turn
+  (with the interleaved schedule, the layer chunks in turn): the same
+  tokens as the unpipelined model."""
   prompt = np.zeros((B, L), np.int32)
   prompt[:, :2] = TARGETS[:, :2]
 
-  def decode(num_stages, mesh_shape, layout):
+  def decode(num_stages, mesh_shape, layout, **kwargs):
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
     ids = mtf.import_tf_tensor(mesh, tf.constant(prompt), [batch, length])
-    out = _model(num_stages).sample_autoregressive(ids, temperature=0.0, stop_at_token=None)
+    out = _model(num_stages, **kwargs).sample_autoregressive(ids, temperature=0.0,
+                                                             stop_at_token=None)
     lowering = mtf.Lowering(graph, {mesh: make_impl(mesh_shape, layout)})
     return lowering.export_to_tf_tensor(out).numpy()
   reference = decode(1, "all:1", "")
   assert (reference[:, 2:] != 0).any()
   np.testing.assert_array_equal(decode(S, PP_MESH, PP_LAYOUT), reference)
+  np.testing.assert_array_equal(
+      decode(2, "pp:2;dp:4", "stages:pp;batch:dp", schedule="interleaved",
+             virtual_stages=2), reference)
+
+
+def test_interleaved_stack_evaluates_chunk_after_chunk():
+  """Outside training an interleaved stack runs its chunks in turn: the
+  unpipelined model's loss."""
+  def eval_loss(num_stages, mesh_shape, layout, **kwargs):
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+
+    def imp(value):
+      return mtf.import_tf_tensor(mesh, tf.constant(value), [batch, length])
+    targets = imp(TARGETS)
+    _, loss = _model(num_stages, **kwargs).call_simple(
+        mtf.shift(targets, 1, length, wrap=False), targets, True, mode="eval",
+        sequence_id=imp(SEGMENTS), position=imp(POSITIONS))
+    lowering = mtf.Lowering(graph, {mesh: make_impl(mesh_shape, layout)})
+    return float(lowering.export_to_tf_tensor(loss).numpy())
+  reference = eval_loss(1, "all:1", "")
+  got = eval_loss(2, "pp:2;dp:4", "stages:pp;batch:dp", schedule="interleaved",
+                  virtual_stages=2)
+  assert got == pytest.approx(reference, rel=1e-5)
+
+
+def test_interleaved_stack_matches_unpipelined(unpipelined):
+  """The interleaved schedule: 2 stages x 2 layer chunks of 2 layers each
+  (stage 0 holds layers 0-1 and 4-5), with data and model parallelism:
+  the unpipelined model's loss and gradients; the activations wrap round
+  from the last stage to the first between chunks."""
+  loss0, grads0 = unpipelined
+  loss, grads, lowering = _run(2, "pp:2;dp:2;mp:2", "stages:pp;batch:dp;heads:mp;d_ff:mp",
+                               schedule="interleaved", virtual_stages=2)
+  assert any(op.name.startswith("transformer/pipeline_1f1b")
+             for op in lowering.graph.operations), "the schedule was not used"
+  assert loss == pytest.approx(loss0, rel=1e-5)
+  stacked = [n for n in grads if "pipeline/layer_" in n]
+  assert stacked and all(grads[n].shape[:2] == (2, 2) for n in stacked)
+  got = _unstacked(grads, 2, virtual_stages=2)
+  assert set(got) == set(grads0)
+  for name, g in got.items():
+    np.testing.assert_allclose(g, grads0[name], rtol=1e-4, atol=2e-6, err_msg=name)
+  # Each processor holds its stage's two chunks, split over mp as usual.
+  impl = make_impl("pp:2;dp:2;mp:2", "stages:pp;batch:dp;heads:mp;d_ff:mp")
+  for v in lowering.graph.trainable_variables:
+    if "pipeline/layer_" in v.name:
+      assert impl.slice_shape(v.shape)[:2] == [2, 1], v.name
 
 
 # ---------------------------------------------------------------- toy stages
@@ -183,7 +237,7 @@ def _stage_fn(h):
   return h + mtf.tanh(mtf.rename_dimension(y, "w2", "w"))
 
 
-def _toy(schedule):
+def _toy(schedule, num_stages=S, virtual_stages=1):
   xv = np.random.RandomState(1).normal(size=(B, 4)).astype(np.float32)
   tv = np.random.RandomState(2).normal(size=(B, 4)).astype(np.float32)
   graph = mtf.Graph()
@@ -195,8 +249,10 @@ def _toy(schedule):
   def loss_fn(y, t):
     head = mtf.get_variable(y.mesh, "head", [W])
     return mtf.reduce_sum(mtf.square(y * head - t)) / B
-  loss, stats = pl.pipeline_loss(_stage_fn, loss_fn, x * scale, mtf.Dimension("stages", S), M,
-                                 schedule=schedule, loss_inputs=[t], return_stats=True)
+  loss, stats = pl.pipeline_loss(_stage_fn, loss_fn, x * scale,
+                                 mtf.Dimension("stages", num_stages), M, schedule=schedule,
+                                 loss_inputs=[t], return_stats=True,
+                                 virtual_stages=virtual_stages)
   variables = graph.trainable_variables
   grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
   lowering = mtf.Lowering(graph, {mesh: make_impl(PP_MESH, PP_LAYOUT)})
@@ -219,6 +275,26 @@ def test_pipeline_loss_one_f_one_b_equals_gpipe():
   for stats in (stats_g, stats_f):
     assert stats["useful"] == 2 * S * M
     assert 1.0 - stats["useful"] / (S * stats["slots"]) == pytest.approx((S - 1) / (M + S - 1))
+
+
+def test_interleaved_equals_gpipe_over_all_chunks():
+  """4 stages x 2 chunks: the model of 8 GPipe stages (chunk v S + s is
+  stage v S + s there, initialized alike), the same loss and gradients, a
+  bubble of (S - 1) / (V M + S - 1) measured in the executed graph, and
+  sends that wrap round from the last stage to the first."""
+  loss_g, grads_g, _ = _toy("gpipe", num_stages=2 * S)
+  loss_i, grads_i, stats = _toy("interleaved", virtual_stages=2)
+  assert loss_i == pytest.approx(loss_g, rel=1e-6)
+  assert grads_i["k"].shape == (2, S, 4, 4)
+  for name in grads_g:
+    assert np.abs(grads_g[name]).max() > 0, name
+    np.testing.assert_allclose(grads_i[name], grads_g[name].reshape(grads_i[name].shape),
+                               rtol=1e-5, atol=1e-6, err_msg=name)
+  assert stats["useful"] == 2 * S * M * 2
+  assert 1.0 - stats["useful"] / (S * stats["slots"]) == pytest.approx(
+      (S - 1) / (2 * M + S - 1))
+  # Without wrapping round, chunk 1 of stage 0 would never get its input.
+  assert stats["schedule"].bubble_fraction < pl.PipelineSchedule("1f1b", S, M).bubble_fraction
 
 
 def test_bubble_measured_in_executed_schedule():
@@ -259,6 +335,30 @@ def test_schedule_tables(kind, stages, micro):
   assert sched.max_in_flight() == (min(stages, micro) if kind == "1f1b" else micro)
 
 
+@pytest.mark.parametrize("stages,micro,chunks", [(4, 8, 2), (2, 4, 3), (3, 3, 2), (2, 2, 1)])
+def test_interleaved_schedule_tables(stages, micro, chunks):
+  sched = pl.PipelineSchedule("interleaved", stages, micro, virtual_stages=chunks)
+  assert sched.idle_fraction == pytest.approx(sched.bubble_fraction)
+  assert sched.bubble_fraction == pytest.approx((stages - 1) / (chunks * micro + stages - 1))
+  when = {}
+  for u, row in enumerate(sched.table):
+    for s, cell in enumerate(row):
+      if cell is not None:
+        kind, m, v = cell
+        when[(kind, v * stages + s, m)] = u
+  last = stages * chunks - 1
+  assert len(when) == 2 * stages * chunks * micro  # every chunk: one F and one B per micro-batch
+  for c in range(last + 1):
+    for m in range(micro):
+      if c:
+        assert when[("F", c, m)] > when[("F", c - 1, m)]
+        assert when[("B", c - 1, m)] > when[("B", c, m)]
+      assert when[("B", c, m)] > when[("F", last, m)]
+  if chunks == 1:  # one chunk per stage is 1F1B
+    assert [[c and c[:2] for c in row] for row in sched.table] == \
+        pl.PipelineSchedule("1f1b", stages, micro).table
+
+
 def test_errors_name_the_problem():
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
@@ -270,6 +370,18 @@ def test_errors_name_the_problem():
     pl.pipeline(_stage_fn, x, stages, M, schedule="1f1b")
   with pytest.raises(ValueError, match="schedule must be one of"):
     pl.PipelineSchedule("zigzag", 2, 2)
+  with pytest.raises(ValueError, match="num_microbatches=6 is not a multiple"):
+    pl.PipelineSchedule("interleaved", 4, 6, virtual_stages=2)
+  with pytest.raises(ValueError, match="virtual_stages=2 needs the 'interleaved'"):
+    pl.PipelineSchedule("1f1b", 4, 8, virtual_stages=2)
+  with pytest.raises(ValueError, match="pipeline_loss"):
+    pl.pipeline(_stage_fn, x, stages, M, schedule="interleaved")
+  with pytest.raises(ValueError, match=r"num_stages=2 x virtual_stages=3 = 6 must divide"):
+    transformer.make_layer_stack([tl.DenseReluDense(hidden_size=8)], num_layers=8, num_stages=2,
+                                 pipeline_schedule="interleaved", virtual_stages=3)
+  with pytest.raises(ValueError, match="virtual_stages=2 needs pipeline_schedule='interleaved'"):
+    transformer.make_layer_stack([tl.DenseReluDense(hidden_size=8)], num_layers=8, num_stages=2,
+                                 pipeline_schedule="1f1b", virtual_stages=2)
   with pytest.raises(ValueError, match="num_stages=3 must divide the number of layers"):
     transformer.make_layer_stack([tl.DenseReluDense(hidden_size=8)], num_layers=4, num_stages=3)
   with pytest.raises(ValueError, match="pipeline stages must have the same layers"):

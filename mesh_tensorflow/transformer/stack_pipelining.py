@@ -1,0 +1,279 @@
+"""Pipeline parallelism of a `LayerStack`: its layers cut into stages (and,
+with the interleaved schedule, each stage into layer chunks) run by
+`mtf.pipeline`, and decoding with a pipelined stack. `LayerStack` inherits
+this mixin; layer_stack.py documents the behaviour.
+
+    >>> stack = make_layer_stack([SelfAttention, DenseReluDense], num_layers=8,
+    ...                          num_stages=2, num_microbatches=4,
+    ...                          pipeline_schedule="interleaved", virtual_stages=2)
+    >>> stack.layers_per_chunk
+    2
+"""
+
+from __future__ import annotations
+
+import copy
+
+import tensorflow as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.transformer import sequence_parallel as sp_lib
+from mesh_tensorflow.transformer.layer_context import Context, ModeKeys, inputs_prefix_mask
+
+# Context attributes that may hold per-example tensors [batch..., length].
+_PER_EXAMPLE_CONTEXT = ("sequence_id", "position", "read_priority", "write_priority")
+
+
+class PipelinedStack:
+  """The pipelining half of `LayerStack` (needs its `_layers`,
+  `_apply_layers`, `_dropout`, `_to_stream`, `finish` and `_slot_name`)."""
+
+  num_stages: int = 1
+  virtual_stages: int = 1
+
+  def _check_pipeline(self, num_stages, num_microbatches, schedule, virtual_stages=1):
+    if num_stages < 1 or num_microbatches < 1 or virtual_stages < 1:
+      raise ValueError(f"LayerStack: num_stages ({num_stages}), num_microbatches "
+                       f"({num_microbatches}) and virtual_stages ({virtual_stages}) must be "
+                       "positive.")
+    if schedule not in mtf.pipeline.SCHEDULES:
+      raise ValueError(f"LayerStack: pipeline_schedule must be one of "
+                       f"{mtf.pipeline.SCHEDULES}, got {schedule!r}.")
+    if virtual_stages > 1 and schedule != "interleaved":
+      raise ValueError(f"LayerStack: virtual_stages={virtual_stages} needs "
+                       f"pipeline_schedule='interleaved' (got {schedule!r}).")
+    if num_stages == 1:
+      return
+    n = len(self._layers)
+    chunks = num_stages * virtual_stages
+    if n % chunks:
+      what = (f"num_stages={num_stages} x virtual_stages={virtual_stages} = {chunks}"
+              if virtual_stages > 1 else f"num_stages={num_stages}")
+      raise ValueError(f"LayerStack: {what} must divide the number of layers ({n}); change "
+                       "num_layers or num_stages.")
+    if schedule == "interleaved" and num_microbatches % num_stages:
+      raise ValueError(f"LayerStack: the interleaved schedule needs num_microbatches "
+                       f"({num_microbatches}) to be a multiple of num_stages ({num_stages}).")
+    k = n // chunks
+    for i, layer in enumerate(self._layers):
+      ref = self._layers[i % k]
+      if type(layer) is not type(ref) or _hyperparameters(layer) != _hyperparameters(ref):
+        raise ValueError(
+            f"LayerStack: pipeline stages must have the same layers; layer {i} "
+            f"({type(layer).__name__}) differs from layer {i % k} of stage 0 "
+            f"({type(ref).__name__}). Repeat one block of layers (make_layer_stack) "
+            "so that num_stages divides the number of blocks.")
+
+  @property
+  def layers_per_stage(self) -> int:
+    return len(self._layers) // self.num_stages
+
+  @property
+  def layers_per_chunk(self) -> int:
+    """Layers a stage runs at a time: layers_per_stage / virtual_stages."""
+    return len(self._layers) // (self.num_stages * self.virtual_stages)
+
+  def stages_dim(self) -> mtf.Dimension:
+    """The dimension the stage variables are stacked along."""
+    return mtf.Dimension(self.stages_dim_name, self.num_stages)
+
+  @property
+  def pipelined(self) -> bool:
+    return self.num_stages > 1
+
+  def _runs_pipelined(self, context: Context) -> bool:
+    """Whether `call` runs the GPipe schedule (the interleaved one runs only
+    inside `pipeline_loss`; its stacks run chunk after chunk otherwise)."""
+    return (self.virtual_stages == 1 and context.mode in (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)
+            and not getattr(context, "layer_outputs_requested", True))
+
+  def _stage_context(self, context: Context, h: mtf.Tensor, carried_names,
+                     carried_values) -> Context:
+    """The context layers see inside a stage: per-example tensors of the
+    stage's micro-batches, batch dimensions [stages, micro-batch]."""
+    sub = copy.copy(context)
+    for name, value in zip(carried_names, carried_values):
+      setattr(sub, name, value)
+    names = {b.name for b in context.batch_dims}
+    sub.batch_dims = [d for d in h.shape.dims if d.name in names | {self.stages_dim_name}]
+    sub.cache = dict(context.cache)
+    sub.losses = [] if context.losses is not None else None
+    return sub
+
+  def _carried(self, context: Context, batch_dim: mtf.Dimension):
+    """Context tensors with a batch dimension: moved through the pipeline
+    along with the activations."""
+    names, values = [], []
+    for name in _PER_EXAMPLE_CONTEXT:
+      value = getattr(context, name)
+      if isinstance(value, mtf.Tensor) and batch_dim in value.shape.dims:
+        names.append(name)
+        values.append(value)
+    if isinstance(context.encoder_output, mtf.Tensor):
+      raise ValueError(
+          "LayerStack: a pipelined stack cannot attend to an encoder output yet "
+          "(encoder-decoder decoders); pipeline the encoder or a decoder-only model, "
+          "or set num_stages=1 for this stack.")
+    return names, values
+
+  def _stage_fn(self, context: Context, names):
+    k = self.layers_per_chunk
+    layers = self._layers[:k]
+
+    def stage_fn(h, *carried):
+      sub = self._stage_context(context, h, names, carried)
+      with mtf.name_scope(context.mesh, "pipeline"):
+        out = self._apply_layers(sub, h, layers, 0)
+      if sub.losses:
+        raise ValueError(
+            "LayerStack: a pipelined stack's layers must not add auxiliary losses "
+            "(mixture of experts): they would be computed on the pipeline's idle "
+            "ticks too. Set num_stages=1 for this stack.")
+      return out
+    return stage_fn
+
+  def init_name_fn(self, context: Context):
+    """Maps a stacked variable's name and a stage (with virtual stages: a
+    layer chunk) to the unpipelined name of that layer (its initial
+    value)."""
+    k = self.layers_per_chunk
+    scope = "pipeline/layer_"
+
+    def fn(name, stage):
+      i = name.find(scope)
+      if i < 0:
+        return f"{name}/stage_{stage}"
+      j = int(name[i + len(scope):i + len(scope) + 3])
+      return name[:i] + self._slot_name(stage * k + j) + name[i + len(scope) + 3:]
+    return fn
+
+  def _call_pipelined(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
+    batch_dim = _batch_dim(context, x)
+    names, values = self._carried(context, batch_dim)
+    y, stats = mtf.pipeline.pipeline(
+        self._stage_fn(context, names), x, self.stages_dim(), self.num_microbatches,
+        carried=values, batch_dim=batch_dim, init_name_fn=self.init_name_fn(context),
+        return_stats=True)
+    self.pipeline_stats = stats
+    context.layer_index += len(self._layers)
+    return y
+
+  def schedules_loss(self, context: Context) -> bool:
+    """Whether the model should hand its loss to `logits_and_loss` (a
+    pipelined 1F1B stack in training)."""
+    return (self.pipelined and self.pipeline_schedule != "gpipe" and context.train
+            and not getattr(context, "layer_outputs_requested", True)
+            and context.losses is not None)
+
+  def logits_and_loss(self, context: Context, x: mtf.Tensor, logits_fn, targets: mtf.Tensor):
+    """Logits and cross-entropy loss of a Unitransformer whose stack runs the
+    1F1B schedule: the stack, the final norm, logits_fn(y) -> logits and the
+    loss of each micro-batch run inside the schedule. The loss is the
+    model's: cross-entropy (label smoothing, z-loss) summed over non-padding
+    target tokens, over their count in the whole batch (or
+    loss_denominator).
+
+    Returns:
+      (logits [batch..., length, vocab], scalar loss).
+    """
+    model = context.model
+    if getattr(model, "_loss_fn", None) is not None:
+      raise ValueError(f"LayerStack: pipeline_schedule={self.pipeline_schedule!r} computes "
+                       "the model's cross-entropy per micro-batch and cannot use a custom "
+                       "loss_fn; use pipeline_schedule='gpipe'.")
+    rates = [self._dropout_rate] + [getattr(layer, "dropout_rate", 0.0) or 0.0
+                                    for layer in self._layers]
+    if max(rates) > 0.0:
+      raise ValueError(
+          f"LayerStack: pipeline_schedule={self.pipeline_schedule!r} recomputes each "
+          "stage in its backward "
+          "slot, where dropout would draw other masks; set the stack's and its layers' "
+          f"dropout_rate to 0 (got {max(rates)}) or use pipeline_schedule='gpipe'.")
+    vocab_dim = model.output_vocab_dim
+    weights = mtf.layers.weights_nonzero(targets, dtype=context.activation_dtype)
+    if model.loss_on_targets_only:
+      weights = weights * mtf.cast(mtf.logical_not(inputs_prefix_mask(targets)),
+                                   weights.dtype)
+    if model.loss_denominator is not None:
+      inverse = mtf.constant(context.mesh, 1.0 / float(model.loss_denominator), dtype=tf.float32)
+    else:
+      inverse = 1.0 / mtf.maximum(mtf.reduce_sum(weights), 1.0)
+    inverse = mtf.cast(mtf.stop_gradient(inverse), context.activation_dtype)
+
+    def loss_fn(_, y, t, w):
+      logits = logits_fn(y)
+      xent = mtf.layers.softmax_cross_entropy_with_logits(
+          logits, t, vocab_dim, z_loss=model.z_loss, label_smoothing=model.label_smoothing)
+      return mtf.reduce_sum(mtf.cast(xent, w.dtype) * w) * inverse, logits
+    loss, logits = self.pipeline_loss(context, x, loss_fn, [targets, weights])
+    return logits, loss
+
+  def pipeline_loss(self, context: Context, x: mtf.Tensor, loss_fn, loss_inputs=()):
+    """Runs the stack and loss_fn on each micro-batch inside the schedule
+    (`mtf.pipeline.pipeline_loss`) and returns its result.
+
+    loss_fn(context, y, *loss_inputs_mb) gets the stack's output y (after the
+    final norm) of one micro-batch and that micro-batch's rows of
+    loss_inputs, and returns a scalar or (scalar, per-example tensor); the
+    scalars are summed over micro-batches, so a mean over the batch must
+    divide by the whole batch's count.
+    """
+    batch_dim = _batch_dim(context, x)
+    names, values = self._carried(context, batch_dim)
+    x = self._dropout(context, x)
+    x = self._to_stream(context, x)
+    sub_ctx = copy.copy(context)
+
+    def head(y, *ins):
+      n = len(names)
+      for name, value in zip(names, ins[:n]):
+        setattr(sub_ctx, name, value)
+      y = sp_lib.to_whole(y, sub_ctx.length_dim)
+      return loss_fn(sub_ctx, self.finish(sub_ctx, y), *ins[n:])
+    *result, stats = mtf.pipeline.pipeline_loss(
+        self._stage_fn(context, names), head, x, self.stages_dim(), self.num_microbatches,
+        schedule=self.pipeline_schedule, carried=values, loss_inputs=values + list(loss_inputs),
+        batch_dim=batch_dim, init_name_fn=self.init_name_fn(context), return_stats=True,
+        virtual_stages=self.virtual_stages)
+    self.pipeline_stats = stats
+    context.layer_index += len(self._layers)
+    return result[0] if len(result) == 1 else tuple(result)
+
+  def _call_stages_in_turn(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
+    """Decoding with a pipelined stack (and, with virtual stages, evaluating):
+    stage after stage (layer chunk after chunk), whole batch."""
+    k = self.layers_per_chunk
+    layers = self._layers[:k]
+    sv = mtf.pipeline.StageVariables(context.mesh, self.stages_dim(),
+                                     self.init_name_fn(context), self.virtual_stages)
+    probe = copy.copy(context)
+    probe.new_states, probe.constant_states = [], []
+    probe.losses = [] if context.losses is not None else None
+    probe.cache = dict(context.cache)
+    probe.next_constant_state = context.next_constant_state
+
+    def run(ctx, x):
+      with mtf.name_scope(context.mesh, "pipeline"):
+        return self._apply_layers(ctx, x, layers, 0)
+    sv.discover(run, probe, x)
+    for s in range(self.num_stages * self.virtual_stages):
+      with sv.stage(s):
+        x = run(context, x)
+    return x
+
+
+
+
+def _hyperparameters(layer) -> dict:
+  """A layer's attributes without its slot name."""
+  return {k: v for k, v in vars(layer).items() if k != "_name"}
+
+
+def _batch_dim(context: Context, x: mtf.Tensor) -> mtf.Dimension:
+  for d in context.batch_dims:
+    if d in x.shape.dims:
+      return d
+  return x.shape.dims[0]
+
+from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
+_autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone
