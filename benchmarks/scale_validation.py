@@ -70,6 +70,18 @@ Rows:
     recomputes selectively and shards sequences as well; neither degree is
     stated).
 
+* Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways"
+  (arXiv 2204.02311), held out: PaLM 540B (Table 1: 118 layers, d_model
+  18,432, 48 heads of 256, d_ff 73,728 with SwiGLU, multi-query attention,
+  attention and feed-forward layers in parallel, a 256k vocabulary;
+  sequence 2048, batch 2048 at the end of training) on 6,144 TPU v4 chips,
+  two pods of 12-way model and 256-way data parallelism (Section 4),
+  238.3K tokens/s, 46.2% model FLOPs utilization (Section 4). Planned with
+  the library's layers (a ParallelLayer of SelfAttention with one memory
+  head and DenseReluDense with ["swish", "linear"]), mesh data:512;model:12,
+  ZeRO 3 (the weights are sharded over the data dimension too), every
+  layer recomputed, Adam-sized optimizer state (PaLM's Adafactor without
+  factorization keeps the same). Compared: tokens per second.
 * Megatron-LM's own H100 runs, held out: the model table of the
   "Performance Benchmarking" section of github.com/NVIDIA/Megatron-LM's
   README (images/model_table.png): GPT models of 1.7B to 462B parameters on
@@ -143,6 +155,7 @@ MT_NLG_ITERATIONS = [(280, 60.1), (350, 50.2), (420, 44.4)]
 SMITH = "Smith et al. 2022 (MT-NLG), Section 2.4"
 SEQ, VOCAB = 2048, 51200
 ZHANG = "Zhang et al. 2022 (OPT), Section 2.4"
+CHOWDHERY = "Chowdhery et al. 2022 (PaLM), Section 4"
 TOUVRON = "Touvron et al. 2023 (LLaMA), Section 2.4"
 MEGATRON_H100 = "Megatron-LM README, H100 model table"
 # (params B, heads, hidden, layers, t, p, GPUs, batch, published TFLOP/s per GPU)
@@ -206,6 +219,26 @@ def fsdp_rows():
        "transformer.make_layer_stack.recompute = 'layer'", "run.zero_stage = 3"],
       380.0, "tokens/s per GPU", attention="fused")
   return [opt, llama]
+
+
+def palm_row():
+  """PaLM 540B: parallel attention and feed-forward layers, multi-query
+  attention, SwiGLU, as the library's layers express them."""
+  return Row(
+      "PaLM 540B", CHOWDHERY, "tpu-v4", 6144, "data:512;model:12",
+      "batch:data;heads:model;d_ff:model;vocab:model",
+      ["num_layers = 118", "d_model = 18432", "d_ff = 73728", "num_heads = 48", "d_kv = 256",
+       "run.model_type = 'lm'", "run.sequence_length = {'inputs': 2048, 'targets': 2048}",
+       "run.batch_size = 2048", "run.activation_dtype = 'bfloat16'",
+       "run.vocabulary = @vocabulary.SizedVocabulary()", "vocabulary.SizedVocabulary.size = 256000",
+       "Unitransformer.vocab_divisor = 384",  # 256,128 rows: a multiple of the 12-way split
+       "run.optimizer = @optimize.AdamWeightDecayOptimizer",
+       "transformer.make_layer_stack.layers = [@transformer_layers.ParallelLayer]",
+       "transformer_layers.ParallelLayer.layer_classes = "
+       "[@transformer_layers.SelfAttention, @transformer_layers.DenseReluDense]",
+       "SelfAttention.num_memory_heads = 1", "DenseReluDense.activation = ['swish', 'linear']",
+       "transformer.make_layer_stack.recompute = 'layer'", "run.zero_stage = 3"],
+      238.3, "thousand tokens/s")
 
 
 def megatron_h100_rows():
@@ -288,6 +321,8 @@ def predict(row: Row, efficiency=None):
     value = plan.model_flops_per_step / plan.step_time_s / 1e15
   elif row.unit == "tokens/s per GPU":
     value = plan.tokens_per_s / row.count
+  elif row.unit == "thousand tokens/s":
+    value = plan.tokens_per_s / 1e3
   else:
     value = row.paper_flops / plan.step_time_s / row.count / 1e12
   return value, plan
@@ -389,7 +424,8 @@ def main(argv=None):
   if args.quick:
     rows = rows[:2]
   else:
-    rows = [shazeer_row()] + rows + mt_nlg_rows() + fsdp_rows() + megatron_h100_rows()
+    rows = ([shazeer_row()] + rows + mt_nlg_rows() + fsdp_rows() + [palm_row()]
+            + megatron_h100_rows())
   if args.fit:
     print(f"fitted GPU matmul_efficiency: {fit([r for r in rows if r.fit]):.3f}")
   print(f"{'run':<22} {'source':<44} {'devices':>8} {'published':>10} {'predicted':>10} "
@@ -403,8 +439,8 @@ def main(argv=None):
     role = "fit" if row.fit else "held out"
     print(f"{row.name:<22} {row.source:<44} {row.count:>8} {row.published:>10.1f} "
           f"{value:>10.1f} {ratio:>6.2f}  {role:<8} {row.unit}  "
-          f"(MFU {100 * plan.mfu:.0f}%, {plan.memory_bytes_per_device / 2**30:.0f} GiB/device, "
-          f"planned in {time.time() - t0:.1f} s)")
+          f"(MFU {100 * plan.mfu:.0f}%, {plan.memory_bytes_per_device / 2**30:.0f} GiB/device"
+          f"{'' if plan.fits else ', does not fit'}, planned in {time.time() - t0:.1f} s)")
   for source, deviation in worst.items():
     print(f"largest deviation, {source}: {100 * deviation:.1f}%")
   return 0

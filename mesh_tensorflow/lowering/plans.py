@@ -363,6 +363,25 @@ def adds_pending_sums(a_pending_axes: Optional[Sequence[int]],
           and a_shape == b_shape == out_shape)
 
 
+def adds_to_pending_sum(a_pending_axes: Optional[Sequence[int]],
+                        b_pending_axes: Optional[Sequence[int]], a_shape, b_shape, out_shape,
+                        out_layout: Sequence[Optional[int]]) -> Optional[int]:
+  """Which operand of a + b (0 or 1) is a pending sum that can stay one when
+  the other operand is whole: the other is not pending, no broadcasting, and
+  no pending mesh axis splits the output (so the whole operand is the same
+  on every processor along them). The whole operand then joins the partial
+  sums on the processors at coordinate 0 along the pending axes only, and
+  the one allreduce that was due anyway completes the sum. None otherwise."""
+  if not a_shape == b_shape == out_shape:
+    return None
+  if (a_pending_axes is None) == (b_pending_axes is None):
+    return None
+  index, axes = (0, a_pending_axes) if a_pending_axes is not None else (1, b_pending_axes)
+  if not axes or set(axes) & {a for a in out_layout if a is not None}:
+    return None
+  return index
+
+
 def plan_reduce(x, out, reduction: str, input_pending_axes: Optional[Sequence[int]],
                 layout_of: Callable, mesh_sizes: Sequence[int]) -> "LocalPlan":
   """The LocalPlan of reducing `x` to the shape of `out` with `reduction`

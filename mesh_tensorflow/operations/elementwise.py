@@ -395,29 +395,61 @@ logical_xor = _binary(tf.math.logical_xor, "logical_xor", output_dtype=tf.bool)
 
 
 class _LazyAwareAdd(ElementwiseOperation):
-  """add/sub that keeps two pending allreduces (same mesh axes) pending."""
+  """add that keeps pending allreduces pending: two pending sums over the
+  same mesh axes, or a pending sum and a whole tensor."""
+
+  def _pending_operand(self, mesh):
+    """(index of the pending operand, its mesh axes) when one pending sum
+    meets a whole tensor that can join it (`plans.adds_to_pending_sum`)."""
+    (a, b), out = self._inputs, self.outputs[0]
+    pa, pb = mesh.partial_sum_axes_of(a), mesh.partial_sum_axes_of(b)
+    index = plans.adds_to_pending_sum(pa, pb, a.shape, b.shape, out.shape,
+                                      mesh.layout_of(out.shape))
+    return None if index is None else (index, tuple(sorted(pa if index == 0 else pb)))
 
   def plan(self, mesh):
     """Two pending sums over the same mesh axes (no broadcasting): their
-    summands are added locally and the result stays pending. Otherwise no
-    plan: an elementwise kernel on the completed inputs."""
+    summands are added locally and the result stays pending. A pending sum
+    and a whole tensor of its shape: the whole tensor joins the summands of
+    the processors at coordinate 0 along the pending axes, and the result
+    stays pending. Otherwise no plan: an elementwise kernel on the completed
+    inputs."""
     (a, b), out = self._inputs, self.outputs[0]
-    pending = mesh.partial_sum_axes_of(a)
-    if not plans.adds_pending_sums(pending, mesh.partial_sum_axes_of(b), a.shape, b.shape,
-                                   out.shape):
-      return None
     layout = plans.stay(mesh.layout_of(out.shape))
+    pending = mesh.partial_sum_axes_of(a)
+    if plans.adds_pending_sums(pending, mesh.partial_sum_axes_of(b), a.shape, b.shape,
+                               out.shape):
+      partial = (plans.TAKES_PARTIAL, plans.TAKES_PARTIAL)
+    else:
+      joined = self._pending_operand(mesh)
+      if joined is None:
+        return None
+      index, pending = joined
+      partial = tuple(plans.TAKES_PARTIAL if i == index else "" for i in range(2))
     return plans.LocalPlan(
-        (plans.Operand(0, layout, plans.TAKES_PARTIAL),
-         plans.Operand(1, layout, plans.TAKES_PARTIAL)),
+        tuple(plans.Operand(i, layout, partial[i]) for i in range(2)),
         (plans.Result(out.shape, out.dtype.size, layout, tuple(sorted(pending))),))
 
   def lower(self, lowering):
-    plan = self.plan(lowering.plan_mesh(self))
+    mesh = lowering.plan_mesh(self)
+    plan = self.plan(mesh)
     if plan is None:
       super().lower(lowering)
       return
-    lowering.lower_with_plan(self, plan, self._tf_fn)
+    joined = self._pending_operand(mesh)
+    if joined is None:
+      lowering.lower_with_plan(self, plan, self._tf_fn)
+      return
+    index, axes = joined
+    impl = lowering.mesh_impl(self)
+    first = impl.slicewise(lambda *coords: tf.reduce_all(tf.stack([c == 0 for c in coords])),
+                           *[impl.laid_out_pcoord(a) for a in axes])
+
+    def fn(x, y, is_first):
+      whole = (y, x)[index]  # the operand that is not pending
+      whole = tf.where(is_first, whole, tf.zeros_like(whole))
+      return self._tf_fn(x, whole) if index == 0 else self._tf_fn(whole, y)
+    lowering.lower_with_plan(self, plan, fn, extra=(first,))
 
 
 def add(x, y, output_shape=None, name=None) -> Tensor:

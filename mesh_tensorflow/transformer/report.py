@@ -160,8 +160,10 @@ def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] 
           name=name)
     loss, _ = modeling.make_model_fn(setup)(mesh, features, "train")
     stage = configured_zero_stage() if zero_stage is None else zero_stage
+    reshard = gin_config.query("run.zero_reshard_after_forward", True) is not False
+    if zero_stage is None:  # the config's own stage: its settings must agree
+      mtf.zero.check_reshard(stage, reshard)
     if stage:
-      reshard = gin_config.query("run.zero_reshard_after_forward", True) is not False
       mtf.zero.shard_training_state(graph, impl, stage,
                                     reshard_after_forward=reshard or stage != 3)
       layout = impl.layout_rules.to_string()

@@ -3,7 +3,7 @@ with the interleaved schedule, each stage into layer chunks) run by
 `mtf.pipeline`, and decoding with a pipelined stack. `LayerStack` inherits
 this mixin; layer_stack.py documents the behaviour.
 
-    >>> stack = make_layer_stack([SelfAttention, DenseReluDense], num_layers=8,
+    >>> stack = make_layer_stack([SelfAttention, DenseReluDense], num_layers=4,
     ...                          num_stages=2, num_microbatches=4,
     ...                          pipeline_schedule="interleaved", virtual_stages=2)
     >>> stack.layers_per_chunk
@@ -84,7 +84,8 @@ class PipelinedStack:
   def _runs_pipelined(self, context: Context) -> bool:
     """Whether `call` runs the GPipe schedule (the interleaved one runs only
     inside `pipeline_loss`; its stacks run chunk after chunk otherwise)."""
-    return (self.virtual_stages == 1 and context.mode in (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)
+    return (self.virtual_stages == 1
+            and context.mode in (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)
             and not getattr(context, "layer_outputs_requested", True))
 
   def _stage_context(self, context: Context, h: mtf.Tensor, carried_names,

@@ -374,6 +374,12 @@ def test_zero_stages_are_priced_as_mtf_zero_runs_them():
   with pytest.raises(ValueError, match="zero_reshard_after_forward = False applies to"):
     _plan(extra=adam + ["run.zero_stage = 2", "run.zero_reshard_after_forward = False"],
           cluster=cluster, mesh=mesh)
+  # `report` builds the config's own step: the same setting is the same error.
+  from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
+  gin_config.parse([], MODEL + adam + ["run.zero_stage = 2",
+                                       "run.zero_reshard_after_forward = False"])
+  with pytest.raises(ValueError, match="reshard_after_forward=False applies to stage 3"):
+    report.build_training_step("data:4;model:8", "batch:data;d_ff:model", batch_size=8)
 
 
 def test_fused_attention_takes_the_scores_out_of_memory_and_traffic():

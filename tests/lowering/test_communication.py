@@ -613,3 +613,38 @@ def test_computed_slices_of_a_pending_sum_do_not_complete_it():
   np.testing.assert_allclose(whole[0].numpy(), np.full((4, 2), 8.0))
   with pytest.raises(ValueError, match="was not lowered"):
     lowering.computed_slices(mtf.zeros(mesh, "m:4"))
+
+
+@pytest.mark.parametrize("whole_first", [False, True])
+def test_a_whole_tensor_joins_a_pending_sum_without_completing_it(whole_first):
+  """p + w (or w + p) with p a pending sum over rows and w whole: w joins
+  the partial sums of the processors at row 0, the result stays pending, and
+  one allreduce completes it together with another pending sum added later.
+  Values as NumPy's, both CPU modes."""
+  a_np = np.arange(32, dtype=np.float32).reshape(4, 8) / 7.0
+  b_np = np.arange(16, dtype=np.float32).reshape(8, 2) / 5.0
+  w_np = np.full((4, 2), 3.0, np.float32)
+  q_np = np.full((4, 2), 0.5, np.float32)
+  p_np = a_np @ b_np
+  x_np = w_np + p_np
+  want = x_np + 2.0 * q_np + p_np
+  for kwargs in ({}, {"share_replicas": False}):
+    impl = mtf_test_utils.make_impl("rows:2;cols:4", "k:rows", **kwargs)
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    a = mtf.import_tf_tensor(mesh, a_np, "m:4;k:8")
+    b = mtf.import_tf_tensor(mesh, b_np, "k:8;n:2")
+    w = mtf.import_tf_tensor(mesh, w_np, "m:4;n:2")
+    q = mtf.import_tf_tensor(mesh, q_np, "m:4;n:2")
+    p = mtf.einsum([a, b], output_shape="m:4;n:2")
+    x = mtf.add(w, p) if whole_first else mtf.add(p, w)
+    # Whole tensors and another pending sum fold in: still the one allreduce
+    # (completing p at the first addition would take a second one for p2).
+    p2 = mtf.einsum([a, b], output_shape="m:4;n:2")
+    y = mtf.add(mtf.add(mtf.add(x, q), q), p2)
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    got = lowering.export_to_tf_tensor(y).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    ars = [(r.mesh_axes, r.bytes_per_processor) for r in _records(lowering, "allreduce")]
+    if kwargs:  # shared memory may fuse the product's sum into its gathers instead
+      assert ars == [((0,), 4 * 2 * 4)], ars  # the export completes the one sum

@@ -41,8 +41,9 @@ def _model(num_stages, schedule="gpipe", recompute="none", virtual_stages=1):
                                     autoregressive=True, max_length=L, vocab_divisor=8)
 
 
-def _run(num_stages, mesh_shape, layout, **kwargs):
-  """Loss and {variable name: gradient} of the model on the packed batch."""
+def _run(num_stages, mesh_shape, layout, mode="train", **kwargs):
+  """Loss and {variable name: gradient} of the model on the packed batch
+  (in eval mode no gradients)."""
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
 
@@ -51,9 +52,9 @@ def _run(num_stages, mesh_shape, layout, **kwargs):
   targets = imp(TARGETS)
   model = _model(num_stages, **kwargs)
   _, loss = model.call_simple(mtf.shift(targets, 1, length, wrap=False), targets, True,
-                              sequence_id=imp(SEGMENTS), position=imp(POSITIONS))
-  variables = graph.trainable_variables
-  grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+                              mode=mode, sequence_id=imp(SEGMENTS), position=imp(POSITIONS))
+  variables = graph.trainable_variables if mode == "train" else []
+  grads = mtf.gradients([loss], [v.outputs[0] for v in variables]) if variables else []
   lowering = mtf.Lowering(graph, {mesh: make_impl(mesh_shape, layout)})
   values = {v.name: lowering.export_to_tf_tensor(g).numpy() for v, g in zip(variables, grads)}
   return float(lowering.export_to_tf_tensor(loss).numpy()), values, lowering
@@ -185,17 +186,7 @@ def test_interleaved_stack_evaluates_chunk_after_chunk():
   """Outside training an interleaved stack runs its chunks in turn: the
   unpipelined model's loss."""
   def eval_loss(num_stages, mesh_shape, layout, **kwargs):
-    graph = mtf.Graph()
-    mesh = mtf.Mesh(graph, "mesh")
-
-    def imp(value):
-      return mtf.import_tf_tensor(mesh, tf.constant(value), [batch, length])
-    targets = imp(TARGETS)
-    _, loss = _model(num_stages, **kwargs).call_simple(
-        mtf.shift(targets, 1, length, wrap=False), targets, True, mode="eval",
-        sequence_id=imp(SEGMENTS), position=imp(POSITIONS))
-    lowering = mtf.Lowering(graph, {mesh: make_impl(mesh_shape, layout)})
-    return float(lowering.export_to_tf_tensor(loss).numpy())
+    return _run(num_stages, mesh_shape, layout, mode="eval", **kwargs)[0]
   reference = eval_loss(1, "all:1", "")
   got = eval_loss(2, "pp:2;dp:4", "stages:pp;batch:dp", schedule="interleaved",
                   virtual_stages=2)

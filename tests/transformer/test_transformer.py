@@ -8,6 +8,8 @@ position buckets, and the encoder-decoder model.
 Models are tiny so the whole file runs in about two minutes on two cores.
 """
 
+import collections
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -375,3 +377,36 @@ def test_while_loop_random_ops_and_pending_sums():
   noise = single - x_np.sum(1, keepdims=True)
   assert np.all((noise > -1e-5) & (noise < 1 + 1e-5))
   assert not np.allclose(noise[:, 0], noise[:, 1]) and not np.allclose(noise[:, 1], noise[:, 2])
+
+
+def test_parallel_multi_query_layers_run_megatrons_collectives():
+  """PaLM's layer: attention (one memory head) and feed-forward side by side,
+  heads and d_ff split over `model`. Per layer, one all-reduce of the
+  activations in the forward pass (the two branches' sums folded into one)
+  and one in the backward pass (the shared keys' and values' gradient paths
+  join the queries' and feed-forward's), plus the keys' and values' own
+  small ones; the single-device loss and gradients."""
+  def run(mesh_shape, layout):
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    targets = mtf.import_tf_tensor(mesh, tf.constant(TARGETS[:B]), [batch, length])
+    att = lambda: tl.SelfAttention(num_heads=4, key_value_size=4, num_memory_heads=1)  # noqa: E731
+    ffn = lambda: tl.DenseReluDense(hidden_size=32, activation=["swish", "linear"])  # noqa: E731
+    stack = transformer.make_layer_stack([lambda: tl.ParallelLayer([att, ffn])], num_layers=2)
+    model = transformer.Unitransformer(stack, d_model=D, input_vocab_size=V, output_vocab_size=V,
+                                       autoregressive=True, max_length=L, vocab_divisor=8)
+    _, loss = model.call_simple(mtf.shift(targets, 1, length, wrap=False), targets, True)
+    variables = graph.trainable_variables
+    grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
+    lowering = mtf.Lowering(graph, {mesh: make_impl(mesh_shape, layout, share_replicas=False)})
+    values = [lowering.export_to_tf_tensor(t).numpy() for t in [loss] + grads]
+    sizes = collections.Counter(r.bytes_per_processor for r in lowering.collective_records
+                                if r.kind == "allreduce" and r.mesh_axes == (1,))
+    return values, sizes
+  want, _ = run("all:1", "")
+  got, sizes = run("data:2;model:4", "batch:data;heads:model;d_ff:model")
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-6)
+  activations = B // 2 * L * D * 4  # [batch / 2, length, d_model] floats
+  keys = B // 2 * L * 4 * 4  # [batch / 2, length, d_kv]: keys or values
+  assert sizes == {activations: 2 * 2, keys: 2 * 2}, sizes
