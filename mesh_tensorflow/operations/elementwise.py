@@ -442,8 +442,10 @@ class _LazyAwareAdd(ElementwiseOperation):
       return
     index, axes = joined
     impl = lowering.mesh_impl(self)
-    first = impl.slicewise(lambda *coords: tf.reduce_all(tf.stack([c == 0 for c in coords])),
-                           *[impl.laid_out_pcoord(a) for a in axes])
+    # tf.equal, not ==: in graph mode == compares Python objects.
+    first = impl.slicewise(
+        lambda *coords: tf.reduce_all(tf.stack([tf.equal(c, 0) for c in coords])),
+        *[impl.laid_out_pcoord(a) for a in axes])
 
     def fn(x, y, is_first):
       whole = (y, x)[index]  # the operand that is not pending

@@ -83,11 +83,11 @@ from mesh_tensorflow.training.stage_variables import StageVariables
 def _send(t: Tensor, offset: int, stages_dim: Dimension, wrap: bool = False) -> Tensor:
   """Moves `t` one stage on (offset 1) or back (-1): a permute between
   neighbouring stages (with `wrap`, also from the last stage to the first
-  or back: the interleaved schedule's ring). Where the layout replicates `t` over other mesh
-  dimensions (the model-parallel ones, typically), each replica sends one
-  block and the next stage all-gathers them (`mtf.shift(...,
-  split_replicas=True)`), so the link between stages, often the network
-  between hosts, carries 1/r of the activations."""
+  or back: the interleaved schedule's ring). Where the layout replicates `t`
+  over other mesh dimensions (the model-parallel ones, typically), each
+  replica sends one block and the next stage all-gathers them
+  (`mtf.shift(..., split_replicas=True)`), so the link between stages,
+  often the network between hosts, carries 1/r of the activations."""
   return slicing.shift(t, offset, stages_dim, wrap=wrap, split_replicas=True)
 
 
