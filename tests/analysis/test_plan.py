@@ -95,6 +95,29 @@ def test_interleaved_schedule_is_read_from_gin_and_priced_from_its_table():
                  "transformer.make_layer_stack.virtual_stages = 2"], **kw)
 
 
+def test_parallel_multi_query_layers_are_planned_with_megatrons_collectives():
+  """PaLM's layer in a config (ParallelLayer of attention with one memory
+  head and a SwiGLU feed-forward layer): the plan's all-reduces of
+  activations over `model` are one per layer and pass (plus the output
+  layer's), against two for the serial layers; the shared keys' and values'
+  gradients add a small one each per layer."""
+  parallel = ["transformer.make_layer_stack.layers = [@transformer_layers.ParallelLayer]",
+              "transformer_layers.ParallelLayer.layer_classes = "
+              "[@transformer_layers.SelfAttention, @transformer_layers.DenseReluDense]",
+              "SelfAttention.num_memory_heads = 1", "DenseReluDense.activation = ['swish', 'linear']"]
+  activations = 64 // 2 * 256 * 512 * 2  # [batch / 2, length, d_model] in bfloat16
+
+  def model_allreduces(plan):
+    return {(c.phase, c.bytes_per_processor): c.count for c in plan.communications
+            if c.mesh_dims == ("model",) and c.kind == "allreduce" and c.phase != "optimizer"}
+  serial = model_allreduces(_plan(cluster="tpu-v4:16", mesh="data:2;model:8"))
+  palm = model_allreduces(_plan(extra=parallel, cluster="tpu-v4:16", mesh="data:2;model:8"))
+  assert serial[("forward", activations)] == serial[("backward", activations)] == 2 * 8 + 1
+  assert palm[("forward", activations)] == palm[("backward", activations)] == 8 + 1
+  keys = 64 // 2 * 256 * 64 * 2  # [batch / 2, length, d_kv]
+  assert palm[("backward", keys)] == 2 * 8
+
+
 def test_pipeline_sends_are_priced_in_blocks_as_the_pipeline_sends_them():
   """A stage's activations are replicated over the 8-way model dimension:
   mtf.pipeline sends 1/8 of them per GPU across hosts and all-gathers the
