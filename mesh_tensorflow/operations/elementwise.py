@@ -414,29 +414,33 @@ class _LazyAwareAdd(ElementwiseOperation):
     the processors at coordinate 0 along the pending axes, and the result
     stays pending. Otherwise no plan: an elementwise kernel on the completed
     inputs."""
+    return self._plan_and_joined(mesh)[0]
+
+  def _plan_and_joined(self, mesh):
+    """(plan, what `_pending_operand` found: None unless a whole tensor
+    joins a pending sum)."""
     (a, b), out = self._inputs, self.outputs[0]
     layout = plans.stay(mesh.layout_of(out.shape))
     pending = mesh.partial_sum_axes_of(a)
+    joined = None
     if plans.adds_pending_sums(pending, mesh.partial_sum_axes_of(b), a.shape, b.shape,
                                out.shape):
       partial = (plans.TAKES_PARTIAL, plans.TAKES_PARTIAL)
     else:
       joined = self._pending_operand(mesh)
       if joined is None:
-        return None
+        return None, None
       index, pending = joined
       partial = tuple(plans.TAKES_PARTIAL if i == index else "" for i in range(2))
     return plans.LocalPlan(
         tuple(plans.Operand(i, layout, partial[i]) for i in range(2)),
-        (plans.Result(out.shape, out.dtype.size, layout, tuple(sorted(pending))),))
+        (plans.Result(out.shape, out.dtype.size, layout, tuple(sorted(pending))),)), joined
 
   def lower(self, lowering):
-    mesh = lowering.plan_mesh(self)
-    plan = self.plan(mesh)
+    plan, joined = self._plan_and_joined(lowering.plan_mesh(self))
     if plan is None:
       super().lower(lowering)
       return
-    joined = self._pending_operand(mesh)
     if joined is None:
       lowering.lower_with_plan(self, plan, self._tf_fn)
       return

@@ -75,7 +75,7 @@ from mesh_tensorflow.operations import reduction
 from mesh_tensorflow.operations import shape_ops
 from mesh_tensorflow.operations import slicing
 from mesh_tensorflow.core.shapes import Dimension, Shape
-from mesh_tensorflow.training.pipeline_schedule import SCHEDULES, PipelineSchedule
+from mesh_tensorflow.training.pipeline_schedule import SCHEDULES, PipelineSchedule, chunk_of
 from mesh_tensorflow.training.stage_variables import StageVariables
 
 
@@ -491,8 +491,8 @@ class _OneFOneB:
 
     def cells(row, kind):
       """{stage: (micro-batch, chunk v)} of the row's cells of `kind`."""
-      return {s: (c[1], c[2] if len(c) > 2 else 0)
-              for s, c in enumerate(row) if c is not None and c[0] == kind}
+      return {s: (c[1], chunk_of(c)) for s, c in enumerate(row)
+              if c is not None and c[0] == kind}
     for u, row in enumerate(self.table.table):
       fwd, bwd = cells(row, "F"), cells(row, "B")
       results = []

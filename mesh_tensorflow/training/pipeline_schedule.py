@@ -114,6 +114,11 @@ class PipelineSchedule:
             f"microbatches={self.num_microbatches}{chunks}, slots={self.num_slots})")
 
 
+def chunk_of(cell) -> int:
+  """The layer chunk v of a table cell: its third entry ("interleaved"), else 0."""
+  return cell[2] if len(cell) > 2 else 0
+
+
 def _gpipe_table(s_count: int, m_count: int):
   ticks = m_count + s_count - 1
   fwd = [[("F", t - s) if 0 <= t - s < m_count else None for s in range(s_count)]
@@ -182,7 +187,7 @@ def _simulate(order, s_count: int, v_count: int):
         continue
       cell = order[s][pos[s]]
       kind, m = cell[0], cell[1]
-      c = (cell[2] if len(cell) > 2 else 0) * s_count + s
+      c = chunk_of(cell) * s_count + s
       if kind == "F":
         ready = c == 0 or done.get(("F", c - 1, m), u) < u
       else:
@@ -191,8 +196,7 @@ def _simulate(order, s_count: int, v_count: int):
         row[s] = cell
     for s, cell in enumerate(row):
       if cell is not None:
-        c = (cell[2] if len(cell) > 2 else 0) * s_count + s
-        done[(cell[0], c, cell[1])] = u
+        done[(cell[0], chunk_of(cell) * s_count + s, cell[1])] = u
         pos[s] += 1
     table.append(row)
     u += 1

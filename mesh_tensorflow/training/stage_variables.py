@@ -210,10 +210,16 @@ class StageVariables:
   def pick_chunks(self, chunks: Dict[int, int]) -> Tensor:
     """One-hot [virtual_stages, stages]: stage s's row at chunk `chunks[s]`
     (v, 0 for stages not given)."""
-    value = np.zeros([self.virtual_dim.size, self.stages_dim.size], dtype=np.float32)
-    for s in range(self.stages_dim.size):
-      value[chunks.get(s, 0), s] = 1.0
-    return const_ops.constant(self.mesh, value, Shape(self._lead), dtype=tf.float32)
+    return self._one_hot([(chunks.get(s, 0), s) for s in range(self.stages_dim.size)],
+                         tf.float32)
+
+  def _one_hot(self, positions, dtype) -> Tensor:
+    """A constant of the leading dimensions ([stages] or [virtual_stages,
+    stages]): 1 at each index tuple in `positions`, 0 elsewhere."""
+    value = np.zeros([d.size for d in self._lead], dtype=np.float32)
+    for position in positions:
+      value[position] = 1.0
+    return const_ops.constant(self.mesh, value, Shape(self._lead), dtype=dtype)
 
   def stage(self, s: int):
     """Context: get_variable returns stage s's row of each variable (with
@@ -225,9 +231,8 @@ class StageVariables:
       key = (name, s)
       if key not in self._stage_cache:
         value = self.variables[name].outputs[0]
-        value_np = np.zeros([d.size for d in self._lead], dtype=np.float32)
-        value_np[divmod(s, self.stages_dim.size) if self.virtual_dim else s] = 1.0
-        pick = const_ops.constant(self.mesh, value_np, Shape(self._lead), dtype=value.dtype)
+        pick = self._one_hot([divmod(s, self.stages_dim.size) if self.virtual_dim else (s,)],
+                             value.dtype)
         self._stage_cache[key] = einsum_ops.einsum([value, pick],
                                                    output_shape=self._per_stage_shapes[name])
       return _PerStageView(self._per_stage_shapes[name], self._stage_cache[key])
