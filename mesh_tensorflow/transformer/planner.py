@@ -606,25 +606,32 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
 def _stage_send_time(one: _Priced, full_shape, rules, pipe_axis: int,
                      cluster: hardware_lib.Cluster) -> float:
   """Seconds to move a layer's input to the next stage as `mtf.pipeline`
-  sends it: the [stages, ...] activations, cut into blocks over the mesh
-  axes that replicate them (`plans.replica_splits`, the plan `mtf.shift`
-  executes), each block a point-to-point send along the pipeline's axis,
-  then all-gathered by the receivers."""
+  sends it: the Redistribution `plans.plan_shift` builds for the
+  [stages, ...] activations (the plan the lowering executes: blocks cut
+  over the mesh axes that replicate them, a point-to-point send along the
+  pipeline's axis, all-gathers on the receivers), each step priced by the
+  cost model's `collective_seconds`."""
+  import types  # pylint: disable=g-import-not-at-top
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.lowering import plans  # pylint: disable=g-import-not-at-top
   sizes = full_shape.to_integer_list()
-  nbytes = one.layer_input_bytes
-  blocks = ()
-  if one.layer_input_dims:
-    shape = mtf.Shape([mtf.Dimension("stages", sizes[pipe_axis])] + list(one.layer_input_dims))
-    blocks = plans.replica_splits(shape, tuple(rules.tensor_layout(shape, full_shape)), sizes,
-                                  (0,))
-  for mesh_axis, _ in blocks:
-    nbytes /= sizes[mesh_axis]
-  seconds = topology.point_to_point_time(nbytes, sizes, pipe_axis, cluster)
-  for mesh_axis, _ in reversed(blocks):
-    seconds += estimator.collective_seconds("allgather", nbytes, sizes, [mesh_axis], cluster)
-    nbytes *= sizes[mesh_axis]
+  if not one.layer_input_dims:  # no layer input found: one whole send of its bytes
+    return topology.point_to_point_time(one.layer_input_bytes, sizes, pipe_axis, cluster)
+  stages = mtf.Dimension("stages", sizes[pipe_axis])
+  shape = mtf.Shape([stages] + list(one.layer_input_dims))
+  layout_of = lambda s: tuple(rules.tensor_layout(s, full_shape))
+  elems = plans.slice_elements(shape, layout_of(shape), sizes)
+  dtype = types.SimpleNamespace(size=one.layer_input_bytes / max(elems, 1))
+  shift = types.SimpleNamespace(inputs=[types.SimpleNamespace(shape=shape, dtype=dtype)],
+                                wrap=False, split_replicas=True)
+  send = plans.plan_shift(shift, stages, 1, layout_of, sizes).operands[1].move
+  seconds = 0.0
+  for step, layout in send.walk():
+    if step.kind is None:
+      continue
+    axes = step.mesh_axes if isinstance(step, plans.AllReduce) else (step.mesh_axis,)
+    nbytes = plans.slice_elements(shape, layout, sizes) * dtype.size
+    seconds += estimator.collective_seconds(step.kind, nbytes, sizes, axes, cluster)
   return seconds
 
 

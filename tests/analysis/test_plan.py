@@ -144,6 +144,38 @@ def test_pipeline_sends_are_priced_in_blocks_as_the_pipeline_sends_them():
       4 * 2 * topology.point_to_point_time(256 * 512 * 2, [2, 16], 0, cluster))
 
 
+def test_pipeline_sends_are_priced_from_the_collectives_the_lowering_runs():
+  """The planner prices a stage send by the plan mtf.shift executes: its
+  price equals the lowering's own collective records for that send, priced
+  on the cluster's links."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.analysis.cost_model import estimator  # pylint: disable=g-import-not-at-top
+  from mtf_test_utils import lower_and_run  # pylint: disable=g-import-not-at-top
+  dims = [mtf.Dimension("batch", 4), mtf.Dimension("length", 8), mtf.Dimension("d_model", 16)]
+  mesh_shape, layout = "pipe:2;data:2;model:2", "stages:pipe;batch:data"
+  value = np.arange(2 * 4 * 8 * 16, dtype=np.float32).reshape(2, 4, 8, 16)
+
+  def builder(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(value), mtf.Shape([mtf.Dimension("stages", 2)]
+                                                                  + dims))
+    return {"y": mtf.shift(x, 1, "stages", wrap=False, split_replicas=True)}
+  got, lowering = lower_and_run(builder, mesh_shape, layout, return_lowering=True)
+  np.testing.assert_array_equal(got["y"][1], value[0])
+  records = lowering.collective_records
+  assert sorted(r.kind for r in records) == ["allgather", "permute"]
+  cluster = hardware.parse_cluster("a100-80gb:8")
+  sizes = [2, 2, 2]
+  lowered = sum(estimator.collective_seconds(r.kind, r.bytes_per_processor, sizes, r.mesh_axes,
+                                             cluster) for r in records)
+  priced, send_time = planner._Priced, planner._stage_send_time  # pylint: disable=protected-access
+  one = priced({}, 0, 0, 0, 1 * 2 * 8 * 16 * 4, 0, 0, tuple(dims))  # a stage's slice: 1x2x8x16
+  full_shape = mtf.convert_to_shape(mesh_shape)
+  rules = mtf.convert_to_layout_rules(layout)
+  assert send_time(one, full_shape, rules, 0, cluster) == pytest.approx(lowered)
+
+
 def test_plan_rejects_zero_without_a_data_parallel_dimension():
   with pytest.raises(ValueError, match="does not split 'batch'.*run.zero_stage = 0"):
     _plan(extra=["run.zero_stage = 2"], layout="d_ff:model;heads:model")
