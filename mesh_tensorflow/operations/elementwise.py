@@ -357,10 +357,9 @@ def _binary_with_scalar(tf_fn, x, y, grads, output_dtype, output_shape, name):
 _add_base = _binary(tf.add, "add", (
     lambda x, y, z, dz: dz,
     lambda x, y, z, dz: dz))
-sub = _binary(tf.subtract, "sub", (
+_sub_base = _binary(tf.subtract, "sub", (
     lambda x, y, z, dz: dz,
     lambda x, y, z, dz: -dz))
-subtract = sub
 multiply = _binary(tf.multiply, "multiply", (
     lambda x, y, z, dz: dz * y,
     lambda x, y, z, dz: dz * x))
@@ -395,8 +394,9 @@ logical_xor = _binary(tf.math.logical_xor, "logical_xor", output_dtype=tf.bool)
 
 
 class _LazyAwareAdd(ElementwiseOperation):
-  """add that keeps pending allreduces pending: two pending sums over the
-  same mesh axes, or a pending sum and a whole tensor."""
+  """add (or subtract: `tf_fn` is linear in each operand) that keeps pending
+  allreduces pending: two pending sums over the same mesh axes, or a pending
+  sum and a whole tensor."""
 
   def _pending_operand(self, mesh):
     """(index of the pending operand, its mesh axes) when one pending sum
@@ -473,6 +473,27 @@ def add(x, y, output_shape=None, name=None) -> Tensor:
       tf.add, [x, y], output_shape=output_shape, name=name or "add",
       input_grads=[lambda o, dz: reduce_to_shape(dz, o.inputs[0].shape),
                    lambda o, dz: reduce_to_shape(dz, o.inputs[1].shape)]).outputs[0]
+
+
+def sub(x, y, output_shape=None, name=None) -> Tensor:
+  """x - y with broadcasting by dimension name; pending sums stay pending as
+  in `mtf.add`.
+
+  Example:
+    >>> residual = mtf.sub(targets, predictions)
+  """
+  if is_scalar_value(x) or is_scalar_value(y):
+    return _sub_base(x, y, output_shape=output_shape, name=name)
+  x, y = _binary_inputs(x, y, "sub")
+  if not x.dtype.is_floating:
+    return _sub_base(x, y, output_shape=output_shape, name=name)
+  return _LazyAwareAdd(
+      tf.subtract, [x, y], output_shape=output_shape, name=name or "sub",
+      input_grads=[lambda o, dz: reduce_to_shape(dz, o.inputs[0].shape),
+                   lambda o, dz: reduce_to_shape(negative(dz), o.inputs[1].shape)]).outputs[0]
+
+
+subtract = sub
 
 
 def add_n(xs: Sequence[Tensor], name=None) -> Tensor:

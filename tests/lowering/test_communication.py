@@ -648,3 +648,36 @@ def test_a_whole_tensor_joins_a_pending_sum_without_completing_it(whole_first):
     ars = [(r.mesh_axes, r.bytes_per_processor) for r in _records(lowering, "allreduce")]
     if kwargs:  # shared memory may fuse the product's sum into its gathers instead
       assert ars == [((0,), 4 * 2 * 4)], ars  # the export completes the one sum
+
+
+@pytest.mark.parametrize("whole_first", [False, True])
+def test_subtracting_keeps_a_pending_sum_pending(whole_first):
+  """w - p, p - w and p - p2 with p, p2 pending sums over rows: subtraction is
+  linear, so the result stays pending and one allreduce completes it;
+  values and gradients as NumPy's."""
+  a_np = np.arange(32, dtype=np.float32).reshape(4, 8) / 7.0
+  b_np = np.arange(16, dtype=np.float32).reshape(8, 2) / 5.0
+  c_np = np.linspace(-1.0, 1.0, 16, dtype=np.float32).reshape(8, 2)
+  w_np = np.full((4, 2), 3.0, np.float32)
+  x_np = (w_np - a_np @ b_np) if whole_first else (a_np @ b_np - w_np)
+  want = x_np - a_np @ c_np
+  impl = mtf_test_utils.make_impl("rows:2;cols:4", "k:rows", share_replicas=False)
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  a = mtf.import_tf_tensor(mesh, a_np, "m:4;k:8")
+  b = mtf.import_tf_tensor(mesh, b_np, "k:8;n:2")
+  c = mtf.import_tf_tensor(mesh, c_np, "k:8;n:2")
+  w = mtf.import_tf_tensor(mesh, w_np, "m:4;n:2")
+  p = mtf.einsum([a, b], output_shape="m:4;n:2")
+  x = mtf.sub(w, p) if whole_first else p - w
+  y = x - mtf.einsum([a, c], output_shape="m:4;n:2")
+  [dw, dc] = mtf.gradients([mtf.reduce_sum(y * y)], [w, c])
+  lowering = mtf.Lowering(graph, {mesh: impl})
+  got = lowering.export_to_tf_tensor(y).numpy()
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  forward = [r for r in _records(lowering, "allreduce") if r.bytes_per_processor == 4 * 2 * 4]
+  assert len(forward) == 1, forward  # y's one sum (the export completes it)
+  np.testing.assert_allclose(lowering.export_to_tf_tensor(dw).numpy(),
+                             2 * want * (1.0 if whole_first else -1.0), rtol=1e-5)
+  np.testing.assert_allclose(lowering.export_to_tf_tensor(dc).numpy(), a_np.T @ (-2 * want),
+                             rtol=1e-5)
