@@ -50,6 +50,21 @@ Rows:
   schedule, full recomputation of every layer, vocabulary 51,200 (GPT-2's
   50,257 padded as Megatron pads it).
 
+* Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+  Transformer Models" (arXiv 2205.05198), held out: GPT models of 22B, 175B,
+  530B and 1T parameters (Table 3: 48, 96, 105 and 128 layers, hidden 6144,
+  12,288, 20,480 and 25,600, 64 to 160 heads) on 8, 64, 280 and 512 A100
+  80 GB (Selene), 8-way tensor and 1-, 8-, 35- and 64-way pipeline
+  parallelism, no data parallelism, global batch 4, 64, 280 and 512 in
+  micro-batches of 4, 1, 1 and 1 sequences, sequence 2048, vocabulary
+  51,200, the interleaved schedule with 3 chunks for 175B and 530B
+  (Section 6; 1F1B assumed for 1T). Table 5 gives seconds per iteration
+  with every layer recomputed and with sequence parallelism and selective
+  recomputation (the attention's scores, softmax and weighted sum),
+  planned as `recompute = 'layer'` and as `recompute = 'selective'` with
+  `sequence_parallel = True`. Compared: teraFLOP/s per GPU with the paper's
+  model FLOP count (its Eq. 7), 72 B s l h^2 (1 + s / (6h) + V / (12 h l)).
+
 * Runs sharded FSDP-style (ZeRO stage 3 here), held out:
   - Zhang et al. 2022, "OPT: Open Pre-trained Transformer Language Models"
     (arXiv 2205.01068), Section 2.4: OPT-175B (96 layers, hidden 12,288, 96
@@ -172,6 +187,18 @@ MEGATRON_H100_TABLE = [
 ]
 
 
+KORTHIKANTI = "Korthikanti et al. 2022, Tables 3 and 5"
+# (name, heads, hidden, layers, t, p, GPUs, batch = micro-batches x MBS, MBS, chunks per
+# device, seconds per iteration with full recomputation, with sequence parallelism and
+# selective recomputation)
+KORTHIKANTI_TABLE = [
+    ("22B", 64, 6144, 48, 8, 1, 8, 4, 4, 1, 1.42, 1.10),
+    ("175B", 96, 12288, 96, 8, 8, 64, 64, 1, 3, 18.13, 13.75),
+    ("530B", 128, 20480, 105, 8, 35, 280, 280, 1, 3, 49.05, 37.83),
+    ("1T", 160, 25600, 128, 8, 64, 512, 512, 1, 1, 94.42, 71.49),
+]
+
+
 @dataclasses.dataclass
 class Row:
   name: str
@@ -226,7 +253,7 @@ def palm_row():
   attention, SwiGLU, as the library's layers express them."""
   return Row(
       "PaLM 540B", CHOWDHERY, "tpu-v4", 6144, "data:512;model:12",
-      "batch:data;heads:model;d_ff:model;vocab:model",
+      "batch:data;heads:model;d_ff:model;vocab:model;residual_d_model:model",
       ["num_layers = 118", "d_model = 18432", "d_ff = 73728", "num_heads = 48", "d_kv = 256",
        "run.model_type = 'lm'", "run.sequence_length = {'inputs': 2048, 'targets': 2048}",
        "run.batch_size = 2048", "run.activation_dtype = 'bfloat16'",
@@ -237,8 +264,31 @@ def palm_row():
        "transformer_layers.ParallelLayer.layer_classes = "
        "[@transformer_layers.SelfAttention, @transformer_layers.DenseReluDense]",
        "SelfAttention.num_memory_heads = 1", "DenseReluDense.activation = ['swish', 'linear']",
+       # The stream between the layers split over d_model, as PaLM's (2,048 is
+       # not a multiple of 12, so the length cannot be split).
+       "transformer.make_layer_stack.sequence_parallel = 'd_model'",
        "transformer.make_layer_stack.recompute = 'layer'", "run.zero_stage = 3"],
       238.3, "thousand tokens/s")
+
+
+def korthikanti_rows():
+  """Each model twice: every layer recomputed, and sequence parallelism with
+  selective recomputation (the paper's "present work")."""
+  rows = []
+  for name, heads, h, layers, t, p, gpus, batch, mbs, chunks, full_s, present_s in \
+      KORTHIKANTI_TABLE:
+    # The paper's model FLOPs per iteration (its Eq. 7: no recomputation).
+    flops = 72 * batch * SEQ * layers * h * h * (1 + SEQ / (6 * h) + VOCAB / (12 * h * layers))
+    for label, seconds, recompute in (("full", full_s, "layer"),
+                                      ("SP+sel", present_s, "selective")):
+      row = _gpt_row(f"{name} {label}", KORTHIKANTI, heads, h, layers, t, p, gpus, batch,
+                     flops / seconds / gpus / 1e12, mbs, chunks, recompute=recompute)
+      row.paper_flops = flops
+      if recompute == "selective":
+        row.layout += ";residual_length:model"
+        row.bindings.append("transformer.make_layer_stack.sequence_parallel = True")
+      rows.append(row)
+  return rows
 
 
 def megatron_h100_rows():
@@ -424,8 +474,8 @@ def main(argv=None):
   if args.quick:
     rows = rows[:2]
   else:
-    rows = ([shazeer_row()] + rows + mt_nlg_rows() + fsdp_rows() + [palm_row()]
-            + megatron_h100_rows())
+    rows = ([shazeer_row()] + rows + mt_nlg_rows() + korthikanti_rows() + fsdp_rows()
+            + [palm_row()] + megatron_h100_rows())
   if args.fit:
     print(f"fitted GPU matmul_efficiency: {fit([r for r in rows if r.fit]):.3f}")
   print(f"{'run':<22} {'source':<44} {'devices':>8} {'published':>10} {'predicted':>10} "

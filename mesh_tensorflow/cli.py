@@ -38,6 +38,8 @@ from typing import Callable, List, Optional, Sequence
 EXIT_USER_ERROR = 2
 VERBOSE_ENV = "MTF_VERBOSE"
 VERBOSE_FLAG = "--verbose"
+VERBOSE_HELP = ("  --verbose: on an error, print the traceback as well (or set the environment "
+                "variable MTF_VERBOSE=1)")
 DEFAULT_HINT = f"rerun with {VERBOSE_FLAG} (or {VERBOSE_ENV}=1) to see where it happened"
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -321,6 +323,7 @@ class FlagParser:
       shown = ("" if default in (None, [], "", False) or "(default" in help_text
                else f" (default: {default})")
       lines.append(f"  {name}: {help_text}{shown}")
+    lines.append(VERBOSE_HELP)
     return "\n".join(lines)
 
   def parse_args(self, argv: Sequence[str]):
@@ -385,7 +388,7 @@ def parse_own_flags(flag_values, argv: Sequence[str], program: str,
   argv = list(argv)
   if any(arg in HELP_ARGS for arg in argv[1:]):
     text = (about.strip() + "\n\n") if about.strip() else ""
-    print(f"usage: {program} [flags]\n\n{text}flags:\n{flag_values.get_help()}")
+    print(f"usage: {program} [flags]\n\n{text}flags:\n{flag_values.get_help()}\n{VERBOSE_HELP}")
     sys.exit(0)
   try:
     return parse_flag_values(flag_values, argv, program)

@@ -54,6 +54,25 @@ class Graph:
     """
     return self.__dict__.setdefault("_keeps", {})
 
+  def num_readers(self, tensor: "Tensor") -> int:
+    """How many operations of the graph read `tensor` (counted once per
+    reading operation; recounted when the operations change).
+
+    Example:
+      >>> graph.num_readers(y)
+      2
+    """
+    ops = self.operations
+    key = (len(ops), id(ops[-1]) if ops else None)
+    cached = self.__dict__.get("_readers")
+    if cached is None or cached[0] != key:
+      counts: Dict[int, int] = {}
+      for op in ops:
+        for t in set(op.inputs):
+          counts[id(t)] = counts.get(id(t), 0) + 1
+      cached = self.__dict__["_readers"] = (key, counts)
+    return cached[1].get(id(tensor), 0)
+
   @property
   def all_variables(self):
     return [op for op in self.operations if getattr(op, "is_variable", False)]

@@ -315,11 +315,20 @@ def plan_reshape(in_shape, out_shape, dtype_size: int, layout_of: Callable,
   block] with blocks split, or merged with the dimensions after it. Each
   processor's contiguous chunk is then the same in both shapes.
 
+  Where only dimension names change (the sizes, in order, stay), the split
+  moves as `plan_relayout` moves it: an all-to-all rather than a gather.
+
   A reshape is linear: where nothing is gathered and only axes outside the
   input's pending sum (`input_pending_axes`) are sliced, the summands are
   reshaped instead and the sum stays pending (a renamed gradient then joins
   the sum it is added to, one allreduce for both)."""
   in_layout, out_layout = tuple(layout_of(in_shape)), tuple(layout_of(out_shape))
+  if not input_pending_axes and in_shape.to_integer_list() == out_shape.to_integer_list():
+    # Only names change: the slices stay and the split moves as a relayout
+    # does (an all-to-all where a split moves to another dimension, as a
+    # mixture-of-experts layer's tokens move to their experts).
+    return LocalPlan((Operand(0, stay(in_layout)),),
+                     (Result(out_shape, dtype_size, plan_relayout(in_layout, out_layout)),))
   in_strides, out_strides = in_shape.cumprod(), out_shape.cumprod()
   kept_in, kept_out = set(), set()
   for i, a in enumerate(in_layout):

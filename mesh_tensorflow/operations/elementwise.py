@@ -316,6 +316,33 @@ class _ScalarOperandOperation(ElementwiseOperation):
     self._binary_fn = tf_fn
     super().__init__(tf_fn, [tensor], **kwargs)
 
+  def _scales(self) -> bool:
+    """Whether the op multiplies a sum of pending sums (an mtf.add of them,
+    such as a ParallelLayer's branches) by a number (x * c, c * x, x / c):
+    linear, so the sum can stay pending through it. Only where nothing else
+    reads the sum: another reader would complete it, and the scaled one would
+    need an allreduce of its own. (A product's own pending sum, a gradient
+    say, is often read outside the graph as well, and is completed here.)"""
+    x, out = self.inputs[0], self.outputs[0]
+    return (x.dtype.is_floating and x.shape == out.shape and out.dtype == x.dtype
+            and (self._binary_fn is tf.multiply
+                 or (self._binary_fn is tf.truediv and not self._scalar_first))
+            and isinstance(x.operation, _LazyAwareAdd)
+            and x.graph.num_readers(x) == 1)
+
+  def plan(self, mesh):
+    """A pending sum scaled by a number, read by nothing else, stays pending
+    (each processor scales its summand); otherwise no plan: a kernel on the
+    completed input."""
+    pending = mesh.partial_sum_axes_of(self.inputs[0])
+    if pending is None or not self._scales():
+      return None
+    out = self.outputs[0]
+    layout = plans.stay(mesh.layout_of(out.shape))
+    return plans.LocalPlan((plans.Operand(0, layout, plans.TAKES_PARTIAL),),
+                           (plans.Result(out.shape, out.dtype.size, layout,
+                                         tuple(sorted(pending))),))
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     x = self.inputs[0]
@@ -324,6 +351,13 @@ class _ScalarOperandOperation(ElementwiseOperation):
     fn = self._binary_fn
     first = self._scalar_first
     in_shape = x.shape
+    plan = self.plan(lowering.plan_mesh(self))
+    if plan is not None:
+      def scale(t):
+        k = tf.constant(self._scalar, dtype=t.dtype)  # on the processor's device
+        return fn(k, t) if first else fn(t, k)
+      lowering.lower_with_plan(self, plan, scale)
+      return
 
     def slice_fn(t, c):
       t = expand_to_shape(t, in_shape, out.shape, impl.slice_shape(out.shape))

@@ -10,6 +10,7 @@ from typing import List, Optional, Sequence
 from mesh_tensorflow.core.graph import Tensor
 from mesh_tensorflow.operations.constant_ops import ones_like
 from mesh_tensorflow.operations.elementwise import add_n
+from mesh_tensorflow.operations.shape_ops import reshape
 
 
 def gradients(ys: Sequence[Tensor], xs: Sequence[Tensor],
@@ -56,6 +57,7 @@ def gradients(ys: Sequence[Tensor], xs: Sequence[Tensor],
     if g is not None:
       pending.setdefault(y, []).append(g)
   prefetch_after = None  # the output gradients of the last op that read a variable again
+  made_again = {}  # gathered tensors (not variables) made again: tensor -> copy
   for op in reversed(operations):
     out_grads = [_sum(pending.get(t)) for t in op.outputs]
     if all(g is None for g in out_grads):
@@ -75,7 +77,7 @@ def gradients(ys: Sequence[Tensor], xs: Sequence[Tensor],
     needed = [t in downstream and t.dtype.is_floating for t in op.inputs]
     dys = [g for g in out_grads if g is not None]
     in_grads, reread = _gradient_reading_variables_again(op, out_grads, needed,
-                                                         prefetch_after or dys)
+                                                         prefetch_after or dys, made_again)
     if reread:
       prefetch_after = dys
     for t, g in zip(op.inputs, in_grads):
@@ -87,23 +89,54 @@ def gradients(ys: Sequence[Tensor], xs: Sequence[Tensor],
   return [_sum(pending.get(x)) for x in xs]
 
 
-def _gradient_reading_variables_again(op, out_grads, needed, after):
+def _read_again_for_backward(t) -> bool:
+  """Whether gradients read `t` made again rather than `t` itself: the value
+  of a variable that gathers on read (ZeRO stage 3), or the output of an
+  operation that says so (`regathers_for_backward`: a sequence-parallel
+  layer's gathered input)."""
+  producer = t.operation
+  if getattr(producer, "is_variable", False):
+    return (getattr(producer, "gathers_on_read", False)
+            and getattr(producer, "regathers_for_backward", True))
+  if getattr(producer, "regathers_for_backward", False):
+    return True
+  # A renamed view of such a tensor (not of a variable) is made again too.
+  return (type(producer).__name__ == "ReshapeOperation"
+          and not getattr(producer.inputs[0].operation, "is_variable", False)
+          and _read_again_for_backward(producer.inputs[0]))
+
+
+def _made_again(t, after, made):
+  """`t` made again for the backward pass (see _read_again_for_backward).
+  A gathered tensor that is not a variable's value is made once for all the
+  gradients that read it (`made`: tensor -> copy); a variable's, once per
+  reader, just ahead of it."""
+  producer = t.operation
+  if getattr(producer, "is_variable", False):
+    return producer.read_again(after)
+  if t not in made:
+    made[t] = (producer.read_again(after) if hasattr(producer, "read_again")
+               else reshape(_made_again(producer.inputs[0], after, made), t.shape))
+  return made[t]
+
+
+def _gradient_reading_variables_again(op, out_grads, needed, after, made):
   """op's input gradients; where an input is the value of a variable that
-  gathers on read (ZeRO stage 3), the gradient reads it again once `after`
-  exist instead of keeping the forward pass's gathered copy alive.
+  gathers on read (ZeRO stage 3), or another gathered tensor marked to be
+  gathered again (`_read_again_for_backward`), the gradient reads it again
+  once `after` exist instead of keeping the forward pass's gathered copy
+  alive.
 
   `after` is the output gradients of the previous op (in backward order)
   that read a variable again: each gather runs one such op ahead of its use,
   under the computation in between. Returns (gradients, whether a variable
   was read again). A copy that the gradient does not use is removed."""
   graph = op.graph
+  start, made_before = len(graph.operations), set(made)
   again = {}
   for t in op.inputs:
-    var = t.operation
-    if (t not in again and getattr(var, "is_variable", False)
-        and getattr(var, "gathers_on_read", False)
-        and getattr(var, "regathers_for_backward", True)):
-      again[t] = var.read_again(after)
+    if t not in again and _read_again_for_backward(t):
+      again[t] = _made_again(t, after, made)
   if not again:
     return op.gradient_for(out_grads, needed), False
   first = len(graph.operations)
@@ -112,11 +145,18 @@ def _gradient_reading_variables_again(op, out_grads, needed, after):
     in_grads = op.gradient_for(out_grads, needed)
   finally:
     op.replace_inputs(dict(zip(op.inputs, previous)))
+  # Remove the copies made here that the gradient does not read (and what
+  # only they read).
   used = {t for o in graph.operations[first:] for t in o.inputs}
-  unused = [w for w in again.values() if w not in used]
-  for w in unused:
-    graph.operations.remove(w.operation)
-  return in_grads, len(unused) < len(again)
+  for o in reversed(graph.operations[start:first]):
+    if any(t in used for t in o.outputs):
+      used.update(o.inputs)
+    else:
+      graph.operations.remove(o)
+  for t in set(made) - made_before:
+    if made[t] not in used:
+      del made[t]
+  return in_grads, any(w in used for w in again.values())
 
 
 def _sum(gs):

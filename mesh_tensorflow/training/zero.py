@@ -285,22 +285,37 @@ class ZeroRelayout(Operation):
   runs over emits a reduce-scatter instead of an allreduce followed by a
   slice (unless `reduce_scatter` is False: ZeRO stage 1 keeps the whole
   allreduced gradient). The gradient of a relayout is the opposite relayout.
+
+  With `regathers_for_backward`, gradients that read the output (a weight's
+  gradient reading its product's input) read a copy made again in the
+  backward pass (`read_again`, through `mtf.gradients`), so the forward
+  pass's copy is not kept: a sequence-parallel stack all-gathers a layer's
+  input once more instead of keeping it whole (Korthikanti et al. 2022).
   """
 
   has_gradient = True
 
   def __init__(self, x: Tensor, new_shape: Shape, name: Optional[str] = None,
-               reduce_scatter: bool = True):
+               reduce_scatter: bool = True, regathers_for_backward: bool = False):
     if new_shape.to_integer_list() != x.shape.to_integer_list():
       raise ValueError(
           f"ZeroRelayout: {x.name} {x.shape} and {new_shape} differ in sizes; only "
           "dimension names may change.")
     super().__init__([x], name=name or "zero_relayout")
     self._reduce_scatter = reduce_scatter
+    self.regathers_for_backward = regathers_for_backward
     self._outputs = [Tensor(self, new_shape, x.dtype)]
 
   def gradient(self, grad_ys):
     return [relayout(grad_ys[0], self.inputs[0].shape)]
+
+  def read_again(self, after) -> Tensor:
+    """The output made again from the input once the tensors `after` exist."""
+    from mesh_tensorflow.operations.control import depend  # pylint: disable=g-import-not-at-top
+    again = ZeroRelayout(depend(self.inputs[0], after), self.outputs[0].shape,
+                         name=self.name + "_again", reduce_scatter=self._reduce_scatter)
+    again.made_again = True  # the planner prices its collectives as issued ahead
+    return again.outputs[0]
 
   def plan(self, mesh):
     x = self.inputs[0]
@@ -311,18 +326,22 @@ class ZeroRelayout(Operation):
     lowering.lower_with_plan(self, self.plan(lowering.plan_mesh(self)))
 
 
-def relayout(x: Tensor, new_shape: Shape, reduce_scatter: bool = True) -> Tensor:
+def relayout(x: Tensor, new_shape: Shape, reduce_scatter: bool = True,
+             regathers_for_backward: bool = False) -> Tensor:
   """`x` renamed to `new_shape` (same sizes); returns x if the shapes match.
 
   A pending sum is reduce-scattered into the new layout where it can be,
   unless `reduce_scatter` is False (then it is allreduced, then sliced).
+  With `regathers_for_backward` the backward pass makes its own copy of the
+  result rather than keeping this one (see ZeroRelayout).
 
   Example:
     >>> w_shard = mtf.zero.relayout(w, plan.shapes[w.operation])
   """
   if x.shape == new_shape:
     return x
-  return ZeroRelayout(x, new_shape, reduce_scatter=reduce_scatter).outputs[0]
+  return ZeroRelayout(x, new_shape, reduce_scatter=reduce_scatter,
+                      regathers_for_backward=regathers_for_backward).outputs[0]
 
 
 def shard_gradients(grads: Sequence[Optional[Tensor]], variables: Sequence) -> List[Optional[Tensor]]:

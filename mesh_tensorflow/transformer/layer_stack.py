@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 
 from absl import logging
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -66,7 +66,10 @@ class LayerStack(PipelinedStack, TransformerLayer):
 
   Sequence parallelism (`sequence_parallel=True`, see sequence_parallel.py):
   between the layers the residual stream's length is named
-  "residual_length", which a rule such as `residual_length:model` splits.
+  "residual_length", which a rule such as `residual_length:model` splits;
+  `sequence_parallel="d_model"` names its d_model "residual_d_model" instead
+  (rule `residual_d_model:model`), for lengths the mesh dimension does not
+  divide.
 
   Pipeline parallelism (`num_stages` > 1): the layers are cut into
   num_stages stages of equal structure, whose variables are stacked along a
@@ -123,8 +126,10 @@ class LayerStack(PipelinedStack, TransformerLayer):
     sublayers_per_layer: sublayer functions run for each layer.
     sublayers_final: sublayer functions run after the last layer.
     recompute_grads: the original's switch: True means recompute="layer".
-    sequence_parallel: name the stream's length "residual_length" between the
-      layers (see above; `context.layer_outputs` then have that dimension).
+    sequence_parallel: True or "length": name the stream's length
+      "residual_length" between the layers; "d_model": name its d_model
+      "residual_d_model" (see above; `context.layer_outputs` then have that
+      dimension).
     virtual_stages: layer chunks per stage with the interleaved schedule.
 
   Example:
@@ -143,7 +148,7 @@ class LayerStack(PipelinedStack, TransformerLayer):
                recompute_grads: bool = False, norm_type: str = "rms", recompute: str = "none",
                num_stages: int = 1, num_microbatches: int = 1,
                pipeline_schedule: str = "gpipe", stages_dim_name: str = "stages",
-               sequence_parallel: bool = False, virtual_stages: int = 1):
+               sequence_parallel: Union[bool, str] = False, virtual_stages: int = 1):
     if recompute_grads:
       if recompute not in ("none", "layer"):
         raise ValueError(f"LayerStack: recompute_grads=True asks for recompute='layer' but "
@@ -177,7 +182,8 @@ class LayerStack(PipelinedStack, TransformerLayer):
     self.num_microbatches = num_microbatches
     self.pipeline_schedule = pipeline_schedule
     self.stages_dim_name = stages_dim_name
-    self.sequence_parallel = bool(sequence_parallel)
+    self.stream_mode = sp_lib.mode_of(sequence_parallel)  # None, "length" or "d_model"
+    self.sequence_parallel = self.stream_mode is not None
     self.pipeline_stats: Optional[Dict[str, Any]] = None
     self._sublayers = self._check_sublayers(
         {"sublayers_initial": sublayers_initial, "sublayers_per_layer": sublayers_per_layer,
@@ -279,7 +285,7 @@ class LayerStack(PipelinedStack, TransformerLayer):
       x = self._call_pipelined(context, x)
     else:
       x = self._call_stages_in_turn(context, x)
-    return self.finish(context, sp_lib.to_whole(x, context.length_dim))
+    return self.finish(context, self._to_whole(context, x))
 
   def _begin(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
     """The initial sublayers, or dropout (before the first layer)."""
@@ -323,10 +329,19 @@ class LayerStack(PipelinedStack, TransformerLayer):
       if collect and context.layer_outputs is not None and lnum != len(self._layers) - 1:
         context.layer_outputs.append(x)  # sequence parallel: the stream's shape
       context.layer_index += 1
-    return x if x.shape == whole else sp_lib.to_whole(x, context.length_dim)
+    return x if x.shape == whole else self._to_whole(context, x)
+
+  def stream_split(self, context: Context) -> Optional[sp_lib.StreamSplit]:
+    """The residual stream's split (sequence_parallel.py), or None."""
+    return sp_lib.StreamSplit.of(self.stream_mode, context)
 
   def _to_stream(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
-    return sp_lib.to_stream(x, context.length_dim) if self.sequence_parallel else x
+    split = self.stream_split(context)
+    return x if split is None else split.to_stream(x)
+
+  def _to_whole(self, context: Context, x: mtf.Tensor, regather: bool = False) -> mtf.Tensor:
+    split = self.stream_split(context)
+    return x if split is None else split.to_whole(x, regather)
 
   def _sublayer(self, context: Context, x: mtf.Tensor, layer, scope: str, policy: str,
                 label: str) -> mtf.Tensor:
@@ -335,17 +350,18 @@ class LayerStack(PipelinedStack, TransformerLayer):
     layer in errors. With sublayer lists: the per-layer sublayers instead."""
     if self._sublayers is not None:
       return self._layer_with_sublayers(context, x, layer, scope, policy, label)
-    mask = sp_lib.like_stream(context.nonpadding, x, context.length_dim)
+    split = self.stream_split(context)
+    mask = context.nonpadding if split is None else split.like_stream(context.nonpadding, x)
+
+    def norm(t):
+      return self._norm(context, t if mask is None else t * mask, self._norm_names()[0])
 
     def block(x):
       with mtf.name_scope(context.mesh, scope):
-        if policy == "selective":
-          norm_x = self._recompute(
-              lambda t: self._norm(context, t if mask is None else t * mask,
-                                   self._norm_names()[0]), [x], policy)
-        else:
-          norm_x = self._norm(context, x if mask is None else x * mask, self._norm_names()[0])
-        layer_input = sp_lib.to_whole(norm_x, context.length_dim)  # an all-gather
+        norm_x = self._recompute(norm, [x], policy) if policy == "selective" else norm(x)
+        # An all-gather, and another in the backward pass unless the whole
+        # layer is recomputed anyway.
+        layer_input = self._to_whole(context, norm_x, regather=policy != "layer")
         with mtf.name_scope(context.mesh, getattr(layer, "scope_name", type(layer).__name__)):
           y = layer.call(context, layer_input)
         if y.shape != layer_input.shape:
@@ -427,17 +443,26 @@ class LayerStack(PipelinedStack, TransformerLayer):
     return x
 
   def _norm(self, context: Context, x: mtf.Tensor, name: str = "layer_norm") -> mtf.Tensor:
+    """Layer or RMS norm over d_model; on a stream that splits d_model
+    (`sequence_parallel="d_model"`) over its RESIDUAL_D_MODEL, the variables
+    renamed to match (the mean is then a small all-reduce)."""
     d_model = context.model.model_dim
+    reduced = d_model
+    if sp_lib.RESIDUAL_D_MODEL in x.shape.dimension_names:
+      reduced = x.shape.get_dim_by_name(sp_lib.RESIDUAL_D_MODEL)
+
+    def like_x(v):
+      return v if reduced is d_model else mtf.rename_dimension(v, d_model.name, reduced.name)
     with mtf.name_scope(context.mesh, name):
-      scale = mtf.get_variable(
+      scale = like_x(mtf.get_variable(
           context.mesh, "scale", mtf.Shape([d_model]), initializer=mtf.initializers.ones(),
-          dtype=context.variable_dtype)
+          dtype=context.variable_dtype))
       if self._norm_type == "layer":
-        bias = mtf.get_variable(
+        bias = like_x(mtf.get_variable(
             context.mesh, "bias", mtf.Shape([d_model]),
-            initializer=mtf.initializers.zeros(), dtype=context.variable_dtype)
-        x = x - mtf.reduce_mean(x, reduced_dim=d_model)
-      variance = mtf.reduce_mean(mtf.square(x), reduced_dim=d_model)
+            initializer=mtf.initializers.zeros(), dtype=context.variable_dtype))
+        x = x - mtf.reduce_mean(x, reduced_dim=reduced)
+      variance = mtf.reduce_mean(mtf.square(x), reduced_dim=reduced)
       y = x * mtf.rsqrt(variance + self._norm_epsilon) * scale
       return y + bias if self._norm_type == "layer" else y
 
@@ -490,7 +515,7 @@ def make_layer_stack(layers: Sequence[Any], layer_stack_cls=None, num_layers: in
                      sublayers_initial: Optional[Sequence[sublayers_lib.Sublayer]] = None,
                      sublayers_per_layer: Optional[Sequence[sublayers_lib.Sublayer]] = None,
                      sublayers_final: Optional[Sequence[sublayers_lib.Sublayer]] = None,
-                     sequence_parallel: bool = False,
+                     sequence_parallel: Union[bool, str] = False,
                      virtual_stages: int = 1) -> LayerStack:
   """A LayerStack repeating the block `layers` num_layers times.
 
@@ -547,7 +572,7 @@ def make_layer_stack(layers: Sequence[Any], layer_stack_cls=None, num_layers: in
       block, norm_type=norm_type,
       recompute=recompute, num_stages=num_stages, num_microbatches=num_microbatches,
       pipeline_schedule=pipeline_schedule, stages_dim_name=stages_dim_name, **given,
-      **({"sequence_parallel": True} if sequence_parallel else {}),
+      **({"sequence_parallel": sequence_parallel} if sequence_parallel else {}),
       **({"virtual_stages": virtual_stages} if virtual_stages != 1 else {}))
 
 

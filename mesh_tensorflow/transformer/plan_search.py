@@ -13,7 +13,12 @@ its copy), prices each with the planner, and keeps those that fit in
 memory, fastest first (step times within 0.5% of each other are a tie,
 ranked by memory per device). With model parallelism the stack is sequence
 parallel (`residual_length:model`: the same collectives' bytes, less memory
-and elementwise work per device) unless the config's stack cannot be. Each
+and elementwise work per device; where T does not divide the length but
+divides d_model, the stream's d_model is split instead,
+`residual_d_model:model`) unless the config's stack cannot be. A config
+with mixture-of-experts layers (`MoE1D.num_experts`) is also tried with its
+experts split over the data dimension (`experts:data`, GShard's layout)
+where D divides the number of experts. Each
 printed plan says why it is where it is: its largest time components and its
 memory headroom.
 
@@ -32,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from typing import List
+from typing import List, Optional
 
 from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
 from mesh_tensorflow.transformer import planner
@@ -40,6 +45,10 @@ from mesh_tensorflow.transformer import planner
 LAYOUT = "stages:pipe;batch:data;d_ff:model;heads:model;vocab:model"
 SEQUENCE_PARALLEL = "transformer.make_layer_stack.sequence_parallel"
 SEQUENCE_PARALLEL_RULE = "residual_length:model"
+# The rule that splits a mixture-of-experts layer's experts over the data dimension.
+EXPERT_RULE = "experts:data"
+# sequence_parallel mode -> the layout rule that splits the stream.
+STREAM_RULES = {"length": SEQUENCE_PARALLEL_RULE, "d_model": "residual_d_model:model"}
 
 
 @dataclasses.dataclass
@@ -67,12 +76,12 @@ class SearchResult:
       lines.append("")
       lines.append(f"#{rank}  mesh {p.mesh_shape}  micro-batches {o.num_microbatches}  "
                    f"recompute={o.recompute}  zero={_zero_label(o)}")
+      lines.append(f"    layout {p.layout}")
       lines.append(f"    step {p.step_time_s:.3f} s ({p.step_time_s / best:.2f}x best), "
                    f"{p.tokens_per_s:,.0f} tokens/s, MFU {100 * p.mfu:.1f}%, "
                    f"{p.memory_bytes_per_device / 2**30:.1f} of {p.hbm_bytes / 2**30:.1f} GiB")
       lines.append(f"    why: {why(p)}")
     lines.append("")
-    lines.append(f"layout: {self.plans[0].layout}")
     lines.append("gin for #1: " + "; ".join(gin_bindings(self.plans[0])))
     return "\n".join(lines)
 
@@ -91,8 +100,11 @@ def gin_bindings(plan: planner.Plan) -> List[str]:
   out = [f"run.mesh_shape = '{plan.mesh_shape}'", f"run.layout_rules = '{plan.layout}'",
          f"transformer.make_layer_stack.recompute = '{o.recompute}'",
          f"run.zero_stage = {o.zero_stage}"]
-  if SEQUENCE_PARALLEL_RULE in plan.layout.split(";"):
+  rules = plan.layout.split(";")
+  if SEQUENCE_PARALLEL_RULE in rules:
     out.append(f"{SEQUENCE_PARALLEL} = True")
+  elif STREAM_RULES["d_model"] in rules:
+    out.append(f"{SEQUENCE_PARALLEL} = 'd_model'")
   if not o.zero_reshard_after_forward:
     out.append("run.zero_reshard_after_forward = False")
   if o.num_stages > 1:
@@ -104,15 +116,26 @@ def gin_bindings(plan: planner.Plan) -> List[str]:
   return out
 
 
-def _plan(cluster, mesh: str, layout: str, options, sequence_parallel: bool):
-  """planner.plan_current_config, the stack made sequence parallel (and the
-  layout given its rule) for the duration when `sequence_parallel`."""
+def _plan(cluster, mesh: str, layout: str, options, sequence_parallel: Optional[str]):
+  """planner.plan_current_config, the stack's stream split as
+  `sequence_parallel` says ("length", "d_model"; None: as configured) and
+  the layout given its rule, for the duration."""
   if not sequence_parallel:
     return planner.plan_current_config(cluster, mesh, layout, options)
   from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
-  with gin_config.overridden({SEQUENCE_PARALLEL: True}, {SEQUENCE_PARALLEL: False}):
-    return planner.plan_current_config(cluster, mesh, layout + ";" + SEQUENCE_PARALLEL_RULE,
-                                       options)
+  with gin_config.overridden({SEQUENCE_PARALLEL: sequence_parallel}, {SEQUENCE_PARALLEL: False}):
+    return planner.plan_current_config(
+        cluster, mesh, layout + ";" + STREAM_RULES[sequence_parallel], options)
+
+
+def _stream_mode(t: int, seq_len: int, d_model: int) -> Optional[str]:
+  """How a t-way model-parallel stack splits its stream: the length where t
+  divides it, else d_model where t divides that, else not at all."""
+  if t == 1:
+    return None
+  if seq_len % t == 0:
+    return "length"
+  return "d_model" if d_model % t == 0 else None
 
 
 def _zero_label(o: planner.PlanOptions) -> str:
@@ -143,6 +166,10 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   num_layers = int(gin_config.query("transformer.make_layer_stack.num_layers", 6))
   heads = int(gin_config.query("SelfAttention.num_heads", 8) or 8)
   d_ff = int(gin_config.query("DenseReluDense.hidden_size", 2048) or 2048)
+  d_model = int(gin_config.query("Unitransformer.d_model", 512) or 512)
+  seq = b.get("sequence_length") or {"targets": 128}
+  seq_len = seq if isinstance(seq, int) else seq.get("targets", 128)
+  num_experts = int(gin_config.query("MoE1D.num_experts", 0) or 0)
   h = cluster.hardware
   n = cluster.count
   max_model = h.devices_per_host if h.kind == "gpu" else 64
@@ -162,14 +189,18 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
           if p > 1 else [1]
       dims = ([f"pipe:{p}"] if p > 1 else []) + [f"data:{d}"] + ([f"model:{t}"] if t > 1 else [])
       mesh = ";".join(dims)
-      layout = ";".join(r for r in LAYOUT.split(";")
-                        if r.split(":")[1] in {x.split(":")[0] for x in dims})
+      base_layout = ";".join(r for r in LAYOUT.split(";")
+                             if r.split(":")[1] in {x.split(":")[0] for x in dims})
+      # Mixture-of-experts layers: also the experts split over the data
+      # dimension (GShard: tokens reach their experts by all-to-all).
+      layouts = [base_layout] + ([base_layout + ";" + EXPERT_RULE]
+                                 if num_experts and d > 1 and num_experts % d == 0 else [])
       chunks = [v for v in virtual_stages if v == 1 or (p > 1 and (num_layers // p) % v == 0)]
       # (stage, reshard_after_forward)
       zero_stages = ((0, True), (2, True)) + (((3, True), (3, False)) if p == 1 else ())
-      sequence_parallel = t > 1 and sequence_parallel_ok
-      for m, v, recompute, (zero, reshard) in itertools.product(
-          micros, chunks, ("none", "layer"), zero_stages):
+      sequence_parallel = _stream_mode(t, seq_len, d_model) if sequence_parallel_ok else None
+      for layout, m, v, recompute, (zero, reshard) in itertools.product(
+          layouts, micros, chunks, ("none", "layer"), zero_stages):
         if v > 1 and m % p:  # the interleaved schedule runs groups of p micro-batches
           continue
         tried += 1
@@ -185,9 +216,9 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
             rejected.append(f"{mesh}: {e}")
             break
           # The config's stack cannot be sequence parallel: plan without.
-          sequence_parallel_ok = sequence_parallel = False
+          sequence_parallel_ok, sequence_parallel = False, None
           try:
-            plan = _plan(cluster, mesh, layout, options, False)
+            plan = _plan(cluster, mesh, layout, options, None)
           except ValueError as e2:
             rejected.append(f"{mesh}: {e2}")
             break

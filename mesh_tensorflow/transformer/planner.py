@@ -24,7 +24,8 @@ adds what the graph of one micro-batch does not show:
   stages per device), plus the sends between stages;
 * activation recomputation ("layer": the forward of every layer runs again
   in the backward pass and only each layer's input is kept; "selective":
-  the attention scores are recomputed, not kept);
+  the norms and the attention's operations on scores run again, their FLOPs
+  counted as hardware FLOPs, and the scores are not kept);
 * gradient reduction (the collectives the optimizer's inputs complete, once
   per step), overlapped with the last micro-batch's backward pass except
   the last layer's share;
@@ -54,6 +55,7 @@ FLOPs include it (HFU).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 from typing import Dict, List, Optional, Tuple
@@ -116,18 +118,30 @@ class _Phase:
   bytes: float = 0.0          # per processor
   kernels: float = 0.0        # per processor
   comm: Dict[tuple, float] = dataclasses.field(default_factory=dict)  # key -> count
+  # Collectives of tensors made again for the backward pass (a sequence-
+  # parallel layer's input gathered again), issued ahead of their use.
+  ahead: Dict[tuple, float] = dataclasses.field(default_factory=dict)
 
   _COUNTS = ("flops", "model_flops", "extra_flops", "bytes", "kernels")
 
   def minus(self, other: "_Phase") -> "_Phase":
     return self.plus(other, -1.0)
 
+  def add(self, other: "_Phase") -> None:
+    """Adds `other` to this phase in place."""
+    for f in self._COUNTS:
+      setattr(self, f, getattr(self, f) + getattr(other, f))
+    for mine, theirs in ((self.comm, other.comm), (self.ahead, other.ahead)):
+      for k, c in theirs.items():
+        mine[k] = mine.get(k, 0) + c
+
   def plus(self, other: "_Phase", times: float = 1.0) -> "_Phase":
     # Sorted keys: the sums' order, hence their last bit, is the same in
     # every process.
-    keys = sorted(set(self.comm) | set(other.comm))
+    def combined(a, b):
+      return {k: a.get(k, 0) + times * b.get(k, 0) for k in sorted(set(a) | set(b))}
     counts = {f: getattr(self, f) + times * getattr(other, f) for f in self._COUNTS}
-    return _Phase(comm={k: self.comm.get(k, 0) + times * other.comm.get(k, 0) for k in keys},
+    return _Phase(comm=combined(self.comm, other.comm), ahead=combined(self.ahead, other.ahead),
                   **counts)
 
 
@@ -137,11 +151,12 @@ class _Priced:
   variants: Dict[Tuple[bool, bool], Dict[str, _Phase]]
   variables: float
   slots: float
-  activations: float
+  activations: float  # the peak of live activations over both passes
   layer_input_bytes: float
-  attention_core_bytes: float
+  attention_core_bytes: float  # score tensors among the kept activations
   parameters: int
   layer_input_dims: tuple = ()  # the Dimensions of a layer's input
+  kept_activations: float = 0.0  # forward tensors the backward pass reads
 
   def phases(self, options: "PlanOptions") -> Dict[str, _Phase]:
     return self.variants[(options.fusion == "xla", options.attention == "fused")]
@@ -186,6 +201,8 @@ class _OpCost:
   reads: List[Tuple[int, float]]   # (tensor id, bytes per processor) of its inputs
   writes: List[Tuple[int, float]]  # the same for its outputs
   model_flops: float
+  ahead: bool = False     # made again for the backward pass, ahead of its use
+  norm: bool = False      # part of a layer's norm
 
 
 def _price_step(step: _Step) -> _Priced:
@@ -219,23 +236,70 @@ def _price_step(step: _Step) -> _Priced:
         makes_scores=product and any(_is_score(t) for t in op.outputs),
         reads=[(id(t), size(t)) for t in op.inputs],
         writes=[(id(t), size(t)) for t in op.outputs],
-        model_flops=_einsum_model_flops(op) if product else 0.0))
+        model_flops=_einsum_model_flops(op) if product else 0.0,
+        ahead=getattr(op, "made_again", False),
+        norm="/rms_norm/" in op.name or "/layer_norm/" in op.name))
   variants = {(xla, fused): _phases(records, step.mesh_shape.size, xla, fused)
               for xla in (False, True) for fused in (False, True)}
   # The input of a layer: the activation slice of [batch, length, d_model]
   # (with sequence parallelism, the stream's [batch, residual_length,
-  # d_model], which the layers pass on and a pipeline sends).
+  # d_model] or [batch, length, residual_d_model], which the layers pass on
+  # and a pipeline sends).
   forward = [t for op in ops[:first_bwd] for t in op.outputs]
-  streams = [t for t in forward if len(t.shape.dims) == 3 and "d_model" in t.shape.dimension_names]
+  streams = [t for t in forward if len(t.shape.dims) == 3
+             and {"d_model", sequence_parallel.RESIDUAL_D_MODEL} & set(t.shape.dimension_names)]
   streams = [t for t in streams
-             if sequence_parallel.RESIDUAL_LENGTH in t.shape.dimension_names] or streams
+             if set(sequence_parallel.STREAM_NAMES) & set(t.shape.dimension_names)] or streams
   layer_input = size(streams[0]) if streams else 0.0
   layer_input_dims = tuple(streams[0].shape.dims) if streams else ()
-  attention = sum(size(t) for t in forward if _is_score(t))
+  kept, peak, kept_scores = _activation_memory(ops, first_bwd, first_opt, size, est.ops)
   mem = est.memory
   count = sum(v.outputs[0].shape.size for v in step.graph.trainable_variables)
-  return _Priced(variants, mem.variables, mem.slots, mem.activations, layer_input, attention,
-                 count, layer_input_dims)
+  return _Priced(variants, mem.variables, mem.slots, peak, layer_input, kept_scores,
+                 count, layer_input_dims, kept)
+
+
+def _activation_memory(ops, first_bwd: int, first_opt: int, size, costs
+                       ) -> Tuple[float, float, float]:
+  """(kept, peak, kept scores) bytes per processor of a step's activations:
+  the forward pass's tensors that the backward pass reads (alive between the
+  two passes), the peak of live tensors over both passes, and the attention
+  score tensors among the kept ones. A reshape that moves nothing (a renamed
+  dimension, say) or an identity makes no new tensor: its output shares its
+  input's memory. Variables' values and their gradients (alive from the
+  backward pass to the optimizer) are left out: the plan counts them as
+  variables and gradients."""
+  root: Dict[int, int] = {}  # tensor id -> the id of the tensor whose memory it shares
+  for op, cost in zip(ops, costs):
+    kind = type(op).__name__
+    if ((kind == "ReshapeOperation" or getattr(op, "local_kernel", None) == "identity")
+        and len(op.inputs) == 1 and not cost.collectives
+        and size(op.outputs[0]) == size(op.inputs[0])):
+      source = id(op.inputs[0])
+      root[id(op.outputs[0])] = root.get(source, source)
+  last_use: Dict[int, int] = {}
+  for i, op in enumerate(ops):
+    for t in op.inputs:
+      r = root.get(id(t), id(t))
+      last_use[r] = max(last_use.get(r, i), i)
+  live = peak = kept = kept_scores = 0.0
+  dying: Dict[int, float] = collections.defaultdict(float)
+  for i, op in enumerate(ops[:first_opt]):
+    if not getattr(op, "is_variable", False):
+      for t in op.outputs:
+        end = last_use.get(id(t))
+        if (id(t) in root or end is None
+            or (i >= first_bwd and end >= first_opt)):  # an alias, unused, or a gradient
+          continue
+        b = size(t)
+        if i < first_bwd <= end:
+          kept += b
+          kept_scores += b if _is_score(t) else 0.0
+        live += b
+        dying[end] += b
+    peak = max(peak, live)
+    live -= dying.pop(i, 0.0)
+  return kept, peak, kept_scores
 
 
 def _phases(records: List[_OpCost], n: int, xla: bool, fused_attention: bool
@@ -254,7 +318,7 @@ def _phases(records: List[_OpCost], n: int, xla: bool, fused_attention: bool
     own and products do not move scores; the backward pass computes the
     scores' product again (FLOPs, not model FLOPs).
   """
-  phases = {p: _Phase() for p in PHASES}
+  phases = {p: _Phase() for p in PHASES + ("selective",)}
   made_by_fused_op = {}  # tensor id -> phase of the fusible op that made it
   consumers: Dict[int, List[_OpCost]] = {}
   for r in records:
@@ -267,16 +331,17 @@ def _phases(records: List[_OpCost], n: int, xla: bool, fused_attention: bool
     return bool(users) and all(u.fusible and u.phase == r.phase for u in users)
 
   for r in records:
-    ph = phases[r.phase]
+    ph = _Phase()  # this operation's share of its phase
     c = r.cost
     ph.flops += c.work_flops / n
     ph.model_flops += r.model_flops
     for col in c.collectives:
       key = (col.kind, tuple(col.mesh_axes), int(col.bytes_per_processor))
-      ph.comm[key] = ph.comm.get(key, 0) + 1
+      counts = ph.ahead if r.ahead else ph.comm
+      counts[key] = counts.get(key, 0) + 1
     if in_attention(r) or (xla and r.variable):  # a variable's reader reads it
-      continue
-    if r.product and fused_attention:
+      pass
+    elif r.product and fused_attention:
       ph.bytes += c.bytes_touched / n - min(c.bytes_touched / n, r.scores)
     elif xla and r.fusible:
       reads = sum(b for tid, b in r.reads if made_by_fused_op.get(tid) != r.phase)
@@ -290,6 +355,11 @@ def _phases(records: List[_OpCost], n: int, xla: bool, fused_attention: bool
     else:
       ph.bytes += c.bytes_touched / n
       ph.kernels += c.kernels / n
+    phases[r.phase].add(ph)
+    # What recompute = "selective" runs again: the norms, and unless a fused
+    # kernel does it anyway, the attention's operations on scores.
+    if r.phase == "forward" and (r.norm or (r.scores and not fused_attention)):
+      phases["selective"].add(ph)
     if r.makes_scores and fused_attention and r.phase == "forward":
       phases["backward"].flops += c.work_flops / n
       phases["backward"].extra_flops += r.model_flops
@@ -336,7 +406,12 @@ class _CommPricer:
                                         self.cluster)
 
   def total(self, ph: _Phase) -> float:
+    """Seconds of the phase's collectives on the critical path."""
     return sum(count * self.time(k) for k, count in ph.comm.items())
+
+  def total_ahead(self, ph: _Phase) -> float:
+    """Seconds of the phase's collectives issued ahead of their use."""
+    return sum(count * self.time(k) for k, count in ph.ahead.items())
 
 
 # ------------------------------------------------------------ the plan
@@ -422,7 +497,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   h = cluster.hardware
   pricer = _CommPricer(sizes, axis_map, cluster, names)
   one_phases, two_phases = one.phases(options), two.phases(options)
-  layer = {p: two_phases[p].minus(one_phases[p]) for p in PHASES}
+  layer = {p: two_phases[p].minus(one_phases[p]) for p in PHASES + ("selective",)}
   extra = {p: one_phases[p].minus(layer[p]) for p in PHASES}
   per_stage = num_layers // s
 
@@ -438,6 +513,10 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   # ... and their model-parallel collectives.
   fwd_lm, bwd_lm = pricer.total(layer["forward"]), pricer.total(layer["backward"])
   fwd_xm, bwd_xm = pricer.total(extra["forward"]), pricer.total(extra["backward"])
+  # A sequence-parallel layer's input, gathered again for the backward pass,
+  # is gathered under the backward compute of the layer after it.
+  bwd_lm += max(0.0, pricer.total_ahead(layer["backward"]) - bwd_c)
+  bwd_xm += pricer.total_ahead(extra["backward"])
   fwd_l = fwd_c + fwd_lm
   bwd_l = bwd_c + bwd_lm
   fwd_x = fwd_xc + fwd_xm
@@ -447,8 +526,9 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   if options.recompute == "layer":
     recompute_l = fwd_l
     recompute_flops_l = layer["forward"].model_flops
-  elif options.recompute == "selective" and options.attention != "fused":
-    recompute_l = layer["forward"].bytes / h.hbm_bytes_per_s * 0.5
+  elif options.recompute == "selective":
+    recompute_l = _compute_time(layer["selective"], h)
+    recompute_flops_l = layer["selective"].model_flops
   dp_axes = tuple(i for i, d in enumerate(sub_dims) if rule_map.get("batch") == d.name)
   if options.zero_stage and not dp_axes:
     raise ValueError(f"run.zero_stage = {options.zero_stage} shards the training state over the "
@@ -527,7 +607,10 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
     kept = s > 1 or not options.zero_reshard_after_forward
     gathered = var_extra + (per_stage if kept else 2) * var_layer
     variables = variables / dp + gathered * _activation_bytes() / 4
-  act_layer = max(two.activations - one.activations, 0.0)
+  # A layer's activations: what one more layer keeps for the backward pass
+  # (the peaks' difference would count its gradients where the peak falls
+  # late in the backward pass); the rest of the peak is the step's own.
+  act_layer = max(two.kept_activations - one.kept_activations, 0.0)
   act_extra = max(one.activations - act_layer, 0.0)
   if options.recompute == "layer":
     kept_layer = one.layer_input_bytes
@@ -565,8 +648,12 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
       counts = {k: c for k, c in opt.comm.items()}
       mult = 1
     else:
-      counts = {k: extra[phase].comm.get(k, 0) + num_layers * layer[phase].comm.get(k, 0)
-                for k in sorted(set(extra[phase].comm) | set(layer[phase].comm))}
+      both = {k: extra[phase].comm.get(k, 0) + extra[phase].ahead.get(k, 0)
+              for k in set(extra[phase].comm) | set(extra[phase].ahead)}
+      per_layer = {k: layer[phase].comm.get(k, 0) + layer[phase].ahead.get(k, 0)
+                   for k in set(layer[phase].comm) | set(layer[phase].ahead)}
+      counts = {k: both.get(k, 0) + num_layers * per_layer.get(k, 0)
+                for k in sorted(set(both) | set(per_layer))}
       mult = m
       if phase == "backward" and options.recompute == "layer":
         for k, c in layer["forward"].comm.items():

@@ -1,4 +1,5 @@
-"""Sequence parallelism for a `LayerStack` (Korthikanti et al. 2022).
+"""Sequence parallelism for a `LayerStack` (Korthikanti et al. 2022), and its
+d_model-split variant (Chowdhery et al. 2022, PaLM).
 
 With tensor (model) parallelism the layers' products are split over a mesh
 dimension, but the residual stream between the layers, [batch, length,
@@ -10,44 +11,101 @@ rule such as `residual_length:model` splits it over the same mesh dimension.
 Each layer then all-gathers its normalized input (`to_whole`) and its
 output, a pending sum over that mesh dimension, is reduce-scattered into the
 stream (`to_stream`) instead of all-reduced: the bytes of the all-reduce, on
-the same links. Without a rule for RESIDUAL_LENGTH only the name changes.
+the same links. The backward pass all-gathers the input once more for the
+weights' gradients rather than keeping it whole (unless the whole layer is
+recomputed). Without a rule for RESIDUAL_LENGTH only the name changes.
 
-    >>> x = to_stream(x, context.length_dim)      # [batch, residual_length, d_model]
-    >>> y = layer.call(context, to_whole(norm(x), context.length_dim))
-    >>> x = x + to_stream(y, context.length_dim)  # a reduce-scatter
+The length must be a multiple of the mesh dimension's size. Where it is not
+(PaLM's 12-way model parallelism at length 2,048), `sequence_parallel =
+"d_model"` splits the stream's d_model instead (named RESIDUAL_D_MODEL, rule
+`residual_d_model:model`): the same collectives and the same memory saving;
+the norms reduce over the split d_model with a small all-reduce of their
+[batch, length] statistics.
+
+    >>> split = StreamSplit.of("length", context)
+    >>> x = split.to_stream(x)                     # [batch, residual_length, d_model]
+    >>> y = layer.call(context, split.to_whole(norm(x)))
+    >>> x = x + split.to_stream(y)                 # a reduce-scatter
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import dataclasses
+from typing import Optional, Union
 
 import mesh_tensorflow as mtf
 
 # The residual stream's length dimension under sequence parallelism.
 RESIDUAL_LENGTH = "residual_length"
+# The residual stream's d_model dimension when the stream splits d_model.
+RESIDUAL_D_MODEL = "residual_d_model"
+# The dimension names a split stream may have.
+STREAM_NAMES = (RESIDUAL_LENGTH, RESIDUAL_D_MODEL)
+MODES = ("length", "d_model")
 
 
-def to_stream(x: mtf.Tensor, length_dim: Optional[mtf.Dimension]) -> mtf.Tensor:
-  """x with its length dimension named RESIDUAL_LENGTH (x itself if it has
-  none); a pending sum is reduce-scattered where the new layout splits it."""
-  if length_dim is None or length_dim not in x.shape.dims:
-    return x
-  return mtf.zero.relayout(x, x.shape.rename_dimension(length_dim.name, RESIDUAL_LENGTH))
+def mode_of(sequence_parallel: Union[bool, str, None]) -> Optional[str]:
+  """The stream dimension a `sequence_parallel` setting splits: None (False),
+  "length" (True or "length") or "d_model".
+
+  Example:
+    >>> mode_of(True), mode_of("d_model"), mode_of(False)
+    ('length', 'd_model', None)
+  """
+  if sequence_parallel is None or sequence_parallel is False:
+    return None
+  if sequence_parallel is True:
+    return "length"
+  if sequence_parallel in MODES:
+    return sequence_parallel
+  raise ValueError(f"sequence_parallel = {sequence_parallel!r}: use True or 'length' (split the "
+                   "stream's length, rule residual_length:<mesh dim>), 'd_model' (split its "
+                   "d_model, rule residual_d_model:<mesh dim>) or False.")
 
 
-def to_whole(x: mtf.Tensor, length_dim: Optional[mtf.Dimension]) -> mtf.Tensor:
-  """The inverse of `to_stream` (an all-gather where the layout splits the
-  stream)."""
-  if RESIDUAL_LENGTH not in x.shape.dimension_names:
-    return x
-  return mtf.zero.relayout(x, x.shape.rename_dimension(RESIDUAL_LENGTH, length_dim.name))
+@dataclasses.dataclass(frozen=True)
+class StreamSplit:
+  """How a stack's residual stream differs from the layers' inputs: the
+  dimension `whole` is named `stream_name` between the layers.
 
+  Example:
+    >>> split = StreamSplit.of("d_model", context)
+    >>> split.to_stream(x).shape   # [batch, length, residual_d_model]
+  """
+  whole: mtf.Dimension
+  stream_name: str
 
-def like_stream(t: Optional[mtf.Tensor], stream: mtf.Tensor,
-                length_dim: Optional[mtf.Dimension]) -> Optional[mtf.Tensor]:
-  """`t` (a per-position mask, say) renamed to combine with `stream`: its
-  length dimension named RESIDUAL_LENGTH where the stream's is."""
-  if (t is None or length_dim not in t.shape.dims
-      or RESIDUAL_LENGTH not in stream.shape.dimension_names):
-    return t
-  return mtf.rename_dimension(t, length_dim.name, RESIDUAL_LENGTH)
+  @classmethod
+  def of(cls, mode: Optional[str], context) -> Optional["StreamSplit"]:
+    """The split of `mode` (see `mode_of`) in a transformer Context; None
+    for no split or a context without the dimension."""
+    if mode == "length" and context.length_dim is not None:
+      return cls(context.length_dim, RESIDUAL_LENGTH)
+    if mode == "d_model":
+      return cls(context.model.model_dim, RESIDUAL_D_MODEL)
+    return None
+
+  def to_stream(self, x: mtf.Tensor) -> mtf.Tensor:
+    """x with `whole` renamed (x itself if it lacks it); a pending sum is
+    reduce-scattered where the new layout splits it."""
+    if self.whole not in x.shape.dims:
+      return x
+    return mtf.zero.relayout(x, x.shape.rename_dimension(self.whole.name, self.stream_name))
+
+  def to_whole(self, x: mtf.Tensor, regather: bool = False) -> mtf.Tensor:
+    """The inverse of `to_stream` (an all-gather where the layout splits the
+    stream). With `regather`, the backward pass gathers x again where the
+    gradients of the result's consumers read it, instead of keeping the
+    gathered copy (Korthikanti et al. 2022: a layer's input)."""
+    if self.stream_name not in x.shape.dimension_names:
+      return x
+    return mtf.zero.relayout(x, x.shape.rename_dimension(self.stream_name, self.whole.name),
+                             regathers_for_backward=regather)
+
+  def like_stream(self, t: Optional[mtf.Tensor], stream: mtf.Tensor) -> Optional[mtf.Tensor]:
+    """`t` (a per-position mask, say) renamed to combine with `stream`."""
+    if (t is None or self.whole not in t.shape.dims
+        or self.stream_name not in stream.shape.dimension_names):
+      return t
+    return mtf.rename_dimension(t, self.whole.name, self.stream_name)
+

@@ -17,7 +17,6 @@ import copy
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
-from mesh_tensorflow.transformer import sequence_parallel as sp_lib
 from mesh_tensorflow.transformer.layer_context import Context, ModeKeys, inputs_prefix_mask
 
 # Context attributes that may hold per-example tensors [batch..., length].
@@ -26,7 +25,7 @@ _PER_EXAMPLE_CONTEXT = ("sequence_id", "position", "read_priority", "write_prior
 
 class PipelinedStack:
   """The pipelining half of `LayerStack` (needs its `_layers`,
-  `_apply_layers`, `_dropout`, `_to_stream`, `finish` and `_slot_name`)."""
+  `_apply_layers`, `_dropout`, `_to_stream`, `_to_whole`, `finish` and `_slot_name`)."""
 
   num_stages: int = 1
   virtual_stages: int = 1
@@ -229,7 +228,7 @@ class PipelinedStack:
       n = len(names)
       for name, value in zip(names, ins[:n]):
         setattr(sub_ctx, name, value)
-      y = sp_lib.to_whole(y, sub_ctx.length_dim)
+      y = self._to_whole(sub_ctx, y)
       return loss_fn(sub_ctx, self.finish(sub_ctx, y), *ins[n:])
     *result, stats = mtf.pipeline.pipeline_loss(
         self._stage_fn(context, names), head, x, self.stages_dim(), self.num_microbatches,

@@ -116,6 +116,20 @@ def test_parallel_multi_query_layers_are_planned_with_megatrons_collectives():
   assert palm[("forward", activations)] == palm[("backward", activations)] == 8 + 1
   keys = 64 // 2 * 256 * 64 * 2  # [batch / 2, length, d_kv]
   assert palm[("backward", keys)] == 2 * 8
+  # PaLM's own split of the stream, over d_model: each of those all-reduces
+  # becomes a reduce-scatter (and an all-gather of the next layer's input).
+  split = _plan(extra=parallel + ["transformer.make_layer_stack.sequence_parallel = 'd_model'"],
+                cluster="tpu-v4:16", mesh="data:2;model:8",
+                layout="batch:data;d_ff:model;heads:model;vocab:model;residual_d_model:model")
+  scatters = {c.phase: c.count for c in split.communications
+              if c.mesh_dims == ("model",) and c.kind == "reduce_scatter"
+              and c.bytes_per_processor == activations}
+  assert scatters == {"forward": 8 + 1, "backward": 8}  # the embedding's enters the stream
+  remaining = model_allreduces(split)
+  assert ("forward", activations) not in remaining
+  assert remaining[("backward", activations)] == 1  # the output layer's, as without the split
+  whole = _plan(extra=parallel, cluster="tpu-v4:16", mesh="data:2;model:8")
+  assert split.memory["activations"] < 0.9 * whole.memory["activations"]
 
 
 def test_pipeline_sends_are_priced_in_blocks_as_the_pipeline_sends_them():

@@ -279,6 +279,23 @@ def test_rename_dimension_moving_split_uses_allgather():
   assert r.kind in ("allgather", "alltoall") and r.mesh_axes == (0,)
 
 
+@pytest.mark.parametrize("impl_kwargs", IMPL_VARIANTS)
+def test_renaming_that_moves_a_split_to_another_dimension_is_one_all_to_all(impl_kwargs):
+  """[experts_unsplit, groups, d] with groups split -> [experts, groups_unsplit,
+  d] with experts split (a mixture-of-experts layer sending tokens to their
+  experts): one all-to-all of the slice, not an all-gather of the tensor."""
+  xv = np.arange(8 * 16 * 3, dtype=np.float32).reshape(8, 16, 3)
+
+  def builder(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "experts_unsplit:8;groups:16;d:3")
+    return {"y": mtf.reshape(x, "experts:8;groups_unsplit:16;d:3")}
+  got, lowering = lower_and_run(builder, "all:8", "groups:all;experts:all",
+                                return_lowering=True, **impl_kwargs)
+  np.testing.assert_array_equal(got["y"], xv)
+  [r] = lowering.collective_records
+  assert (r.kind, r.mesh_axes, r.bytes_per_processor) == ("alltoall", (0,), 8 * 2 * 3 * F32)
+
+
 # ----------------------------------------------------------- local ops
 def test_fully_local_ops_emit_no_collectives():
   rng = np.random.default_rng(2)
@@ -648,6 +665,29 @@ def test_a_whole_tensor_joins_a_pending_sum_without_completing_it(whole_first):
     ars = [(r.mesh_axes, r.bytes_per_processor) for r in _records(lowering, "allreduce")]
     if kwargs:  # shared memory may fuse the product's sum into its gathers instead
       assert ars == [((0,), 4 * 2 * 4)], ars  # the export completes the one sum
+
+
+@pytest.mark.parametrize("scale", ["x * 3", "3 * x", "x / 4"])
+def test_scaling_by_a_number_keeps_a_pending_sum_pending(scale):
+  """p = p1 + p2 (a sum of pending sums, as a ParallelLayer's branches):
+  p * 3, 3 * p and p / 4 are linear, the partial sums are scaled and one
+  allreduce completes (p * 3) + p3; 4 / p is not, and completes p first."""
+  a_np = np.arange(32, dtype=np.float32).reshape(4, 8) / 7.0 + 1.0
+  b_np = np.arange(16, dtype=np.float32).reshape(8, 2) / 5.0 + 1.0
+  fns = {"x * 3": lambda x: x * 3.0, "3 * x": lambda x: 3.0 * x, "x / 4": lambda x: x / 4.0}
+  for fn, allreduces in ((fns[scale], 1), (lambda x: 4.0 / x, 2)):
+    impl = mtf_test_utils.make_impl("rows:2;cols:4", "k:rows", share_replicas=False)
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    a = mtf.import_tf_tensor(mesh, a_np, "m:4;k:8")
+    b = mtf.import_tf_tensor(mesh, b_np, "k:8;n:2")
+    p = (mtf.einsum([a, b], output_shape="m:4;n:2")
+         + mtf.einsum([a, b * 2.0], output_shape="m:4;n:2"))
+    y = fn(p) + mtf.einsum([a, b], output_shape="m:4;n:2")
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    got = lowering.export_to_tf_tensor(y).numpy()
+    np.testing.assert_allclose(got, fn(3 * a_np @ b_np) + a_np @ b_np, rtol=1e-5)
+    assert len(_records(lowering, "allreduce")) == allreduces
 
 
 @pytest.mark.parametrize("whole_first", [False, True])

@@ -29,6 +29,7 @@ TARGETS[SEGMENTS == 0] = 0
 MESH = "data:2;model:4"
 LAYOUT = "batch:data;heads:model;d_ff:model"
 SP_LAYOUT = LAYOUT + ";residual_length:model"
+DM_LAYOUT = LAYOUT + ";residual_d_model:model"  # sequence_parallel="d_model"
 
 
 def _run(sequence_parallel, mesh_shape=MESH, layout=SP_LAYOUT, recompute="none", stages=1,
@@ -49,9 +50,11 @@ def _run(sequence_parallel, mesh_shape=MESH, layout=SP_LAYOUT, recompute="none",
   _, loss = model.call_simple(mtf.shift(targets, 1, length, wrap=False), targets, True,
                               sequence_id=imp(SEGMENTS))
   variables = graph.trainable_variables
+  first_backward = len(graph.operations)
   grads = mtf.gradients([loss], [v.outputs[0] for v in variables])
   impl = make_impl(mesh_shape, layout, share_replicas=share_replicas)
   lowering = mtf.Lowering(graph, {mesh: impl})
+  lowering.first_backward_op = first_backward
   values = {v.name: lowering.export_to_tf_tensor(g).numpy() for v, g in zip(variables, grads)}
   return float(lowering.export_to_tf_tensor(loss).numpy()), values, lowering
 
@@ -84,16 +87,38 @@ def test_layers_reduce_scatter_and_all_gather_instead_of_all_reducing(plain):
   """Per sublayer and direction, the plain stack all-reduces [batch, length,
   d_model] over `model` once (4 sublayers: 8); sequence parallel, that is a
   reduce-scatter into the stream and an all-gather of the next input, plus
-  one all-gather (and its gradient's) where the stream leaves the stack."""
+  one all-gather (and its gradient's) where the stream leaves the stack, and
+  per sublayer one more in the backward pass: the weights' gradients read
+  the input gathered again, not a copy kept whole since the forward pass."""
   model_axis = (1,)
   assert _counts(plain[2], model_axis) == {"allreduce": 8}
   _, _, lowering = _run(True)
-  assert _counts(lowering, model_axis) == {"reduce_scatter": 8, "allgather": 10}
+  assert _counts(lowering, model_axis) == {"reduce_scatter": 8, "allgather": 10 + 4}
   whole = B // 2 * L * D * 4  # one processor's [batch, length, d_model], float32
   for r in lowering.collective_records:
     if r.mesh_axes == model_axis:
       # A reduce-scatter sends the whole partial slice, an all-gather a block.
       assert r.bytes_per_processor == (whole if r.kind == "reduce_scatter" else whole // 4)
+  # Recomputing whole layers replays the forward gather: no third one.
+  _, _, lowering = _run(True, recompute="layer")
+  assert _counts(lowering, model_axis)["allgather"] == 10 + 4
+
+
+@pytest.mark.parametrize("mode,layout", [(True, SP_LAYOUT), ("d_model", DM_LAYOUT)])
+def test_the_gathered_layer_input_is_not_kept_for_the_backward_pass(mode, layout):
+  """No backward operation reads a layer's gathered input from the forward
+  pass: the weights' gradients read the copy gathered again."""
+  _, _, lowering = _run(mode, layout=layout)
+  ops = lowering.graph.operations
+  first = lowering.first_backward_op
+  gathered = {op.outputs[0] for op in ops[:first]
+              if getattr(op, "regathers_for_backward", False)
+              and not getattr(op, "is_variable", False)}
+  assert len(gathered) == 4  # one per sublayer
+  read_later = {t for op in ops[first:] for t in op.inputs} & gathered
+  assert not read_later
+  again = [op for op in ops[first:] if op.name.endswith("_again")]
+  assert len(again) == 4
 
 
 def test_without_a_residual_length_rule_nothing_changes_but_names(plain):
@@ -122,6 +147,58 @@ def test_pipelined_stream_stays_split_between_stages(plain, schedule):
   permutes = collections.Counter(r.bytes_per_processor for r in got[2].collective_records
                                  if r.kind == "permute")
   assert permutes[micro // 4] > 0 and permutes[micro] == 0, permutes
+
+
+@pytest.mark.parametrize("recompute", ["none", "layer", "selective"])
+def test_a_d_model_split_stream_gives_the_plain_stacks_loss_and_gradients(plain, recompute):
+  _assert_same(_run("d_model", layout=DM_LAYOUT, recompute=recompute), plain)
+
+
+def test_a_d_model_split_stream_runs_the_same_collectives(plain):
+  """sequence_parallel="d_model" (PaLM's split, for lengths the mesh
+  dimension does not divide): per sublayer and direction a reduce-scatter
+  into the stream's d_model blocks and an all-gather of the next input, as
+  with a split length; the embedding enters the stream by slicing. The
+  norms reduce over the split d_model: per norm, an all-reduce of the
+  [batch, length] statistics each way, and their scale's gradient (D / 4
+  floats) is gathered."""
+  _, _, lowering = _run("d_model", layout=DM_LAYOUT)
+  model_axis = (1,)
+  whole = B // 2 * L * D * 4
+  records = [r for r in lowering.collective_records if r.mesh_axes == model_axis]
+  large = collections.Counter(r.kind for r in records if r.bytes_per_processor >= whole // 4)
+  assert large == {"reduce_scatter": 8, "allgather": 10 + 4}
+  for r in records:
+    if r.kind == "reduce_scatter":
+      assert r.bytes_per_processor == whole
+    elif r.bytes_per_processor >= whole // 4:
+      assert r.bytes_per_processor == whole // 4
+  small = collections.Counter((r.kind, r.bytes_per_processor) for r in records
+                              if r.bytes_per_processor < whole // 4)
+  assert small == {("allreduce", B // 2 * L * 4): 8, ("allgather", D // 4 * 4): 4}, small
+  # The stream between the layers is split over model: a quarter of d_model.
+  streams = [t for op in lowering.graph.operations for t in op.outputs
+             if "residual_d_model" in t.shape.dimension_names and len(t.shape.dims) == 3]
+  assert streams and all(
+      lowering.mesh_impl(t.operation).slice_shape(t.shape)[-1] == D // 4 for t in streams)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_pipelined_d_model_split_stream(schedule):
+  layout = "stages:pp;heads:model;d_ff:model"
+  got = _run("d_model", mesh_shape="pp:2;model:4", layout=layout + ";residual_d_model:model",
+             stages=2, schedule=schedule)
+  _assert_same(got, _run(False, mesh_shape="pp:2;model:4", layout=layout, stages=2,
+                         schedule=schedule))
+  micro = B // 2 * L * D * 4
+  permutes = collections.Counter(r.bytes_per_processor for r in got[2].collective_records
+                                 if r.kind == "permute")
+  assert permutes[micro // 4] > 0 and permutes[micro] == 0, permutes
+
+
+def test_an_unknown_sequence_parallel_mode_is_one_clear_error():
+  with pytest.raises(ValueError, match=r"sequence_parallel = 'heads'.*'d_model'"):
+    transformer.LayerStack([tl.DenseReluDense(hidden_size=8)], sequence_parallel="heads")
 
 
 def test_custom_sublayers_reject_sequence_parallel():

@@ -136,6 +136,13 @@ def test_moe_outputs_equal_with_and_without_splitting_experts():
   # One slot per expert and group of 8: some tokens are dropped entirely.
   dropped = np.all(single["y"] == 0.0, axis=-1)
   assert 0 < dropped.sum() < B * L
+  # GShard's layout, batch and experts split over the same devices: the
+  # tokens travel to their experts and back by all-to-all, nothing gathered.
+  split, lowering = lower_and_run(build, "all:8", "batch:all;experts:all",
+                                  return_lowering=True)
+  np.testing.assert_allclose(split["y"], single["y"], rtol=1e-5, atol=1e-6)
+  kinds = collections.Counter(r.kind for r in lowering.collective_records)
+  assert kinds["alltoall"] == 2 and kinds["allgather"] == 0, kinds
 
 
 def test_moe_routing_drops_tokens_over_capacity():
