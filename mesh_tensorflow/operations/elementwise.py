@@ -492,21 +492,30 @@ class _LazyAwareAdd(ElementwiseOperation):
     lowering.lower_with_plan(self, plan, fn, extra=(first,))
 
 
+def _linear_binary(tf_fn, base, op_name, x, y, output_shape, name, y_sign):
+  """x (tf_fn) y for mtf.add and mtf.sub: `base` (the plain elementwise op)
+  for numbers and non-float tensors, else a `_LazyAwareAdd`; y's gradient
+  is y_sign * dz."""
+  if is_scalar_value(x) or is_scalar_value(y):
+    return base(x, y, output_shape=output_shape, name=name)
+  x, y = _binary_inputs(x, y, op_name)
+  if not x.dtype.is_floating:
+    return base(x, y, output_shape=output_shape, name=name)
+
+  def y_grad(o, dz):
+    return reduce_to_shape(dz if y_sign > 0 else negative(dz), o.inputs[1].shape)
+  return _LazyAwareAdd(
+      tf_fn, [x, y], output_shape=output_shape, name=name or op_name,
+      input_grads=[lambda o, dz: reduce_to_shape(dz, o.inputs[0].shape), y_grad]).outputs[0]
+
+
 def add(x, y, output_shape=None, name=None) -> Tensor:
   """x + y with broadcasting by dimension name.
 
   Example:
     >>> z = mtf.add(x, bias)   # bias's dims must be a subset or disjoint
   """
-  if is_scalar_value(x) or is_scalar_value(y):
-    return _add_base(x, y, output_shape=output_shape, name=name)
-  x, y = _binary_inputs(x, y, "add")
-  if not x.dtype.is_floating:
-    return _add_base(x, y, output_shape=output_shape, name=name)
-  return _LazyAwareAdd(
-      tf.add, [x, y], output_shape=output_shape, name=name or "add",
-      input_grads=[lambda o, dz: reduce_to_shape(dz, o.inputs[0].shape),
-                   lambda o, dz: reduce_to_shape(dz, o.inputs[1].shape)]).outputs[0]
+  return _linear_binary(tf.add, _add_base, "add", x, y, output_shape, name, 1)
 
 
 def sub(x, y, output_shape=None, name=None) -> Tensor:
@@ -516,15 +525,7 @@ def sub(x, y, output_shape=None, name=None) -> Tensor:
   Example:
     >>> residual = mtf.sub(targets, predictions)
   """
-  if is_scalar_value(x) or is_scalar_value(y):
-    return _sub_base(x, y, output_shape=output_shape, name=name)
-  x, y = _binary_inputs(x, y, "sub")
-  if not x.dtype.is_floating:
-    return _sub_base(x, y, output_shape=output_shape, name=name)
-  return _LazyAwareAdd(
-      tf.subtract, [x, y], output_shape=output_shape, name=name or "sub",
-      input_grads=[lambda o, dz: reduce_to_shape(dz, o.inputs[0].shape),
-                   lambda o, dz: reduce_to_shape(negative(dz), o.inputs[1].shape)]).outputs[0]
+  return _linear_binary(tf.subtract, _sub_base, "sub", x, y, output_shape, name, -1)
 
 
 subtract = sub
