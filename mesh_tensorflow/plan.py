@@ -17,6 +17,7 @@ tpu-v5e, tpu-v5p) or a JSON file.
 
 from __future__ import annotations
 
+import sys
 from typing import Optional, Sequence
 
 from mesh_tensorflow import cli
@@ -60,6 +61,9 @@ def _main(argv: Sequence[str]) -> int:
                       help="search mesh shapes, layouts and options for the device count and "
                       "print the best plans that fit")
   parser.add_argument("--top", type=int, default=5, help="with --auto: how many plans to print")
+  parser.add_argument("--max_seconds", type=float, default=0.0,
+                      help="with --auto: stop searching after this many seconds and rank the "
+                      "plans priced so far (0: search everything)")
   args = parser.parse_args(argv)
   if not args.hardware:
     parser.error("--hardware is required: e.g. --hardware=a100-80gb:1024 or tpu-v4:512")
@@ -71,6 +75,8 @@ def _main(argv: Sequence[str]) -> int:
     parser.error(f"--fusion={args.fusion}: use xla or none")
   if args.top < 1:
     parser.error(f"--top={args.top}: must be at least 1")
+  if args.max_seconds < 0:
+    parser.error(f"--max_seconds={args.max_seconds}: must be 0 (no limit) or more")
   cli.quiet_tensorflow_startup()
   import json  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.analysis.cost_model import hardware  # pylint: disable=g-import-not-at-top
@@ -93,8 +99,11 @@ def _main(argv: Sequence[str]) -> int:
   options.fusion = args.fusion
   if args.auto:
     from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
+    def progress(tried, seconds):
+      print(f"searching: {tried} plans priced in {seconds:.0f} s", file=sys.stderr, flush=True)
     result = plan_search.search(cluster, top=args.top, attention=args.attention,
-                                fusion=args.fusion)
+                                fusion=args.fusion, max_seconds=args.max_seconds or None,
+                                progress=progress)
     if args.json:
       print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
 from mesh_tensorflow.transformer import planner
@@ -59,16 +59,20 @@ class SearchResult:
   rejected: List[str]
   seconds: float
   top: int
+  stopped: bool = False  # the time budget ended the search early
 
   def to_dict(self):
     return {"plans": [p.to_dict() for p in self.plans[:self.top]], "tried": self.tried,
-            "rejected": self.rejected[:20], "seconds": self.seconds}
+            "rejected": self.rejected[:20], "seconds": self.seconds, "stopped": self.stopped}
 
   def summary(self) -> str:
     lines = [f"searched {self.tried} plans in {self.seconds:.0f} s; "
-             f"{len(self.plans)} fit in memory"]
+             f"{len(self.plans)} fit in memory"
+             + ("; stopped by the time budget (--max_seconds): the ranking covers the plans "
+                "priced so far" if self.stopped else "")]
     if not self.plans:
-      lines.append("no plan fits: " + "; ".join(self.rejected[:5]))
+      lines.append("no plan fits: " + "; ".join(self.rejected[:5]) if self.rejected else
+                   "no plan was priced: raise --max_seconds")
       return "\n".join(lines)
     best = self.plans[0].step_time_s
     for rank, p in enumerate(self.plans[:self.top], 1):
@@ -149,9 +153,13 @@ def _divisors(n: int) -> List[int]:
 def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
            max_pipeline: int = 64, memory_budget_bytes=None,
            virtual_stages=(1,), attention: str = "unfused",
-           fusion: str = "xla") -> SearchResult:
+           fusion: str = "xla", max_seconds: Optional[float] = None,
+           progress: Optional[Callable[[int, float], None]] = None) -> SearchResult:
   """Searches plans for the parsed gin config on `cluster`; a plan fits when
   its memory per device is within the HBM and `memory_budget_bytes`.
+
+  `max_seconds` ends the search once that much time has passed (the result
+  says `stopped`); `progress(tried, seconds)` is called about every 10 s.
 
   `virtual_stages` other than 1 also try, for pipelines whose layers per
   stage they divide, the interleaved schedule with that many layer chunks
@@ -174,6 +182,8 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   n = cluster.count
   max_model = h.devices_per_host if h.kind == "gpu" else 64
   plans, rejected, tried = [], [], 0
+  last_report = start
+  stopped = False
   sequence_parallel_ok = gin_config.query(SEQUENCE_PARALLEL, None) is not False
   for t in _divisors(n):
     if t > max_model or heads % t or d_ff % t:
@@ -203,6 +213,13 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
           layouts, micros, chunks, ("none", "layer"), zero_stages):
         if v > 1 and m % p:  # the interleaved schedule runs groups of p micro-batches
           continue
+        now = time.time()
+        if max_seconds is not None and now - start > max_seconds:
+          stopped = True
+          break
+        if progress is not None and now - last_report >= 10:
+          progress(tried, now - start)
+          last_report = now
         tried += 1
         options = planner.PlanOptions(
             num_stages=p, num_microbatches=m,
@@ -229,7 +246,7 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
           rejected.append(f"{mesh} m={m} v={v} recompute={recompute} "
                           f"zero={_zero_label(options)}: needs "
                           f"{plan.memory_bytes_per_device / 2**30:.1f} GiB")
-  return SearchResult(_ranked(plans), tried, rejected, time.time() - start, top)
+  return SearchResult(_ranked(plans), tried, rejected, time.time() - start, top, stopped)
 
 
 TIE = 0.005  # step times this close (relative) are a tie, below what the planner tells apart

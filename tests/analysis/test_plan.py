@@ -299,6 +299,21 @@ def test_auto_search_returns_fitting_plans_fastest_first():
                              for p in fused.plans)
 
 
+def test_auto_search_stops_at_its_time_budget():
+  """max_seconds ends the search; the result says so, and so does the
+  command's summary; progress is reported while it runs."""
+  from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
+  gin_config.parse([], MODEL)
+  cluster = hardware.parse_cluster("a100-80gb:16")
+  nothing = plan_search.search(cluster, max_seconds=0.0)
+  assert nothing.stopped and nothing.tried == 0 and not nothing.plans
+  assert "no plan was priced: raise --max_seconds" in nothing.summary()
+  calls = []
+  full = plan_search.search(cluster, progress=lambda tried, seconds: calls.append(tried))
+  assert not full.stopped and full.tried > 0 and "stopped" not in full.summary()
+  assert all(0 <= c <= full.tried for c in calls)
+
+
 def test_auto_ranks_ties_by_memory():
   from types import SimpleNamespace  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
