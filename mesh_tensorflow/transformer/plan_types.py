@@ -114,6 +114,7 @@ class Plan:
         "memory_breakdown_bytes": self.memory, "hbm_bytes_per_device": self.hbm_bytes,
         "fits": self.fits, "time_breakdown_s": self.time_breakdown,
         "top_communications": [c.as_dict() for c in self.communications[:5]],
+        "communications": [c.as_dict() for c in self.communications],
         "num_layers": self.num_layers, "parameters": self.parameters, "notes": self.notes}
 
   def to_json(self) -> str:

@@ -239,6 +239,11 @@ def test_plan_command_json_and_errors(capsys):
               "memory_bytes_per_device", "fits"):
     assert key in result
   assert result["fits"] is True and result["step_time_s"] > 0
+  # Every communication, most expensive first; the top five are its head.
+  comms = result["communications"]
+  assert len(comms) >= len(result["top_communications"]) and comms[:5] == result[
+      "top_communications"]
+  assert [c["seconds"] for c in comms] == sorted((c["seconds"] for c in comms), reverse=True)
   from mesh_tensorflow import plan as plan_command  # pylint: disable=g-import-not-at-top
   assert plan_command.main(["--hardware=tpu-v9:16"]) == 2
   assert capsys.readouterr().err.startswith("error: unknown hardware 'tpu-v9'")
