@@ -344,13 +344,8 @@ class _ScalarOperandOperation(ElementwiseOperation):
                                          tuple(sorted(pending))),))
 
   def lower(self, lowering):
-    impl = lowering.mesh_impl(self)
-    x = self.inputs[0]
-    out = self.outputs[0]
-    c = tf.constant(self._scalar, dtype=x.dtype)
     fn = self._binary_fn
     first = self._scalar_first
-    in_shape = x.shape
     plan = self.plan(lowering.plan_mesh(self))
     if plan is not None:
       def scale(t):
@@ -358,6 +353,11 @@ class _ScalarOperandOperation(ElementwiseOperation):
         return fn(k, t) if first else fn(t, k)
       lowering.lower_with_plan(self, plan, scale)
       return
+    impl = lowering.mesh_impl(self)
+    x = self.inputs[0]
+    out = self.outputs[0]
+    c = tf.constant(self._scalar, dtype=x.dtype)
+    in_shape = x.shape
 
     def slice_fn(t, c):
       t = expand_to_shape(t, in_shape, out.shape, impl.slice_shape(out.shape))

@@ -10,7 +10,7 @@ from typing import List, Optional, Sequence
 from mesh_tensorflow.core.graph import Tensor
 from mesh_tensorflow.operations.constant_ops import ones_like
 from mesh_tensorflow.operations.elementwise import add_n
-from mesh_tensorflow.operations.shape_ops import reshape
+from mesh_tensorflow.operations.shape_ops import ReshapeOperation, reshape
 
 
 def gradients(ys: Sequence[Tensor], xs: Sequence[Tensor],
@@ -56,7 +56,7 @@ def gradients(ys: Sequence[Tensor], xs: Sequence[Tensor],
   for y, g in zip(ys, grad_ys):
     if g is not None:
       pending.setdefault(y, []).append(g)
-  prefetch_after = None  # the output gradients of the last op that read a variable again
+  prefetch_after = None  # the output gradients of the last op that read a tensor again
   made_again = {}  # gathered tensors (not variables) made again: tensor -> copy
   for op in reversed(operations):
     out_grads = [_sum(pending.get(t)) for t in op.outputs]
@@ -76,7 +76,7 @@ def gradients(ys: Sequence[Tensor], xs: Sequence[Tensor],
       pending[t] = [g] if g is not None else []
     needed = [t in downstream and t.dtype.is_floating for t in op.inputs]
     dys = [g for g in out_grads if g is not None]
-    in_grads, reread = _gradient_reading_variables_again(op, out_grads, needed,
+    in_grads, reread = _gradient_reading_again(op, out_grads, needed,
                                                          prefetch_after or dys, made_again)
     if reread:
       prefetch_after = dys
@@ -101,7 +101,7 @@ def _read_again_for_backward(t) -> bool:
   if getattr(producer, "regathers_for_backward", False):
     return True
   # A renamed view of such a tensor (not of a variable) is made again too.
-  return (type(producer).__name__ == "ReshapeOperation"
+  return (isinstance(producer, ReshapeOperation)
           and not getattr(producer.inputs[0].operation, "is_variable", False)
           and _read_again_for_backward(producer.inputs[0]))
 
@@ -120,7 +120,7 @@ def _made_again(t, after, made):
   return made[t]
 
 
-def _gradient_reading_variables_again(op, out_grads, needed, after, made):
+def _gradient_reading_again(op, out_grads, needed, after, made):
   """op's input gradients; where an input is the value of a variable that
   gathers on read (ZeRO stage 3), or another gathered tensor marked to be
   gathered again (`_read_again_for_backward`), the gradient reads it again
@@ -128,9 +128,9 @@ def _gradient_reading_variables_again(op, out_grads, needed, after, made):
   alive.
 
   `after` is the output gradients of the previous op (in backward order)
-  that read a variable again: each gather runs one such op ahead of its use,
-  under the computation in between. Returns (gradients, whether a variable
-  was read again). A copy that the gradient does not use is removed."""
+  that read a tensor again: each gather runs one such op ahead of its use,
+  under the computation in between. Returns (gradients, whether a tensor was
+  read again). A copy that the gradient does not use is removed."""
   graph = op.graph
   start, made_before = len(graph.operations), set(made)
   again = {}

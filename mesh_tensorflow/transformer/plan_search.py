@@ -175,8 +175,7 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   heads = int(gin_config.query("SelfAttention.num_heads", 8) or 8)
   d_ff = int(gin_config.query("DenseReluDense.hidden_size", 2048) or 2048)
   d_model = int(gin_config.query("Unitransformer.d_model", 512) or 512)
-  seq = b.get("sequence_length") or {"targets": 128}
-  seq_len = seq if isinstance(seq, int) else seq.get("targets", 128)
+  seq_len = planner.configured_sequence_length()
   num_experts = int(gin_config.query("MoE1D.num_experts", 0) or 0)
   h = cluster.hardware
   n = cluster.count

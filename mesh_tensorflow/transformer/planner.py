@@ -55,13 +55,13 @@ FLOPs include it (HFU).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 from typing import Dict, List, Optional, Tuple
 
 from mesh_tensorflow.analysis.cost_model import estimator
 from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
+from mesh_tensorflow.analysis.cost_model import memory as memory_lib
 from mesh_tensorflow.analysis.cost_model import topology
 
 from mesh_tensorflow.transformer.plan_types import (  # noqa: F401 (re-exported)
@@ -73,6 +73,14 @@ PHASES = ("forward", "backward", "optimizer")
 def _binding(name: str, default=None):
   from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
   return gin_config.query(name, default)
+
+
+def configured_sequence_length() -> int:
+  """The parsed config's target sequence length (`run.sequence_length`, an
+  int or {"targets": n}; 128 when unset)."""
+  import gin  # pylint: disable=g-import-not-at-top
+  seq = dict(gin.get_bindings("run")).get("sequence_length") or {"targets": 128}
+  return seq if isinstance(seq, int) else seq.get("targets", 128)
 
 
 def options_from_gin() -> PlanOptions:
@@ -126,6 +134,11 @@ class _Phase:
 
   def minus(self, other: "_Phase") -> "_Phase":
     return self.plus(other, -1.0)
+
+  def collectives(self) -> Dict[tuple, float]:
+    """Counts of all the phase's collectives, on the critical path or ahead."""
+    return {k: self.comm.get(k, 0) + self.ahead.get(k, 0)
+            for k in set(self.comm) | set(self.ahead)}
 
   def add(self, other: "_Phase") -> None:
     """Adds `other` to this phase in place."""
@@ -277,28 +290,16 @@ def _activation_memory(ops, first_bwd: int, first_opt: int, size, costs
         and size(op.outputs[0]) == size(op.inputs[0])):
       source = id(op.inputs[0])
       root[id(op.outputs[0])] = root.get(source, source)
-  last_use: Dict[int, int] = {}
-  for i, op in enumerate(ops):
-    for t in op.inputs:
-      r = root.get(id(t), id(t))
-      last_use[r] = max(last_use.get(r, i), i)
-  live = peak = kept = kept_scores = 0.0
-  dying: Dict[int, float] = collections.defaultdict(float)
-  for i, op in enumerate(ops[:first_opt]):
-    if not getattr(op, "is_variable", False):
-      for t in op.outputs:
-        end = last_use.get(id(t))
-        if (id(t) in root or end is None
-            or (i >= first_bwd and end >= first_opt)):  # an alias, unused, or a gradient
-          continue
-        b = size(t)
-        if i < first_bwd <= end:
-          kept += b
-          kept_scores += b if _is_score(t) else 0.0
-        live += b
-        dying[end] += b
-    peak = max(peak, live)
-    live -= dying.pop(i, 0.0)
+  last_use = memory_lib.last_uses(ops, root)
+
+  def counted(i, op, t, end) -> bool:  # not a variable, an alias or a gradient
+    return not (getattr(op, "is_variable", False) or id(t) in root
+                or (i >= first_bwd and end >= first_opt))
+  peak = memory_lib.peak_live_bytes(ops[:first_opt], last_use, size, counted)
+  kept_tensors = [t for i, op in enumerate(ops[:first_bwd]) for t in op.outputs
+                  if last_use.get(id(t), -1) >= first_bwd and counted(i, op, t, last_use[id(t)])]
+  kept = sum(size(t) for t in kept_tensors)
+  kept_scores = sum(size(t) for t in kept_tensors if _is_score(t))
   return kept, peak, kept_scores
 
 
@@ -487,8 +488,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   if num_layers % (s * options.virtual_stages):
     raise ValueError(f"num_layers = {num_layers} is not a multiple of num_stages x "
                      f"virtual_stages = {s * options.virtual_stages}.")
-  seq = b.get("sequence_length") or {"targets": 128}
-  seq_len = seq if isinstance(seq, int) else seq.get("targets", 128)
+  seq_len = configured_sequence_length()
 
   sub_mesh = sub_shape.to_string()
   sub_layout = sub_rules.to_string()
@@ -648,10 +648,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
       counts = {k: c for k, c in opt.comm.items()}
       mult = 1
     else:
-      both = {k: extra[phase].comm.get(k, 0) + extra[phase].ahead.get(k, 0)
-              for k in set(extra[phase].comm) | set(extra[phase].ahead)}
-      per_layer = {k: layer[phase].comm.get(k, 0) + layer[phase].ahead.get(k, 0)
-                   for k in set(layer[phase].comm) | set(layer[phase].ahead)}
+      both, per_layer = extra[phase].collectives(), layer[phase].collectives()
       counts = {k: both.get(k, 0) + num_layers * per_layer.get(k, 0)
                 for k in sorted(set(both) | set(per_layer))}
       mult = m

@@ -611,14 +611,23 @@ def test_data_parallel_weight_gradient_is_one_product_in_shared_memory(layout, p
   assert (r.kind, r.bytes_per_processor) == ("allreduce", 16 * 16 * F32)
 
 
+def _pending_sum_setup(a_np, b_np, **impl_kwargs):
+  """The pending-sum tests' mesh and operands: rows:2;cols:4 with k split
+  over rows, so the product of a [m:4, k:8] and b [k:8, n:2] leaves a sum
+  pending over rows. Returns (impl, graph, mesh, a, b)."""
+  impl = mtf_test_utils.make_impl("rows:2;cols:4", "k:rows", **impl_kwargs)
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  a = mtf.import_tf_tensor(mesh, a_np, "m:4;k:8")
+  b = mtf.import_tf_tensor(mesh, b_np, "k:8;n:2")
+  return impl, graph, mesh, a, b
+
+
 def test_computed_slices_of_a_pending_sum_do_not_complete_it():
   """`Lowering.computed_slices` (what a read waits on) gives a pending sum's
   partial slices; only `laid_out` completes it."""
-  impl = mtf_test_utils.make_impl("rows:2;cols:4", "k:rows")
-  graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, "mesh")
-  a = mtf.import_tf_tensor(mesh, np.ones((4, 8), np.float32), "m:4;k:8")
-  b = mtf.import_tf_tensor(mesh, np.ones((8, 2), np.float32), "k:8;n:2")
+  impl, graph, mesh, a, b = _pending_sum_setup(np.ones((4, 8), np.float32),
+                                                np.ones((8, 2), np.float32))
   p = mtf.einsum([a, b], output_shape="m:4;n:2")
   lowering = mtf.Lowering(graph, {mesh: impl})
   parts = lowering.computed_slices(p)
@@ -646,11 +655,7 @@ def test_a_whole_tensor_joins_a_pending_sum_without_completing_it(whole_first):
   x_np = w_np + p_np
   want = x_np + 2.0 * q_np + p_np
   for kwargs in ({}, {"share_replicas": False}):
-    impl = mtf_test_utils.make_impl("rows:2;cols:4", "k:rows", **kwargs)
-    graph = mtf.Graph()
-    mesh = mtf.Mesh(graph, "mesh")
-    a = mtf.import_tf_tensor(mesh, a_np, "m:4;k:8")
-    b = mtf.import_tf_tensor(mesh, b_np, "k:8;n:2")
+    impl, graph, mesh, a, b = _pending_sum_setup(a_np, b_np, **kwargs)
     w = mtf.import_tf_tensor(mesh, w_np, "m:4;n:2")
     q = mtf.import_tf_tensor(mesh, q_np, "m:4;n:2")
     p = mtf.einsum([a, b], output_shape="m:4;n:2")
@@ -676,11 +681,7 @@ def test_scaling_by_a_number_keeps_a_pending_sum_pending(scale):
   b_np = np.arange(16, dtype=np.float32).reshape(8, 2) / 5.0 + 1.0
   fns = {"x * 3": lambda x: x * 3.0, "3 * x": lambda x: 3.0 * x, "x / 4": lambda x: x / 4.0}
   for fn, allreduces in ((fns[scale], 1), (lambda x: 4.0 / x, 2)):
-    impl = mtf_test_utils.make_impl("rows:2;cols:4", "k:rows", share_replicas=False)
-    graph = mtf.Graph()
-    mesh = mtf.Mesh(graph, "mesh")
-    a = mtf.import_tf_tensor(mesh, a_np, "m:4;k:8")
-    b = mtf.import_tf_tensor(mesh, b_np, "k:8;n:2")
+    impl, graph, mesh, a, b = _pending_sum_setup(a_np, b_np, share_replicas=False)
     p = (mtf.einsum([a, b], output_shape="m:4;n:2")
          + mtf.einsum([a, b * 2.0], output_shape="m:4;n:2"))
     y = fn(p) + mtf.einsum([a, b], output_shape="m:4;n:2")
@@ -701,11 +702,7 @@ def test_subtracting_keeps_a_pending_sum_pending(whole_first):
   w_np = np.full((4, 2), 3.0, np.float32)
   x_np = (w_np - a_np @ b_np) if whole_first else (a_np @ b_np - w_np)
   want = x_np - a_np @ c_np
-  impl = mtf_test_utils.make_impl("rows:2;cols:4", "k:rows", share_replicas=False)
-  graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, "mesh")
-  a = mtf.import_tf_tensor(mesh, a_np, "m:4;k:8")
-  b = mtf.import_tf_tensor(mesh, b_np, "k:8;n:2")
+  impl, graph, mesh, a, b = _pending_sum_setup(a_np, b_np, share_replicas=False)
   c = mtf.import_tf_tensor(mesh, c_np, "k:8;n:2")
   w = mtf.import_tf_tensor(mesh, w_np, "m:4;n:2")
   p = mtf.einsum([a, b], output_shape="m:4;n:2")

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import collections
+from typing import Callable, Dict, Optional
 
 from mesh_tensorflow.analysis.cost_model.estimator import _Estimator
 from mesh_tensorflow.analysis.cost_model.params import DeviceParams
@@ -44,25 +45,56 @@ def _memory(est: _Estimator, operations, shares_memory: bool) -> MemoryEstimate:
         variables += n
       else:
         slots += n
-  # Liveness over graph order: a tensor lives from its op to its last reader.
-  last_use = {}
+  # A variable's value is its slices, except where reading it gathers them
+  # (ZeRO stage 3): that copy lives like any other tensor.
+  def nbytes(t):
+    b = est.slice_bytes(t)
+    return b * est.distinct(est.layout(t.shape)) // est.mesh_size if shares_memory else b
+  peak = peak_live_bytes(
+      operations, last_uses(operations), nbytes,
+      lambda i, op, t, end: (not getattr(op, "is_variable", False)
+                             or getattr(op, "gathers_on_read", False)))
+  return MemoryEstimate(variables, slots, peak, per_variable)
+
+
+def last_uses(operations, shares: Optional[Dict[int, int]] = None) -> Dict[int, int]:
+  """{id of a tensor: index of the last operation that reads it}; with
+  `shares` (tensor id -> the id of the tensor whose memory it shares), a
+  view's readers count for the tensor it shares.
+
+  Example:
+    >>> last_uses(graph.operations)[id(x)]
+    7
+  """
+  shares = shares or {}
+  last: Dict[int, int] = {}
   for i, op in enumerate(operations):
     for t in op.inputs:
-      last_use[t] = i
-  live = 0
-  peak = 0
-  dying = collections.defaultdict(int)
+      last[shares.get(id(t), id(t))] = i
+  return last
+
+
+def peak_live_bytes(operations, last_use: Dict[int, int], nbytes: Callable,
+                    counted: Callable) -> float:
+  """The peak, over graph order, of the bytes of live tensors: a tensor
+  lives from the operation that makes it to its last reader (`last_uses`);
+  only tensors that something reads and that `counted(index, op, tensor,
+  last reader's index)` accepts count, `nbytes(tensor)` each.
+
+  Example:
+    >>> peak_live_bytes(ops, last_uses(ops), lambda t: 4 * t.shape.size,
+    ...                 lambda i, op, t, end: True)
+  """
+  live = peak = 0
+  dying: Dict[int, float] = collections.defaultdict(int)
   for i, op in enumerate(operations):
-    # A variable's value is its slices, except where reading it gathers them
-    # (ZeRO stage 3): that copy lives like any other tensor.
-    if not getattr(op, "is_variable", False) or getattr(op, "gathers_on_read", False):
-      for t in op.outputs:
-        if t in last_use:
-          b = est.slice_bytes(t)
-          if shares_memory:
-            b = b * est.distinct(est.layout(t.shape)) // est.mesh_size
-          live += b
-          dying[last_use[t]] += b
+    for t in op.outputs:
+      end = last_use.get(id(t))
+      if end is None or not counted(i, op, t, end):
+        continue
+      b = nbytes(t)
+      live += b
+      dying[end] += b
     peak = max(peak, live)
     live -= dying.pop(i, 0)
-  return MemoryEstimate(variables, slots, peak, per_variable)
+  return peak
