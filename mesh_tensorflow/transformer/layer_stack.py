@@ -76,7 +76,11 @@ class LayerStack(PipelinedStack, TransformerLayer):
   "stages" dimension (variables "pipeline/layer_%03d/..." of shape
   [stages, ...], layer j of stage s being the unpipelined layer
   s * layers_per_stage + j, initialized like it); lay the stages out with a
-  rule such as "stages:pp". In train, eval and infer modes the batch is cut
+  rule such as "stages:pp". Stages hold whole blocks (the shortest block of
+  layers the stack repeats); where num_stages does not divide the blocks,
+  the last stages hold one block fewer (`stage_block_counts`; layer j of
+  stage s is then the unpipelined layer after the layers of the stages
+  before it) and run a padding block in its slot, masked out. In train, eval and infer modes the batch is cut
   into num_microbatches micro-batches scheduled by `mtf.pipeline.pipeline`
   (GPipe); with `pipeline_schedule="1f1b"` a model that supports it
   (`Unitransformer`) computes the loss inside the schedule with
@@ -312,20 +316,28 @@ class LayerStack(PipelinedStack, TransformerLayer):
 
   # ---- the layers ------------------------------------------------------------
   def _apply_layers(self, context: Context, x: mtf.Tensor, layers, first: int,
-                    collect: bool = False) -> mtf.Tensor:
+                    collect: bool = False, gates=None) -> mtf.Tensor:
     """x through `layers` (the stack's own: their slot scopes; a pipeline
     stage's: "layer_%03d" from `first`). Under sequence parallelism the
     layers run on the stream's shape (`_to_stream`); x is returned in the
-    shape it came in."""
+    shape it came in. `gates` (uneven pipeline stages): per block of
+    `block_size` layers, None or a bool tensor; where it is false the block
+    passes its input on unchanged."""
     policy = self.recompute if context.train else "none"
     if policy != "none":
       self._check_recompute(context, layers)
     whole = x.shape
     x = self._to_stream(context, x)
+    block = self.block_size if gates else 1
+    block_input = x
     for j, layer in enumerate(layers):
       lnum = first + j
       scope = self.layer_scope(lnum) if layers is self._layers else "layer_%03d" % lnum
+      if j % block == 0:
+        block_input = x
       x = self._sublayer(context, x, layer, scope, policy, f"layer {lnum}")
+      if gates and j % block == block - 1 and gates[j // block] is not None:
+        x = mtf.where(gates[j // block], x, block_input, output_shape=x.shape)
       if collect and context.layer_outputs is not None and lnum != len(self._layers) - 1:
         context.layer_outputs.append(x)  # sequence parallel: the stream's shape
       context.layer_index += 1

@@ -161,9 +161,10 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   `max_seconds` ends the search once that much time has passed (the result
   says `stopped`); `progress(tried, seconds)` is called about every 10 s.
 
-  `virtual_stages` other than 1 also try, for pipelines whose layers per
-  stage they divide, the interleaved schedule with that many layer chunks
-  per device (an estimate only: the library runs gpipe and 1f1b).
+  Pipelines need not divide the layers (uneven stages,
+  `LayerStack.stage_block_counts`). `virtual_stages` other than 1 also try,
+  for pipelines whose layers per stage they divide, the interleaved
+  schedule with that many layer chunks per device.
   `attention` and `fusion` set those `PlanOptions` fields of every plan
   tried."""
   import gin  # pylint: disable=g-import-not-at-top
@@ -188,7 +189,7 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
     if t > max_model or heads % t or d_ff % t:
       continue
     for p in _divisors(n // t):
-      if p > max_pipeline or num_layers % p:
+      if p > max_pipeline or p > num_layers:
         continue
       d = n // (t * p)
       if batch % d:
@@ -204,7 +205,7 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
       # dimension (GShard: tokens reach their experts by all-to-all).
       layouts = [base_layout] + ([base_layout + ";" + EXPERT_RULE]
                                  if num_experts and d > 1 and num_experts % d == 0 else [])
-      chunks = [v for v in virtual_stages if v == 1 or (p > 1 and (num_layers // p) % v == 0)]
+      chunks = [v for v in virtual_stages if v == 1 or (p > 1 and num_layers % (p * v) == 0)]
       # (stage, reshard_after_forward)
       zero_stages = ((0, True), (2, True)) + (((3, True), (3, False)) if p == 1 else ())
       sequence_parallel = _stream_mode(t, seq_len, d_model) if sequence_parallel_ok else None

@@ -483,11 +483,12 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   micro = batch // m
   num_layers = int(_binding("transformer.make_layer_stack.num_layers", 6))
   s = options.num_stages
-  if num_layers % s:
-    raise ValueError(f"num_layers = {num_layers} is not a multiple of num_stages = {s}.")
-  if num_layers % (s * options.virtual_stages):
+  if num_layers < s:
+    raise ValueError(f"num_layers = {num_layers} is less than num_stages = {s}.")
+  if options.virtual_stages > 1 and num_layers % (s * options.virtual_stages):
     raise ValueError(f"num_layers = {num_layers} is not a multiple of num_stages x "
-                     f"virtual_stages = {s * options.virtual_stages}.")
+                     f"virtual_stages = {s * options.virtual_stages} (uneven stages need "
+                     "virtual_stages = 1).")
   seq_len = configured_sequence_length()
 
   sub_mesh = sub_shape.to_string()
@@ -499,7 +500,10 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   one_phases, two_phases = one.phases(options), two.phases(options)
   layer = {p: two_phases[p].minus(one_phases[p]) for p in PHASES + ("selective",)}
   extra = {p: one_phases[p].minus(layer[p]) for p in PHASES}
-  per_stage = num_layers // s
+  # Uneven stages (LayerStack.stage_block_counts): the busiest stage runs
+  # ceil(L / S) layers; in lockstep every stage takes as long.
+  per_stage = -(-num_layers // s)
+  executed_layers = per_stage * s  # with the padding blocks (their collectives run too)
 
   def stage_phase(p):
     return extra[p].plus(layer[p], per_stage)
@@ -569,7 +573,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
     bwd_recompute_c = bwd_c + (fwd_c if options.recompute == "layer" else 0)
     forward_gathers = grad_accum if s == 1 else 1
     backward_gathers = m if options.zero_reshard_after_forward else 0
-    zero3_count = (forward_gathers + backward_gathers) * num_layers
+    zero3_count = (forward_gathers + backward_gathers) * executed_layers
     zero3_gather = zero3_count / s * gather_l
     zero3_exposed = (forward_gathers * (gather_l + (per_stage - 1) * max(0.0, gather_l - fwd_c))
                      + backward_gathers * (gather_l + (per_stage - 1)
@@ -649,12 +653,12 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
       mult = 1
     else:
       both, per_layer = extra[phase].collectives(), layer[phase].collectives()
-      counts = {k: both.get(k, 0) + num_layers * per_layer.get(k, 0)
+      counts = {k: both.get(k, 0) + executed_layers * per_layer.get(k, 0)
                 for k in sorted(set(both) | set(per_layer))}
       mult = m
       if phase == "backward" and options.recompute == "layer":
         for k, c in layer["forward"].comm.items():
-          counts[k] = counts.get(k, 0) + num_layers * c
+          counts[k] = counts.get(k, 0) + executed_layers * c
     for k, c in counts.items():
       if c > 0:
         # Per device: the pipeline's stages each run their share of layers.

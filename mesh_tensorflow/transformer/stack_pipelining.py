@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
@@ -44,33 +45,59 @@ class PipelinedStack:
     if num_stages == 1:
       return
     n = len(self._layers)
+    period = _period(self._layers)
+    blocks = n // period
+    if blocks == 1 and period > 1:
+      i = next(i for i, layer in enumerate(self._layers) if not _same_layer(layer,
+                                                                           self._layers[0]))
+      raise ValueError(
+          f"LayerStack: pipeline stages must have the same layers, but the stack repeats no "
+          f"block of layers (layer {i}, {type(self._layers[i]).__name__}, differs from layer "
+          f"0, {type(self._layers[0]).__name__}). Repeat one block of layers "
+          "(make_layer_stack) at least num_stages times.")
+    if blocks < num_stages:
+      raise ValueError(f"LayerStack: num_stages={num_stages} is more than the stack's {blocks} "
+                       f"blocks of {period} layers; use at most {blocks} stages.")
     chunks = num_stages * virtual_stages
-    if n % chunks:
-      what = (f"num_stages={num_stages} x virtual_stages={virtual_stages} = {chunks}"
-              if virtual_stages > 1 else f"num_stages={num_stages}")
-      raise ValueError(f"LayerStack: {what} must divide the number of layers ({n}); change "
-                       "num_layers or num_stages.")
+    if virtual_stages > 1 and blocks % chunks:
+      raise ValueError(
+          f"LayerStack: num_stages={num_stages} x virtual_stages={virtual_stages} = {chunks} "
+          f"must divide the number of blocks ({blocks} blocks of {period} layers); change "
+          "num_layers, num_stages or virtual_stages (uneven stages need virtual_stages=1).")
     if schedule == "interleaved" and num_microbatches % num_stages:
       raise ValueError(f"LayerStack: the interleaved schedule needs num_microbatches "
                        f"({num_microbatches}) to be a multiple of num_stages ({num_stages}).")
-    k = n // chunks
-    for i, layer in enumerate(self._layers):
-      ref = self._layers[i % k]
-      if type(layer) is not type(ref) or _hyperparameters(layer) != _hyperparameters(ref):
-        raise ValueError(
-            f"LayerStack: pipeline stages must have the same layers; layer {i} "
-            f"({type(layer).__name__}) differs from layer {i % k} of stage 0 "
-            f"({type(ref).__name__}). Repeat one block of layers (make_layer_stack) "
-            "so that num_stages divides the number of blocks.")
+
+  @property
+  def block_size(self) -> int:
+    """Layers of the block the stack repeats (the shortest period of its
+    layers' types and hyperparameters): stages hold whole blocks."""
+    return _period(self._layers)
+
+  @property
+  def stage_block_counts(self) -> tuple:
+    """Blocks each stage runs. B blocks on S stages: ceil(B / S) each, the
+    last S ceil(B / S) - B stages one fewer (their unused slot is a padding
+    block: computed, masked out, its variables never trained)."""
+    blocks = len(self._layers) // self.block_size
+    most = -(-blocks // self.num_stages)
+    lighter = self.num_stages * most - blocks
+    return tuple(most - (s >= self.num_stages - lighter) for s in range(self.num_stages))
 
   @property
   def layers_per_stage(self) -> int:
-    return len(self._layers) // self.num_stages
+    """Layer slots of each stage: the busiest stage's layers (every stage's
+    when the stages divide the blocks evenly)."""
+    return max(self.stage_block_counts) * self.block_size
 
   @property
   def layers_per_chunk(self) -> int:
     """Layers a stage runs at a time: layers_per_stage / virtual_stages."""
-    return len(self._layers) // (self.num_stages * self.virtual_stages)
+    return self.layers_per_stage // self.virtual_stages
+
+  def _stage_first_layer(self, stage: int) -> int:
+    """The unpipelined index of stage `stage`'s first layer."""
+    return sum(self.stage_block_counts[:stage]) * self.block_size
 
   def stages_dim(self) -> mtf.Dimension:
     """The dimension the stage variables are stacked along."""
@@ -123,7 +150,7 @@ class PipelinedStack:
     def stage_fn(h, *carried):
       sub = self._stage_context(context, h, names, carried)
       with mtf.name_scope(context.mesh, "pipeline"):
-        out = self._apply_layers(sub, h, layers, 0)
+        out = self._apply_layers(sub, h, layers, 0, gates=self._padding_gates(context))
       if sub.losses:
         raise ValueError(
             "LayerStack: a pipelined stack's layers must not add auxiliary losses "
@@ -131,6 +158,19 @@ class PipelinedStack:
             "ticks too. Set num_stages=1 for this stack.")
       return out
     return stage_fn
+
+  def _padding_gates(self, context: Context):
+    """With uneven stages, per block slot of a stage: None where every stage
+    runs the slot, else a [stages] bool constant, false on the stages whose
+    slot is padding (the block's output is replaced by its input there)."""
+    counts = self.stage_block_counts
+    if self.virtual_stages > 1 or min(counts) == max(counts):
+      return None
+    dim = self.stages_dim()
+    return [None if b < min(counts) else
+            mtf.constant(context.mesh, np.array([c > b for c in counts]), mtf.Shape([dim]),
+                         dtype=tf.bool)
+            for b in range(max(counts))]
 
   def init_name_fn(self, context: Context):
     """Maps a stacked variable's name and a stage (with virtual stages: a
@@ -144,7 +184,13 @@ class PipelinedStack:
       if i < 0:
         return f"{name}/stage_{stage}"
       j = int(name[i + len(scope):i + len(scope) + 3])
-      return name[:i] + self._slot_name(stage * k + j) + name[i + len(scope) + 3:]
+      if self.virtual_stages > 1:
+        index = stage * k + j
+      elif j < self.stage_block_counts[stage] * self.block_size:
+        index = self._stage_first_layer(stage) + j
+      else:  # a padding slot: no unpipelined layer
+        return f"{name}/stage_{stage}"
+      return name[:i] + self._slot_name(index) + name[i + len(scope) + 3:]
     return fn
 
   def _call_pipelined(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:
@@ -252,13 +298,14 @@ class PipelinedStack:
     probe.cache = dict(context.cache)
     probe.next_constant_state = context.next_constant_state
 
-    def run(ctx, x):
+    def run(ctx, x, count=k):
       with mtf.name_scope(context.mesh, "pipeline"):
-        return self._apply_layers(ctx, x, layers, 0)
+        return self._apply_layers(ctx, x, layers[:count], 0)
     sv.discover(run, probe, x)
     for s in range(self.num_stages * self.virtual_stages):
       with sv.stage(s):
-        x = run(context, x)
+        count = k if self.virtual_stages > 1 else self.stage_block_counts[s] * self.block_size
+        x = run(context, x, count)
     return x
 
 
@@ -267,6 +314,19 @@ class PipelinedStack:
 def _hyperparameters(layer) -> dict:
   """A layer's attributes without its slot name."""
   return {k: v for k, v in vars(layer).items() if k != "_name"}
+
+
+def _same_layer(a, b) -> bool:
+  return type(a) is type(b) and _hyperparameters(a) == _hyperparameters(b)
+
+
+def _period(layers) -> int:
+  """The length of the shortest block whose repeats make up `layers`."""
+  n = len(layers)
+  for p in range(1, n):
+    if n % p == 0 and all(_same_layer(layers[i], layers[i % p]) for i in range(p, n)):
+      return p
+  return max(n, 1)
 
 
 def _batch_dim(context: Context, x: mtf.Tensor) -> mtf.Dimension:

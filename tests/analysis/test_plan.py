@@ -95,6 +95,31 @@ def test_interleaved_schedule_is_read_from_gin_and_priced_from_its_table():
                  "transformer.make_layer_stack.virtual_stages = 2"], **kw)
 
 
+def test_uneven_stages_are_priced_as_the_busiest_stage():
+  """7 layers on 2 stages (4 and 3, a padding block on the second): the
+  step of 8 layers' stages, the model FLOPs and parameters of 7."""
+  kw = dict(cluster="a100-80gb:32", mesh="pipe:2;data:2;model:8",
+            layout="stages:pipe;batch:data;d_ff:model;heads:model;vocab:model")
+  pipe = ["transformer.make_layer_stack.num_stages = 2",
+          "transformer.make_layer_stack.num_microbatches = 8",
+          "transformer.make_layer_stack.pipeline_schedule = '1f1b'"]
+  seven = _plan(extra=pipe + ["num_layers = 7"], **kw)
+  eight = _plan(extra=pipe, **kw)
+  six = _plan(extra=pipe + ["num_layers = 6"], **kw)
+  assert seven.num_layers == 7
+  assert seven.step_time_s == pytest.approx(eight.step_time_s, rel=1e-6)
+  assert seven.memory == pytest.approx(eight.memory, rel=1e-6)
+  assert six.step_time_s < seven.step_time_s
+  per_layer = eight.model_flops_per_step - seven.model_flops_per_step
+  assert per_layer > 0
+  assert seven.model_flops_per_step - six.model_flops_per_step == pytest.approx(per_layer)
+  assert seven.parameters < eight.parameters and seven.mfu < eight.mfu
+  with pytest.raises(ValueError, match="uneven stages need virtual_stages = 1"):
+    _plan(extra=pipe[:2] + ["num_layers = 7",
+                            "transformer.make_layer_stack.pipeline_schedule = 'interleaved'",
+                            "transformer.make_layer_stack.virtual_stages = 2"], **kw)
+
+
 def test_parallel_multi_query_layers_are_planned_with_megatrons_collectives():
   """PaLM's layer in a config (ParallelLayer of attention with one memory
   head and a SwiGLU feed-forward layer): the plan's all-reduces of

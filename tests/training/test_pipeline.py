@@ -60,12 +60,14 @@ def _run(num_stages, mesh_shape, layout, mode="train", **kwargs):
   return float(lowering.export_to_tf_tensor(loss).numpy()), values, lowering
 
 
-def _unstacked(pipelined_grads, layers_per_stage, virtual_stages=1):
+def _unstacked(pipelined_grads, layers_per_stage, virtual_stages=1, stage_layers=None):
   """Pipelined gradients renamed as the unpipelined model's: row s of
   "pipeline/layer_00j/..." is layer i = s * layers_per_stage + j, which
   make_layer_stack names "block_%03d/layer_%03d" (blocks of two layers).
   With virtual stages, rows [v, s] are chunk v S + s (layers_per_stage is
-  then the layers per chunk)."""
+  then the layers per chunk). Uneven stages: `stage_layers` gives each
+  stage's layer count (row s then starts at the layers of the stages
+  before it); the rows of padding slots are returned under "padding"."""
   out = {}
   for name, g in pipelined_grads.items():
     i = name.find("pipeline/layer_")
@@ -77,6 +79,11 @@ def _unstacked(pipelined_grads, layers_per_stage, virtual_stages=1):
     j = int(name[i + 15:i + 18])
     for s in range(g.shape[0]):
       index = s * layers_per_stage + j
+      if stage_layers is not None:
+        if j >= stage_layers[s]:
+          out.setdefault("padding", []).append(g[s])
+          continue
+        index = sum(stage_layers[:s]) + j
       out[name[:i] + "block_%03d/layer_%03d" % divmod(index, 2) + name[i + 18:]] = g[s]
   return out
 
@@ -128,6 +135,42 @@ def test_pipeline_composes_with_data_and_model_parallelism(unpipelined):
   half = L * D * 4 // 2
   assert records[("permute", (0,), half)] == records[("allgather", (2,), half)] == 2 * M
   assert records[("permute", (0,), 2 * half)] == 0
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_uneven_stages_match_unpipelined(unpipelined, schedule):
+  """4 blocks on 3 stages: 2, 1 and 1 blocks, the last two stages' second
+  slot a padding block that passes its input on. The unpipelined model's
+  loss and gradients; the padding blocks' weights get zero gradients."""
+  loss0, grads0 = unpipelined
+  model = _model(3, schedule=schedule)
+  assert model.layer_stack.stage_block_counts == (2, 1, 1)
+  assert model.layer_stack.layers_per_stage == 4
+  loss, grads, _ = _run(3, "pp:3;dp:2", "stages:pp;batch:dp", schedule=schedule)
+  assert loss == pytest.approx(loss0, rel=1e-5)
+  got = _unstacked(grads, 4, stage_layers=[4, 2, 2])
+  padding = got.pop("padding")
+  assert set(got) == set(grads0)
+  for name, g in got.items():
+    np.testing.assert_allclose(g, grads0[name], rtol=1e-4, atol=2e-6, err_msg=name)
+  # Slots 2 and 3 (one block) of stages 1 and 2: half the stacked variables, twice.
+  assert len(padding) == len([n for n in grads if "pipeline/layer_" in n])
+  assert all(not np.any(g) for g in padding)
+
+
+def test_uneven_stages_decode_like_unpipelined():
+  """Decoding runs each stage's own blocks only: the unpipelined tokens."""
+  prompt = np.zeros((B, L), np.int32)
+  prompt[:, :2] = TARGETS[:, :2]
+
+  def decode(num_stages, mesh_shape, layout):
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    ids = mtf.import_tf_tensor(mesh, tf.constant(prompt), [batch, length])
+    out = _model(num_stages).sample_autoregressive(ids, temperature=0.0, stop_at_token=None)
+    lowering = mtf.Lowering(graph, {mesh: make_impl(mesh_shape, layout)})
+    return lowering.export_to_tf_tensor(out).numpy()
+  np.testing.assert_array_equal(decode(3, "pp:3", "stages:pp"), decode(1, "all:1", ""))
 
 
 def test_one_f_one_b_stack_matches_unpipelined(unpipelined):
@@ -373,7 +416,7 @@ def test_errors_name_the_problem():
   with pytest.raises(ValueError, match="virtual_stages=2 needs pipeline_schedule='interleaved'"):
     transformer.make_layer_stack([tl.DenseReluDense(hidden_size=8)], num_layers=8, num_stages=2,
                                  pipeline_schedule="1f1b", virtual_stages=2)
-  with pytest.raises(ValueError, match="num_stages=3 must divide the number of layers"):
-    transformer.make_layer_stack([tl.DenseReluDense(hidden_size=8)], num_layers=4, num_stages=3)
+  with pytest.raises(ValueError, match="num_stages=5 is more than the stack's 4 blocks"):
+    transformer.make_layer_stack([tl.DenseReluDense(hidden_size=8)], num_layers=4, num_stages=5)
   with pytest.raises(ValueError, match="pipeline stages must have the same layers"):
     transformer.LayerStack([tl.SelfAttention(), tl.DenseReluDense()], num_stages=2)
