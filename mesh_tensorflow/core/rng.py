@@ -50,6 +50,22 @@ def global_index(full_shape: Sequence[int], begin: Sequence, slice_shape: Sequen
   return tf.broadcast_to(idx, slice_shape)
 
 
+def keyed_index(full_shape: Sequence[int], begin: Sequence, slice_shape: Sequence[int],
+                axis: int, keys: Sequence[int]) -> tf.Tensor:
+  """Like `global_index`, with row i along `axis` numbered keys[i]: the index
+  of the element in a tensor whose rows are the keys (distinct keys draw
+  distinct numbers; equal keys the same, wherever the row is)."""
+  rest_full = list(full_shape[:axis]) + list(full_shape[axis + 1:])
+  rest = global_index(rest_full, list(begin[:axis]) + list(begin[axis + 1:]),
+                      list(slice_shape[:axis]) + list(slice_shape[axis + 1:]))
+  rows = tf.range(slice_shape[axis], dtype=tf.int64) + tf.cast(begin[axis], tf.int64)
+  row_keys = tf.gather(tf.constant(list(keys), tf.int64), rows)
+  key_shape = [1] * len(full_shape)
+  key_shape[axis] = slice_shape[axis]
+  index = tf.expand_dims(rest, axis) + tf.reshape(row_keys, key_shape) * math.prod(rest_full)
+  return tf.broadcast_to(index, slice_shape)
+
+
 def _bits(index: tf.Tensor, seed: int, key: tf.Tensor, stream: int) -> tf.Tensor:
   lo = tf.cast(tf.bitwise.bitwise_and(index, 0xFFFFFFFF), tf.uint32)
   hi = tf.cast(tf.bitwise.right_shift(index, 32), tf.uint32)

@@ -417,16 +417,21 @@ class MeshImpl:
     del device
     return self.export_to_tf_tensor(LaidOutTensor(list(slices)), tensor_shape)
 
-  def random(self, shape, distribution: str, seed: int, key, dtype, **params) -> LaidOutTensor:
+  def random(self, shape, distribution: str, seed: int, key, dtype, row_keys=None,
+             **params) -> LaidOutTensor:
     """Layout-invariant random slices (see rng.py): 'uniform' with minval and
-    maxval, or 'normal' with mean and stddev."""
+    maxval, or 'normal' with mean and stddev. `row_keys` (axis, keys): row i
+    along that axis draws from key keys[i] (`mtf.random_ops.keyed_rows`)."""
     from mesh_tensorflow.core import rng
     shape = convert_to_shape(shape)
     full = shape.to_integer_list()
     slice_shape = self.slice_shape(shape)
 
     def fn(pnum, begin):
-      index = rng.global_index(full, begin, slice_shape)
+      if row_keys is None:
+        index = rng.global_index(full, begin, slice_shape)
+      else:
+        index = rng.keyed_index(full, begin, slice_shape, *row_keys)
       if distribution == "uniform":
         u = rng.uniform(index, seed, key, tf.float32)
         return tf.cast(params["minval"] + (params["maxval"] - params["minval"]) * u, dtype)

@@ -9,6 +9,9 @@ runs.
 
 from __future__ import annotations
 
+import contextlib
+from typing import Sequence
+
 import tensorflow as tf
 
 from mesh_tensorflow.core import rng
@@ -19,6 +22,52 @@ from mesh_tensorflow.core.shapes import convert_to_shape
 
 _DEFAULT_PARAMS = {"uniform": {"minval": 0.0, "maxval": 1.0},
                    "normal": {"mean": 0.0, "stddev": 1.0}}
+_KEYED_ROWS = "random_ops.keyed_rows"  # Graph.keeps: the active keyed_rows scope
+_KEYED_OPS = "random_ops.keyed_ops"    # Graph.keeps: op name -> (seed, dim name, keys)
+
+
+@contextlib.contextmanager
+def keyed_rows(graph, dim, keys: Sequence[int]):
+  """Random operations made inside draw row i along `dim` from key
+  `keys[i]`, not from i, and take their seeds from their order in the scope
+  (the first made gets seed 0, the next 1, ...), not from their names.
+
+  A pipeline calls a stage function once per slot for several micro-batches
+  (row s of [stages, ...] tensors is stage s's), and calls it again to
+  recompute a micro-batch's forward pass for its backward pass: with the
+  micro-batch and layer chunk as each row's key, both calls draw the same
+  dropout masks, under every schedule. Operations that `mtf.recompute_grad`
+  makes again for the backward pass carry their forward names and get the
+  same numbers as well.
+
+  Example:
+    >>> with keyed_rows(mesh.graph, stages_dim, [m * num_stages + s for s in ...]):
+    ...   h = stage_fn(h)
+  """
+  previous = graph.keeps.get(_KEYED_ROWS)
+  graph.keeps[_KEYED_ROWS] = [dim, tuple(int(k) for k in keys), 0]
+  try:
+    yield
+  finally:
+    graph.keeps[_KEYED_ROWS] = previous
+
+
+def _keyed_seed(graph, name: str, shape):
+  """(seed, row keys) for a random operation named `name`: from the active
+  keyed_rows scope, or as registered under the same name (a recomputation);
+  None outside both."""
+  registered = graph.keeps.setdefault(_KEYED_OPS, {})
+  if name in registered:
+    return registered[name]
+  scope = graph.keeps.get(_KEYED_ROWS)
+  if scope is None:
+    return None
+  dim, keys, count = scope
+  scope[2] += 1
+  axis = shape.dims.index(dim) if dim in shape.dims else None
+  registered[name] = (rng.name_seed(f"keyed_rows/{count}"),
+                      None if axis is None else (axis, keys))
+  return registered[name]
 
 
 class RandomOperation(Operation):
@@ -51,15 +100,19 @@ class RandomOperation(Operation):
       raise TypeError(f"RandomOperation: unexpected arguments {sorted(kwargs)}.")
     super().__init__([], mesh=mesh, name=name or f"random_{distribution}")
     self._distribution, self._params = distribution, params
-    self._seed = rng.name_seed(self.name, seed)
-    self._outputs = [Tensor(self, convert_to_shape(shape), dtype)]
+    shape = convert_to_shape(shape)
+    self._seed, self._row_keys = rng.name_seed(self.name, seed), None
+    keyed = _keyed_seed(mesh.graph, self.name, shape) if seed is None else None
+    if keyed is not None:
+      self._seed, self._row_keys = keyed
+    self._outputs = [Tensor(self, shape, dtype)]
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     out = self.outputs[0]
     lowering.set_tensor_lowering(out, impl.random(
         out.shape, self._distribution, self._seed, lowering.random_key(impl), out.dtype,
-        **self._params))
+        row_keys=self._row_keys, **self._params))
 
 
 def random_uniform(mesh, shape, minval=0.0, maxval=1.0, dtype=tf.float32, seed=None,

@@ -70,6 +70,7 @@ from mesh_tensorflow.core.graph import Mesh, Tensor
 from mesh_tensorflow.operations import constant_ops as const_ops
 from mesh_tensorflow.operations import control
 from mesh_tensorflow.operations import einsum_ops as einsum_ops
+from mesh_tensorflow.operations import random_ops
 from mesh_tensorflow.operations import elementwise as ew
 from mesh_tensorflow.operations import reduction
 from mesh_tensorflow.operations import shape_ops
@@ -96,6 +97,17 @@ def _stage_mask(mesh: Mesh, stages_dim: Dimension, stage: int, dtype) -> Tensor:
   value = np.zeros([stages_dim.size], dtype=dtype.as_numpy_dtype)
   value[stage] = 1
   return const_ops.constant(mesh, value, Shape([stages_dim]), dtype=dtype)
+
+
+def _row_keys(cells: Dict[int, tuple], s_count: int, v_count: int, m_count: int) -> List[int]:
+  """Per stage, the key its rows of random numbers are drawn from
+  (`random_ops.keyed_rows`): micro-batch m's layer chunk c = v S + s draws
+  from key m S V + c in every schedule (so its dropout masks are the same
+  when the stage runs it forward and when it recomputes it); idle stages
+  from keys past all of those. cells: {stage: (m, v)}."""
+  chunks = s_count * v_count
+  return [cells[s][0] * chunks + cells[s][1] * s_count + s if s in cells
+          else m_count * chunks + s for s in range(s_count)]
 
 
 def _inject(shifted: Optional[Tensor], value: Tensor, first: Tensor,
@@ -228,7 +240,9 @@ def pipeline(stage_fn: Callable[..., Tensor], x: Tensor, stages_dim: Dimension,
                    one if t < m_count else zero, first, stages_dim)
     if t == 0:
       sv.discover(stage_fn, h_in, *c_in)
-    with sv.stacked():
+    cells = {st: (t - st, 0) for st in range(s_count) if 0 <= t - st < m_count}
+    with sv.stacked(), random_ops.keyed_rows(mesh.graph, stages_dim,
+                                             _row_keys(cells, s_count, 1, m_count)):
       h = stage_fn(h_in, *c_in)
     if not isinstance(h, Tensor) or h.shape != h_in.shape:
       raise ValueError(f"pipeline: stage_fn must return one tensor of its input's shape "
@@ -509,7 +523,7 @@ class _OneFOneB:
         state = self._route(parts, recv_f, prev, first_b)
         flags.append(state[-1])
         state = state[:-1]
-        with self._weights(fwd):
+        with self._weights(fwd), self._keyed(fwd):
           h = self.stage_fn(*state)
         f_in[u] = state
         recv_f[u] = [_send(t, 1, self.stages_dim, wrap)
@@ -547,7 +561,7 @@ class _OneFOneB:
         recv_b_flag[u] = slicing.shift(b_flag, -1, self.stages_dim, wrap=wrap)
         h_in = control.stop_gradient(stash[0])
         start = len(graph.operations)
-        with self._weights(bwd):
+        with self._weights(bwd), self._keyed(bwd):
           h_out = self.stage_fn(h_in, *stash[1:])
         cap = captured(start, [h_in])
         grads = mtf_gradients([h_out], [h_in] + cap, grad_ys=[cot],
@@ -571,6 +585,14 @@ class _OneFOneB:
     self.aux = aux
     self.useful_stage_slots = control.stop_gradient(reduction.reduce_sum(ew.add_n(flags)))
     return ew.add_n(losses), grads
+
+  def _keyed(self, work):
+    """Random numbers (dropout) of a slot's stage_fn call keyed by each
+    stage's micro-batch and chunk: a backward slot's recomputation draws
+    the forward slot's masks."""
+    return random_ops.keyed_rows(self.mesh.graph, self.stages_dim,
+                                 _row_keys(work, self.stages_dim.size, self.v_count,
+                                           self.table.num_microbatches))
 
   def _weights(self, work):
     """Context for a slot's stage_fn call: each stage's weights (with

@@ -227,14 +227,6 @@ class PipelinedStack:
       raise ValueError(f"LayerStack: pipeline_schedule={self.pipeline_schedule!r} computes "
                        "the model's cross-entropy per micro-batch and cannot use a custom "
                        "loss_fn; use pipeline_schedule='gpipe'.")
-    rates = [self._dropout_rate] + [getattr(layer, "dropout_rate", 0.0) or 0.0
-                                    for layer in self._layers]
-    if max(rates) > 0.0:
-      raise ValueError(
-          f"LayerStack: pipeline_schedule={self.pipeline_schedule!r} recomputes each "
-          "stage in its backward "
-          "slot, where dropout would draw other masks; set the stack's and its layers' "
-          f"dropout_rate to 0 (got {max(rates)}) or use pipeline_schedule='gpipe'.")
     vocab_dim = model.output_vocab_dim
     weights = mtf.layers.weights_nonzero(targets, dtype=context.activation_dtype)
     if model.loss_on_targets_only:

@@ -31,10 +31,11 @@ POSITIONS = np.where(SEGMENTS == 2, np.arange(L) - 5, np.arange(L)).astype(np.in
 PP_MESH, PP_LAYOUT = "pp:4;dp:2", "stages:pp;batch:dp"
 
 
-def _model(num_stages, schedule="gpipe", recompute="none", virtual_stages=1):
+def _model(num_stages, schedule="gpipe", recompute="none", virtual_stages=1, dropout=0.0):
   stack = transformer.make_layer_stack(
-      [tl.SelfAttention(num_heads=4, key_value_size=4, relative_attention_type="bias"),
-       tl.DenseReluDense(hidden_size=32)],
+      [tl.SelfAttention(num_heads=4, key_value_size=4, relative_attention_type="bias",
+                        dropout_rate=dropout),
+       tl.DenseReluDense(hidden_size=32, dropout_rate=dropout)],
       num_layers=4, num_stages=num_stages, num_microbatches=M, pipeline_schedule=schedule,
       recompute=recompute, virtual_stages=virtual_stages)
   return transformer.Unitransformer(stack, d_model=D, input_vocab_size=V, output_vocab_size=V,
@@ -186,6 +187,18 @@ def test_one_f_one_b_stack_matches_unpipelined(unpipelined):
     np.testing.assert_allclose(g, grads0[name], rtol=1e-4, atol=2e-6, err_msg=name)
 
 
+def test_one_f_one_b_stack_with_dropout_matches_gpipe():
+  """Dropout in the layers (attention weights, feed-forward hidden units)
+  under 1F1B with per-layer recomputation: GPipe's loss and gradients."""
+  loss_g, grads_g, _ = _run(S, PP_MESH, PP_LAYOUT, dropout=0.3)
+  loss_f, grads_f, _ = _run(S, PP_MESH, PP_LAYOUT, dropout=0.3, schedule="1f1b",
+                            recompute="layer")
+  assert loss_g != pytest.approx(_run(S, PP_MESH, PP_LAYOUT)[0], rel=1e-4)
+  assert loss_f == pytest.approx(loss_g, rel=1e-5)
+  for name, g in grads_g.items():
+    np.testing.assert_allclose(grads_f[name], g, rtol=1e-4, atol=2e-6, err_msg=name)
+
+
 def test_stages_in_turn_match_unpipelined_logits():
   """Collecting layer outputs (as decoding does) runs the stages one after
   another on the whole batch: same logits as the unpipelined model."""
@@ -271,7 +284,15 @@ def _stage_fn(h):
   return h + mtf.tanh(mtf.rename_dimension(y, "w2", "w"))
 
 
-def _toy(schedule, num_stages=S, virtual_stages=1):
+def _dropout_stage_fn(h):
+  return mtf.dropout(_stage_fn(h), True, rate=0.5)
+
+
+def _recomputed_dropout_stage_fn(h):
+  return mtf.recompute_grad(_dropout_stage_fn, [h])
+
+
+def _toy(schedule, num_stages=S, virtual_stages=1, stage_fn=_stage_fn):
   xv = np.random.RandomState(1).normal(size=(B, 4)).astype(np.float32)
   tv = np.random.RandomState(2).normal(size=(B, 4)).astype(np.float32)
   graph = mtf.Graph()
@@ -283,7 +304,7 @@ def _toy(schedule, num_stages=S, virtual_stages=1):
   def loss_fn(y, t):
     head = mtf.get_variable(y.mesh, "head", [W])
     return mtf.reduce_sum(mtf.square(y * head - t)) / B
-  loss, stats = pl.pipeline_loss(_stage_fn, loss_fn, x * scale,
+  loss, stats = pl.pipeline_loss(stage_fn, loss_fn, x * scale,
                                  mtf.Dimension("stages", num_stages), M, schedule=schedule,
                                  loss_inputs=[t], return_stats=True,
                                  virtual_stages=virtual_stages)
@@ -309,6 +330,27 @@ def test_pipeline_loss_one_f_one_b_equals_gpipe():
   for stats in (stats_g, stats_f):
     assert stats["useful"] == 2 * S * M
     assert 1.0 - stats["useful"] / (S * stats["slots"]) == pytest.approx((S - 1) / (M + S - 1))
+
+
+def test_dropout_masks_are_the_same_in_every_schedule():
+  """Dropout inside the stages: random numbers keyed by micro-batch and
+  layer chunk, so 1F1B (whose backward slots recompute the stages, with
+  recompute_grad inside the stage too) and the interleaved schedule draw
+  GPipe's masks: the same loss and gradients."""
+  loss_g, grads_g, _ = _toy("gpipe", stage_fn=_dropout_stage_fn)
+  assert loss_g != pytest.approx(_toy("gpipe")[0], rel=1e-3)  # the masks matter
+  for schedule, fn in (("1f1b", _dropout_stage_fn), ("1f1b", _recomputed_dropout_stage_fn)):
+    loss_f, grads_f, _ = _toy(schedule, stage_fn=fn)
+    assert loss_f == pytest.approx(loss_g, rel=1e-6), fn.__name__
+    for name in grads_g:
+      np.testing.assert_allclose(grads_f[name], grads_g[name], rtol=1e-5, atol=1e-6,
+                                 err_msg=f"{fn.__name__}: {name}")
+  loss_g8, grads_g8, _ = _toy("gpipe", num_stages=2 * S, stage_fn=_dropout_stage_fn)
+  loss_i, grads_i, _ = _toy("interleaved", virtual_stages=2, stage_fn=_dropout_stage_fn)
+  assert loss_i == pytest.approx(loss_g8, rel=1e-6)
+  for name in grads_g8:
+    np.testing.assert_allclose(grads_i[name], grads_g8[name].reshape(grads_i[name].shape),
+                               rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_interleaved_equals_gpipe_over_all_chunks():
