@@ -232,13 +232,13 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
           if not sequence_parallel:  # the mesh does not suit the config
             rejected.append(f"{mesh}: {e}")
             break
-          # The config's stack cannot be sequence parallel: plan without.
-          sequence_parallel_ok, sequence_parallel = False, None
           try:
             plan = _plan(cluster, mesh, layout, options, None)
-          except ValueError as e2:
+          except ValueError as e2:  # nor without: the mesh, not sequence parallelism
             rejected.append(f"{mesh}: {e2}")
             break
+          # Planned without: the config's stack cannot be sequence parallel.
+          sequence_parallel_ok, sequence_parallel = False, None
         if plan.fits and (memory_budget_bytes is None
                           or plan.memory_bytes_per_device <= memory_budget_bytes):
           plans.append(plan)

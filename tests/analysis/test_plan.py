@@ -367,6 +367,19 @@ def test_auto_search_plans_a_stack_that_cannot_be_sequence_parallel_without_it()
   assert split and not any("residual_length" in p.layout for p in split)
 
 
+def test_auto_search_keeps_sequence_parallelism_past_a_mesh_the_config_does_not_suit():
+  """A 3-way model split (its stream split over d_model, as 3 does not
+  divide the length) does not divide the vocabulary (32,000): that mesh is
+  rejected, and the 4-way split after it is still sequence parallel."""
+  from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
+  gin_config.parse([], MODEL + ["num_heads = 12", "d_model = 768", "d_ff = 3072",
+                                "num_layers = 2", "run.batch_size = 12"])
+  result = plan_search.search(hardware.parse_cluster("a100-80gb:12"), top=50, micro_sizes=(1,))
+  assert any("model:3" in r and "vocab" in r for r in result.rejected), result.rejected[:5]
+  four = [p for p in result.plans if "model:4" in p.mesh_shape]
+  assert four and all("residual_length:model" in p.layout for p in four)
+
+
 def _one_allreduce_graph():
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   graph = mtf.Graph()
