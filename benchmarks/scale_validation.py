@@ -116,6 +116,18 @@ Rows:
   gathering with compute, and the planner prices the library: these rows
   measure how far that leaves it behind.
 
+Dropout, where the runs used it: Megatron-LM's defaults, which none of the
+Megatron-LM rows' scripts or texts change (`--attention-dropout 0.1` on
+the attention weights, `--hidden-dropout 0.1` on each sublayer's output),
+and OPT's "dropout of 0.1 throughout" (Zhang et al., Section 2.2), planned
+as `SelfAttention.dropout_rate = 0.1` and
+`transformer.make_layer_stack.dropout_rate = 0.1` (`DROPOUT`); PaLM was
+trained without dropout (Chowdhery et al., Section 5), LLaMA's and the
+Mesh-TensorFlow LM's are not stated (none planned). With dropout the
+attention's weights pass through memory once more and a mask is kept for
+the backward pass, a cost that grows with the sequence over the hidden
+size: it weighs most on the smallest models.
+
 The one fitted constant is the GPUs' `matmul_efficiency` (fraction of peak
 of a large matrix product): fitted on the rows marked "fit" (1.7B, 18.4B and
 145.6B of Narayanan et al.), with the planner's default pricing (the step as
@@ -197,6 +209,11 @@ KORTHIKANTI_TABLE = [
     ("530B", 128, 20480, 105, 8, 35, 280, 280, 1, 3, 49.05, 37.83),
     ("1T", 160, 25600, 128, 8, 64, 512, 512, 1, 1, 94.42, 71.49),
 ]
+
+
+# Megatron-LM's default dropout (attention weights and sublayer outputs),
+# which its runs here kept, and OPT's.
+DROPOUT = ["SelfAttention.dropout_rate = 0.1", "transformer.make_layer_stack.dropout_rate = 0.1"]
 
 
 @dataclasses.dataclass
@@ -334,7 +351,7 @@ def _gpt_row(name, source, heads, h, layers, t, p, gpus, batch, tflops, mbs, chu
       f"transformer.make_layer_stack.num_stages = {p}",
       f"transformer.make_layer_stack.num_microbatches = {micro if p > 1 else 1}",
       "transformer.make_layer_stack.pipeline_schedule = "
-      + ("'interleaved'" if chunks > 1 else "'1f1b'")]
+      + ("'interleaved'" if chunks > 1 else "'1f1b'")] + DROPOUT
   if chunks > 1:  # layer chunks per stage of the interleaved schedule
     bindings.append(f"transformer.make_layer_stack.virtual_stages = {chunks}")
   if p == 1 and micro > 1:  # gradient accumulation over micro-batches of mbs sequences
