@@ -23,7 +23,7 @@ from mesh_tensorflow.core.shapes import convert_to_shape
 _DEFAULT_PARAMS = {"uniform": {"minval": 0.0, "maxval": 1.0},
                    "normal": {"mean": 0.0, "stddev": 1.0}}
 _KEYED_ROWS = "random_ops.keyed_rows"  # Graph.keeps: the active keyed_rows scope
-_KEYED_OPS = "random_ops.keyed_ops"    # Graph.keeps: op name -> (seed, dim name, keys)
+_KEYED_OPS = "random_ops.keyed_ops"    # Graph.keeps: op name -> (seed, (axis, keys) or None)
 
 
 @contextlib.contextmanager

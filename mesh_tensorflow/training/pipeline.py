@@ -61,6 +61,7 @@ cotangents).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -97,6 +98,20 @@ def _stage_mask(mesh: Mesh, stages_dim: Dimension, stage: int, dtype) -> Tensor:
   value = np.zeros([stages_dim.size], dtype=dtype.as_numpy_dtype)
   value[stage] = 1
   return const_ops.constant(mesh, value, Shape([stages_dim]), dtype=dtype)
+
+
+_STAGE_CHUNKS = "pipeline.stage_chunks"  # Graph.keeps: the chunks a stage_fn call runs
+
+
+def stage_chunks(graph) -> Optional[List[int]]:
+  """Inside a stage function that the interleaved schedule calls: the layer
+  chunk (c = v S + s) each stage runs in this call (an idle stage: its
+  first, s); None elsewhere, where stage s runs chunk s.
+
+  Example:
+    >>> chunks = mtf.pipeline.stage_chunks(mesh.graph) or range(num_stages)
+  """
+  return graph.keeps.get(_STAGE_CHUNKS)
 
 
 def _row_keys(cells: Dict[int, tuple], s_count: int, v_count: int, m_count: int) -> List[int]:
@@ -586,13 +601,24 @@ class _OneFOneB:
     self.useful_stage_slots = control.stop_gradient(reduction.reduce_sum(ew.add_n(flags)))
     return ew.add_n(losses), grads
 
+  @contextlib.contextmanager
   def _keyed(self, work):
-    """Random numbers (dropout) of a slot's stage_fn call keyed by each
-    stage's micro-batch and chunk: a backward slot's recomputation draws
-    the forward slot's masks."""
-    return random_ops.keyed_rows(self.mesh.graph, self.stages_dim,
-                                 _row_keys(work, self.stages_dim.size, self.v_count,
-                                           self.table.num_microbatches))
+    """A slot's stage_fn call: its random numbers (dropout) keyed by each
+    stage's micro-batch and chunk (a backward slot's recomputation draws the
+    forward slot's masks), and with virtual stages `stage_chunks` naming
+    each stage's chunk."""
+    graph, s_count = self.mesh.graph, self.stages_dim.size
+    previous = graph.keeps.get(_STAGE_CHUNKS)
+    if self.v_count > 1:
+      graph.keeps[_STAGE_CHUNKS] = [work[s][1] * s_count + s if s in work else s
+                                    for s in range(s_count)]
+    try:
+      with random_ops.keyed_rows(graph, self.stages_dim,
+                                 _row_keys(work, s_count, self.v_count,
+                                           self.table.num_microbatches)):
+        yield
+    finally:
+      graph.keeps[_STAGE_CHUNKS] = previous
 
   def _weights(self, work):
     """Context for a slot's stage_fn call: each stage's weights (with

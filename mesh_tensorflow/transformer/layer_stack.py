@@ -78,9 +78,10 @@ class LayerStack(PipelinedStack, TransformerLayer):
   s * layers_per_stage + j, initialized like it); lay the stages out with a
   rule such as "stages:pp". Stages hold whole blocks (the shortest block of
   layers the stack repeats); where num_stages does not divide the blocks,
-  the last stages hold one block fewer (`stage_block_counts`; layer j of
-  stage s is then the unpipelined layer after the layers of the stages
-  before it) and run a padding block in its slot, masked out. In train, eval and infer modes the batch is cut
+  the last stages (with virtual stages: layer chunks) hold one block fewer
+  (`chunk_block_counts`; layer j of chunk c is then the unpipelined layer
+  after the layers of the chunks before it) and run a padding block in its
+  slot, masked out. In train, eval and infer modes the batch is cut
   into num_microbatches micro-batches scheduled by `mtf.pipeline.pipeline`
   (GPipe); with `pipeline_schedule="1f1b"` a model that supports it
   (`Unitransformer`) computes the loss inside the schedule with

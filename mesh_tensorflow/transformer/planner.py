@@ -483,12 +483,10 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   micro = batch // m
   num_layers = int(_binding("transformer.make_layer_stack.num_layers", 6))
   s = options.num_stages
-  if num_layers < s:
-    raise ValueError(f"num_layers = {num_layers} is less than num_stages = {s}.")
-  if options.virtual_stages > 1 and num_layers % (s * options.virtual_stages):
-    raise ValueError(f"num_layers = {num_layers} is not a multiple of num_stages x "
-                     f"virtual_stages = {s * options.virtual_stages} (uneven stages need "
-                     "virtual_stages = 1).")
+  chunks = s * (options.virtual_stages if s > 1 else 1)
+  if num_layers < chunks:
+    raise ValueError(f"num_layers = {num_layers} is less than the {chunks} pipeline stages "
+                     "(x virtual_stages).")
   seq_len = configured_sequence_length()
 
   sub_mesh = sub_shape.to_string()
@@ -500,9 +498,9 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   one_phases, two_phases = one.phases(options), two.phases(options)
   layer = {p: two_phases[p].minus(one_phases[p]) for p in PHASES + ("selective",)}
   extra = {p: one_phases[p].minus(layer[p]) for p in PHASES}
-  # Uneven stages (LayerStack.stage_block_counts): the busiest stage runs
-  # ceil(L / S) layers; in lockstep every stage takes as long.
-  per_stage = -(-num_layers // s)
+  # Uneven stages (LayerStack.chunk_block_counts): the busiest stage runs
+  # ceil(L / (S V)) layers per chunk; in lockstep every stage takes as long.
+  per_stage = -(-num_layers // chunks) * (chunks // s)
   executed_layers = per_stage * s  # with the padding blocks (their collectives run too)
 
   def stage_phase(p):

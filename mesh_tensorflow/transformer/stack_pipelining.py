@@ -55,15 +55,13 @@ class PipelinedStack:
           f"block of layers (layer {i}, {type(self._layers[i]).__name__}, differs from layer "
           f"0, {type(self._layers[0]).__name__}). Repeat one block of layers "
           "(make_layer_stack) at least num_stages times.")
-    if blocks < num_stages:
-      raise ValueError(f"LayerStack: num_stages={num_stages} is more than the stack's {blocks} "
-                       f"blocks of {period} layers; use at most {blocks} stages.")
     chunks = num_stages * virtual_stages
-    if virtual_stages > 1 and blocks % chunks:
-      raise ValueError(
-          f"LayerStack: num_stages={num_stages} x virtual_stages={virtual_stages} = {chunks} "
-          f"must divide the number of blocks ({blocks} blocks of {period} layers); change "
-          "num_layers, num_stages or virtual_stages (uneven stages need virtual_stages=1).")
+    if blocks < chunks:
+      what = (f"num_stages={num_stages} x virtual_stages={virtual_stages} = {chunks}"
+              if virtual_stages > 1 else f"num_stages={num_stages}")
+      raise ValueError(f"LayerStack: {what} is more than the stack's {blocks} blocks of "
+                       f"{period} layers; use at most {blocks} "
+                       f"{'layer chunks' if virtual_stages > 1 else 'stages'}.")
     if schedule == "interleaved" and num_microbatches % num_stages:
       raise ValueError(f"LayerStack: the interleaved schedule needs num_microbatches "
                        f"({num_microbatches}) to be a multiple of num_stages ({num_stages}).")
@@ -75,29 +73,40 @@ class PipelinedStack:
     return _period(self._layers)
 
   @property
-  def stage_block_counts(self) -> tuple:
-    """Blocks each stage runs. B blocks on S stages: ceil(B / S) each, the
-    last S ceil(B / S) - B stages one fewer (their unused slot is a padding
-    block: computed, masked out, its variables never trained)."""
+  def chunk_block_counts(self) -> tuple:
+    """Blocks each layer chunk runs (chunk c = v S + s is stage s's chunk v;
+    without virtual stages a chunk is a stage). B blocks on C chunks:
+    ceil(B / C) each, the last C ceil(B / C) - B chunks one fewer (their
+    unused slot is a padding block: computed, masked out, its variables
+    never trained)."""
+    chunks = self.num_stages * self.virtual_stages
     blocks = len(self._layers) // self.block_size
-    most = -(-blocks // self.num_stages)
-    lighter = self.num_stages * most - blocks
-    return tuple(most - (s >= self.num_stages - lighter) for s in range(self.num_stages))
+    most = -(-blocks // chunks)
+    lighter = chunks * most - blocks
+    return tuple(most - (c >= chunks - lighter) for c in range(chunks))
 
   @property
-  def layers_per_stage(self) -> int:
-    """Layer slots of each stage: the busiest stage's layers (every stage's
-    when the stages divide the blocks evenly)."""
-    return max(self.stage_block_counts) * self.block_size
+  def stage_block_counts(self) -> tuple:
+    """Blocks each stage runs (over its layer chunks)."""
+    counts, s_count = self.chunk_block_counts, self.num_stages
+    return tuple(sum(counts[v * s_count + s] for v in range(self.virtual_stages))
+                 for s in range(s_count))
 
   @property
   def layers_per_chunk(self) -> int:
-    """Layers a stage runs at a time: layers_per_stage / virtual_stages."""
-    return self.layers_per_stage // self.virtual_stages
+    """Layer slots of a stage's chunk, the layers it runs at a time: the
+    busiest chunk's layers (every chunk's when the chunks divide the blocks
+    evenly)."""
+    return max(self.chunk_block_counts) * self.block_size
 
-  def _stage_first_layer(self, stage: int) -> int:
-    """The unpipelined index of stage `stage`'s first layer."""
-    return sum(self.stage_block_counts[:stage]) * self.block_size
+  @property
+  def layers_per_stage(self) -> int:
+    """Layer slots of each stage: layers_per_chunk x virtual_stages."""
+    return self.layers_per_chunk * self.virtual_stages
+
+  def _chunk_first_layer(self, chunk: int) -> int:
+    """The unpipelined index of layer chunk `chunk`'s first layer."""
+    return sum(self.chunk_block_counts[:chunk]) * self.block_size
 
   def stages_dim(self) -> mtf.Dimension:
     """The dimension the stage variables are stacked along."""
@@ -163,20 +172,21 @@ class PipelinedStack:
     """With uneven stages, per block slot of a stage: None where every stage
     runs the slot, else a [stages] bool constant, false on the stages whose
     slot is padding (the block's output is replaced by its input there)."""
-    counts = self.stage_block_counts
-    if self.virtual_stages > 1 or min(counts) == max(counts):
+    counts = self.chunk_block_counts
+    if min(counts) == max(counts):
       return None
+    # The chunk each stage runs in this call (the interleaved schedule says).
+    chunks = mtf.pipeline.stage_chunks(context.mesh.graph) or range(self.num_stages)
     dim = self.stages_dim()
     return [None if b < min(counts) else
-            mtf.constant(context.mesh, np.array([c > b for c in counts]), mtf.Shape([dim]),
-                         dtype=tf.bool)
+            mtf.constant(context.mesh, np.array([counts[c] > b for c in chunks]),
+                         mtf.Shape([dim]), dtype=tf.bool)
             for b in range(max(counts))]
 
   def init_name_fn(self, context: Context):
     """Maps a stacked variable's name and a stage (with virtual stages: a
     layer chunk) to the unpipelined name of that layer (its initial
     value)."""
-    k = self.layers_per_chunk
     scope = "pipeline/layer_"
 
     def fn(name, stage):
@@ -184,12 +194,9 @@ class PipelinedStack:
       if i < 0:
         return f"{name}/stage_{stage}"
       j = int(name[i + len(scope):i + len(scope) + 3])
-      if self.virtual_stages > 1:
-        index = stage * k + j
-      elif j < self.stage_block_counts[stage] * self.block_size:
-        index = self._stage_first_layer(stage) + j
-      else:  # a padding slot: no unpipelined layer
+      if j >= self.chunk_block_counts[stage] * self.block_size:  # a padding slot
         return f"{name}/stage_{stage}"
+      index = self._chunk_first_layer(stage) + j
       return name[:i] + self._slot_name(index) + name[i + len(scope) + 3:]
     return fn
 
@@ -296,8 +303,7 @@ class PipelinedStack:
     sv.discover(run, probe, x)
     for s in range(self.num_stages * self.virtual_stages):
       with sv.stage(s):
-        count = k if self.virtual_stages > 1 else self.stage_block_counts[s] * self.block_size
-        x = run(context, x, count)
+        x = run(context, x, self.chunk_block_counts[s] * self.block_size)
     return x
 
 

@@ -31,12 +31,14 @@ POSITIONS = np.where(SEGMENTS == 2, np.arange(L) - 5, np.arange(L)).astype(np.in
 PP_MESH, PP_LAYOUT = "pp:4;dp:2", "stages:pp;batch:dp"
 
 
-def _model(num_stages, schedule="gpipe", recompute="none", virtual_stages=1, dropout=0.0):
+def _model(num_stages, schedule="gpipe", recompute="none", virtual_stages=1, dropout=0.0,
+           num_layers=4):
   stack = transformer.make_layer_stack(
       [tl.SelfAttention(num_heads=4, key_value_size=4, relative_attention_type="bias",
                         dropout_rate=dropout),
        tl.DenseReluDense(hidden_size=32, dropout_rate=dropout)],
-      num_layers=4, num_stages=num_stages, num_microbatches=M, pipeline_schedule=schedule,
+      num_layers=num_layers, num_stages=num_stages, num_microbatches=M,
+      pipeline_schedule=schedule,
       recompute=recompute, virtual_stages=virtual_stages)
   return transformer.Unitransformer(stack, d_model=D, input_vocab_size=V, output_vocab_size=V,
                                     autoregressive=True, max_length=L, vocab_divisor=8)
@@ -157,6 +159,36 @@ def test_uneven_stages_match_unpipelined(unpipelined, schedule):
   # Slots 2 and 3 (one block) of stages 1 and 2: half the stacked variables, twice.
   assert len(padding) == len([n for n in grads if "pipeline/layer_" in n])
   assert all(not np.any(g) for g in padding)
+
+
+def test_uneven_interleaved_chunks_match_unpipelined():
+  """5 blocks on 2 stages x 2 chunks: chunks of 2, 1, 1 and 1 blocks (each
+  stage's second chunk and stage 1's first hold a padding slot): the
+  unpipelined 5-block model's loss and gradients in training, its loss when
+  evaluated chunk after chunk."""
+  kw = dict(schedule="interleaved", virtual_stages=2, num_layers=5)
+  assert _model(2, **kw).layer_stack.chunk_block_counts == (2, 1, 1, 1)
+  loss0, grads0, _ = _run(1, "all:1", "", num_layers=5)
+  loss, grads, _ = _run(2, "pp:2;dp:2", "stages:pp;batch:dp", **kw)
+  assert loss == pytest.approx(loss0, rel=1e-5)
+  counts, got = [4, 2, 2, 2], {}  # layers per chunk c = v S + s
+  for name, g in grads.items():
+    i = name.find("pipeline/layer_")
+    if i < 0:
+      got[name] = g
+      continue
+    j = int(name[i + 15:i + 18])
+    for c, row in enumerate(g.reshape((-1,) + g.shape[2:])):
+      if j < counts[c]:
+        index = sum(counts[:c]) + j
+        got[name[:i] + "block_%03d/layer_%03d" % divmod(index, 2) + name[i + 18:]] = row
+      else:
+        assert not np.any(row), (name, c)
+  assert set(got) == set(grads0)
+  for name, g in got.items():
+    np.testing.assert_allclose(g, grads0[name], rtol=1e-4, atol=2e-6, err_msg=name)
+  assert _run(2, "pp:2;dp:4", "stages:pp;batch:dp", mode="eval", **kw)[0] == pytest.approx(
+      _run(1, "all:1", "", mode="eval", num_layers=5)[0], rel=1e-5)
 
 
 def test_uneven_stages_decode_like_unpipelined():
@@ -452,8 +484,9 @@ def test_errors_name_the_problem():
     pl.PipelineSchedule("1f1b", 4, 8, virtual_stages=2)
   with pytest.raises(ValueError, match="pipeline_loss"):
     pl.pipeline(_stage_fn, x, stages, M, schedule="interleaved")
-  with pytest.raises(ValueError, match=r"num_stages=2 x virtual_stages=3 = 6 must divide"):
-    transformer.make_layer_stack([tl.DenseReluDense(hidden_size=8)], num_layers=8, num_stages=2,
+  with pytest.raises(ValueError, match=r"num_stages=2 x virtual_stages=3 = 6 is more than the "
+                     r"stack's 4 blocks"):
+    transformer.make_layer_stack([tl.DenseReluDense(hidden_size=8)], num_layers=4, num_stages=2,
                                  pipeline_schedule="interleaved", virtual_stages=3)
   with pytest.raises(ValueError, match="virtual_stages=2 needs pipeline_schedule='interleaved'"):
     transformer.make_layer_stack([tl.DenseReluDense(hidden_size=8)], num_layers=8, num_stages=2,

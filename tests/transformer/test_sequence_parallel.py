@@ -33,7 +33,7 @@ DM_LAYOUT = LAYOUT + ";residual_d_model:model"  # sequence_parallel="d_model"
 
 
 def _run(sequence_parallel, mesh_shape=MESH, layout=SP_LAYOUT, recompute="none", stages=1,
-         schedule="gpipe", share_replicas=False):
+         schedule="gpipe", share_replicas=False, num_layers=2):
   """Loss, {variable name: gradient} and the Lowering of a 2-layer LM."""
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
@@ -43,7 +43,7 @@ def _run(sequence_parallel, mesh_shape=MESH, layout=SP_LAYOUT, recompute="none",
   targets = imp(TARGETS)
   stack = transformer.make_layer_stack(
       [tl.SelfAttention(num_heads=4, key_value_size=4), tl.DenseReluDense(hidden_size=32)],
-      num_layers=2, recompute=recompute, sequence_parallel=sequence_parallel,
+      num_layers=num_layers, recompute=recompute, sequence_parallel=sequence_parallel,
       num_stages=stages, num_microbatches=2 if stages > 1 else 1, pipeline_schedule=schedule)
   model = transformer.Unitransformer(stack, d_model=D, input_vocab_size=V, output_vocab_size=V,
                                      autoregressive=True, max_length=L)
@@ -130,6 +130,17 @@ def test_shared_memory_placement_gives_the_same_values(plain):
   """The CPU placement whose processors share memory fuses the all-reduces
   of products; sequence parallel runs there too."""
   _assert_same(_run(True, share_replicas=True), plain)
+
+
+def test_uneven_stages_keep_the_stream_split():
+  """3 blocks on 2 stages (2 and 1, a padding slot on the second) with the
+  stream split, 1F1B and selective recomputation: the loss and gradients of
+  the same pipeline without sequence parallelism."""
+  layout = "stages:pp;heads:model;d_ff:model"
+  kw = dict(mesh_shape="pp:2;model:4", stages=2, schedule="1f1b", recompute="selective",
+            num_layers=3)
+  _assert_same(_run(True, layout=layout + ";residual_length:model", **kw),
+               _run(False, layout=layout, **kw))
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
