@@ -13,6 +13,7 @@ this mixin; layer_stack.py documents the behaviour.
 from __future__ import annotations
 
 import copy
+import functools
 
 import numpy as np
 import tensorflow as tf
@@ -45,7 +46,7 @@ class PipelinedStack:
     if num_stages == 1:
       return
     n = len(self._layers)
-    period = _period(self._layers)
+    period = self.block_size
     blocks = n // period
     if blocks == 1 and period > 1:
       i = next(i for i, layer in enumerate(self._layers) if not _same_layer(layer,
@@ -66,13 +67,15 @@ class PipelinedStack:
       raise ValueError(f"LayerStack: the interleaved schedule needs num_microbatches "
                        f"({num_microbatches}) to be a multiple of num_stages ({num_stages}).")
 
-  @property
+  # The layers and the pipeline's sizes are set once, in the constructor:
+  # these two are computed once (init_name_fn asks for each stacked row).
+  @functools.cached_property
   def block_size(self) -> int:
     """Layers of the block the stack repeats (the shortest period of its
     layers' types and hyperparameters): stages hold whole blocks."""
     return _period(self._layers)
 
-  @property
+  @functools.cached_property
   def chunk_block_counts(self) -> tuple:
     """Blocks each layer chunk runs (chunk c = v S + s is stage s's chunk v;
     without virtual stages a chunk is a stage). B blocks on C chunks:
