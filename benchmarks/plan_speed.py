@@ -3,8 +3,9 @@ A100s, and `plan --auto` for the same model and device count.
 
 The planner builds and prices the training step of one and of two layers
 (no tensor is allocated) and multiplies; --auto prices every
-pipeline x data x model split, micro-batch size, recomputation and ZeRO
-stage. Targets: under 60 s for the plan, under 10 minutes for --auto.
+pipeline x data x model split, micro-batch size, pipeline schedule (1F1B,
+interleaved with 2 and 4 chunks), recomputation and ZeRO stage. Targets:
+under 60 s for the plan, under 10 minutes for --auto.
 
     python benchmarks/plan_speed.py            # plan and --auto (several minutes)
     python benchmarks/plan_speed.py --no_auto  # the single plan only

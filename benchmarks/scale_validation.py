@@ -85,6 +85,23 @@ Rows:
     recomputes selectively and shards sequences as well; neither degree is
     stated).
 
+* BigScience's BLOOM 176B (Megatron-DeepSpeed), held out: the training
+  script and README of the run, train/tr11-176B-ml in
+  github.com/bigscience-workshop/bigscience: 70 layers, hidden 14,336, 112
+  heads, sequence 2048, vocabulary padded to 250,880 (tied embeddings),
+  global batch 2048 in micro-batches of 2, 4-way tensor, 12-way pipeline
+  and 8-way data parallelism on 384 A100 80 GB (48 nodes of 8), every layer
+  recomputed (`--checkpoint-activations`), ZeRO stage 1 (DeepSpeed's
+  BF16_Optimizer), Megatron-LM's default dropout (the README says so).
+  The nodes reach each other over 4 Omni-Path links of 100 Gb/s: 6.25 GB/s
+  per GPU, a quarter of a DGX A100's (benchmarks/hardware/jean_zay_a100.json;
+  the rest as the `a100-80gb` preset). Published: the README's log line of
+  iteration 85,376 at batch 2048, 104.70 s per iteration, 19.561 samples/s
+  (149.77 TFLOP/s per GPU by its own count). Planned on DeepSpeed's 1F1B
+  pipeline schedule and with the library's layer (GeLU and ALiBi left
+  out: a few elementwise operations); its 70 layers on 12 stages give the
+  busiest stage 6 (the run put the embedding on the first and last stages
+  beside 5 layers). Compared: samples per second.
 * Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways"
   (arXiv 2204.02311), held out: PaLM 540B (Table 1: 118 layers, d_model
   18,432, 48 heads of 256, d_ff 73,728 with SwiGLU, multi-query attention,
@@ -185,6 +202,7 @@ ZHANG = "Zhang et al. 2022 (OPT), Section 2.4"
 CHOWDHERY = "Chowdhery et al. 2022 (PaLM), Section 4"
 TOUVRON = "Touvron et al. 2023 (LLaMA), Section 2.4"
 MEGATRON_H100 = "Megatron-LM README, H100 model table"
+BIGSCIENCE = "BigScience tr11-176B-ml README (BLOOM)"
 # (params B, heads, hidden, layers, t, p, GPUs, batch, published TFLOP/s per GPU)
 MEGATRON_H100_TABLE = [
     (1.7, 16, 2048, 24, 1, 1, 48, 192, 408.8),
@@ -286,6 +304,17 @@ def palm_row():
        "transformer.make_layer_stack.sequence_parallel = 'd_model'",
        "transformer.make_layer_stack.recompute = 'layer'", "run.zero_stage = 3"],
       238.3, "thousand tokens/s")
+
+
+def bloom_row():
+  """BLOOM 176B as BigScience trained it (see the module docstring)."""
+  row = _gpt_row("BLOOM 176B", BIGSCIENCE, 112, 14336, 70, 4, 12, 384, 2048, 2048 / 104.70,
+                 2, 1, vocab=250880)
+  row.hardware = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hardware",
+                              "jean_zay_a100.json")
+  row.bindings.append("run.zero_stage = 1")
+  row.unit = "samples/s"
+  return row
 
 
 def korthikanti_rows():
@@ -390,6 +419,8 @@ def predict(row: Row, efficiency=None):
     value = plan.tokens_per_s / row.count
   elif row.unit == "thousand tokens/s":
     value = plan.tokens_per_s / 1e3
+  elif row.unit == "samples/s":
+    value = plan.tokens_per_s / planner.configured_sequence_length()
   else:
     value = row.paper_flops / plan.step_time_s / row.count / 1e12
   return value, plan
@@ -437,21 +468,23 @@ def compare_auto(sizes=None):
   the device at all. The search covers the published plan (its mesh, micro-
   batch size, schedule, recomputation), so the first is never slower."""
   from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
-  rows = [shazeer_row()] + megatron_rows() + fsdp_rows()
+  rows = [shazeer_row()] + megatron_rows() + fsdp_rows() + [bloom_row()]
   if sizes:
     rows = [r for r in rows if any(abs(_size(r) - x) < 1e-6 for x in sizes)]
   for row in rows:
     _, published = predict(row)
     gin_config.parse([], row.bindings)
+    chunks = published.options.virtual_stages  # plan --auto's 1, 2 and 4, and the published one
     start = time.time()
-    result = plan_search.search(hardware.parse_cluster(f"{row.hardware}:{row.count}"),
+    cluster = hardware.parse_cluster(f"{row.hardware}:{row.count}")
+    result = plan_search.search(cluster,
                                 top=1, micro_sizes=(1, 2, 4),
-                                virtual_stages=tuple({1, published.options.virtual_stages}),
+                                virtual_stages=tuple(sorted({1, 2, 4, chunks})),
                                 attention=row.attention)
     seconds = time.time() - start
     budget = published.memory_bytes_per_device * (1 + 1e-9)
     same_memory = [p for p in result.plans if p.memory_bytes_per_device <= budget]
-    print(f"{row.name} on {row.count} x {row.hardware} ({result.tried} plans searched in "
+    print(f"{row.name} on {row.count} x {cluster.hardware.name} ({result.tried} plans searched in "
           f"{seconds:.0f} s)")
     print(f"  published:         {_describe(published)}")
     if not same_memory:
@@ -492,7 +525,7 @@ def main(argv=None):
     rows = rows[:2]
   else:
     rows = ([shazeer_row()] + rows + mt_nlg_rows() + korthikanti_rows() + fsdp_rows()
-            + [palm_row()] + megatron_h100_rows())
+            + [bloom_row(), palm_row()] + megatron_h100_rows())
   if args.fit:
     print(f"fitted GPU matmul_efficiency: {fit([r for r in rows if r.fit]):.3f}")
   print(f"{'run':<22} {'source':<44} {'devices':>8} {'published':>10} {'predicted':>10} "

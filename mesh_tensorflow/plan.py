@@ -47,7 +47,8 @@ def _main(argv: Sequence[str]) -> int:
   parser.add_argument("--pipeline_schedule", default=None,
                       help="override the schedule: gpipe, 1f1b or interleaved")
   parser.add_argument("--virtual_stages", type=int, default=1,
-                      help="layer chunks per device with --pipeline_schedule=interleaved")
+                      help="layer chunks per device with --pipeline_schedule=interleaved; "
+                      "with --auto, also tried beside 1, 2 and 4")
   parser.add_argument("--attention", default="unfused",
                       help="unfused (the library's attention) or fused (estimate only: price "
                       "the attention as one on-chip kernel per pass, as FlashAttention-style "
@@ -101,7 +102,9 @@ def _main(argv: Sequence[str]) -> int:
     from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
     def progress(tried, seconds):
       print(f"searching: {tried} plans priced in {seconds:.0f} s", file=sys.stderr, flush=True)
+    chunks = tuple(sorted({1, 2, 4, args.virtual_stages}))
     result = plan_search.search(cluster, top=args.top, attention=args.attention,
+                                virtual_stages=chunks,
                                 fusion=args.fusion, max_seconds=args.max_seconds or None,
                                 progress=progress)
     if args.json:

@@ -54,6 +54,26 @@ class Graph:
     """
     return self.__dict__.setdefault("_keeps", {})
 
+  @contextlib.contextmanager
+  def keeping(self, key: str, value):
+    """`keeps[key] = value` inside the `with` block; afterwards the entry is
+    what it was before (or absent again).
+
+    Example:
+      >>> with graph.keeping("my_module.scope", ["dense"]):
+      ...   build_layers()
+    """
+    keeps = self.keeps
+    had, previous = key in keeps, keeps.get(key)
+    keeps[key] = value
+    try:
+      yield value
+    finally:
+      if had:
+        keeps[key] = previous
+      else:
+        keeps.pop(key, None)
+
   def num_readers(self, tensor: "Tensor") -> int:
     """How many operations of the graph read `tensor` (counted once per
     reading operation; recounted when the operations change).

@@ -433,24 +433,19 @@ class _ForwardScope:
   @contextlib.contextmanager
   def replay(self):
     graph = self._graph
-    saved = (graph._scope_stack, graph._names_in_use, graph.name_to_variable,  # pylint: disable=protected-access
-             graph.keeps.get(LAYER_SCOPES_KEY))
+    saved = (graph._scope_stack, graph._names_in_use, graph.name_to_variable)  # pylint: disable=protected-access
     graph._scope_stack = list(self._scope_stack)  # pylint: disable=protected-access
     graph._names_in_use = dict(self._names_in_use)  # pylint: disable=protected-access
     graph.name_to_variable = self._name_to_variable
-    graph.keeps[LAYER_SCOPES_KEY] = set(self._layer_scopes)
     try:
-      if self._variable_scope.name != tf.compat.v1.get_variable_scope().name:
-        with tf.compat.v1.variable_scope(self._variable_scope, auxiliary_name_scope=False):
+      with graph.keeping(LAYER_SCOPES_KEY, set(self._layer_scopes)):
+        if self._variable_scope.name != tf.compat.v1.get_variable_scope().name:
+          with tf.compat.v1.variable_scope(self._variable_scope, auxiliary_name_scope=False):
+            yield
+        else:
           yield
-      else:
-        yield
     finally:
-      graph._scope_stack, graph._names_in_use, graph.name_to_variable, layer_scopes = saved  # pylint: disable=protected-access
-      if layer_scopes is None:
-        graph.keeps.pop(LAYER_SCOPES_KEY, None)
-      else:
-        graph.keeps[LAYER_SCOPES_KEY] = layer_scopes
+      graph._scope_stack, graph._names_in_use, graph.name_to_variable = saved  # pylint: disable=protected-access
 
 
 def recompute_grad(fn: Callable, explicit_inputs: Sequence[Tensor],

@@ -44,12 +44,8 @@ def keyed_rows(graph, dim, keys: Sequence[int]):
     >>> with keyed_rows(mesh.graph, stages_dim, [m * num_stages + s for s in ...]):
     ...   h = stage_fn(h)
   """
-  previous = graph.keeps.get(_KEYED_ROWS)
-  graph.keeps[_KEYED_ROWS] = [dim, tuple(int(k) for k in keys), 0]
-  try:
+  with graph.keeping(_KEYED_ROWS, [dim, tuple(int(k) for k in keys), 0]):
     yield
-  finally:
-    graph.keeps[_KEYED_ROWS] = previous
 
 
 def _keyed_seed(graph, name: str, shape):
@@ -153,8 +149,20 @@ def dropout(x: Tensor, is_training: bool = True, keep_prob=None, rate=None,
     return x
   noise_shape = x.shape if noise_shape is None else convert_to_shape(noise_shape)
   u = random_uniform(x.mesh, noise_shape, dtype=tf.float32, name=name or "dropout")
-  keep = ew.cast(ew.greater_equal(u, rate), x.dtype) * (1.0 / (1.0 - rate))
-  return x * keep
+  return _masked(x, ew.greater_equal(u, rate), 1.0 / (1.0 - rate))
+
+
+def _masked(x: Tensor, mask: Tensor, scale: float) -> Tensor:
+  """x * scale where the boolean `mask` holds, else 0. Its gradient is the
+  same operation on the incoming gradient, so the backward pass keeps the
+  one-byte mask rather than a mask in x's dtype (or x)."""
+  def apply(x_slice, mask_slice):
+    return x_slice * tf.cast(mask_slice, x_slice.dtype) * tf.constant(scale, x_slice.dtype)
+
+  def grad_x(op, dy):
+    return ew.reduce_to_shape(_masked(dy, op.inputs[1], scale), op.inputs[0].shape)
+  return ew.ElementwiseOperation(apply, [x, mask], output_dtype=x.dtype,
+                                 input_grads=[grad_x, None], name="dropout_mask").outputs[0]
 
 from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
 _autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

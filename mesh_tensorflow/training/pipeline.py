@@ -608,17 +608,12 @@ class _OneFOneB:
     forward slot's masks), and with virtual stages `stage_chunks` naming
     each stage's chunk."""
     graph, s_count = self.mesh.graph, self.stages_dim.size
-    previous = graph.keeps.get(_STAGE_CHUNKS)
-    if self.v_count > 1:
-      graph.keeps[_STAGE_CHUNKS] = [work[s][1] * s_count + s if s in work else s
-                                    for s in range(s_count)]
-    try:
-      with random_ops.keyed_rows(graph, self.stages_dim,
-                                 _row_keys(work, s_count, self.v_count,
-                                           self.table.num_microbatches)):
-        yield
-    finally:
-      graph.keeps[_STAGE_CHUNKS] = previous
+    chunks = ([work[s][1] * s_count + s if s in work else s for s in range(s_count)]
+              if self.v_count > 1 else graph.keeps.get(_STAGE_CHUNKS))
+    row_keys = _row_keys(work, s_count, self.v_count, self.table.num_microbatches)
+    with graph.keeping(_STAGE_CHUNKS, chunks), \
+        random_ops.keyed_rows(graph, self.stages_dim, row_keys):
+      yield
 
   def _weights(self, work):
     """Context for a slot's stage_fn call: each stage's weights (with

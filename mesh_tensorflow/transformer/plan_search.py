@@ -3,10 +3,12 @@
 For the parsed gin config and a cluster it tries every split of the devices
 into pipeline x data x model parallelism (`pipe:P;data:D;model:T`, model
 innermost so that its collectives stay inside a host where they can; T
-divides the heads and d_ff, P the layers, D the batch), the micro-batch
-sizes 1, 2 and 4 sequences per replica when pipelining (on the 1F1B
-schedule: GPipe takes the same time and keeps more micro-batches in
-memory), recomputation ("none", "layer") and ZeRO stages 0 and 2 (stage 2
+divides the heads and d_ff, D the batch, P is at most the number of layers,
+which it need not divide), the micro-batch sizes 1, 2 and 4 sequences per
+replica when pipelining, each pipeline on the 1F1B schedule (GPipe takes
+the same time and keeps more micro-batches in memory) and on the
+interleaved one with 2 and 4 layer chunks per stage where every chunk has a
+layer, recomputation ("none", "layer") and ZeRO stages 0 and 2 (stage 2
 costs no more time than stage 1 and holds less), and 3 without a pipeline
 (FSDP-style, gathering each layer again for the backward pass or keeping
 its copy), prices each with the planner, and keeps those that fit in
@@ -78,8 +80,12 @@ class SearchResult:
     for rank, p in enumerate(self.plans[:self.top], 1):
       o = p.options
       lines.append("")
+      schedule = ""
+      if o.num_stages > 1:
+        schedule = (f"interleaved x{o.virtual_stages}  " if o.schedule == "interleaved"
+                    else f"{o.schedule}  ")
       lines.append(f"#{rank}  mesh {p.mesh_shape}  micro-batches {o.num_microbatches}  "
-                   f"recompute={o.recompute}  zero={_zero_label(o)}")
+                   f"{schedule}recompute={o.recompute}  zero={_zero_label(o)}")
       lines.append(f"    layout {p.layout}")
       lines.append(f"    step {p.step_time_s:.3f} s ({p.step_time_s / best:.2f}x best), "
                    f"{p.tokens_per_s:,.0f} tokens/s, MFU {100 * p.mfu:.1f}%, "
@@ -152,7 +158,7 @@ def _divisors(n: int) -> List[int]:
 
 def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
            max_pipeline: int = 64, memory_budget_bytes=None,
-           virtual_stages=(1,), attention: str = "unfused",
+           virtual_stages=(1, 2, 4), attention: str = "unfused",
            fusion: str = "xla", max_seconds: Optional[float] = None,
            progress: Optional[Callable[[int, float], None]] = None) -> SearchResult:
   """Searches plans for the parsed gin config on `cluster`; a plan fits when
@@ -162,9 +168,10 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   says `stopped`); `progress(tried, seconds)` is called about every 10 s.
 
   Pipelines need not divide the layers (uneven stages,
-  `LayerStack.stage_block_counts`). `virtual_stages` other than 1 also try,
-  for pipelines whose layers per stage they divide, the interleaved
-  schedule with that many layer chunks per device.
+  `LayerStack.stage_block_counts`). `virtual_stages` other than 1 also try
+  the interleaved schedule with that many layer chunks per device, for
+  pipelines with at least one layer per chunk (the chunks need not divide
+  the layers either: `LayerStack.chunk_block_counts`).
   `attention` and `fusion` set those `PlanOptions` fields of every plan
   tried."""
   import gin  # pylint: disable=g-import-not-at-top
@@ -205,7 +212,7 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
       # dimension (GShard: tokens reach their experts by all-to-all).
       layouts = [base_layout] + ([base_layout + ";" + EXPERT_RULE]
                                  if num_experts and d > 1 and num_experts % d == 0 else [])
-      chunks = [v for v in virtual_stages if v == 1 or (p > 1 and num_layers % (p * v) == 0)]
+      chunks = [v for v in virtual_stages if v == 1 or (p > 1 and p * v <= num_layers)]
       # (stage, reshard_after_forward)
       zero_stages = ((0, True), (2, True)) + (((3, True), (3, False)) if p == 1 else ())
       sequence_parallel = _stream_mode(t, seq_len, d_model) if sequence_parallel_ok else None

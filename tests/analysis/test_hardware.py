@@ -34,6 +34,15 @@ def test_parse_cluster_presets_json_and_errors(tmp_path):
   path.write_text(json.dumps(data))
   assert hardware.parse_cluster(str(path)).count == 16
   assert hardware.parse_cluster(f"{path}:32").count == 32
+  # A file that leaves matmul_efficiency out gets the presets' fitted one.
+  del data["matmul_efficiency"]
+  path.write_text(json.dumps(data))
+  assert (hardware.parse_cluster(str(path)).hardware.matmul_efficiency
+          == hardware.preset("h100-sxm").matmul_efficiency)
+  data.update(kind="tpu", torus_dims=2, ici_link_bytes_per_s=1e11, max_slice_devices=256)
+  path.write_text(json.dumps(data))
+  assert (hardware.parse_cluster(str(path)).hardware.matmul_efficiency
+          == hardware.preset("tpu-v4").matmul_efficiency)
   with pytest.raises(ValueError, match="unknown hardware 'fpga'"):
     hardware.parse_cluster("fpga:8")
   with pytest.raises(ValueError, match="say how many devices"):

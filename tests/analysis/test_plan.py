@@ -241,16 +241,17 @@ def test_scale_validation_quick_rows_within_15_percent():
     value, _ = scale_validation.predict(row)
     assert abs(value / row.published - 1) < 0.15, (row.name, value, row.published)
   # Held-out runs of other stacks and hardware: FSDP (ZeRO 3 over 2,048 and
-  # 992 GPUs), DeepSpeed's pipeline, and the Mesh-TensorFlow paper's TPU run.
+  # 992 GPUs), DeepSpeed's pipeline (MT-NLG; BLOOM on a machine described by a
+  # JSON file), and the Mesh-TensorFlow paper's TPU run.
   held_out = (scale_validation.fsdp_rows() + scale_validation.mt_nlg_rows()[:1]
-              + [scale_validation.shazeer_row()])
+              + [scale_validation.shazeer_row(), scale_validation.bloom_row()])
   zero_stages = []
   for row in held_out:
     value, plan = scale_validation.predict(row)
     assert abs(value / row.published - 1) < 0.15, (row.name, value, row.published)
     assert plan.fits
     zero_stages.append(plan.options.zero_stage)
-  assert zero_stages == [3, 3, 0, 0]
+  assert zero_stages == [3, 3, 0, 0, 1]
 
 
 def test_plan_command_json_and_errors(capsys):
@@ -285,8 +286,8 @@ def test_auto_search_returns_fitting_plans_fastest_first():
   result = plan_search.search(hardware.parse_cluster("h100-sxm:4"), top=3, micro_sizes=(1,),
                               virtual_stages=(1, 2))
   assert result.plans and result.tried >= len(result.plans)
-  # Interleaving only where 2 chunks divide the layers of a stage (pipe:2),
-  # and then with a smaller bubble than the same plan without it.
+  # Interleaving only where each of the 2 chunks per stage has a layer
+  # (pipe:2), and then with a smaller bubble than the same plan without it.
   interleaved = [p for p in result.plans if p.options.schedule == "interleaved"]
   assert interleaved and {p.options.num_stages for p in interleaved} == {2}
   for p in interleaved:
@@ -328,6 +329,28 @@ def test_auto_search_returns_fitting_plans_fastest_first():
                              attention="fused", fusion="none")
   assert fused.plans and all(p.options.attention == "fused" and p.options.fusion == "none"
                              for p in fused.plans)
+
+
+def test_auto_search_interleaves_chunks_that_do_not_divide_the_layers():
+  from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
+  gin_config.parse([], MODEL + ["num_layers = 5", "run.batch_size = 16"])
+  result = plan_search.search(hardware.parse_cluster("h100-sxm:4"), top=50, micro_sizes=(1,))
+  # 5 layers on 2 stages x 2 chunks (LayerStack.chunk_block_counts: 2, 1, 1, 1);
+  # 4 chunks per stage would leave a chunk without a layer.
+  interleaved = [p for p in result.plans if p.options.schedule == "interleaved"]
+  assert {(p.options.num_stages, p.options.virtual_stages) for p in interleaved} == {(2, 2)}
+  # Priced as the busiest stage runs it: ceil(5 / 4) layers per chunk, the
+  # 5 layers' model FLOPs.
+  for p in interleaved:
+    (plain,) = [q for q in result.plans if q.mesh_shape == p.mesh_shape
+                and q.options.schedule == "1f1b" and q.options.recompute == p.options.recompute
+                and q.options.zero_stage == p.options.zero_stage
+                and q.layout == p.layout]
+    assert p.model_flops_per_step == plain.model_flops_per_step
+    assert p.time_breakdown["pipeline_bubble"] < plain.time_breakdown["pipeline_bubble"]
+  # The summary names each pipeline's schedule.
+  text = result.summary()
+  assert "interleaved x2  recompute=" in text and "1f1b  recompute=" in text
 
 
 def test_auto_search_stops_at_its_time_budget():

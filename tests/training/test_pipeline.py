@@ -355,6 +355,20 @@ def test_pipeline_loss_one_f_one_b_equals_gpipe():
     assert 1.0 - stats["useful"] / (S * stats["slots"]) == pytest.approx((S - 1) / (M + S - 1))
 
 
+def test_graph_keeping_sets_an_entry_for_its_block_only():
+  # What the schedules' keyed random numbers and stage chunks rely on.
+  graph = mtf.Graph()
+  with graph.keeping("k", 1):
+    with graph.keeping("k", 2):
+      assert graph.keeps["k"] == 2
+    assert graph.keeps["k"] == 1
+  assert "k" not in graph.keeps
+  with pytest.raises(RuntimeError):
+    with graph.keeping("k", 3):
+      raise RuntimeError("in the block")
+  assert "k" not in graph.keeps
+
+
 def test_dropout_masks_are_the_same_in_every_schedule():
   """Dropout inside the stages: random numbers keyed by micro-batch and
   layer chunk, so 1F1B (whose backward slots recompute the stages, with
