@@ -353,6 +353,17 @@ def test_auto_search_interleaves_chunks_that_do_not_divide_the_layers():
   assert "interleaved x2  recompute=" in text and "1f1b  recompute=" in text
 
 
+def test_plan_command_auto_tries_the_virtual_stages_it_is_given(capsys):
+  from mesh_tensorflow import plan as plan_command  # pylint: disable=g-import-not-at-top
+  args = ["--hardware=h100-sxm:4", "--auto", "--top=60", "--virtual_stages=3"] + [
+      f"--gin_param={b}" for b in MODEL + ["num_layers = 6", "run.batch_size = 16"]]
+  assert plan_command.main(args) == 0
+  out = capsys.readouterr().out
+  # 6 layers on 2 stages: 2 and 3 chunks per stage have a layer each, 4 do not.
+  assert "interleaved x2  " in out and "interleaved x3  " in out
+  assert "interleaved x4" not in out and "1f1b  " in out
+
+
 def test_auto_search_stops_at_its_time_budget():
   """max_seconds ends the search; the result says so, and so does the
   command's summary; progress is reported while it runs."""
