@@ -170,6 +170,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from mesh_tensorflow.analysis.cost_model import hardware  # noqa: E402
 from mesh_tensorflow.transformer import planner  # noqa: E402
+from mesh_tensorflow.transformer import plan_search  # noqa: E402
 from mesh_tensorflow.transformer import gin_config  # noqa: E402
 
 SHAZEER = "Shazeer et al. 2018 (Mesh-TensorFlow), 4.9B LM"
@@ -446,9 +447,7 @@ def _describe(plan) -> str:
   o = plan.options
   parts = [plan.mesh_shape]
   if o.num_stages > 1:
-    parts.append(f"{o.num_microbatches} micro-batches, "
-                 + (f"interleaved x{o.virtual_stages}" if o.schedule == "interleaved"
-                    else o.schedule))
+    parts.append(f"{o.num_microbatches} micro-batches, {plan_search.schedule_label(o)}")
   parts.append(f"recompute {o.recompute}")
   if o.zero_stage:
     parts.append(f"ZeRO {o.zero_stage}"
@@ -467,19 +466,18 @@ def compare_auto(sizes=None):
   within the published plan's memory per device, and the fastest that fits
   the device at all. The search covers the published plan (its mesh, micro-
   batch size, schedule, recomputation), so the first is never slower."""
-  from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
   rows = [shazeer_row()] + megatron_rows() + fsdp_rows() + [bloom_row()]
   if sizes:
     rows = [r for r in rows if any(abs(_size(r) - x) < 1e-6 for x in sizes)]
   for row in rows:
     _, published = predict(row)
     gin_config.parse([], row.bindings)
-    chunks = published.options.virtual_stages  # plan --auto's 1, 2 and 4, and the published one
     start = time.time()
     cluster = hardware.parse_cluster(f"{row.hardware}:{row.count}")
     result = plan_search.search(cluster,
                                 top=1, micro_sizes=(1, 2, 4),
-                                virtual_stages=tuple(sorted({1, 2, 4, chunks})),
+                                virtual_stages=tuple(sorted({*plan_search.VIRTUAL_STAGES,
+                                                             published.options.virtual_stages})),
                                 attention=row.attention)
     seconds = time.time() - start
     budget = published.memory_bytes_per_device * (1 + 1e-9)

@@ -102,7 +102,7 @@ def _main(argv: Sequence[str]) -> int:
     from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
     def progress(tried, seconds):
       print(f"searching: {tried} plans priced in {seconds:.0f} s", file=sys.stderr, flush=True)
-    chunks = tuple(sorted({1, 2, 4, args.virtual_stages}))
+    chunks = tuple(sorted({*plan_search.VIRTUAL_STAGES, args.virtual_stages}))
     result = plan_search.search(cluster, top=args.top, attention=args.attention,
                                 virtual_stages=chunks,
                                 fusion=args.fusion, max_seconds=args.max_seconds or None,

@@ -608,11 +608,11 @@ class _OneFOneB:
     forward slot's masks), and with virtual stages `stage_chunks` naming
     each stage's chunk."""
     graph, s_count = self.mesh.graph, self.stages_dim.size
-    chunks = ([work[s][1] * s_count + s if s in work else s for s in range(s_count)]
-              if self.v_count > 1 else graph.keeps.get(_STAGE_CHUNKS))
+    named_chunks = (graph.keeping(_STAGE_CHUNKS, [work[s][1] * s_count + s if s in work else s
+                                                  for s in range(s_count)])
+                    if self.v_count > 1 else contextlib.nullcontext())
     row_keys = _row_keys(work, s_count, self.v_count, self.table.num_microbatches)
-    with graph.keeping(_STAGE_CHUNKS, chunks), \
-        random_ops.keyed_rows(graph, self.stages_dim, row_keys):
+    with named_chunks, random_ops.keyed_rows(graph, self.stages_dim, row_keys):
       yield
 
   def _weights(self, work):

@@ -45,6 +45,9 @@ from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
 from mesh_tensorflow.transformer import planner
 
 LAYOUT = "stages:pipe;batch:data;d_ff:model;heads:model;vocab:model"
+# Layer chunks per stage tried for every pipeline (1: the 1F1B schedule,
+# more: the interleaved one).
+VIRTUAL_STAGES = (1, 2, 4)
 SEQUENCE_PARALLEL = "transformer.make_layer_stack.sequence_parallel"
 SEQUENCE_PARALLEL_RULE = "residual_length:model"
 # The rule that splits a mixture-of-experts layer's experts over the data dimension.
@@ -80,10 +83,7 @@ class SearchResult:
     for rank, p in enumerate(self.plans[:self.top], 1):
       o = p.options
       lines.append("")
-      schedule = ""
-      if o.num_stages > 1:
-        schedule = (f"interleaved x{o.virtual_stages}  " if o.schedule == "interleaved"
-                    else f"{o.schedule}  ")
+      schedule = f"{schedule_label(o)}  " if o.num_stages > 1 else ""
       lines.append(f"#{rank}  mesh {p.mesh_shape}  micro-batches {o.num_microbatches}  "
                    f"{schedule}recompute={o.recompute}  zero={_zero_label(o)}")
       lines.append(f"    layout {p.layout}")
@@ -94,6 +94,14 @@ class SearchResult:
     lines.append("")
     lines.append("gin for #1: " + "; ".join(gin_bindings(self.plans[0])))
     return "\n".join(lines)
+
+
+def schedule_label(options: planner.PlanOptions) -> str:
+  """A pipeline's schedule as plans are listed: "1f1b", "gpipe" or
+  "interleaved x4" (4 layer chunks per stage)."""
+  if options.schedule == "interleaved":
+    return f"interleaved x{options.virtual_stages}"
+  return options.schedule
 
 
 def why(plan: planner.Plan) -> str:
@@ -158,7 +166,7 @@ def _divisors(n: int) -> List[int]:
 
 def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
            max_pipeline: int = 64, memory_budget_bytes=None,
-           virtual_stages=(1, 2, 4), attention: str = "unfused",
+           virtual_stages=VIRTUAL_STAGES, attention: str = "unfused",
            fusion: str = "xla", max_seconds: Optional[float] = None,
            progress: Optional[Callable[[int, float], None]] = None) -> SearchResult:
   """Searches plans for the parsed gin config on `cluster`; a plan fits when
