@@ -150,11 +150,14 @@ of a large matrix product): fitted on the rows marked "fit" (1.7B, 18.4B and
 145.6B of Narayanan et al.), with the planner's default pricing (the step as
 XLA compiles it); the other rows are held out. `--fit` refits it and prints
 the value to put in hardware.py; `--quick` runs the two smallest GPU rows.
+`--calibrate` plans each source's runs with the efficiency fitted to its
+smallest run, as `plan --measured_step_time` would (a user's own stack).
 
     python benchmarks/scale_validation.py            # all rows, under a minute
     python benchmarks/scale_validation.py --quick
     python benchmarks/scale_validation.py --auto=1.7,18.4   # --auto against the published plan
     python benchmarks/scale_validation.py --auto=all        # every row (long: run it in the background)
+    python benchmarks/scale_validation.py --calibrate       # calibrated on each source's smallest run
 """
 
 from __future__ import annotations
@@ -170,6 +173,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from mesh_tensorflow.analysis.cost_model import hardware  # noqa: E402
 from mesh_tensorflow.transformer import planner  # noqa: E402
+from mesh_tensorflow.transformer import plan_calibration  # noqa: E402
 from mesh_tensorflow.transformer import plan_search  # noqa: E402
 from mesh_tensorflow.transformer import gin_config  # noqa: E402
 
@@ -414,17 +418,7 @@ def predict(row: Row, efficiency=None):
   options = planner.options_from_gin()
   options.attention = row.attention
   plan = planner.plan_current_config(cluster, row.mesh_shape, row.layout, options)
-  if row.unit == "PFLOP/s":
-    value = plan.model_flops_per_step / plan.step_time_s / 1e15
-  elif row.unit == "tokens/s per GPU":
-    value = plan.tokens_per_s / row.count
-  elif row.unit == "thousand tokens/s":
-    value = plan.tokens_per_s / 1e3
-  elif row.unit == "samples/s":
-    value = plan.tokens_per_s / planner.configured_sequence_length()
-  else:
-    value = row.paper_flops / plan.step_time_s / row.count / 1e12
-  return value, plan
+  return predict_value(row, plan), plan
 
 
 def fit(rows):
@@ -506,6 +500,56 @@ def compare_auto(sizes=None):
   return 0
 
 
+def published_step_s(row: Row, plan) -> float:
+  """The published step time of `row` (its figure, in its unit, back to
+  seconds per step: the figure is inversely proportional to it)."""
+  value = predict_value(row, plan)
+  return plan.step_time_s * value / row.published
+
+
+def predict_value(row: Row, plan) -> float:
+  """`row`'s figure (in its unit) of a plan."""
+  if row.unit == "PFLOP/s":
+    return plan.model_flops_per_step / plan.step_time_s / 1e15
+  if row.unit == "tokens/s per GPU":
+    return plan.tokens_per_s / row.count
+  if row.unit == "thousand tokens/s":
+    return plan.tokens_per_s / 1e3
+  if row.unit == "samples/s":
+    return plan.tokens_per_s / planner.configured_sequence_length()
+  return row.paper_flops / plan.step_time_s / row.count / 1e12
+
+
+def compare_calibrated():
+  """`plan --measured_step_time` as a user would run it: each source's
+  smallest run (fewest devices) is the measured one; the source's other
+  runs, on the same software stack, are planned with the efficiency fitted
+  to it."""
+  groups = {}
+  for row in megatron_rows() + mt_nlg_rows() + korthikanti_rows() + megatron_h100_rows():
+    key = row.source + (" " + row.name.split()[-1] if row.source == KORTHIKANTI else "")
+    groups.setdefault(key, []).append(row)
+  print(f"{'run':<22} {'devices':>8} {'preset':>7} {'calibrated':>10}")
+  for key, rows in groups.items():
+    base = min(rows, key=lambda r: r.count)
+    _, plan = predict(base)
+    fit = plan_calibration.calibrate(hardware.parse_cluster(f"{base.hardware}:{base.count}"),
+                                     published_step_s(base, plan), base.mesh_shape,
+                                     base.layout, plan.options)
+    efficiency = fit.hardware.matmul_efficiency
+    print(f"{key}: calibrated on {base.name} ({base.count} devices): matmul_efficiency "
+          f"{efficiency:.3f} (preset {fit.preset_efficiency:.3f})")
+    for row in rows:
+      if row is base:
+        continue
+      preset_value, _ = predict(row)
+      value, _ = predict(row, efficiency)
+      print(f"  {row.name:<20} {row.count:>8} {preset_value / row.published:>7.2f} "
+            f"{value / row.published:>10.2f}")
+    sys.stdout.flush()
+  return 0
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--quick", action="store_true", help="the two smallest GPU rows only")
@@ -514,7 +558,12 @@ def main(argv=None):
                       help="'all' or comma-separated model sizes in billions (4.9 is the "
                       "Mesh-TensorFlow row): run plan --auto's search for those rows and "
                       "compare its best plans with the published one")
+  parser.add_argument("--calibrate", action="store_true",
+                      help="plan each source's runs with the efficiency fitted to its smallest "
+                      "run (plan --measured_step_time), against the presets'")
   args = parser.parse_args(argv)
+  if args.calibrate:
+    return compare_calibrated()
   if args.auto:
     return compare_auto(None if args.auto == "all" else
                         [float(x) for x in args.auto.split(",")])

@@ -65,6 +65,16 @@ def _main(argv: Sequence[str]) -> int:
   parser.add_argument("--max_seconds", type=float, default=0.0,
                       help="with --auto: stop searching after this many seconds and rank the "
                       "plans priced so far (0: search everything)")
+  parser.add_argument("--matmul_efficiency", type=float, default=0.0,
+                      help="the share of peak a large matrix product reaches on your stack, "
+                      "instead of the hardware's (fitted on published runs; 0: the hardware's)")
+  parser.add_argument("--measured_step_time", type=float, default=0.0,
+                      help="seconds per training step you measured for this config on this "
+                      "hardware: fit --matmul_efficiency to it and plan with the fitted value "
+                      "(docs/planning.md, 'Calibrating to your stack')")
+  parser.add_argument("--save_hardware", default="",
+                      help="with --measured_step_time: write the hardware with the fitted "
+                      "efficiency to this JSON file, for --hardware=FILE:COUNT")
   args = parser.parse_args(argv)
   if not args.hardware:
     parser.error("--hardware is required: e.g. --hardware=a100-80gb:1024 or tpu-v4:512")
@@ -78,6 +88,17 @@ def _main(argv: Sequence[str]) -> int:
     parser.error(f"--top={args.top}: must be at least 1")
   if args.max_seconds < 0:
     parser.error(f"--max_seconds={args.max_seconds}: must be 0 (no limit) or more")
+  if not 0 <= args.matmul_efficiency <= 1:
+    parser.error(f"--matmul_efficiency={args.matmul_efficiency}: a share of peak, in (0, 1]")
+  if args.measured_step_time < 0:
+    parser.error(f"--measured_step_time={args.measured_step_time}: seconds per step, positive")
+  if args.measured_step_time and (args.auto or args.matmul_efficiency):
+    parser.error("--measured_step_time fits the efficiency of one measured plan: give it "
+                 "without --auto and --matmul_efficiency, then plan with --save_hardware's "
+                 "file")
+  if args.save_hardware and not args.measured_step_time:
+    parser.error("--save_hardware writes the efficiency fitted by --measured_step_time: "
+                 "give both")
   cli.quiet_tensorflow_startup()
   import json  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.analysis.cost_model import hardware  # pylint: disable=g-import-not-at-top
@@ -87,6 +108,10 @@ def _main(argv: Sequence[str]) -> int:
     cluster = hardware.parse_cluster(args.hardware)
   except ValueError as e:
     raise cli.UserError(str(e), hint="python -m mesh_tensorflow.plan --help lists the presets")
+  if args.matmul_efficiency:
+    from mesh_tensorflow.transformer import plan_calibration  # pylint: disable=g-import-not-at-top
+    cluster = plan_calibration.with_efficiency(cluster, args.matmul_efficiency,
+                                               "--matmul_efficiency")
   if args.fusion == "none" and cluster.hardware.kind == "tpu":
     raise cli.UserError(f"--fusion=none with --hardware={args.hardware}: a TPU runs programs "
                         "compiled by XLA only", hint="drop --fusion=none")
@@ -112,8 +137,47 @@ def _main(argv: Sequence[str]) -> int:
     else:
       print(result.summary())
     return 0
+  if args.measured_step_time:
+    return _calibrate(args, cluster, options)
   plan = planner.plan_current_config(cluster, args.mesh_shape, args.layout, options)
   print(plan.to_json() if args.json else plan.summary())
+  return 0
+
+
+def _calibrate(args, cluster, options) -> int:
+  """--measured_step_time: the plan with the fitted efficiency."""
+  import json  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import plan_calibration  # pylint: disable=g-import-not-at-top
+  try:
+    fit = plan_calibration.calibrate(cluster, args.measured_step_time, args.mesh_shape,
+                                     args.layout, options)
+  except ValueError as e:
+    if "--measured_step_time" in str(e):
+      raise cli.UserError(str(e), hint="measure a step of the run this config describes")
+    raise
+  if args.save_hardware:
+    try:
+      with open(args.save_hardware, "w") as f:
+        f.write(fit.hardware.to_json() + "\n")
+    except OSError as e:
+      raise cli.UserError(f"--save_hardware={args.save_hardware}: cannot write it ({e})",
+                          hint="give a path in a directory you can write") from None
+  line = (f"calibrated: matmul_efficiency {fit.hardware.matmul_efficiency:.3f} "
+          f"({fit.hardware.name}'s was {fit.preset_efficiency:.3f}) reproduces the measured "
+          f"{fit.measured_step_s:g} s per step")
+  if args.save_hardware:
+    line += f"; saved to {args.save_hardware} (--hardware={args.save_hardware}:COUNT)"
+  if args.json:
+    result = fit.plan.to_dict()
+    result["calibration"] = {
+        "measured_step_time_s": fit.measured_step_s,
+        "matmul_efficiency": fit.hardware.matmul_efficiency,
+        "preset_matmul_efficiency": fit.preset_efficiency,
+        "saved_to": args.save_hardware or None}
+    print(json.dumps(result, indent=2, sort_keys=True))
+  else:
+    print(line)
+    print(fit.plan.summary())
   return 0
 
 
