@@ -28,6 +28,8 @@ import importlib
 import inspect
 import io
 import os
+import re
+import tokenize
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
@@ -276,6 +278,22 @@ def _is_mtf_reference(reference: str) -> bool:
   return "." in selector and selector.split(".")[0] in _MTF_MODULES
 
 
+def _syntax_message(error: SyntaxError) -> str:
+  """gin's syntax error without Python's parser internals, and for a bare
+  word where a value belongs (the shell ate the quotes of a string), what to
+  write instead."""
+  message = re.sub(r"malformed node or string (on line \d+: )?<ast\.\w+ object at 0x[0-9a-f]+>\s*",
+                   "", str(error))
+  bare = re.search(r"Failed to parse token '([A-Za-z_][A-Za-z0-9_]*)'", message)
+  if bare:
+    word = bare.group(1)
+    message += (f". A string value needs quotes inside the binding ('{word}' or \"{word}\"); "
+                f"on a command line quote the whole binding, e.g. "
+                f"--gin_param=\"name = '{word}'\" (a shell removes quotes it does not see "
+                "inside other quotes)")
+  return message
+
+
 def _parse_text(text: str, source: str, state: _ParseState, directory: Optional[str]) -> None:
   """Applies the statements of one gin file or binding string (see `parse`)."""
   delegate = _Delegate()
@@ -289,7 +307,10 @@ def _parse_text(text: str, source: str, state: _ParseState, directory: Optional[
     except StopIteration:
       break
     except SyntaxError as e:
-      raise ValueError(f"{source}: gin syntax error: {e}") from e
+      raise ValueError(f"{source}: gin syntax error: {_syntax_message(e)}") from e
+    except tokenize.TokenError as e:  # the text ended inside brackets or a string
+      raise ValueError(f"{source}: gin syntax error: {e.args[0]}: a bracket or quote is not "
+                       "closed") from e
     unknown, delegate.unknown = delegate.unknown, []
     if isinstance(statement, gin.config_parser.ImportStatement):
       if statement.module.startswith("__gin__"):
