@@ -56,6 +56,7 @@ FLOPs include it (HFU).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 from typing import Dict, List, Optional, Tuple
 
@@ -170,6 +171,7 @@ class _Priced:
   parameters: int
   layer_input_dims: tuple = ()  # the Dimensions of a layer's input
   kept_activations: float = 0.0  # forward tensors the backward pass reads
+  dimension_names: frozenset = frozenset()  # of every tensor of the step
 
   def phases(self, options: "PlanOptions") -> Dict[str, _Phase]:
     return self.variants[(options.fusion == "xla", options.attention == "fused")]
@@ -268,8 +270,10 @@ def _price_step(step: _Step) -> _Priced:
   kept, peak, kept_scores = _activation_memory(ops, first_bwd, first_opt, size, est.ops)
   mem = est.memory
   count = sum(v.outputs[0].shape.size for v in step.graph.trainable_variables)
+  names = frozenset(d.name for op in ops for t in list(op.inputs) + list(op.outputs)
+                    for d in t.shape.dims)
   return _Priced(variants, mem.variables, mem.slots, peak, layer_input, kept_scores,
-                 count, layer_input_dims, kept)
+                 count, layer_input_dims, kept, names)
 
 
 def _activation_memory(ops, first_bwd: int, first_opt: int, size, costs
@@ -679,7 +683,8 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
       "grad_reduce_exposed": exposed,
       "optimizer": optimizer_compute}
   params = one.parameters + (num_layers - 1) * (two.parameters - one.parameters)
-  notes = []
+  notes = [_unused_rule_note(t, m, one.dimension_names) for t, m in sub_rules.pairs
+           if t not in one.dimension_names]
   if options.attention == "fused":
     notes.append("fused attention is an estimate only (the library's attention keeps its scores "
                  "in memory)")
@@ -687,6 +692,12 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
               batch * seq_len, model_flops, hw_flops, model_flops / (step_time * peak),
               hw_flops / (step_time * peak), memory, h.hbm_bytes, breakdown, comms, num_layers,
               params, notes)
+
+
+def _unused_rule_note(tensor_dim: str, mesh_dim: str, names) -> str:
+  close = difflib.get_close_matches(tensor_dim, sorted(names), n=1)
+  return (f"layout rule '{tensor_dim}:{mesh_dim}' splits nothing: no tensor of this model has "
+          f"a dimension {tensor_dim!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
 
 
 def _stage_send_time(one: _Priced, full_shape, rules, pipe_axis: int,

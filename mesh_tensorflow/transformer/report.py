@@ -69,12 +69,16 @@ _STACK_DEFAULTS = {"transformer.make_layer_stack.num_layers": 6,
 def config_mesh_and_layout(mesh_shape: Optional[str] = None,
                            layout: Optional[str] = None) -> Tuple[str, str]:
   """The mesh shape and layout rules (strings) of the parsed gin config, or
-  the overriding ones; the layout keeps only rules naming the mesh's
-  dimensions.
+  the overriding ones, without rules naming an optional mesh dimension the
+  mesh lacks (`run_config.rules_for_mesh`).
+
+  Raises:
+    ValueError: a rule names another mesh dimension the mesh lacks (a typo,
+      or a layout written for another mesh).
 
   Example:
-    >>> config_mesh_and_layout("b:4", "batch:b;d_ff:m")
-    ('b:4', 'batch:b')
+    >>> config_mesh_and_layout("b:4;m:2", "ensemble:ensemble;batch:b;d_ff:m")
+    ('b:4;m:2', 'batch:b;d_ff:m')
   """
   import gin  # pylint: disable=g-import-not-at-top
   b = dict(gin.get_bindings("run"))
@@ -84,6 +88,7 @@ def config_mesh_and_layout(mesh_shape: Optional[str] = None,
   if isinstance(mesh_shape, mtf.Shape):  # the original's @utils.tpu_mesh_shape()
     mesh_shape = mesh_shape.to_string()
   layout = run_config.rules_for_mesh(layout, mesh_shape)
+  mtf.convert_to_layout_rules(layout).check_mesh_shape(mesh_shape)
   return (mtf.convert_to_shape(mesh_shape).to_string(),
           mtf.convert_to_layout_rules(layout).to_string())
 

@@ -644,3 +644,14 @@ def test_bound_values_are_read_through_macros_by_plan_and_report():
   assert gin_config.query("run.zero_stage") == 2
   assert report.configured_zero_stage() == 2 and planner.options_from_gin().zero_stage == 2
   assert gin_config.query("run.not_a_parameter", 7) == 7
+
+
+def test_layout_rules_naming_what_the_mesh_or_model_lacks():
+  # A mesh dimension the mesh lacks (a typo): refused, naming the rule.
+  with pytest.raises(ValueError, match=r"Layout rule 'batch:dta' names mesh dimension 'dta'"):
+    _plan(mesh="data:2;model:8", layout="batch:dta;d_ff:model")
+  # A tensor dimension no tensor has: planned (a layout may serve several
+  # models), with a note naming the rule and the likely dimension.
+  plan = _plan(layout="batch:data;dff:model;heads:model")
+  assert any("'dff:model' splits nothing" in n and "'d_ff'" in n for n in plan.notes)
+  assert not any("heads" in n for n in plan.notes)
