@@ -163,7 +163,7 @@ def _calibrate(args, cluster, options) -> int:
       raise cli.UserError(f"--save_hardware={args.save_hardware}: cannot write it ({e})",
                           hint="give a path in a directory you can write") from None
   line = (f"calibrated: matmul_efficiency {fit.hardware.matmul_efficiency:.3f} "
-          f"({fit.hardware.name}'s was {fit.preset_efficiency:.3f}) reproduces the measured "
+          f"({cluster.hardware.name}'s was {fit.preset_efficiency:.3f}) reproduces the measured "
           f"{fit.measured_step_s:g} s per step")
   if args.save_hardware:
     line += f"; saved to {args.save_hardware} (--hardware={args.save_hardware}:COUNT)"

@@ -37,8 +37,8 @@ class Calibration:
   """The hardware with the fitted efficiency, and the plan it gives.
 
   Attributes:
-    hardware: the cluster's hardware with `matmul_efficiency` fitted (and
-      its `sources` entry saying to what).
+    hardware: the cluster's hardware with `matmul_efficiency` fitted, its
+      `sources` entry saying to what, and "-calibrated" after its name.
     plan: the measured configuration's plan with that hardware.
     measured_step_s: the step time it was fitted to.
     preset_efficiency: the efficiency the hardware had before.
@@ -50,8 +50,10 @@ class Calibration:
 
 
 def with_efficiency(cluster: hardware_lib.Cluster, efficiency: float,
-                    source: Optional[str] = None) -> hardware_lib.Cluster:
-  """`cluster` with its hardware's matmul efficiency replaced.
+                    source: Optional[str] = None,
+                    name: Optional[str] = None) -> hardware_lib.Cluster:
+  """`cluster` with its hardware's matmul efficiency replaced (and its
+  name, if `name` is given).
 
   Example:
     >>> with_efficiency(hardware_lib.parse_cluster("a100-80gb:8"), 0.8).hardware.matmul_efficiency
@@ -61,7 +63,8 @@ def with_efficiency(cluster: hardware_lib.Cluster, efficiency: float,
   sources = dict(h.sources)
   if source:
     sources["matmul_efficiency"] = source
-  fitted = dataclasses.replace(h, matmul_efficiency=efficiency, sources=sources).validate()
+  fitted = dataclasses.replace(h, matmul_efficiency=efficiency, sources=sources,
+                               name=name or h.name).validate()
   return hardware_lib.Cluster(fitted, cluster.count)
 
 
@@ -123,6 +126,8 @@ def calibrate(cluster: hardware_lib.Cluster, measured_step_s: float,
   efficiency = (low + high) / 2
   source = (f"fitted to a measured step of {measured_step_s:g} s: {fastest.mesh_shape} on "
             f"{cluster} (python -m mesh_tensorflow.plan --measured_step_time)")
-  fitted = with_efficiency(cluster, efficiency, source)
-  return Calibration(fitted.hardware, step(efficiency), measured_step_s,
-                     cluster.hardware.matmul_efficiency)
+  name = cluster.hardware.name
+  fitted = with_efficiency(cluster, efficiency, source,
+                           name if name.endswith("-calibrated") else name + "-calibrated")
+  plan = planner.plan_current_config(fitted, mesh_shape, layout, dataclasses.replace(options))
+  return Calibration(fitted.hardware, plan, measured_step_s, cluster.hardware.matmul_efficiency)

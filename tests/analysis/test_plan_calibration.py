@@ -42,6 +42,8 @@ def test_fitted_efficiency_reproduces_the_measured_step():
   assert faster.plan.time_breakdown["model_parallel_comm"] == pytest.approx(
       preset.time_breakdown["model_parallel_comm"])
   assert "fitted to a measured step" in faster.hardware.sources["matmul_efficiency"]
+  assert faster.hardware.name == "a100-80gb-calibrated"
+  assert faster.plan.cluster == "a100-80gb-calibrated:8"
   # The fitted hardware plans any other count the same way as the fit.
   saved, _ = hardware.hardware_from_json(faster.hardware.to_json())
   again = _plan(hardware.Cluster(saved, 8))
