@@ -79,7 +79,7 @@ class SearchResult:
       lines.append("no plan fits: " + "; ".join(self.rejected[:5]) if self.rejected else
                    "no plan was priced: raise --max_seconds")
       return "\n".join(lines)
-    best = self.plans[0].step_time_s
+    best = seconds_per_token(self.plans[0])
     for rank, p in enumerate(self.plans[:self.top], 1):
       o = p.options
       lines.append("")
@@ -87,7 +87,7 @@ class SearchResult:
       lines.append(f"#{rank}  mesh {p.mesh_shape}  micro-batches {o.num_microbatches}  "
                    f"{schedule}recompute={o.recompute}  zero={_zero_label(o)}")
       lines.append(f"    layout {p.layout}")
-      lines.append(f"    step {p.step_time_s:.3f} s ({p.step_time_s / best:.2f}x best), "
+      lines.append(f"    step {p.step_time_s:.3f} s ({seconds_per_token(p) / best:.2f}x best), "
                    f"{p.tokens_per_s:,.0f} tokens/s, MFU {100 * p.mfu:.1f}%, "
                    f"{p.memory_bytes_per_device / 2**30:.1f} of {p.hbm_bytes / 2**30:.1f} GiB")
       lines.append(f"    why: {why(p)}")
@@ -182,11 +182,9 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   the layers either: `LayerStack.chunk_block_counts`).
   `attention` and `fusion` set those `PlanOptions` fields of every plan
   tried."""
-  import gin  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
   start = time.time()
-  b = dict(gin.get_bindings("run"))
-  batch = b.get("batch_size", 32)
   num_layers = int(gin_config.query("transformer.make_layer_stack.num_layers", 6))
   heads = int(gin_config.query("SelfAttention.num_heads", 8) or 8)
   d_ff = int(gin_config.query("DenseReluDense.hidden_size", 2048) or 2048)
@@ -207,6 +205,7 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
       if p > max_pipeline or p > num_layers:
         continue
       d = n // (t * p)
+      batch = report.configured_batch_size(f"data:{d}", "batch:data")  # sequences
       if batch % d:
         continue
       per_replica = batch // d
@@ -267,14 +266,23 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
 TIE = 0.005  # step times this close (relative) are a tie, below what the planner tells apart
 
 
+def seconds_per_token(plan: planner.Plan) -> float:
+  """What the search minimises: the step time per token of the step (the
+  step time, where every plan has the config's batch; with a batch per
+  replica, `("tokens_per_replica", N)`, meshes differ in batch)."""
+  return plan.step_time_s / plan.tokens_per_step
+
+
 def _ranked(plans: List[planner.Plan]) -> List[planner.Plan]:
-  """Fastest first; plans within TIE of the fastest remaining one are a tie,
-  ranked among themselves by memory per device (the headroom decides)."""
-  rest = sorted(plans, key=lambda p: (round(p.step_time_s, 6), p.memory_bytes_per_device))
+  """Fastest first (`seconds_per_token`); plans within TIE of the fastest
+  remaining one are a tie, ranked among themselves by memory per device
+  (the headroom decides)."""
+  rest = sorted(plans, key=lambda p: (float(f"{seconds_per_token(p):.6g}"),
+                                      p.memory_bytes_per_device))
   out = []
   while rest:
-    limit = rest[0].step_time_s * (1 + TIE)
-    tied = [p for p in rest if p.step_time_s <= limit]
+    limit = seconds_per_token(rest[0]) * (1 + TIE)
+    tied = [p for p in rest if seconds_per_token(p) <= limit]
     rest = rest[len(tied):]
-    out += sorted(tied, key=lambda p: (p.memory_bytes_per_device, p.step_time_s))
+    out += sorted(tied, key=lambda p: (p.memory_bytes_per_device, seconds_per_token(p)))
   return out

@@ -445,6 +445,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   """
   import gin  # pylint: disable=g-import-not-at-top
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
   options = options or options_from_gin()
   if cluster.hardware.kind == "tpu" and options.fusion != "xla":
     raise ValueError(f"fusion = {options.fusion!r} on {cluster}: a TPU runs programs compiled "
@@ -476,9 +477,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   sub_rules = mtf.convert_to_layout_rules(
       [(k, v) for k, v in rule_map.items() if k != "stages" and v in sub_shape.dimension_names])
   b = dict(gin.get_bindings("run"))
-  batch = b.get("batch_size", 32)
-  if not isinstance(batch, int):
-    raise ValueError(f"run.batch_size = {batch!r}: planning needs a number of sequences.")
+  batch = report.configured_batch_size(full_shape.to_string(), rules.to_string())
   grad_accum = int(b.get("grad_accum_steps") or 1)
   m = options.num_microbatches * grad_accum
   if batch % m:

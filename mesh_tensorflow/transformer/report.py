@@ -93,6 +93,34 @@ def config_mesh_and_layout(mesh_shape: Optional[str] = None,
           mtf.convert_to_layout_rules(layout).to_string())
 
 
+def _configured_sequence_lengths() -> dict:
+  import gin  # pylint: disable=g-import-not-at-top
+  sequence_length = dict(gin.get_bindings("run")).get("sequence_length") or {
+      "inputs": 128, "targets": 128}
+  if isinstance(sequence_length, int):
+    sequence_length = {"inputs": sequence_length, "targets": sequence_length}
+  return dict(sequence_length)
+
+
+def configured_batch_size(mesh_shape: str, layout: str) -> int:
+  """Sequences per step of the parsed gin config's `run.batch_size` on this
+  mesh and layout: a number, or the original's (method, value) form such as
+  ("tokens_per_batch", 65536) (`run_config.compute_batch_size`).
+
+  Example:
+    >>> gin_config.parse([], ["run.batch_size = ('tokens_per_batch', 8192)",
+    ...                       "run.sequence_length = {'inputs': 512, 'targets': 512}"])
+    >>> configured_batch_size("data:4", "batch:data")
+    16
+  """
+  import gin  # pylint: disable=g-import-not-at-top
+  batch_size = dict(gin.get_bindings("run")).get("batch_size", 32)
+  if isinstance(batch_size, int):
+    return batch_size
+  return run_config.compute_batch_size(_configured_sequence_lengths(), mesh_shape, layout,
+                                       batch_size)
+
+
 def configured_zero_stage() -> int:
   """The parsed gin config's `run.zero_stage` (0 when unset)."""
   return int(gin_config.query("run.zero_stage", 0) or 0)
@@ -137,16 +165,10 @@ def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] 
                        "vocabularies (see docs/porting_t5_models.md), or only its size: "
                        "run.vocabulary = @vocabulary.SizedVocabulary() and "
                        "vocabulary.SizedVocabulary.size = N.")
-    sequence_length = b.get("sequence_length") or {"inputs": 128, "targets": 128}
-    if isinstance(sequence_length, int):
-      sequence_length = {"inputs": sequence_length, "targets": sequence_length}
-    sequence_length = dict(sequence_length)
+    sequence_length = _configured_sequence_lengths()
     if batch_size is None:
       grad_accum = int(b.get("grad_accum_steps") or 1)
-      batch_size = b.get("batch_size", 32)
-      if not isinstance(batch_size, int):  # the original's (method, value) form
-        batch_size = run_config.compute_batch_size(sequence_length, mesh_shape, layout, batch_size)
-      batch_size //= grad_accum
+      batch_size = configured_batch_size(mesh_shape, layout) // grad_accum
     impl = mtf.MeshImpl(mesh_shape, layout)
     setup = modeling.Setup(
         model_type=b.get("model_type", "lm"), vocabulary=vocabulary, mesh_impl=impl,

@@ -384,7 +384,8 @@ def test_auto_ranks_ties_by_memory():
   from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
 
   def plan(name, t, gib):
-    return SimpleNamespace(name=name, step_time_s=t, memory_bytes_per_device=gib * 2**30)
+    return SimpleNamespace(name=name, step_time_s=t, memory_bytes_per_device=gib * 2**30,
+                           tokens_per_step=1024)
   plans = [plan("fast big", 10.0, 70), plan("tied small", 10.04, 20), plan("slower", 10.2, 5),
            plan("tied with slower", 10.22, 30)]
   assert [p.name for p in plan_search._ranked(plans)] == [  # pylint: disable=protected-access
@@ -655,3 +656,28 @@ def test_layout_rules_naming_what_the_mesh_or_model_lacks():
   plan = _plan(layout="batch:data;dff:model;heads:model")
   assert any("'dff:model' splits nothing" in n and "'d_ff'" in n for n in plan.notes)
   assert not any("heads" in n for n in plan.notes)
+
+
+def test_batch_in_the_originals_method_and_value_form():
+  from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
+  # ("tokens_per_batch", N): N / 256 sequences, planned as that number.
+  by_tokens = _plan(["run.batch_size = ('tokens_per_batch', 16384)"])
+  by_count = _plan(["run.batch_size = 64"])
+  assert by_tokens.tokens_per_step == by_count.tokens_per_step == 64 * 256
+  assert by_tokens.step_time_s == pytest.approx(by_count.step_time_s)
+  # ("tokens_per_replica", N): the batch grows with the data-parallel
+  # replicas, so the search ranks plans by step time per token, not per step.
+  gin_config.parse([], MODEL + ["num_layers = 2", "run.batch_size = ('tokens_per_replica', 512)"])
+  result = plan_search.search(hardware.parse_cluster("h100-sxm:8"), top=3, micro_sizes=(1,),
+                              virtual_stages=(1,))
+  assert len({p.tokens_per_step for p in result.plans}) > 1
+  for p in result.plans:
+    replicas = dict(d.split(":") for d in p.mesh_shape.split(";"))["data"]
+    assert p.tokens_per_step == 512 * int(replicas)
+  cost = [plan_search.seconds_per_token(p) for p in result.plans]
+  assert all(a <= b * (1 + plan_search.TIE) for a, b in zip(cost, cost[1:]))
+  # Not in step-time order: a plan of 8 replicas (twice the batch) comes
+  # before a shorter step of 4.
+  assert any(a.step_time_s > b.step_time_s * (1 + plan_search.TIE)
+             and a.tokens_per_step > b.tokens_per_step
+             for i, a in enumerate(result.plans) for b in result.plans[i + 1:])
