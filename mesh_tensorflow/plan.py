@@ -7,6 +7,8 @@ transformer configured by gin files, on a cluster of accelerators.
         --mesh_shape='data:16;model:4' --layout='batch:data;d_ff:model;heads:model'
     python -m mesh_tensorflow.plan ... --json      # one JSON object
     python -m mesh_tensorflow.plan ... --auto      # search meshes and options
+    python -m mesh_tensorflow.plan ... --measured_step_time=1.7 --save_hardware=mine.json
+                                                   # fit the efficiency to your stack
 
 The model flags are `report`'s (--gin_file, --gin_param, --mesh_shape,
 --layout). Pipeline stages, micro-batches, recomputation and ZeRO come from
