@@ -56,7 +56,6 @@ FLOPs include it (HFU).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 from typing import Dict, List, Optional, Tuple
 
@@ -682,8 +681,8 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
       "grad_reduce_exposed": exposed,
       "optimizer": optimizer_compute}
   params = one.parameters + (num_layers - 1) * (two.parameters - one.parameters)
-  notes = [_unused_rule_note(t, m, one.dimension_names) for t, m in sub_rules.pairs
-           if t not in one.dimension_names]
+  # A layout given here is checked; the config's may serve several models.
+  notes = [] if layout is None else report.unused_rule_notes(sub_rules, one.dimension_names)
   if options.attention == "fused":
     notes.append("fused attention is an estimate only (the library's attention keeps its scores "
                  "in memory)")
@@ -691,12 +690,6 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
               batch * seq_len, model_flops, hw_flops, model_flops / (step_time * peak),
               hw_flops / (step_time * peak), memory, h.hbm_bytes, breakdown, comms, num_layers,
               params, notes)
-
-
-def _unused_rule_note(tensor_dim: str, mesh_dim: str, names) -> str:
-  close = difflib.get_close_matches(tensor_dim, sorted(names), n=1)
-  return (f"layout rule '{tensor_dim}:{mesh_dim}' splits nothing: no tensor of this model has "
-          f"a dimension {tensor_dim!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
 
 
 def _stage_send_time(one: _Priced, full_shape, rules, pipe_axis: int,

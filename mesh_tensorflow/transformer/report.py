@@ -18,7 +18,8 @@ communication from a real lowering (slower, every op type).
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence, Tuple
+import difflib
+from typing import List, Optional, Sequence, Tuple
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow import auto_mtf
@@ -119,6 +120,27 @@ def configured_batch_size(mesh_shape: str, layout: str) -> int:
     return batch_size
   return run_config.compute_batch_size(_configured_sequence_lengths(), mesh_shape, layout,
                                        batch_size)
+
+
+def unused_rule_notes(layout, dimension_names) -> List[str]:
+  """A note for each layout rule whose tensor dimension is not among
+  `dimension_names` (those of a model's tensors): it splits nothing, which
+  a typo does silently. ZeRO's own rules (`zero_<mesh dim>`) are left out.
+
+  Example:
+    >>> notes = unused_rule_notes("batch:data;dff:model", {"batch", "d_ff"})
+    >>> len(notes), "did you mean 'd_ff'?" in notes[0]
+    (1, True)
+  """
+  notes = []
+  for tensor_dim, mesh_dim in mtf.convert_to_layout_rules(layout).pairs:
+    if tensor_dim in dimension_names or tensor_dim.startswith(mtf.zero.ZERO_DIM_PREFIX):
+      continue
+    close = difflib.get_close_matches(tensor_dim, sorted(dimension_names), n=1)
+    notes.append(f"layout rule '{tensor_dim}:{mesh_dim}' splits nothing: no tensor of this model "
+                 f"has a dimension {tensor_dim!r}"
+                 + (f" (did you mean {close[0]!r}?)" if close else ""))
+  return notes
 
 
 def configured_zero_stage() -> int:
@@ -239,6 +261,9 @@ def report_for_current_config(mesh_shape: Optional[str] = None, layout: Optional
   report = layout_report(step.graph, step.mesh_shape, chosen, params=params,
                                        exact=exact)
   report.search_explanation = explanation
+  # A layout given here is checked; the config's may serve several models.
+  report.notes = [] if layout is None else unused_rule_notes(
+      chosen, {d.name for op in step.graph.operations for t in op.outputs for d in t.shape.dims})
   return report
 
 
@@ -284,6 +309,8 @@ def _main(argv: Sequence[str]) -> int:
   if report.search_explanation:
     print(report.search_explanation + "\n")
   print(report)
+  for note in report.notes:
+    print(f"note: {note}")
   if args.png:
     report.to_png(args.png)
     print(f"\nwrote {args.png}")

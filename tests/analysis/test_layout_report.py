@@ -77,6 +77,18 @@ def test_report_cli_builds_the_gin_transformer(tmp_path, capsys):
   assert "d_ff->cols" in out and "batch->rows" in out
   assert "Operations (the" in out and "wrote" in out
   _check_png(png)
+  # The config's own layout splits 'experts', which this model lacks: no
+  # note for it (a config's layout may serve several models).
+  assert "note:" not in out
+
+
+def test_report_cli_notes_a_layout_rule_that_splits_nothing(capsys):
+  argv = ["--gin_file=models/tiny_lm.gin", "--layout=batch:rows;dff:cols"]
+  argv += [f"--gin_param={p}" for p in SMALL]
+  assert report_cli.main(argv) == 0
+  notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+  assert notes == ["note: layout rule 'dff:cols' splits nothing: no tensor of this model has a "
+                   "dimension 'dff' (did you mean 'd_ff'?)"]
 
 
 def test_report_cli_auto_and_bad_flags(capsys):
