@@ -157,7 +157,7 @@ smallest run, as `plan --measured_step_time` would (a user's own stack).
     python benchmarks/scale_validation.py --quick
     python benchmarks/scale_validation.py --auto=1.7,18.4   # --auto against the published plan
     python benchmarks/scale_validation.py --auto=all        # every row (long: run it in the background)
-    python benchmarks/scale_validation.py --calibrate       # calibrated on each source's smallest run
+    python benchmarks/scale_validation.py --calibrate       # from each source's smallest run
 """
 
 from __future__ import annotations
@@ -578,11 +578,14 @@ def main(argv=None):
   print(f"{'run':<22} {'source':<44} {'devices':>8} {'published':>10} {'predicted':>10} "
         f"{'ratio':>6}  {'role':<8} unit")
   worst = {}  # source -> largest |ratio - 1|
+  outside = []
   for row in rows:
     t0 = time.time()
     value, plan = predict(row)
     ratio = value / row.published
     worst[row.source] = max(worst.get(row.source, 0.0), abs(ratio - 1))
+    if abs(ratio - 1) > 0.15:
+      outside.append(row.name)
     role = "fit" if row.fit else "held out"
     print(f"{row.name:<22} {row.source:<44} {row.count:>8} {row.published:>10.1f} "
           f"{value:>10.1f} {ratio:>6.2f}  {role:<8} {row.unit}  "
@@ -590,6 +593,8 @@ def main(argv=None):
           f"{'' if plan.fits else ', does not fit'}, planned in {time.time() - t0:.1f} s)")
   for source, deviation in worst.items():
     print(f"largest deviation, {source}: {100 * deviation:.1f}%")
+  print(f"rows outside 15%: {len(outside)} of {len(rows)}"
+        + (f" ({', '.join(outside)})" if outside else ""))
   return 0
 
 
