@@ -320,7 +320,10 @@ class Launcher:
   def _supervise(self, attempt: Attempt, workers, client, logs, start: float) -> None:
     while True:
       rc = client.poll()
-      if rc is not None:
+      dead = [(task, w.returncode) for task, w in enumerate(workers) if w.poll() is not None]
+      # A client that noticed a dead worker within one poll exits before the
+      # worker is seen: the failure is still the worker's (below).
+      if rc is not None and (rc == 0 or not dead):
         attempt.returncode = rc
         if rc == 0:
           self.log(f"attempt {attempt.number}: the client finished; stopping the workers")
@@ -334,7 +337,6 @@ class Launcher:
           attempt.seconds_to_stop = time.monotonic() - t0
           self.log(f"attempt {attempt.number} failed: {attempt.failure}; stopped the workers")
         return
-      dead = [(task, w.returncode) for task, w in enumerate(workers) if w.poll() is not None]
       if dead:
         task, wrc = dead[0]
         t0 = time.monotonic()
