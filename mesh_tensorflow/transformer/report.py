@@ -96,11 +96,9 @@ def config_mesh_and_layout(mesh_shape: Optional[str] = None,
 
 def _configured_sequence_lengths() -> dict:
   import gin  # pylint: disable=g-import-not-at-top
-  sequence_length = dict(gin.get_bindings("run")).get("sequence_length") or {
-      "inputs": 128, "targets": 128}
-  if isinstance(sequence_length, int):
-    sequence_length = {"inputs": sequence_length, "targets": sequence_length}
-  return dict(sequence_length)
+  # An unset or empty binding (0, {}) is the default lengths.
+  return run_config.as_sequence_lengths(
+      dict(gin.get_bindings("run")).get("sequence_length") or None)
 
 
 def configured_batch_size(mesh_shape: str, layout: str) -> int:

@@ -221,6 +221,18 @@ def auto_train_steps(batch_size: int, sequence_length: Mapping[str, int],
 OPTIONAL_MESH_DIMENSIONS = ("ensemble",)
 
 
+def as_sequence_lengths(sequence_length) -> Dict[str, int]:
+  """`run.sequence_length` as a dict: an int is both lengths, None 128 each.
+
+  Example:
+    >>> as_sequence_lengths(64)
+    {'inputs': 64, 'targets': 64}
+  """
+  if isinstance(sequence_length, int):
+    return {"inputs": sequence_length, "targets": sequence_length}
+  return dict(sequence_length or {"inputs": 128, "targets": 128})
+
+
 def rules_for_mesh(layout_rules, mesh_shape) -> str:
   """The layout rules without those naming an optional mesh dimension
   (`OPTIONAL_MESH_DIMENSIONS`) that `mesh_shape` lacks: such a rule splits
@@ -566,10 +578,7 @@ class RunConfig:
       raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}.")
     if self.model_type not in MODEL_TYPES:
       raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {self.model_type!r}.")
-    sequence_length = self.sequence_length
-    if isinstance(sequence_length, int):
-      sequence_length = {"inputs": sequence_length, "targets": sequence_length}
-    sequence_length = dict(sequence_length or {"inputs": 128, "targets": 128})
+    sequence_length = as_sequence_lengths(self.sequence_length)
     mesh_shape = self.mesh_shape
     if isinstance(mesh_shape, mtf.Shape):
       mesh_shape = mesh_shape.to_string()
