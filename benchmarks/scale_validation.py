@@ -145,6 +145,19 @@ attention's weights pass through memory once more and a mask is kept for
 the backward pass, a cost that grows with the sequence over the hidden
 size: it weighs most on the smallest models.
 
+Activation memory, against Korthikanti et al. 2022, Table 2 (activation
+bytes per transformer layer, 16-bit activations, one-byte dropout masks,
+s sequence, b micro-batch, h hidden, a heads, t tensor-parallel size):
+sbh (34 + 5as/h) unsplit; sbh (10 + 24/t + 5as/(ht)) with tensor
+parallelism; sbh (34/t + 5as/(ht)) with sequence parallelism too; the same
+without the 5as/(ht) term with selective recomputation; 2sbh with every
+layer recomputed (each layer's input; 2sbh/t sequence parallel). Each of
+the paper's four models (its Table 3: heads, hidden, micro-batch; dropout
+as above) is planned with 2 and with 3 layers on `model:8` (`model:1`
+unsplit), and the difference of the planned activation memory is one
+layer's. Nothing is fitted: this checks which tensors the library's
+layers keep for the backward pass.
+
 The one fitted constant is the GPUs' `matmul_efficiency` (fraction of peak
 of a large matrix product): fitted on the rows marked "fit" (1.7B, 18.4B and
 145.6B of Narayanan et al.), with the planner's default pricing (the step as
@@ -158,6 +171,7 @@ smallest run, as `plan --measured_step_time` would (a user's own stack).
     python benchmarks/scale_validation.py --auto=1.7,18.4   # --auto against the published plan
     python benchmarks/scale_validation.py --auto=all        # every row (long: run it in the background)
     python benchmarks/scale_validation.py --calibrate       # from each source's smallest run
+    python benchmarks/scale_validation.py --memory          # the activation memory table only
 """
 
 from __future__ import annotations
@@ -340,6 +354,62 @@ def korthikanti_rows():
         row.bindings.append("transformer.make_layer_stack.sequence_parallel = True")
       rows.append(row)
   return rows
+
+
+# Korthikanti et al. 2022, Table 2: activation bytes per layer over sbh.
+# (scheme, tensor-parallel size, recompute, sequence parallel, the formula)
+ACTIVATION_SCHEMES = [
+    ("unsplit", 1, "none", False, lambda t, core: 34 + core),
+    ("tensor", 8, "none", False, lambda t, core: 10 + 24 / t + core),
+    ("tensor+sequence", 8, "none", True, lambda t, core: 34 / t + core),
+    ("tensor+selective", 8, "selective", False, lambda t, core: 10 + 24 / t),
+    ("tensor+sequence+selective", 8, "selective", True, lambda t, core: 34 / t),
+    ("full recompute", 8, "layer", False, lambda t, core: 2),
+    ("full recompute+sequence", 8, "layer", True, lambda t, core: 2 / t),
+]
+
+
+@dataclasses.dataclass
+class MemoryRow:
+  model: str
+  scheme: str
+  published: float  # bytes per layer, the paper's formula
+  predicted: float  # bytes per layer, planned
+
+
+def activation_memory_rows(models=None):
+  """One layer's planned activation memory against Korthikanti et al.'s
+  Table 2 formulas, for each of their models (or those named in `models`)
+  and each scheme of ACTIVATION_SCHEMES."""
+  rows = []
+  for name, heads, h, _, _, _, _, _, mbs, _, _, _ in KORTHIKANTI_TABLE:
+    if models and name not in models:
+      continue
+    for scheme, t, recompute, sequence_parallel, formula in ACTIVATION_SCHEMES:
+      core = 5 * heads * SEQ / (h * t)
+      published = SEQ * mbs * h * formula(t, core)
+      per_layer = []
+      for layers in (2, 3):
+        row = _gpt_row(name, KORTHIKANTI, heads, h, layers, t, 1, t, mbs, 0.0, mbs, 1,
+                       recompute=recompute)
+        if sequence_parallel:
+          row.layout += ";residual_length:model"
+          row.bindings.append("transformer.make_layer_stack.sequence_parallel = True")
+        per_layer.append(predict(row)[1].memory["activations"])
+      rows.append(MemoryRow(name, scheme, published, per_layer[1] - per_layer[0]))
+  return rows
+
+
+def print_activation_memory(models=None) -> None:
+  print(f"{'model':<6} {'scheme':<26} {'published GiB':>13} {'predicted GiB':>13} {'ratio':>6}"
+        "   (one layer's activations, Korthikanti et al. 2022, Table 2)")
+  worst = 0.0
+  for r in activation_memory_rows(models):
+    ratio = r.predicted / r.published
+    worst = max(worst, abs(ratio - 1))
+    print(f"{r.model:<6} {r.scheme:<26} {r.published / 2**30:>13.3f} "
+          f"{r.predicted / 2**30:>13.3f} {ratio:>6.3f}")
+  print(f"largest deviation, activation memory per layer: {100 * worst:.3f}%")
 
 
 def megatron_h100_rows():
@@ -561,7 +631,12 @@ def main(argv=None):
   parser.add_argument("--calibrate", action="store_true",
                       help="plan each source's runs with the efficiency fitted to its smallest "
                       "run (plan --measured_step_time), against the presets'")
+  parser.add_argument("--memory", action="store_true",
+                      help="only the activation memory per layer against Korthikanti et al.")
   args = parser.parse_args(argv)
+  if args.memory:
+    print_activation_memory()
+    return 0
   if args.calibrate:
     return compare_calibrated()
   if args.auto:
@@ -595,6 +670,9 @@ def main(argv=None):
     print(f"largest deviation, {source}: {100 * deviation:.1f}%")
   print(f"rows outside 15%: {len(outside)} of {len(rows)}"
         + (f" ({', '.join(outside)})" if outside else ""))
+  if not args.quick:
+    print()
+    print_activation_memory()
   return 0
 
 

@@ -55,7 +55,8 @@ from mesh_tensorflow.layers.core import (
 from mesh_tensorflow.layers.core import (
     batch_norm, clip_activation_gradient, compress_mean, corr, dense, dense_product,
     dense_relu_dense, dropout, embedding, embedding_weights, get_dense_kernel_weights,
-    layer_norm, layer_scope, multiplicative_jitter, rms_norm, unique_layer_name)
+    layer_norm, layer_scope, multiplicative_jitter, rms_norm, scale_normalized,
+    unique_layer_name)
 from mesh_tensorflow.layers.incremental import (
     masked_local_attention_1d_incremental, multihead_encdec_attention_incremental,
     multihead_self_attention_incremental)
@@ -123,6 +124,7 @@ __all__ = [
     "rename_length_to_memory_length",
     "reversible_half_residual_and_swap",
     "rms_norm",
+    "scale_normalized",
     "sigmoid_cross_entropy_with_logits",
     "smoothed_targets",
     "softmax_cross_entropy_with_logits",

@@ -314,6 +314,43 @@ def _norm_variable(x: Tensor, name: str, shape, initializer, trainable: bool = T
                       dtype=VariableDType(tf.float32, tf.float32, x.dtype))
 
 
+def scale_normalized(x: Tensor, inverse_norm: Tensor, scale: Tensor) -> Tensor:
+  """x * inverse_norm * scale, the last step of a norm, differentiated without
+  keeping the full-size product x * inverse_norm for the backward pass.
+
+  Autodiff of `x * inverse_norm * scale` keeps x (the mean square's gradient
+  reads it anyway), the output's reader's input, and also x * inverse_norm
+  for the scale's gradient: one more activation of x's size per norm. Here
+  the gradient makes that product again from x and inverse_norm (one
+  elementwise kernel), as fused norm kernels do; the gradients are the
+  same operations in the same order, so the same numbers.
+
+  Args:
+    x: the (centered) input, e.g. [batch, length, d_model].
+    inverse_norm: 1 / its norm, x's shape less the normalized dimensions.
+    scale: the learned scale, over the normalized dimensions (or a scalar).
+
+  Example:
+    >>> r = mtf.rsqrt(mtf.reduce_mean(mtf.square(x), reduced_dim=d_model) + 1e-6)
+    >>> y = mtf.layers.scale_normalized(x, r, scale)
+  """
+  def forward(x, inverse_norm, scale):
+    return x * inverse_norm * scale
+
+  def grad_fn(inputs, captured, outputs, output_grads):
+    del captured, outputs
+    x, inverse_norm, scale = inputs
+    g = output_grads[0]
+    if g is None:
+      return [None, None, None]
+    normalized = x * inverse_norm
+    g_normalized = ew.reduce_to_shape(g * scale, normalized.shape)
+    return [ew.reduce_to_shape(g_normalized * inverse_norm, x.shape),
+            ew.reduce_to_shape(g_normalized * x, inverse_norm.shape),
+            ew.reduce_to_shape(g * normalized, scale.shape)]
+  return custom_gradient(forward, grad_fn, [x, inverse_norm, scale], name="scale_normalized")
+
+
 def layer_norm(x: Tensor, dim: DimOrDims, epsilon: float = 1e-6,
                name: Optional[str] = None) -> Tensor:
   """Layer normalization over `dim` (one dimension or several), with a learned
@@ -334,7 +371,7 @@ def layer_norm(x: Tensor, dim: DimOrDims, epsilon: float = 1e-6,
     mean = reduce_mean(x, output_shape=reduced_shape)
     centered = x - mean
     variance = reduce_mean(ew.square(centered), output_shape=reduced_shape)
-    return centered * ew.rsqrt(variance + epsilon) * scale + bias
+    return scale_normalized(centered, ew.rsqrt(variance + epsilon), scale) + bias
 
 
 def rms_norm(x: Tensor, dim: DimOrDims, epsilon: float = 1e-6,
@@ -350,7 +387,7 @@ def rms_norm(x: Tensor, dim: DimOrDims, epsilon: float = 1e-6,
   with layer_scope(x.mesh, name, "rms_norm"):
     scale = _norm_variable(x, "scale", Shape(dims), initializers.ones())
     mean_square = reduce_mean(ew.square(x), output_shape=x.shape - dims)
-    return x * ew.rsqrt(mean_square + epsilon) * scale
+    return scale_normalized(x, ew.rsqrt(mean_square + epsilon), scale)
 
 
 def batch_norm(x: Tensor, is_training: bool, momentum: float = 0.99, epsilon: float = 1e-9,

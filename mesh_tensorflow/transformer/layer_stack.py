@@ -476,7 +476,7 @@ class LayerStack(PipelinedStack, TransformerLayer):
             initializer=mtf.initializers.zeros(), dtype=context.variable_dtype))
         x = x - mtf.reduce_mean(x, reduced_dim=reduced)
       variance = mtf.reduce_mean(mtf.square(x), reduced_dim=reduced)
-      y = x * mtf.rsqrt(variance + self._norm_epsilon) * scale
+      y = mtf.layers.scale_normalized(x, mtf.rsqrt(variance + self._norm_epsilon), scale)
       return y + bias if self._norm_type == "layer" else y
 
 

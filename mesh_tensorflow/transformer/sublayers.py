@@ -94,7 +94,7 @@ def _rms_normalized(x: mtf.Tensor, context, epsilon: float, name: str,
   with mtf.name_scope(context.mesh, name):
     scale = _scale(context, "scale", [d_model] if scale_over_d_model else [])
     variance = mtf.reduce_mean(mtf.square(x), reduced_dim=d_model)
-    return x * mtf.rsqrt(variance + epsilon) * scale
+    return mtf.layers.scale_normalized(x, mtf.rsqrt(variance + epsilon), scale)
 
 
 def sublayer_legacy_rms_norm(x: mtf.Tensor, layer_stack, context) -> mtf.Tensor:
@@ -139,7 +139,7 @@ def sublayer_rms_norm_subsampled(x: mtf.Tensor, layer_stack, context,
     scale = _scale(context, "scale", [d_model])
     first = mtf.cast(mtf.less(mtf.range(context.mesh, d_model, tf.int32), size), x.dtype)
     variance = mtf.reduce_sum(mtf.square(x) * first, reduced_dim=d_model) * (1.0 / size)
-    return x * mtf.rsqrt(variance + epsilon) * scale
+    return mtf.layers.scale_normalized(x, mtf.rsqrt(variance + epsilon), scale)
 
 
 def sublayer_true_layer_norm(x: mtf.Tensor, layer_stack, context,

@@ -254,6 +254,24 @@ def test_scale_validation_quick_rows_within_15_percent():
   assert zero_stages == [3, 3, 0, 0, 1]
 
 
+def test_activation_memory_per_layer_matches_korthikanti_table_2():
+  """One layer's planned activations equal Korthikanti et al.'s published
+  per-layer formulas (their Table 2) for every scheme: unsplit, tensor and
+  sequence parallel, selective and full recomputation. The library's norms
+  keep only their input and output (mtf.layers.scale_normalized); a norm
+  that kept x * rsqrt(.) as well was 15 to 31% over."""
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  try:
+    import scale_validation  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.pop(0)
+  rows = scale_validation.activation_memory_rows(["22B", "175B"])
+  assert len(rows) == 2 * len(scale_validation.ACTIVATION_SCHEMES)
+  for row in rows:
+    assert abs(row.predicted / row.published - 1) < 0.005, (row.model, row.scheme,
+                                                            row.predicted, row.published)
+
+
 def test_plan_command_json_and_errors(capsys):
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
   args = [sys.executable, "-m", "mesh_tensorflow.plan", "--hardware=tpu-v4:16",

@@ -510,3 +510,48 @@ def test_variance_scaling_binds_fans_like_the_original_dense_initializer():
   assert calls == [([fan_a, fan_b], [fan_c])]
   kernel = graph.name_to_variable["dense_1/kernel"]
   assert kernel._initializer.fans([1]) == (128, 64)  # pylint: disable=protected-access
+
+
+def _kept_for_backward(graph, first_backward):
+  """The forward tensors that operations of the backward pass read."""
+  forward = graph.operations[:first_backward]
+  read = {id(t) for op in graph.operations[first_backward:] for t in op.inputs}
+  return [t for op in forward for t in op.outputs if id(t) in read]
+
+
+@pytest.mark.parametrize("mesh_shape,layout", [("all:1", ""),
+                                               ("rows:2;cols:4", "batch:rows;d_model:cols")])
+def test_scale_normalized_differentiates_like_the_plain_product_without_keeping_it(
+    mesh_shape, layout):
+  """scale_normalized(x, r, s) has the values and gradients of x * r * s, and
+  its backward pass reads x, r and s but not the full-size product x * r
+  (which the plain expression keeps)."""
+  cotangent = np.random.RandomState(3).randn(B, L, D).astype(np.float32)
+  scale_value = np.linspace(0.5, 1.5, D).astype(np.float32)
+  kept = {}
+
+  def build(custom):
+    def fn(mesh):
+      x = _import(mesh, X, [batch, length, d_model])
+      scale = _import(mesh, scale_value, [d_model])
+      r = mtf.rsqrt(mtf.reduce_mean(mtf.square(x), reduced_dim=d_model) + 1e-6)
+      y = mtf.layers.scale_normalized(x, r, scale) if custom else x * r * scale
+      loss = mtf.reduce_sum(y * _import(mesh, cotangent, [batch, length, d_model]))
+      graph = mesh.graph
+      first_backward = len(graph.operations)
+      dx, dscale = mtf.gradients([loss], [x, scale])
+      products = [t for t in _kept_for_backward(graph, first_backward)
+                  if t.operation.inputs[:2] == [x, r]]
+      kept[custom] = products
+      return {"y": y, "dx": dx, "dscale": dscale}
+    return fn
+  import mtf_test_utils  # pylint: disable=g-import-not-at-top
+  plain = mtf_test_utils.lower_and_run(build(False), mesh_shape, layout)
+  custom = mtf_test_utils.lower_and_run(build(True), mesh_shape, layout)
+  for key in ("y", "dx", "dscale"):
+    np.testing.assert_allclose(custom[key], plain[key], rtol=1e-6, atol=1e-6, err_msg=key)
+  rms = np.sqrt((X ** 2).mean(axis=2, keepdims=True) + 1e-6)
+  np.testing.assert_allclose(custom["y"], X / rms * scale_value, rtol=1e-5)
+  np.testing.assert_allclose(custom["dscale"], (cotangent * X / rms).sum(axis=(0, 1)),
+                             rtol=1e-4)
+  assert len(kept[False]) == 1 and kept[True] == []
