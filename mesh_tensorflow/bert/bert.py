@@ -709,10 +709,12 @@ def layer_norm(x: mtf.Tensor, dim: mtf.Dimension, epsilon: float = 1e-6,
     if subtract_mean:
       x -= mtf.reduce_mean(x, reduced_dim=dim)
     variance = mtf.reduce_mean(mtf.square(x), reduced_dim=dim)
-    x *= mtf.rsqrt(variance + epsilon)
     if use_scale:
-      x *= mtf.get_variable(x.mesh, "scale", mtf.Shape([dim]),
-                            initializer=tf.ones_initializer(), activation_dtype=x.dtype)
+      scale = mtf.get_variable(x.mesh, "scale", mtf.Shape([dim]),
+                               initializer=tf.ones_initializer(), activation_dtype=x.dtype)
+      x = mtf.layers.scale_normalized(x, mtf.rsqrt(variance + epsilon), scale)
+    else:
+      x *= mtf.rsqrt(variance + epsilon)
     if use_bias:
       x += mtf.get_variable(x.mesh, "bias", mtf.Shape([dim]),
                             initializer=tf.zeros_initializer(), activation_dtype=x.dtype)

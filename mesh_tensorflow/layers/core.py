@@ -427,15 +427,16 @@ def batch_norm(x: Tensor, is_training: bool, momentum: float = 0.99, epsilon: fl
       mean = reduce_mean(x, output_shape=kept)
       centered = x - mean
       variance = reduce_mean(ew.square(centered), output_shape=kept)
-      normed = centered * ew.rsqrt(variance + epsilon)
+      inverse_norm = ew.rsqrt(variance + epsilon)
       updates.append(assign(moving_mean, moving_mean * momentum + mean * (1.0 - momentum),
                             name="moving_mean_update"))
       updates.append(assign(moving_variance,
                             moving_variance * momentum + variance * (1.0 - momentum),
                             name="moving_variance_update"))
     else:
-      normed = (x - moving_mean) * ew.rsqrt(moving_variance + epsilon)
-    return normed * scale + bias, updates
+      centered = x - moving_mean
+      inverse_norm = ew.rsqrt(moving_variance + epsilon)
+    return scale_normalized(centered, inverse_norm, scale) + bias, updates
 
 
 def dropout(x: Tensor, is_training: bool = True, keep_prob: Optional[float] = None,

@@ -254,6 +254,30 @@ def test_scale_validation_quick_rows_within_15_percent():
   assert zero_stages == [3, 3, 0, 0, 1]
 
 
+def test_model_state_memory_per_parameter_for_each_zero_stage():
+  """Adam with float32 masters: 16 bytes per parameter unsplit; ZeRO over
+  64 data-parallel GPUs splits the 8 of the slots (stage 1), the 4 of the
+  gradients (2) and the 4 of the variables (3), as mtf.zero stores them
+  (docs/planning.md compares this with Rajbhandari et al.'s Figure 1)."""
+  per_parameter = {}
+  for stage in (0, 1, 2, 3):
+    plan = _plan(["run.optimizer = @optimize.AdamWeightDecayOptimizer",
+                  f"run.zero_stage = {stage}"], cluster="a100-80gb:64", mesh="data:64",
+                 layout="batch:data")
+    per_parameter[stage] = {k: plan.memory[k] / plan.parameters
+                            for k in ("variables", "gradients", "optimizer_slots")}
+  assert per_parameter[0] == pytest.approx(
+      {"variables": 4, "gradients": 4, "optimizer_slots": 8}, rel=0.01)
+  assert per_parameter[1] == pytest.approx(
+      {"variables": 4, "gradients": 4, "optimizer_slots": 8 / 64}, rel=0.01)
+  assert per_parameter[2] == pytest.approx(
+      {"variables": 4, "gradients": 4 / 64, "optimizer_slots": 8 / 64}, rel=0.01)
+  # Stage 3 stores 4 / 64 and adds the bfloat16 copies gathered at once.
+  assert per_parameter[3]["gradients"] == pytest.approx(4 / 64, rel=0.01)
+  assert per_parameter[3]["optimizer_slots"] == pytest.approx(8 / 64, rel=0.01)
+  assert 4 / 64 < per_parameter[3]["variables"] < 4 / 64 + 2
+
+
 def test_activation_memory_per_layer_matches_korthikanti_table_2():
   """One layer's planned activations equal Korthikanti et al.'s published
   per-layer formulas (their Table 2) for every scheme: unsplit, tensor and
