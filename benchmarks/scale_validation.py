@@ -169,6 +169,7 @@ smallest run, as `plan --measured_step_time` would (a user's own stack).
     python benchmarks/scale_validation.py            # all rows, under a minute
     python benchmarks/scale_validation.py --quick
     python benchmarks/scale_validation.py --auto=1.7,18.4   # --auto against the published plan
+    python benchmarks/scale_validation.py --auto=H100,22    # names and sizes
     python benchmarks/scale_validation.py --auto=all        # every row (long: run it in the background)
     python benchmarks/scale_validation.py --calibrate       # from each source's smallest run
     python benchmarks/scale_validation.py --memory          # the activation memory table only
@@ -520,34 +521,57 @@ def _describe(plan) -> str:
           f"{plan.memory_bytes_per_device / 2**30:.1f} GiB")
 
 
-def _size(row: Row) -> float:
-  return float(row.name.split()[-1][:-1])
+def _selected(row: Row, selectors) -> bool:
+  """Whether a selector names `row`: a number is a model size in billions
+  (a "1T" row is 1000), anything else a part of its name."""
+  sizes = []
+  for token in row.name.replace(",", " ").split():
+    if token[-1] in "BT" and token[:-1].replace(".", "", 1).isdigit():
+      sizes.append(float(token[:-1]) * (1000 if token[-1] == "T" else 1))
+  for selector in selectors:
+    try:
+      if any(abs(size - float(selector)) < 1e-6 for size in sizes):
+        return True
+    except ValueError:
+      if selector.lower() in row.name.lower():
+        return True
+  return False
 
 
-def compare_auto(sizes=None):
-  """For each row (all, or those of `sizes` billions), plan --auto's search on
-  the row's cluster and batch, against the published plan: the fastest plan
-  within the published plan's memory per device, and the fastest that fits
-  the device at all. The search covers the published plan (its mesh, micro-
-  batch size, schedule, recomputation), so the first is never slower."""
-  rows = [shazeer_row()] + megatron_rows() + fsdp_rows() + [bloom_row()]
-  if sizes:
-    rows = [r for r in rows if any(abs(_size(r) - x) < 1e-6 for x in sizes)]
+def compare_auto(selectors=None):
+  """For each validated row (all, or those `selectors` name: sizes in
+  billions or parts of names), plan --auto's search on the row's cluster and
+  batch, against the published plan: the fastest plan within the published
+  plan's memory per device, and the fastest that fits the device at all.
+  The search covers the published plan (its mesh, micro-batch size,
+  schedule, recomputation), so the first is never slower. Rows that differ
+  only in recomputation or sequence parallelism (Korthikanti et al.'s) share
+  one search."""
+  rows = ([shazeer_row()] + megatron_rows() + mt_nlg_rows() + korthikanti_rows() + fsdp_rows()
+          + [bloom_row(), palm_row()] + megatron_h100_rows())
+  if selectors:
+    rows = [r for r in rows if _selected(r, selectors)]
+  searches = {}
   for row in rows:
     _, published = predict(row)
     gin_config.parse([], row.bindings)
     start = time.time()
+    key = (row.hardware, row.count, row.attention, published.options.virtual_stages,
+           tuple(b for b in row.bindings if "recompute" not in b and "sequence_parallel" not in b))
     cluster = hardware.parse_cluster(f"{row.hardware}:{row.count}")
-    result = plan_search.search(cluster,
-                                top=1, micro_sizes=(1, 2, 4),
-                                virtual_stages=tuple(sorted({*plan_search.VIRTUAL_STAGES,
-                                                             published.options.virtual_stages})),
-                                attention=row.attention)
+    shared = key in searches
+    if not shared:
+      searches[key] = plan_search.search(
+          cluster, top=1, micro_sizes=(1, 2, 4),
+          virtual_stages=tuple(sorted({*plan_search.VIRTUAL_STAGES,
+                                       published.options.virtual_stages})),
+          attention=row.attention)
+    result = searches[key]
     seconds = time.time() - start
     budget = published.memory_bytes_per_device * (1 + 1e-9)
     same_memory = [p for p in result.plans if p.memory_bytes_per_device <= budget]
-    print(f"{row.name} on {row.count} x {cluster.hardware.name} ({result.tried} plans searched in "
-          f"{seconds:.0f} s)")
+    print(f"{row.name} on {row.count} x {cluster.hardware.name} ({result.tried} plans searched"
+          + (", the search above)" if shared else f" in {seconds:.0f} s)"))
     print(f"  published:         {_describe(published)}")
     if not same_memory:
       print("  same memory:       none: no searched plan fits in the published plan's "
@@ -626,8 +650,9 @@ def main(argv=None):
   parser.add_argument("--fit", action="store_true", help="refit the GPU matmul efficiency")
   parser.add_argument("--auto", default="",
                       help="'all' or comma-separated model sizes in billions (4.9 is the "
-                      "Mesh-TensorFlow row): run plan --auto's search for those rows and "
-                      "compare its best plans with the published one")
+                      "Mesh-TensorFlow row) or parts of row names (H100, MT-NLG): run plan "
+                      "--auto's search for those rows and compare its best plans with the "
+                      "published one")
   parser.add_argument("--calibrate", action="store_true",
                       help="plan each source's runs with the efficiency fitted to its smallest "
                       "run (plan --measured_step_time), against the presets'")
@@ -640,8 +665,7 @@ def main(argv=None):
   if args.calibrate:
     return compare_calibrated()
   if args.auto:
-    return compare_auto(None if args.auto == "all" else
-                        [float(x) for x in args.auto.split(",")])
+    return compare_auto(None if args.auto == "all" else args.auto.split(","))
   rows = megatron_rows()
   if args.quick:
     rows = rows[:2]

@@ -16,6 +16,7 @@ or from here.
 from __future__ import annotations
 
 import copy
+import re
 
 from absl import logging
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -32,6 +33,21 @@ from mesh_tensorflow.transformer.layer_context import (  # noqa: F401 (re-export
 
 
 RECOMPUTE_POLICIES = ("none", "layer", "selective")
+
+
+def configured_with_custom_sublayers() -> bool:
+  """Whether the parsed gin config gives a layer stack (in any scope) its own
+  sublayer lists (`LayerStack.sublayers_initial`, `_per_layer` or `_final`),
+  which recompute whole layers or nothing: not recompute="selective".
+
+  Example:
+    >>> gin_config.parse([], ["LayerStack.sublayers_initial = []"])
+    >>> configured_with_custom_sublayers()
+    True
+  """
+  import gin  # pylint: disable=g-import-not-at-top
+  return re.search(r"(?m)^[\w/.]*(LayerStack|make_layer_stack)\.sublayers_(initial|per_layer|final)"
+                   r"\s*=", gin.config_str()) is not None
 
 
 class LayerStack(PipelinedStack, TransformerLayer):

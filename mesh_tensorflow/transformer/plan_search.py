@@ -8,7 +8,9 @@ which it need not divide), the micro-batch sizes 1, 2 and 4 sequences per
 replica when pipelining, each pipeline on the 1F1B schedule (GPipe takes
 the same time and keeps more micro-batches in memory) and on the
 interleaved one with 2 and 4 layer chunks per stage where every chunk has a
-layer, recomputation ("none", "layer") and ZeRO stages 0 and 2 (stage 2
+layer, recomputation ("none", "selective", "layer"; a stack of custom
+sublayers, which cannot recompute selectively, without "selective") and ZeRO
+stages 0 and 2 (stage 2
 costs no more time than stage 1 and holds less), and 3 without a pipeline
 (FSDP-style, gathering each layer again for the backward pass or keeping
 its copy), prices each with the planner, and keeps those that fit in
@@ -54,6 +56,8 @@ SEQUENCE_PARALLEL_RULE = "residual_length:model"
 EXPERT_RULE = "experts:data"
 # sequence_parallel mode -> the layout rule that splits the stream.
 STREAM_RULES = {"length": SEQUENCE_PARALLEL_RULE, "d_model": "residual_d_model:model"}
+# Recomputation policies tried (LayerStack.recompute).
+RECOMPUTE_POLICIES = ("none", "selective", "layer")
 
 
 @dataclasses.dataclass
@@ -198,6 +202,7 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   last_report = start
   stopped = False
   sequence_parallel_ok = gin_config.query(SEQUENCE_PARALLEL, None) is not False
+  policies = RECOMPUTE_POLICIES
   for t in _divisors(n):
     if t > max_model or heads % t or d_ff % t:
       continue
@@ -224,8 +229,10 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
       zero_stages = ((0, True), (2, True)) + (((3, True), (3, False)) if p == 1 else ())
       sequence_parallel = _stream_mode(t, seq_len, d_model) if sequence_parallel_ok else None
       for layout, m, v, recompute, (zero, reshard) in itertools.product(
-          layouts, micros, chunks, ("none", "layer"), zero_stages):
+          layouts, micros, chunks, policies, zero_stages):
         if v > 1 and m % p:  # the interleaved schedule runs groups of p micro-batches
+          continue
+        if recompute not in policies:  # "selective", where the stack cannot (below)
           continue
         now = time.time()
         if max_seconds is not None and now - start > max_seconds:
@@ -243,6 +250,11 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
         try:
           plan = _plan(cluster, mesh, layout, options, sequence_parallel)
         except ValueError as e:
+          if recompute == "selective" and "'selective'" in str(e):
+            # A stack of custom sublayers recomputes whole layers or nothing.
+            policies = tuple(x for x in policies if x != "selective")
+            tried -= 1
+            continue
           if not sequence_parallel:  # the mesh does not suit the config
             rejected.append(f"{mesh}: {e}")
             break

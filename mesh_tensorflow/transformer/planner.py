@@ -772,6 +772,11 @@ def _check_options(o: PlanOptions) -> None:
     raise ValueError(f"pipeline_schedule = {o.schedule!r}: use 'gpipe', '1f1b' or 'interleaved'.")
   if o.recompute not in ("none", "layer", "selective"):
     raise ValueError(f"recompute = {o.recompute!r}: use 'none', 'layer' or 'selective'.")
+  from mesh_tensorflow.transformer import layer_stack  # pylint: disable=g-import-not-at-top
+  if o.recompute == "selective" and layer_stack.configured_with_custom_sublayers():
+    raise ValueError("recompute = 'selective': the config's layer stack has its own sublayers "
+                     "(LayerStack.sublayers_*), which recompute whole layers or nothing; use "
+                     "'layer' or 'none'.")
   if o.fusion not in ("none", "xla"):
     raise ValueError(f"fusion = {o.fusion!r}: use 'none' or 'xla' (run.jit_compile = True).")
   if o.attention not in ("unfused", "fused"):

@@ -342,6 +342,7 @@ def test_auto_search_returns_fitting_plans_fastest_first():
     assert a.step_time_s <= b.step_time_s * (1 + plan_search.TIE)
   meshes = {p.mesh_shape for p in result.plans}
   assert "data:4" in meshes and any("pipe" in m for m in meshes)
+  assert {p.options.recompute for p in result.plans} == {"none", "selective", "layer"}
   for p in result.plans:
     assert p.fits and p.num_layers == 4
     # Pipelines on 1F1B (GPipe: same time, more memory); ZeRO 3 without one.
@@ -443,6 +444,14 @@ def test_auto_search_plans_a_stack_that_cannot_be_sequence_parallel_without_it()
   result = plan_search.search(hardware.parse_cluster("h100-sxm:4"), top=3, micro_sizes=(1,))
   split = [p for p in result.plans if "model:" in p.mesh_shape]
   assert split and not any("residual_length" in p.layout for p in split)
+  # Nor can it recompute selectively: whole layers or nothing.
+  assert {p.options.recompute for p in result.plans} == {"none", "layer"}
+  with pytest.raises(ValueError, match="whole layers or nothing"):
+    _plan(["num_layers = 2", "run.batch_size = 8",
+           "transformer.LayerStack.sublayers_per_layer = [@transformer.sublayer_rms_norm, "
+           "@transformer.sublayer_call_layer, @transformer.sublayer_residual]",
+           "transformer.make_layer_stack.recompute = 'selective'"],
+          cluster="h100-sxm:4", mesh="data:4", layout="batch:data")
 
 
 def test_auto_search_keeps_sequence_parallelism_past_a_mesh_the_config_does_not_suit():
