@@ -67,6 +67,9 @@ def _main(argv: Sequence[str]) -> int:
   parser.add_argument("--max_seconds", type=float, default=0.0,
                       help="with --auto: stop searching after this many seconds and rank the "
                       "plans priced so far (0: search everything)")
+  parser.add_argument("--memory_budget", type=float, default=0.0,
+                      help="with --auto: GiB per device a plan may use, to leave headroom "
+                      "(allocator fragmentation, compiler scratch space; 0: the whole HBM)")
   parser.add_argument("--matmul_efficiency", type=float, default=0.0,
                       help="the share of peak a large matrix product reaches on your stack, "
                       "instead of the hardware's (fitted on published runs; 0: the hardware's)")
@@ -90,6 +93,12 @@ def _main(argv: Sequence[str]) -> int:
     parser.error(f"--top={args.top}: must be at least 1")
   if args.max_seconds < 0:
     parser.error(f"--max_seconds={args.max_seconds}: must be 0 (no limit) or more")
+  if args.memory_budget < 0:
+    parser.error(f"--memory_budget={args.memory_budget}: GiB per device, 0 (the whole HBM) or "
+                 "more")
+  if args.memory_budget and not args.auto:
+    parser.error("--memory_budget limits the plans --auto keeps: give it with --auto (a single "
+                 "plan prints its memory against the HBM)")
   if not 0 <= args.matmul_efficiency <= 1:
     parser.error(f"--matmul_efficiency={args.matmul_efficiency}: a share of peak, in (0, 1]")
   if args.measured_step_time < 0:
@@ -133,7 +142,8 @@ def _main(argv: Sequence[str]) -> int:
     result = plan_search.search(cluster, top=args.top, attention=args.attention,
                                 virtual_stages=chunks,
                                 fusion=args.fusion, max_seconds=args.max_seconds or None,
-                                progress=progress)
+                                progress=progress,
+                                memory_budget_bytes=args.memory_budget * 2**30 or None)
     if args.json:
       print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:

@@ -69,14 +69,18 @@ class SearchResult:
   seconds: float
   top: int
   stopped: bool = False  # the time budget ended the search early
+  memory_budget_bytes: Optional[float] = None  # what a plan may use per device (None: HBM)
 
   def to_dict(self):
     return {"plans": [p.to_dict() for p in self.plans[:self.top]], "tried": self.tried,
-            "rejected": self.rejected[:20], "seconds": self.seconds, "stopped": self.stopped}
+            "rejected": self.rejected[:20], "seconds": self.seconds, "stopped": self.stopped,
+            "memory_budget_bytes": self.memory_budget_bytes}
 
   def summary(self) -> str:
+    budget = ("memory" if self.memory_budget_bytes is None
+              else f"the budget of {self.memory_budget_bytes / 2**30:.1f} GiB per device")
     lines = [f"searched {self.tried} plans in {self.seconds:.0f} s; "
-             f"{len(self.plans)} fit in memory"
+             f"{len(self.plans)} fit in {budget}"
              + ("; stopped by the time budget (--max_seconds): the ranking covers the plans "
                 "priced so far" if self.stopped else "")]
     if not self.plans:
@@ -272,7 +276,8 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
           rejected.append(f"{mesh} m={m} v={v} recompute={recompute} "
                           f"zero={_zero_label(options)}: needs "
                           f"{plan.memory_bytes_per_device / 2**30:.1f} GiB")
-  return SearchResult(_ranked(plans), tried, rejected, time.time() - start, top, stopped)
+  return SearchResult(_ranked(plans), tried, rejected, time.time() - start, top, stopped,
+                      memory_budget_bytes)
 
 
 TIE = 0.005  # step times this close (relative) are a tie, below what the planner tells apart

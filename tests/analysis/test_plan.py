@@ -422,6 +422,25 @@ def test_auto_search_stops_at_its_time_budget():
   assert all(0 <= c <= full.tried for c in calls)
 
 
+def test_auto_memory_budget_keeps_plans_within_it(capsys):
+  """plan --auto --memory_budget=GIB keeps only plans within that much
+  memory per device, and says so; without --auto it is refused."""
+  from mesh_tensorflow import plan as plan_command  # pylint: disable=g-import-not-at-top
+  args = ["--hardware=a100-80gb:16", "--auto", "--json", "--top=50"] + [
+      f"--gin_param={b}" for b in MODEL]
+  assert plan_command.main(args) == 0
+  unlimited = json.loads(capsys.readouterr().out)
+  largest = max(p["memory_bytes_per_device"] for p in unlimited["plans"])
+  budget_gib = largest / 2**30 / 2
+  assert plan_command.main(args + [f"--memory_budget={budget_gib}"]) == 0
+  limited = json.loads(capsys.readouterr().out)
+  assert limited["plans"] and limited["memory_budget_bytes"] == pytest.approx(budget_gib * 2**30)
+  assert all(p["memory_bytes_per_device"] <= budget_gib * 2**30 for p in limited["plans"])
+  assert limited["plans"] != unlimited["plans"]
+  assert plan_command.main(args[:1] + [f"--memory_budget={budget_gib}"]) == 2
+  assert "give it with --auto" in capsys.readouterr().err
+
+
 def test_auto_ranks_ties_by_memory():
   from types import SimpleNamespace  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
