@@ -20,7 +20,6 @@ The Trainer does the last step itself.
 
 from __future__ import annotations
 
-import weakref
 from typing import Callable, Dict, Optional
 
 import tensorflow as tf
@@ -28,8 +27,9 @@ import tensorflow as tf
 from mesh_tensorflow.core.graph import Graph, Mesh, Operation, Tensor
 from mesh_tensorflow.lowering import slice_variables
 
-# mtf.Graph -> {host mesh: device mesh}.
-_HOST_MESHES: "weakref.WeakKeyDictionary[Graph, Dict[Mesh, Mesh]]" = weakref.WeakKeyDictionary()
+# Graph.keeps[HOST_MESHES_KEY]: {host mesh: device mesh} (kept on the graph: a
+# module-level map keyed by the graph would keep every graph alive).
+HOST_MESHES_KEY = "offload.host_meshes"
 
 
 def host_device(device: str) -> str:
@@ -52,7 +52,7 @@ def host_mesh(mesh: Mesh) -> Mesh:
   Example:
     >>> slots_mesh = mtf.offload.host_mesh(mesh)
   """
-  pairs = _HOST_MESHES.setdefault(mesh.graph, {})
+  pairs = mesh.graph.keeps.setdefault(HOST_MESHES_KEY, {})
   for host, device in pairs.items():
     if device is mesh:
       return host
@@ -65,7 +65,7 @@ def host_mesh(mesh: Mesh) -> Mesh:
 
 def device_mesh_of(mesh: Mesh) -> Optional[Mesh]:
   """The device mesh whose host mesh is `mesh`, or None."""
-  return _HOST_MESHES.get(mesh.graph, {}).get(mesh)
+  return mesh.graph.keeps.get(HOST_MESHES_KEY, {}).get(mesh)
 
 
 class MoveToMesh(Operation):
@@ -152,7 +152,7 @@ def lowering_map(graph: Graph, mesh_to_impl: Dict[Mesh, object],
     >>> lowering = mtf.Lowering(graph, mtf.offload.lowering_map(graph, {mesh: impl}))
   """
   out = dict(mesh_to_impl)
-  for host, device in _HOST_MESHES.get(graph, {}).items():
+  for host, device in graph.keeps.get(HOST_MESHES_KEY, {}).items():
     if device not in out:
       raise ValueError(f"offload: no mesh implementation for mesh {device.name!r}.")
     out.setdefault(host, host_mesh_impl(out[device], host_device_fn))

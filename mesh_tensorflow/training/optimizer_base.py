@@ -11,7 +11,6 @@ The optimizers themselves and this module's public names are served by
 from __future__ import annotations
 
 import numbers
-import weakref
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -34,9 +33,10 @@ StepLike = Union[int, float, Tensor, tf.Tensor, tf.Variable]
 
 STEP_COUNTER_NAME = "optimizer_step"
 
-# mtf.Graph -> {counter Variable operation: whether apply_grads advanced it}.
-_STEP_COUNTERS: "weakref.WeakKeyDictionary[Graph, Dict[Operation, bool]]" = (
-    weakref.WeakKeyDictionary())
+# Graph.keeps[STEP_COUNTERS_KEY]: {counter Variable operation: whether
+# apply_grads advanced it}. Kept on the graph (a module-level map keyed by the
+# graph would keep every graph alive: its values refer to the graph).
+STEP_COUNTERS_KEY = "optimize.step_counters"
 
 
 def step_counter(mesh: Mesh, name: str = STEP_COUNTER_NAME) -> Tensor:
@@ -62,7 +62,7 @@ def step_counter(mesh: Mesh, name: str = STEP_COUNTER_NAME) -> Tensor:
   """
   value = var_ops.get_variable(mesh, name, Shape([]), dtype=tf.int64,
                                initializer=tf.zeros_initializer(), trainable=False)
-  counters = _STEP_COUNTERS.setdefault(mesh.graph, {})
+  counters = mesh.graph.keeps.setdefault(STEP_COUNTERS_KEY, {})
   counters.setdefault(value.operation, False)
   return value
 
@@ -84,7 +84,7 @@ def step_num():
 def _advance_step_counters(graph: Graph) -> List[Operation]:
   """Assignments that add one to each step counter of `graph` not yet advanced."""
   ops = []
-  counters = _STEP_COUNTERS.get(graph, {})
+  counters = graph.keeps.get(STEP_COUNTERS_KEY, {})
   for counter, advanced in list(counters.items()):
     if not advanced:
       ops.append(var_ops.assign(counter, counter.outputs[0] + 1,

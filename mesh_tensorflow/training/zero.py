@@ -41,7 +41,6 @@ The Trainer does this for you: `Trainer(..., zero_stage=2)`.
 
 from __future__ import annotations
 
-import weakref
 from typing import Dict, List, Optional, Sequence
 
 import tensorflow as tf
@@ -55,8 +54,9 @@ from mesh_tensorflow.core.shapes import Dimension, Shape
 ZERO_DIM_PREFIX = "zero_"
 STAGES = (0, 1, 2, 3)
 
-# mtf.Graph -> its ZeroPlan.
-_PLANS: "weakref.WeakKeyDictionary[Graph, ZeroPlan]" = weakref.WeakKeyDictionary()
+# Graph.keeps[PLAN_KEY]: the graph's ZeroPlan (kept on the graph: a module-level
+# map keyed by the graph would keep every graph alive, the plan referring to it).
+PLAN_KEY = "zero.plan"
 
 
 def zero_dimension_name(mesh_dim: str) -> str:
@@ -227,7 +227,7 @@ def shard_training_state(graph: Graph, mesh_impl, stage: int,
         mesh_impl.keeps.setdefault(STORAGE_KEY, {})[var.name] = twin
   if stage >= 3:
     _gather_a_little_ahead(graph, [v for v in plan.shapes if v.gathers_on_read])
-  _PLANS[graph] = plan
+  graph.keeps[PLAN_KEY] = plan
   return plan
 
 
@@ -274,7 +274,7 @@ def _check_not_stored_whole(mesh_impl, var, twin: Shape) -> None:
 
 def plan_for(graph: Graph) -> Optional[ZeroPlan]:
   """The ZeroPlan of `graph` (None if `shard_training_state` was not called)."""
-  return _PLANS.get(graph)
+  return graph.keeps.get(PLAN_KEY)
 
 
 class ZeroRelayout(Operation):

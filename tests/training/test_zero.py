@@ -273,3 +273,31 @@ def test_cost_model_counts_a_stage3_gathered_copy_while_it_is_alive():
   # processor) is alive at the product.
   assert peaks[1].variables == peaks[0].variables // 8
   assert peaks[1].activations - peaks[0].activations == FEATURES * HIDDEN * 4
+
+
+def test_a_graph_with_zero_a_step_counter_and_host_meshes_is_freed():
+  """What ZeRO, the optimizer's step counter and offloading remember about a
+  graph lives on the graph: once the caller drops it, it is collected (a
+  planner that builds thousands of training steps does not keep them)."""
+  import gc  # pylint: disable=g-import-not-at-top
+  import weakref  # pylint: disable=g-import-not-at-top
+  impl = mtf_test_utils.make_impl("all:2", "batch:all")
+
+  def build():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    x = mtf.import_tf_tensor(mesh, tf.constant(X[0]), f"batch:{BATCH};features:{FEATURES}")
+    y = mtf.import_tf_tensor(mesh, tf.constant(Y[0]), f"batch:{BATCH};out:{OUT}")
+    loss = _model(mesh, x, y)
+    zero.shard_training_state(graph, impl, 2)
+    assert zero.plan_for(graph) is not None
+    mtf.optimize.step_counter(mesh)
+    assert mtf.offload.device_mesh_of(mtf.offload.host_mesh(mesh)) is mesh
+    variables = graph.trainable_variables
+    grads = zero.shard_gradients(mtf.gradients([loss], [v.outputs[0] for v in variables]),
+                                 variables)
+    mtf.optimize.AdamWeightDecayOptimizer(0.01).apply_grads(grads, variables)
+    return weakref.ref(graph)
+  graph = build()
+  gc.collect()
+  assert graph() is None
