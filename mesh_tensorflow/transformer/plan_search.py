@@ -191,6 +191,7 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   `attention` and `fusion` set those `PlanOptions` fields of every plan
   tried."""
   from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import layer_stack  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
   start = time.time()
   num_layers = int(gin_config.query("transformer.make_layer_stack.num_layers", 6))
@@ -206,7 +207,9 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   last_report = start
   stopped = False
   sequence_parallel_ok = gin_config.query(SEQUENCE_PARALLEL, None) is not False
-  policies = RECOMPUTE_POLICIES
+  # A stack of custom sublayers recomputes whole layers or nothing.
+  policies = tuple(x for x in RECOMPUTE_POLICIES if x != "selective"
+                   or not layer_stack.configured_with_custom_sublayers())
   for t in _divisors(n):
     if t > max_model or heads % t or d_ff % t:
       continue
@@ -236,8 +239,6 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
           layouts, micros, chunks, policies, zero_stages):
         if v > 1 and m % p:  # the interleaved schedule runs groups of p micro-batches
           continue
-        if recompute not in policies:  # "selective", where the stack cannot (below)
-          continue
         now = time.time()
         if max_seconds is not None and now - start > max_seconds:
           stopped = True
@@ -254,11 +255,6 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
         try:
           plan = _plan(cluster, mesh, layout, options, sequence_parallel)
         except ValueError as e:
-          if recompute == "selective" and "'selective'" in str(e):
-            # A stack of custom sublayers recomputes whole layers or nothing.
-            policies = tuple(x for x in policies if x != "selective")
-            tried -= 1
-            continue
           if not sequence_parallel:  # the mesh does not suit the config
             rejected.append(f"{mesh}: {e}")
             break

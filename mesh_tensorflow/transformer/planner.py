@@ -221,6 +221,7 @@ class _OpCost:
 
 def _price_step(step: _Step) -> _Priced:
   from mesh_tensorflow.analysis import cost_model  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import sequence_parallel  # pylint: disable=g-import-not-at-top
   # Counts only (FLOPs, bytes, kernels, collectives): the plan prices them
   # on the cluster itself, so the estimate's own times are not needed.
@@ -269,10 +270,8 @@ def _price_step(step: _Step) -> _Priced:
   kept, peak, kept_scores = _activation_memory(ops, first_bwd, first_opt, size, est.ops)
   mem = est.memory
   count = sum(v.outputs[0].shape.size for v in step.graph.trainable_variables)
-  names = frozenset(d.name for op in ops for t in list(op.inputs) + list(op.outputs)
-                    for d in t.shape.dims)
   return _Priced(variants, mem.variables, mem.slots, peak, layer_input, kept_scores,
-                 count, layer_input_dims, kept, names)
+                 count, layer_input_dims, kept, report.dimension_names(ops))
 
 
 def _activation_memory(ops, first_bwd: int, first_opt: int, size, costs

@@ -120,6 +120,17 @@ def configured_batch_size(mesh_shape: str, layout: str) -> int:
                                        batch_size)
 
 
+def dimension_names(operations) -> frozenset:
+  """The names of every dimension of the tensors `operations` make: what
+  `unused_rule_notes` checks a layout's rules against.
+
+  Example:
+    >>> sorted(dimension_names(graph.operations))
+    ['batch', 'd_ff', 'd_model', ...]
+  """
+  return frozenset(d.name for op in operations for t in op.outputs for d in t.shape.dims)
+
+
 def unused_rule_notes(layout, dimension_names) -> List[str]:
   """A note for each layout rule whose tensor dimension is not among
   `dimension_names` (those of a model's tensors): it splits nothing, which
@@ -261,7 +272,7 @@ def report_for_current_config(mesh_shape: Optional[str] = None, layout: Optional
   report.search_explanation = explanation
   # A layout given here is checked; the config's may serve several models.
   report.notes = [] if layout is None else unused_rule_notes(
-      chosen, {d.name for op in step.graph.operations for t in op.outputs for d in t.shape.dims})
+      chosen, dimension_names(step.graph.operations))
   return report
 
 
