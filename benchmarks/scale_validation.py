@@ -270,6 +270,13 @@ class Row:
   attention: str = "unfused"  # PlanOptions.attention: "fused" where the run used such a kernel
 
 
+def _make_sequence_parallel(row: Row) -> None:
+  """Splits `row`'s residual stream over its tensor-parallel `model`
+  dimension too (Megatron-LM's sequence parallelism)."""
+  row.layout += ";residual_length:model"
+  row.bindings.append("transformer.make_layer_stack.sequence_parallel = True")
+
+
 def megatron_rows():
   return [_gpt_row(f"GPT {params}B", NARAYANAN, heads, h, layers, t, p, gpus, batch,
                    tflops, mbs, chunks, fit=params in FIT_ROWS)
@@ -351,8 +358,7 @@ def korthikanti_rows():
                      flops / seconds / gpus / 1e12, mbs, chunks, recompute=recompute)
       row.paper_flops = flops
       if recompute == "selective":
-        row.layout += ";residual_length:model"
-        row.bindings.append("transformer.make_layer_stack.sequence_parallel = True")
+        _make_sequence_parallel(row)
       rows.append(row)
   return rows
 
@@ -394,8 +400,7 @@ def activation_memory_rows(models=None):
         row = _gpt_row(name, KORTHIKANTI, heads, h, layers, t, 1, t, mbs, 0.0, mbs, 1,
                        recompute=recompute)
         if sequence_parallel:
-          row.layout += ";residual_length:model"
-          row.bindings.append("transformer.make_layer_stack.sequence_parallel = True")
+          _make_sequence_parallel(row)
         per_layer.append(predict(row)[1].memory["activations"])
       rows.append(MemoryRow(name, scheme, published, per_layer[1] - per_layer[0]))
   return rows
@@ -423,8 +428,7 @@ def megatron_h100_rows():
     row.bindings += ["run.zero_stage = 2",
                      "Unitransformer.shared_embedding_and_softmax_weights = False"]
     if t > 1:  # sequence parallelism with the tensor parallelism
-      row.layout += ";residual_length:model"
-      row.bindings.append("transformer.make_layer_stack.sequence_parallel = True")
+      _make_sequence_parallel(row)
     row.paper_flops = (72 * batch * seq * layers * h * h * (1 + seq / (6 * h))
                        + 6 * batch * seq * h * vocab)
     rows.append(row)
