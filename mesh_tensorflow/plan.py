@@ -48,8 +48,9 @@ def _main(argv: Sequence[str]) -> int:
   parser.add_argument("--json", action="store_true", help="print one JSON object")
   parser.add_argument("--pipeline_schedule", default=None,
                       help="override the schedule: gpipe, 1f1b or interleaved")
-  parser.add_argument("--virtual_stages", type=int, default=1,
-                      help="layer chunks per device with --pipeline_schedule=interleaved; "
+  parser.add_argument("--virtual_stages", type=int, default=None,
+                      help="layer chunks per device with --pipeline_schedule=interleaved "
+                      "(default: the config's transformer.make_layer_stack.virtual_stages); "
                       "with --auto, also tried beside 1, 2 and 4")
   parser.add_argument("--attention", default="unfused",
                       help="unfused (the library's attention) or fused (estimate only: price "
@@ -83,7 +84,7 @@ def _main(argv: Sequence[str]) -> int:
   args = parser.parse_args(argv)
   if not args.hardware:
     parser.error("--hardware is required: e.g. --hardware=a100-80gb:1024 or tpu-v4:512")
-  if args.virtual_stages < 1:
+  if args.virtual_stages is not None and args.virtual_stages < 1:
     parser.error(f"--virtual_stages={args.virtual_stages}: must be at least 1")
   if args.attention not in ("unfused", "fused"):
     parser.error(f"--attention={args.attention}: use unfused or fused")
@@ -130,7 +131,8 @@ def _main(argv: Sequence[str]) -> int:
   options = planner.options_from_gin()
   if args.pipeline_schedule:
     options.schedule = args.pipeline_schedule
-  options.virtual_stages = args.virtual_stages
+  if args.virtual_stages is not None:
+    options.virtual_stages = args.virtual_stages
   options.overlap_grad_reduce = not args.no_overlap
   options.attention = args.attention
   options.fusion = args.fusion
@@ -138,7 +140,7 @@ def _main(argv: Sequence[str]) -> int:
     from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
     def progress(tried, seconds):
       print(f"searching: {tried} plans priced in {seconds:.0f} s", file=sys.stderr, flush=True)
-    chunks = tuple(sorted({*plan_search.VIRTUAL_STAGES, args.virtual_stages}))
+    chunks = tuple(sorted({*plan_search.VIRTUAL_STAGES, options.virtual_stages}))
     result = plan_search.search(cluster, top=args.top, attention=args.attention,
                                 virtual_stages=chunks,
                                 fusion=args.fusion, max_seconds=args.max_seconds or None,

@@ -95,6 +95,35 @@ def test_interleaved_schedule_is_read_from_gin_and_priced_from_its_table():
                  "transformer.make_layer_stack.virtual_stages = 2"], **kw)
 
 
+def test_plan_command_reads_the_interleaved_schedule_from_gin(capsys):
+  """`plan --json` with the schedule and its chunks stated in gin prices
+  what the planner prices for them; --virtual_stages overrides the gin."""
+  from mesh_tensorflow import plan as plan_command  # pylint: disable=g-import-not-at-top
+  pipe = ["transformer.make_layer_stack.num_stages = 2",
+          "transformer.make_layer_stack.num_microbatches = 8",
+          "transformer.make_layer_stack.pipeline_schedule = 'interleaved'"]
+  kw = dict(cluster="a100-80gb:32", mesh="pipe:2;data:2;model:8",
+            layout="stages:pipe;batch:data;d_ff:model;heads:model;vocab:model")
+  flags = ["--hardware=a100-80gb:32", f"--mesh_shape={kw['mesh']}", f"--layout={kw['layout']}",
+           "--json"]
+
+  def command(bindings, extra_flags=()):
+    args = flags + list(extra_flags) + [f"--gin_param={b}" for b in MODEL + bindings]
+    assert plan_command.main(args) == 0
+    return json.loads(capsys.readouterr().out)
+
+  two = _plan(extra=pipe + ["transformer.make_layer_stack.virtual_stages = 2"], **kw)
+  one = _plan(extra=pipe, **kw)
+  assert two.step_time_s < one.step_time_s
+  from_gin = command(pipe + ["transformer.make_layer_stack.virtual_stages = 2"])
+  assert from_gin["step_time_s"] == pytest.approx(two.step_time_s, rel=1e-9)
+  assert command(pipe, ["--virtual_stages=2"])["step_time_s"] == pytest.approx(
+      two.step_time_s, rel=1e-9)
+  overridden = command(pipe + ["transformer.make_layer_stack.virtual_stages = 2"],
+                       ["--virtual_stages=1"])
+  assert overridden["step_time_s"] == pytest.approx(one.step_time_s, rel=1e-9)
+
+
 def test_uneven_stages_are_priced_as_the_busiest_stage():
   """7 layers on 2 stages (4 and 3, a padding block on the second): the
   step of 8 layers' stages, the model FLOPs and parameters of 7."""
