@@ -682,6 +682,9 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   params = one.parameters + (num_layers - 1) * (two.parameters - one.parameters)
   # A layout given here is checked; the config's may serve several models.
   notes = [] if layout is None else report.unused_rule_notes(sub_rules, one.dimension_names)
+  from mesh_tensorflow.transformer import sequence_parallel  # pylint: disable=g-import-not-at-top
+  notes.extend(sequence_parallel.unsplit_stream_notes(
+      _binding("transformer.make_layer_stack.sequence_parallel", False), sub_rules))
   if options.attention == "fused":
     notes.append("fused attention is an estimate only (the library's attention keeps its scores "
                  "in memory)")

@@ -31,7 +31,7 @@ the norms reduce over the split d_model with a small all-reduce of their
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Union
+from typing import List, Optional, Union
 
 import mesh_tensorflow as mtf
 
@@ -61,6 +61,30 @@ def mode_of(sequence_parallel: Union[bool, str, None]) -> Optional[str]:
   raise ValueError(f"sequence_parallel = {sequence_parallel!r}: use True or 'length' (split the "
                    "stream's length, rule residual_length:<mesh dim>), 'd_model' (split its "
                    "d_model, rule residual_d_model:<mesh dim>) or False.")
+
+
+def unsplit_stream_notes(sequence_parallel: Union[bool, str, None], rules) -> List[str]:
+  """One line when a stack is configured sequence parallel and `rules` split
+  the layers over a mesh dimension (heads or d_ff) but leave the stream's
+  dimension whole: the setting then renames the stream and saves no memory.
+  Empty otherwise.
+
+  Example:
+    >>> unsplit_stream_notes(True, mtf.convert_to_layout_rules("batch:data;heads:model"))
+    ["sequence_parallel = True but the layout has no rule for 'residual_length': ..."]
+  """
+  mode = mode_of(sequence_parallel)
+  if mode is None:
+    return []
+  name = STREAM_NAMES[MODES.index(mode)]
+  if rules.mesh_dimension_name(name) is not None:
+    return []
+  model_dim = rules.mesh_dimension_name("heads") or rules.mesh_dimension_name("d_ff")
+  if model_dim is None:  # no model parallelism: nothing to split the stream over
+    return []
+  return [f"sequence_parallel = {sequence_parallel!r} but the layout has no rule for {name!r}: "
+          "the residual stream stays whole on every model-parallel device and no memory is "
+          f"saved; add '{name}:{model_dim}' to the layout"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -124,6 +124,24 @@ def test_plan_command_reads_the_interleaved_schedule_from_gin(capsys):
   assert overridden["step_time_s"] == pytest.approx(one.step_time_s, rel=1e-9)
 
 
+def test_plan_notes_a_sequence_parallel_stack_whose_layout_leaves_the_stream_whole():
+  """sequence_parallel without the stream's layout rule saves nothing: the
+  plan says which rule to add; with the rule the note goes and the
+  activations shrink; without model parallelism there is nothing to say."""
+  sp = ["transformer.make_layer_stack.sequence_parallel = True"]
+  whole = _plan(extra=sp)
+  assert any("no rule for 'residual_length'" in n and "'residual_length:model'" in n
+             for n in whole.notes)
+  split = _plan(extra=sp, layout="batch:data;d_ff:model;heads:model;vocab:model;"
+                "residual_length:model")
+  assert not any("residual_length" in n for n in split.notes)
+  assert split.memory["activations"] < whole.memory["activations"]
+  d_model = _plan(extra=["transformer.make_layer_stack.sequence_parallel = 'd_model'"])
+  assert any("'residual_d_model:model'" in n for n in d_model.notes)
+  assert not any("residual" in n for n in _plan(extra=sp, mesh="data:16", layout="batch:data",
+                                                  cluster="a100-80gb:16").notes)
+
+
 def test_uneven_stages_are_priced_as_the_busiest_stage():
   """7 layers on 2 stages (4 and 3, a padding block on the second): the
   step of 8 layers' stages, the model FLOPs and parameters of 7."""
