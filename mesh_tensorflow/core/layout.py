@@ -12,7 +12,10 @@ mapping means for one tensor on one mesh.
 
 from __future__ import annotations
 
+import functools
 from typing import Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from mesh_tensorflow.core.shapes import convert_to_shape, parse_pairs
 
@@ -185,14 +188,20 @@ def processor_groups(mesh_shape, mesh_axes: Sequence[int]) -> List[List[int]]:
 
   An allreduce over `mesh_axes` combines exactly the processors of a group.
   """
-  mesh_shape = convert_to_shape(mesh_shape)
-  axes = set(mesh_axes)
-  groups = {}
-  for pnum in range(mesh_shape.size):
-    coords = pnum_to_processor_coordinates(mesh_shape, pnum)
-    key = tuple(c for i, c in enumerate(coords) if i not in axes)
-    groups.setdefault(key, []).append(pnum)
-  return list(groups.values())
+  sizes = tuple(convert_to_shape(mesh_shape).to_integer_list())
+  return [list(g) for g in _processor_groups(sizes, tuple(sorted(set(mesh_axes))))]
+
+
+@functools.lru_cache(maxsize=512)
+def _processor_groups(sizes: Tuple[int, ...], axes: Tuple[int, ...]) -> Tuple[Tuple[int, ...], ...]:
+  """The groups of `processor_groups`: the pnums laid out as the mesh, the
+  group axes moved last (rows in row-major order of the other axes,
+  members in row-major order of the group axes)."""
+  pnums = np.arange(int(np.prod(sizes, dtype=np.int64)), dtype=np.int64).reshape(sizes)
+  group_size = int(np.prod([sizes[a] for a in axes], dtype=np.int64))
+  rows = np.moveaxis(pnums, list(axes), list(range(len(sizes) - len(axes), len(sizes))))
+  return tuple(map(tuple, rows.reshape(-1, group_size).tolist()))
+
 
 from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
 _autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

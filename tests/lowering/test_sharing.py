@@ -75,3 +75,21 @@ def test_slice_variables_are_shared_by_processors_holding_the_same_slice():
     lowering = mtf.Lowering(graph, {mesh: impl})
     slices = lowering.variables[graph.all_variables[0]].slices
     assert len({id(v) for v in slices}) == expected, share
+
+
+def test_processor_groups_are_the_processors_that_differ_only_along_the_axes():
+  """Against the definition, on meshes of 1 to 4 axes (axes in any order,
+  repeated): groups in row-major order of the other axes, members in
+  row-major order of the group's."""
+  import itertools  # pylint: disable=g-import-not-at-top
+  for mesh in ("a:2;b:3;c:4", "a:1;b:5", "x:8", "a:2;b:2;c:2;d:3"):
+    shape = mtf.convert_to_shape(mesh)
+    coords = [mtf.pnum_to_processor_coordinates(shape, p) for p in range(shape.size)]
+    for k in range(shape.ndims + 1):
+      for axes in itertools.combinations(range(shape.ndims), k):
+        expected = {}
+        for p, c in enumerate(coords):
+          key = tuple(x for i, x in enumerate(c) if i not in axes)
+          expected.setdefault(key, []).append(p)
+        for given in (list(axes), list(reversed(axes)), list(axes) + list(axes[:1])):
+          assert mtf.processor_groups(shape, given) == list(expected.values())

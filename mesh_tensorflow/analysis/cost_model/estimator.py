@@ -10,8 +10,9 @@ maps plan types to them and prices the operations that run no kernel.
 from __future__ import annotations
 
 import functools
-import itertools
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
 from mesh_tensorflow.analysis.cost_model import topology
@@ -31,6 +32,21 @@ class _Lazy:
     self.axes = tuple(sorted(axes))
     self.nbytes = nbytes
     self.ids = ids
+
+
+class _Bulk:
+  """Kernels of one operation on every processor at once (processor j makes
+  tensor `start + j` from `x[j]` for x in `inputs`): the form a kernel run
+  on every processor takes without shared memory, recorded in one entry."""
+  __slots__ = ("cost", "start", "inputs", "kernels", "nbytes", "flops")
+
+  def __init__(self, cost, start, inputs, kernels, nbytes, flops):
+    self.cost = cost
+    self.start = start
+    self.inputs = inputs
+    self.kernels = kernels
+    self.nbytes = int(nbytes)
+    self.flops = int(flops)
 
 
 class _Estimator:
@@ -65,8 +81,8 @@ class _Estimator:
     self.share = params.shares_memory
     self.coords = [tuple(pnum_to_processor_coordinates(mesh_shape, p))
                    for p in range(self.mesh_size)]
+    self.pnum_of = {c: p for p, c in enumerate(self.coords)}
     self._layouts = {}
-    self._next_id = itertools.count(1)
     self.state = {}  # tensor -> _Lazy, or a tuple of per-processor tensor ids
     self.completed = {}  # tensor -> the _Lazy it was before a consumer completed it
     self.plan_mesh = plans.PlanMesh(
@@ -74,9 +90,12 @@ class _Estimator:
         self.pending_axes, tuple(mesh_shape.dimension_names),
         lambda t: self.pending_axes(t) or (self.completed[t].axes if t in self.completed
                                            else None))
-    self.device = {}  # tensor id -> the processor whose device computes it
-    # The kernels, as [op cost, output id, input ids, kernels, bytes, flops,
-    # combine bytes]; only those that a sink needs are counted (`_prune`).
+    # Tensor ids are indexes here: the processor whose device computes each
+    # (-1: none, a tensor no kernel makes).
+    self.devices = [-1]
+    # The kernels, as (op cost, output id, input ids, kernels, bytes, flops,
+    # combine bytes) or _Bulk; only those that a sink needs are counted
+    # (`_prune`).
     self.units = []
     self.sinks = set()  # ids of kernels with side effects (variable updates)
     # Per-processor ids made as blocks of one tensor (imports split along
@@ -111,17 +130,36 @@ class _Estimator:
     return n
 
   # ---- which processors share a tensor ---------------------------------------
-  def _memo(self, keys, count: bool, nbytes: int = 0, flops: int = 0, inputs=()):
+  def new_id(self, device: int = -1) -> int:
+    """A new tensor id, computed on processor `device`'s device."""
+    self.devices.append(device)
+    return len(self.devices) - 1
+
+  def _every_processor(self, count: bool, nbytes: int = 0, flops: int = 0, inputs=(),
+                       kernels: int = 1):
+    """Ids of a new tensor on every processor, each made from that
+    processor's `inputs` (one _Bulk entry when counted)."""
+    start = len(self.devices)
+    self.devices.extend(range(self.mesh_size))
+    if count:
+      self.units.append(_Bulk(self.current, start, list(inputs), kernels, nbytes, flops))
+    return tuple(range(start, start + self.mesh_size))
+
+  def _memo(self, keys: Callable[[], Sequence], count: bool, nbytes: int = 0, flops: int = 0,
+            inputs=()):
     """Per-processor ids: one new tensor per distinct key (shared memory) or
     per processor; counts the kernels that make them, and the tensors they
-    read from another device (each a send/receive pair in TensorFlow)."""
+    read from another device (each a send/receive pair in TensorFlow).
+    `keys()` gives the keys (only shared memory needs them)."""
+    if not self.share:  # every processor makes its own (sharing.makers)
+      return self._every_processor(count, nbytes, flops, inputs)
+
     def make(p):
-      new = next(self._next_id)
-      self.device[new] = p
+      new = self.new_id(p)
       if count:
         self.unit(new, tuple(x[p] for x in inputs), 1, nbytes, flops)
       return new
-    return tuple(sharing.per_processor(keys, self.share, make))
+    return tuple(sharing.per_processor(keys(), self.share, make))
 
   def unit(self, out_id, input_ids, kernels: int = 1, nbytes: int = 0, flops: int = 0,
            combine_bytes: int = 0):
@@ -135,36 +173,67 @@ class _Estimator:
     """Counts the kernels that the sinks (variable updates, exported
     tensors) need, as TensorFlow runs only those, with their cross-device
     reads (a send/receive pair per tensor and device)."""
-    producer = {u[1]: u for u in self.units}
-    live = set()
-    stack = [i for i in self.sinks]
-    while stack:
-      i = stack.pop()
-      if i in live:
+    # Every kernel's inputs are older than its output: one sweep from the
+    # newest kernel back finds all that the sinks need.
+    live = np.zeros(len(self.devices), dtype=bool)
+    live[list(self.sinks)] = True
+    arrays = {}  # id(_Bulk) -> its inputs as arrays
+
+    def as_arrays(u):
+      got = arrays.get(id(u))
+      if got is None:
+        got = arrays[id(u)] = [np.fromiter(x, dtype=np.int64, count=self.mesh_size)
+                               for x in u.inputs]
+      return got
+
+    for u in reversed(self.units):
+      if type(u) is tuple:  # pylint: disable=unidiomatic-typecheck
+        if live[u[1]] and u[2]:
+          live[list(u[2])] = True
         continue
-      live.add(i)
-      u = producer.get(i)
-      if u is not None:
-        stack.extend(u[2])
+      mask = live[u.start:u.start + self.mesh_size]
+      if mask.any():
+        for x in as_arrays(u):
+          live[x[mask]] = True
     for op in ops:
       op.kernels = op.bytes_touched = op.work_flops = op.transfers = 0
       op.combines = op.combine_bytes = 0
+    devices = np.asarray(self.devices, dtype=np.int64)
     moved = set()
-    for cost, out_id, ins, kernels, nbytes, flops, cbytes in self.units:
-      if out_id not in live:
+    for u in self.units:
+      if type(u) is tuple:  # pylint: disable=unidiomatic-typecheck
+        cost, out_id, ins, kernels, nbytes, flops, cbytes = u
+        if not live[out_id]:
+          continue
+        cost.kernels += kernels
+        cost.bytes_touched += kernels * nbytes
+        cost.work_flops += kernels * flops
+        if cbytes:
+          cost.combines += 1
+          cost.combine_bytes += cbytes
+        dev = self.devices[out_id]
+        for i in ins:
+          src = self.devices[i]
+          if src != dev and src != -1 and (i, dev) not in moved:
+            moved.add((i, dev))
+            cost.transfers += 1
         continue
-      cost.kernels += kernels
-      cost.bytes_touched += kernels * nbytes
-      cost.work_flops += kernels * flops
-      if cbytes:
-        cost.combines += 1
-        cost.combine_bytes += cbytes
-      dev = self.device.get(out_id)
-      for i in ins:
-        src = self.device.get(i, dev)
-        if src != dev and (i, dev) not in moved:
-          moved.add((i, dev))
-          cost.transfers += 1
+      mask = live[u.start:u.start + self.mesh_size]
+      made = int(mask.sum())
+      if not made:
+        continue
+      cost = u.cost
+      cost.kernels += made * u.kernels
+      cost.bytes_touched += made * u.kernels * u.nbytes
+      cost.work_flops += made * u.kernels * u.flops
+      where = np.flatnonzero(mask)
+      for x in as_arrays(u):
+        src = devices[x[where]]
+        for k in np.flatnonzero((src != where) & (src != -1)).tolist():
+          pair = (int(x[where[k]]), int(where[k]))
+          if pair not in moved:
+            moved.add(pair)
+            cost.transfers += 1
 
   def add_exports(self, outputs=None):
     """Marks the slices of the exported tensors that export_to_tf_tensor
@@ -191,16 +260,16 @@ class _Estimator:
   def slicewise(self, inputs, nbytes: int, flops: int = 0):
     """A slicewise op on the per-processor ids of its inputs; nbytes: bytes
     one kernel reads and writes."""
-    keys = [tuple(x[p] for x in inputs) for p in range(self.mesh_size)]
-    return self._memo(keys, True, nbytes, flops, inputs)
+    return self._memo(lambda: list(zip(*inputs)) if inputs else [()] * self.mesh_size,
+                      True, nbytes, flops, inputs)
 
   def by_layout(self, layout, count: bool = True, nbytes: int = 0, flops: int = 0,
                 inputs=()):
     """make_slices / slice variables (and kernels writing them): one tensor
     per distinct slice of `layout`."""
     axes = [a for a in layout if a is not None]
-    keys = [tuple(c[a] for a in axes) for c in self.coords]
-    return self._memo(keys, count, nbytes, flops, inputs)
+    return self._memo(lambda: [tuple(c[a] for a in axes) for c in self.coords], count, nbytes,
+                      flops, inputs)
 
   def combine_ids(self, ids, axes, nbytes: int, moved: int = 0,
                   tensor_axis: Optional[int] = None):
@@ -221,18 +290,17 @@ class _Estimator:
         for p in group:
           combined[p] = whole
         continue
-      new = next(self._next_id)
-      self.device[new] = maker
+      new = self.new_id(maker)
       self.unit(new, [ids[p] for p in group], 1, 0, 0, max(int(moved or 2 * nbytes), 1))
       for p in group:
         combined[p] = new
       copied.extend(copies)
-    if copied:  # an identity on each of those devices
-      for p in sorted(copied):
-        new = next(self._next_id)
-        self.device[new] = p
-        self.unit(new, (combined[p],), 1, nbytes)
-        combined[p] = new
+    if len(copied) == self.mesh_size:  # an identity on every device
+      return self._every_processor(True, nbytes, inputs=[combined])
+    for p in sorted(copied):  # an identity on each of those devices
+      new = self.new_id(p)
+      self.unit(new, (combined[p],), 1, nbytes)
+      combined[p] = new
     return tuple(combined)
 
   def alltoall_ids(self, ids, axis: int, nbytes: int):
@@ -243,18 +311,18 @@ class _Estimator:
     for group in processor_groups(self.mesh_shape, [axis]):
       members = [ids[p] for p in group]
       for p in group:
-        out[p] = next(self._next_id)
-        self.device[out[p]] = p
+        out[p] = self.new_id(p)
         self.unit(out[p], members, 2, nbytes)
     return tuple(out)
 
   def slice_along_ids(self, ids, axis: int, tensor_axis: int, nbytes: int):
     if self.mesh_sizes[axis] == 1:
       return ids
-    keys = [(ids[p], self.coords[p][axis]) for p in range(self.mesh_size)]
-    sliced = self._memo(keys, True, nbytes, inputs=[ids])
-    for p, block in enumerate(sliced):
-      self.note_block(block, ids[p], axis, tensor_axis, self.coords[p][axis])
+    sliced = self._memo(lambda: [(ids[p], self.coords[p][axis]) for p in range(self.mesh_size)],
+                        True, nbytes, inputs=[ids])
+    if self.share:
+      for p, block in enumerate(sliced):
+        self.note_block(block, ids[p], axis, tensor_axis, self.coords[p][axis])
     return sliced
 
   def note_block(self, block: int, whole: int, mesh_axis: int, tensor_axis: int,
@@ -321,14 +389,13 @@ class _Estimator:
     out = []
     for p, c in enumerate(self.coords):
       src = step.sources[c[step.mesh_axis]]
-      new = next(self._next_id)
-      self.device[new] = p
+      new = self.new_id(p)
       if src is None:
         self.unit(new, (), 1, nbytes)
       else:
         coords = list(c)
         coords[step.mesh_axis] = src
-        source = ids[self.coords.index(tuple(coords))]
+        source = ids[self.pnum_of[tuple(coords)]]
         if sharing.holds_source(self.share):
           new = source
         else:

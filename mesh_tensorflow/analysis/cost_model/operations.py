@@ -26,7 +26,7 @@ def _source(est: _Estimator, op):
       est.state[t] = est.by_layout(layout, nbytes=est.slice_bytes(t))
       if op.local_kernel == "import" and sharing.blocks_of_one_tensor(layout):
         # The slices are blocks of the imported tensor (which no kernel makes).
-        whole = next(est._next_id)
+        whole = est.new_id()
         [(tensor_axis, mesh_axis)] = [(i, a) for i, a in enumerate(layout) if a is not None]
         for p, block in enumerate(est.state[t]):
           est.note_block(block, whole, mesh_axis, tensor_axis, est.coords[p][mesh_axis])
@@ -40,12 +40,7 @@ def _passthrough(est: _Estimator, op):
   extra = len(op.inputs) > len(op.outputs)
   for i, t in enumerate(op.outputs):
     if extra:
-      new = []
-      for p in range(est.mesh_size):
-        new.append(next(est._next_id))  # pylint: disable=protected-access
-        est.device[new[-1]] = p
-        est.unit(new[-1], tuple(x[p] for x in ins))
-      est.state[t] = tuple(new)
+      est.state[t] = est._every_processor(True, inputs=ins)
     else:
       est.state[t] = ins[i]
 
