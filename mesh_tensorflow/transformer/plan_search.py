@@ -45,6 +45,7 @@ from typing import Callable, List, Optional
 
 from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
 from mesh_tensorflow.transformer import planner
+from mesh_tensorflow.transformer import plan_types
 
 LAYOUT = "stages:pipe;batch:data;d_ff:model;heads:model;vocab:model"
 # Layer chunks per stage tried for every pipeline (1: the 1F1B schedule,
@@ -101,6 +102,12 @@ class SearchResult:
       lines.append(f"    why: {why(p)}")
     lines.append("")
     lines.append("gin for #1: " + "; ".join(gin_bindings(self.plans[0])))
+    first = self.plans[0]
+    spare = first.hbm_bytes - first.memory_bytes_per_device
+    if spare < plan_types.TIGHT_FRACTION * first.hbm_bytes:
+      lines.append(f"note: #1 leaves {spare / 2**30:.1f} GiB of {first.hbm_bytes / 2**30:.1f} "
+                   "spare: allocator fragmentation and compiler scratch space often take a few "
+                   "GiB; --memory_budget=GIB keeps only plans that leave room")
     return "\n".join(lines)
 
 

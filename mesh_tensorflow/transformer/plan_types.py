@@ -14,6 +14,10 @@ import json
 from typing import Dict, List, Tuple
 
 GIB = 2 ** 30
+# A plan that fits with less than this share of HBM to spare is called tight:
+# what the plan does not count (allocator fragmentation, compiler scratch
+# space, the framework's own buffers) often takes a few GiB.
+TIGHT_FRACTION = 0.05
 
 
 # ------------------------------------------------------------ options
@@ -148,8 +152,12 @@ class Plan:
     lines.append("memory per device:")
     for key in ("variables", "gradients", "optimizer_slots", "activations", "pipeline_buffers"):
       lines.append(f"  {key:<17}{m[key] / GIB:9.2f} GiB")
-    verdict = ("fits" if self.fits else
-               f"does NOT fit by {(self.memory_bytes_per_device - self.hbm_bytes) / GIB:.2f} GiB")
+    spare = self.hbm_bytes - self.memory_bytes_per_device
+    verdict = ("fits" if self.fits else f"does NOT fit by {-spare / GIB:.2f} GiB")
+    if self.fits and spare < TIGHT_FRACTION * self.hbm_bytes:
+      verdict += (f" with {spare / GIB:.2f} GiB to spare (tight: allocator fragmentation and "
+                  "compiler scratch space often take a few GiB; plan --auto --memory_budget=GIB "
+                  "keeps room)")
     lines.append(f"  {'total':<17}{m['total'] / GIB:9.2f} GiB of {self.hbm_bytes / GIB:.2f} GiB "
                  f"HBM: {verdict}")
     lines.append("top communications (per step):")

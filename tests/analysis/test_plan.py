@@ -369,6 +369,24 @@ def test_plan_command_json_and_errors(capsys):
   assert capsys.readouterr().err.startswith("error: --attention=flash: use unfused or fused")
 
 
+def test_a_plan_that_fits_with_little_to_spare_says_so():
+  """Under 5% of HBM to spare: the plan's summary and the search's say the
+  plan is tight and how to keep room; with room to spare they say 'fits'."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
+  plan = _plan()
+  total = plan.memory_bytes_per_device
+  tight = dataclasses.replace(plan, hbm_bytes=total * 1.02)
+  roomy = dataclasses.replace(plan, hbm_bytes=total * 1.5)
+  assert tight.fits and roomy.fits
+  assert "HBM: fits with " in tight.summary() and "--memory_budget" in tight.summary()
+  assert "HBM: fits\n" in roomy.summary()
+  assert "tight" not in roomy.summary()
+  for p, noted in ((tight, True), (roomy, False)):
+    text = plan_search.SearchResult([p], 1, [], 0.0, 1).summary()
+    assert ("note: #1 leaves" in text) == noted
+
+
 def test_auto_search_returns_fitting_plans_fastest_first():
   from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
   gin_config.parse([], MODEL + ["num_layers = 4", "run.batch_size = 16"])
