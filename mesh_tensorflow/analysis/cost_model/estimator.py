@@ -172,7 +172,8 @@ class _Estimator:
   def _prune(self, ops: List[OpCost]):
     """Counts the kernels that the sinks (variable updates, exported
     tensors) need, as TensorFlow runs only those, with their cross-device
-    reads (a send/receive pair per tensor and device)."""
+    reads (a send/receive pair per tensor and device; counted with shared
+    memory, where they are priced)."""
     # Every kernel's inputs are older than its output: one sweep from the
     # newest kernel back finds all that the sinks need.
     live = np.zeros(len(self.devices), dtype=bool)
@@ -211,6 +212,8 @@ class _Estimator:
         if cbytes:
           cost.combines += 1
           cost.combine_bytes += cbytes
+        if not self.share:
+          continue
         dev = self.devices[out_id]
         for i in ins:
           src = self.devices[i]
@@ -227,7 +230,7 @@ class _Estimator:
       cost.bytes_touched += made * u.kernels * u.nbytes
       cost.work_flops += made * u.kernels * u.flops
       where = np.flatnonzero(mask)
-      for x in as_arrays(u):
+      for x in (as_arrays(u) if self.share else ()):
         src = devices[x[where]]
         for k in np.flatnonzero((src != where) & (src != -1)).tolist():
           pair = (int(x[where[k]]), int(where[k]))

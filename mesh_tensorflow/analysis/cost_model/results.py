@@ -31,7 +31,8 @@ class OpCost:
     components: the time components (see `time_from_components`).
     work_flops: matrix-product FLOPs of all its distinct kernels together
       (what processors sharing cores compute in all).
-    transfers: tensors its kernels read from another device (shared memory).
+    transfers: tensors its kernels read from another device (counted with
+      shared memory only, where they are priced).
     combines: kernels that combine a group's slices for a collective
       (add_n, concat; shared memory).
     combine_bytes: bytes those kernels read and write.
