@@ -137,6 +137,12 @@ class LayerStack(PipelinedStack, TransformerLayer):
     norm_epsilon: added to the mean square before the reciprocal root.
     norm_type: "rms" or "layer".
     recompute: "none", "layer" or "selective" (see above).
+    recompute_layers: with recompute "layer" or "selective", how many
+      blocks (the repeated block of layers: one transformer layer of
+      make_layer_stack's num_layers) at the start of each pipeline chunk,
+      or of the stack without a pipeline, are recomputed; the others keep
+      all their activations (Megatron-LM's --recompute-method=block
+      --recompute-num-layers). None: every block.
     num_stages: pipeline stages (1: no pipelining).
     num_microbatches: micro-batches per batch when pipelining.
     pipeline_schedule: "gpipe", "1f1b" or "interleaved".
@@ -169,7 +175,8 @@ class LayerStack(PipelinedStack, TransformerLayer):
                recompute_grads: bool = False, norm_type: str = "rms", recompute: str = "none",
                num_stages: int = 1, num_microbatches: int = 1,
                pipeline_schedule: str = "gpipe", stages_dim_name: str = "stages",
-               sequence_parallel: Union[bool, str] = False, virtual_stages: int = 1):
+               sequence_parallel: Union[bool, str] = False, virtual_stages: int = 1,
+               recompute_layers: Optional[int] = None):
     if recompute_grads:
       if recompute not in ("none", "layer"):
         raise ValueError(f"LayerStack: recompute_grads=True asks for recompute='layer' but "
@@ -196,6 +203,8 @@ class LayerStack(PipelinedStack, TransformerLayer):
     self._norm_epsilon = 1e-6 if norm_epsilon is None else norm_epsilon
     self._norm_type = norm_type
     self.recompute = recompute
+    _check_recompute_layers(recompute, recompute_layers)
+    self.recompute_layers = recompute_layers
     self.recompute_ops: List[Any] = []
     self._check_pipeline(num_stages, num_microbatches, pipeline_schedule, virtual_stages)
     self.virtual_stages = virtual_stages
@@ -346,13 +355,17 @@ class LayerStack(PipelinedStack, TransformerLayer):
     whole = x.shape
     x = self._to_stream(context, x)
     block = self.block_size if gates else 1
+    # Layers past the first recompute_layers blocks keep their activations.
+    recomputed = (len(layers) if self.recompute_layers is None
+                  else self.recompute_layers * self.block_size)
     block_input = x
     for j, layer in enumerate(layers):
       lnum = first + j
       scope = self.layer_scope(lnum) if layers is self._layers else "layer_%03d" % lnum
       if j % block == 0:
         block_input = x
-      x = self._sublayer(context, x, layer, scope, policy, f"layer {lnum}")
+      x = self._sublayer(context, x, layer, scope, policy if j < recomputed else "none",
+                         f"layer {lnum}")
       if gates and j % block == block - 1 and gates[j // block] is not None:
         x = mtf.where(gates[j // block], x, block_input, output_shape=x.shape)
       if collect and context.layer_outputs is not None and lnum != len(self._layers) - 1:
@@ -545,7 +558,8 @@ def make_layer_stack(layers: Sequence[Any], layer_stack_cls=None, num_layers: in
                      sublayers_per_layer: Optional[Sequence[sublayers_lib.Sublayer]] = None,
                      sublayers_final: Optional[Sequence[sublayers_lib.Sublayer]] = None,
                      sequence_parallel: Union[bool, str] = False,
-                     virtual_stages: int = 1) -> LayerStack:
+                     virtual_stages: int = 1,
+                     recompute_layers: Optional[int] = None) -> LayerStack:
   """A LayerStack repeating the block `layers` num_layers times.
 
   Elements of `layers` may be TransformerLayer instances (reused: layers
@@ -559,8 +573,8 @@ def make_layer_stack(layers: Sequence[Any], layer_stack_cls=None, num_layers: in
   "block_001/layer_000/SelfAttention/q"); without it "<name>" or
   "layer_%03d" counted over the stack. dropout_rate and norm_epsilon are
   passed on only when given (both given: the legacy norm names, see
-  LayerStack). recompute, num_stages, num_microbatches, pipeline_schedule,
-  virtual_stages, stages_dim_name, sequence_parallel and the sublayer lists are
+  LayerStack). recompute, recompute_layers, num_stages, num_microbatches,
+  pipeline_schedule, virtual_stages, stages_dim_name, sequence_parallel and the sublayer lists are
   LayerStack's (activation recomputation, pipeline parallelism, sequence
   parallelism, sublayers; gin: `transformer.make_layer_stack.num_stages =
   4`). The stack is built by gin's LayerStack once gin_config has
@@ -602,7 +616,21 @@ def make_layer_stack(layers: Sequence[Any], layer_stack_cls=None, num_layers: in
       recompute=recompute, num_stages=num_stages, num_microbatches=num_microbatches,
       pipeline_schedule=pipeline_schedule, stages_dim_name=stages_dim_name, **given,
       **({"sequence_parallel": sequence_parallel} if sequence_parallel else {}),
-      **({"virtual_stages": virtual_stages} if virtual_stages != 1 else {}))
+      **({"virtual_stages": virtual_stages} if virtual_stages != 1 else {}),
+      **({"recompute_layers": recompute_layers} if recompute_layers is not None else {}))
+
+
+def _check_recompute_layers(recompute: str, recompute_layers: Optional[int]) -> None:
+  if recompute_layers is None:
+    return
+  if isinstance(recompute_layers, bool) or not isinstance(recompute_layers, int) or \
+      recompute_layers < 0:
+    raise ValueError(f"LayerStack: recompute_layers must be a number of layers (0 or more) or "
+                     f"None (all), got {recompute_layers!r}.")
+  if recompute == "none":
+    raise ValueError(f"LayerStack: recompute_layers = {recompute_layers} says how many layers "
+                     "to recompute, but recompute = 'none'; set recompute = 'layer' or "
+                     "'selective'.")
 
 
 def _spec_name(spec) -> Optional[str]:

@@ -9,7 +9,9 @@ replica when pipelining, each pipeline on the 1F1B schedule (GPipe takes
 the same time and keeps more micro-batches in memory) and on the
 interleaved one with 2 and 4 layer chunks per stage where every chunk has a
 layer, recomputation ("none", "selective", "layer"; a stack of custom
-sublayers, which cannot recompute selectively, without "selective") and ZeRO
+sublayers, which cannot recompute selectively, without "selective"; where
+recomputing every layer fits and recomputing none does not, also the
+fewest layers of each chunk recomputed that fit: `recompute_layers`) and ZeRO
 stages 0 and 2 (stage 2
 costs no more time than stage 1 and holds less), and 3 without a pipeline
 (FSDP-style, gathering each layer again for the backward pass or keeping
@@ -94,7 +96,8 @@ class SearchResult:
       lines.append("")
       schedule = f"{schedule_label(o)}  " if o.num_stages > 1 else ""
       lines.append(f"#{rank}  mesh {p.mesh_shape}  micro-batches {o.num_microbatches}  "
-                   f"{schedule}recompute={o.recompute}  zero={_zero_label(o)}")
+                   f"{schedule}recompute={plan_types.recompute_label(o)}  "
+                   f"zero={_zero_label(o)}")
       lines.append(f"    layout {p.layout}")
       lines.append(f"    step {p.step_time_s:.3f} s ({seconds_per_token(p) / best:.2f}x best), "
                    f"{p.tokens_per_s:,.0f} tokens/s, MFU {100 * p.mfu:.1f}%, "
@@ -132,6 +135,8 @@ def gin_bindings(plan: planner.Plan) -> List[str]:
   o = plan.options
   out = [f"run.mesh_shape = '{plan.mesh_shape}'", f"run.layout_rules = '{plan.layout}'",
          f"transformer.make_layer_stack.recompute = '{o.recompute}'",
+         *([f"transformer.make_layer_stack.recompute_layers = {o.recompute_layers}"]
+           if o.recompute_layers is not None else []),
          f"run.zero_stage = {o.zero_stage}"]
   rules = plan.layout.split(";")
   if SEQUENCE_PARALLEL_RULE in rules:
@@ -272,15 +277,46 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
             break
           # Planned without: the config's stack cannot be sequence parallel.
           sequence_parallel_ok, sequence_parallel = False, None
-        if plan.fits and (memory_budget_bytes is None
-                          or plan.memory_bytes_per_device <= memory_budget_bytes):
+        def fits(candidate):
+          return candidate.fits and (memory_budget_bytes is None or
+                                     candidate.memory_bytes_per_device <= memory_budget_bytes)
+        if fits(plan):
           plans.append(plan)
+          if recompute != "none":
+            chunk_layers = -(-num_layers // (p * v))
+            partial, probes = _fewest_recomputed(
+                lambda k, o=options: _plan(cluster, mesh, layout,
+                                           dataclasses.replace(o, recompute_layers=k),
+                                           sequence_parallel), fits, chunk_layers)
+            tried += probes
+            if partial is not None:
+              plans.append(partial)
         else:
           rejected.append(f"{mesh} m={m} v={v} recompute={recompute} "
                           f"zero={_zero_label(options)}: needs "
                           f"{plan.memory_bytes_per_device / 2**30:.1f} GiB")
   return SearchResult(_ranked(plans), tried, rejected, time.time() - start, top, stopped,
                       memory_budget_bytes)
+
+
+def _fewest_recomputed(plan_with: Callable[[int], planner.Plan],
+                       fits: Callable[[planner.Plan], bool], chunk_layers: int):
+  """The plan recomputing the fewest layers of each chunk that fits
+  (`recompute_layers`, by bisection; recomputing every layer fits), or None
+  where recomputing none fits too (that plan is searched already) or all
+  are needed; and how many plans it priced."""
+  lo, hi, best, probes = 0, chunk_layers, None, 0  # hi layers fit; lo - 1 layers do not
+  while lo < hi:
+    k = (lo + hi) // 2
+    candidate = plan_with(k)
+    probes += 1
+    if fits(candidate):
+      hi, best = k, candidate
+    else:
+      lo = k + 1
+  if best is None or best.options.recompute_layers == 0:
+    return None, probes
+  return best, probes
 
 
 TIE = 0.005  # step times this close (relative) are a tie, below what the planner tells apart

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 GIB = 2 ** 30
 # A plan that fits with less than this share of HBM to spare is called tight:
@@ -31,6 +31,10 @@ class PlanOptions:
     schedule: "gpipe", "1f1b" (...pipeline_schedule) or "interleaved".
     virtual_stages: layer chunks per device with the interleaved schedule.
     recompute: "none", "layer" or "selective" (...recompute).
+    recompute_layers: with recompute "layer" or "selective", the layers
+      recomputed at the start of each pipeline chunk (of the stack without a
+      pipeline); the others keep their activations. None: all
+      (...recompute_layers).
     zero_stage: 0-3 (run.zero_stage).
     zero_reshard_after_forward: stage 3: the backward pass gathers each
       variable again (True) or keeps the forward pass's copy
@@ -56,6 +60,62 @@ class PlanOptions:
   overlap_grad_reduce: bool = True
   fusion: str = "xla"
   attention: str = "unfused"
+  recompute_layers: Optional[int] = None
+
+  def check(self) -> None:
+    """Raises ValueError, naming the gin binding, for options the library cannot run."""
+    o = self
+    if o.schedule not in ("gpipe", "1f1b", "interleaved"):
+      raise ValueError(f"pipeline_schedule = {o.schedule!r}: use 'gpipe', '1f1b' or "
+                       "'interleaved'.")
+    if o.recompute not in ("none", "layer", "selective"):
+      raise ValueError(f"recompute = {o.recompute!r}: use 'none', 'layer' or 'selective'.")
+    from mesh_tensorflow.transformer import layer_stack  # pylint: disable=g-import-not-at-top
+    if o.recompute == "selective" and layer_stack.configured_with_custom_sublayers():
+      raise ValueError("recompute = 'selective': the config's layer stack has its own sublayers "
+                       "(LayerStack.sublayers_*), which recompute whole layers or nothing; use "
+                       "'layer' or 'none'.")
+    if o.fusion not in ("none", "xla"):
+      raise ValueError(f"fusion = {o.fusion!r}: use 'none' or 'xla' (run.jit_compile = True).")
+    if o.attention not in ("unfused", "fused"):
+      raise ValueError(f"attention = {o.attention!r}: use 'unfused' or 'fused'.")
+    if o.zero_stage not in (0, 1, 2, 3):
+      raise ValueError(f"run.zero_stage = {o.zero_stage}: use 0, 1, 2 or 3.")
+    if not o.zero_reshard_after_forward and o.zero_stage != 3:
+      raise ValueError(f"run.zero_reshard_after_forward = False applies to run.zero_stage = 3, "
+                       f"not {o.zero_stage}.")
+    if o.num_stages < 1 or o.num_microbatches < 1 or o.virtual_stages < 1:
+      raise ValueError("num_stages, num_microbatches and virtual_stages must be positive.")
+    if o.virtual_stages > 1 and o.schedule != "interleaved":
+      raise ValueError(f"virtual_stages = {o.virtual_stages} needs the interleaved schedule.")
+    if o.schedule == "interleaved" and o.num_stages > 1 and o.num_microbatches % o.num_stages:
+      raise ValueError(f"the interleaved schedule needs num_microbatches ({o.num_microbatches}) "
+                       f"to be a multiple of num_stages ({o.num_stages}).")
+    if o.recompute_layers is not None and (
+        isinstance(o.recompute_layers, bool) or not isinstance(o.recompute_layers, int)
+        or o.recompute_layers < 0):
+      raise ValueError(f"recompute_layers = {o.recompute_layers!r}: a number of layers (0 or "
+                       "more) per pipeline chunk, or None (all).")
+    if o.recompute_layers is not None and o.recompute == "none":
+      raise ValueError(f"recompute_layers = {o.recompute_layers} says how many layers to "
+                       "recompute, but recompute = 'none'; set recompute = 'layer' or "
+                       "'selective'.")
+
+
+
+def recompute_label(options: PlanOptions) -> str:
+  """The recomputation as plans are listed: "layer", or with
+  recompute_layers "layer (first 3 layers)" ("... of each pipeline chunk"
+  when pipelined).
+
+  Example:
+    >>> recompute_label(PlanOptions(recompute="layer", recompute_layers=3))
+    'layer (first 3 layers)'
+  """
+  if options.recompute_layers is None or options.recompute == "none":
+    return options.recompute
+  where = " of each pipeline chunk" if options.num_stages > 1 else ""
+  return f"{options.recompute} (first {options.recompute_layers} layers{where})"
 
 
 # ------------------------------------------------------------ results
@@ -133,7 +193,7 @@ class Plan:
                     f"({o.schedule}{', %d virtual' % o.virtual_stages if o.virtual_stages > 1 else ''})")
     elif o.num_microbatches > 1:
       extras.append(f"{o.num_microbatches} micro-batches")
-    extras.append(f"recompute={o.recompute}")
+    extras.append(f"recompute={recompute_label(o)}")
     extras.append(f"ZeRO stage {o.zero_stage}" + (
         ", gathered once" if o.zero_stage == 3 and not o.zero_reshard_after_forward else ""))
     if o.fusion != "xla":

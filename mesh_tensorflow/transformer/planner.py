@@ -91,6 +91,7 @@ def options_from_gin() -> PlanOptions:
       schedule=str(_binding("transformer.make_layer_stack.pipeline_schedule", "gpipe")),
       virtual_stages=int(_binding("transformer.make_layer_stack.virtual_stages", 1) or 1),
       recompute=str(_binding("transformer.make_layer_stack.recompute", "none")),
+      recompute_layers=_binding("transformer.make_layer_stack.recompute_layers", None),
       zero_stage=int(_binding("run.zero_stage", 0) or 0),
       zero_reshard_after_forward=_binding("run.zero_reshard_after_forward", True) is not False)
 
@@ -453,7 +454,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
     raise ValueError(f"mesh {full_shape.to_string()} has {full_shape.size} processors but "
                      f"--hardware={cluster} has {cluster.count} devices; make them equal "
                      "(--mesh_shape and --layout, or --auto to search).")
-  _check_options(options)
+  options.check()
   names = [d.name for d in full_shape.dims]
   sizes = full_shape.to_integer_list()
   rule_map = dict(rules.rules) if hasattr(rules, "rules") else dict(
@@ -526,6 +527,13 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   bwd_x = bwd_xc + bwd_xm
   recompute_l = 0.0
   recompute_flops_l = 0.0
+  # Layers of the busiest stage recomputed (recompute_layers: the first of
+  # each chunk), and the share of all layers that is.
+  chunk_layers = per_stage // (options.virtual_stages if s > 1 else 1)
+  recomputed = 0 if options.recompute == "none" else per_stage
+  if recomputed and options.recompute_layers is not None:
+    recomputed = min(options.recompute_layers, chunk_layers) * (per_stage // chunk_layers)
+  share = recomputed / per_stage
   if options.recompute == "layer":
     recompute_l = fwd_l
     recompute_flops_l = layer["forward"].model_flops
@@ -540,7 +548,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   dp = 1
   for a in dp_axes:
     dp *= sub_dims[a].size
-  micro_time = (per_stage * (fwd_l + bwd_l + recompute_l) + fwd_x + bwd_x)
+  micro_time = per_stage * (fwd_l + bwd_l) + recomputed * recompute_l + fwd_x + bwd_x
   p2p = 0.0
   if s > 1:
     hop = _stage_send_time(one, full_shape, rules, names.index(pipe_dim), cluster)
@@ -555,7 +563,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   optimizer_compute = _compute_time(opt, h)
   exposed = grad_reduce
   if options.overlap_grad_reduce and grad_reduce > 0:
-    hidden = per_stage * (bwd_l + recompute_l)
+    hidden = per_stage * bwd_l + recomputed * recompute_l
     exposed = max(grad_reduce / max(per_stage, 1), grad_reduce - hidden)
   param_gather = sum(c * pricer.time(k) for k, c in after_update.items())
   # ZeRO 3 (mtf.zero, mtf.gradients): each layer's variables are gathered in
@@ -569,7 +577,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
     # Gathered in the activation dtype (the read casts before it moves).
     gather_bytes = int(var_layer / dp * _activation_bytes() / 4)
     gather_l = pricer.time(("allgather", dp_axes, gather_bytes))
-    bwd_recompute_c = bwd_c + (fwd_c if options.recompute == "layer" else 0)
+    bwd_recompute_c = bwd_c + (share * fwd_c if options.recompute == "layer" else 0)
     forward_gathers = grad_accum if s == 1 else 1
     backward_gathers = m if options.zero_reshard_after_forward else 0
     zero3_count = (forward_gathers + backward_gathers) * executed_layers
@@ -588,7 +596,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   model_flops_micro = (layer["forward"].model_flops + layer["backward"].model_flops) \
       * num_layers + extra["forward"].model_flops + extra["backward"].model_flops
   model_flops = model_flops_micro * m
-  hw_flops = model_flops + (recompute_flops_l * num_layers * m
+  hw_flops = model_flops + (share * recompute_flops_l * num_layers * m
                             + (layer["backward"].extra_flops * num_layers
                                + extra["backward"].extra_flops) * m)
   peak = cluster.count * h.peak_flops_per_s
@@ -615,21 +623,25 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   # late in the backward pass); the rest of the peak is the step's own.
   act_layer = max(two.kept_activations - one.kept_activations, 0.0)
   act_extra = max(one.activations - act_layer, 0.0)
+  # A layer not recomputed keeps all but the score tensors a fused kernel
+  # keeps on chip (one log-sum per row).
+  kept_plain = (max(act_layer - one.attention_core_bytes, one.layer_input_bytes)
+                if options.attention == "fused" else act_layer)
   if options.recompute == "layer":
     kept_layer = one.layer_input_bytes
-  elif options.recompute == "selective" or options.attention == "fused":
-    # Without the score tensors (a fused kernel keeps one log-sum per row).
+  elif options.recompute == "selective":
     kept_layer = max(act_layer - one.attention_core_bytes, one.layer_input_bytes)
   else:
-    kept_layer = act_layer
+    kept_layer = kept_plain
   if s > 1:
     in_flight = m if options.schedule == "gpipe" else min(m, s)
     if options.schedule == "interleaved":  # chunk passes of L / (S V) layers each
       in_flight = _chunks_in_flight(s, m, options.virtual_stages) / options.virtual_stages
   else:
     in_flight = 1
-  activations = in_flight * per_stage * kept_layer + act_extra
-  if options.recompute != "none":
+  activations = in_flight * (recomputed * kept_layer + (per_stage - recomputed) * kept_plain
+                            if recomputed else per_stage * kept_plain) + act_extra
+  if recomputed:
     # One layer's working set while it is recomputed.
     activations += (max(act_layer - one.attention_core_bytes, 0.0)
                     if options.attention == "fused" else act_layer)
@@ -657,7 +669,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
       mult = m
       if phase == "backward" and options.recompute == "layer":
         for k, c in layer["forward"].comm.items():
-          counts[k] = counts.get(k, 0) + executed_layers * c
+          counts[k] = counts.get(k, 0) + share * executed_layers * c
     for k, c in counts.items():
       if c > 0:
         # Per device: the pipeline's stages each run their share of layers.
@@ -672,7 +684,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   breakdown = {
       "compute": m * (per_stage * (fwd_c + bwd_c) + fwd_xc + bwd_xc),
       "model_parallel_comm": m * (per_stage * (fwd_lm + bwd_lm) + fwd_xm + bwd_xm),
-      "recompute": m * per_stage * recompute_l,
+      "recompute": m * recomputed * recompute_l,
       "zero3_gather": zero3_exposed,
       "zero_param_gather": param_gather,
       "pipeline_bubble": bubble,
@@ -768,30 +780,3 @@ def _chunks_in_flight(stages: int, microbatches: int, virtual_stages: int) -> in
   return pipeline_schedule.PipelineSchedule("interleaved", stages, microbatches,
                                             virtual_stages).max_in_flight()
 
-
-def _check_options(o: PlanOptions) -> None:
-  if o.schedule not in ("gpipe", "1f1b", "interleaved"):
-    raise ValueError(f"pipeline_schedule = {o.schedule!r}: use 'gpipe', '1f1b' or 'interleaved'.")
-  if o.recompute not in ("none", "layer", "selective"):
-    raise ValueError(f"recompute = {o.recompute!r}: use 'none', 'layer' or 'selective'.")
-  from mesh_tensorflow.transformer import layer_stack  # pylint: disable=g-import-not-at-top
-  if o.recompute == "selective" and layer_stack.configured_with_custom_sublayers():
-    raise ValueError("recompute = 'selective': the config's layer stack has its own sublayers "
-                     "(LayerStack.sublayers_*), which recompute whole layers or nothing; use "
-                     "'layer' or 'none'.")
-  if o.fusion not in ("none", "xla"):
-    raise ValueError(f"fusion = {o.fusion!r}: use 'none' or 'xla' (run.jit_compile = True).")
-  if o.attention not in ("unfused", "fused"):
-    raise ValueError(f"attention = {o.attention!r}: use 'unfused' or 'fused'.")
-  if o.zero_stage not in (0, 1, 2, 3):
-    raise ValueError(f"run.zero_stage = {o.zero_stage}: use 0, 1, 2 or 3.")
-  if not o.zero_reshard_after_forward and o.zero_stage != 3:
-    raise ValueError(f"run.zero_reshard_after_forward = False applies to run.zero_stage = 3, "
-                     f"not {o.zero_stage}.")
-  if o.num_stages < 1 or o.num_microbatches < 1 or o.virtual_stages < 1:
-    raise ValueError("num_stages, num_microbatches and virtual_stages must be positive.")
-  if o.virtual_stages > 1 and o.schedule != "interleaved":
-    raise ValueError(f"virtual_stages = {o.virtual_stages} needs the interleaved schedule.")
-  if o.schedule == "interleaved" and o.num_stages > 1 and o.num_microbatches % o.num_stages:
-    raise ValueError(f"the interleaved schedule needs num_microbatches ({o.num_microbatches}) "
-                     f"to be a multiple of num_stages ({o.num_stages}).")

@@ -63,6 +63,7 @@ _STACK_DEFAULTS = {"transformer.make_layer_stack.num_layers": 6,
                    "transformer.make_layer_stack.num_stages": 1,
                    "transformer.make_layer_stack.num_microbatches": 1,
                    "transformer.make_layer_stack.recompute": "none",
+                   "transformer.make_layer_stack.recompute_layers": None,
                    "transformer.make_layer_stack.pipeline_schedule": "gpipe",
                    "transformer.make_layer_stack.virtual_stages": 1}
 

@@ -66,6 +66,41 @@ def test_recompute_pipeline_and_zero_change_the_estimate():
                                                          rel=0.01)
 
 
+def test_recomputing_the_first_layers_of_each_chunk_is_priced_between_none_and_all():
+  """recompute_layers = K: K of each chunk's layers recomputed (Megatron-LM's
+  block method). 0 prices as no recomputation, all layers as every layer;
+  between, step time, HFU and memory lie between, in proportion."""
+  pipe = ["transformer.make_layer_stack.num_stages = 2",
+          "transformer.make_layer_stack.num_microbatches = 8",
+          "transformer.make_layer_stack.pipeline_schedule = 'interleaved'",
+          "transformer.make_layer_stack.virtual_stages = 2"]
+  kw = dict(cluster="a100-80gb:32", mesh="pipe:2;data:2;model:8",
+            layout="stages:pipe;batch:data;d_ff:model;heads:model;vocab:model")
+
+  def plan(*extra):
+    return _plan(extra=pipe + list(extra), **kw)
+  none = plan()
+  every = plan("transformer.make_layer_stack.recompute = 'layer'")
+  layer = "transformer.make_layer_stack.recompute = 'layer'"
+  # 8 layers on 2 stages x 2 chunks: 2 layers a chunk.
+  zero = plan(layer, "transformer.make_layer_stack.recompute_layers = 0")
+  half = plan(layer, "transformer.make_layer_stack.recompute_layers = 1")
+  most = plan(layer, "transformer.make_layer_stack.recompute_layers = 5")
+  assert half.options.recompute_layers == 1
+  for same, want in ((zero, none), (most, every)):
+    assert same.step_time_s == pytest.approx(want.step_time_s, rel=1e-9)
+    assert same.memory["activations"] == pytest.approx(want.memory["activations"], rel=1e-9)
+    assert same.hfu == pytest.approx(want.hfu, rel=1e-9)
+  assert none.step_time_s < half.step_time_s < every.step_time_s
+  assert every.memory["activations"] < half.memory["activations"] < none.memory["activations"]
+  assert half.time_breakdown["recompute"] == pytest.approx(
+      every.time_breakdown["recompute"] / 2, rel=1e-9)
+  assert half.hfu - half.mfu == pytest.approx((every.hfu - every.mfu) / 2 * every.step_time_s
+                                              / half.step_time_s, rel=1e-6)
+  with pytest.raises(ValueError, match="recompute_layers = 1 says how many layers"):
+    plan("transformer.make_layer_stack.recompute_layers = 1")
+
+
 def test_interleaved_schedule_is_read_from_gin_and_priced_from_its_table():
   """The interleaved schedule as the library runs it: half the bubble with
   2 chunks, the sends of 2 rounds, the chunk passes its table holds."""
@@ -385,6 +420,34 @@ def test_a_plan_that_fits_with_little_to_spare_says_so():
   for p, noted in ((tight, True), (roomy, False)):
     text = plan_search.SearchResult([p], 1, [], 0.0, 1).summary()
     assert ("note: #1 leaves" in text) == noted
+
+
+def test_auto_search_recomputes_only_as_many_layers_as_memory_requires():
+  """With a memory budget between the plans recomputing no layer and every
+  layer, the search also offers the plan recomputing the fewest layers
+  that fits: one layer fewer does not fit; its step lies between."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
+  extra = ["num_layers = 8", "run.batch_size = 16"]
+  kw = dict(cluster="h100-sxm:4", mesh="data:4", layout="batch:data", extra=extra)
+  none, every = _plan(**kw), _plan(recompute="layer", **kw)
+  budget = (none.memory_bytes_per_device + every.memory_bytes_per_device) / 2
+  gin_config.parse([], MODEL + extra)
+  result = plan_search.search(hardware.parse_cluster("h100-sxm:4"), top=50, micro_sizes=(1,),
+                              virtual_stages=(1,), memory_budget_bytes=budget)
+  partial = [p for p in result.plans if p.mesh_shape == "data:4" and p.options.zero_stage == 0
+             and p.options.recompute == "layer" and p.options.recompute_layers is not None]
+  assert len(partial) == 1, [(p.mesh_shape, p.options) for p in result.plans]
+  k = partial[0].options.recompute_layers
+  assert 0 < k < 8 and partial[0].memory_bytes_per_device <= budget
+  fewer = _plan(recompute="layer", recompute_layers=k - 1, **kw)
+  assert fewer.memory_bytes_per_device > budget
+  # (Here recomputation hides under the gradient reduction: steps can tie.)
+  assert none.step_time_s <= partial[0].step_time_s <= every.step_time_s
+  assert 0 < partial[0].time_breakdown["recompute"] < every.time_breakdown["recompute"]
+  assert f"recompute=layer (first {k} layers)  zero=0" in result.summary() or \
+      result.plans.index(partial[0]) >= result.top
+  assert dataclasses.replace(partial[0].options, recompute_layers=None) == every.options
 
 
 def test_auto_search_returns_fitting_plans_fastest_first():

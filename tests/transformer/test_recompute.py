@@ -22,24 +22,24 @@ TARGETS[3, 5:] = 0
 MESH, LAYOUT = "all:1", ""
 
 
-def _model(recompute, dropout=0.0):
+def _model(recompute, dropout=0.0, recompute_layers=None):
   stack = transformer.make_layer_stack(
       [tl.SelfAttention(num_heads=4, key_value_size=4, relative_attention_type="bias",
                         dropout_rate=dropout),
        tl.DenseReluDense(hidden_size=32, dropout_rate=dropout)],
-      num_layers=2, dropout_rate=dropout, recompute=recompute)
+      num_layers=2, dropout_rate=dropout, recompute=recompute, recompute_layers=recompute_layers)
   return transformer.Unitransformer(stack, d_model=D, input_vocab_size=V, output_vocab_size=V,
                                     autoregressive=True, max_length=L, vocab_divisor=8)
 
 
-def _loss_and_grads(recompute, dropout=0.0):
+def _loss_and_grads(recompute, dropout=0.0, recompute_layers=None):
   """Loss, gradients by variable name, kept activation bytes per processor
   and the stack's recompute_ops, run eagerly on one device."""
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
   impl = make_impl(MESH, LAYOUT)
   targets = mtf.import_tf_tensor(mesh, tf.constant(TARGETS), [batch, length])
-  model = _model(recompute, dropout)
+  model = _model(recompute, dropout, recompute_layers)
   _, loss = model.call_simple(mtf.shift(targets, 1, length, wrap=False), targets, True)
   n_forward = len(graph.operations)
   variables = graph.trainable_variables
@@ -54,11 +54,12 @@ def _loss_and_grads(recompute, dropout=0.0):
 _RUNS = {}
 
 
-def _run(policy, dropout=0.0):
+def _run(policy, dropout=0.0, recompute_layers=None):
   """_loss_and_grads, computed once per module."""
-  if (policy, dropout) not in _RUNS:
-    _RUNS[(policy, dropout)] = _loss_and_grads(policy, dropout)
-  return _RUNS[(policy, dropout)]
+  key = (policy, dropout, recompute_layers)
+  if key not in _RUNS:
+    _RUNS[key] = _loss_and_grads(policy, dropout, recompute_layers)
+  return _RUNS[key]
 
 
 @pytest.mark.parametrize("policy", ["layer", "selective"])
@@ -104,3 +105,33 @@ def test_bad_recompute_policy_is_an_error():
   with pytest.raises(ValueError, match="recompute must be one of"):
     transformer.make_layer_stack([tl.DenseReluDense(hidden_size=8)], num_layers=1,
                                  recompute="everything")
+
+
+@pytest.mark.parametrize("policy", ["layer", "selective"])
+def test_recomputing_the_first_layers_only(policy):
+  """recompute_layers=1 of 2: the first transformer layer (its attention
+  and feed-forward sublayers) is recomputed, the second keeps its
+  activations; same loss and gradients, kept bytes in between; 0: none."""
+  loss0, grads0, kept_none, _ = _run("none")
+  _, _, kept_all, ops_all = _run(policy)
+  loss, grads, kept, ops = _run(policy, recompute_layers=1)
+  assert loss == pytest.approx(loss0, rel=1e-6)
+  for name, g in grads.items():
+    np.testing.assert_allclose(g, grads0[name], rtol=2e-5, atol=1e-6, err_msg=name)
+  assert 2 * len(ops) == len(ops_all) and {p for p, _ in ops} == {policy}
+  # The first layer's: made before any operation of the second layer.
+  operations = ops[0][1].graph.operations
+  second = min(i for i, op in enumerate(operations) if "block_001" in op.name)
+  assert all(operations.index(op) < second for _, op in ops)
+  assert kept_all < kept < kept_none
+  assert _run(policy, recompute_layers=0)[3] == []
+  assert len(_run(policy, recompute_layers=5)[3]) == len(ops_all)
+
+
+def test_bad_recompute_layers_are_errors():
+  layers = [tl.DenseReluDense(hidden_size=8)]
+  with pytest.raises(ValueError, match="recompute_layers = 2 says how many layers to recompute, "
+                     "but recompute = 'none'"):
+    transformer.make_layer_stack(layers, num_layers=2, recompute_layers=2)
+  with pytest.raises(ValueError, match="recompute_layers must be a number of layers"):
+    transformer.make_layer_stack(layers, num_layers=2, recompute="layer", recompute_layers=-1)

@@ -33,7 +33,7 @@ DM_LAYOUT = LAYOUT + ";residual_d_model:model"  # sequence_parallel="d_model"
 
 
 def _run(sequence_parallel, mesh_shape=MESH, layout=SP_LAYOUT, recompute="none", stages=1,
-         schedule="gpipe", share_replicas=False, num_layers=2):
+         schedule="gpipe", share_replicas=False, num_layers=2, recompute_layers=None):
   """Loss, {variable name: gradient} and the Lowering of a 2-layer LM."""
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
@@ -42,9 +42,12 @@ def _run(sequence_parallel, mesh_shape=MESH, layout=SP_LAYOUT, recompute="none",
     return mtf.import_tf_tensor(mesh, tf.constant(value), [batch, length])
   targets = imp(TARGETS)
   stack = transformer.make_layer_stack(
-      [tl.SelfAttention(num_heads=4, key_value_size=4), tl.DenseReluDense(hidden_size=32)],
+      # Dropout off explicitly: not whatever gin config another test left.
+      [tl.SelfAttention(num_heads=4, key_value_size=4, dropout_rate=0.0),
+       tl.DenseReluDense(hidden_size=32, dropout_rate=0.0)],
       num_layers=num_layers, recompute=recompute, sequence_parallel=sequence_parallel,
-      num_stages=stages, num_microbatches=2 if stages > 1 else 1, pipeline_schedule=schedule)
+      num_stages=stages, num_microbatches=2 if stages > 1 else 1, pipeline_schedule=schedule,
+      recompute_layers=recompute_layers, dropout_rate=0.0)
   model = transformer.Unitransformer(stack, d_model=D, input_vocab_size=V, output_vocab_size=V,
                                      autoregressive=True, max_length=L)
   _, loss = model.call_simple(mtf.shift(targets, 1, length, wrap=False), targets, True,
@@ -141,6 +144,17 @@ def test_uneven_stages_keep_the_stream_split():
             num_layers=3)
   _assert_same(_run(True, layout=layout + ";residual_length:model", **kw),
                _run(False, layout=layout, **kw))
+
+
+def test_pipeline_stages_recomputing_their_first_layer_only():
+  """4 blocks on 2 stages, each stage recomputing its first block and
+  keeping the second's activations (recompute_layers=1), the stream split:
+  the loss and gradients of the same pipeline without recomputation."""
+  layout = "stages:pp;heads:model;d_ff:model;residual_length:model"
+  kw = dict(mesh_shape="pp:2;model:4", layout=layout, stages=2, schedule="1f1b",
+            num_layers=4)
+  _assert_same(_run(True, recompute="layer", recompute_layers=1, **kw),
+               _run(True, recompute="none", **kw))
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
