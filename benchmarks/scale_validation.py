@@ -555,7 +555,9 @@ def compare_auto(selectors=None):
   batch, against the published plan: the fastest plan within the published
   plan's memory per device, and the fastest that fits the device at all.
   The search covers the published plan (its mesh, micro-batch size,
-  schedule, recomputation), so the first is never slower. Rows that differ
+  schedule, recomputation), so the first is never slower (but for a plan
+  recomputing some of its layers, PaLM's: the search recomputes the fewest
+  layers that fit the device, not the published plan's memory). Rows that differ
   only in recomputation or sequence parallelism (Korthikanti et al.'s) share
   one search."""
   rows = ([shazeer_row()] + megatron_rows() + mt_nlg_rows() + korthikanti_rows() + fsdp_rows()

@@ -114,8 +114,9 @@ def recompute_label(options: PlanOptions) -> str:
   """
   if options.recompute_layers is None or options.recompute == "none":
     return options.recompute
+  k = options.recompute_layers
   where = " of each pipeline chunk" if options.num_stages > 1 else ""
-  return f"{options.recompute} (first {options.recompute_layers} layers{where})"
+  return f"{options.recompute} (first {k} layer{'' if k == 1 else 's'}{where})"
 
 
 # ------------------------------------------------------------ results
