@@ -135,14 +135,13 @@ class _Estimator:
     self.devices.append(device)
     return len(self.devices) - 1
 
-  def _every_processor(self, count: bool, nbytes: int = 0, flops: int = 0, inputs=(),
-                       kernels: int = 1):
+  def _every_processor(self, count: bool, nbytes: int = 0, flops: int = 0, inputs=()):
     """Ids of a new tensor on every processor, each made from that
     processor's `inputs` (one _Bulk entry when counted)."""
     start = len(self.devices)
     self.devices.extend(range(self.mesh_size))
     if count:
-      self.units.append(_Bulk(self.current, start, list(inputs), kernels, nbytes, flops))
+      self.units.append(_Bulk(self.current, start, list(inputs), 1, nbytes, flops))
     return tuple(range(start, start + self.mesh_size))
 
   def _memo(self, keys: Callable[[], Sequence], count: bool, nbytes: int = 0, flops: int = 0,
@@ -178,13 +177,14 @@ class _Estimator:
     # newest kernel back finds all that the sinks need.
     live = np.zeros(len(self.devices), dtype=bool)
     live[list(self.sinks)] = True
-    arrays = {}  # id(_Bulk) -> its inputs as arrays
+    arrays = {}  # id(_Bulk) -> its inputs as arrays (kept for the transfers)
 
     def as_arrays(u):
       got = arrays.get(id(u))
       if got is None:
-        got = arrays[id(u)] = [np.fromiter(x, dtype=np.int64, count=self.mesh_size)
-                               for x in u.inputs]
+        got = [np.fromiter(x, dtype=np.int64, count=self.mesh_size) for x in u.inputs]
+        if self.share:
+          arrays[id(u)] = got
       return got
 
     for u in reversed(self.units):
@@ -199,7 +199,7 @@ class _Estimator:
     for op in ops:
       op.kernels = op.bytes_touched = op.work_flops = op.transfers = 0
       op.combines = op.combine_bytes = 0
-    devices = np.asarray(self.devices, dtype=np.int64)
+    devices = np.asarray(self.devices, dtype=np.int64) if self.share else None
     moved = set()
     for u in self.units:
       if type(u) is tuple:  # pylint: disable=unidiomatic-typecheck
