@@ -639,8 +639,8 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
       in_flight = _chunks_in_flight(s, m, options.virtual_stages) / options.virtual_stages
   else:
     in_flight = 1
-  activations = in_flight * (recomputed * kept_layer + (per_stage - recomputed) * kept_plain
-                            if recomputed else per_stage * kept_plain) + act_extra
+  activations = (in_flight * (recomputed * kept_layer + (per_stage - recomputed) * kept_plain)
+                 + act_extra)
   if recomputed:
     # One layer's working set while it is recomputed.
     activations += (max(act_layer - one.attention_core_bytes, 0.0)
