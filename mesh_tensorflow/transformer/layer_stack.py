@@ -203,7 +203,7 @@ class LayerStack(PipelinedStack, TransformerLayer):
     self._norm_epsilon = 1e-6 if norm_epsilon is None else norm_epsilon
     self._norm_type = norm_type
     self.recompute = recompute
-    _check_recompute_layers(recompute, recompute_layers)
+    check_recompute_layers(recompute, recompute_layers)
     self.recompute_layers = recompute_layers
     self.recompute_ops: List[Any] = []
     self._check_pipeline(num_stages, num_microbatches, pipeline_schedule, virtual_stages)
@@ -620,7 +620,13 @@ def make_layer_stack(layers: Sequence[Any], layer_stack_cls=None, num_layers: in
       **({"recompute_layers": recompute_layers} if recompute_layers is not None else {}))
 
 
-def _check_recompute_layers(recompute: str, recompute_layers: Optional[int]) -> None:
+def check_recompute_layers(recompute: str, recompute_layers: Optional[int]) -> None:
+  """Raises ValueError unless `recompute_layers` is None or a count of layers
+  (0 or more) with a recompute policy other than "none".
+
+  Example:
+    >>> check_recompute_layers("layer", 3)   # fine
+  """
   if recompute_layers is None:
     return
   if isinstance(recompute_layers, bool) or not isinstance(recompute_layers, int) or \

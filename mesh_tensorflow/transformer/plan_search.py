@@ -106,11 +106,11 @@ class SearchResult:
     lines.append("")
     lines.append("gin for #1: " + "; ".join(gin_bindings(self.plans[0])))
     first = self.plans[0]
-    spare = first.hbm_bytes - first.memory_bytes_per_device
-    if spare < plan_types.TIGHT_FRACTION * first.hbm_bytes:
-      lines.append(f"note: #1 leaves {spare / 2**30:.1f} GiB of {first.hbm_bytes / 2**30:.1f} "
-                   "spare: allocator fragmentation and compiler scratch space often take a few "
-                   "GiB; --memory_budget=GIB keeps only plans that leave room")
+    if first.tight:
+      lines.append(f"note: #1 leaves {first.spare_bytes / 2**30:.1f} GiB of "
+                   f"{first.hbm_bytes / 2**30:.1f} spare: allocator fragmentation and compiler "
+                   "scratch space often take a few GiB; --memory_budget=GIB keeps only plans that "
+                   "leave room")
     return "\n".join(lines)
 
 
@@ -127,8 +127,7 @@ def why(plan: planner.Plan) -> str:
   total = plan.step_time_s
   parts = sorted(((v / total, k) for k, v in t.items() if v > 0), reverse=True)
   shown = ", ".join(f"{k.replace('_', ' ')} {100 * f:.0f}%" for f, k in parts[:3])
-  spare = (plan.hbm_bytes - plan.memory_bytes_per_device) / 2**30
-  return f"{shown}; {spare:.1f} GiB spare"
+  return f"{shown}; {plan.spare_bytes / 2**30:.1f} GiB spare"
 
 
 def gin_bindings(plan: planner.Plan) -> List[str]:
@@ -217,6 +216,11 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   max_model = h.devices_per_host if h.kind == "gpu" else 64
   plans, rejected, tried = [], [], 0
   last_report = start
+
+  def fits(plan):
+    return plan.fits and (memory_budget_bytes is None
+                          or plan.memory_bytes_per_device <= memory_budget_bytes)
+
   stopped = False
   sequence_parallel_ok = gin_config.query(SEQUENCE_PARALLEL, None) is not False
   # A stack of custom sublayers recomputes whole layers or nothing.
@@ -277,9 +281,6 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
             break
           # Planned without: the config's stack cannot be sequence parallel.
           sequence_parallel_ok, sequence_parallel = False, None
-        def fits(candidate):
-          return candidate.fits and (memory_budget_bytes is None or
-                                     candidate.memory_bytes_per_device <= memory_budget_bytes)
         if fits(plan):
           plans.append(plan)
           if recompute != "none":

@@ -64,43 +64,36 @@ class PlanOptions:
 
   def check(self) -> None:
     """Raises ValueError, naming the gin binding, for options the library cannot run."""
-    o = self
-    if o.schedule not in ("gpipe", "1f1b", "interleaved"):
-      raise ValueError(f"pipeline_schedule = {o.schedule!r}: use 'gpipe', '1f1b' or "
+    if self.schedule not in ("gpipe", "1f1b", "interleaved"):
+      raise ValueError(f"pipeline_schedule = {self.schedule!r}: use 'gpipe', '1f1b' or "
                        "'interleaved'.")
-    if o.recompute not in ("none", "layer", "selective"):
-      raise ValueError(f"recompute = {o.recompute!r}: use 'none', 'layer' or 'selective'.")
     from mesh_tensorflow.transformer import layer_stack  # pylint: disable=g-import-not-at-top
-    if o.recompute == "selective" and layer_stack.configured_with_custom_sublayers():
+    if self.recompute not in layer_stack.RECOMPUTE_POLICIES:
+      raise ValueError(f"recompute = {self.recompute!r}: use 'none', 'layer' or 'selective'.")
+    if self.recompute == "selective" and layer_stack.configured_with_custom_sublayers():
       raise ValueError("recompute = 'selective': the config's layer stack has its own sublayers "
                        "(LayerStack.sublayers_*), which recompute whole layers or nothing; use "
                        "'layer' or 'none'.")
-    if o.fusion not in ("none", "xla"):
-      raise ValueError(f"fusion = {o.fusion!r}: use 'none' or 'xla' (run.jit_compile = True).")
-    if o.attention not in ("unfused", "fused"):
-      raise ValueError(f"attention = {o.attention!r}: use 'unfused' or 'fused'.")
-    if o.zero_stage not in (0, 1, 2, 3):
-      raise ValueError(f"run.zero_stage = {o.zero_stage}: use 0, 1, 2 or 3.")
-    if not o.zero_reshard_after_forward and o.zero_stage != 3:
+    if self.fusion not in ("none", "xla"):
+      raise ValueError(f"fusion = {self.fusion!r}: use 'none' or 'xla' "
+                       "(run.jit_compile = True).")
+    if self.attention not in ("unfused", "fused"):
+      raise ValueError(f"attention = {self.attention!r}: use 'unfused' or 'fused'.")
+    if self.zero_stage not in (0, 1, 2, 3):
+      raise ValueError(f"run.zero_stage = {self.zero_stage}: use 0, 1, 2 or 3.")
+    if not self.zero_reshard_after_forward and self.zero_stage != 3:
       raise ValueError(f"run.zero_reshard_after_forward = False applies to run.zero_stage = 3, "
-                       f"not {o.zero_stage}.")
-    if o.num_stages < 1 or o.num_microbatches < 1 or o.virtual_stages < 1:
+                       f"not {self.zero_stage}.")
+    if self.num_stages < 1 or self.num_microbatches < 1 or self.virtual_stages < 1:
       raise ValueError("num_stages, num_microbatches and virtual_stages must be positive.")
-    if o.virtual_stages > 1 and o.schedule != "interleaved":
-      raise ValueError(f"virtual_stages = {o.virtual_stages} needs the interleaved schedule.")
-    if o.schedule == "interleaved" and o.num_stages > 1 and o.num_microbatches % o.num_stages:
-      raise ValueError(f"the interleaved schedule needs num_microbatches ({o.num_microbatches}) "
-                       f"to be a multiple of num_stages ({o.num_stages}).")
-    if o.recompute_layers is not None and (
-        isinstance(o.recompute_layers, bool) or not isinstance(o.recompute_layers, int)
-        or o.recompute_layers < 0):
-      raise ValueError(f"recompute_layers = {o.recompute_layers!r}: a number of layers (0 or "
-                       "more) per pipeline chunk, or None (all).")
-    if o.recompute_layers is not None and o.recompute == "none":
-      raise ValueError(f"recompute_layers = {o.recompute_layers} says how many layers to "
-                       "recompute, but recompute = 'none'; set recompute = 'layer' or "
-                       "'selective'.")
-
+    if self.virtual_stages > 1 and self.schedule != "interleaved":
+      raise ValueError(f"virtual_stages = {self.virtual_stages} needs the interleaved schedule.")
+    if (self.schedule == "interleaved" and self.num_stages > 1
+        and self.num_microbatches % self.num_stages):
+      raise ValueError(f"the interleaved schedule needs num_microbatches "
+                       f"({self.num_microbatches}) to be a multiple of num_stages "
+                       f"({self.num_stages}).")
+    layer_stack.check_recompute_layers(self.recompute, self.recompute_layers)
 
 
 def recompute_label(options: PlanOptions) -> str:
@@ -168,6 +161,16 @@ class Plan:
   def fits(self) -> bool:
     return self.memory_bytes_per_device <= self.hbm_bytes
 
+  @property
+  def spare_bytes(self) -> float:
+    """HBM left per device (negative: what is missing)."""
+    return self.hbm_bytes - self.memory_bytes_per_device
+
+  @property
+  def tight(self) -> bool:
+    """Fits with less than TIGHT_FRACTION of the HBM to spare."""
+    return self.fits and self.spare_bytes < TIGHT_FRACTION * self.hbm_bytes
+
   def to_dict(self) -> dict:
     return {
         "cluster": self.cluster, "mesh_shape": self.mesh_shape, "layout": self.layout,
@@ -213,12 +216,11 @@ class Plan:
     lines.append("memory per device:")
     for key in ("variables", "gradients", "optimizer_slots", "activations", "pipeline_buffers"):
       lines.append(f"  {key:<17}{m[key] / GIB:9.2f} GiB")
-    spare = self.hbm_bytes - self.memory_bytes_per_device
-    verdict = ("fits" if self.fits else f"does NOT fit by {-spare / GIB:.2f} GiB")
-    if self.fits and spare < TIGHT_FRACTION * self.hbm_bytes:
-      verdict += (f" with {spare / GIB:.2f} GiB to spare (tight: allocator fragmentation and "
-                  "compiler scratch space often take a few GiB; plan --auto --memory_budget=GIB "
-                  "keeps room)")
+    verdict = ("fits" if self.fits else f"does NOT fit by {-self.spare_bytes / GIB:.2f} GiB")
+    if self.tight:
+      verdict += (f" with {self.spare_bytes / GIB:.2f} GiB to spare (tight: allocator "
+                  "fragmentation and compiler scratch space often take a few GiB; plan --auto "
+                  "--memory_budget=GIB keeps room)")
     lines.append(f"  {'total':<17}{m['total'] / GIB:9.2f} GiB of {self.hbm_bytes / GIB:.2f} GiB "
                  f"HBM: {verdict}")
     lines.append("top communications (per step):")
