@@ -310,7 +310,9 @@ class LayerStack(PipelinedStack, TransformerLayer):
     x = self._begin(context, x)
     x = self._to_stream(context, x)  # split from the first layer to the last
     if not self.pipelined:
+      losses_before = len(context.losses or ())
       x = self._apply_layers(context, x, self._layers, 0, collect=True)
+      self._note_pipeline_refusal(context, losses_before)
     elif self._runs_pipelined(context):
       x = self._call_pipelined(context, x)
     else:

@@ -103,6 +103,7 @@ class _Step:
   boundaries: Tuple[int, int]  # op index of the first backward and optimizer op
   mesh_shape: object
   layout: object
+  pipeline_refusal: Optional[str] = None
 
 
 def _build_step(mesh_shape: str, layout: str, batch_size: int, num_layers: int) -> _Step:
@@ -115,7 +116,8 @@ def _build_step(mesh_shape: str, layout: str, batch_size: int, num_layers: int) 
   step = report.build_training_step(mesh_shape, layout, batch_size=batch_size,
                                     num_layers=num_layers, zero_stage=0)
   return _Step(step.graph, (step.first_backward_op, step.first_optimizer_op),
-               mtf.convert_to_shape(step.mesh_shape), mtf.convert_to_layout_rules(step.layout))
+               mtf.convert_to_shape(step.mesh_shape), mtf.convert_to_layout_rules(step.layout),
+               step.pipeline_refusal)
 
 
 # ------------------------------------------------------------ pricing
@@ -172,6 +174,7 @@ class _Priced:
   layer_input_dims: tuple = ()  # the Dimensions of a layer's input
   kept_activations: float = 0.0  # forward tensors the backward pass reads
   dimension_names: frozenset = frozenset()  # of every tensor of the step
+  pipeline_refusal: Optional[str] = None  # why the layers cannot run pipelined
 
   def phases(self, options: "PlanOptions") -> Dict[str, _Phase]:
     return self.variants[(options.fusion == "xla", options.attention == "fused")]
@@ -272,7 +275,8 @@ def _price_step(step: _Step) -> _Priced:
   mem = est.memory
   count = sum(v.outputs[0].shape.size for v in step.graph.trainable_variables)
   return _Priced(variants, mem.variables, mem.slots, peak, layer_input, kept_scores,
-                 count, layer_input_dims, kept, report.dimension_names(ops))
+                 count, layer_input_dims, kept, report.dimension_names(ops),
+                 step.pipeline_refusal)
 
 
 def _activation_memory(ops, first_bwd: int, first_opt: int, size, costs
@@ -494,6 +498,8 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   sub_mesh = sub_shape.to_string()
   sub_layout = sub_rules.to_string()
   one = _priced(sub_mesh, sub_layout, micro, 1)
+  if s > 1 and one.pipeline_refusal:
+    raise ValueError(f"num_stages={s}: {one.pipeline_refusal}")
   two = _priced(sub_mesh, sub_layout, micro, 2)
   h = cluster.hardware
   pricer = _CommPricer(sizes, axis_map, cluster, names)

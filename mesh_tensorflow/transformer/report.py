@@ -45,6 +45,9 @@ class TrainingStep:
     first_backward_op, first_optimizer_op: index in `graph.operations` of
       the first operation of the backward pass and of the optimizer's update
       (the forward pass is everything before).
+    pipeline_refusal: why the model's layers could not run pipelined
+      (`LayerStack.pipeline_refusal` of a stack built without a pipeline),
+      or None.
   """
   graph: object
   mesh: object
@@ -54,6 +57,7 @@ class TrainingStep:
   layout: str
   first_backward_op: int = 0
   first_optimizer_op: int = 0
+  pipeline_refusal: Optional[str] = None
 
 
 # Bindings that `build_training_step(num_layers=...)` replaces while it builds
@@ -217,7 +221,10 @@ def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] 
       features[name] = mtf.import_tf_tensor(
           mesh, tf.broadcast_to(tf.constant(0, tf.int32), shape.to_integer_list()), shape,
           name=name)
-    loss, _ = modeling.make_model_fn(setup)(mesh, features, "train")
+    model = setup.new_model()
+    logits, loss = modeling.call_model(setup, model, features, "train")
+    modeling.token_cross_entropy(logits, features["targets"])  # the trainer's metrics
+    refusals = [s.pipeline_refusal for s in _layer_stacks(model) if s.pipeline_refusal]
     stage = configured_zero_stage() if zero_stage is None else zero_stage
     reshard = gin_config.query("run.zero_reshard_after_forward", True) is not False
     if zero_stage is None:  # the config's own stage: its settings must agree
@@ -238,7 +245,13 @@ def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] 
     optimizer = application.make_optimizer(b.get("optimizer"), schedule)
     updates = optimizer.apply_grads(grads, variables)
   return TrainingStep(graph, mesh, loss, updates, mesh_shape, layout, first_backward,
-                      first_optimizer)
+                      first_optimizer, refusals[0] if refusals else None)
+
+
+def _layer_stacks(model) -> list:
+  """The LayerStacks of a Unitransformer or of a Bitransformer's two halves."""
+  parts = [model, getattr(model, "encoder", None), getattr(model, "decoder", None)]
+  return [p.layer_stack for p in parts if p is not None and hasattr(p, "layer_stack")]
 
 
 def report_for_current_config(mesh_shape: Optional[str] = None, layout: Optional[str] = None,

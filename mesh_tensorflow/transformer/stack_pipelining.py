@@ -24,6 +24,17 @@ from mesh_tensorflow.transformer.layer_context import Context, ModeKeys, inputs_
 # Context attributes that may hold per-example tensors [batch..., length].
 _PER_EXAMPLE_CONTEXT = ("sequence_id", "position", "read_priority", "write_priority")
 
+# What no pipelined stack runs (the planner reports the same lines for a
+# stack it saw do either without a pipeline: `pipeline_refusal`).
+ENCODER_OUTPUT_REFUSAL = (
+    "LayerStack: a pipelined stack cannot attend to an encoder output yet "
+    "(encoder-decoder decoders); pipeline the encoder or a decoder-only model, "
+    "or set num_stages=1 for this stack.")
+AUXILIARY_LOSS_REFUSAL = (
+    "LayerStack: a pipelined stack's layers must not add auxiliary losses "
+    "(mixture of experts, attention z-loss): they would be computed on the pipeline's idle "
+    "ticks too. Set num_stages=1 for this stack.")
+
 
 class PipelinedStack:
   """The pipelining half of `LayerStack` (needs its `_layers`,
@@ -119,6 +130,20 @@ class PipelinedStack:
   def pipelined(self) -> bool:
     return self.num_stages > 1
 
+  # Set by the last call without a pipeline: why this stack could not run
+  # pipelined (one of the refusals above), or None.
+  pipeline_refusal: str | None = None
+
+  def _note_pipeline_refusal(self, context: Context, losses_before: int) -> None:
+    """After running the layers without a pipeline: records whether a
+    pipeline would refuse what they did (`pipeline_refusal`)."""
+    if isinstance(context.encoder_output, mtf.Tensor):
+      self.pipeline_refusal = ENCODER_OUTPUT_REFUSAL
+    elif context.losses is not None and len(context.losses) > losses_before:
+      self.pipeline_refusal = AUXILIARY_LOSS_REFUSAL
+    else:
+      self.pipeline_refusal = None
+
   def _runs_pipelined(self, context: Context) -> bool:
     """Whether `call` runs the GPipe schedule (the interleaved one runs only
     inside `pipeline_loss`; its stacks run chunk after chunk otherwise)."""
@@ -149,10 +174,7 @@ class PipelinedStack:
         names.append(name)
         values.append(value)
     if isinstance(context.encoder_output, mtf.Tensor):
-      raise ValueError(
-          "LayerStack: a pipelined stack cannot attend to an encoder output yet "
-          "(encoder-decoder decoders); pipeline the encoder or a decoder-only model, "
-          "or set num_stages=1 for this stack.")
+      raise ValueError(ENCODER_OUTPUT_REFUSAL)
     return names, values
 
   def _stage_fn(self, context: Context, names):
@@ -164,10 +186,7 @@ class PipelinedStack:
       with mtf.name_scope(context.mesh, "pipeline"):
         out = self._apply_layers(sub, h, layers, 0, gates=self._padding_gates(context))
       if sub.losses:
-        raise ValueError(
-            "LayerStack: a pipelined stack's layers must not add auxiliary losses "
-            "(mixture of experts): they would be computed on the pipeline's idle "
-            "ticks too. Set num_stages=1 for this stack.")
+        raise ValueError(AUXILIARY_LOSS_REFUSAL)
       return out
     return stage_fn
 

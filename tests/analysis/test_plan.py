@@ -582,6 +582,32 @@ def test_auto_ranks_ties_by_memory():
       "tied small", "fast big", "slower", "tied with slower"]
 
 
+@pytest.mark.parametrize("model,refusal", [
+    (["run.model_type = 'bitransformer'"], "cannot attend to an encoder output"),
+    (["transformer.make_layer_stack.layers = [@transformer_layers.SelfAttention, @moe.MoE1D]",
+      "MoE1D.num_experts = 4", "MoE1D.hidden_size = 256"], "must not add auxiliary losses"),
+])
+def test_plans_training_would_refuse_to_pipeline_are_refused_and_not_searched(model, refusal):
+  """Training cannot pipeline a decoder that attends to an encoder, nor
+  layers that add auxiliary losses: a plan with stages says so in
+  training's words, and --auto searches those models without a pipeline."""
+  from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
+  base = ["num_layers = 4", "run.batch_size = 8"] + model
+  stages = ["transformer.make_layer_stack.num_stages = 2",
+            "transformer.make_layer_stack.num_microbatches = 2"]
+  with pytest.raises(ValueError, match=f"num_stages=2: LayerStack: .*{refusal}"):
+    _plan(base + stages, cluster="a100-80gb:8", mesh="pipe:2;data:4",
+          layout="stages:pipe;batch:data")
+  # Training's own step refuses it in the same words.
+  with pytest.raises(ValueError, match=f"^LayerStack: .*{refusal}"):
+    report.build_training_step("pipe:2;data:4", "stages:pipe;batch:data")
+  assert _plan(base, cluster="a100-80gb:8", mesh="data:8", layout="batch:data").fits
+  result = plan_search.search(hardware.parse_cluster("a100-80gb:4"), top=50, micro_sizes=(1,))
+  assert result.plans and all(p.options.num_stages == 1 for p in result.plans)
+  assert any(refusal in r for r in result.rejected), result.rejected[:5]
+
+
 def test_auto_search_plans_a_stack_that_cannot_be_sequence_parallel_without_it():
   from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
   gin_config.parse([], MODEL + [
