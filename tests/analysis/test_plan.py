@@ -308,6 +308,12 @@ def test_plan_rejects_mismatched_mesh_and_pipeline():
     _plan(cluster="a100-80gb:8")
   with pytest.raises(ValueError, match="no 'stages' rule"):
     _plan(extra=["transformer.make_layer_stack.num_stages = 2"])
+  # 64 sequences in 16 micro-batches of 4, over 8 data-parallel replicas.
+  with pytest.raises(ValueError, match="gives 4 sequences each, which the layout's batch:data "
+                     r"\(8-way\) does not divide; use a number of micro-batches that divides 8"):
+    _plan(extra=["transformer.make_layer_stack.num_stages = 2",
+                 "transformer.make_layer_stack.num_microbatches = 16"],
+          mesh="pipe:2;data:8", layout="stages:pipe;batch:data")
 
 
 def test_scale_validation_quick_rows_within_15_percent():
