@@ -92,7 +92,9 @@ Rows:
   global batch 2048 in micro-batches of 2, 4-way tensor, 12-way pipeline
   and 8-way data parallelism on 384 A100 80 GB (48 nodes of 8), every layer
   recomputed (`--checkpoint-activations`), ZeRO stage 1 (DeepSpeed's
-  BF16_Optimizer), Megatron-LM's default dropout (the README says so).
+  BF16_Optimizer: bfloat16 weights, float32 masters in the sharded
+  optimizer state, planned as `run.float32_master_in_optimizer = True`),
+  Megatron-LM's default dropout (the README says so).
   The nodes reach each other over 4 Omni-Path links of 100 Gb/s: 6.25 GB/s
   per GPU, a quarter of a DGX A100's (benchmarks/hardware/jean_zay_a100.json;
   the rest as the `a100-80gb` preset). Published: the README's log line of
@@ -129,7 +131,9 @@ Rows:
   embedding and softmax weights. Assumed (not stated): micro-batches of
   one sequence, the 1F1B schedule, no recomputation, fused attention
   (Transformer Engine), and its distributed optimizer planned as ZeRO 2
-  (the same reduce-scatter and all-gather). Compared: the table's per-GPU
+  with bfloat16 weights and float32 masters in the sharded optimizer state
+  (`run.float32_master_in_optimizer = True`: the same reduce-scatter and
+  all-gather, in 16 bits). Compared: the table's per-GPU
   teraFLOP/s, with Megatron-LM's FLOP count without recomputation,
   72 B s l h^2 (1 + s / (6 h)) + 6 B s h V. The rows with tensor
   parallelism are planned sequence parallel, as Megatron-LM runs them. This
@@ -346,7 +350,7 @@ def bloom_row():
                  2, 1, vocab=250880)
   row.hardware = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hardware",
                               "jean_zay_a100.json")
-  row.bindings.append("run.zero_stage = 1")
+  row.bindings += ["run.zero_stage = 1", "run.float32_master_in_optimizer = True"]
   row.unit = "samples/s"
   return row
 
@@ -432,7 +436,7 @@ def megatron_h100_rows():
     row = _gpt_row(f"H100 GPT {params}B", MEGATRON_H100, heads, h, layers, t, p, gpus, batch,
                    tflops, 1, 1, seq=seq, vocab=vocab, recompute="none")
     row.hardware, row.attention = "h100-sxm", "fused"
-    row.bindings += ["run.zero_stage = 2",
+    row.bindings += ["run.zero_stage = 2", "run.float32_master_in_optimizer = True",
                      "Unitransformer.shared_embedding_and_softmax_weights = False"]
     if t > 1:  # sequence parallelism with the tensor parallelism
       _make_sequence_parallel(row)

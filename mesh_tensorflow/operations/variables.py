@@ -30,6 +30,10 @@ from mesh_tensorflow.core.shapes import convert_to_shape
 # stored in}, where that is not its own (training.zero, stage 3), so that
 # every graph lowered with the implementation finds them stored that way.
 STORAGE_KEY = "variable_storage"
+# mesh_impl.keeps[STORAGE_DTYPE_KEY]: {variable name: the dtype its slices
+# are stored in, where a training graph chose it (`store_in_activation_dtype`);
+# other graphs lowered with the same mesh implementation store it so too.
+STORAGE_DTYPE_KEY = "variable_storage_dtype"
 
 
 class VariableDType:
@@ -93,6 +97,14 @@ class Variable(Operation):
       self.master = master_variables.create_master(
           placer, name, self._shape, self.master_dtype, self._full_initial_value, trainable)
 
+  def store_in_activation_dtype(self) -> None:
+    """Stores (and checkpoints) the variable in its activation dtype, e.g.
+    bfloat16: its float32 master copy then lives in the optimizer's state
+    (`mtf.zero.shard_training_state(..., float32_master_in_optimizer=True)`).
+    Call it before the graph is lowered."""
+    act = self._dtype.activation_dtype
+    self._dtype = VariableDType(act, act, act)
+
   def _full_initial_value(self) -> tf.Tensor:
     full = self._shape.to_integer_list()
     if hasattr(type(self._initializer), "slice_value"):
@@ -114,6 +126,9 @@ class Variable(Operation):
     impl = lowering.mesh_impl(self)
     if self.storage_shape == self._shape:  # stored sharded on impl by an earlier graph?
       self.storage_shape = impl.keeps.get(STORAGE_KEY, {}).get(self._name, self._shape)
+    stored = impl.keeps.get(STORAGE_DTYPE_KEY, {}).get(self._name)
+    if stored is not None and stored != self.slice_dtype:
+      self._dtype = VariableDType(stored, stored, self.activation_dtype)
     slices = self._get_or_create_slices(impl)
     lowering.variables[self] = LaidOutVariable(self, impl, slices)
     _lower_read(lowering, self, self, slices, self.read_after)

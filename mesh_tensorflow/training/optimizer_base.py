@@ -235,14 +235,60 @@ class _UpdateTarget:
     return var_ops.assign(var, value)
 
 
+# Graph.keeps[MASTERS_READY_KEY]: the scalar variable that says whether the
+# float32 master slots hold the variables' values (0 until the first update,
+# also after restoring a checkpoint written without them).
+MASTERS_READY_KEY = "optimize.masters_ready"
+
+
+def _masters_ready(mesh: Mesh) -> Tensor:
+  """The graph's float32 scalar "masters ready" variable (created on first use)."""
+  ready = mesh.graph.keeps.get(MASTERS_READY_KEY)
+  if ready is None:
+    ready = var_ops.get_variable(mesh, "optimizer_float32_masters_ready", Shape([]),
+                                 dtype=tf.float32, initializer=tf.zeros_initializer(),
+                                 trainable=False)
+    mesh.graph.keeps[MASTERS_READY_KEY] = ready
+  return ready
+
+
+class _MasterTarget(_UpdateTarget):
+  """A variable stored in its 16-bit activation dtype whose float32 master
+  copy is the optimizer slot "master" (in the slots' shape: under ZeRO, this
+  processor's block). Updates read the master (the variable's own value,
+  widened, before the first update) and write both."""
+
+  def __init__(self, var: var_ops.Variable, shape: Shape, mesh: Mesh,
+               reduce_scatter: bool):
+    super().__init__(var, shape, mesh, reduce_scatter)
+    self.master_dtype = tf.float32
+    self.master = _slot(self, "master")
+    self.extra_ops: List[Operation] = []
+
+  def value(self) -> Tensor:
+    if self._value is None:
+      stored = ew.cast(super().value(), tf.float32)
+      ready = offload.to_mesh(_masters_ready(self.variable.mesh), self.mesh) > 0.5
+      self._value = ew.where(ready, self.master, stored)
+    return self._value
+
+  def assign(self, value: Tensor) -> Operation:
+    self.extra_ops.append(var_ops.assign(self.master, value))
+    return super().assign(ew.cast(value, self.variable.master_dtype))
+
+
 def _update_target(var: var_ops.Variable, offload_slots: bool):
-  """The variable, or an _UpdateTarget if ZeRO or offload change its update."""
+  """The variable, or an _UpdateTarget if ZeRO, offload or a float32 master
+  kept by the optimizer change its update."""
   plan = zero.plan_for(var.graph)
   shape = plan.shapes[var] if plan is not None and plan.shards_slots(var) else var.shape
   mesh = offload.host_mesh(var.mesh) if offload_slots else var.mesh
+  reduce_scatter = plan is not None and plan.shards_gradient(var)
+  if plan is not None and plan.keeps_master(var):
+    return _MasterTarget(var, shape, mesh, reduce_scatter)
   if shape == var.shape and mesh is var.mesh:
     return var
-  return _UpdateTarget(var, shape, mesh, plan is not None and plan.shards_gradient(var))
+  return _UpdateTarget(var, shape, mesh, reduce_scatter)
 
 
 def _master(t: Tensor, var: var_ops.Variable) -> Tensor:
@@ -398,7 +444,10 @@ class Optimizer:
         new_ops = self.apply_grad(grad, target)
         if target is not var or apply_if is not None:
           self._check_assigns(new_ops, var)
-        ops.extend(new_ops)
+        ops.extend(new_ops + getattr(target, "extra_ops", []))
+      ready = pairs[0][1].graph.keeps.get(MASTERS_READY_KEY)
+      if ready is not None:  # the master slots now hold the values
+        ops.append(var_ops.assign(ready, ew.cast(ready * 0.0 + 1.0, tf.float32)))
       # Counters advance also when the caller gives the step (a Trainer), so
       # models that read step_counter() see the number of updates.
       ops.extend(_advance_step_counters(pairs[0][1].graph))

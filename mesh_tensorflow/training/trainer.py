@@ -92,6 +92,10 @@ class Trainer:
       splitting "batch").
     zero_reshard_after_forward: stage 3: False keeps each gathered variable
       from the forward pass to the backward pass (one gather per step).
+    float32_master_in_optimizer: store the variables in their 16-bit
+      activation dtype and keep their float32 masters in the optimizer's
+      state, sharded with the slots from stage 1 (DeepSpeed's and
+      Megatron-LM's distributed optimizer's layout; `mtf.zero`).
     loss_scale: a `mtf.mixed_precision.DynamicLossScale` for float16
       training: steps with non-finite gradients are skipped (variables and
       slots unchanged; the global step still advances) and logged.
@@ -121,7 +125,7 @@ class Trainer:
                zero_stage: int = 0, zero_mesh_dim: Optional[str] = None,
                zero_reshard_after_forward: bool = True, loss_scale=None,
                checkpoint_path: Optional[str] = None,
-               jit_compile=False):
+               jit_compile=False, float32_master_in_optimizer: bool = False):
     if jit_compile not in (True, False, "auto"):
       raise ValueError(f"Trainer: jit_compile={jit_compile!r}; choose True, False or 'auto'.")
     if hasattr(mesh_impl, "run_all"):
@@ -146,6 +150,7 @@ class Trainer:
     self._zero_mesh_dim = zero_mesh_dim
     zero.check_reshard(zero_stage, zero_reshard_after_forward)
     self._zero_reshard = zero_reshard_after_forward
+    self._float32_master = float32_master_in_optimizer
     self._loss_scale = loss_scale
     self._model_fn = model_fn
     self._shapes = {k: convert_to_shape(v) for k, v in feature_shapes.items()}
@@ -209,7 +214,8 @@ class Trainer:
     if not isinstance(loss, Tensor) or loss.shape.ndims != 0:
       raise ValueError(f"model_fn must return a scalar mtf loss, got {loss!r}.")
     plan = zero.shard_training_state(graph, self._impl, self._zero_stage,
-                                     self._zero_mesh_dim, self._zero_reshard)
+                                     self._zero_mesh_dim, self._zero_reshard,
+                                     self._float32_master)
     updates = []
     if mode == TRAIN:
       updates = self._train_updates(graph, mesh, loss, plan, step_var, apply_update)
@@ -248,7 +254,8 @@ class Trainer:
     else:
       accums = [var_ops.get_variable(
           mesh, f"grad_accumulator/{v.name}", plan.shapes[v] if plan.shards_gradient(v)
-          else v.shape, dtype=v.master_dtype, initializer=tf.zeros_initializer(),
+          else v.shape, dtype=tf.float32 if plan.keeps_master(v) else v.master_dtype,
+          initializer=tf.zeros_initializer(),
           trainable=False) for v in variables]
       if not apply_update:
         updates = [var_ops.assign_add(a, ew.cast(g, a.dtype))

@@ -48,7 +48,7 @@ import tensorflow as tf
 from mesh_tensorflow.core.graph import Graph, Operation, Tensor
 from mesh_tensorflow.core.layout import LayoutRules
 from mesh_tensorflow.lowering import plans
-from mesh_tensorflow.operations.variables import STORAGE_KEY
+from mesh_tensorflow.operations.variables import STORAGE_DTYPE_KEY, STORAGE_KEY
 from mesh_tensorflow.core.shapes import Dimension, Shape
 
 ZERO_DIM_PREFIX = "zero_"
@@ -156,6 +156,8 @@ class ZeroPlan:
       variables again (True) or keeps the forward pass's copies.
     shapes: {Variable operation: its sharded twin shape}; variables missing
       here keep their stage-0 form.
+    masters: the variables stored in their 16-bit activation dtype whose
+      float32 master copy the optimizer keeps (`float32_master_in_optimizer`).
   """
 
   def __init__(self, stage: int, mesh_dim: Optional[str], reshard_after_forward: bool = True):
@@ -163,6 +165,12 @@ class ZeroPlan:
     self.mesh_dim = mesh_dim
     self.reshard_after_forward = reshard_after_forward
     self.shapes: Dict[Operation, Shape] = {}
+    # Variables stored in their 16-bit activation dtype whose float32 master
+    # copy is an optimizer slot ("master"), sharded like the other slots.
+    self.masters: set = set()
+
+  def keeps_master(self, var) -> bool:
+    return var in self.masters
 
   def shards_slots(self, var) -> bool:
     return self.stage >= 1 and var in self.shapes
@@ -180,7 +188,8 @@ class ZeroPlan:
 
 def shard_training_state(graph: Graph, mesh_impl, stage: int,
                          mesh_dim: Optional[str] = None,
-                         reshard_after_forward: bool = True) -> ZeroPlan:
+                         reshard_after_forward: bool = True,
+                         float32_master_in_optimizer: bool = False) -> ZeroPlan:
   """Plans ZeRO stage `stage` for the trainable variables of `graph`.
 
   Call it after the model is built and before `apply_grads` and the
@@ -197,6 +206,13 @@ def shard_training_state(graph: Graph, mesh_impl, stage: int,
       "batch".
     reshard_after_forward: stage 3 only: False keeps each gathered variable
       from its forward use to its backward use (gathered once per step).
+    float32_master_in_optimizer: store each trainable float32 variable with
+      16-bit activations in the activation dtype (bfloat16 or float16), and
+      keep its float32 master copy as an optimizer slot, which stages >= 1
+      shard: DeepSpeed's mixed-precision layout and Megatron-LM's
+      distributed optimizer (2 bytes per parameter replicated instead of 4,
+      and 4 more in the sharded state). Gradients are then in the activation
+      dtype; updates are computed in float32 on the master.
 
   Returns:
     The ZeroPlan (also kept with the graph, see `plan_for`).
@@ -225,10 +241,30 @@ def shard_training_state(graph: Graph, mesh_impl, stage: int,
         # Other graphs lowered with mesh_impl (evaluation, decoding) find the
         # variable stored this way too (Variable.lower reads this).
         mesh_impl.keeps.setdefault(STORAGE_KEY, {})[var.name] = twin
+  if float32_master_in_optimizer:
+    plan.masters = _store_in_activation_dtype(graph)
+    stored = mesh_impl.keeps.setdefault(STORAGE_DTYPE_KEY, {})
+    stored.update({var.name: var.slice_dtype for var in plan.masters})
   if stage >= 3:
     _gather_a_little_ahead(graph, [v for v in plan.shapes if v.gathers_on_read])
   graph.keeps[PLAN_KEY] = plan
   return plan
+
+
+def _store_in_activation_dtype(graph: Graph) -> set:
+  """The trainable variables with 16-bit activations, now stored in that
+  dtype (their float32 masters become optimizer slots)."""
+  half = (tf.bfloat16, tf.float16)
+  chosen = set()
+  for var in graph.trainable_variables:
+    if var.activation_dtype in half and var.master_dtype in (tf.float32, var.activation_dtype):
+      var.store_in_activation_dtype()
+      chosen.add(var)
+  if graph.trainable_variables and not chosen:
+    raise ValueError("ZeRO: float32_master_in_optimizer keeps float32 masters of variables "
+                     "used in bfloat16 or float16, but no trainable variable is (set "
+                     "run.activation_dtype = 'bfloat16', or drop the option).")
+  return chosen
 
 
 def check_reshard(stage: int, reshard_after_forward: bool) -> None:

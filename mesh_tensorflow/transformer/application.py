@@ -434,6 +434,7 @@ def _trainer(config: RunConfig, model: _Model) -> "mtf.training.Trainer":
       keep_checkpoints=config.keep_checkpoints, log_every=config.log_every, log_fn=log,
       zero_stage=config.zero_stage,
       zero_reshard_after_forward=config.zero_reshard_after_forward, loss_scale=config.loss_scale,
+      float32_master_in_optimizer=config.float32_master_in_optimizer,
       checkpoint_path=config.checkpoint_path, jit_compile=config.jit_compile)
   if config.mode == "eval" and config.eval_checkpoint_step is not None and config.model_dir:
     path = checkpoint_at_step(config.model_dir, config.eval_checkpoint_step)

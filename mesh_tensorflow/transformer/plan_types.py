@@ -39,6 +39,9 @@ class PlanOptions:
     zero_reshard_after_forward: stage 3: the backward pass gathers each
       variable again (True) or keeps the forward pass's copy
       (run.zero_reshard_after_forward = False).
+    float32_master_in_optimizer: variables stored in the activation dtype,
+      their float32 masters in the optimizer's (ZeRO-sharded) state
+      (run.float32_master_in_optimizer).
     overlap_grad_reduce: gradient reduction overlaps the last backward pass.
     fusion: "xla" (chains of elementwise operations and reductions fused,
       as XLA compiles the step: `run.jit_compile = True`, and always on
@@ -61,6 +64,7 @@ class PlanOptions:
   fusion: str = "xla"
   attention: str = "unfused"
   recompute_layers: Optional[int] = None
+  float32_master_in_optimizer: bool = False
 
   def check(self) -> None:
     """Raises ValueError, naming the gin binding, for options the library cannot run."""
@@ -199,7 +203,8 @@ class Plan:
       extras.append(f"{o.num_microbatches} micro-batches")
     extras.append(f"recompute={recompute_label(o)}")
     extras.append(f"ZeRO stage {o.zero_stage}" + (
-        ", gathered once" if o.zero_stage == 3 and not o.zero_reshard_after_forward else ""))
+        ", gathered once" if o.zero_stage == 3 and not o.zero_reshard_after_forward else "")
+        + (", float32 masters in the optimizer" if o.float32_master_in_optimizer else ""))
     if o.fusion != "xla":
       extras.append("unfused (op by op)")
     if o.attention == "fused":

@@ -93,7 +93,8 @@ def options_from_gin() -> PlanOptions:
       recompute=str(_binding("transformer.make_layer_stack.recompute", "none")),
       recompute_layers=_binding("transformer.make_layer_stack.recompute_layers", None),
       zero_stage=int(_binding("run.zero_stage", 0) or 0),
-      zero_reshard_after_forward=_binding("run.zero_reshard_after_forward", True) is not False)
+      zero_reshard_after_forward=_binding("run.zero_reshard_after_forward", True) is not False,
+      float32_master_in_optimizer=bool(_binding("run.float32_master_in_optimizer", False)))
 
 
 # ------------------------------------------------------------ building
@@ -106,7 +107,8 @@ class _Step:
   pipeline_refusal: Optional[str] = None
 
 
-def _build_step(mesh_shape: str, layout: str, batch_size: int, num_layers: int) -> _Step:
+def _build_step(mesh_shape: str, layout: str, batch_size: int, num_layers: int,
+                float32_master: bool) -> _Step:
   """One micro-batch's training step of the parsed config with num_layers
   layers and no pipeline, recomputation or gradient accumulation: the step
   `python -m mesh_tensorflow.report` builds (`report.build_training_step`)."""
@@ -114,7 +116,8 @@ def _build_step(mesh_shape: str, layout: str, batch_size: int, num_layers: int) 
   from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
   # ZeRO is priced by the plan (plan_current_config), not built.
   step = report.build_training_step(mesh_shape, layout, batch_size=batch_size,
-                                    num_layers=num_layers, zero_stage=0)
+                                    num_layers=num_layers, zero_stage=0,
+                                    float32_master=float32_master)
   return _Step(step.graph, (step.first_backward_op, step.first_optimizer_op),
                mtf.convert_to_shape(step.mesh_shape), mtf.convert_to_layout_rules(step.layout),
                step.pipeline_refusal)
@@ -183,15 +186,17 @@ class _Priced:
 _CACHE: Dict[tuple, _Priced] = {}
 
 
-def _priced(mesh_shape: str, layout: str, batch: int, num_layers: int) -> _Priced:
+def _priced(mesh_shape: str, layout: str, batch: int, num_layers: int,
+            float32_master: bool = False) -> _Priced:
   """`_price_step` of `_build_step`, remembered for the same gin config (a
   search prices the same sub-mesh under many options)."""
   import gin  # pylint: disable=g-import-not-at-top
-  key = (gin.config_str(), mesh_shape, layout, batch, num_layers)
+  key = (gin.config_str(), mesh_shape, layout, batch, num_layers, float32_master)
   if key not in _CACHE:
     if len(_CACHE) > 256:
       _CACHE.clear()
-    _CACHE[key] = _price_step(_build_step(mesh_shape, layout, batch, num_layers))
+    _CACHE[key] = _price_step(_build_step(mesh_shape, layout, batch, num_layers,
+                                          float32_master))
   return _CACHE[key]
 
 
@@ -503,10 +508,11 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
 
   sub_mesh = sub_shape.to_string()
   sub_layout = sub_rules.to_string()
-  one = _priced(sub_mesh, sub_layout, micro, 1)
+  master = options.float32_master_in_optimizer
+  one = _priced(sub_mesh, sub_layout, micro, 1, master)
   if s > 1 and one.pipeline_refusal:
     raise ValueError(f"num_stages={s}: {one.pipeline_refusal}")
-  two = _priced(sub_mesh, sub_layout, micro, 2)
+  two = _priced(sub_mesh, sub_layout, micro, 2, master)
   h = cluster.hardware
   pricer = _CommPricer(sizes, axis_map, cluster, names)
   one_phases, two_phases = one.phases(options), two.phases(options)
@@ -570,7 +576,9 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   pipeline_time = slots * (micro_time + p2p)
   bubble = (slots - m) * (micro_time + p2p)
   # Once per step: the gradient reduction and the optimizer's update.
-  opt, after_update = _zero_optimizer(stage_phase("optimizer"), dp_axes, dp, options.zero_stage)
+  # New values are gathered in the variables' dtype, gradients reduced in the activations'.
+  opt, after_update = _zero_optimizer(stage_phase("optimizer"), dp_axes, dp, options.zero_stage,
+                                      1 if master else 4 // _activation_bytes())
   grad_reduce = pricer.total(opt)
   optimizer_compute = _compute_time(opt, h)
   exposed = grad_reduce
@@ -629,7 +637,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
     # the backward pass: every layer's of the stage).
     kept = s > 1 or not options.zero_reshard_after_forward
     gathered = var_extra + (per_stage if kept else 2) * var_layer
-    variables = variables / dp + gathered * _activation_bytes() / 4
+    variables = variables / dp + gathered * (1 if master else _activation_bytes() / 4)
   # A layer's activations: what one more layer keeps for the backward pass
   # (the peaks' difference would count its gradients where the peak falls
   # late in the backward pass); the rest of the peak is the step's own.
@@ -756,14 +764,15 @@ def _activation_bytes() -> int:
   return 2 if ("bfloat16" in dtype or "float16" in dtype) else 4
 
 
-def _zero_optimizer(opt: _Phase, dp_axes: Tuple[int, ...], dp: int,
-                    stage: int) -> Tuple[_Phase, Dict[tuple, float]]:
+def _zero_optimizer(opt: _Phase, dp_axes: Tuple[int, ...], dp: int, stage: int,
+                    value_to_gradient_bytes: int = 1) -> Tuple[_Phase, Dict[tuple, float]]:
   """The optimizer phase as `mtf.zero` runs it at `stage`, and the
   collectives that follow the update.
 
   Stage >= 1: each of the dp data-parallel processors updates 1/dp of every
   variable; stages 1 and 2 then all-gather the new values into the
-  replicated variables (after the update, so nothing hides them). Stage >=
+  replicated variables (after the update, so nothing hides them), an
+  element `value_to_gradient_bytes` times a gradient's. Stage >=
   2: the gradients' all-reduce over the data-parallel axes becomes a
   reduce-scatter into the blocks.
   """
@@ -775,7 +784,7 @@ def _zero_optimizer(opt: _Phase, dp_axes: Tuple[int, ...], dp: int,
     kind, axes, nbytes = key
     if kind == "allreduce" and tuple(axes) == tuple(dp_axes):
       if stage <= 2:
-        gather = ("allgather", axes, nbytes // dp)
+        gather = ("allgather", axes, nbytes * value_to_gradient_bytes // dp)
         after[gather] = after.get(gather, 0) + count
       if stage >= 2:
         key = ("reduce_scatter", axes, nbytes)

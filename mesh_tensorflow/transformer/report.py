@@ -165,7 +165,8 @@ def configured_zero_stage() -> int:
 def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] = None,
                         batch_size: Optional[int] = None,
                         num_layers: Optional[int] = None,
-                        zero_stage: Optional[int] = None) -> TrainingStep:
+                        zero_stage: Optional[int] = None,
+                        float32_master: Optional[bool] = None) -> TrainingStep:
   """One training step of the transformer configured by the gin config that
   is parsed now (`gin_config.parse`), as `application.run` would build it: the
   step of `python -m mesh_tensorflow.report` and, one micro-batch with one
@@ -182,6 +183,9 @@ def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] 
     zero_stage: shard the training state with ZeRO (`mtf.zero`) at this
       stage; default: the config's `run.zero_stage`. The returned layout
       then has the rule that shards it.
+    float32_master: store the variables in the activation dtype with float32
+      masters in the optimizer (`run.float32_master_in_optimizer`, the
+      default).
 
   Example:
     >>> gin_config.parse(["models/tiny_lm.gin"])
@@ -229,9 +233,12 @@ def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] 
     reshard = gin_config.query("run.zero_reshard_after_forward", True) is not False
     if zero_stage is None:  # the config's own stage: its settings must agree
       mtf.zero.check_reshard(stage, reshard)
-    if stage:
+    if float32_master is None:
+      float32_master = bool(gin_config.query("run.float32_master_in_optimizer", False))
+    if stage or float32_master:
       mtf.zero.shard_training_state(graph, impl, stage,
-                                    reshard_after_forward=reshard or stage != 3)
+                                    reshard_after_forward=reshard or stage != 3,
+                                    float32_master_in_optimizer=float32_master)
       layout = impl.layout_rules.to_string()
     first_backward = len(graph.operations)
     variables = graph.trainable_variables

@@ -388,6 +388,12 @@ class RunConfig:
     zero_reshard_after_forward: stage 3: False keeps each gathered variable
       from the forward pass to the backward pass (one gather per step, as
       FSDP's SHARD_GRAD_OP; more memory).
+    float32_master_in_optimizer: with bfloat16 or float16 activations, store
+      the variables (and checkpoint them) in that dtype and keep their
+      float32 masters as an optimizer slot, sharded with the other slots from
+      zero_stage 1: 2 bytes per parameter replicated instead of 4, the
+      gradients' reduction and the gather of new values in 16 bits
+      (DeepSpeed's and Megatron-LM's distributed optimizer's layout).
     loss_scale: dynamic loss scaling for float16 (gin:
       @mixed_precision.DynamicLossScale()), or None.
     jit_compile: compile the train and eval steps with XLA (gin:
@@ -478,6 +484,7 @@ class RunConfig:
   activation_dtype: Optional[str] = None
   zero_stage: int = 0
   zero_reshard_after_forward: bool = True
+  float32_master_in_optimizer: bool = False
   loss_scale: Any = None
   jit_compile: Any = False
   fresh: bool = False

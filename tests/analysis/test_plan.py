@@ -366,6 +366,49 @@ def test_model_state_memory_per_parameter_for_each_zero_stage():
   assert 4 / 64 < per_parameter[3]["variables"] < 4 / 64 + 2
 
 
+def test_float32_masters_in_the_optimizer_give_deepspeeds_bytes_per_parameter():
+  """Variables (and gradients) in bfloat16, the float32 master a slot:
+  Rajbhandari et al.'s 2 + 2 + 12 bytes per parameter, of which ZeRO over
+  64 GPUs splits the 12 (stage 1), the gradients' 2 (2) and the variables'
+  2 (3): their Table 1 for 7.5B parameters on 64 GPUs, 31.4, 16.6 and 1.88
+  GB, is 4.19, 2.21 and 0.25 bytes per parameter."""
+  published = {0: 16, 1: 31.4 / 7.5, 2: 16.6 / 7.5, 3: 1.88 / 7.5}
+  for stage in (0, 1, 2, 3):
+    plan = _plan(["run.optimizer = @optimize.AdamWeightDecayOptimizer",
+                  f"run.zero_stage = {stage}", "run.float32_master_in_optimizer = True"],
+                 cluster="a100-80gb:64", mesh="data:64", layout="batch:data")
+    assert plan.options.float32_master_in_optimizer
+    state = {k: plan.memory[k] / plan.parameters
+             for k in ("variables", "gradients", "optimizer_slots")}
+    split = {"variables": stage >= 3, "gradients": stage >= 2, "optimizer_slots": stage >= 1}
+    expected = {"variables": 2, "gradients": 2, "optimizer_slots": 12}
+    expected = {k: v / 64 if split[k] else v for k, v in expected.items()}
+    if stage == 3:  # plus the bfloat16 copies gathered at once
+      assert expected["variables"] < state.pop("variables") < expected.pop("variables") + 2
+      assert state == pytest.approx(expected, rel=0.01)
+      continue
+    assert state == pytest.approx(expected, rel=0.01)
+    assert sum(state.values()) == pytest.approx(published[stage], rel=0.01)
+  assert "float32 masters in the optimizer" in plan.summary()
+
+
+def test_auto_search_keeps_float32_masters_in_the_optimizer_unless_the_config_says_not():
+  from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
+  for setting, expected in ((None, True), (False, False)):
+    extra = ["num_layers = 2", "run.batch_size = 8"] + (
+        [] if setting is None else [f"run.float32_master_in_optimizer = {setting}"])
+    gin_config.parse([], MODEL + extra)
+    result = plan_search.search(hardware.parse_cluster("a100-80gb:4"), top=50, micro_sizes=(1,))
+    zero = [p for p in result.plans if p.options.zero_stage >= 1]
+    assert zero and all(p.options.float32_master_in_optimizer == expected for p in zero)
+    assert not any(p.options.float32_master_in_optimizer for p in result.plans
+                   if p.options.zero_stage == 0)
+    if expected:
+      assert "run.float32_master_in_optimizer = True" in plan_search.gin_bindings(zero[0])
+      assert plan_search._zero_label(zero[0].options).endswith(  # pylint: disable=protected-access
+          "masters in the optimizer)")
+
+
 def test_activation_memory_per_layer_matches_korthikanti_table_2():
   """One layer's planned activations equal Korthikanti et al.'s published
   per-layer formulas (their Table 2) for every scheme: unsplit, tensor and

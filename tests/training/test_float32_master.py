@@ -1,0 +1,148 @@
+"""Float32 masters in the optimizer (`float32_master_in_optimizer`): variables
+stored in bfloat16, their float32 masters an optimizer slot sharded by ZeRO
+(DeepSpeed's and Megatron-LM's distributed optimizer's layout). Same training
+as float32 variables, 2 bytes per parameter replicated instead of 4, the new
+values gathered in 16 bits, checkpoints that resume, and checkpoints written
+without the masters that start them from the variables."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mesh_tensorflow as mtf
+from mesh_tensorflow.lowering import slice_variables
+from mesh_tensorflow.training import zero
+
+import mtf_test_utils
+
+BATCH, FEATURES, HIDDEN, OUT = 16, 32, 64, 8
+RNG = np.random.default_rng(3)
+X = RNG.normal(size=(4 * BATCH, FEATURES)).astype(np.float32)
+Y = RNG.normal(size=(4 * BATCH, OUT)).astype(np.float32)
+MESH, LAYOUT = "rows:4;cols:2", "batch:rows;hidden:cols"
+SHAPES = {"x": f"batch:{BATCH};features:{FEATURES}", "y": f"batch:{BATCH};out:{OUT}"}
+
+
+def _model_fn(mesh, features, mode, activation="bfloat16"):
+  del mode
+  dtype = mtf.mixed_precision.variable_dtype(activation)
+  hidden, out = mtf.Dimension("hidden", HIDDEN), mtf.Dimension("out", OUT)
+  x = mtf.cast(features["x"], dtype.activation_dtype)
+  w1 = mtf.get_variable(mesh, "w1", [x.shape.dims[1], hidden], dtype=dtype)
+  w2 = mtf.get_variable(mesh, "w2", [hidden, out], dtype=dtype)
+  h = mtf.relu(mtf.einsum([x, w1], output_shape=[x.shape.dims[0], hidden]))
+  y = mtf.cast(mtf.einsum([h, w2], output_shape=[x.shape.dims[0], out]), tf.float32)
+  return mtf.reduce_mean(mtf.square(y - features["y"]))
+
+
+def _data(batch=BATCH):
+  return tf.data.Dataset.from_tensor_slices({"x": X, "y": Y}).batch(batch).repeat()
+
+
+def _trainer(stage, master, model_dir=None, accum=1, model_fn=_model_fn):
+  impl = mtf_test_utils.make_impl(MESH, LAYOUT)
+  shapes = SHAPES if accum == 1 else {
+      k: v.replace(f"batch:{BATCH}", f"batch:{BATCH // accum}") for k, v in SHAPES.items()}
+  trainer = mtf.training.Trainer(
+      model_fn, shapes, impl, mtf.optimize.AdamWeightDecayOptimizer(0.01),
+      zero_stage=stage, float32_master_in_optimizer=master, grad_accum_steps=accum,
+      model_dir=model_dir, log_every=0, log_fn=lambda line: None)
+  return trainer, impl
+
+
+def _assert_follows(master, float32_variable):
+  """The master after 3 Adam steps (each moves a weight by up to the
+  learning rate, 0.01) is the float32 run's variable, up to what the
+  bfloat16 rounding of the start and of the gradients changes: most weights
+  within a tenth of a step, none by a whole one."""
+  diff = np.abs(master - float32_variable)
+  assert np.mean(diff) < 1e-3 and np.max(diff) < 1e-2, (np.mean(diff), np.max(diff))
+
+
+def _values(impl):
+  return {name: np.asarray(v.numpy()) for name, v in slice_variables.variable_store(impl).items()}
+
+
+@pytest.fixture(scope="module")
+def float32_run():
+  trainer, impl = _trainer(0, False)
+  losses = trainer.train(_data(), steps=3)["loss"]
+  return losses, _values(impl), max(zero.state_bytes_per_processor(impl))
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_masters_in_the_optimizer_train_as_float32_variables(float32_run, stage):
+  base_losses, base_values, base_bytes = float32_run
+  trainer, impl = _trainer(stage, True)
+  losses = trainer.train(_data(), steps=3)["loss"]
+  np.testing.assert_allclose(losses, base_losses, rtol=2e-3)
+  values = _values(impl)
+  for name in ("w1", "w2"):
+    assert values[name].dtype == tf.bfloat16.as_numpy_dtype, name
+    assert values[f"{name}/master"].dtype == np.float32, name
+    # The stored variable is its master rounded to bfloat16.
+    rounded = values[f"{name}/master"].astype(tf.bfloat16.as_numpy_dtype)
+    np.testing.assert_array_equal(values[name], rounded, err_msg=name)
+    _assert_follows(values[f"{name}/master"], base_values[name])
+  assert values["optimizer_float32_masters_ready"] == 1.0
+  if stage >= 1:  # 2 bytes replicated + 12 / 4 sharded, against 4 + 8 / 1 per parameter
+    assert max(zero.state_bytes_per_processor(impl)) < base_bytes
+
+
+def test_the_new_values_are_gathered_in_bfloat16():
+  """Stage 2: the same reduce-scatter of the gradients, and the all-gather
+  of the new values moves half the bytes of float32 variables'."""
+  gathered = {}
+  for master in (False, True):
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    impl = mtf_test_utils.make_impl(MESH, LAYOUT)
+    features = {k: mtf.zeros(mesh, v) for k, v in SHAPES.items()}
+    loss = _model_fn(mesh, features, "train")
+    zero.shard_training_state(graph, impl, 2, float32_master_in_optimizer=master)
+    variables = graph.trainable_variables
+    grads = zero.shard_gradients(mtf.gradients([loss], [v.outputs[0] for v in variables]),
+                                 variables)
+    mtf.optimize.AdamWeightDecayOptimizer(0.01).apply_grads(grads, variables)
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    records = lowering.collective_records
+    gathered[master] = {
+        kind: sorted(r.bytes_per_processor for r in records if r.kind == kind)
+        for kind in ("allgather", "reduce_scatter")}
+  assert gathered[True]["reduce_scatter"] == gathered[False]["reduce_scatter"]
+  assert gathered[True]["allgather"] == [b // 2 for b in gathered[False]["allgather"]]
+  assert gathered[True]["allgather"]
+
+
+def test_accumulated_gradients_stay_float32():
+  trainer, impl = _trainer(2, True, accum=2)
+  trainer.train(_data(BATCH // 2), steps=2)
+  values = _values(impl)
+  assert values["grad_accumulator/w1"].dtype == np.float32
+  assert values["w1"].dtype == tf.bfloat16.as_numpy_dtype
+
+
+def test_resume_and_start_from_a_checkpoint_without_masters(tmp_path, float32_run):
+  """A run with masters resumes them; a checkpoint of float32 variables
+  (no master slots) starts the masters from its variables, not from zeros."""
+  base_losses, base_values, _ = float32_run
+  first, _ = _trainer(2, True, model_dir=str(tmp_path / "m"))
+  first.train(_data(), steps=2)
+  first.save()
+  resumed, impl = _trainer(2, True, model_dir=str(tmp_path / "m"))
+  resumed.train(_data(), steps=3)
+  _assert_follows(_values(impl)["w1/master"], base_values["w1"])
+
+  plain, _ = _trainer(0, False, model_dir=str(tmp_path / "f"))
+  plain.train(_data(), steps=2)
+  plain.save()
+  switched, impl = _trainer(2, True, model_dir=str(tmp_path / "f"))
+  loss = switched.train(_data(), steps=3)["loss"]
+  np.testing.assert_allclose(loss, base_losses[2:], rtol=2e-3)
+  _assert_follows(_values(impl)["w1/master"], base_values["w1"])
+
+
+def test_masters_need_16_bit_activations():
+  trainer, _ = _trainer(1, True, model_fn=lambda m, f, mode: _model_fn(m, f, mode, "float32"))
+  with pytest.raises(ValueError, match="float32_master_in_optimizer .* run.activation_dtype"):
+    trainer.train(_data(), steps=1)
