@@ -391,6 +391,8 @@ class SimdMeshImpl(MeshImpl):
     group_size, group_key, instance_key = self._keys(mesh_axes)
     dtype = t.dtype
     send = tf.cast(t, tf.int32) if dtype == tf.bool else t
+    if dtype == tf.bfloat16:  # the op lacks bfloat16; a gather moves bits unchanged
+      send = tf.bitcast(t, tf.float16)
     gathered = tf.raw_ops.CollectiveGatherV2(
         communication_hint=self._communication,
         input=tf.expand_dims(send, 0), group_size=group_size, group_key=group_key,
@@ -398,6 +400,8 @@ class SimdMeshImpl(MeshImpl):
     table = self._rank_table(mesh_axes)
     if table is not None:
       gathered = tf.gather(gathered, tf.gather(tf.constant(table), self._group_index(mesh_axes)))
+    if dtype == tf.bfloat16:
+      return tf.bitcast(gathered, dtype)
     return tf.cast(gathered, dtype) if dtype == tf.bool else gathered
 
   def allreduce(self, x, mesh_axes, reduction_fn_string: str) -> LaidOutTensor:

@@ -447,7 +447,7 @@ class Optimizer:
         ops.extend(new_ops + getattr(target, "extra_ops", []))
       ready = pairs[0][1].graph.keeps.get(MASTERS_READY_KEY)
       if ready is not None:  # the master slots now hold the values
-        ops.append(var_ops.assign(ready, ew.cast(ready * 0.0 + 1.0, tf.float32)))
+        ops.append(var_ops.assign(ready, constant_ops.ones_like(ready)))
       # Counters advance also when the caller gives the step (a Trainer), so
       # models that read step_counter() see the number of updates.
       ops.extend(_advance_step_counters(pairs[0][1].graph))

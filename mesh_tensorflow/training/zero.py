@@ -211,8 +211,8 @@ def shard_training_state(graph: Graph, mesh_impl, stage: int,
       keep its float32 master copy as an optimizer slot, which stages >= 1
       shard: DeepSpeed's mixed-precision layout and Megatron-LM's
       distributed optimizer (2 bytes per parameter replicated instead of 4,
-      and 4 more in the sharded state). Gradients are then in the activation
-      dtype; updates are computed in float32 on the master.
+      and 4 more in the sharded state). Updates are computed in float32 on
+      the master; gradients are reduced in the activation dtype either way.
 
   Returns:
     The ZeroPlan (also kept with the graph, see `plan_for`).

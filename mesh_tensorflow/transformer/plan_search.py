@@ -215,11 +215,13 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   d_model = int(gin_config.query("Unitransformer.d_model", 512) or 512)
   seq_len = planner.configured_sequence_length()
   num_experts = int(gin_config.query("MoE1D.num_experts", 0) or 0)
-  # ZeRO plans keep float32 masters in the (split) optimizer state where the
-  # activations are 16-bit, unless the config says otherwise: less memory
-  # and half the gathered bytes, the same training.
+  # Plans keep float32 masters in the optimizer state (split by ZeRO) where
+  # the activations are 16-bit, unless the config says otherwise: with ZeRO
+  # less memory and half the gathered bytes, without it the same bytes; the
+  # same training. (One setting for every plan: one graph per mesh to price.)
   configured_master = gin_config.query("run.float32_master_in_optimizer", None)
-  half = "16" in str(gin_config.query("run.activation_dtype", "float32"))
+  master = (bool(configured_master) if configured_master is not None
+            else "16" in str(gin_config.query("run.activation_dtype", "float32")))
   h = cluster.hardware
   n = cluster.count
   max_model = h.devices_per_host if h.kind == "gpu" else 64
@@ -277,8 +279,7 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
             schedule="interleaved" if v > 1 else "1f1b" if p > 1 else "gpipe",
             virtual_stages=v, recompute=recompute, zero_stage=zero,
             zero_reshard_after_forward=reshard, attention=attention, fusion=fusion,
-            float32_master_in_optimizer=bool(configured_master) if configured_master
-            is not None else half and zero >= 1)
+            float32_master_in_optimizer=master)
         try:
           plan = _plan(cluster, mesh, layout, options, sequence_parallel)
         except ValueError as e:

@@ -509,6 +509,9 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   sub_mesh = sub_shape.to_string()
   sub_layout = sub_rules.to_string()
   master = options.float32_master_in_optimizer
+  # A variable read in the activation dtype, per byte stored (float32 masters
+  # in the optimizer: the variables are stored in that dtype already).
+  read_per_stored = 1.0 if master else _activation_bytes() / 4
   one = _priced(sub_mesh, sub_layout, micro, 1, master)
   if s > 1 and one.pipeline_refusal:
     raise ValueError(f"num_stages={s}: {one.pipeline_refusal}")
@@ -578,7 +581,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   # Once per step: the gradient reduction and the optimizer's update.
   # New values are gathered in the variables' dtype, gradients reduced in the activations'.
   opt, after_update = _zero_optimizer(stage_phase("optimizer"), dp_axes, dp, options.zero_stage,
-                                      1 if master else 4 // _activation_bytes())
+                                      round(1 / read_per_stored))
   grad_reduce = pricer.total(opt)
   optimizer_compute = _compute_time(opt, h)
   exposed = grad_reduce
@@ -595,7 +598,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   var_layer = two.variables - one.variables
   if options.zero_stage >= 3 and dp > 1:
     # Gathered in the activation dtype (the read casts before it moves).
-    gather_bytes = int(var_layer / dp * _activation_bytes() / 4)
+    gather_bytes = int(var_layer / dp * read_per_stored)
     gather_l = pricer.time(("allgather", dp_axes, gather_bytes))
     bwd_recompute_c = bwd_c + (share * fwd_c if options.recompute == "layer" else 0)
     forward_gathers = grad_accum if s == 1 else 1
@@ -637,7 +640,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
     # the backward pass: every layer's of the stage).
     kept = s > 1 or not options.zero_reshard_after_forward
     gathered = var_extra + (per_stage if kept else 2) * var_layer
-    variables = variables / dp + gathered * (1 if master else _activation_bytes() / 4)
+    variables = variables / dp + gathered * read_per_stored
   # A layer's activations: what one more layer keeps for the backward pass
   # (the peaks' difference would count its gradients where the peak falls
   # late in the backward pass); the rest of the peak is the step's own.
