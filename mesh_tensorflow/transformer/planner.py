@@ -107,17 +107,15 @@ class _Step:
   pipeline_refusal: Optional[str] = None
 
 
-def _build_step(mesh_shape: str, layout: str, batch_size: int, num_layers: int,
-                float32_master: bool) -> _Step:
+def _build_step(mesh_shape: str, layout: str, batch: int, num_layers: int, master: bool) -> _Step:
   """One micro-batch's training step of the parsed config with num_layers
   layers and no pipeline, recomputation or gradient accumulation: the step
   `python -m mesh_tensorflow.report` builds (`report.build_training_step`)."""
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
   # ZeRO is priced by the plan (plan_current_config), not built.
-  step = report.build_training_step(mesh_shape, layout, batch_size=batch_size,
-                                    num_layers=num_layers, zero_stage=0,
-                                    float32_master=float32_master)
+  step = report.build_training_step(mesh_shape, layout, batch_size=batch,
+                                    num_layers=num_layers, zero_stage=0, float32_master=master)
   return _Step(step.graph, (step.first_backward_op, step.first_optimizer_op),
                mtf.convert_to_shape(step.mesh_shape), mtf.convert_to_layout_rules(step.layout),
                step.pipeline_refusal)
@@ -186,17 +184,15 @@ class _Priced:
 _CACHE: Dict[tuple, _Priced] = {}
 
 
-def _priced(mesh_shape: str, layout: str, batch: int, num_layers: int,
-            float32_master: bool = False) -> _Priced:
+def _priced(mesh_shape: str, layout: str, batch: int, num_layers: int, master: bool) -> _Priced:
   """`_price_step` of `_build_step`, remembered for the same gin config (a
   search prices the same sub-mesh under many options)."""
   import gin  # pylint: disable=g-import-not-at-top
-  key = (gin.config_str(), mesh_shape, layout, batch, num_layers, float32_master)
+  key = (gin.config_str(), mesh_shape, layout, batch, num_layers, master)
   if key not in _CACHE:
     if len(_CACHE) > 256:
       _CACHE.clear()
-    _CACHE[key] = _price_step(_build_step(mesh_shape, layout, batch, num_layers,
-                                          float32_master))
+    _CACHE[key] = _price_step(_build_step(mesh_shape, layout, batch, num_layers, master))
   return _CACHE[key]
 
 
@@ -280,8 +276,7 @@ def _price_step(step: _Step) -> _Priced:
   mem = est.memory
   count = sum(v.outputs[0].shape.size for v in step.graph.trainable_variables)
   return _Priced(variants, mem.variables, mem.slots, peak, layer_input, kept_scores,
-                 count, layer_input_dims, kept, report.dimension_names(ops),
-                 step.pipeline_refusal)
+                 count, layer_input_dims, kept, report.dimension_names(ops), step.pipeline_refusal)
 
 
 def _activation_memory(ops, first_bwd: int, first_opt: int, size, costs
@@ -509,8 +504,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   sub_mesh = sub_shape.to_string()
   sub_layout = sub_rules.to_string()
   master = options.float32_master_in_optimizer
-  # A variable read in the activation dtype, per byte stored (float32 masters
-  # in the optimizer: the variables are stored in that dtype already).
+  # Bytes of a variable read in the activation dtype per byte stored.
   read_per_stored = 1.0 if master else _activation_bytes() / 4
   one = _priced(sub_mesh, sub_layout, micro, 1, master)
   if s > 1 and one.pipeline_refusal:
@@ -579,7 +573,6 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   pipeline_time = slots * (micro_time + p2p)
   bubble = (slots - m) * (micro_time + p2p)
   # Once per step: the gradient reduction and the optimizer's update.
-  # New values are gathered in the variables' dtype, gradients reduced in the activations'.
   opt, after_update = _zero_optimizer(stage_phase("optimizer"), dp_axes, dp, options.zero_stage,
                                       round(1 / read_per_stored))
   grad_reduce = pricer.total(opt)

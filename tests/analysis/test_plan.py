@@ -857,7 +857,7 @@ def test_fused_attention_takes_the_scores_out_of_memory_and_traffic():
     gin_config.parse([], MODEL + [f"run.sequence_length = {{'inputs': {n}, 'targets': {n}}}",
                                   f"run.batch_size = {b}"])
     one, two = (planner._priced("data:2;model:8", "batch:data;d_ff:model;heads:model;vocab:model",
-                                b, layers) for layers in (1, 2))
+                                b, layers, False) for layers in (1, 2))
     work = {}
     for phase in ("forward", "backward"):
       work[phase] = [(layer.bytes, layer.kernels) for layer in (
