@@ -261,17 +261,17 @@ def call_model(setup: Setup, model, features: Mapping[str, mtf.Tensor], mode: st
       decoder_position=features.get("targets_position"))
 
 
-def make_model_fn(setup: Setup) -> Callable:
+def make_model_fn(setup: Setup, model=None) -> Callable:
   """The Trainer's model_fn: the model's loss, with cross-entropy (nats per
   target token, without z-loss or label smoothing) and token accuracy as
-  metrics.
+  metrics. It calls `model`, or a new model of the setup on each call.
 
   Example:
     >>> trainer = mtf.training.Trainer(make_model_fn(setup), ...)
   """
   def model_fn(mesh, features, mode):
     del mesh
-    logits, loss = call_model(setup, setup.new_model(), features, mode)
+    logits, loss = call_model(setup, model or setup.new_model(), features, mode)
     xent, accuracy = token_cross_entropy(logits, features["targets"])
     return loss, {"cross_entropy": xent, "token_accuracy": accuracy}
   return model_fn

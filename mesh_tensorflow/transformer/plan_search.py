@@ -221,7 +221,7 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   # same training. (One setting for every plan: one graph per mesh to price.)
   configured_master = gin_config.query("run.float32_master_in_optimizer", None)
   master = (bool(configured_master) if configured_master is not None
-            else "16" in str(gin_config.query("run.activation_dtype", "float32")))
+            else planner.activation_bytes() == 2)
   h = cluster.hardware
   n = cluster.count
   max_model = h.devices_per_host if h.kind == "gpu" else 64

@@ -505,7 +505,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   sub_layout = sub_rules.to_string()
   master = options.float32_master_in_optimizer
   # Bytes of a variable read in the activation dtype per byte stored.
-  read_per_stored = 1.0 if master else _activation_bytes() / 4
+  read_per_stored = 1.0 if master else activation_bytes() / 4
   one = _priced(sub_mesh, sub_layout, micro, 1, master)
   if s > 1 and one.pipeline_refusal:
     raise ValueError(f"num_stages={s}: {one.pipeline_refusal}")
@@ -574,7 +574,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   bubble = (slots - m) * (micro_time + p2p)
   # Once per step: the gradient reduction and the optimizer's update.
   opt, after_update = _zero_optimizer(stage_phase("optimizer"), dp_axes, dp, options.zero_stage,
-                                      round(1 / read_per_stored))
+                                      read_per_stored)
   grad_reduce = pricer.total(opt)
   optimizer_compute = _compute_time(opt, h)
   exposed = grad_reduce
@@ -754,21 +754,22 @@ def _stage_send_time(one: _Priced, full_shape, rules, pipe_axis: int,
   return seconds
 
 
-def _activation_bytes() -> int:
+def activation_bytes() -> int:
   """Bytes per element of the config's activations (run.activation_dtype)."""
   dtype = str(_binding("run.activation_dtype", "float32") or "float32")
   return 2 if ("bfloat16" in dtype or "float16" in dtype) else 4
 
 
 def _zero_optimizer(opt: _Phase, dp_axes: Tuple[int, ...], dp: int, stage: int,
-                    value_to_gradient_bytes: int = 1) -> Tuple[_Phase, Dict[tuple, float]]:
+                    read_per_stored: float = 1.0) -> Tuple[_Phase, Dict[tuple, float]]:
   """The optimizer phase as `mtf.zero` runs it at `stage`, and the
   collectives that follow the update.
 
   Stage >= 1: each of the dp data-parallel processors updates 1/dp of every
   variable; stages 1 and 2 then all-gather the new values into the
-  replicated variables (after the update, so nothing hides them), an
-  element `value_to_gradient_bytes` times a gradient's. Stage >=
+  replicated variables (after the update, so nothing hides them), in the
+  variables' stored dtype: a gradient's bytes (activation dtype) over
+  `read_per_stored`. Stage >=
   2: the gradients' all-reduce over the data-parallel axes becomes a
   reduce-scatter into the blocks.
   """
@@ -780,7 +781,7 @@ def _zero_optimizer(opt: _Phase, dp_axes: Tuple[int, ...], dp: int, stage: int,
     kind, axes, nbytes = key
     if kind == "allreduce" and tuple(axes) == tuple(dp_axes):
       if stage <= 2:
-        gather = ("allgather", axes, nbytes * value_to_gradient_bytes // dp)
+        gather = ("allgather", axes, int(nbytes / read_per_stored) // dp)
         after[gather] = after.get(gather, 0) + count
       if stage >= 2:
         key = ("reduce_scatter", axes, nbytes)

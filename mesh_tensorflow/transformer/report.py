@@ -226,8 +226,7 @@ def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] 
           mesh, tf.broadcast_to(tf.constant(0, tf.int32), shape.to_integer_list()), shape,
           name=name)
     model = setup.new_model()
-    logits, loss = modeling.call_model(setup, model, features, "train")
-    modeling.token_cross_entropy(logits, features["targets"])  # the trainer's metrics
+    loss, _ = modeling.make_model_fn(setup, model)(mesh, features, "train")
     refusals = [s.pipeline_refusal for s in _layer_stacks(model) if s.pipeline_refusal]
     stage = configured_zero_stage() if zero_stage is None else zero_stage
     reshard = gin_config.query("run.zero_reshard_after_forward", True) is not False
