@@ -63,6 +63,7 @@ from mesh_tensorflow.analysis.cost_model import estimator
 from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
 from mesh_tensorflow.analysis.cost_model import memory as memory_lib
 from mesh_tensorflow.analysis.cost_model import topology
+from mesh_tensorflow.transformer import plan_zero
 
 from mesh_tensorflow.transformer.plan_types import (  # noqa: F401 (re-exported)
     GIB, Communication, Plan, PlanOptions)
@@ -573,8 +574,8 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   pipeline_time = slots * (micro_time + p2p)
   bubble = (slots - m) * (micro_time + p2p)
   # Once per step: the gradient reduction and the optimizer's update.
-  opt, after_update = _zero_optimizer(stage_phase("optimizer"), dp_axes, dp, options.zero_stage,
-                                      read_per_stored)
+  opt, after_update = plan_zero.optimizer_phase(stage_phase("optimizer"), dp_axes, dp,
+                                                 options.zero_stage, read_per_stored)
   grad_reduce = pricer.total(opt)
   optimizer_compute = _compute_time(opt, h)
   exposed = grad_reduce
@@ -582,31 +583,17 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
     hidden = per_stage * bwd_l + recomputed * recompute_l
     exposed = max(grad_reduce / max(per_stage, 1), grad_reduce - hidden)
   param_gather = sum(c * pricer.time(k) for k, c in after_update.items())
-  # ZeRO 3 (mtf.zero, mtf.gradients): each layer's variables are gathered in
-  # the forward pass and (unless the copies are kept) again in the backward
-  # pass, a few variables ahead of their use, so each gather runs under the
-  # layer before it. Within a pipeline the forward copy serves every
-  # micro-batch; the backward pass gathers again for each.
-  zero3_gather = zero3_exposed = zero3_count = 0.0
   var_layer = two.variables - one.variables
-  if options.zero_stage >= 3 and dp > 1:
-    # Gathered in the activation dtype (the read casts before it moves).
-    gather_bytes = int(var_layer / dp * read_per_stored)
-    gather_l = pricer.time(("allgather", dp_axes, gather_bytes))
-    bwd_recompute_c = bwd_c + (share * fwd_c if options.recompute == "layer" else 0)
-    forward_gathers = grad_accum if s == 1 else 1
-    backward_gathers = m if options.zero_reshard_after_forward else 0
-    zero3_count = (forward_gathers + backward_gathers) * executed_layers
-    zero3_gather = zero3_count / s * gather_l
-    zero3_exposed = (forward_gathers * (gather_l + (per_stage - 1) * max(0.0, gather_l - fwd_c))
-                     + backward_gathers * (gather_l + (per_stage - 1)
-                                           * max(0.0, gather_l - bwd_recompute_c)))
-    # Backward gathers share the data-parallel links with the gradient
-    # reduction: what the layers' compute cannot cover shows in the step.
-    covered = per_stage * (forward_gathers * fwd_c + backward_gathers * bwd_recompute_c)
-    shared = grad_reduce - exposed if backward_gathers else 0.0
-    zero3_exposed = max(zero3_exposed, zero3_gather + shared - covered)
-  step_time = pipeline_time + exposed + optimizer_compute + param_gather + zero3_exposed
+  zero3 = plan_zero.Stage3Gathers()
+  if options.zero_stage >= 3:
+    zero3 = plan_zero.stage3_gathers(
+        var_layer, dp_axes, dp, read_per_stored, pricer.time, stages=s,
+        layers_per_stage=per_stage, executed_layers=executed_layers, microbatches=m,
+        grad_accum=grad_accum, reshard_after_forward=options.zero_reshard_after_forward,
+        forward_s=fwd_c,
+        backward_s=bwd_c + (share * fwd_c if options.recompute == "layer" else 0),
+        grad_reduce_hidden_s=grad_reduce - exposed)
+  step_time = pipeline_time + exposed + optimizer_compute + param_gather + zero3.exposed
 
   # FLOPs (whole step, all devices).
   model_flops_micro = (layer["forward"].model_flops + layer["backward"].model_flops) \
@@ -693,15 +680,15 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
                           c * mult * pricer.time(k) / (s if phase != "optimizer" else 1))
   for k, c in after_update.items():
     add_communication("optimizer", k, c, c * pricer.time(k))
-  if zero3_gather:
+  if zero3.seconds:
     add_communication("forward and backward" if options.zero_reshard_after_forward else "forward",
-                      ("allgather", dp_axes, gather_bytes), zero3_count, zero3_gather)
+                      zero3.key, zero3.count, zero3.seconds)
   comms.sort(key=lambda c: -c.seconds)
   breakdown = {
       "compute": m * (per_stage * (fwd_c + bwd_c) + fwd_xc + bwd_xc),
       "model_parallel_comm": m * (per_stage * (fwd_lm + bwd_lm) + fwd_xm + bwd_xm),
       "recompute": m * recomputed * recompute_l,
-      "zero3_gather": zero3_exposed,
+      "zero3_gather": zero3.exposed,
       "zero_param_gather": param_gather,
       "pipeline_bubble": bubble,
       "pipeline_sends": m * p2p,
@@ -758,35 +745,6 @@ def activation_bytes() -> int:
   """Bytes per element of the config's activations (run.activation_dtype)."""
   dtype = str(_binding("run.activation_dtype", "float32") or "float32")
   return 2 if ("bfloat16" in dtype or "float16" in dtype) else 4
-
-
-def _zero_optimizer(opt: _Phase, dp_axes: Tuple[int, ...], dp: int, stage: int,
-                    read_per_stored: float = 1.0) -> Tuple[_Phase, Dict[tuple, float]]:
-  """The optimizer phase as `mtf.zero` runs it at `stage`, and the
-  collectives that follow the update.
-
-  Stage >= 1: each of the dp data-parallel processors updates 1/dp of every
-  variable; stages 1 and 2 then all-gather the new values into the
-  replicated variables (after the update, so nothing hides them), in the
-  variables' stored dtype: a gradient's bytes (activation dtype) over
-  `read_per_stored`. Stage >=
-  2: the gradients' all-reduce over the data-parallel axes becomes a
-  reduce-scatter into the blocks.
-  """
-  if stage == 0 or dp == 1:
-    return opt, {}
-  comm: Dict[tuple, float] = {}
-  after: Dict[tuple, float] = {}
-  for key, count in opt.comm.items():
-    kind, axes, nbytes = key
-    if kind == "allreduce" and tuple(axes) == tuple(dp_axes):
-      if stage <= 2:
-        gather = ("allgather", axes, int(nbytes / read_per_stored) // dp)
-        after[gather] = after.get(gather, 0) + count
-      if stage >= 2:
-        key = ("reduce_scatter", axes, nbytes)
-    comm[key] = comm.get(key, 0) + count
-  return dataclasses.replace(opt, flops=opt.flops / dp, bytes=opt.bytes / dp, comm=comm), after
 
 
 @functools.lru_cache(maxsize=64)

@@ -39,13 +39,15 @@ def _data(batch=BATCH):
   return tf.data.Dataset.from_tensor_slices({"x": X, "y": Y}).batch(batch).repeat()
 
 
-def _trainer(stage, master, model_dir=None, accum=1, model_fn=_model_fn, simd=False):
+def _trainer(stage, master, model_dir=None, accum=1, model_fn=_model_fn, simd=False,
+             offload_slots=False):
   impl = (mtf.simd_mesh_impl.SimdMeshImpl(MESH, LAYOUT, mtf_test_utils.DEVICES) if simd
           else mtf_test_utils.make_impl(MESH, LAYOUT))
   shapes = SHAPES if accum == 1 else {
       k: v.replace(f"batch:{BATCH}", f"batch:{BATCH // accum}") for k, v in SHAPES.items()}
   trainer = mtf.training.Trainer(
-      model_fn, shapes, impl, mtf.optimize.AdamWeightDecayOptimizer(0.01),
+      model_fn, shapes, impl,
+      mtf.optimize.AdamWeightDecayOptimizer(0.01, offload_slots=offload_slots),
       zero_stage=stage, float32_master_in_optimizer=master, grad_accum_steps=accum,
       model_dir=model_dir, log_every=0, log_fn=lambda line: None)
   return trainer, impl
@@ -93,6 +95,36 @@ def test_masters_in_the_optimizer_train_as_float32_variables(float32_run, stage,
   assert values["optimizer_float32_masters_ready"] == 1.0
   if stage >= 1:  # 2 bytes replicated + 12 / 4 sharded, against 4 + 8 / 1 per parameter
     assert max(zero.state_bytes_per_processor(impl)) < base_bytes
+
+
+def test_masters_with_slots_offloaded_to_the_host_train_as_on_the_device():
+  """CPU offload (`offload_slots`) keeps the master with the other slots on
+  each processor's host and runs the update there; the same numbers."""
+  on_device, device_impl = _trainer(2, True)
+  expected = on_device.train(_data(), steps=3)["loss"]
+  offloaded, impl = _trainer(2, True, offload_slots=True)
+  np.testing.assert_allclose(offloaded.train(_data(), steps=3)["loss"], expected, rtol=1e-6)
+  values, expected_values = _values(impl), _values(device_impl)
+  for name in ("w1", "w1/master", "w1/adam_m", "w2/master"):
+    np.testing.assert_array_equal(values[name], expected_values[name], err_msg=name)
+  assert values["w1"].dtype == tf.bfloat16.as_numpy_dtype
+  # The master is a slot like Adam's: split by ZeRO, on the same devices.
+  store = slice_variables.variable_store(impl)
+  devices = lambda name: [s.device for s in store[name].slices]  # noqa: E731
+  assert devices("w1/master") == devices("w1/adam_m")
+  assert len(set(devices("w1/master"))) == impl.size
+  # ... and its update is computed on the host mesh.
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  loss = _model_fn(mesh, {k: mtf.zeros(mesh, v) for k, v in SHAPES.items()}, "train")
+  zero.shard_training_state(graph, impl, 2, float32_master_in_optimizer=True)
+  variables = graph.trainable_variables
+  grads = zero.shard_gradients(mtf.gradients([loss], [v.outputs[0] for v in variables]),
+                               variables)
+  updates = mtf.optimize.AdamWeightDecayOptimizer(0.01, offload_slots=True).apply_grads(
+      grads, variables)
+  master_updates = [op for op in updates if op.assigned_variables[0].name == "w1/master"]
+  assert master_updates and master_updates[0].mesh is mtf.offload.host_mesh(mesh)
 
 
 def test_the_new_values_are_gathered_in_bfloat16():
