@@ -8,7 +8,7 @@ checkpoint written under one mesh and layout restores under any other.
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -21,6 +21,13 @@ from mesh_tensorflow.lowering import sharing
 # its host implementation).
 STORES_KEY = "slice_variables"
 PENDING_KEY = "pending_checkpoint"
+
+# How a checkpoint keeps float32 masters of 16-bit variables
+# (`float32_master_in_optimizer`): variable X saved in its 16-bit dtype, its
+# float32 master as the optimizer slot X + MASTER_SUFFIX, valid once the
+# scalar MASTERS_READY is 1 (after the first update).
+MASTER_SUFFIX = "/master"
+MASTERS_READY = "optimizer_float32_masters_ready"
 
 # Slice variables are created eagerly (tf.init_scope) the first time a graph
 # needs them. Left to its default, a tf.function that sees a variable being
@@ -150,10 +157,16 @@ def read_slice(prefix: str, key: str, full_shape: Sequence[int], begin: Sequence
   return value
 
 
+_KEY_TAIL = "/.ATTRIBUTES/value"
+
+
+def _escape(name: str) -> str:
+  return name.replace(".", "..").replace("/", ".S")
+
+
 def checkpoint_key(name: str) -> str:
   """The key under which CheckpointManager saves mtf variable `name`."""
-  escaped = name.replace(".", "..").replace("/", ".S")
-  return f"model/variables_by_name/{escaped}/.ATTRIBUTES/value"
+  return f"model/variables_by_name/{_escape(name)}{_KEY_TAIL}"
 
 
 class PendingCheckpoint:
@@ -176,6 +189,35 @@ class PendingCheckpoint:
     self.dtypes = dict(reader.get_variable_to_dtype_map())
     self.allow_missing = allow_missing
     self.include_optimizer_state = include_optimizer_state
+    self.float32_sources = float32_sources(reader, self.shapes, self.dtypes)
+
+  def source(self, name: str, dtype) -> Tuple[str, tf.DType]:
+    """(checkpoint key, saved dtype) that variable `name`, of master dtype
+    `dtype`, restores from: a float32 variable saved in 16 bits with its
+    float32 master reads the master."""
+    key = checkpoint_key(name)
+    if tf.as_dtype(dtype) == tf.float32 and key in self.float32_sources:
+      key = self.float32_sources[key]
+    return key, self.dtypes[key]
+
+
+def float32_sources(reader, shapes, dtypes) -> Dict[str, str]:
+  """{key of a 16-bit variable: key of its float32 master} of a checkpoint
+  written with `float32_master_in_optimizer` after its first update (before
+  it, the masters are not yet set: none)."""
+  ready = checkpoint_key(MASTERS_READY)
+  if ready not in shapes or float(reader.get_tensor(ready)) < 0.5:
+    return {}
+  out = {}
+  suffix = _escape(MASTER_SUFFIX) + _KEY_TAIL
+  for key, dtype in dtypes.items():
+    if not key.endswith(suffix) or dtype != tf.float32:
+      continue
+    variable_key = key[:-len(suffix)] + _KEY_TAIL
+    if (dtypes.get(variable_key) in (tf.bfloat16, tf.float16)
+        and shapes[variable_key] == shapes[key]):
+      out[variable_key] = key
+  return out
 
 
 def set_pending_checkpoint(mesh_impl, prefix: Optional[str],
@@ -199,7 +241,8 @@ def set_pending(mesh_impl, pending) -> None:
   mesh_impl.keeps[PENDING_KEY] = pending
 
 
-def _pending_value(mesh_impl, name, full_shape, begin, size, trainable, graph=None):
+def _pending_value(mesh_impl, name, full_shape, begin, size, trainable, graph=None,
+                   dtype=None):
   pending = mesh_impl.keeps.get(PENDING_KEY)
   if pending is None:
     return None
@@ -221,7 +264,8 @@ def _pending_value(mesh_impl, name, full_shape, begin, size, trainable, graph=No
     raise ValueError(
         f"Checkpoint {pending.prefix} has variable {name!r} with shape {saved}, but the "
         f"model needs {list(full_shape)}.")
-  return read_slice(pending.prefix, key, full_shape, begin, size, pending.dtypes[key])
+  key, saved_dtype = pending.source(name, dtype or pending.dtypes[key])
+  return read_slice(pending.prefix, key, full_shape, begin, size, saved_dtype)
 
 
 def get_or_create(mesh_impl, name: str, shape, master_dtype, slice_dtype,
@@ -255,7 +299,8 @@ def get_or_create(mesh_impl, name: str, shape, master_dtype, slice_dtype,
   def create(pnum):
     begin = begins[pnum]
     with tf.device(mesh_impl.variable_device(pnum)):
-      value = _pending_value(mesh_impl, name, full_shape, begin, slice_shape, trainable, graph)
+      value = _pending_value(mesh_impl, name, full_shape, begin, slice_shape, trainable, graph,
+                             master_dtype)
       if value is None:
         value = init_fn(begin, slice_shape)
       return tf.Variable(tf.cast(value, slice_dtype), trainable=trainable,

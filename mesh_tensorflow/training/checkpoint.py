@@ -282,7 +282,7 @@ class CheckpointManager:
     for name, var in variables.items():
       key = slice_variables.checkpoint_key(name)
       if key in pending.shapes and (include_optimizer_state or var.trainable):
-        var.restore_from(path, key, pending.dtypes[key])
+        var.restore_from(path, *pending.source(name, var.master_dtype))
     for impl in self._impls:
       slice_variables.set_pending_checkpoint(impl, path, allow_missing,
                                              include_optimizer_state)

@@ -19,6 +19,7 @@ import tensorflow as tf
 from mesh_tensorflow.training import offload
 from mesh_tensorflow.training import zero
 from mesh_tensorflow.core.graph import Graph, Mesh, Operation, Tensor
+from mesh_tensorflow.lowering import slice_variables
 from mesh_tensorflow.operations import constant_ops as constant_ops
 from mesh_tensorflow.operations import elementwise as ew
 from mesh_tensorflow.operations import reduction
@@ -245,7 +246,7 @@ def _masters_ready(mesh: Mesh) -> Tensor:
   """The graph's float32 scalar "masters ready" variable (created on first use)."""
   ready = mesh.graph.keeps.get(MASTERS_READY_KEY)
   if ready is None:
-    ready = var_ops.get_variable(mesh, "optimizer_float32_masters_ready", Shape([]),
+    ready = var_ops.get_variable(mesh, slice_variables.MASTERS_READY, Shape([]),
                                  dtype=tf.float32, initializer=tf.zeros_initializer(),
                                  trainable=False)
     mesh.graph.keeps[MASTERS_READY_KEY] = ready
@@ -262,7 +263,7 @@ class _MasterTarget(_UpdateTarget):
                reduce_scatter: bool):
     super().__init__(var, shape, mesh, reduce_scatter)
     self.master_dtype = tf.float32
-    self.master = _slot(self, "master")
+    self.master = _slot(self, slice_variables.MASTER_SUFFIX[1:])
     self.extra_ops: List[Operation] = []
 
   def value(self) -> Tensor:

@@ -603,55 +603,8 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
                             + (layer["backward"].extra_flops * num_layers
                                + extra["backward"].extra_flops) * m)
   peak = cluster.count * h.peak_flops_per_s
-  # Memory per device (the busiest stage).
-  var_extra = one.variables - var_layer
-  slot_layer = two.slots - one.slots
-  slot_extra = one.slots - slot_layer
-  variables = var_extra + per_stage * var_layer
-  gradients = variables
-  slots_bytes = slot_extra + per_stage * slot_layer
-  if options.zero_stage >= 1:
-    slots_bytes /= dp
-  if options.zero_stage >= 2:
-    gradients /= dp
-  if options.zero_stage >= 3:
-    # Stored in blocks, plus the gathered copies (activation dtype) alive at
-    # once: the embeddings', and two layers' (a pipeline, or copies kept for
-    # the backward pass: every layer's of the stage).
-    kept = s > 1 or not options.zero_reshard_after_forward
-    gathered = var_extra + (per_stage if kept else 2) * var_layer
-    variables = variables / dp + gathered * read_per_stored
-  # A layer's activations: what one more layer keeps for the backward pass
-  # (the peaks' difference would count its gradients where the peak falls
-  # late in the backward pass); the rest of the peak is the step's own.
-  act_layer = max(two.kept_activations - one.kept_activations, 0.0)
-  act_extra = max(one.activations - act_layer, 0.0)
-  # A layer not recomputed keeps all but the score tensors a fused kernel
-  # keeps on chip (one log-sum per row).
-  kept_plain = (max(act_layer - one.attention_core_bytes, one.layer_input_bytes)
-                if options.attention == "fused" else act_layer)
-  if options.recompute == "layer":
-    kept_layer = one.layer_input_bytes
-  elif options.recompute == "selective":
-    kept_layer = max(act_layer - one.attention_core_bytes, one.layer_input_bytes)
-  else:
-    kept_layer = kept_plain
-  if s > 1:
-    in_flight = m if options.schedule == "gpipe" else min(m, s)
-    if options.schedule == "interleaved":  # chunk passes of L / (S V) layers each
-      in_flight = _chunks_in_flight(s, m, options.virtual_stages) / options.virtual_stages
-  else:
-    in_flight = 1
-  activations = (in_flight * (recomputed * kept_layer + (per_stage - recomputed) * kept_plain)
-                 + act_extra)
-  if recomputed:
-    # One layer's working set while it is recomputed.
-    activations += (max(act_layer - one.attention_core_bytes, 0.0)
-                    if options.attention == "fused" else act_layer)
-  buffers = 2 * one.layer_input_bytes * (2 if s > 1 else 0)
-  memory = {"variables": variables, "gradients": gradients, "optimizer_slots": slots_bytes,
-            "activations": activations, "pipeline_buffers": buffers}
-  memory["total"] = sum(memory.values())
+  memory = _memory_per_device(one, two, options, per_stage, recomputed, dp, m,
+                              read_per_stored)
 
   # Communications, per step.
   comms = []
@@ -707,6 +660,67 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
               batch * seq_len, model_flops, hw_flops, model_flops / (step_time * peak),
               hw_flops / (step_time * peak), memory, h.hbm_bytes, breakdown, comms, num_layers,
               params, notes)
+
+
+def _memory_per_device(one: _Priced, two: _Priced, options: PlanOptions, per_stage: int,
+                       recomputed: int, dp: int, microbatches: int,
+                       read_per_stored: float) -> Dict[str, float]:
+  """Bytes per device of the busiest stage (`per_stage` layers, `recomputed`
+  of them recomputed; `dp` data-parallel processors ZeRO splits over) by
+  kind, and their "total": variables, gradients, optimizer slots, live
+  activations (after recomputation, times the micro-batches a pipeline holds
+  in flight) and the pipeline's send and receive buffers."""
+  s, m = options.num_stages, microbatches
+  var_layer = two.variables - one.variables
+  var_extra = one.variables - var_layer
+  slot_layer = two.slots - one.slots
+  slot_extra = one.slots - slot_layer
+  variables = var_extra + per_stage * var_layer
+  gradients = variables
+  slots_bytes = slot_extra + per_stage * slot_layer
+  if options.zero_stage >= 1:
+    slots_bytes /= dp
+  if options.zero_stage >= 2:
+    gradients /= dp
+  if options.zero_stage >= 3:
+    # Stored in blocks, plus the gathered copies (activation dtype) alive at
+    # once: the embeddings', and two layers' (a pipeline, or copies kept for
+    # the backward pass: every layer's of the stage).
+    kept = s > 1 or not options.zero_reshard_after_forward
+    gathered = var_extra + (per_stage if kept else 2) * var_layer
+    variables = variables / dp + gathered * read_per_stored
+  # A layer's activations: what one more layer keeps for the backward pass
+  # (the peaks' difference would count its gradients where the peak falls
+  # late in the backward pass); the rest of the peak is the step's own.
+  act_layer = max(two.kept_activations - one.kept_activations, 0.0)
+  act_extra = max(one.activations - act_layer, 0.0)
+  # A layer not recomputed keeps all but the score tensors a fused kernel
+  # keeps on chip (one log-sum per row).
+  kept_plain = (max(act_layer - one.attention_core_bytes, one.layer_input_bytes)
+                if options.attention == "fused" else act_layer)
+  if options.recompute == "layer":
+    kept_layer = one.layer_input_bytes
+  elif options.recompute == "selective":
+    kept_layer = max(act_layer - one.attention_core_bytes, one.layer_input_bytes)
+  else:
+    kept_layer = kept_plain
+  if s > 1:
+    in_flight = m if options.schedule == "gpipe" else min(m, s)
+    if options.schedule == "interleaved":  # chunk passes of L / (S V) layers each
+      in_flight = _chunks_in_flight(s, m, options.virtual_stages) / options.virtual_stages
+  else:
+    in_flight = 1
+  activations = (in_flight * (recomputed * kept_layer + (per_stage - recomputed) * kept_plain)
+                 + act_extra)
+  if recomputed:
+    # One layer's working set while it is recomputed.
+    activations += (max(act_layer - one.attention_core_bytes, 0.0)
+                    if options.attention == "fused" else act_layer)
+  buffers = 2 * one.layer_input_bytes * (2 if s > 1 else 0)
+  memory = {"variables": variables, "gradients": gradients, "optimizer_slots": slots_bytes,
+            "activations": activations, "pipeline_buffers": buffers}
+  memory["total"] = sum(memory.values())
+  return memory
 
 
 def _stage_send_time(one: _Priced, full_shape, rules, pipe_axis: int,

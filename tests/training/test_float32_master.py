@@ -180,6 +180,35 @@ def test_resume_and_start_from_a_checkpoint_without_masters(tmp_path, float32_ru
   _assert_follows(_values(impl)["w1/master"], base_values["w1"])
 
 
+def test_a_run_without_masters_resumes_from_the_checkpoints_float32_masters(tmp_path):
+  """Switched off, the option's checkpoint gives float32 variables its exact
+  float32 masters (not their bfloat16 rounding), whether the variables are
+  created after the restore or exist before it; a checkpoint whose masters
+  are not set yet (saved before the first update) gives the variables."""
+  with_masters, masters_impl = _trainer(2, True, model_dir=str(tmp_path / "m"))
+  with_masters.train(_data(), steps=2)
+  with_masters.save()
+  saved = _values(masters_impl)
+  assert not np.array_equal(saved["w1/master"], saved["w1"].astype(np.float32))
+  plain, impl = _trainer(2, False, model_dir=str(tmp_path / "m"))
+  plain.evaluate(_data(), steps=1)  # creates the variables from the checkpoint
+  assert _values(impl)["w1"].dtype == np.float32
+  np.testing.assert_array_equal(_values(impl)["w1"], saved["w1/master"])
+
+  w1 = slice_variables.variable_store(impl)["w1"]
+  for piece in w1.slices:
+    piece.assign_add(tf.ones_like(piece))
+  plain.checkpoint_manager.restore()  # into the existing variables
+  np.testing.assert_array_equal(_values(impl)["w1"], saved["w1/master"])
+
+  store = slice_variables.variable_store(masters_impl)
+  store["optimizer_float32_masters_ready"].slices[0].assign(0.0)
+  with_masters.checkpoint_manager.save(3)
+  plain, impl = _trainer(2, False, model_dir=str(tmp_path / "m"))
+  plain.evaluate(_data(), steps=1)
+  np.testing.assert_array_equal(_values(impl)["w1"], saved["w1"].astype(np.float32))
+
+
 def test_masters_need_16_bit_activations():
   trainer, _ = _trainer(1, True, model_fn=lambda m, f, mode: _model_fn(m, f, mode, "float32"))
   with pytest.raises(ValueError, match="float32_master_in_optimizer .* run.activation_dtype"):
