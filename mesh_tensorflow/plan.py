@@ -40,6 +40,9 @@ def _main(argv: Sequence[str]) -> int:
                       "package's gin/ directory)")
   parser.add_argument("--gin_param", action="append", default=[],
                       help="gin bindings, e.g. 'run.batch_size = 512'")
+  parser.add_argument("--gin_location_prefix", action="append", default=[],
+                      help="directories to look in for --gin_file names and the files they "
+                      "include (comma-separated or repeated), e.g. T5's t5/models/gin")
   parser.add_argument("--mesh_shape", default=None, help="override the config's mesh shape")
   parser.add_argument("--layout", default=None, help="override the config's layout rules")
   parser.add_argument("--hardware", default=None,
@@ -127,6 +130,7 @@ def _main(argv: Sequence[str]) -> int:
   if args.fusion == "none" and cluster.hardware.kind == "tpu":
     raise cli.UserError(f"--fusion=none with --hardware={args.hardware}: a TPU runs programs "
                         "compiled by XLA only", hint="drop --fusion=none")
+  gin_config.add_search_paths(args.gin_location_prefix)
   gin_config.parse(args.gin_file, args.gin_param)
   options = planner.options_from_gin()
   if args.pipeline_schedule:

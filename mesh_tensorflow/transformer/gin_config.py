@@ -30,7 +30,7 @@ import io
 import os
 import re
 import tokenize
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from absl import logging
 import gin
@@ -44,6 +44,9 @@ GIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gin")
 # classes, to be called instead of the classes themselves.
 CONFIGURABLES: Dict[str, object] = {}
 _SEARCH_PATH_ADDED: List[bool] = []
+# Directories added by `add_search_path` (--gin_location_prefix), searched
+# for gin files and includes.
+_SEARCH_PATHS: List[str] = []
 
 # (module of this package, gin module, names). Each is registered under the
 # original's full module path (mesh_tensorflow.transformer.<gin module>), so
@@ -150,8 +153,31 @@ def configurable(name: str):
   return CONFIGURABLES[name]
 
 
+def add_search_path(directory: str) -> None:
+  """Looks for gin files, and the files they include, in `directory` too
+  (the original's --gin_location_prefix; e.g. T5's `t5/models/gin`, whose
+  files include `models/bi_v1.gin` and `objectives/...` by such names).
+
+  Example:
+    >>> add_search_path("/path/to/t5/models/gin")
+    >>> parse(["models/bi_v1.gin"])
+  """
+  if directory and directory not in _SEARCH_PATHS:
+    _SEARCH_PATHS.append(directory)
+    gin.add_config_file_search_path(directory)
+
+
+def add_search_paths(values: Sequence[str]) -> None:
+  """`add_search_path` for each directory of --gin_location_prefix values
+  (each comma-separated, as the original's list flag)."""
+  for value in values:
+    for directory in value.split(","):
+      add_search_path(directory.strip())
+
+
 def resolve(path: str) -> str:
-  """A gin file path: as given if it exists, else under the package's gin dir.
+  """A gin file path: as given if it exists, else under a search path
+  (`add_search_path`), else under the package's gin dir.
 
   Example:
     >>> os.path.basename(resolve("layouts/2x4.gin"))
@@ -159,13 +185,15 @@ def resolve(path: str) -> str:
   """
   if tf.io.gfile.exists(path):
     return path
-  candidate = os.path.join(GIN_DIR, path)
-  if os.path.exists(candidate):
-    return candidate
-  if not path.endswith(".gin") and os.path.exists(candidate + ".gin"):
-    return candidate + ".gin"
-  raise ValueError(f"No gin file {path!r} (looked in the working directory and {GIN_DIR}; "
-                   f"see `ls {GIN_DIR}/*/`).")
+  for base in _SEARCH_PATHS + [GIN_DIR]:
+    candidate = os.path.join(base, path)
+    if tf.io.gfile.exists(candidate):
+      return candidate
+    if not path.endswith(".gin") and tf.io.gfile.exists(candidate + ".gin"):
+      return candidate + ".gin"
+  searched = ", ".join(["the working directory"] + _SEARCH_PATHS + [GIN_DIR])
+  raise ValueError(f"No gin file {path!r} (looked in {searched}; see `ls {GIN_DIR}/*/`, or "
+                   "add a directory to search with --gin_location_prefix).")
 
 
 def gin_files(subdir: Optional[str] = None) -> List[str]:
@@ -209,6 +237,10 @@ class _Delegate(gin.config.ParserDelegate):
   def __init__(self):
     super().__init__(skip_unknown=False)
     self.unknown: List[str] = []
+
+  def macro(self, name):
+    _REFERENCED_MACROS.add(name)
+    return super().macro(name)
 
   def configurable_reference(self, scoped_configurable_name, evaluate):
     try:
@@ -259,10 +291,47 @@ def _parameters_of(selector: str) -> Optional[List[str]]:
 
 
 class _ParseState:
-  """What one `parse` call skipped, for its single warning."""
+  """What one `parse` call skipped, for its single warning, and the macros
+  it defined (name, where), to catch misspelled ones."""
 
   def __init__(self):
     self.skipped: List[str] = []
+    self.macros: List[Tuple[str, str]] = []
+
+
+# Macros that bindings parsed since the last clear refer to (%name).
+_REFERENCED_MACROS: Set[str] = set()
+
+
+def _edits(a: str, b: str) -> int:
+  """Edits (insert, delete, replace, swap two neighbours) from a to b."""
+  rows = [list(range(len(b) + 1))]
+  for i in range(1, len(a) + 1):
+    row = [i] + [0] * len(b)
+    for j in range(1, len(b) + 1):
+      row[j] = min(rows[-1][j] + 1, row[j - 1] + 1,
+                   rows[-1][j - 1] + (a[i - 1] != b[j - 1]))
+      if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+        row[j] = min(row[j], rows[-2][j - 2] + 1)
+    rows.append(row)
+  return rows[-1][-1]
+
+
+def _check_macro_names(state: _ParseState) -> None:
+  """A macro nothing refers to whose name is one or two typing slips from
+  one that is referred to (`num_layerz = 3` where the config uses
+  %num_layers) is a typo: it would leave the intended value unchanged
+  without a word. (Files may define macros for other tools, `input_filename`
+  beside `output_filename`: names further apart are left alone.)"""
+  for name, where in state.macros:
+    if name in _REFERENCED_MACROS or len(name) < 4:
+      continue
+    close = sorted((_edits(name, used), used) for used in _REFERENCED_MACROS
+                   if abs(len(used) - len(name)) <= 2)
+    if close and close[0][0] <= 2:
+      used = close[0][1]
+      raise ValueError(f"{where}: macro {name!r} is not used by any binding; did you mean "
+                       f"{used!r} (used as %{used})?")
 
 
 def _matches(selector: str) -> bool:
@@ -340,6 +409,7 @@ def _parse_text(text: str, source: str, state: _ParseState, directory: Optional[
         state.skipped.append(f"{macro_name} = {unknown[0]}")
         continue
       gin.bind_parameter((macro_name, "gin.macro", "value"), value)
+      state.macros.append((macro_name, where))
       continue
     same = _SAME_MEANING.get(selector.split(".")[-1])
     if same and selector != same and not _matches(selector):
@@ -376,7 +446,14 @@ def _parse_text(text: str, source: str, state: _ParseState, directory: Optional[
 
 
 def _resolve_include(filename: str, directory: Optional[str]) -> str:
-  for base in ([directory] if directory else []) + [GIN_DIR, os.getcwd()]:
+  """An included file: beside the including file or in a directory above it
+  (a tree of gin files includes `models/x.gin` from `models/y.gin`), then as
+  `resolve` finds it."""
+  bases = []
+  while directory and len(bases) < 3:
+    bases.append(directory)
+    directory = os.path.dirname(directory) if os.path.dirname(directory) != directory else None
+  for base in bases + [os.getcwd()]:
     candidate = os.path.join(base, filename)
     if tf.io.gfile.exists(candidate):
       return candidate
@@ -481,6 +558,7 @@ def parse(files: Sequence[str] = (), bindings: Sequence[str] = (),
   register_configurables()
   if clear:
     gin.clear_config()
+    _REFERENCED_MACROS.clear()
   if not _SEARCH_PATH_ADDED:
     gin.add_config_file_search_path(GIN_DIR)  # for `include "models/..."` in gin files
     _SEARCH_PATH_ADDED.append(True)
@@ -491,6 +569,7 @@ def parse(files: Sequence[str] = (), bindings: Sequence[str] = (),
     _parse_file(path, state)
   for binding in bindings:
     _parse_text(binding, "--gin_param " + repr(binding), state, None)
+  _check_macro_names(state)
   if state.skipped:
     logging.warning(
         "gin: skipped %d bindings and imports that name other packages or settings with no "

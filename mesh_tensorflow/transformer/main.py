@@ -64,6 +64,9 @@ flags.DEFINE_multi_string(
     "names under the package's gin directory (models/tiny_lm.gin, layouts/2x4.gin, "
     "learning_rate_schedules/cosine.gin, ...).")
 flags.DEFINE_multi_string("gin_param", [], "gin bindings, e.g. 'run.train_steps = 100'.")
+flags.DEFINE_multi_string(
+    "gin_location_prefix", [], "directories to look in for --gin_file names and the files "
+    "they include (comma-separated or repeated), e.g. T5's t5/models/gin")
 flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR,
                     "Checkpoints and TensorBoard events; training resumes from here.")
 flags.DEFINE_enum("mode", None, ["train", "eval", "infer", "score", "export"],
@@ -119,6 +122,7 @@ def main(argv):
   for flag, name in (("export_mesh_shape", "mesh_shape"), ("export_layout", "layout_rules")):
     if getattr(FLAGS, flag) is not None:
       bindings.append(f"export_saved_model.{name} = {getattr(FLAGS, flag)!r}")
+  gin_config.add_search_paths(FLAGS.gin_location_prefix)
   gin_config.parse(FLAGS.gin_file, bindings)
   if FLAGS.print_layout_report:
     from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top

@@ -312,6 +312,9 @@ def _main(argv: Sequence[str]) -> int:
                       "the package's gin/ directory, e.g. models/tiny_lm.gin)")
   parser.add_argument("--gin_param", action="append", default=[],
                       help="gin bindings, e.g. 'run.batch_size = 16'")
+  parser.add_argument("--gin_location_prefix", action="append", default=[],
+                      help="directories to look in for --gin_file names and the files they "
+                      "include (comma-separated or repeated), e.g. T5's t5/models/gin")
   parser.add_argument("--mesh_shape", default=None, help="override the config's mesh shape")
   parser.add_argument("--layout", default=None, help="override the config's layout rules")
   parser.add_argument("--png", default=None, help="also draw the report to this PNG")
@@ -331,6 +334,7 @@ def _main(argv: Sequence[str]) -> int:
   if args.memory_budget_bytes is not None and args.memory_budget_bytes <= 0:
     parser.error(f"--memory_budget_bytes={args.memory_budget_bytes}: must be a positive "
                  "number of bytes")
+  gin_config.add_search_paths(args.gin_location_prefix)
   gin_config.parse(args.gin_file, args.gin_param)
   report = report_for_current_config(args.mesh_shape, args.layout, exact=args.exact,
                                      params=args.params, auto=args.auto,

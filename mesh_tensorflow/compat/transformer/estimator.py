@@ -76,8 +76,7 @@ def parse_gin_defaults_and_flags(skip_unknown: bool = False,
     []
   """
   del skip_unknown
-  for prefix in _flag("gin_location_prefix", []):
-    gin.add_config_file_search_path(prefix)
+  gin_config.add_search_paths(_flag("gin_location_prefix", []))
   skipped = gin_config.parse(list(_flag("gin_file", [])), list(_flag("gin_param", [])))
   if finalize_config:
     gin.finalize()
