@@ -40,9 +40,9 @@ def _data(batch=BATCH):
 
 
 def _trainer(stage, master, model_dir=None, accum=1, model_fn=_model_fn, simd=False,
-             offload_slots=False):
-  impl = (mtf.simd_mesh_impl.SimdMeshImpl(MESH, LAYOUT, mtf_test_utils.DEVICES) if simd
-          else mtf_test_utils.make_impl(MESH, LAYOUT))
+             offload_slots=False, mesh=MESH, layout=LAYOUT):
+  impl = (mtf.simd_mesh_impl.SimdMeshImpl(mesh, layout, mtf_test_utils.DEVICES) if simd
+          else mtf_test_utils.make_impl(mesh, layout))
   shapes = SHAPES if accum == 1 else {
       k: v.replace(f"batch:{BATCH}", f"batch:{BATCH // accum}") for k, v in SHAPES.items()}
   trainer = mtf.training.Trainer(
@@ -207,6 +207,21 @@ def test_a_run_without_masters_resumes_from_the_checkpoints_float32_masters(tmp_
   plain, impl = _trainer(2, False, model_dir=str(tmp_path / "m"))
   plain.evaluate(_data(), steps=1)
   np.testing.assert_array_equal(_values(impl)["w1"], saved["w1"].astype(np.float32))
+
+
+def test_a_checkpoint_with_masters_moves_to_another_mesh_and_stage(tmp_path, float32_run):
+  """Written at stage 2 on rows:4;cols:2, resumed at stage 3 on cols:2;rows:4
+  with the model dimension split the other way: the same masters, and
+  training goes on as the float32 run's."""
+  base_losses, base_values, _ = float32_run
+  first, _ = _trainer(2, True, model_dir=str(tmp_path))
+  first.train(_data(), steps=2)
+  first.save()
+  moved, impl = _trainer(3, True, model_dir=str(tmp_path), mesh="cols:2;rows:4",
+                         layout="batch:cols;hidden:rows")
+  losses = moved.train(_data(), steps=3)["loss"]
+  np.testing.assert_allclose(losses, base_losses[2:], rtol=2e-3)
+  _assert_follows(_values(impl)["w1/master"], base_values["w1"])
 
 
 def test_masters_need_16_bit_activations():
