@@ -47,6 +47,7 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow import _environment
 from mesh_tensorflow.transformer import dataset as dataset_lib
 from mesh_tensorflow.transformer import export as export_lib
+from mesh_tensorflow.transformer import gin_config
 from mesh_tensorflow.transformer import inference
 from mesh_tensorflow.transformer import learning_rate_schedules
 from mesh_tensorflow.transformer import modeling
@@ -528,7 +529,11 @@ def train(config: RunConfig) -> Dict[str, Any]:
   log(f"unigram entropy of the training tokens: {entropy:.4f} nats/token "
       f"({entropy / math.log(2):.3f} bits): the loss of a model that ignores context")
 
+  first_step = trainer.global_step + 1
+
   def periodic_eval(step: int, _) -> None:
+    if step == first_step and config.model_dir:  # the model's parameters are used by now
+      gin_config.write_operative_config(config.model_dir)
     if config.eval_every and step % config.eval_every == 0 and step != config.train_steps:
       evaluate_now()
 
@@ -537,6 +542,8 @@ def train(config: RunConfig) -> Dict[str, Any]:
     result["loss"] = history["loss"][-1]
     result["cross_entropy"] = history["cross_entropy"][-1]
   metrics = evaluate_now()
+  if config.model_dir and history["loss"]:  # with what evaluation used too
+    gin_config.write_operative_config(config.model_dir)
   samples = _samples(config, model.setup)
   _final(result, trainer, metrics, start)
   result.update(losses=history["loss"], samples=samples)

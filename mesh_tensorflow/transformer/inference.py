@@ -322,9 +322,11 @@ def lm_decode(setup: modeling.Setup, prompts: Sequence[str], decode_length: int,
   return outputs
 
 
-def decode_setting(name: str, given, default):
-  """`given`, else the gin binding `Bitransformer.decode.<name>` (the
-  original's way to set beam_size, alpha, ...), else `default`.
+def decode_setting(name: str, given, default, model_type: str = "bitransformer"):
+  """`given`, else the original's gin binding of the decoding method
+  (`Bitransformer.decode.<name>`, or `Unitransformer.sample_autoregressive.<name>`
+  for "lm": how the original and T5's beam_search.gin and sample_decode.gin
+  set beam_size, alpha, temperature and sampling_keep_top_k), else `default`.
 
   Example:
     >>> decode_setting("beam_size", None, 1)  # with Bitransformer.decode.beam_size = 4
@@ -332,9 +334,10 @@ def decode_setting(name: str, given, default):
   """
   if given is not None:
     return given
+  method = "Unitransformer.sample_autoregressive" if model_type == "lm" else "Bitransformer.decode"
   try:
     import gin  # pylint: disable=g-import-not-at-top
-    return gin.query_parameter(f"Bitransformer.decode.{name}")
+    return gin.query_parameter(f"{method}.{name}")
   except (ImportError, ValueError):
     return default
 

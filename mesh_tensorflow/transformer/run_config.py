@@ -407,8 +407,14 @@ class RunConfig:
     sample_prompts: the prompts of those samples ("lm").
     decode_length: tokens to generate ("lm"); the output length is at most
       the targets sequence length.
-    temperature: 0 for greedy decoding, else sampling temperature.
-    top_k: sample from the k most likely tokens (0 or -1: all).
+    temperature: 0 for greedy decoding, else sampling temperature (default:
+      the original's gin binding `Bitransformer.decode.temperature` or
+      `Unitransformer.sample_autoregressive.temperature`, as T5's
+      sample_decode.gin sets it; else 0, greedy, for infer, as the original
+      decodes, and 0.6 for the samples printed after training).
+    top_k: sample from the k most likely tokens (0 or -1: all; default: the
+      original's `...sampling_keep_top_k` binding, else all for infer and 40
+      for the samples after training).
     beam_size: beam search width ("bitransformer"; 1: greedy or sampling;
       default: gin's `Bitransformer.decode.beam_size`, else 1).
     alpha: beam search length penalty (default: gin's
@@ -493,8 +499,8 @@ class RunConfig:
   num_samples: int = 4
   sample_prompts: Sequence[str] = ("def ", "class ", "import ", "    return ")
   decode_length: int = 96
-  temperature: float = 0.6
-  top_k: int = 40
+  temperature: Optional[float] = None
+  top_k: Optional[int] = None
   beam_size: Optional[int] = None
   alpha: Optional[float] = None
   checkpoint_path: Optional[str] = None
@@ -557,7 +563,8 @@ class RunConfig:
     perplexity_eval_steps folded into checkpoint_every, keep_checkpoints and
     eval_steps, `layout_rules` without rules naming an
     optional mesh dimension the mesh lacks (`rules_for_mesh`), and
-    `beam_size`/`alpha` from gin's Bitransformer.decode when unset. The
+    `beam_size`/`alpha`/`temperature`/`top_k` from the original's gin
+    bindings of the decoding methods when unset (see their docs). The
     ignored parameters that are set are logged in one warning and cleared,
     so resolving a resolved config changes nothing.
 
@@ -607,6 +614,10 @@ class RunConfig:
         layout_rules=rules_for_mesh(self.layout_rules, mesh_shape),
         beam_size=inference.decode_setting("beam_size", self.beam_size, 1),
         alpha=inference.decode_setting("alpha", self.alpha, 0.6),
+        temperature=inference.decode_setting("temperature", self.temperature,
+                                             0.0 if mode == "infer" else 0.6, self.model_type),
+        top_k=inference.decode_setting("sampling_keep_top_k", self.top_k,
+                                       -1 if mode == "infer" else 40, self.model_type),
         **{name: IGNORED for name in given})
     check_settings(
         mode, sequence_length=sequence_length, batch_size=batch_size, train_steps=train_steps,

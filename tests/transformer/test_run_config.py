@@ -89,3 +89,23 @@ def test_run_is_a_front_with_one_function_per_mode():
       f.name for f in dataclasses.fields(RunConfig)]
   with pytest.raises(TypeError, match="no_such_setting"):
     application.run(None, no_such_setting=1)
+
+
+@pytest.mark.parametrize("files, bindings, mode, expected", [
+    # Unset: infer decodes greedily over all tokens, as the original; the
+    # samples after training use 0.6 and the 40 most likely tokens.
+    (["models/tiny_lm.gin"], [], "infer", (0.0, -1)),
+    (["models/tiny_lm.gin"], [], "train", (0.6, 40)),
+    # The original's bindings of the decoding methods (T5's sample_decode.gin).
+    (["models/tiny_lm.gin"], ["Unitransformer.sample_autoregressive.temperature = 1.0"],
+     "infer", (1.0, -1)),
+    (["models/tiny_bi.gin"], ["Bitransformer.decode.temperature = 0.5",
+                              "Bitransformer.decode.sampling_keep_top_k = 7"], "infer", (0.5, 7)),
+    # run's own bindings win.
+    (["models/tiny_bi.gin"], ["Bitransformer.decode.temperature = 0.5",
+                              "run.temperature = 0.25", "run.top_k = 3"], "infer", (0.25, 3)),
+])
+def test_decoding_temperature_and_top_k_defaults(files, bindings, mode, expected):
+  gin_config.parse(files, bindings)
+  config = RunConfig(None, mode=mode).resolved()
+  assert (config.temperature, config.top_k) == expected

@@ -80,13 +80,19 @@ def test_language_model_train_resume_eval_infer_score(tmp_path):
   assert final["step"] == 6 and final["perplexity"] > 1.0
   assert "eval at step 6" in out
 
+  # Training wrote the config it ran with: decoding needs nothing else. It
+  # decodes greedily (the same outputs twice), as the original does.
+  operative = model_dir / "operative_config.gin"
+  assert "make_layer_stack.layers = " in operative.read_text()
   prompts = tmp_path / "prompts.txt"
   prompts.write_text("def \nimport os\\nimport \n")
-  out = _main("--mode=infer", f"--input_file={prompts}", "--gin_file=models/tiny_lm.gin",
-              "--gin_file=layouts/single.gin", model_dir=model_dir,
-              params=lm + ["run.temperature = 0.0"])
-  outputs = (tmp_path / "prompts.txt.outputs").read_text().splitlines()
-  assert len(outputs) == 2 and "decoded 2 inputs" in out
+  decoded = []
+  for layout in ("single", "2x4"):
+    out = _main("--mode=infer", f"--input_file={prompts}", f"--gin_file={operative}",
+                f"--gin_file=layouts/{layout}.gin", model_dir=model_dir, params=lm)
+    decoded.append((tmp_path / "prompts.txt.outputs").read_text().splitlines())
+    assert len(decoded[-1]) == 2 and "decoded 2 inputs" in out
+  assert decoded[0] == decoded[1]
 
   texts = tmp_path / "texts.txt"
   texts.write_text("import os\nx = 1\\nprint(x)\n" + "def f(a, b):\n")
