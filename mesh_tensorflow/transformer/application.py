@@ -176,6 +176,39 @@ def checkpoint_at_step(model_dir: str, step: int) -> str:
                    f"step (it has steps {', '.join(steps) or 'none'}).")
 
 
+def checkpoints_at(model_dir: str, steps) -> List[str]:
+  """The checkpoints of model_dir that `run.eval_checkpoint_step` names, as
+  the original reads it: a step, a list of steps, "all" (every checkpoint, in
+  step order) or -1 (the newest).
+
+  Example:
+    >>> checkpoints_at("/tmp/lm", "all")
+    ['/tmp/lm/ckpt-200', '/tmp/lm/ckpt-400']
+  """
+  if steps == "all":
+    state = tf.train.get_checkpoint_state(model_dir)
+    paths = list(state.all_model_checkpoint_paths) if state else []
+    if not paths:
+      raise ValueError(f"run.eval_checkpoint_step = 'all': {model_dir} has no checkpoint.")
+    return sorted((checkpoint_at_step(model_dir, int(p.rsplit("-", 1)[-1])) for p in paths),
+                  key=lambda p: int(p.rsplit("-", 1)[-1]))
+  if isinstance(steps, (list, tuple)):
+    return [checkpoint_at_step(model_dir, step) for step in steps]
+  if isinstance(steps, str) and not steps.lstrip("-").isdigit():
+    raise ValueError(f"run.eval_checkpoint_step = {steps!r}: give a step, a list of steps, "
+                     "'all' or -1 (the newest).")
+  if int(steps) == -1:
+    latest = tf.train.latest_checkpoint(model_dir)
+    if latest is None:
+      raise ValueError(f"run.eval_checkpoint_step = -1: {model_dir} has no checkpoint.")
+    return [latest]
+  return [checkpoint_at_step(model_dir, int(steps))]
+
+
+def _step_of(path: str) -> int:
+  return int(path.rsplit("-", 1)[-1])
+
+
 def _master_dtype_from_checkpoint(variable_dtype: mtf.VariableDType,
                                   prefix: Optional[str]) -> mtf.VariableDType:
   """variable_dtype, with the master dtype of the checkpoint the run starts
@@ -346,8 +379,11 @@ def export(config: RunConfig) -> str:
       decode_length=config.decode_length, beam_size=config.beam_size, alpha=config.alpha)
 
 
-def _restored_for_decoding(config: RunConfig):
-  """(model, input lines) of infer and score, the checkpoint restored."""
+def _decoding_runs(config: RunConfig):
+  """(model, input lines, output_file) of infer and score, once per
+  checkpoint to read (restored before each): the newest, or those
+  `eval_checkpoint_step` names; with several, each one's outputs go to
+  `<output_file>-<step>`, as the original writes them."""
   model = _build(config)
   model_dir = config.model_dir
   if not model_dir:
@@ -363,43 +399,57 @@ def _restored_for_decoding(config: RunConfig):
   else:
     lines = inference.read_input_file(config.mode, config.input_file, config.input_encoding,
                                       config.input_errors)
-  if config.eval_checkpoint_step is not None:
-    path = checkpoint_at_step(model_dir, config.eval_checkpoint_step)
-    mtf.checkpoint.CheckpointManager(model.mesh_impl, model_dir).restore(path)
-    log(f"restored {path}")
-  else:
+  if config.eval_checkpoint_step is None:
     inference.restore(model.mesh_impl, model_dir, config.checkpoint_path)
-  return model, lines
+    yield model, lines, config.output_file
+    return
+  paths = checkpoints_at(model_dir, config.eval_checkpoint_step)
+  manager = mtf.checkpoint.CheckpointManager(model.mesh_impl, model_dir)
+  for path in paths:
+    manager.restore(path)
+    log(f"restored {path}")
+    output_file = config.output_file
+    if len(paths) > 1:
+      output_file = (output_file or config.input_file + (
+          ".outputs" if config.mode == "infer" else ".scores")) + f"-{_step_of(path)}"
+    yield model, lines, output_file
 
 
 def infer(config: RunConfig) -> Dict[str, Any]:
-  """Decodes every line of `input_file` into `output_file` (mode "infer").
+  """Decodes every line of `input_file` into `output_file` (mode "infer");
+  with several checkpoints (`eval_checkpoint_step`), into
+  `<output_file>-<step>` for each.
 
   Example:
     >>> infer(RunConfig(model_dir="/tmp/lm", mode="infer", input_file="prompts.txt"))
   """
   config = dataclasses.replace(config, mode="infer").resolved()
-  model, lines = _restored_for_decoding(config)
-  return inference.infer(model.setup, config.input_file, config.output_file,
-                         config.decode_length, config.temperature, config.top_k,
-                         config.beam_size, config.alpha, lines=lines)
+  result: Dict[str, Any] = {}
+  for model, lines, output_file in _decoding_runs(config):
+    result = inference.infer(model.setup, config.input_file, output_file,
+                             config.decode_length, config.temperature, config.top_k,
+                             config.beam_size, config.alpha, lines=lines)
+  return result
 
 
 def score(config: RunConfig) -> Dict[str, Any]:
   """Writes the log-likelihood of every line of `input_file` to
   `output_file` (mode "score"); without `input_file`, of every validation
-  example of the data, as T5 scores a task.
+  example of the data, as T5 scores a task. Several checkpoints: as infer.
 
   Example:
     >>> score(RunConfig(model_dir="/tmp/lm", mode="score", input_file="texts.txt"))
   """
   config = dataclasses.replace(config, mode="score").resolved()
-  model, lines = _restored_for_decoding(config)
-  if lines is None:
-    return inference.score_dataset(model.setup, unpacked_validation_data(
-        config.dataset_fn, model.setup.vocabulary, config.sequence_length, config.model_type),
-        config.output_file)
-  return inference.score(model.setup, config.input_file, config.output_file, lines=lines)
+  result: Dict[str, Any] = {}
+  for model, lines, output_file in _decoding_runs(config):
+    if lines is None:
+      result = inference.score_dataset(model.setup, unpacked_validation_data(
+          config.dataset_fn, model.setup.vocabulary, config.sequence_length,
+          config.model_type), output_file)
+    else:
+      result = inference.score(model.setup, config.input_file, output_file, lines=lines)
+  return result
 
 
 def unpacked_validation_data(dataset_fn: Callable, vocabulary, sequence_length: Mapping[str, int],
@@ -437,10 +487,6 @@ def _trainer(config: RunConfig, model: _Model) -> "mtf.training.Trainer":
       zero_reshard_after_forward=config.zero_reshard_after_forward, loss_scale=config.loss_scale,
       float32_master_in_optimizer=config.float32_master_in_optimizer,
       checkpoint_path=config.checkpoint_path, jit_compile=config.jit_compile)
-  if config.mode == "eval" and config.eval_checkpoint_step is not None and config.model_dir:
-    path = checkpoint_at_step(config.model_dir, config.eval_checkpoint_step)
-    trainer.checkpoint_manager.restore(path)
-    log(f"restored {path}")
   if config.mode == "train" and config.init_checkpoint:
     start_from_checkpoint(trainer, model.mesh_impl, config.init_checkpoint,
                           reset_optimizer=config.init_checkpoint_reset_optimizer)
@@ -498,11 +544,18 @@ def evaluate(config: RunConfig) -> Dict[str, Any]:
   model = _build(config)
   trainer = _trainer(config, model)
   evaluate_now = _evaluator(config, model, trainer)
+  paths = [None]
+  if config.eval_checkpoint_step is not None and config.model_dir:
+    paths = checkpoints_at(config.model_dir, config.eval_checkpoint_step)
   start = time.perf_counter()
-  result = {"step": trainer.global_step}
-  if config.model_dir and trainer.global_step == 0:
-    log(f"warning: {config.model_dir} has no checkpoint; evaluating an untrained model")
-  return _final(result, trainer, evaluate_now(), start)
+  for path in paths:  # several: each evaluated and logged ("eval at step N"), the last final
+    if path is not None:
+      trainer.checkpoint_manager.restore(path)
+      log(f"restored {path}")
+    if config.model_dir and trainer.global_step == 0:
+      log(f"warning: {config.model_dir} has no checkpoint; evaluating an untrained model")
+    metrics = evaluate_now()
+  return _final({"step": trainer.global_step}, trainer, metrics, start)
 
 
 def train(config: RunConfig) -> Dict[str, Any]:

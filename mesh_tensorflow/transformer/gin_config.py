@@ -224,6 +224,12 @@ _SAME_MEANING = {
     "SentencePieceVocabulary": "mesh_tensorflow.transformer.vocabulary.SentencePieceVocabulary",
     "ByteVocabulary": "mesh_tensorflow.transformer.vocabulary.ByteVocabulary",
 }
+# The original's parameters of its per-mode functions that `run` has under
+# another name (T5's infer.gin sets the decode's files through them).
+_RUN_ALIASES = {
+    ("decode_from_file", "input_filename"): "input_file",
+    ("decode_from_file", "output_filename"): "output_file",
+}
 # Parameters whose foreign value is kept as a ForeignValue (the callee raises
 # a clear error unless a later binding replaces it), rather than dropped.
 _KEEP_FOREIGN = {("mesh_tensorflow.transformer.utils.run", "vocabulary")}
@@ -421,6 +427,9 @@ def _parse_text(text: str, source: str, state: _ParseState, directory: Optional[
     same = _SAME_MEANING.get(selector.split(".")[-1])
     if same and selector != same and not _matches(selector):
       selector = same
+    alias = _RUN_ALIASES.get((selector.split(".")[-1], arg_name))
+    if alias and not _matches(selector):
+      selector, arg_name = "run", alias
     key = f"{scope + '/' if scope else ''}{selector}.{arg_name}"
     try:
       parsed = gin.config.ParsedBindingKey.parse((scope, selector, arg_name))

@@ -23,7 +23,7 @@ optimizers (`@optimize.AdafactorOptimizer`), `@utils.tpu_mesh_shape()`,
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
 from absl import logging
 import gin
@@ -441,7 +441,10 @@ class RunConfig:
       (default: train_steps).
     perplexity_eval_steps: the original's name of eval_steps (wins when set).
     eval_checkpoint_step: eval/infer/score: read the checkpoint of this step
-      of model_dir.
+      of model_dir; also, as the original, a list of steps, "all" (every
+      checkpoint, in step order; T5's infer.gin default) or -1 (the newest).
+      With several, each is evaluated in turn, or decoded or scored into
+      `<output_file>-<step>`.
     variable_filter: refused (training only some variables is not supported).
     ensemble_inputs: refused (ensembles are not supported).
     export_dir: export: where the SavedModel goes (default
@@ -512,7 +515,7 @@ class RunConfig:
   keep_checkpoint_max: Optional[int] = None
   total_run_steps: Optional[int] = None
   perplexity_eval_steps: Optional[int] = None
-  eval_checkpoint_step: Optional[int] = None
+  eval_checkpoint_step: Optional[Union[int, str, Sequence[int]]] = None
   variable_filter: Optional[str] = None
   ensemble_inputs: Optional[int] = None
   # The original's parameters that have no meaning here, each with why.

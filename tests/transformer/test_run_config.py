@@ -109,3 +109,14 @@ def test_decoding_temperature_and_top_k_defaults(files, bindings, mode, expected
   gin_config.parse(files, bindings)
   config = RunConfig(None, mode=mode).resolved()
   assert (config.temperature, config.top_k) == expected
+
+
+@pytest.mark.parametrize("steps, message", [
+    ("all", "eval_checkpoint_step = 'all': .* has no checkpoint"),
+    (-1, "eval_checkpoint_step = -1: .* has no checkpoint"),
+    ("latest", "give a step, a list of steps, 'all' or -1"),
+    ([5], "eval_checkpoint_step = 5: .* has no checkpoint of that step"),
+])
+def test_checkpoint_steps_that_name_nothing_are_one_clear_error(tmp_path, steps, message):
+  with pytest.raises(ValueError, match=message):
+    application.checkpoints_at(str(tmp_path), steps)

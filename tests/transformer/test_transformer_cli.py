@@ -138,3 +138,40 @@ def test_bad_flags_are_rejected(flag, tmp_path):
                          f"--model_dir={tmp_path}"], cwd=REPO_ROOT, capture_output=True,
                         text=True, timeout=600, check=False)
   assert proc.returncode != 0 and "mode" in proc.stderr
+
+
+# T5's way to decode a file (its infer.gin, in the original's vocabulary):
+# the files through decode_from_file's parameters, every checkpoint by default.
+T5_STYLE_INFER = """
+utils.run.mode = "infer"
+infer_checkpoint_step = "all"
+utils.run.eval_checkpoint_step = %infer_checkpoint_step
+infer_model.decode_fn = @decode_from_file
+input_filename = "/path/to/inputs"
+output_filename = "/path/to/outputs"
+decode_from_file.input_filename = %input_filename
+decode_from_file.output_filename = %output_filename
+"""
+
+
+def test_t5_style_decoding_of_every_checkpoint_and_evaluation_of_several(tmp_path):
+  model_dir = tmp_path / "lm"
+  lm = ["run.sequence_length = {'inputs': 32, 'targets': 32}", "run.checkpoint_every = 2",
+        "run.num_samples = 0"]
+  _main("--gin_file=models/tiny_lm.gin", model_dir=model_dir,
+        params=lm + ["run.train_steps = 4"])
+  (tmp_path / "infer.gin").write_text(T5_STYLE_INFER)
+  prompts, outputs = tmp_path / "prompts.txt", tmp_path / "outputs.txt"
+  prompts.write_text("def \nimport \n")
+  out = _main(f"--gin_file={model_dir / 'operative_config.gin'}",
+              f"--gin_file={tmp_path / 'infer.gin'}", model_dir=model_dir,
+              params=[f"input_filename = '{prompts}'", f"output_filename = '{outputs}'"])
+  assert "restored" in out and "ckpt-2" in out and "ckpt-4" in out
+  for step in (2, 4):
+    assert len((tmp_path / f"outputs.txt-{step}").read_text().splitlines()) == 2
+  assert not outputs.exists()
+
+  out = _main("--mode=eval", f"--gin_file={model_dir / 'operative_config.gin'}",
+              model_dir=model_dir, params=["run.eval_checkpoint_step = [2, 4]"])
+  assert "eval at step 2" in out and "eval at step 4" in out
+  assert _final(out)["step"] == 4
