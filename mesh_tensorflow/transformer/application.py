@@ -399,6 +399,8 @@ def _decoding_runs(config: RunConfig):
   else:
     lines = inference.read_input_file(config.mode, config.input_file, config.input_encoding,
                                       config.input_errors)
+  if config.mode == "score" and config.targets_file:
+    lines = _with_targets(config, lines)
   if config.eval_checkpoint_step is None:
     inference.restore(model.mesh_impl, model_dir, config.checkpoint_path)
     yield model, lines, config.output_file
@@ -413,6 +415,21 @@ def _decoding_runs(config: RunConfig):
       output_file = (output_file or config.input_file + (
           ".outputs" if config.mode == "infer" else ".scores")) + f"-{_step_of(path)}"
     yield model, lines, output_file
+
+
+def _with_targets(config: RunConfig, inputs: List[str]) -> List[str]:
+  """Score's lines from input_file's inputs and targets_file's targets, as
+  score reads one file: input<TAB>target (a language model scores the
+  targets alone)."""
+  targets = inference.read_lines(config.targets_file, config.input_encoding,
+                                 config.input_errors)
+  if len(targets) != len(inputs):
+    raise ValueError(f"run.targets_file {config.targets_file!r} has {len(targets)} lines but "
+                     f"run.input_file {config.input_file!r} has {len(inputs)}: give one target "
+                     "per input.")
+  if config.model_type == "lm":
+    return targets
+  return [f"{i}\t{t}" for i, t in zip(inputs, targets)]
 
 
 def infer(config: RunConfig) -> Dict[str, Any]:

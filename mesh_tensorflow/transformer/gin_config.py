@@ -225,10 +225,14 @@ _SAME_MEANING = {
     "ByteVocabulary": "mesh_tensorflow.transformer.vocabulary.ByteVocabulary",
 }
 # The original's parameters of its per-mode functions that `run` has under
-# another name (T5's infer.gin sets the decode's files through them).
+# another name (T5's infer.gin and score_from_file.gin name their files
+# through them).
 _RUN_ALIASES = {
     ("decode_from_file", "input_filename"): "input_file",
     ("decode_from_file", "output_filename"): "output_file",
+    ("score_from_strings", "inputs"): "input_file",
+    ("score_from_strings", "targets"): "targets_file",
+    ("save_scores", "scores_filename"): "output_file",
 }
 # Parameters whose foreign value is kept as a ForeignValue (the callee raises
 # a clear error unless a later binding replaces it), rather than dropped.

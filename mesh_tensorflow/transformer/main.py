@@ -75,6 +75,9 @@ flags.DEFINE_string("input_file", None, "infer/score: one input per line.")
 flags.DEFINE_string("output_file", None,
                     "infer/score: where the outputs go (default: input_file + "
                     "'.outputs' or '.scores').")
+flags.DEFINE_string("targets_file", None,
+                    "score: the targets, one per line, of --input_file's inputs (without "
+                    "it, --input_file holds input<TAB>target lines).")
 flags.DEFINE_string("export_dir", None,
                     "export: where the SavedModel goes (default <model_dir>/export/<step>).")
 flags.DEFINE_string("export_mesh_shape", None,
@@ -128,8 +131,9 @@ def main(argv):
     from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
     print(report.report_for_current_config(), flush=True)
   overrides = {"model_dir": FLAGS.model_dir or None}
-  for name in ("mode", "input_file", "output_file", "checkpoint_path", "input_encoding",
-               "input_errors", "init_checkpoint", "init_checkpoint_reset_optimizer", "export_dir"):
+  for name in ("mode", "input_file", "output_file", "targets_file", "checkpoint_path",
+               "input_encoding", "input_errors", "init_checkpoint",
+               "init_checkpoint_reset_optimizer", "export_dir"):
     if getattr(FLAGS, name) is not None:
       overrides[name] = getattr(FLAGS, name)
   if FLAGS.fresh:

@@ -403,6 +403,9 @@ class RunConfig:
     input_file: infer/score: one text per line (escaped, see inference.escape).
     output_file: infer/score: where results go (default: input_file +
       ".outputs" or ".scores").
+    targets_file: score: the targets, one per line, of input_file's inputs
+      (the original's score_from_strings(inputs, targets): T5's
+      score_from_file.gin); without it, input_file holds input<TAB>target.
     num_samples: train: samples printed at the end (0: none).
     sample_prompts: the prompts of those samples ("lm").
     decode_length: tokens to generate ("lm"); the output length is at most
@@ -499,6 +502,7 @@ class RunConfig:
   fresh: bool = False
   input_file: Optional[str] = None
   output_file: Optional[str] = None
+  targets_file: Optional[str] = None
   num_samples: int = 4
   sample_prompts: Sequence[str] = ("def ", "class ", "import ", "    return ")
   decode_length: int = 96

@@ -175,3 +175,36 @@ def test_t5_style_decoding_of_every_checkpoint_and_evaluation_of_several(tmp_pat
               model_dir=model_dir, params=["run.eval_checkpoint_step = [2, 4]"])
   assert "eval at step 2" in out and "eval at step 4" in out
   assert _final(out)["step"] == 4
+
+
+# T5's score_from_file.gin, in the original's vocabulary: inputs and targets
+# in two files, the scores through save_scores.
+T5_STYLE_SCORE = """
+utils.run.mode = "score_from_strings"
+score_from_strings.inputs = %inputs_filename
+score_from_strings.targets = %targets_filename
+score_from_strings.score_postprocess_fn = @save_scores
+save_scores.scores_filename = %scores_filename
+"""
+
+
+def test_t5_style_scoring_of_inputs_and_targets_files(tmp_path):
+  model_dir = tmp_path / "bi"
+  _main("--gin_file=models/tiny_bi.gin", model_dir=model_dir,
+        params=["run.sequence_length = {'inputs': 32, 'targets': 32}", "run.train_steps = 2",
+                "run.num_samples = 0", "dataset_fn.corpus_bytes = 3000000"])
+  (tmp_path / "score.gin").write_text(T5_STYLE_SCORE)
+  inputs, targets = tmp_path / "inputs.txt", tmp_path / "targets.txt"
+  inputs.write_text("def f(x):\nimport os\nclass A:\n")
+  targets.write_text("    return x\nimport sys\n    pass\n")
+  (tmp_path / "pairs.tsv").write_text("".join(
+      f"{i}\t{t}\n" for i, t in zip(inputs.read_text().splitlines(),
+                                     targets.read_text().splitlines())))
+  operative = f"--gin_file={model_dir / 'operative_config.gin'}"
+  _main(operative, f"--gin_file={tmp_path / 'score.gin'}", model_dir=model_dir,
+        params=[f"inputs_filename = '{inputs}'", f"targets_filename = '{targets}'",
+                f"scores_filename = '{tmp_path / 'scores.txt'}'"])
+  _main(operative, "--mode=score", f"--input_file={tmp_path / 'pairs.tsv'}",
+        f"--output_file={tmp_path / 'pair_scores.txt'}", model_dir=model_dir)
+  scores = (tmp_path / "scores.txt").read_text().split()
+  assert len(scores) == 3 and scores == (tmp_path / "pair_scores.txt").read_text().split()
