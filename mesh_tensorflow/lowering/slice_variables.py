@@ -204,7 +204,14 @@ class PendingCheckpoint:
 def float32_sources(reader, shapes, dtypes) -> Dict[str, str]:
   """{key of a 16-bit variable: key of its float32 master} of a checkpoint
   written with `float32_master_in_optimizer` after its first update (before
-  it, the masters are not yet set: none)."""
+  it, the masters are not yet set: none).
+
+  Example:
+    >>> reader = tf.train.load_checkpoint("/tmp/run/ckpt-100")
+    >>> float32_sources(reader, reader.get_variable_to_shape_map(),
+    ...                 reader.get_variable_to_dtype_map())[checkpoint_key("w1")]
+    'model/variables_by_name/w1.Smaster/.ATTRIBUTES/value'
+  """
   ready = checkpoint_key(MASTERS_READY)
   if ready not in shapes or float(reader.get_tensor(ready)) < 0.5:
     return {}

@@ -176,6 +176,11 @@ def checkpoint_at_step(model_dir: str, step: int) -> str:
                    f"step (it has steps {', '.join(steps) or 'none'}).")
 
 
+def _step_of(path: str) -> int:
+  """The step of a checkpoint path (ckpt-N or model.ckpt-N)."""
+  return int(path.rsplit("-", 1)[-1])
+
+
 def checkpoints_at(model_dir: str, steps) -> List[str]:
   """The checkpoints of model_dir that `run.eval_checkpoint_step` names, as
   the original reads it: a step, a list of steps, "all" (every checkpoint, in
@@ -190,8 +195,7 @@ def checkpoints_at(model_dir: str, steps) -> List[str]:
     paths = list(state.all_model_checkpoint_paths) if state else []
     if not paths:
       raise ValueError(f"run.eval_checkpoint_step = 'all': {model_dir} has no checkpoint.")
-    return sorted((checkpoint_at_step(model_dir, int(p.rsplit("-", 1)[-1])) for p in paths),
-                  key=lambda p: int(p.rsplit("-", 1)[-1]))
+    return sorted((checkpoint_at_step(model_dir, _step_of(p)) for p in paths), key=_step_of)
   if isinstance(steps, (list, tuple)):
     return [checkpoint_at_step(model_dir, step) for step in steps]
   if isinstance(steps, str) and not steps.lstrip("-").isdigit():
@@ -203,10 +207,6 @@ def checkpoints_at(model_dir: str, steps) -> List[str]:
       raise ValueError(f"run.eval_checkpoint_step = -1: {model_dir} has no checkpoint.")
     return [latest]
   return [checkpoint_at_step(model_dir, int(steps))]
-
-
-def _step_of(path: str) -> int:
-  return int(path.rsplit("-", 1)[-1])
 
 
 def _master_dtype_from_checkpoint(variable_dtype: mtf.VariableDType,

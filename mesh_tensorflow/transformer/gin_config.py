@@ -335,17 +335,18 @@ def _edits(a: str, b: str) -> int:
 
 
 def _check_macro_names(state: _ParseState) -> None:
-  """A macro nothing refers to whose name is one or two typing slips from
-  one that is referred to (`num_layerz = 3` where the config uses
-  %num_layers) is a typo: it would leave the intended value unchanged
-  without a word. (Files may define macros for other tools, `input_filename`
+  """A macro nothing refers to whose name is a typing slip (two, for names
+  of 8 characters or more) from one that is referred to (`num_layerz = 3`
+  where the config uses %num_layers) is a typo: it would leave the intended
+  value unchanged without a word. (Files may define macros for other tools, `input_filename`
   beside `output_filename`: names further apart are left alone.)"""
   for name, where in state.macros:
     if name in _REFERENCED_MACROS or len(name) < 4:
       continue
     close = sorted((_edits(name, used), used) for used in _REFERENCED_MACROS
                    if abs(len(used) - len(name)) <= 2)
-    if close and close[0][0] <= 2:
+    # Short names are near each other by chance (d_kv, d_ff): one slip only.
+    if close and close[0][0] <= (2 if len(name) >= 8 else 1):
       used = close[0][1]
       raise ValueError(f"{where}: macro {name!r} is not used by any binding; did you mean "
                        f"{used!r} (used as %{used})?")

@@ -71,10 +71,11 @@ def test_a_macro_one_slip_from_a_used_one_is_an_error(tree, typo, meant):
 
 def test_macros_for_other_tools_are_left_alone(tree):
   # As T5's infer_from_task.gin: input_filename for a launch script beside a
-  # used output_filename; and a macro nobody uses at all.
+  # used output_filename; a macro nobody uses at all; a short name two
+  # slips from used ones (d_xy: d_kv, d_ff).
   gin_config.parse([os.path.join(tree, "models", "my_base.gin")], [
       "output_filename = '/tmp/out'", "Bitransformer.decode.beam_size = %output_filename",
-      "input_filename = None", "my_own_setting = 3"])
+      "input_filename = None", "my_own_setting = 3", "d_xy = 8"])
   assert gin.query_parameter("input_filename/macro.value") is None
 
 
