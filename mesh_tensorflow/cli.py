@@ -375,6 +375,33 @@ def run_absl_main(main: Callable[[List[str]], Optional[int]],
   return run_main(program, argv)
 
 
+GIN_FLAG_HELP = {
+    "gin_file": "gin config files, read in order after gin/defaults.gin: paths, or names "
+                "under the package's gin directory (models/tiny_lm.gin, layouts/2x4.gin, "
+                "learning_rate_schedules/cosine.gin, ...) or under --gin_location_prefix.",
+    "gin_param": "gin bindings, e.g. 'run.train_steps = 100'.",
+    "gin_location_prefix": "directories to look in for --gin_file names and the files they "
+                           "include (comma-separated or repeated), e.g. T5's t5/models/gin.",
+}
+
+
+def define_gin_flags() -> None:
+  """Defines the absl flags --gin_file, --gin_param and --gin_location_prefix
+  (each repeatable) unless a program has already: the original's
+  `mesh_tensorflow.transformer.utils` defined them on import, and programs
+  written for it read them from `absl.flags.FLAGS`.
+
+  Example:
+    >>> define_gin_flags()
+    >>> "gin_file" in flags.FLAGS
+    True
+  """
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  for name, help_text in GIN_FLAG_HELP.items():
+    if name not in flags.FLAGS:
+      flags.DEFINE_multi_string(name, [], help_text)
+
+
 def parse_own_flags(flag_values, argv: Sequence[str], program: str,
                     about: str = "") -> List[str]:
   """Parses `argv` with a program's own `absl.flags.FlagValues`; `--help`

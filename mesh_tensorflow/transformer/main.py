@@ -59,14 +59,7 @@ NUM_CPU_DEVICES = 8
 DEFAULT_MODEL_DIR = os.path.join(tempfile.gettempdir(), "mesh_tensorflow_transformer")
 
 FLAGS = flags.FLAGS
-flags.DEFINE_multi_string(
-    "gin_file", [], "gin config files, read in order after gin/defaults.gin: paths, or "
-    "names under the package's gin directory (models/tiny_lm.gin, layouts/2x4.gin, "
-    "learning_rate_schedules/cosine.gin, ...).")
-flags.DEFINE_multi_string("gin_param", [], "gin bindings, e.g. 'run.train_steps = 100'.")
-flags.DEFINE_multi_string(
-    "gin_location_prefix", [], "directories to look in for --gin_file names and the files "
-    "they include (comma-separated or repeated), e.g. T5's t5/models/gin")
+cli.define_gin_flags()
 flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR,
                     "Checkpoints and TensorBoard events; training resumes from here.")
 flags.DEFINE_enum("mode", None, ["train", "eval", "infer", "score", "export"],

@@ -3,6 +3,8 @@
 score_from_strings, eval_model, export_model, get_checkpoint_iterator, ..."""
 
 import os
+import subprocess
+import sys
 
 from absl.testing import flagsaver
 import gin
@@ -254,6 +256,37 @@ def test_parse_gin_defaults_and_flags():
       assert gin.query_parameter("run.model_type") == "lm"
     finally:
       gin.clear_config()
+
+
+# A program written for the original: it reads the gin flags that importing
+# `mesh_tensorflow.transformer.utils` defined.
+ORIGINAL_STYLE_PROGRAM = """
+from absl import app
+import gin
+from mesh_tensorflow.transformer import utils
+
+def main(_):
+  utils.parse_gin_defaults_and_flags()
+  print("num_layers", gin.query_parameter("%num_layers"), "d_model",
+        gin.query_parameter("%d_model"))
+
+app.run(main)
+"""
+
+
+def test_a_program_written_for_the_original_gets_the_gin_flags(tmp_path):
+  (tmp_path / "models").mkdir()
+  (tmp_path / "models" / "mine.gin").write_text(
+      "include 'models/tiny_lm.gin'\nd_model = 48\n")
+  (tmp_path / "program.py").write_text(ORIGINAL_STYLE_PROGRAM)
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  out = subprocess.run(
+      [sys.executable, str(tmp_path / "program.py"), f"--gin_location_prefix={tmp_path}",
+       "--gin_file=models/mine.gin", "--gin_param=num_layers = 3"],
+      cwd=root, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, PYTHONPATH=root))
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "num_layers 3 d_model 48" in out.stdout
 
 
 def test_maybe_add_pretokenized_features():

@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 import mesh_tensorflow as mtf
+from mesh_tensorflow import cli
 from mesh_tensorflow.compat.transformer import helpers
 from mesh_tensorflow.transformer import application
 from mesh_tensorflow.transformer import gin_config
@@ -48,6 +49,9 @@ __all__ = [
     "train_model"]
 
 FLAGS = flags.FLAGS
+# --gin_file, --gin_param and --gin_location_prefix, as the original defined
+# them on import (programs written for it read them from FLAGS).
+cli.define_gin_flags()
 
 _MODEL_TYPES = ("lm", "bitransformer")
 
