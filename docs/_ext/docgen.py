@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib
+import inspect
 import json
 import pathlib
 import re
@@ -214,6 +215,11 @@ def _flag_rows(flag_values, names: Optional[List[str]] = None) -> List[str]:
   return rows
 
 
+def cli_gin_flags() -> List[str]:
+  from mesh_tensorflow import cli  # pylint: disable=g-import-not-at-top
+  return list(cli.GIN_FLAG_HELP)
+
+
 def _first_paragraph(doc: Optional[str]) -> str:
   return " ".join((doc or "").strip().split("\n\n")[0].split())
 
@@ -226,6 +232,8 @@ def _command_section(command: str, module_name: str, kind: str) -> str:
   if kind == "absl":
     values = flags.FLAGS
     names = [f.name for f in values.get_flags_for_module(module_name)]
+    if "define_gin_flags()" in inspect.getsource(module):  # defined in cli for it
+      names = sorted(set(names) | {name for name in cli_gin_flags() if name in values})
     about = _first_paragraph(module.__doc__)
   elif kind == "flag_values":
     values = module.FLAGS
