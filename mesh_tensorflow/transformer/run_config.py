@@ -46,7 +46,8 @@ GIN_MODULE = "mesh_tensorflow.transformer.utils"
 
 MODES = ("train", "eval", "infer", "score", "export")
 # The original's names of two modes -> the mode each runs.
-MODE_ALIASES = {"perplexity_eval": "eval", "score_from_strings": "score"}
+MODE_ALIASES = {"perplexity_eval": "eval", "score_eval": "eval", "score_from_strings": "score",
+                "score_from_dataset": "score"}
 
 
 # The optimizers, configurable from gin under the module path gin files use:
@@ -459,7 +460,9 @@ class RunConfig:
   function such as @utils.auto_train_steps, `sequence_length` as an int,
   `mesh_shape` as an mtf.Shape (@utils.tpu_mesh_shape()),
   `learning_rate_schedule` as a number or a list of factors, the modes
-  "perplexity_eval" (eval) and "score_from_strings" (score). The dtypes come
+  "perplexity_eval" and "score_eval" (eval), "score_from_strings" and
+  "score_from_dataset" (score: the lines of input_file, or without it the
+  validation examples of the data, as T5 scores a task). The dtypes come
   from `utils.get_variable_dtype` (activation_dtype here overrides its
   activation dtype), micro-batches from `utils.serialize_num_microbatches`
   when grad_accum_steps is None, and the vocabulary rounding from the

@@ -120,3 +120,11 @@ def test_decoding_temperature_and_top_k_defaults(files, bindings, mode, expected
 def test_checkpoint_steps_that_name_nothing_are_one_clear_error(tmp_path, steps, message):
   with pytest.raises(ValueError, match=message):
     application.checkpoints_at(str(tmp_path), steps)
+
+
+@pytest.mark.parametrize("original, mode", [
+    ("perplexity_eval", "eval"), ("score_eval", "eval"), ("score_from_strings", "score"),
+    ("score_from_dataset", "score")])
+def test_the_originals_mode_names(original, mode):
+  gin_config.parse(["models/tiny_lm.gin"], [f"utils.run.mode = '{original}'"])
+  assert RunConfig(None).resolved().mode == mode
