@@ -22,8 +22,7 @@ Each builds the mesh from `mesh_shape` and `layout_rules`, the model
 (`model_type` "lm" for a decoder-only `Unitransformer`, "bitransformer" for
 an encoder-decoder `Bitransformer`) and the data (`dataset_fn`).
 
-    >>> from mesh_tensorflow.transformer import gin_config
-    >>> gin_config.parse(["models/tiny_lm.gin", "layouts/2x4.gin"], ["run.train_steps = 10"])
+    >>>     >>> gin_config.parse(["models/tiny_lm.gin", "layouts/2x4.gin"], ["run.train_steps = 10"])
     >>> run(model_dir="/tmp/lm", mode="train")["eval_loss"]
     4.9
     >>> train(RunConfig(model_dir="/tmp/lm", train_steps=20))["step"]
@@ -39,6 +38,7 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
+import gin
 import numpy as np
 import tensorflow as tf
 
@@ -47,7 +47,6 @@ import mesh_tensorflow as mtf
 from mesh_tensorflow import _environment
 from mesh_tensorflow.transformer import dataset as dataset_lib
 from mesh_tensorflow.transformer import export as export_lib
-from mesh_tensorflow.transformer import gin_config
 from mesh_tensorflow.transformer import inference
 from mesh_tensorflow.transformer import learning_rate_schedules
 from mesh_tensorflow.transformer import modeling
@@ -153,6 +152,31 @@ def _write_scalars(model_dir: Optional[str], step: int, values: Dict[str, float]
       tf.summary.scalar(f"eval/{name}", value)
   writer.flush()
 
+
+
+OPERATIVE_CONFIG = "operative_config.gin"
+
+
+def write_operative_config(model_dir: str) -> str:
+  """Writes gin's operative config (every parameter the run has used, with
+  its value) to `model_dir`/operative_config.gin, as the original and T5
+  write it; returns the path. Evaluating, decoding, scoring or exporting the
+  model later starts from `--gin_file=MODEL_DIR/operative_config.gin`.
+
+  Example:
+    >>> write_operative_config("/tmp/lm")
+    '/tmp/lm/operative_config.gin'
+  """
+  path = os.path.join(model_dir, OPERATIVE_CONFIG)
+  text = ("# The gin parameters this model was trained with, as it used them: pass\n"
+          "# --gin_file=" + path + " to evaluate, decode, score or export it.\n\n"
+          + gin.operative_config_str())
+  tf.io.gfile.makedirs(model_dir)
+  partial = path + ".partial"
+  with tf.io.gfile.GFile(partial, "w") as f:
+    f.write(text)
+  tf.io.gfile.rename(partial, path, overwrite=True)
+  return path
 
 
 def checkpoint_at_step(model_dir: str, step: int) -> str:
@@ -603,7 +627,7 @@ def train(config: RunConfig) -> Dict[str, Any]:
 
   def periodic_eval(step: int, _) -> None:
     if step == first_step and config.model_dir:  # the model's parameters are used by now
-      gin_config.write_operative_config(config.model_dir)
+      write_operative_config(config.model_dir)
     if config.eval_every and step % config.eval_every == 0 and step != config.train_steps:
       evaluate_now()
 
@@ -613,7 +637,7 @@ def train(config: RunConfig) -> Dict[str, Any]:
     result["cross_entropy"] = history["cross_entropy"][-1]
   metrics = evaluate_now()
   if config.model_dir and history["loss"]:  # with what evaluation used too
-    gin_config.write_operative_config(config.model_dir)
+    write_operative_config(config.model_dir)
   samples = _samples(config, model.setup)
   _final(result, trainer, metrics, start)
   result.update(losses=history["loss"], samples=samples)

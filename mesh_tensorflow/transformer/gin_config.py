@@ -487,31 +487,6 @@ def _parse_file(path: str, state: _ParseState) -> None:
   _parse_text(text, path, state, os.path.dirname(path))
 
 
-OPERATIVE_CONFIG = "operative_config.gin"
-
-
-def write_operative_config(model_dir: str) -> str:
-  """Writes gin's operative config (every parameter the run has used, with
-  its value) to `model_dir`/operative_config.gin, as the original and T5
-  write it; returns the path. Evaluating, decoding, scoring or exporting the
-  model later starts from `--gin_file=MODEL_DIR/operative_config.gin`.
-
-  Example:
-    >>> write_operative_config("/tmp/lm")
-    '/tmp/lm/operative_config.gin'
-  """
-  path = os.path.join(model_dir, OPERATIVE_CONFIG)
-  text = ("# The gin parameters this model was trained with, as it used them: pass\n"
-          "# --gin_file=" + path + " to evaluate, decode, score or export it.\n\n"
-          + gin.operative_config_str())
-  tf.io.gfile.makedirs(model_dir)
-  partial = path + ".partial"
-  with tf.io.gfile.GFile(partial, "w") as f:
-    f.write(text)
-  tf.io.gfile.rename(partial, path, overwrite=True)
-  return path
-
-
 @contextlib.contextmanager
 def overridden(bindings: Dict[str, object], defaults: Dict[str, object]):
   """Binds `bindings` for the duration, then each name's previous binding

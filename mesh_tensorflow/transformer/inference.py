@@ -35,15 +35,30 @@ def log(line: str) -> None:
 
 
 # ---------------------------------------------------------------- text files
+# Characters besides newline and CR that str.splitlines() takes for line
+# ends: written as \xNN / \uNNNN, so an output file has one line per text
+# however it is read.
+_OTHER_LINE_BREAKS = {"\x0b": "\\x0b", "\x0c": "\\x0c", "\x1c": "\\x1c", "\x1d": "\\x1d",
+                      "\x1e": "\\x1e", "\x85": "\\x85", "\u2028": "\\u2028",
+                      "\u2029": "\\u2029"}
+_UNESCAPED = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\"}
+_UNESCAPED.update({code[1:]: char for char, code in _OTHER_LINE_BREAKS.items()})
+
+
 def escape(text: str) -> str:
-  """One line for any text: backslash, newline, CR and tab as escapes.
+  """One line for any text: backslash, newline, CR and tab as escapes, and
+  the other characters Python's str.splitlines() breaks lines at (vertical
+  tab, form feed, \\x1c-\\x1e, \\x85, \\u2028, \\u2029) as \\xNN / \\uNNNN.
 
   Example:
     >>> escape("a\\n\\tb")
     'a\\\\n\\\\tb'
   """
-  return (text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+  text = (text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
           .replace("\t", "\\t"))
+  for char, code in _OTHER_LINE_BREAKS.items():
+    text = text.replace(char, code)
+  return text
 
 
 def unescape(line: str) -> str:
@@ -54,14 +69,18 @@ def unescape(line: str) -> str:
     'x\\ny'
   """
   out, i = [], 0
-  table = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\"}
   while i < len(line):
-    c = line[i]
-    if c == "\\" and i + 1 < len(line) and line[i + 1] in table:
-      out.append(table[line[i + 1]])
-      i += 2
+    if line[i] == "\\":
+      for code, char in _UNESCAPED.items():
+        if line.startswith(code, i + 1):
+          out.append(char)
+          i += 1 + len(code)
+          break
+      else:
+        out.append("\\")
+        i += 1
     else:
-      out.append(c)
+      out.append(line[i])
       i += 1
   return "".join(out)
 

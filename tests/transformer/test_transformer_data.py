@@ -199,7 +199,10 @@ def test_tsv_pairs_dataset(tmp_path):
 
 
 def test_escaped_lines_round_trip(tmp_path):
-  texts = ["plain", "two\nlines", "back\\slash\\n", "tab\t"]
+  # Also the characters str.splitlines() breaks at besides newline and CR
+  # (a model's output may hold any of them).
+  texts = ["plain", "two\nlines", "back\\slash\\n", "tab\t", "fs\x1cvt\x0bff\x0c",
+           "nel\x85ls\u2028ps\u2029", "literal \\x1c stays"]
   inference.write_lines(str(tmp_path / "f.txt"), texts)
   assert inference.read_lines(str(tmp_path / "f.txt")) == texts
   assert len((tmp_path / "f.txt").read_text().splitlines()) == len(texts)
