@@ -122,9 +122,12 @@ def test_commands_name_existing_modules_and_flags(page, kind, body, line):
         for file in (f.with_suffix(".py"), f / "__init__.py"):
           if candidate and file.exists():
             defined |= _flag_names(file.read_text())
+    if "define_gin_flags()" in source:  # --gin_file, --gin_param, --gin_location_prefix
+      from mesh_tensorflow import cli  # pylint: disable=g-import-not-at-top
+      defined |= set(cli.GIN_FLAG_HELP)
     for arg in args:
       m = re.match(r"--(\w+)", arg)
-      if m and "DEFINE_" in source:
+      if m and ("DEFINE_" in source or "define_gin_flags()" in source):
         name = m.group(1)
         negated = name.startswith("no") and name[2:] in defined  # absl's --noflag
         assert name in defined or name in _ABSL_FLAGS or negated, (

@@ -57,6 +57,9 @@ def test_command_tables_list_every_defined_flag(generated):
     text = (ROOT / source).read_text()
     defined = set(re.findall(r"DEFINE_\w+\(\s*[\"'](\w+)[\"']", text))
     defined |= set(re.findall(r"add_argument\(\s*[\"']--(\w+)[\"']", text))
+    if "define_gin_flags()" in text:  # the gin flags, defined in cli for the program
+      from mesh_tensorflow import cli  # pylint: disable=g-import-not-at-top
+      defined |= set(cli.GIN_FLAG_HELP)
     assert defined, command
     listed = set(re.findall(r"^\| `--(?:\[no\])?(\w+)`", sections[command], re.M))
     assert listed == defined, f"{command}: table {sorted(listed)} vs source {sorted(defined)}"
