@@ -35,6 +35,7 @@ import dataclasses
 import inspect
 import math
 import os
+import re
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
@@ -168,9 +169,12 @@ def write_operative_config(model_dir: str) -> str:
     '/tmp/lm/operative_config.gin'
   """
   path = os.path.join(model_dir, OPERATIVE_CONFIG)
+  # `fresh` deletes the model's checkpoints: a run that starts from this file
+  # must not inherit it.
+  body = re.sub(r"^((?:\S+/)?run\.fresh) = True$", r"\1 = False", gin.operative_config_str(),
+                flags=re.M)
   text = ("# The gin parameters this model was trained with, as it used them: pass\n"
-          "# --gin_file=" + path + " to evaluate, decode, score or export it.\n\n"
-          + gin.operative_config_str())
+          "# --gin_file=" + path + " to evaluate, decode, score or export it.\n\n" + body)
   tf.io.gfile.makedirs(model_dir)
   partial = path + ".partial"
   with tf.io.gfile.GFile(partial, "w") as f:

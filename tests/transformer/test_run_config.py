@@ -128,3 +128,14 @@ def test_checkpoint_steps_that_name_nothing_are_one_clear_error(tmp_path, steps,
 def test_the_originals_mode_names(original, mode):
   gin_config.parse(["models/tiny_lm.gin"], [f"utils.run.mode = '{original}'"])
   assert RunConfig(None).resolved().mode == mode
+
+
+def test_the_operative_config_never_asks_a_later_run_to_start_afresh(tmp_path):
+  gin_config.parse(["models/tiny_lm.gin"], ["run.fresh = True", "run.train_steps = 7"])
+  RunConfig(None)  # uses run's parameters, as a run does
+  path = application.write_operative_config(str(tmp_path))
+  text = open(path).read()
+  assert "run.train_steps = 7" in text and "run.fresh = False" in text
+  assert "run.fresh = True" not in text
+  gin_config.parse([path])
+  assert RunConfig(None).fresh is False
