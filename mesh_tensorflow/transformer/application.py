@@ -424,6 +424,11 @@ def _decoding_runs(config: RunConfig):
       raise ValueError("--mode=score without --input_file scores the validation examples of "
                        "the data (dataset_fn): give --output_file for their scores.")
     lines = None
+  elif config.mode == "infer" and not config.input_file and config.model_type != "lm":
+    if not config.output_file:
+      raise ValueError("--mode=infer without --input_file decodes the inputs of the validation "
+                       "examples of the data (dataset_fn): give --output_file for the outputs.")
+    lines = _validation_inputs(config, model)
   else:
     lines = inference.read_input_file(config.mode, config.input_file, config.input_encoding,
                                       config.input_errors)
@@ -443,6 +448,22 @@ def _decoding_runs(config: RunConfig):
       output_file = (output_file or config.input_file + (
           ".outputs" if config.mode == "infer" else ".scores")) + f"-{_step_of(path)}"
     yield model, lines, output_file
+
+
+def _validation_inputs(config: RunConfig, model: _Model) -> List[str]:
+  """The inputs of the data's validation examples as texts (T5's decoding of
+  a task's examples: infer_from_task.gin)."""
+  vocabulary = model.setup.vocabulary
+  texts = []
+  for example in unpacked_validation_data(config.dataset_fn, vocabulary, config.sequence_length,
+                                          config.model_type).as_numpy_iterator():
+    ids = []
+    for token in np.reshape(example["inputs"], [-1]).tolist():
+      if token in (0, 1):  # padding, end of sequence
+        break
+      ids.append(int(token))
+    texts.append(vocabulary.decode(ids))
+  return texts
 
 
 def _with_targets(config: RunConfig, inputs: List[str]) -> List[str]:
@@ -500,7 +521,7 @@ def score(config: RunConfig) -> Dict[str, Any]:
 def unpacked_validation_data(dataset_fn: Callable, vocabulary, sequence_length: Mapping[str, int],
                              model_type: str) -> tf.data.Dataset:
   """The validation split of `dataset_fn`'s data, one example per row, every
-  example once (batches of one, no repeat), for scoring.
+  example once (batches of one, no repeat), for scoring and decoding.
 
   Example:
     >>> ds = unpacked_validation_data(dataset_lib.dataset_fn, vocab, {"targets": 128}, "lm")
@@ -511,9 +532,9 @@ def unpacked_validation_data(dataset_fn: Callable, vocabulary, sequence_length: 
   except TypeError as e:
     if "packed" not in str(e):
       raise
-    raise ValueError(f"--mode=score without --input_file needs a dataset_fn that takes "
-                     f"packed=False (one example per row); {dataset_fn!r} does not: give "
-                     f"--input_file instead.") from e
+    raise ValueError(f"--mode=score or infer without --input_file needs a dataset_fn that "
+                     f"takes packed=False (one example per row); {dataset_fn!r} does not: "
+                     f"give --input_file instead.") from e
 
 
 def _trainer(config: RunConfig, model: _Model) -> "mtf.training.Trainer":

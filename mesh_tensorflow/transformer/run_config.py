@@ -401,7 +401,10 @@ class RunConfig:
       run.jit_compile = True; see Trainer's jit_compile and
       docs/accelerators.md).
     fresh: delete model_dir's checkpoints and events first (train only).
-    input_file: infer/score: one text per line (escaped, see inference.escape).
+    input_file: infer/score: one text per line (escaped, see inference.escape);
+      without it, score scores the validation examples of the data and an
+      encoder-decoder's infer decodes their inputs (T5's scoring and
+      decoding of a task), into output_file.
     output_file: infer/score: where results go (default: input_file +
       ".outputs" or ".scores").
     targets_file: score: the targets, one per line, of input_file's inputs

@@ -208,3 +208,22 @@ def test_t5_style_scoring_of_inputs_and_targets_files(tmp_path):
         f"--output_file={tmp_path / 'pair_scores.txt'}", model_dir=model_dir)
   scores = (tmp_path / "scores.txt").read_text().split()
   assert len(scores) == 3 and scores == (tmp_path / "pair_scores.txt").read_text().split()
+
+
+def test_encoder_decoder_decodes_the_validation_examples_without_an_input_file(tmp_path):
+  model_dir = tmp_path / "bi"
+  bi = ["run.sequence_length = {'inputs': 32, 'targets': 32}", "run.num_samples = 0",
+        "dataset_fn.corpus_bytes = 3000000"]
+  (tmp_path / "train.tsv").write_text("".join(f"in {i}\tout {i}\n" for i in range(64)))
+  valid = [f"validation input {i} of six" for i in range(6)]  # about a row each
+  (tmp_path / "valid.tsv").write_text("".join(f"{text}\tT\n" for text in valid))
+  files = [f"dataset_fn.train_files = ['{tmp_path / 'train.tsv'}']",
+           f"dataset_fn.eval_files = ['{tmp_path / 'valid.tsv'}']", "run.eval_steps = 1",
+           "run.batch_size = 2"]
+  _main("--gin_file=models/tiny_bi.gin", "--gin_file=layouts/single.gin",
+        model_dir=model_dir, params=bi + files + ["run.train_steps = 2"])
+  out = _main("--mode=infer", f"--output_file={tmp_path / 'valid.outputs'}",
+              f"--gin_file={model_dir / 'operative_config.gin'}", model_dir=model_dir,
+              params=files)
+  assert f"{valid[0]!r} ->" in out and "decoded 6 inputs" in out
+  assert len((tmp_path / "valid.outputs").read_text().split("\n")) == 7
