@@ -22,7 +22,8 @@ Each builds the mesh from `mesh_shape` and `layout_rules`, the model
 (`model_type` "lm" for a decoder-only `Unitransformer`, "bitransformer" for
 an encoder-decoder `Bitransformer`) and the data (`dataset_fn`).
 
-    >>>     >>> gin_config.parse(["models/tiny_lm.gin", "layouts/2x4.gin"], ["run.train_steps = 10"])
+    >>> from mesh_tensorflow.transformer import gin_config
+    >>> gin_config.parse(["models/tiny_lm.gin", "layouts/2x4.gin"], ["run.train_steps = 10"])
     >>> run(model_dir="/tmp/lm", mode="train")["eval_loss"]
     4.9
     >>> train(RunConfig(model_dir="/tmp/lm", train_steps=20))["step"]
