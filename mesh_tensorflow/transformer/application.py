@@ -184,6 +184,13 @@ def write_operative_config(model_dir: str) -> str:
   return path
 
 
+def _listed_checkpoints(model_dir: str) -> List[str]:
+  """The checkpoints model_dir's `checkpoint` state file lists, as paths."""
+  state = tf.train.get_checkpoint_state(model_dir)
+  return [path if os.path.isabs(path) or "://" in path else os.path.join(model_dir, path)
+          for path in (state.all_model_checkpoint_paths if state else [])]
+
+
 def checkpoint_at_step(model_dir: str, step: int) -> str:
   """The checkpoint of model_dir written at `step` (either library's naming:
   ckpt-N or model.ckpt-N).
@@ -195,11 +202,10 @@ def checkpoint_at_step(model_dir: str, step: int) -> str:
     >>> checkpoint_at_step("/tmp/lm", 400)
     '/tmp/lm/ckpt-400'
   """
-  state = tf.train.get_checkpoint_state(model_dir)
-  paths = list(state.all_model_checkpoint_paths) if state else []
+  paths = _listed_checkpoints(model_dir)
   for path in paths:
     if path.rsplit("-", 1)[-1] == str(int(step)):
-      return path if os.path.isabs(path) or "://" in path else os.path.join(model_dir, path)
+      return path
   steps = [p.rsplit("-", 1)[-1] for p in paths]
   raise ValueError(f"run.eval_checkpoint_step = {step}: {model_dir} has no checkpoint of that "
                    f"step (it has steps {', '.join(steps) or 'none'}).")
@@ -220,11 +226,10 @@ def checkpoints_at(model_dir: str, steps) -> List[str]:
     ['/tmp/lm/ckpt-200', '/tmp/lm/ckpt-400']
   """
   if steps == "all":
-    state = tf.train.get_checkpoint_state(model_dir)
-    paths = list(state.all_model_checkpoint_paths) if state else []
+    paths = _listed_checkpoints(model_dir)
     if not paths:
       raise ValueError(f"run.eval_checkpoint_step = 'all': {model_dir} has no checkpoint.")
-    return sorted((checkpoint_at_step(model_dir, _step_of(p)) for p in paths), key=_step_of)
+    return sorted(paths, key=_step_of)
   if isinstance(steps, (list, tuple)):
     return [checkpoint_at_step(model_dir, step) for step in steps]
   if isinstance(steps, str) and not steps.lstrip("-").isdigit():
@@ -455,16 +460,10 @@ def _validation_inputs(config: RunConfig, model: _Model) -> List[str]:
   """The inputs of the data's validation examples as texts (T5's decoding of
   a task's examples: infer_from_task.gin)."""
   vocabulary = model.setup.vocabulary
-  texts = []
-  for example in unpacked_validation_data(config.dataset_fn, vocabulary, config.sequence_length,
-                                          config.model_type).as_numpy_iterator():
-    ids = []
-    for token in np.reshape(example["inputs"], [-1]).tolist():
-      if token in (0, 1):  # padding, end of sequence
-        break
-      ids.append(int(token))
-    texts.append(vocabulary.decode(ids))
-  return texts
+  examples = unpacked_validation_data(config.dataset_fn, vocabulary, config.sequence_length,
+                                      config.model_type)
+  return [inference.ids_to_text(vocabulary, example["inputs"])
+          for example in examples.as_numpy_iterator()]
 
 
 def _with_targets(config: RunConfig, inputs: List[str]) -> List[str]:

@@ -85,6 +85,20 @@ def unescape(line: str) -> str:
   return "".join(out)
 
 
+def ids_to_text(vocabulary, ids) -> str:
+  """The text of token ids up to the first padding (0) or end of sequence.
+
+  Example:
+    >>> ids_to_text(vocabulary_lib.ByteVocabulary(), [107, 108, 1, 0])
+    'hi'
+  """
+  ids = [int(t) for t in np.asarray(ids).reshape(-1)]
+  for stop in (0, vocabulary.eos_id):
+    if stop in ids:
+      ids = ids[:ids.index(stop)]
+  return vocabulary.decode(ids)
+
+
 def read_lines(path: str, encoding: str = "utf-8", errors: str = "strict") -> List[str]:
   """The lines of a text file (unescaped, without line ends).
 

@@ -313,8 +313,7 @@ def _main(argv: Sequence[str]) -> int:
   parser.add_argument("--gin_param", action="append", default=[],
                       help="gin bindings, e.g. 'run.batch_size = 16'")
   parser.add_argument("--gin_location_prefix", action="append", default=[],
-                      help="directories to look in for --gin_file names and the files they "
-                      "include (comma-separated or repeated), e.g. T5's t5/models/gin")
+                      help=cli.GIN_FLAG_HELP["gin_location_prefix"])
   parser.add_argument("--mesh_shape", default=None, help="override the config's mesh shape")
   parser.add_argument("--layout", default=None, help="override the config's layout rules")
   parser.add_argument("--png", default=None, help="also draw the report to this PNG")

@@ -21,8 +21,8 @@ import tensorflow as tf
 
 from mesh_tensorflow.compat.transformer import helpers
 from mesh_tensorflow.transformer import dataset as dataset_lib
+from mesh_tensorflow.transformer import inference
 from mesh_tensorflow.compat.transformer.estimator import _check_estimator
-from mesh_tensorflow.compat.transformer.estimator import _ids_to_text
 from mesh_tensorflow.compat.transformer.estimator import _lengths
 from mesh_tensorflow.compat.transformer.estimator import decode_texts
 
@@ -178,7 +178,7 @@ def _example_text(vocabulary, ex: Mapping[str, Any], key: str) -> str:
   pre = ex.get(key + "_pretokenized")
   if pre is not None:
     return pre.decode("utf-8") if isinstance(pre, bytes) else str(pre)
-  return _ids_to_text(vocabulary, ex[key])
+  return inference.ids_to_text(vocabulary, ex[key])
 
 
 @gin.configurable(module="utils")

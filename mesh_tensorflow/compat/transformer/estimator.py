@@ -223,17 +223,9 @@ class MeshEstimator:
             row["inputs"] = batch["inputs"][i]
           yield row
       else:
-        texts = [_ids_to_text(self.vocabulary, row) for row in batch["inputs"]]
+        texts = [inference.ids_to_text(self.vocabulary, row) for row in batch["inputs"]]
         for ids, out in zip(batch["inputs"], decode_texts(self.setup, texts)):
           yield {"inputs": ids, "outputs": out}
-
-
-def _ids_to_text(vocabulary, ids) -> str:
-  ids = [int(t) for t in np.asarray(ids).reshape(-1)]
-  for stop in (0, vocabulary.eos_id):
-    if stop in ids:
-      ids = ids[:ids.index(stop)]
-  return vocabulary.decode(ids)
 
 
 def decode_texts(setup: modeling.Setup, texts: Sequence[str], temperature: float = 0.0,
