@@ -136,10 +136,11 @@ Rows:
   all-gather, in 16 bits). Compared: the table's per-GPU
   teraFLOP/s, with Megatron-LM's FLOP count without recomputation,
   72 B s l h^2 (1 + s / (6 h)) + 6 B s h V. The rows with tensor
-  parallelism are planned sequence parallel, as Megatron-LM runs them. This
-  library overlaps neither tensor-parallel communication nor the parameter
-  gathering with compute, and the planner prices the library: these rows
-  measure how far that leaves it behind.
+  parallelism are planned sequence parallel, as Megatron-LM runs them, and
+  with the overlap the README states (`plan --overlap=model_parallel,
+  param_gather`, an estimate only: this library overlaps neither): each
+  layer's tensor-parallel collectives pipelined with its products, the
+  updated parameters gathered under the next step's first forward pass.
 
 Dropout, where the runs used it: Megatron-LM's defaults, which none of the
 Megatron-LM rows' scripts or texts change (`--attention-dropout 0.1` on
@@ -166,11 +167,12 @@ unsplit), and the difference of the planned activation memory is one
 layer's. Nothing is fitted: this checks which tensors the library's
 layers keep for the backward pass.
 
-The one fitted constant is the GPUs' `matmul_efficiency` (fraction of peak
-of a large matrix product): fitted on the rows marked "fit" (1.7B, 18.4B and
-145.6B of Narayanan et al.), with the planner's default pricing (the step as
-XLA compiles it); the other rows are held out. `--fit` refits it and prints
-the value to put in hardware.py; `--quick` runs the two smallest GPU rows.
+The two fitted constants are the GPUs' `matmul_efficiency` (fraction of
+peak of a large matrix product) and `hbm_efficiency` (fraction of the HBM
+bandwidth that memory-bound kernels reach): fitted together on the rows
+marked "fit" (1.7B, 18.4B and 145.6B of Narayanan et al.), with the
+planner's default pricing (the step as XLA compiles it); the other rows are
+held out. `--fit` refits them and prints the values to put in hardware.py; `--quick` runs the two smallest GPU rows.
 `--calibrate` plans each source's runs with the efficiency fitted to its
 smallest run, as `plan --measured_step_time` would (a user's own stack).
 
@@ -277,6 +279,7 @@ class Row:
   paper_flops: float = 0.0  # Megatron: the paper's FLOPs per step
   fit: bool = False
   attention: str = "unfused"  # PlanOptions.attention: "fused" where the run used such a kernel
+  overlap: tuple = ()  # PlanOptions.overlap: what the run overlapped beyond this library
 
 
 def _make_sequence_parallel(row: Row) -> None:
@@ -436,6 +439,7 @@ def megatron_h100_rows():
     row = _gpt_row(f"H100 GPT {params}B", MEGATRON_H100, heads, h, layers, t, p, gpus, batch,
                    tflops, 1, 1, seq=seq, vocab=vocab, recompute="none")
     row.hardware, row.attention = "h100-sxm", "fused"
+    row.overlap = ("model_parallel", "param_gather")
     row.bindings += ["run.zero_stage = 2", "run.float32_master_in_optimizer = True",
                      "Unitransformer.shared_embedding_and_softmax_weights = False"]
     if t > 1:  # sequence parallelism with the tensor parallelism
@@ -495,32 +499,43 @@ def shazeer_row():
              "batch:batch;vocab:model;d_ff:model;heads:model", bindings, 6.0, "PFLOP/s")
 
 
-def predict(row: Row, efficiency=None):
+def predict(row: Row, efficiency=None, hbm_efficiency=None):
   cluster = hardware.parse_cluster(f"{row.hardware}:{row.count}")
-  if efficiency is not None:
-    cluster = hardware.Cluster(dataclasses.replace(cluster.hardware,
-                                                   matmul_efficiency=efficiency), row.count)
+  changes = {k: v for k, v in (("matmul_efficiency", efficiency),
+                               ("hbm_efficiency", hbm_efficiency)) if v is not None}
+  if changes:
+    cluster = hardware.Cluster(dataclasses.replace(cluster.hardware, **changes), row.count)
   gin_config.parse([], row.bindings)
   options = planner.options_from_gin()
   options.attention = row.attention
+  options.overlap = row.overlap
   plan = planner.plan_current_config(cluster, row.mesh_shape, row.layout, options)
   return predict_value(row, plan), plan
 
 
 def fit(rows):
-  """The matmul efficiency that minimises the squared log ratio on the fit rows."""
+  """(matmul efficiency, HBM efficiency) that minimise the squared log
+  ratio on the fit rows: a golden-section search of the first for each of
+  a grid of the second (0.40 to 1.00 by 0.05)."""
   fit_rows = [r for r in rows if r.fit]
-  lo, hi = 0.3, 1.0
-  for _ in range(15):  # golden-section search
-    a = hi - (hi - lo) / 1.618
-    b = lo + (hi - lo) / 1.618
-    fa = sum(math.log(predict(r, a)[0] / r.published) ** 2 for r in fit_rows)
-    fb = sum(math.log(predict(r, b)[0] / r.published) ** 2 for r in fit_rows)
-    if fa < fb:
-      hi = b
-    else:
-      lo = a
-  return (lo + hi) / 2
+
+  def loss(efficiency, hbm):
+    return sum(math.log(predict(r, efficiency, hbm)[0] / r.published) ** 2 for r in fit_rows)
+
+  best = None
+  for hbm in [round(0.40 + 0.05 * i, 2) for i in range(13)]:
+    lo, hi = 0.3, 1.0
+    for _ in range(15):  # golden-section search
+      a = hi - (hi - lo) / 1.618
+      b = lo + (hi - lo) / 1.618
+      if loss(a, hbm) < loss(b, hbm):
+        hi = b
+      else:
+        lo = a
+    efficiency = (lo + hi) / 2
+    candidate = (loss(efficiency, hbm), efficiency, hbm)
+    best = min(best, candidate) if best else candidate
+  return best[1], best[2]
 
 
 def _describe(plan) -> str:
@@ -573,7 +588,8 @@ def compare_auto(selectors=None):
     _, published = predict(row)
     gin_config.parse([], row.bindings)
     start = time.time()
-    key = (row.hardware, row.count, row.attention, published.options.virtual_stages,
+    key = (row.hardware, row.count, row.attention, row.overlap,
+           published.options.virtual_stages,
            tuple(b for b in row.bindings if "recompute" not in b and "sequence_parallel" not in b))
     cluster = hardware.parse_cluster(f"{row.hardware}:{row.count}")
     shared = key in searches
@@ -582,7 +598,7 @@ def compare_auto(selectors=None):
           cluster, top=1, micro_sizes=(1, 2, 4),
           virtual_stages=tuple(sorted({*plan_search.VIRTUAL_STAGES,
                                        published.options.virtual_stages})),
-          attention=row.attention)
+          attention=row.attention, overlap=row.overlap)
     result = searches[key]
     seconds = time.time() - start
     budget = published.memory_bytes_per_device * (1 + 1e-9)
@@ -690,7 +706,8 @@ def main(argv=None):
     rows = ([shazeer_row()] + rows + mt_nlg_rows() + korthikanti_rows() + fsdp_rows()
             + [bloom_row(), palm_row()] + megatron_h100_rows())
   if args.fit:
-    print(f"fitted GPU matmul_efficiency: {fit([r for r in rows if r.fit]):.3f}")
+    efficiency, hbm = fit(rows)
+    print(f"fitted GPU matmul_efficiency {efficiency:.3f}, hbm_efficiency {hbm:.2f}")
   print(f"{'run':<22} {'source':<44} {'devices':>8} {'published':>10} {'predicted':>10} "
         f"{'ratio':>6}  {'role':<8} unit")
   worst = {}  # source -> largest |ratio - 1|

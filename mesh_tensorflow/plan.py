@@ -63,6 +63,13 @@ def _main(argv: Sequence[str]) -> int:
                       "chains fused) or none (TensorFlow running it op by op; GPUs only)")
   parser.add_argument("--no_overlap", action="store_true",
                       help="do not overlap gradient reduction with the backward pass")
+  parser.add_argument("--overlap", default="",
+                      help="estimate only: what the training stack you plan for overlaps with "
+                      "compute beyond this library, comma-separated: model_parallel (each "
+                      "layer's tensor-parallel collectives pipelined with its matrix products, "
+                      "Megatron-LM's --tp-comm-overlap), param_gather (ZeRO 1/2's gathering of "
+                      "updated variables under the next step's first forward pass, "
+                      "Megatron-LM's --overlap-param-gather)")
   parser.add_argument("--auto", action="store_true",
                       help="search mesh shapes, layouts and options for the device count and "
                       "print the best plans that fit")
@@ -92,6 +99,11 @@ def _main(argv: Sequence[str]) -> int:
     parser.error(f"--attention={args.attention}: use unfused or fused")
   if args.fusion not in ("xla", "none"):
     parser.error(f"--fusion={args.fusion}: use xla or none")
+  overlap = tuple(x.strip() for x in args.overlap.split(",") if x.strip())
+  unknown = [x for x in overlap if x not in ("model_parallel", "param_gather")]
+  if unknown:
+    parser.error(f"--overlap={args.overlap}: unknown {', '.join(unknown)}; use model_parallel "
+                 "and/or param_gather")
   if args.top < 1:
     parser.error(f"--top={args.top}: must be at least 1")
   if args.max_seconds < 0:
@@ -139,12 +151,13 @@ def _main(argv: Sequence[str]) -> int:
   options.overlap_grad_reduce = not args.no_overlap
   options.attention = args.attention
   options.fusion = args.fusion
+  options.overlap = overlap
   if args.auto:
     from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
     def progress(tried, seconds):
       print(f"searching: {tried} plans priced in {seconds:.0f} s", file=sys.stderr, flush=True)
     chunks = tuple(sorted({*plan_search.VIRTUAL_STAGES, options.virtual_stages}))
-    result = plan_search.search(cluster, top=args.top, attention=args.attention,
+    result = plan_search.search(cluster, top=args.top, attention=args.attention, overlap=overlap,
                                 virtual_stages=chunks,
                                 fusion=args.fusion, max_seconds=args.max_seconds or None,
                                 progress=progress,

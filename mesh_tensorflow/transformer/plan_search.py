@@ -43,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
 from mesh_tensorflow.transformer import planner
@@ -190,7 +190,8 @@ def _divisors(n: int) -> List[int]:
 def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
            max_pipeline: int = 64, memory_budget_bytes=None,
            virtual_stages=VIRTUAL_STAGES, attention: str = "unfused",
-           fusion: str = "xla", max_seconds: Optional[float] = None,
+           fusion: str = "xla", overlap: Tuple[str, ...] = (),
+           max_seconds: Optional[float] = None,
            progress: Optional[Callable[[int, float], None]] = None) -> SearchResult:
   """Searches plans for the parsed gin config on `cluster`; a plan fits when
   its memory per device is within the HBM and `memory_budget_bytes`.
@@ -203,8 +204,8 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   the interleaved schedule with that many layer chunks per device, for
   pipelines with at least one layer per chunk (the chunks need not divide
   the layers either: `LayerStack.chunk_block_counts`).
-  `attention` and `fusion` set those `PlanOptions` fields of every plan
-  tried."""
+  `attention`, `fusion` and `overlap` set those `PlanOptions` fields of
+  every plan tried."""
   from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import layer_stack  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
@@ -279,7 +280,7 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
             schedule="interleaved" if v > 1 else "1f1b" if p > 1 else "gpipe",
             virtual_stages=v, recompute=recompute, zero_stage=zero,
             zero_reshard_after_forward=reshard, attention=attention, fusion=fusion,
-            float32_master_in_optimizer=master)
+            float32_master_in_optimizer=master, overlap=tuple(overlap))
         try:
           plan = _plan(cluster, mesh, layout, options, sequence_parallel)
         except ValueError as e:

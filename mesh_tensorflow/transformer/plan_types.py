@@ -18,6 +18,9 @@ GIB = 2 ** 30
 # what the plan does not count (allocator fragmentation, compiler scratch
 # space, the framework's own buffers) often takes a few GiB.
 TIGHT_FRACTION = 0.05
+# PlanOptions.overlap's values (estimate only) and how plans name them.
+OVERLAP_LABELS = {"model_parallel": "tensor-parallel collectives",
+                  "param_gather": "parameter gathering"}
 
 
 # ------------------------------------------------------------ options
@@ -52,6 +55,12 @@ class PlanOptions:
       tensors reads and writes them in memory, and the backward pass keeps
       them) or "fused" (estimate only: one kernel per pass that keeps the
       scores on chip, as FlashAttention-style kernels do; see `planner._phases`).
+    overlap: estimate only, what a training stack other than this library
+      overlaps with compute: "model_parallel" (each layer's tensor-parallel
+      collectives pipelined with its matrix products, as Megatron-LM's
+      --tp-comm-overlap does) and "param_gather" (ZeRO 1/2's all-gather of
+      the updated variables under the next step's first forward pass, as
+      Megatron-LM's --overlap-param-gather does).
   """
   num_stages: int = 1
   num_microbatches: int = 1
@@ -65,6 +74,7 @@ class PlanOptions:
   attention: str = "unfused"
   recompute_layers: Optional[int] = None
   float32_master_in_optimizer: bool = False
+  overlap: Tuple[str, ...] = ()
 
   def check(self) -> None:
     """Raises ValueError, naming the gin binding, for options the library cannot run."""
@@ -83,6 +93,9 @@ class PlanOptions:
                        "(run.jit_compile = True).")
     if self.attention not in ("unfused", "fused"):
       raise ValueError(f"attention = {self.attention!r}: use 'unfused' or 'fused'.")
+    unknown = [o for o in self.overlap if o not in OVERLAP_LABELS]
+    if unknown:
+      raise ValueError(f"overlap {', '.join(unknown)}: use {' or '.join(OVERLAP_LABELS)}.")
     if self.zero_stage not in (0, 1, 2, 3):
       raise ValueError(f"run.zero_stage = {self.zero_stage}: use 0, 1, 2 or 3.")
     if not self.zero_reshard_after_forward and self.zero_stage != 3:
@@ -209,6 +222,8 @@ class Plan:
       extras.append("unfused (op by op)")
     if o.attention == "fused":
       extras.append("fused attention")
+    if o.overlap:
+      extras.append("overlapped " + " and ".join(OVERLAP_LABELS[x] for x in o.overlap))
     lines.append("  " + ", ".join(extras))
     lines.append(f"step time        {self.step_time_s:.3f} s")
     lines.append(f"tokens/s         {self.tokens_per_s:,.0f}")

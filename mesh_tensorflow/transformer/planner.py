@@ -47,10 +47,10 @@ adds what the graph of one micro-batch does not show:
   computed again there, as FlashAttention-style kernels do; the library's
   own attention ("unfused") keeps them.
 
-Compute time is FLOPs / (peak x matmul_efficiency) + bytes / HBM bandwidth +
-kernels x launch overhead; model FLOPs are every einsum's full product
-(forward and backward) and exclude the recomputed forward (MFU); hardware
-FLOPs include it (HFU).
+Compute time is FLOPs / (peak x matmul_efficiency) + bytes / (HBM bandwidth
+x hbm_efficiency) + kernels x launch overhead; model FLOPs are every
+einsum's full product (forward and backward) and exclude the recomputed
+forward (MFU); hardware FLOPs include it (HFU).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from mesh_tensorflow.analysis.cost_model import topology
 from mesh_tensorflow.transformer import plan_zero
 
 from mesh_tensorflow.transformer.plan_types import (  # noqa: F401 (re-exported)
-    GIB, Communication, Plan, PlanOptions)
+    GIB, OVERLAP_LABELS, Communication, Plan, PlanOptions)
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -388,9 +388,23 @@ def est_slice_bytes(t, step: _Step) -> int:
       t.dtype.size
 
 
+def _overlapped(comm_s: float, compute_s: float, ph: _Phase, sub_dims) -> float:
+  """What shows of a layer's collectives (comm_s) pipelined with its compute:
+  the time the compute does not cover, and at least one chunk (a collective's
+  share per member of the largest group)."""
+  group = 1
+  for _, axes, _ in ph.comm:
+    size = 1
+    for a in axes:
+      size *= sub_dims[a].size
+    group = max(group, size)
+  return max(comm_s / group, comm_s - compute_s)
+
+
 def _compute_time(ph: _Phase, h: hardware_lib.Hardware) -> float:
   return (ph.flops / (h.peak_flops_per_s * h.matmul_efficiency)
-          + ph.bytes / h.hbm_bytes_per_s + ph.kernels * h.kernel_overhead_s)
+          + ph.bytes / (h.hbm_bytes_per_s * h.hbm_efficiency)
+          + ph.kernels * h.kernel_overhead_s)
 
 
 class _CommPricer:
@@ -537,6 +551,11 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   # is gathered under the backward compute of the layer after it.
   bwd_lm += max(0.0, pricer.total_ahead(layer["backward"]) - bwd_c)
   bwd_xm += pricer.total_ahead(extra["backward"])
+  if "model_parallel" in options.overlap:
+    # Estimate only: each collective cut into one chunk per member of its
+    # group and pipelined with the layer's products; one chunk shows.
+    fwd_lm = _overlapped(fwd_lm, fwd_c, layer["forward"], sub_dims)
+    bwd_lm = _overlapped(bwd_lm, bwd_c, layer["backward"], sub_dims)
   fwd_l = fwd_c + fwd_lm
   bwd_l = bwd_c + bwd_lm
   fwd_x = fwd_xc + fwd_xm
@@ -583,6 +602,10 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
     hidden = per_stage * bwd_l + recomputed * recompute_l
     exposed = max(grad_reduce / max(per_stage, 1), grad_reduce - hidden)
   param_gather = sum(c * pricer.time(k) for k, c in after_update.items())
+  if "param_gather" in options.overlap and param_gather > 0:
+    # Estimate only: gathered under the next step's first forward pass, one
+    # layer's share ahead.
+    param_gather = max(param_gather / max(per_stage, 1), param_gather - per_stage * fwd_c)
   var_layer = two.variables - one.variables
   zero3 = plan_zero.Stage3Gathers()
   if options.zero_stage >= 3:
@@ -656,6 +679,10 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   if options.attention == "fused":
     notes.append("fused attention is an estimate only (the library's attention keeps its scores "
                  "in memory)")
+  if options.overlap:
+    notes.append(f"overlapped {' and '.join(OVERLAP_LABELS[o] for o in options.overlap)} "
+                 "is an estimate only (the library runs them after the compute they could hide "
+                 "under)")
   return Plan(str(cluster), full_shape.to_string(), rules.to_string(), options, step_time,
               batch * seq_len, model_flops, hw_flops, model_flops / (step_time * peak),
               hw_flops / (step_time * peak), memory, h.hbm_bytes, breakdown, comms, num_layers,

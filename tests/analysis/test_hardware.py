@@ -19,8 +19,12 @@ def test_presets_have_sources_and_published_figures():
     for field in ("peak_flops_per_s", "hbm_bytes", "hbm_bytes_per_s", "devices_per_host"):
       assert field in h.sources, (name, field)
   # The former "gpu"/"tpu" device parameters are the presets; cpu is unchanged.
-  assert params.DeviceParams.default("gpu").memory_bytes_per_s == 2039e9
-  assert params.DeviceParams.default("tpu").memory_bytes_per_s == 450e9
+  # Their memory speed is the bandwidth memory-bound kernels reach (fitted).
+  assert params.DeviceParams.default("gpu").memory_bytes_per_s == pytest.approx(
+      2039e9 * a100.hbm_efficiency)
+  assert params.DeviceParams.default("tpu").memory_bytes_per_s == pytest.approx(
+      450e9 * hardware.preset("tpu-v3").hbm_efficiency)
+  assert 0 < a100.hbm_efficiency < 1 and "hbm_efficiency" in a100.sources
   assert params.DeviceParams.default("cpu").shares_memory
 
 
@@ -34,15 +38,22 @@ def test_parse_cluster_presets_json_and_errors(tmp_path):
   path.write_text(json.dumps(data))
   assert hardware.parse_cluster(str(path)).count == 16
   assert hardware.parse_cluster(f"{path}:32").count == 32
-  # A file that leaves matmul_efficiency out gets the presets' fitted one.
-  del data["matmul_efficiency"]
+  # A file that leaves the efficiencies out gets the presets' fitted ones.
+  del data["matmul_efficiency"], data["hbm_efficiency"]
   path.write_text(json.dumps(data))
-  assert (hardware.parse_cluster(str(path)).hardware.matmul_efficiency
-          == hardware.preset("h100-sxm").matmul_efficiency)
+  for field in ("matmul_efficiency", "hbm_efficiency"):
+    assert (getattr(hardware.parse_cluster(str(path)).hardware, field)
+            == getattr(hardware.preset("h100-sxm"), field))
   data.update(kind="tpu", torus_dims=2, ici_link_bytes_per_s=1e11, max_slice_devices=256)
   path.write_text(json.dumps(data))
-  assert (hardware.parse_cluster(str(path)).hardware.matmul_efficiency
-          == hardware.preset("tpu-v4").matmul_efficiency)
+  for field in ("matmul_efficiency", "hbm_efficiency"):
+    assert (getattr(hardware.parse_cluster(str(path)).hardware, field)
+            == getattr(hardware.preset("tpu-v4"), field))
+  data["hbm_efficiency"] = 1.5
+  path.write_text(json.dumps(data))
+  with pytest.raises(ValueError, match="hbm_efficiency must be in"):
+    hardware.parse_cluster(str(path))
+  del data["hbm_efficiency"]
   with pytest.raises(ValueError, match="unknown hardware 'fpga'"):
     hardware.parse_cluster("fpga:8")
   with pytest.raises(ValueError, match="say how many devices"):

@@ -118,7 +118,8 @@ def from_hardware(device: "hardware.Hardware") -> DeviceParams:
     bw, lat = 2 * device.ici_link_bytes_per_s / device.devices_per_chip, device.intra_host_latency_s
   named = hardware.PRESETS.get(device.name) == device
   return DeviceParams(device.name, flops_per_s=device.peak_flops_per_s * device.matmul_efficiency,
-                      memory_bytes_per_s=device.hbm_bytes_per_s, collective_bytes_per_s=bw,
+                      memory_bytes_per_s=device.hbm_bytes_per_s * device.hbm_efficiency,
+                      collective_bytes_per_s=bw,
                       collective_latency_s=lat, op_overhead_s=device.kernel_overhead_s,
                       hardware=device.name if named else device.to_json())
 
