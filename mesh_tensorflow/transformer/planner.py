@@ -680,9 +680,9 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
     notes.append("fused attention is an estimate only (the library's attention keeps its scores "
                  "in memory)")
   if options.overlap:
-    notes.append(f"overlapped {' and '.join(OVERLAP_LABELS[o] for o in options.overlap)} "
-                 "is an estimate only (the library runs them after the compute they could hide "
-                 "under)")
+    notes.append(f"overlapping {' and '.join(OVERLAP_LABELS[o] for o in options.overlap)} "
+                 "with compute is an estimate only (the library runs them after the compute they "
+                 "could hide under)")
   return Plan(str(cluster), full_shape.to_string(), rules.to_string(), options, step_time,
               batch * seq_len, model_flops, hw_flops, model_flops / (step_time * peak),
               hw_flops / (step_time * peak), memory, h.hbm_bytes, breakdown, comms, num_layers,

@@ -924,8 +924,8 @@ def test_overlap_estimates_hide_tensor_parallel_collectives_and_parameter_gather
   assert [(c.kind, c.count, c.seconds) for c in both.communications] == \
       [(c.kind, c.count, c.seconds) for c in base.communications]
   assert not any("estimate only" in n for n in base.notes)
-  assert any("overlapped tensor-parallel collectives and parameter gathering is an estimate "
-             "only" in n for n in both.notes)
+  assert any("overlapping tensor-parallel collectives and parameter gathering with compute is "
+             "an estimate only" in n for n in both.notes)
   assert "overlapped tensor-parallel collectives and parameter gathering" in both.summary()
   with pytest.raises(ValueError, match="overlap grads: use model_parallel or param_gather"):
     _plan(overlap=("grads",))
