@@ -172,7 +172,8 @@ peak of a large matrix product) and `hbm_efficiency` (fraction of the HBM
 bandwidth that memory-bound kernels reach): fitted together on the rows
 marked "fit" (1.7B, 18.4B and 145.6B of Narayanan et al.), with the
 planner's default pricing (the step as XLA compiles it); the other rows are
-held out. `--fit` refits them and prints the values to put in hardware.py; `--quick` runs the two smallest GPU rows.
+held out. `--fit` refits them and prints the values to put in
+hardware.py; `--quick` runs the two smallest GPU rows.
 `--calibrate` plans each source's runs with the efficiency fitted to its
 smallest run, as `plan --measured_step_time` would (a user's own stack).
 

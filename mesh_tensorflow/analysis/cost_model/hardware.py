@@ -232,16 +232,16 @@ _add(_tpu("tpu-v2", 22.5e12, 8 * GIB, 350 * GB, 8, 2, 62e9, 2, 512, {
     "hbm_bytes_per_s": _JOUPPI20 + "700 GB/s per chip -> 350 per core",
     "ici_link_bytes_per_s": _JOUPPI20 + "4 ICI links of 496 Gbit/s per chip -> 62 GB/s per link",
     "torus_dims": _JOUPPI20 + "2D torus, 256 chips (512 cores) per pod",
-    "devices_per_host": _JOUPPI20 + "4 chips (8 cores) per host"}, matmul_efficiency=_TPU_EFFICIENCY,
-    hbm_efficiency=_TPU_HBM_EFFICIENCY))
+    "devices_per_host": _JOUPPI20 + "4 chips (8 cores) per host"},
+    matmul_efficiency=_TPU_EFFICIENCY, hbm_efficiency=_TPU_HBM_EFFICIENCY))
 _add(_tpu("tpu-v3", 61.5e12, 16 * GIB, 450 * GB, 8, 2, 82e9, 2, 2048, {
     "peak_flops_per_s": _JOUPPI20 + "123 TFLOPS (bf16) per chip, 2 cores -> 61.5 per core",
     "hbm_bytes": _JOUPPI20 + "32 GiB HBM per chip -> 16 GiB per core",
     "hbm_bytes_per_s": _JOUPPI20 + "900 GB/s per chip -> 450 per core",
     "ici_link_bytes_per_s": _JOUPPI20 + "4 ICI links of 656 Gbit/s per chip -> 82 GB/s per link",
     "torus_dims": _JOUPPI20 + "2D torus, 1,024 chips (2,048 cores) per pod",
-    "devices_per_host": _JOUPPI20 + "4 chips (8 cores) per host"}, matmul_efficiency=_TPU_EFFICIENCY,
-    hbm_efficiency=_TPU_HBM_EFFICIENCY))
+    "devices_per_host": _JOUPPI20 + "4 chips (8 cores) per host"},
+    matmul_efficiency=_TPU_EFFICIENCY, hbm_efficiency=_TPU_HBM_EFFICIENCY))
 _add(_tpu("tpu-v4", 275e12, 32 * GIB, 1200 * GB, 4, 3, 50e9, 1, 4096, {
     "peak_flops_per_s": _CLOUD + "TPU v4: 275 TFLOPS (bf16) per chip",
     "hbm_bytes": _CLOUD + "TPU v4: 32 GiB HBM2 per chip",
