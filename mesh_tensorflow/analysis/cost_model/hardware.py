@@ -23,8 +23,10 @@ A machine that is not a preset is a JSON file with the fields of `Hardware`
 (`name`, `kind`, `peak_flops_per_s`, `hbm_bytes`, `hbm_bytes_per_s`,
 `devices_per_host`, `intra_host_bytes_per_s`, `intra_host_latency_s`,
 `network_bytes_per_s`, `network_latency_s`, and for TPUs `torus_dims`,
-`ici_link_bytes_per_s`, `devices_per_chip`, `max_slice_devices`) plus an
-optional `count`; `--hardware=my_machine.json:256` overrides the count.
+`ici_link_bytes_per_s`, `devices_per_chip`, `max_slice_devices`), optionally
+`matmul_efficiency` and `hbm_efficiency` (left out: the presets' fitted
+values), plus an optional `count`; `--hardware=my_machine.json:256`
+overrides the count.
 """
 
 from __future__ import annotations
