@@ -451,8 +451,8 @@ def _decoding_runs(config: RunConfig):
     log(f"restored {path}")
     output_file = config.output_file
     if len(paths) > 1:
-      output_file = (output_file or config.input_file + (
-          ".outputs" if config.mode == "infer" else ".scores")) + f"-{_step_of(path)}"
+      output_file = (output_file or config.input_file + inference.OUTPUT_SUFFIX[config.mode]
+                     ) + f"-{_step_of(path)}"
     yield model, lines, output_file
 
 

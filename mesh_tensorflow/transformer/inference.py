@@ -35,6 +35,8 @@ def log(line: str) -> None:
 
 
 # ---------------------------------------------------------------- text files
+# What infer and score append to input_file without an output_file.
+OUTPUT_SUFFIX = {"infer": ".outputs", "score": ".scores"}
 # Characters besides newline and CR that str.splitlines() takes for line
 # ends: written as \xNN / \uNNNN, so an output file has one line per text
 # however it is read.
@@ -431,7 +433,7 @@ def infer(setup: modeling.Setup, input_file: Optional[str], output_file: Optiona
   """
   if lines is None:
     lines = read_input_file("infer", input_file)
-  output_file = output_file or input_file + ".outputs"
+  output_file = output_file or input_file + OUTPUT_SUFFIX["infer"]
   start = time.perf_counter()
   if not lines:
     outputs = []
@@ -480,7 +482,7 @@ def score(setup: modeling.Setup, input_file: Optional[str],
   if lines is None:
     lines = read_input_file("score", input_file)
   lines = list(lines)
-  output_file = output_file or input_file + ".scores"
+  output_file = output_file or input_file + OUTPUT_SUFFIX["score"]
   if setup.model_type == "lm":
     _warn_cut(setup, lines, setup.sequence_length["targets"], "text")
   batch = padded_batch_size(setup.batch_size, setup.batch_split)

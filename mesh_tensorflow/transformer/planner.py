@@ -63,6 +63,7 @@ from mesh_tensorflow.analysis.cost_model import estimator
 from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
 from mesh_tensorflow.analysis.cost_model import memory as memory_lib
 from mesh_tensorflow.analysis.cost_model import topology
+from mesh_tensorflow.lowering import observers
 from mesh_tensorflow.transformer import plan_zero
 
 from mesh_tensorflow.transformer.plan_types import (  # noqa: F401 (re-exported)
@@ -392,12 +393,8 @@ def _overlapped(comm_s: float, compute_s: float, ph: _Phase, sub_dims) -> float:
   """What shows of a layer's collectives (comm_s) pipelined with its compute:
   the time the compute does not cover, and at least one chunk (a collective's
   share per member of the largest group)."""
-  group = 1
-  for _, axes, _ in ph.comm:
-    size = 1
-    for a in axes:
-      size *= sub_dims[a].size
-    group = max(group, size)
+  sizes = [d.size for d in sub_dims]
+  group = max((observers.group_size(axes, sizes) for _, axes, _ in ph.comm), default=1)
   return max(comm_s / group, comm_s - compute_s)
 
 

@@ -27,6 +27,16 @@ def _plan(extra=(), cluster="a100-80gb:16", mesh="data:2;model:8",
   return planner.plan_current_config(hardware.parse_cluster(cluster), mesh, layout, opts)
 
 
+def _scale_validation():
+  """benchmarks/scale_validation.py as a module."""
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  try:
+    import scale_validation  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.pop(0)
+  return scale_validation
+
+
 def test_plan_counts_layers_flops_memory_and_links():
   plan = _plan()
   assert plan.num_layers == 8
@@ -317,11 +327,7 @@ def test_plan_rejects_mismatched_mesh_and_pipeline():
 
 
 def test_scale_validation_quick_rows_within_15_percent():
-  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-  try:
-    import scale_validation  # pylint: disable=g-import-not-at-top
-  finally:
-    sys.path.pop(0)
+  scale_validation = _scale_validation()
   # Narayanan et al.'s two smallest rows, and its two largest (pipelines of
   # 35 and 64 stages whose sends cross hosts).
   gpt = scale_validation.megatron_rows()
@@ -350,11 +356,7 @@ def test_scale_validation_quick_rows_within_15_percent():
 def test_gpu_presets_efficiencies_are_the_fit_of_the_fit_rows():
   """The presets' matmul_efficiency and hbm_efficiency are what
   `scale_validation.py --fit` finds on its fit rows (rounded as stored)."""
-  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-  try:
-    import scale_validation  # pylint: disable=g-import-not-at-top
-  finally:
-    sys.path.pop(0)
+  scale_validation = _scale_validation()
   fit_rows = [r for r in scale_validation.megatron_rows() if r.fit]
   assert [r.name for r in fit_rows] == ["GPT 1.7B", "GPT 18.4B", "GPT 145.6B"]
   efficiency, hbm = scale_validation.fit(fit_rows)
@@ -442,11 +444,7 @@ def test_activation_memory_per_layer_matches_korthikanti_table_2():
   sequence parallel, selective and full recomputation. The library's norms
   keep only their input and output (mtf.layers.scale_normalized); a norm
   that kept x * rsqrt(.) as well was 15 to 31% over."""
-  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-  try:
-    import scale_validation  # pylint: disable=g-import-not-at-top
-  finally:
-    sys.path.pop(0)
+  scale_validation = _scale_validation()
   rows = scale_validation.activation_memory_rows(["22B", "175B"])
   assert len(rows) == 2 * len(scale_validation.ACTIVATION_SCHEMES)
   for row in rows:
