@@ -359,6 +359,28 @@ def test_calibrate_measures_positive_parameters(capsys, tmp_path):
   assert cost_model.DeviceParams.from_json(str(out)).name == "calibrated"
 
 
+def test_calibrate_prices_a_transfer_without_the_call_and_the_kernels(monkeypatch):
+  """The per-transfer latency is the small allreduce less the function call
+  (the empty function) and its two kernels, measured beside the two it is
+  compared with."""
+  from mesh_tensorflow.analysis.cost_model import calibration
+  overhead, latency, call = 3e-6, 2e-6, 150e-6
+  order = []
+
+  def fake_least_medians(functions, repeats, passes):
+    order.extend(functions)
+    per_allreduce = 2 * overhead + 8 * latency  # 7 transfers and a combine
+    return dict(chain=call + (calibration._CHAIN - 1) * overhead, empty=call,
+                allreduce_small=call + calibration._ALLREDUCES * per_allreduce,
+                allreduce_large=call + calibration._ALLREDUCES * (per_allreduce + 1e-3),
+                products_one_device=1e-2, products_all_devices=8e-2, elementwise=1e-2)
+  monkeypatch.setattr(calibration, "_least_medians", fake_least_medians)
+  params = calibration.calibrate(num_devices=8)
+  assert params.op_overhead_s == pytest.approx(overhead, rel=1e-2)
+  assert params.collective_latency_s == pytest.approx(latency, rel=1e-2)
+  assert order[:3] == ["chain", "empty", "allreduce_small"]
+
+
 def _conv_step(mesh):
   """conv2d on [batch, h, w, c] with the filter's c split or not, a
   max-pool, and a halo-exchanged conv over blocks of h."""

@@ -33,7 +33,10 @@ def calibrate(num_devices: int = 8, repeats: int = 9) -> DeviceParams:
   * collective_latency_s and collective_bytes_per_s: an allreduce as
     PlacementMeshImpl performs it (an add_n of every device's slice), per
     transfer or combine and per byte combined, the units the estimate counts
-    with shared memory.
+    with shared memory; less the function's call (the empty function) and
+    the kernels it runs, and measured beside the kernel chain and the empty
+    function (all three before the heavy measurements, which slow small
+    kernels that follow them).
 
   Every measurement is the median of `repeats` calls, taken in three passes
   over all measurements; each keeps its least median, so a slow phase of the
@@ -58,6 +61,12 @@ def calibrate(num_devices: int = 8, repeats: int = 9) -> DeviceParams:
     new_functions, new_amounts = build(tf, devices)
     functions.update(new_functions)
     amounts.update(new_amounts)
+  # The latency is what the small allreduce takes beyond the call and its
+  # kernels: measure the three in a row, in the same state of the machine
+  # (after a heavy function, TensorFlow's worker threads slow small kernels).
+  light = ("chain", "empty", "allreduce_small")
+  functions = {name: functions[name] for name in light + tuple(
+      n for n in functions if n not in light)}
   seconds = _least_medians(functions, repeats, passes=3)
 
   overhead = max((seconds["chain"] - seconds["empty"]) / (_CHAIN - 1), 1e-7)
@@ -68,10 +77,14 @@ def calibrate(num_devices: int = 8, repeats: int = 9) -> DeviceParams:
   # Priced as the estimator prices it with shared memory: the add_n reads
   # the other devices' slices (a transfer each) and is one combine, each
   # costing collective_latency_s; it reads and writes (devices + 1) slices'
-  # bytes, shared by `parallel` cores, at collective_bytes_per_s.
-  t_small = seconds["allreduce_small"] / _ALLREDUCES
-  t_large = seconds["allreduce_large"] / _ALLREDUCES
-  latency = max(t_small - overhead, 1e-7) / len(devices)
+  # bytes, shared by `parallel` cores, at collective_bytes_per_s. The call
+  # itself (the empty function's time: with 8 logical devices, as long as
+  # tens of transfers) is not part of any allreduce; each allreduce also
+  # runs two kernels (the add_n and the slice of its result that the sum
+  # reads).
+  t_small = (seconds["allreduce_small"] - seconds["empty"]) / _ALLREDUCES
+  t_large = (seconds["allreduce_large"] - seconds["empty"]) / _ALLREDUCES
+  latency = max(t_small - 2 * overhead, 1e-7) / len(devices)
   combined = (len(devices) + 1) * amounts["allreduce_large"] / parallel
   collective_bytes_per_s = combined / max(t_large - t_small, 1e-9)
   rounded = lambda x: float(f"{x:.3g}")

@@ -91,18 +91,18 @@ class DeviceParams:
 
 # "cpu": this project's 2-core machine with 8 logical CPU devices, as
 # `python -m mesh_tensorflow.analysis.cost_model --calibrate` measures it
-# (rounded; repeated calibrations agree within a few percent on the two
-# speeds, within about 30% on the three costs). One matrix product already
+# (rounded; repeated calibrations agree within about 10% on the three
+# speeds, within about 25% on the two costs). One matrix product already
 # uses both cores, so one processor computes at a time. With them the
 # estimate puts every legal 8-device layout of the benchmark MLP and a sample
 # of the transformer's within 20% of their measured step times and ranks the
-# transformer's layouts at about 0.94, the MLP's at about 0.84
+# transformer's layouts at about 0.97, the MLP's at about 0.86
 # (benchmarks/layout_search.py; docs/layouts.md says why the MLP's rank
 # lower). Other machines: calibrate. "gpu" and "tpu" are the a100-80gb and
 # tpu-v3 presets of hardware.py (published specs).
 _DEFAULTS = {
-    "cpu": DeviceParams("cpu", flops_per_s=1.8e11, memory_bytes_per_s=4.2e10,
-                        collective_bytes_per_s=3.2e10, collective_latency_s=1e-5,
+    "cpu": DeviceParams("cpu", flops_per_s=2.6e11, memory_bytes_per_s=2.6e10,
+                        collective_bytes_per_s=2.8e10, collective_latency_s=4e-6,
                         op_overhead_s=3e-6, parallel_processors=1, shares_memory=True),
 }
 
