@@ -91,7 +91,7 @@ class DeviceParams:
 
 # "cpu": this project's 2-core machine with 8 logical CPU devices, as
 # `python -m mesh_tensorflow.analysis.cost_model --calibrate` measures it
-# (rounded; repeated calibrations agree within about 10% on the three
+# (rounded; repeated calibrations agree within about 15% on the three
 # speeds, within about 25% on the two costs). One matrix product already
 # uses both cores, so one processor computes at a time. With them the
 # estimate puts every legal 8-device layout of the benchmark MLP and a sample
