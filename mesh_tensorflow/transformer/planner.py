@@ -501,10 +501,12 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   micro = batch // m
   ways = dict(zip(names, sizes)).get(rule_map.get("batch"), 1)
   if micro % ways:
+    fix = (f"use a number of micro-batches that divides {batch // ways}" if batch % ways == 0
+           else f"use a batch size that is a multiple of {ways}, or split batch over fewer "
+           "processors")
     raise ValueError(f"run.batch_size = {batch} in {m} micro-batches (num_microbatches x "
                      f"grad_accum_steps) gives {micro} sequences each, which the layout's "
-                     f"batch:{rule_map['batch']} ({ways}-way) does not divide; use a number "
-                     f"of micro-batches that divides {batch // ways}.")
+                     f"batch:{rule_map['batch']} ({ways}-way) does not divide; {fix}.")
   num_layers = int(_binding("transformer.make_layer_stack.num_layers", 6))
   s = options.num_stages
   chunks = s * (options.virtual_stages if s > 1 else 1)

@@ -324,6 +324,10 @@ def test_plan_rejects_mismatched_mesh_and_pipeline():
     _plan(extra=["transformer.make_layer_stack.num_stages = 2",
                  "transformer.make_layer_stack.num_microbatches = 16"],
           mesh="pipe:2;data:8", layout="stages:pipe;batch:data")
+  # A batch that no number of micro-batches makes divisible: 4 sequences, 8 replicas.
+  with pytest.raises(ValueError, match=r"\(8-way\) does not divide; use a batch size that is "
+                     "a multiple of 8, or split batch over fewer processors"):
+    _plan(extra=["run.batch_size = 4"], mesh="pipe:2;data:8", layout="batch:data;d_ff:pipe")
 
 
 def test_scale_validation_quick_rows_within_15_percent():
