@@ -61,6 +61,17 @@ def test_parse_cluster_presets_json_and_errors(tmp_path):
   path.write_text(json.dumps({"name": "x", "speed": 1}))
   with pytest.raises(ValueError, match=r"unknown fields \['speed'\]"):
     hardware.parse_cluster(str(path))
+  missing = tmp_path / "no_such_machine.json"
+  with pytest.raises(ValueError, match="'.*no_such_machine.json' does not exist: give a preset "
+                     "name .*a100-80gb"):
+    hardware.parse_cluster(f"{missing}:8")
+  # The cost model's device parameters: the same for a missing or broken file.
+  from mesh_tensorflow.analysis import cost_model  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match="no_such_machine.json' does not exist: give cpu"):
+    cost_model.DeviceParams.from_json(str(missing))
+  missing.write_text("{not json")
+  with pytest.raises(ValueError, match="no_such_machine.json' are not valid JSON"):
+    cost_model.DeviceParams.from_json(str(missing))
 
 
 @settings(max_examples=40, deadline=None)

@@ -300,6 +300,10 @@ def hardware_from_json(text_or_path: str) -> Tuple[Hardware, Optional[int]]:
   """
   text = text_or_path
   if not text_or_path.lstrip().startswith("{"):
+    if not os.path.isfile(text_or_path):
+      raise ValueError(f"hardware file {text_or_path!r} does not exist: give a preset name "
+                       f"({', '.join(sorted(PRESETS))}) or the path of a JSON file of "
+                       "Hardware fields (docs/planning.md).")
     with open(text_or_path) as f:
       text = f.read()
   try:

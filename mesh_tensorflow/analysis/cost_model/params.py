@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Optional
 
 from mesh_tensorflow.analysis.cost_model import hardware
@@ -79,9 +80,16 @@ class DeviceParams:
     """Reads parameters from a JSON string or file (as written by --calibrate)."""
     text = text_or_path
     if not text_or_path.lstrip().startswith("{"):
+      if not os.path.isfile(text_or_path):
+        raise ValueError(f"device parameters file {text_or_path!r} does not exist: give cpu, "
+                         "gpu, tpu, a hardware preset or the JSON file that python -m "
+                         "mesh_tensorflow.analysis.cost_model --calibrate --output writes.")
       with open(text_or_path) as f:
         text = f.read()
-    values = json.loads(text)
+    try:
+      values = json.loads(text)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"device parameters {text_or_path!r} are not valid JSON: {e}") from None
     fields = {f.name for f in dataclasses.fields(DeviceParams)}
     unknown = sorted(set(values) - fields)
     if unknown:
