@@ -244,6 +244,12 @@ def rules_for_mesh(layout_rules, mesh_shape) -> str:
     >>> rules_for_mesh("ensemble:ensemble,batch:batch,heads:model", "batch:2;model:4")
     'batch:batch;heads:model'
   """
+  if isinstance(mesh_shape, str):
+    given = [part.split(":")[0].strip() for part in mesh_shape.split(";") if part.strip()]
+    repeated = sorted({n for n in given if given.count(n) > 1})
+    if repeated:
+      raise ValueError(f"mesh shape {mesh_shape!r} repeats the dimension name(s) {repeated}: "
+                       "give each mesh dimension its own name, e.g. 'data:4;model:2'.")
   shape = mtf.convert_to_shape(mesh_shape)
   names = set(shape.dimension_names)
   rules = mtf.convert_to_layout_rules(layout_rules)

@@ -159,6 +159,9 @@ def test_run_level_helpers_compute_as_the_original():
   assert utils.auto_train_steps(128, lengths, 2 ** 20) == 128
   assert utils.rules_for_mesh(rules, "batch:2;model:4") == (
       "batch:batch;d_ff:model;heads:model;vocab:model")
+  with pytest.raises(ValueError, match=r"mesh shape 'data:4;data:2' repeats the dimension "
+                     r"name\(s\) \['data'\]: give each mesh dimension its own name"):
+    utils.rules_for_mesh("batch:data", "data:4;data:2")
   dtype = utils.get_variable_dtype(activation_dtype="bfloat16")
   assert (dtype.master_dtype, dtype.slice_dtype, dtype.activation_dtype) == (
       tf.float32, tf.float32, tf.bfloat16)
