@@ -150,13 +150,25 @@ _ASSUMED = "assumed: typical latency of one ring step (order of magnitude, not a
 _FITTED = "fitted on published runs: benchmarks/scale_validation.py"
 
 
+# Each kind's fitted efficiencies: every preset of that kind, and a JSON
+# file that leaves them out, use them.
+# GPU matmul and HBM efficiencies: fitted together on three rows of
+# Narayanan et al. 2021, Table 1 (planned with the dropout those runs used),
+# with the planner's default pricing (the step as XLA compiles it, unfused
+# attention): benchmarks/scale_validation.py --fit.
+# TPU efficiencies: not fitted (the published TPU runs are held out); the
+# GPU figures are used.
+_FITTED_EFFICIENCIES = {"gpu": dict(matmul_efficiency=0.801, hbm_efficiency=0.65)}
+_FITTED_EFFICIENCIES["tpu"] = _FITTED_EFFICIENCIES["gpu"]
+
+
 def _gpu(name, flops, hbm, hbm_bw, nvlink, nic, sources, **kw) -> Hardware:
   return Hardware(name=name, kind="gpu", peak_flops_per_s=flops, hbm_bytes=hbm,
                   hbm_bytes_per_s=hbm_bw, devices_per_host=8, intra_host_bytes_per_s=nvlink,
                   intra_host_latency_s=3e-6, network_bytes_per_s=nic, network_latency_s=8e-6,
                   sources=dict(sources, intra_host_latency_s=_ASSUMED,
                                network_latency_s=_ASSUMED, matmul_efficiency=_FITTED,
-                               hbm_efficiency=_FITTED), **kw)
+                               hbm_efficiency=_FITTED), **_FITTED_EFFICIENCIES["gpu"], **kw)
 
 
 def _tpu(name, flops, hbm, hbm_bw, devices_per_host, torus_dims, ici_link, devices_per_chip,
@@ -168,24 +180,14 @@ def _tpu(name, flops, hbm, hbm_bw, devices_per_host, torus_dims, ici_link, devic
                   devices_per_chip=devices_per_chip, max_slice_devices=max_slice,
                   sources=dict(sources, intra_host_latency_s=_ASSUMED, network_latency_s=_ASSUMED,
                                network_bytes_per_s="assumed: 100 Gb/s data-center network per host",
-                               matmul_efficiency=_FITTED, hbm_efficiency=_FITTED), **kw)
+                               matmul_efficiency=_FITTED, hbm_efficiency=_FITTED),
+                  **_FITTED_EFFICIENCIES["tpu"], **kw)
 
 
 # GPUs: 8 per host (DGX / HGX boards). NVLink figures in the datasheets are
 # both directions together; a ring sends in one direction, so per direction
 # is half. One 200 Gb/s (A100) or 400 Gb/s (H100/H200) InfiniBand adapter
 # per GPU: 25 or 50 GB/s per GPU and direction.
-# GPU matmul and HBM efficiencies: fitted together on three rows of
-# Narayanan et al. 2021, Table 1 (planned with the dropout those runs used),
-# with the planner's default pricing (the step as XLA compiles it, unfused
-# attention): benchmarks/scale_validation.py --fit.
-_GPU_EFFICIENCY = 0.801
-_GPU_HBM_EFFICIENCY = 0.65
-# TPU efficiencies: not fitted (the published TPU runs are held out); the
-# GPU figures are used.
-_TPU_EFFICIENCY = _GPU_EFFICIENCY
-_TPU_HBM_EFFICIENCY = _GPU_HBM_EFFICIENCY
-
 PRESETS: Dict[str, Hardware] = {}
 
 
@@ -199,32 +201,28 @@ _add(_gpu("a100-40gb", 312e12, 40 * GB, 1555 * GB, 300 * GB, 25 * GB, {
     "hbm_bytes_per_s": _A100 + "1,555 GB/s",
     "intra_host_bytes_per_s": _A100 + "NVLink 600 GB/s (both directions) -> 300 GB/s per direction",
     "network_bytes_per_s": _DGXA + "8x single-port 200 Gb/s HDR InfiniBand -> 25 GB/s per GPU",
-    "devices_per_host": _DGXA + "8x A100 GPUs"}, matmul_efficiency=_GPU_EFFICIENCY,
-    hbm_efficiency=_GPU_HBM_EFFICIENCY))
+    "devices_per_host": _DGXA + "8x A100 GPUs"}))
 _add(_gpu("a100-80gb", 312e12, 80 * GB, 2039 * GB, 300 * GB, 25 * GB, {
     "peak_flops_per_s": _A100 + "BF16 Tensor Core 312 TFLOPS (dense)",
     "hbm_bytes": _A100 + "80 GB HBM2e",
     "hbm_bytes_per_s": _A100 + "2,039 GB/s (SXM)",
     "intra_host_bytes_per_s": _A100 + "NVLink 600 GB/s (both directions) -> 300 GB/s per direction",
     "network_bytes_per_s": _DGXA + "8x single-port 200 Gb/s HDR InfiniBand -> 25 GB/s per GPU",
-    "devices_per_host": _DGXA + "8x A100 GPUs"}, matmul_efficiency=_GPU_EFFICIENCY,
-    hbm_efficiency=_GPU_HBM_EFFICIENCY))
+    "devices_per_host": _DGXA + "8x A100 GPUs"}))
 _add(_gpu("h100-sxm", 989e12, 80 * GB, 3350 * GB, 450 * GB, 50 * GB, {
     "peak_flops_per_s": _H100 + "BF16 Tensor Core 1,979 TFLOPS with sparsity -> 989 dense",
     "hbm_bytes": _H100 + "80 GB HBM3",
     "hbm_bytes_per_s": _H100 + "3.35 TB/s",
     "intra_host_bytes_per_s": _H100 + "NVLink 900 GB/s (both directions) -> 450 GB/s per direction",
     "network_bytes_per_s": _DGXH + "8x 400 Gb/s ConnectX-7 (NDR) -> 50 GB/s per GPU",
-    "devices_per_host": _DGXH + "8x GPUs"}, matmul_efficiency=_GPU_EFFICIENCY,
-    hbm_efficiency=_GPU_HBM_EFFICIENCY))
+    "devices_per_host": _DGXH + "8x GPUs"}))
 _add(_gpu("h200", 989e12, 141 * GB, 4800 * GB, 450 * GB, 50 * GB, {
     "peak_flops_per_s": _H200 + "BF16 Tensor Core 1,979 TFLOPS with sparsity -> 989 dense",
     "hbm_bytes": _H200 + "141 GB HBM3e",
     "hbm_bytes_per_s": _H200 + "4.8 TB/s",
     "intra_host_bytes_per_s": _H200 + "NVLink 900 GB/s (both directions) -> 450 GB/s per direction",
     "network_bytes_per_s": _DGXH + "8x 400 Gb/s ConnectX-7 (NDR) -> 50 GB/s per GPU",
-    "devices_per_host": _DGXH + "8x GPUs"}, matmul_efficiency=_GPU_EFFICIENCY,
-    hbm_efficiency=_GPU_HBM_EFFICIENCY))
+    "devices_per_host": _DGXH + "8x GPUs"}))
 # TPU v2 and v3: a device is a TensorCore (2 per chip, each a TensorFlow
 # device, as the Mesh-TensorFlow paper counts "cores"); the chip's HBM, its
 # bandwidth and its 4 ICI links are shared by its 2 cores.
@@ -234,16 +232,14 @@ _add(_tpu("tpu-v2", 22.5e12, 8 * GIB, 350 * GB, 8, 2, 62e9, 2, 512, {
     "hbm_bytes_per_s": _JOUPPI20 + "700 GB/s per chip -> 350 per core",
     "ici_link_bytes_per_s": _JOUPPI20 + "4 ICI links of 496 Gbit/s per chip -> 62 GB/s per link",
     "torus_dims": _JOUPPI20 + "2D torus, 256 chips (512 cores) per pod",
-    "devices_per_host": _JOUPPI20 + "4 chips (8 cores) per host"},
-    matmul_efficiency=_TPU_EFFICIENCY, hbm_efficiency=_TPU_HBM_EFFICIENCY))
+    "devices_per_host": _JOUPPI20 + "4 chips (8 cores) per host"}))
 _add(_tpu("tpu-v3", 61.5e12, 16 * GIB, 450 * GB, 8, 2, 82e9, 2, 2048, {
     "peak_flops_per_s": _JOUPPI20 + "123 TFLOPS (bf16) per chip, 2 cores -> 61.5 per core",
     "hbm_bytes": _JOUPPI20 + "32 GiB HBM per chip -> 16 GiB per core",
     "hbm_bytes_per_s": _JOUPPI20 + "900 GB/s per chip -> 450 per core",
     "ici_link_bytes_per_s": _JOUPPI20 + "4 ICI links of 656 Gbit/s per chip -> 82 GB/s per link",
     "torus_dims": _JOUPPI20 + "2D torus, 1,024 chips (2,048 cores) per pod",
-    "devices_per_host": _JOUPPI20 + "4 chips (8 cores) per host"},
-    matmul_efficiency=_TPU_EFFICIENCY, hbm_efficiency=_TPU_HBM_EFFICIENCY))
+    "devices_per_host": _JOUPPI20 + "4 chips (8 cores) per host"}))
 _add(_tpu("tpu-v4", 275e12, 32 * GIB, 1200 * GB, 4, 3, 50e9, 1, 4096, {
     "peak_flops_per_s": _CLOUD + "TPU v4: 275 TFLOPS (bf16) per chip",
     "hbm_bytes": _CLOUD + "TPU v4: 32 GiB HBM2 per chip",
@@ -252,25 +248,21 @@ _add(_tpu("tpu-v4", 275e12, 32 * GIB, 1200 * GB, 4, 3, 50e9, 1, 4096, {
                              "each way -> 50 GB/s; " + _CLOUD + "TPU v4: 1.1 PB/s all-reduce "
                              "bandwidth per 4,096-chip pod, about 270 GB/s per chip over 6 links"),
     "torus_dims": _CLOUD + "TPU v4: 3D torus, 4,096 chips per pod",
-    "devices_per_host": _CLOUD + "TPU v4: 4 chips per host"}, matmul_efficiency=_TPU_EFFICIENCY,
-    hbm_efficiency=_TPU_HBM_EFFICIENCY))
+    "devices_per_host": _CLOUD + "TPU v4: 4 chips per host"}))
 _add(_tpu("tpu-v5e", 197e12, 16 * GIB, 819 * GB, 8, 2, 50e9, 1, 256, {
     "peak_flops_per_s": _CLOUD + "TPU v5e: 197 TFLOPS (bf16) per chip",
     "hbm_bytes": _CLOUD + "TPU v5e: 16 GiB HBM2 per chip",
     "hbm_bytes_per_s": _CLOUD + "TPU v5e: 819 GB/s",
     "ici_link_bytes_per_s": _CLOUD + "TPU v5e: 4 ICI links, 1,600 Gbit/s per chip -> 50 GB/s per link",
     "torus_dims": _CLOUD + "TPU v5e: 2D torus, 256 chips per pod",
-    "devices_per_host": _CLOUD + "TPU v5e: 8 chips per host (v5litepod-8)"},
-    matmul_efficiency=_TPU_EFFICIENCY,
-    hbm_efficiency=_TPU_HBM_EFFICIENCY))
+    "devices_per_host": _CLOUD + "TPU v5e: 8 chips per host (v5litepod-8)"}))
 _add(_tpu("tpu-v5p", 459e12, 95 * GB, 2765 * GB, 4, 3, 100e9, 1, 8960, {
     "peak_flops_per_s": _CLOUD + "TPU v5p: 459 TFLOPS (bf16) per chip",
     "hbm_bytes": _CLOUD + "TPU v5p: 95 GB HBM2e per chip",
     "hbm_bytes_per_s": _CLOUD + "TPU v5p: 2,765 GB/s",
     "ici_link_bytes_per_s": _CLOUD + "TPU v5p: 6 ICI links, 4,800 Gbit/s per chip -> 100 GB/s per link",
     "torus_dims": _CLOUD + "TPU v5p: 3D torus, 8,960 chips per pod",
-    "devices_per_host": _CLOUD + "TPU v5p: 4 chips per host"}, matmul_efficiency=_TPU_EFFICIENCY,
-    hbm_efficiency=_TPU_HBM_EFFICIENCY))
+    "devices_per_host": _CLOUD + "TPU v5p: 4 chips per host"}))
 
 # Aliases: the former round-number "gpu" and "tpu" device parameters.
 ALIASES = {"gpu": "a100-80gb", "tpu": "tpu-v3", "a100": "a100-80gb", "h100": "h100-sxm",
@@ -322,10 +314,9 @@ def hardware_from_json(text_or_path: str) -> Tuple[Hardware, Optional[int]]:
                          "devices_per_host") if f not in values]
   if missing:
     raise ValueError(f"hardware file {text_or_path!r}: missing fields {missing}.")
-  tpu = values["kind"] == "tpu"
   # Left out: the presets' fitted values, not the dataclass defaults.
-  values.setdefault("matmul_efficiency", _TPU_EFFICIENCY if tpu else _GPU_EFFICIENCY)
-  values.setdefault("hbm_efficiency", _TPU_HBM_EFFICIENCY if tpu else _GPU_HBM_EFFICIENCY)
+  for field, value in _FITTED_EFFICIENCIES["tpu" if values["kind"] == "tpu" else "gpu"].items():
+    values.setdefault(field, value)
   return Hardware(**values).validate(), count
 
 
