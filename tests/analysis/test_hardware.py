@@ -72,6 +72,20 @@ def test_parse_cluster_presets_json_and_errors(tmp_path):
   missing.write_text("{not json")
   with pytest.raises(ValueError, match="no_such_machine.json' are not valid JSON"):
     cost_model.DeviceParams.from_json(str(missing))
+  # Valid JSON that is not a DeviceParams object: one line each, no TypeError.
+  missing.write_text("5")
+  with pytest.raises(ValueError, match="expected a JSON object of DeviceParams fields"):
+    cost_model.DeviceParams.from_json(str(missing))
+  calibrated = json.loads(cost_model.DeviceParams.default("cpu").to_json())
+  missing.write_text(json.dumps({k: v for k, v in calibrated.items() if k != "flops_per_s"}))
+  with pytest.raises(ValueError, match=r"missing fields \['flops_per_s'\]"):
+    cost_model.DeviceParams.from_json(str(missing))
+  for bad in ("fast", 0, True):
+    missing.write_text(json.dumps(dict(calibrated, memory_bytes_per_s=bad)))
+    with pytest.raises(ValueError, match=r"\['memory_bytes_per_s'\] must be numbers"):
+      cost_model.DeviceParams.from_json(str(missing))
+  missing.write_text(json.dumps(dict(calibrated, op_overhead_s=0)))
+  assert cost_model.DeviceParams.from_json(str(missing)).op_overhead_s == 0
 
 
 @settings(max_examples=40, deadline=None)

@@ -355,6 +355,23 @@ def test_scale_validation_quick_rows_within_15_percent():
   for row in scale_validation.mt_nlg_rows()[:1] + scale_validation.fsdp_rows()[:1]:
     value, _ = scale_validation.predict(row)
     assert 1.0 < value / row.published < 1.25, (row.name, value, row.published)
+  # Megatron-LM's H100 runs over 48 hosts: the 70B run within 15%; the 32B
+  # run (no pipeline) below published but above 0.8 only because its
+  # gradient reduce-scatters are merged as XLA merges them (one per
+  # variable, each paying 47 ring steps' latency, it falls below 0.75).
+  h100 = {r.name: r for r in scale_validation.megatron_h100_rows()}
+  value, _ = scale_validation.predict(h100["H100 GPT 70B"])
+  assert abs(value / h100["H100 GPT 70B"].published - 1) < 0.15, value
+  row = h100["H100 GPT 32B"]
+  value, plan = scale_validation.predict(row)
+  assert 0.8 < value / row.published < 1.0, value
+  assert plan.time_breakdown["grad_reduce_exposed"] < 0.05, plan.time_breakdown
+  gin_config.parse([], row.bindings)
+  options = planner.options_from_gin()
+  options.attention, options.overlap, options.fusion = row.attention, row.overlap, "none"
+  op_by_op = planner.plan_current_config(hardware.parse_cluster(f"{row.hardware}:{row.count}"),
+                                         row.mesh_shape, row.layout, options)
+  assert op_by_op.time_breakdown["grad_reduce_exposed"] > 0.15, op_by_op.time_breakdown
 
 
 def test_gpu_presets_efficiencies_are_the_fit_of_the_fit_rows():
@@ -907,10 +924,13 @@ def test_overlap_estimates_hide_tensor_parallel_collectives_and_parameter_gather
   least one chunk per member of the group; ZeRO 1/2's gathering of updated
   variables hides under the next step's first forward pass."""
   zero = ["run.zero_stage = 2", "run.activation_dtype = 'bfloat16'"]
-  cluster, mesh = "a100-80gb:64", "data:8;model:8"
-  base = _plan(zero, cluster=cluster, mesh=mesh)
-  tp = _plan(zero, cluster=cluster, mesh=mesh, overlap=("model_parallel",))
-  both = _plan(zero, cluster=cluster, mesh=mesh, overlap=("model_parallel", "param_gather"))
+  # Op by op: one gather per variable (XLA would merge this small model's
+  # into one, which nothing can hide: tests/analysis/test_plan_combine.py).
+  cluster, mesh, fusion = "a100-80gb:64", "data:8;model:8", "none"
+  base = _plan(zero, cluster=cluster, mesh=mesh, fusion=fusion)
+  tp = _plan(zero, cluster=cluster, mesh=mesh, fusion=fusion, overlap=("model_parallel",))
+  both = _plan(zero, cluster=cluster, mesh=mesh, fusion=fusion,
+               overlap=("model_parallel", "param_gather"))
   t_base, t_tp, t_both = (p.time_breakdown for p in (base, tp, both))
   # Only the named parts move; the collectives themselves are the same.
   assert t_base["model_parallel_comm"] > 0 and t_base["zero_param_gather"] > 0

@@ -90,11 +90,30 @@ class DeviceParams:
       values = json.loads(text)
     except json.JSONDecodeError as e:
       raise ValueError(f"device parameters {text_or_path!r} are not valid JSON: {e}") from None
+    if not isinstance(values, dict):
+      raise ValueError(f"device parameters {text_or_path!r}: expected a JSON object of "
+                       "DeviceParams fields, as --calibrate --output writes.")
     fields = {f.name for f in dataclasses.fields(DeviceParams)}
     unknown = sorted(set(values) - fields)
     if unknown:
       raise ValueError(f"DeviceParams.from_json: unknown fields {unknown}; expected {sorted(fields)}.")
+    missing = [f for f in _SPEEDS + ("name",) if f not in values]
+    if missing:
+      raise ValueError(f"device parameters {text_or_path!r}: missing fields {missing}.")
+    def wrong_value(field):
+      v = values[field]
+      if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return True
+      return v <= 0 if field.endswith("per_s") else v < 0  # a rate, or seconds
+    wrong = [f for f in _SPEEDS if wrong_value(f)]
+    if wrong:
+      raise ValueError(f"device parameters {text_or_path!r}: {wrong} must be numbers (rates "
+                       "per second above 0, latency and overhead in seconds, 0 or more).")
     return DeviceParams(**values)
+
+
+_SPEEDS = ("flops_per_s", "memory_bytes_per_s", "collective_bytes_per_s", "collective_latency_s",
+           "op_overhead_s")
 
 
 # "cpu": this project's 2-core machine with 8 logical CPU devices, as
