@@ -52,13 +52,14 @@ def combine(collectives: Dict[Key, float], group_size: Callable[[Tuple[int, ...]
   stays as it is.
 
   Args:
-    collectives: {(kind, mesh axes, bytes per processor): count per step}.
+    collectives: counts per step, keyed by (kind, mesh axes, bytes per
+      processor).
     group_size: processors in a group over the given mesh axes.
     threshold: the largest merged result, in bytes.
 
   Returns:
-    {(kind, mesh axes, bytes per processor): count} after merging; the bytes
-    moved are unchanged, the count is what merging leaves.
+    The merged collectives' counts, keyed as `collectives` is. The bytes
+    moved are unchanged; the count is what merging leaves.
   """
   merged: Dict[Key, float] = {}
   leftover: Dict[Tuple[str, Tuple[int, ...]], float] = {}
@@ -76,3 +77,15 @@ def combine(collectives: Dict[Key, float], group_size: Callable[[Tuple[int, ...]
     key = (kind, axes, int(total / pieces))
     merged[key] = merged.get(key, 0) + pieces
   return merged
+
+
+def pieces(collectives: Dict[Key, float], layers: int) -> float:
+  """How many pieces an overlap hides one after another, the last of which
+  it cannot hide: one per layer, or one per collective where (merged) there
+  are fewer collectives than layers; a merged collective starts when the
+  last of its inputs is ready.
+
+    >>> pieces({("reduce_scatter", (0,), 2**30): 3}, layers=48)
+    3.0
+  """
+  return max(1.0, min(float(layers), sum(collectives.values())))

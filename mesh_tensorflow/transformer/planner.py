@@ -27,10 +27,8 @@ adds what the graph of one micro-batch does not show:
   the norms and the attention's operations on scores run again, their FLOPs
   counted as hardware FLOPs, and the scores are not kept);
 * gradient reduction (the collectives the optimizer's inputs complete, once
-  per step), merged with ZeRO's gathers as XLA merges collectives
-  (`plan_combine`) when XLA compiles the step, and overlapped with the last
-  micro-batch's backward pass except its last piece (a layer's share, or a
-  merged collective);
+  per step; merged as XLA merges them, `plan_combine`), overlapped with the
+  last micro-batch's backward pass but for its last piece;
 * ZeRO (`run.zero_stage`), as `mtf.zero` runs it: optimizer slots (stage
   >= 1), gradients (>= 2), variables (3) split over the data-parallel mesh
   dimension; each processor updates its 1/D of the variables; stages 1 and 2
@@ -59,7 +57,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Dict, List, Optional, Tuple
 
 from mesh_tensorflow.analysis.cost_model import estimator
@@ -423,9 +420,6 @@ class _CommPricer:
   def levels(self, axes):
     return estimator.collective_levels(self.full_sizes, self.full_axes(axes), self.cluster)
 
-  def group_size(self, axes) -> int:
-    return math.prod(self.full_sizes[a] for a in self.full_axes(axes))
-
   def time(self, key) -> float:
     kind, axes, nbytes = key
     return estimator.collective_seconds(kind, nbytes, self.full_sizes, self.full_axes(axes),
@@ -601,31 +595,27 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   opt, after_update = plan_zero.optimizer_phase(stage_phase("optimizer"), dp_axes, dp,
                                                  options.zero_stage, read_per_stored)
   if options.fusion == "xla":  # merged as XLA's combiner passes merge them
-    opt = dataclasses.replace(opt, comm=plan_combine.combine(opt.comm, pricer.group_size))
-    after_update = plan_combine.combine(after_update, pricer.group_size)
+    size = lambda axes: observers.group_size(pricer.full_axes(axes), pricer.full_sizes)  # noqa
+    opt = dataclasses.replace(opt, comm=plan_combine.combine(opt.comm, size))
+    after_update = plan_combine.combine(after_update, size)
   grad_reduce = pricer.total(opt)
   optimizer_compute = _compute_time(opt, h)
-  # What overlaps leaves at least the last piece exposed: a layer's share,
-  # or a merged collective's where there are fewer of those than layers.
-  pieces = lambda comm: max(1.0, min(per_stage, sum(comm.values())))  # noqa: E731
   exposed = grad_reduce
   if options.overlap_grad_reduce and grad_reduce > 0:
     hidden = per_stage * bwd_l + recomputed * recompute_l
-    exposed = max(grad_reduce / pieces(opt.comm), grad_reduce - hidden)
+    exposed = max(grad_reduce / plan_combine.pieces(opt.comm, per_stage), grad_reduce - hidden)
   param_gather = sum(c * pricer.time(k) for k, c in after_update.items())
   if "param_gather" in options.overlap and param_gather > 0:
-    # Estimate only: gathered under the next step's first forward pass, one
-    # piece ahead.
-    param_gather = max(param_gather / pieces(after_update), param_gather - per_stage * fwd_c)
-  var_layer = two.variables - one.variables
+    # Estimate only: under the next step's first forward pass, a piece ahead.
+    param_gather = max(param_gather / plan_combine.pieces(after_update, per_stage),
+                       param_gather - per_stage * fwd_c)
   zero3 = plan_zero.Stage3Gathers()
   if options.zero_stage >= 3:
     zero3 = plan_zero.stage3_gathers(
-        var_layer, dp_axes, dp, read_per_stored, pricer.time, stages=s,
+        two.variables - one.variables, dp_axes, dp, read_per_stored, pricer.time, stages=s,
         layers_per_stage=per_stage, executed_layers=executed_layers, microbatches=m,
         grad_accum=grad_accum, reshard_after_forward=options.zero_reshard_after_forward,
-        forward_s=fwd_c,
-        backward_s=bwd_c + (share * fwd_c if options.recompute == "layer" else 0),
+        forward_s=fwd_c, backward_s=bwd_c + (share * fwd_c if options.recompute == "layer" else 0),
         grad_reduce_hidden_s=grad_reduce - exposed)
   step_time = pipeline_time + exposed + optimizer_compute + param_gather + zero3.exposed
 
