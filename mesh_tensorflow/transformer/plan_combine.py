@@ -88,4 +88,4 @@ def pieces(collectives: Dict[Key, float], layers: int) -> float:
     >>> pieces({("reduce_scatter", (0,), 2**30): 3}, layers=48)
     3.0
   """
-  return max(1.0, min(float(layers), sum(collectives.values())))
+  return max(1.0, min(float(layers), float(sum(collectives.values()))))
