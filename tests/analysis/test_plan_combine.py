@@ -17,32 +17,34 @@ def test_collectives_of_one_size_merge_up_to_the_threshold_and_the_rest_pool():
   assert merged == {("allreduce", (0,), 30 * MIB): 2, ("allreduce", (0,), 10 * MIB): 1}
 
 
-def test_the_threshold_counts_each_collectives_result():
+def test_the_threshold_counts_each_collectives_larger_buffer():
   group = lambda axes: 48  # noqa: E731
   merged = plan_combine.combine({
-      # A reduce-scatter's result is 1/48 of its 48 MiB input: 30 to a merge.
-      ("reduce_scatter", (0,), 48 * MIB): 60,
+      # A reduce-scatter's input is its larger buffer: 30 of 1 MiB to a merge,
+      # though each result is only 1/48 MiB (XLA would merge by the result).
+      ("reduce_scatter", (0,), MIB): 60,
+      # One of 48 MiB is over the threshold alone.
+      ("reduce_scatter", (0,), 48 * MIB): 5,
       # An all-gather's result is 48 of its 1 MiB inputs: over 30 MiB alone.
       ("allgather", (0,), MIB): 60,
       # Over other axes: merged apart from the reduce-scatters over (0,).
       ("allreduce", (0, 1), 14336): 96}, group)
-  assert merged[("reduce_scatter", (0,), 30 * 48 * MIB)] == 2
-  assert merged[("allgather", (0,), MIB)] == 60
-  assert merged[("allreduce", (0, 1), 96 * 14336)] == 1
-  assert len(merged) == 3
+  assert merged == {("reduce_scatter", (0,), 30 * MIB): 2, ("reduce_scatter", (0,), 48 * MIB): 5,
+                    ("allgather", (0,), MIB): 60, ("allreduce", (0, 1), 96 * 14336): 1}
 
 
 def test_leftovers_of_different_sizes_pool_and_bytes_are_kept():
-  collectives = {("reduce_scatter", (0,), 51380224): 96, ("reduce_scatter", (0,), 12845056): 192,
-                 ("allreduce", (1,), 4096): 3}
+  collectives = {("reduce_scatter", (0,), 12845056): 191, ("reduce_scatter", (0,), 2 * MIB): 7,
+                 ("reduce_scatter", (0,), 51380224): 96, ("allreduce", (1,), 4096): 3}
   merged = plan_combine.combine(collectives, lambda axes: 48)
   assert _moved(merged) == pytest.approx(_moved(collectives), rel=1e-6)
-  # 96 x 1.07 MB results: 3 merges of 29 and 9 left; 192 x 268 KB: one of
-  # 117 and 75 left; the leftovers' 29.7 MB of results fit in one more.
-  assert sorted(c for (kind, _, _), c in merged.items() if kind == "reduce_scatter") == [1, 1, 3]
-  for (kind, axes, nbytes), _ in merged.items():
-    result = plan_combine.result_bytes(kind, nbytes, 48)
-    assert result <= plan_combine.COMBINE_THRESHOLD_BYTES
+  # 49 MiB each: alone. 12.25 MiB each: 95 pairs and one left; 2 MiB each:
+  # 15 to a merge, none full; the leftovers' 26.25 MiB pool into one.
+  assert merged[("reduce_scatter", (0,), 51380224)] == 96
+  assert merged[("reduce_scatter", (0,), 2 * 12845056)] == 95
+  assert merged[("reduce_scatter", (0,), 12845056 + 7 * 2 * MIB)] == 1
+  assert merged[("allreduce", (1,), 3 * 4096)] == 1
+  assert len(merged) == 4
 
 
 def test_the_planner_merges_the_step_gradient_reduction_when_xla_compiles_it():
