@@ -141,6 +141,23 @@ Rows:
   param_gather`, an estimate only: this library overlaps neither): each
   layer's tensor-parallel collectives pipelined with its products, the
   updated parameters gathered under the next step's first forward pass.
+* MosaicML's MPT benchmarks, held out: the tables of
+  scripts/train/benchmarking/README.md in github.com/mosaicml/llm-foundry
+  (measured tokens per second per GPU of MPT models trained with PyTorch
+  FSDP, FULL_SHARD, bf16, FlashAttention; node-to-node 1,600 Gb/s, i.e. 25
+  GB/s per A100 as the presets price it). Seven rows: on A100 80 GB, 7B
+  (8 GPUs, micro-batches of 6 sequences, 2 accumulated, no recomputation),
+  30B (8 GPUs, 3 x 21, every layer recomputed) and 70B (64 GPUs, 8 x 4,
+  recomputed); on A100 40 GB, 7B (128 GPUs, 18 x 1, recomputed) and 13B
+  (32 GPUs, 14 x 1, recomputed); on H100 80 GB, 7B (8 GPUs, 6 x 1) and 70B
+  (64 GPUs, 8 x 4, recomputed); sequence 2048. MPT sizes from the
+  repository's yamls and the table's parameter counts (d_model 4096, 5120,
+  7168, 8192; 32, 40, 64, 64 heads; 32, 40, 48, 80 layers; 4 d_model
+  feed-forward, vocabulary 50,368, tied embeddings, no dropout). Planned
+  as ZeRO 3 over `data:N` with bfloat16 weights and float32 masters in
+  the sharded optimizer state, fused attention, the step priced as XLA
+  compiles it; ALiBi and the absence of biases left out. Compared: tokens
+  per second per GPU.
 
 Dropout, where the runs used it: Megatron-LM's defaults, which none of the
 Megatron-LM rows' scripts or texts change (`--attention-dropout 0.1` on
@@ -235,6 +252,20 @@ CHOWDHERY = "Chowdhery et al. 2022 (PaLM), Section 4"
 TOUVRON = "Touvron et al. 2023 (LLaMA), Section 2.4"
 MEGATRON_H100 = "Megatron-LM README, H100 model table"
 BIGSCIENCE = "BigScience tr11-176B-ml README (BLOOM)"
+MOSAIC = "MosaicML llm-foundry, benchmarking README (MPT)"
+# MPT sizes: name -> (d_model, heads, layers).
+MPT_SIZES = {"7B": (4096, 32, 32), "13B": (5120, 40, 40), "30B": (7168, 64, 48),
+             "70B": (8192, 64, 80)}
+# (model, hardware, GPUs, micro-batch, accumulated micro-batches, recomputed, tokens/s/GPU)
+MOSAIC_TABLE = [
+    ("7B", "a100-80gb", 8, 6, 2, False, 4641),
+    ("30B", "a100-80gb", 8, 3, 21, True, 916),
+    ("70B", "a100-80gb", 64, 8, 4, True, 410),
+    ("7B", "a100-40gb", 128, 18, 1, True, 3623),
+    ("13B", "a100-40gb", 32, 14, 1, True, 1998),
+    ("7B", "h100-sxm", 8, 6, 1, False, 10643),
+    ("70B", "h100-sxm", 64, 8, 4, True, 1039),
+]
 # (params B, heads, hidden, layers, t, p, GPUs, batch, published TFLOP/s per GPU)
 MEGATRON_H100_TABLE = [
     (1.7, 16, 2048, 24, 1, 1, 48, 192, 408.8),
@@ -321,6 +352,28 @@ def fsdp_rows():
        "transformer.make_layer_stack.recompute = 'layer'", "run.zero_stage = 3"],
       380.0, "tokens/s per GPU", attention="fused")
   return [opt, llama]
+
+
+def mosaic_rows():
+  """MPT models as MosaicML benchmarked them with FSDP (see the module docstring)."""
+  rows = []
+  for model, hw, gpus, mbs, accumulated, recompute, tokens in MOSAIC_TABLE:
+    d, heads, layers = MPT_SIZES[model]
+    gpu = {"a100-80gb": "A100 80GB", "a100-40gb": "A100 40GB", "h100-sxm": "H100"}[hw]
+    bindings = [
+        f"num_layers = {layers}", f"d_model = {d}", f"d_ff = {4 * d}", f"num_heads = {heads}",
+        f"d_kv = {d // heads}", "run.model_type = 'lm'",
+        "run.sequence_length = {'inputs': 2048, 'targets': 2048}",
+        f"run.batch_size = {gpus * mbs * accumulated}", "run.activation_dtype = 'bfloat16'",
+        "run.vocabulary = @vocabulary.SizedVocabulary()", "vocabulary.SizedVocabulary.size = 50368",
+        "run.optimizer = @optimize.AdamWeightDecayOptimizer", "run.zero_stage = 3",
+        "run.float32_master_in_optimizer = True",
+        f"transformer.make_layer_stack.recompute = '{'layer' if recompute else 'none'}'"]
+    if accumulated > 1:
+      bindings.append(f"run.grad_accum_steps = {accumulated}")
+    rows.append(Row(f"MPT {model}, {gpus} {gpu}", MOSAIC, hw, gpus, f"data:{gpus}", "batch:data",
+                    bindings, float(tokens), "tokens/s per GPU", attention="fused"))
+  return rows
 
 
 def palm_row():
@@ -569,6 +622,12 @@ def _selected(row: Row, selectors) -> bool:
   return False
 
 
+def all_rows():
+  """Every validation row, in the table's order."""
+  return ([shazeer_row()] + megatron_rows() + mt_nlg_rows() + korthikanti_rows() + fsdp_rows()
+          + [bloom_row(), palm_row()] + megatron_h100_rows() + mosaic_rows())
+
+
 def compare_auto(selectors=None):
   """For each validated row (all, or those `selectors` name: sizes in
   billions or parts of names), plan --auto's search on the row's cluster and
@@ -580,8 +639,7 @@ def compare_auto(selectors=None):
   layers that fit the device, not the published plan's memory). Rows that differ
   only in recomputation or sequence parallelism (Korthikanti et al.'s) share
   one search."""
-  rows = ([shazeer_row()] + megatron_rows() + mt_nlg_rows() + korthikanti_rows() + fsdp_rows()
-          + [bloom_row(), palm_row()] + megatron_h100_rows())
+  rows = all_rows()
   if selectors:
     rows = [r for r in rows if _selected(r, selectors)]
   searches = {}
@@ -704,8 +762,7 @@ def main(argv=None):
   if args.quick:
     rows = rows[:2]
   else:
-    rows = ([shazeer_row()] + rows + mt_nlg_rows() + korthikanti_rows() + fsdp_rows()
-            + [bloom_row(), palm_row()] + megatron_h100_rows())
+    rows = all_rows()
   if args.fit:
     efficiency, hbm = fit(rows)
     print(f"fitted GPU matmul_efficiency {efficiency:.3f}, hbm_efficiency {hbm:.2f}")

@@ -13,8 +13,8 @@ transformer configured by gin files, on a cluster of accelerators.
 The model flags are `report`'s (--gin_file, --gin_param, --mesh_shape,
 --layout). Pipeline stages, micro-batches, recomputation and ZeRO come from
 the gin config (docs/planning.md lists the bindings); --hardware is a preset
-and a count (a100-40gb, a100-80gb, h100-sxm, h200, tpu-v2, tpu-v3, tpu-v4,
-tpu-v5e, tpu-v5p) or a JSON file.
+and a count (v100-16gb, v100-32gb, a100-40gb, a100-80gb, h100-sxm, h200,
+tpu-v2, tpu-v3, tpu-v4, tpu-v5e, tpu-v5p) or a JSON file.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ def _main(argv: Sequence[str]) -> int:
   parser.add_argument("--mesh_shape", default=None, help="override the config's mesh shape")
   parser.add_argument("--layout", default=None, help="override the config's layout rules")
   parser.add_argument("--hardware", default=None,
-                      help="NAME:COUNT (a100-40gb, a100-80gb, h100-sxm, h200, tpu-v2, tpu-v3, "
-                      "tpu-v4, tpu-v5e, tpu-v5p) or FILE.json[:COUNT]")
+                      help="NAME:COUNT (v100-16gb, v100-32gb, a100-40gb, a100-80gb, h100-sxm, "
+                      "h200, tpu-v2, tpu-v3, tpu-v4, tpu-v5e, tpu-v5p) or FILE.json[:COUNT]")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
   parser.add_argument("--pipeline_schedule", default=None,
                       help="override the schedule: gpipe, 1f1b or interleaved")

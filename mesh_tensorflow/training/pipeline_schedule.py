@@ -9,6 +9,7 @@ idle. `mtf.pipeline.pipeline` and `pipeline_loss` follow them.
 
 from __future__ import annotations
 
+import functools
 from typing import Dict, Tuple
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -112,6 +113,19 @@ class PipelineSchedule:
     chunks = f", virtual_stages={self.virtual_stages}" if self.virtual_stages > 1 else ""
     return (f"PipelineSchedule({self.kind!r}, stages={self.num_stages}, "
             f"microbatches={self.num_microbatches}{chunks}, slots={self.num_slots})")
+
+
+@functools.lru_cache(maxsize=64)
+def max_in_flight(kind: str, num_stages: int, num_microbatches: int,
+                  virtual_stages: int = 1) -> int:
+  """`PipelineSchedule(...).max_in_flight()`, remembered (a plan search asks
+  for the same few schedules many times).
+
+  Example:
+    >>> max_in_flight("1f1b", 4, 8)
+    4
+  """
+  return PipelineSchedule(kind, num_stages, num_microbatches, virtual_stages).max_in_flight()
 
 
 def chunk_of(cell) -> int:

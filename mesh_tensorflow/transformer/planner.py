@@ -56,7 +56,6 @@ forward (MFU); hardware FLOPs include it (HFU).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Dict, List, Optional, Tuple
 
 from mesh_tensorflow.analysis.cost_model import estimator
@@ -170,7 +169,7 @@ class _Priced:
   variants: Dict[Tuple[bool, bool], Dict[str, _Phase]]
   variables: float
   slots: float
-  activations: float  # the peak of live activations over both passes
+  activations: float  # the peak of live activations over both passes, op by op
   layer_input_bytes: float
   attention_core_bytes: float  # score tensors among the kept activations
   parameters: int
@@ -178,6 +177,8 @@ class _Priced:
   kept_activations: float = 0.0  # forward tensors the backward pass reads
   dimension_names: frozenset = frozenset()  # of every tensor of the step
   pipeline_refusal: Optional[str] = None  # why the layers cannot run pipelined
+  # (xla fusion, fused attention) -> the peak of live activations as that variant runs
+  peaks: Dict[Tuple[bool, bool], float] = dataclasses.field(default_factory=dict)
 
   def phases(self, options: "PlanOptions") -> Dict[str, _Phase]:
     return self.variants[(options.fusion == "xla", options.attention == "fused")]
@@ -274,42 +275,20 @@ def _price_step(step: _Step) -> _Priced:
              if set(sequence_parallel.STREAM_NAMES) & set(t.shape.dimension_names)] or streams
   layer_input = size(streams[0]) if streams else 0.0
   layer_input_dims = tuple(streams[0].shape.dims) if streams else ()
-  kept, peak, kept_scores = _activation_memory(ops, first_bwd, first_opt, size, est.ops)
+  kept, peak, kept_scores = memory_lib.step_activation_bytes(
+      ops, first_bwd, first_opt, size, est.ops, _is_score)
+  # The peak as each variant runs the step: what stays in an XLA fusion
+  # (`_phases`), and with fused attention the score tensors, take no memory.
+  fused = _fused_away(records)
+  peaks = {(xla, attn): peak if not (xla or attn) else memory_lib.step_activation_bytes(
+      ops, first_bwd, first_opt, lambda t, x=xla, a=attn: 0.0 if (
+          (x and id(t) in fused) or (a and _is_score(t))) else size(t), est.ops, _is_score)[1]
+      for xla, attn in variants}
   mem = est.memory
   count = sum(v.outputs[0].shape.size for v in step.graph.trainable_variables)
   return _Priced(variants, mem.variables, mem.slots, peak, layer_input, kept_scores,
-                 count, layer_input_dims, kept, report.dimension_names(ops), step.pipeline_refusal)
-
-
-def _activation_memory(ops, first_bwd: int, first_opt: int, size, costs
-                       ) -> Tuple[float, float, float]:
-  """(kept, peak, kept scores) bytes per processor of a step's activations:
-  the forward pass's tensors that the backward pass reads (alive between the
-  two passes), the peak of live tensors over both passes, and the attention
-  score tensors among the kept ones. A reshape that moves nothing (a renamed
-  dimension, say) or an identity makes no new tensor: its output shares its
-  input's memory. Variables' values and their gradients (alive from the
-  backward pass to the optimizer) are left out: the plan counts them as
-  variables and gradients."""
-  root: Dict[int, int] = {}  # tensor id -> the id of the tensor whose memory it shares
-  for op, cost in zip(ops, costs):
-    kind = type(op).__name__
-    if ((kind == "ReshapeOperation" or getattr(op, "local_kernel", None) == "identity")
-        and len(op.inputs) == 1 and not cost.collectives
-        and size(op.outputs[0]) == size(op.inputs[0])):
-      source = id(op.inputs[0])
-      root[id(op.outputs[0])] = root.get(source, source)
-  last_use = memory_lib.last_uses(ops, root)
-
-  def counted(i, op, t, end) -> bool:  # not a variable, an alias or a gradient
-    return not (getattr(op, "is_variable", False) or id(t) in root
-                or (i >= first_bwd and end >= first_opt))
-  peak = memory_lib.peak_live_bytes(ops[:first_opt], last_use, size, counted)
-  kept_tensors = [t for i, op in enumerate(ops[:first_bwd]) for t in op.outputs
-                  if last_use.get(id(t), -1) >= first_bwd and counted(i, op, t, last_use[id(t)])]
-  kept = sum(size(t) for t in kept_tensors)
-  kept_scores = sum(size(t) for t in kept_tensors if _is_score(t))
-  return kept, peak, kept_scores
+                 count, layer_input_dims, kept, report.dimension_names(ops), step.pipeline_refusal,
+                 peaks)
 
 
 def _phases(records: List[_OpCost], n: int, xla: bool, fused_attention: bool
@@ -330,15 +309,8 @@ def _phases(records: List[_OpCost], n: int, xla: bool, fused_attention: bool
   """
   phases = {p: _Phase() for p in PHASES + ("selective",)}
   made_by_fused_op = {}  # tensor id -> phase of the fusible op that made it
-  consumers: Dict[int, List[_OpCost]] = {}
-  for r in records:
-    for tid, _ in r.reads:
-      consumers.setdefault(tid, []).append(r)
+  fused_away = _fused_away(records)
   in_attention = lambda r: fused_attention and r.scores and not r.product  # noqa: E731
-
-  def stays_on_chip(r, tid) -> bool:
-    users = consumers.get(tid, [])
-    return bool(users) and all(u.fusible and u.phase == r.phase for u in users)
 
   for r in records:
     ph = _Phase()  # this operation's share of its phase
@@ -355,7 +327,7 @@ def _phases(records: List[_OpCost], n: int, xla: bool, fused_attention: bool
       ph.bytes += c.bytes_touched / n - min(c.bytes_touched / n, r.scores)
     elif xla and r.fusible:
       reads = sum(b for tid, b in r.reads if made_by_fused_op.get(tid) != r.phase)
-      written = [b for tid, b in r.writes if not stays_on_chip(r, tid)]
+      written = [b for tid, b in r.writes if tid not in fused_away]
       if not r.writes:  # an assignment: writes its value in place
         written = [b for _, b in r.reads[:1]]
       ph.bytes += reads + sum(written)
@@ -374,6 +346,18 @@ def _phases(records: List[_OpCost], n: int, xla: bool, fused_attention: bool
       phases["backward"].flops += c.work_flops / n
       phases["backward"].extra_flops += r.model_flops
   return phases
+
+
+def _fused_away(records: List[_OpCost]) -> set:
+  """Ids of the tensors XLA keeps inside a fusion: made by a fusible
+  operation and read only by fusible operations of the same phase."""
+  consumers: Dict[int, List[_OpCost]] = {}
+  for r in records:
+    for tid, _ in r.reads:
+      consumers.setdefault(tid, []).append(r)
+  return {tid for r in records if r.fusible for tid, _ in r.writes
+          if consumers.get(tid) and all(u.fusible and u.phase == r.phase
+                                        for u in consumers[tid])}
 
 
 def _is_score(t) -> bool:
@@ -524,7 +508,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   if s > 1 and one.pipeline_refusal:
     raise ValueError(f"num_stages={s}: {one.pipeline_refusal}")
   two = _priced(sub_mesh, sub_layout, micro, 2, master)
-  h = cluster.hardware
+  h = cluster.hardware.for_products(activation_dtype())  # products at the dtype's rate
   pricer = _CommPricer(sizes, axis_map, cluster, names)
   one_phases, two_phases = one.phases(options), two.phases(options)
   layer = {p: two_phases[p].minus(one_phases[p]) for p in PHASES + ("selective",)}
@@ -626,7 +610,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   hw_flops = model_flops + (share * recompute_flops_l * num_layers * m
                             + (layer["backward"].extra_flops * num_layers
                                + extra["backward"].extra_flops) * m)
-  peak = cluster.count * h.peak_flops_per_s
+  peak = cluster.count * cluster.hardware.peak_flops_per_s
   memory = _memory_per_device(one, two, options, per_stage, recomputed, dp, m,
                               read_per_stored)
 
@@ -677,6 +661,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   from mesh_tensorflow.transformer import sequence_parallel  # pylint: disable=g-import-not-at-top
   notes.extend(sequence_parallel.unsplit_stream_notes(
       _binding("transformer.make_layer_stack.sequence_parallel", False), sub_rules))
+  notes.extend(filter(None, [cluster.hardware.slower_products_note(activation_dtype())]))
   if options.attention == "fused":
     notes.append("fused attention is an estimate only (the library's attention keeps its scores "
                  "in memory)")
@@ -721,11 +706,12 @@ def _memory_per_device(one: _Priced, two: _Priced, options: PlanOptions, per_sta
   # (the peaks' difference would count its gradients where the peak falls
   # late in the backward pass); the rest of the peak is the step's own.
   act_layer = max(two.kept_activations - one.kept_activations, 0.0)
-  act_extra = max(one.activations - act_layer, 0.0)
   # A layer not recomputed keeps all but the score tensors a fused kernel
   # keeps on chip (one log-sum per row).
   kept_plain = (max(act_layer - one.attention_core_bytes, one.layer_input_bytes)
                 if options.attention == "fused" else act_layer)
+  peak = one.peaks[(options.fusion == "xla", options.attention == "fused")]
+  act_extra = max(peak - kept_plain, 0.0)
   if options.recompute == "layer":
     kept_layer = one.layer_input_bytes
   elif options.recompute == "selective":
@@ -735,7 +721,9 @@ def _memory_per_device(one: _Priced, two: _Priced, options: PlanOptions, per_sta
   if s > 1:
     in_flight = m if options.schedule == "gpipe" else min(m, s)
     if options.schedule == "interleaved":  # chunk passes of L / (S V) layers each
-      in_flight = _chunks_in_flight(s, m, options.virtual_stages) / options.virtual_stages
+      from mesh_tensorflow.training import pipeline_schedule  # pylint: disable=g-import-not-at-top
+      in_flight = pipeline_schedule.max_in_flight(
+          "interleaved", s, m, options.virtual_stages) / options.virtual_stages
   else:
     in_flight = 1
   activations = (in_flight * (recomputed * kept_layer + (per_stage - recomputed) * kept_plain)
@@ -783,18 +771,13 @@ def _stage_send_time(one: _Priced, full_shape, rules, pipe_axis: int,
   return seconds
 
 
+def activation_dtype() -> str:
+  """The config's run.activation_dtype: "float32" (default), "bfloat16" or "float16"."""
+  return str(_binding("run.activation_dtype", "float32") or "float32")
+
+
 def activation_bytes() -> int:
   """Bytes per element of the config's activations (run.activation_dtype)."""
-  dtype = str(_binding("run.activation_dtype", "float32") or "float32")
-  return 2 if ("bfloat16" in dtype or "float16" in dtype) else 4
+  return 2 if "float16" in activation_dtype() else 4
 
-
-@functools.lru_cache(maxsize=64)
-def _chunks_in_flight(stages: int, microbatches: int, virtual_stages: int) -> int:
-  """The most micro-batch chunk passes a stage of the interleaved schedule
-  holds between their forward and backward (its table, as the library runs
-  it)."""
-  from mesh_tensorflow.training import pipeline_schedule  # pylint: disable=g-import-not-at-top
-  return pipeline_schedule.PipelineSchedule("interleaved", stages, microbatches,
-                                            virtual_stages).max_in_flight()
 

@@ -137,3 +137,45 @@ def test_tpu_collectives_ride_the_torus():
   v2 = hardware.parse_cluster("tpu-v2:512")
   links = [lv.link for lv in topology.group_levels([16, 32], [1], v2)]
   assert links == ["chip", "ici"]
+
+
+def test_product_rates_follow_the_activation_dtype():
+  a100, v100, tpu = (hardware.preset(n) for n in ("a100-80gb", "v100-32gb", "tpu-v4"))
+  # A100: TF32 tensor cores for float32 (TensorFlow's default), half the 16-bit rate.
+  assert a100.matrix_flops_per_s("float32") == 156e12
+  assert a100.matrix_flops_per_s("bfloat16") == a100.matrix_flops_per_s("float16") == 312e12
+  assert hardware.preset("h100-sxm").matrix_flops_per_s("float32") == 494.5e12
+  # V100: float16 tensor cores only; bfloat16 and float32 run on its FP32 units.
+  assert v100.matrix_flops_per_s("float16") == 125e12
+  assert v100.matrix_flops_per_s("bfloat16") == v100.matrix_flops_per_s("float32") == 15.7e12
+  assert hardware.preset("v100").name == "v100-32gb"
+  assert hardware.preset("v100-16gb").hbm_bytes == 16e9
+  assert "fp16" in hardware.describe(hardware.parse_cluster("v100-16gb:16"))
+  # A TPU multiplies float32 operands in bfloat16 passes (XLA's default precision).
+  assert tpu.matrix_flops_per_s("float32") == tpu.peak_flops_per_s
+  assert tpu.for_products("float32") is tpu
+  assert a100.for_products("float32").peak_flops_per_s == 156e12
+  assert a100.slower_products_note("bfloat16") is None
+  note = v100.slower_products_note("bfloat16")
+  assert "15.7 TFLOP/s" in note and "no bfloat16" in note and "'float16'" in note
+  assert "'bfloat16'" in a100.slower_products_note("float32")
+  for name, h in hardware.PRESETS.items():
+    assert "float32_flops_per_s" in h.sources, name
+
+
+def test_json_hardware_product_rate_fields(tmp_path):
+  data = json.loads(hardware.preset("a100-80gb").to_json())
+  del data["float32_flops_per_s"], data["bfloat16"]
+  path = tmp_path / "m.json"
+  path.write_text(json.dumps(data))
+  h = hardware.parse_cluster(f"{path}:8").hardware
+  # Left out: float32 products at the peak, bfloat16 supported.
+  assert h.matrix_flops_per_s("float32") == h.matrix_flops_per_s("bfloat16") == 312e12
+  data.update(float32_flops_per_s=400e12)
+  path.write_text(json.dumps(data))
+  with pytest.raises(ValueError, match="float32_flops_per_s must be between 0"):
+    hardware.parse_cluster(f"{path}:8")
+  data.update(float32_flops_per_s=19.5e12, bfloat16="no")
+  path.write_text(json.dumps(data))
+  with pytest.raises(ValueError, match="bfloat16 must be true or false"):
+    hardware.parse_cluster(f"{path}:8")

@@ -1,9 +1,9 @@
 """Accelerators and clusters from published specifications.
 
 A `Hardware` is one kind of accelerator and the machine around it: peak dense
-bf16 matrix throughput, HBM capacity and bandwidth, how many devices share a
-host and the links inside a host and between hosts, and for TPUs the torus
-of inter-chip links. A `Cluster` is a preset (or a JSON file) and a device
+16-bit matrix throughput (and float32's), HBM capacity and bandwidth, how
+many devices share a host and the links inside a host and between hosts,
+and for TPUs the torus of inter-chip links. A `Cluster` is a preset (or a JSON file) and a device
 count:
 
     >>> cluster = parse_cluster("a100-80gb:1024")
@@ -25,8 +25,9 @@ A machine that is not a preset is a JSON file with the fields of `Hardware`
 `network_bytes_per_s`, `network_latency_s`, and for TPUs `torus_dims`,
 `ici_link_bytes_per_s`, `devices_per_chip`, `max_slice_devices`), optionally
 `matmul_efficiency` and `hbm_efficiency` (left out: the presets' fitted
-values), plus an optional `count`; `--hardware=my_machine.json:256`
-overrides the count.
+values), `float32_flops_per_s` (left out: float32 products at the peak)
+and `bfloat16` (left out: true), plus an optional `count`;
+`--hardware=my_machine.json:256` overrides the count.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class Hardware:
     name: preset name, e.g. "a100-80gb".
     kind: "gpu" or "tpu" (how collectives are priced: hosts and a network,
       or a torus of inter-chip links).
-    peak_flops_per_s: peak dense bf16/fp16 matrix FLOP/s of one device.
+    peak_flops_per_s: peak dense 16-bit (bfloat16 or float16) matrix FLOP/s
+      of one device; MFU is measured against it.
     hbm_bytes: memory of one device.
     hbm_bytes_per_s: memory bandwidth of one device.
     devices_per_host: devices of one host (consecutive processor numbers).
@@ -71,6 +73,14 @@ class Hardware:
       (norms, softmax, elementwise chains, the products' operands) reach
       (fitted with matmul_efficiency).
     kernel_overhead_s: fixed cost of launching one kernel.
+    float32_flops_per_s: peak dense matrix FLOP/s with float32 operands as
+      TensorFlow runs them (A100 and later: TF32 tensor cores, on by
+      default; V100: its FP32 units); 0, as on a TPU (XLA's default
+      precision multiplies float32 operands in bfloat16 passes): the same
+      as peak_flops_per_s.
+    bfloat16: the device multiplies bfloat16 at peak_flops_per_s; False
+      (V100, which has float16 tensor cores only): bfloat16 products run
+      at float32_flops_per_s.
     sources: {field: where the number comes from}.
 
   Example:
@@ -94,6 +104,8 @@ class Hardware:
   matmul_efficiency: float = 0.7
   hbm_efficiency: float = 1.0
   kernel_overhead_s: float = 2e-6
+  float32_flops_per_s: float = 0.0
+  bfloat16: bool = True
   sources: Dict[str, str] = dataclasses.field(default_factory=dict, compare=False)
 
   def validate(self) -> "Hardware":
@@ -113,7 +125,58 @@ class Hardware:
       raise ValueError(f"hardware {self.name!r}: matmul_efficiency must be in (0, 1].")
     if not 0 < self.hbm_efficiency <= 1:
       raise ValueError(f"hardware {self.name!r}: hbm_efficiency must be in (0, 1].")
+    if not 0 <= self.float32_flops_per_s <= self.peak_flops_per_s:
+      raise ValueError(f"hardware {self.name!r}: float32_flops_per_s must be between 0 (the same "
+                       f"as peak_flops_per_s) and peak_flops_per_s, got "
+                       f"{self.float32_flops_per_s!r}.")
+    if not isinstance(self.bfloat16, bool):
+      raise ValueError(f"hardware {self.name!r}: bfloat16 must be true or false, got "
+                       f"{self.bfloat16!r}.")
     return self
+
+  def matrix_flops_per_s(self, dtype: str) -> float:
+    """Peak matrix FLOP/s of one device for products of `dtype` operands
+    ("bfloat16", "float16" or "float32").
+
+    Example:
+      >>> preset("a100-80gb").matrix_flops_per_s("float32") / 1e12
+      156.0
+    """
+    float32 = self.float32_flops_per_s or self.peak_flops_per_s
+    if "bfloat16" in dtype:
+      return self.peak_flops_per_s if self.bfloat16 else float32
+    return self.peak_flops_per_s if "float16" in dtype else float32
+
+  def for_products(self, dtype: str) -> "Hardware":
+    """This hardware with peak_flops_per_s at `dtype`'s rate
+    (`matrix_flops_per_s`): what prices a step whose activations are `dtype`.
+
+    Example:
+      >>> preset("v100-32gb").for_products("bfloat16").peak_flops_per_s / 1e12
+      15.7
+    """
+    rate = self.matrix_flops_per_s(dtype)
+    return self if rate == self.peak_flops_per_s else dataclasses.replace(
+        self, peak_flops_per_s=rate)
+
+  def slower_products_note(self, dtype: str) -> Optional[str]:
+    """A line for a plan whose `dtype` products run below peak_flops_per_s,
+    else None.
+
+    Example:
+      >>> preset("a100-80gb").slower_products_note("bfloat16") is None
+      True
+    """
+    rate = self.matrix_flops_per_s(dtype)
+    if rate == self.peak_flops_per_s:
+      return None
+    why = ("it has no bfloat16 matrix units" if "bfloat16" in dtype
+           else "float32 products run below the 16-bit rate")
+    fix = "float16" if not self.bfloat16 else "bfloat16"
+    peak = f"{self.peak_flops_per_s / 1e12:.4g}"
+    return (f"{dtype} products priced at {rate / 1e12:.4g} TFLOP/s, not the {self.name}'s "
+            f"{peak} ({why}; MFU is against the {peak}): run.activation_dtype = '{fix}' "
+            "runs them at the full rate")
 
   def to_json(self) -> str:
     return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -141,6 +204,8 @@ class Cluster:
 # ---------------------------------------------------------------- presets
 _A100 = "NVIDIA A100 Tensor Core GPU datasheet (2021): "
 _DGXA = "NVIDIA DGX A100 datasheet: "
+_V100 = "NVIDIA Tesla V100 GPU datasheet (SXM2): "
+_DGX1 = "NVIDIA DGX-1 with Tesla V100 datasheet: "
 _H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM): "
 _H200 = "NVIDIA H200 Tensor Core GPU datasheet (SXM): "
 _DGXH = "NVIDIA DGX H100/H200 datasheet: "
@@ -148,6 +213,10 @@ _JOUPPI20 = "Jouppi et al., 'A domain-specific supercomputer for training deep n
 _CLOUD = "Google Cloud TPU documentation, system architecture page of the version: "
 _ASSUMED = "assumed: typical latency of one ring step (order of magnitude, not a specification)"
 _FITTED = "fitted on published runs: benchmarks/scale_validation.py"
+_TF32 = ("; TensorFlow runs float32 products in TF32 by default "
+         "(tf.config.experimental.enable_tensor_float_32_execution)")
+_TPU_FLOAT32 = ("0: the bf16 rate (XLA's default precision multiplies float32 operands in "
+                "bfloat16 passes)")
 
 
 # Each kind's fitted efficiencies: every preset of that kind, and a JSON
@@ -179,6 +248,7 @@ def _tpu(name, flops, hbm, hbm_bw, devices_per_host, torus_dims, ici_link, devic
                   network_latency_s=10e-6, torus_dims=torus_dims, ici_link_bytes_per_s=ici_link,
                   devices_per_chip=devices_per_chip, max_slice_devices=max_slice,
                   sources=dict(sources, intra_host_latency_s=_ASSUMED, network_latency_s=_ASSUMED,
+                               float32_flops_per_s=_TPU_FLOAT32,
                                network_bytes_per_s="assumed: 100 Gb/s data-center network per host",
                                matmul_efficiency=_FITTED, hbm_efficiency=_FITTED),
                   **_FITTED_EFFICIENCIES["tpu"], **kw)
@@ -187,7 +257,8 @@ def _tpu(name, flops, hbm, hbm_bw, devices_per_host, torus_dims, ici_link, devic
 # GPUs: 8 per host (DGX / HGX boards). NVLink figures in the datasheets are
 # both directions together; a ring sends in one direction, so per direction
 # is half. One 200 Gb/s (A100) or 400 Gb/s (H100/H200) InfiniBand adapter
-# per GPU: 25 or 50 GB/s per GPU and direction.
+# per GPU: 25 or 50 GB/s per GPU and direction; a DGX-1 (V100) has four
+# 100 Gb/s adapters for its 8 GPUs: 6.25 GB/s per GPU.
 PRESETS: Dict[str, Hardware] = {}
 
 
@@ -195,34 +266,50 @@ def _add(h: Hardware) -> None:
   PRESETS[h.name] = h.validate()
 
 
+for _gb in (16, 32):
+  _add(_gpu(f"v100-{_gb}gb", 125e12, _gb * GB, 900 * GB, 150 * GB, 6.25 * GB, {
+      "peak_flops_per_s": _V100 + "Tensor Performance 125 TFLOPS (float16; no bfloat16)",
+      "hbm_bytes": _V100 + f"{_gb} GB HBM2",
+      "hbm_bytes_per_s": _V100 + "900 GB/s",
+      "float32_flops_per_s": _V100 + "Single-Precision 15.7 TFLOPS (no TF32)",
+      "intra_host_bytes_per_s": _V100 + "NVLink 300 GB/s (both directions) -> 150 GB/s per "
+                                "direction (a DGX-1's hybrid cube-mesh)",
+      "network_bytes_per_s": _DGX1 + "4x 100 Gb/s EDR InfiniBand for 8 GPUs -> 6.25 GB/s per GPU",
+      "devices_per_host": _DGX1 + "8x Tesla V100"}, float32_flops_per_s=15.7e12, bfloat16=False))
 _add(_gpu("a100-40gb", 312e12, 40 * GB, 1555 * GB, 300 * GB, 25 * GB, {
     "peak_flops_per_s": _A100 + "BF16 Tensor Core 312 TFLOPS (dense)",
     "hbm_bytes": _A100 + "40 GB HBM2",
+    "float32_flops_per_s": _A100 + "TF32 Tensor Core 156 TFLOPS (dense)" + _TF32,
     "hbm_bytes_per_s": _A100 + "1,555 GB/s",
     "intra_host_bytes_per_s": _A100 + "NVLink 600 GB/s (both directions) -> 300 GB/s per direction",
     "network_bytes_per_s": _DGXA + "8x single-port 200 Gb/s HDR InfiniBand -> 25 GB/s per GPU",
-    "devices_per_host": _DGXA + "8x A100 GPUs"}))
+    "devices_per_host": _DGXA + "8x A100 GPUs"}, float32_flops_per_s=156e12))
 _add(_gpu("a100-80gb", 312e12, 80 * GB, 2039 * GB, 300 * GB, 25 * GB, {
     "peak_flops_per_s": _A100 + "BF16 Tensor Core 312 TFLOPS (dense)",
     "hbm_bytes": _A100 + "80 GB HBM2e",
+    "float32_flops_per_s": _A100 + "TF32 Tensor Core 156 TFLOPS (dense)" + _TF32,
     "hbm_bytes_per_s": _A100 + "2,039 GB/s (SXM)",
     "intra_host_bytes_per_s": _A100 + "NVLink 600 GB/s (both directions) -> 300 GB/s per direction",
     "network_bytes_per_s": _DGXA + "8x single-port 200 Gb/s HDR InfiniBand -> 25 GB/s per GPU",
-    "devices_per_host": _DGXA + "8x A100 GPUs"}))
+    "devices_per_host": _DGXA + "8x A100 GPUs"}, float32_flops_per_s=156e12))
 _add(_gpu("h100-sxm", 989e12, 80 * GB, 3350 * GB, 450 * GB, 50 * GB, {
     "peak_flops_per_s": _H100 + "BF16 Tensor Core 1,979 TFLOPS with sparsity -> 989 dense",
     "hbm_bytes": _H100 + "80 GB HBM3",
+    "float32_flops_per_s": _H100 + "TF32 Tensor Core 989 TFLOPS with sparsity -> 494.5 dense"
+    + _TF32,
     "hbm_bytes_per_s": _H100 + "3.35 TB/s",
     "intra_host_bytes_per_s": _H100 + "NVLink 900 GB/s (both directions) -> 450 GB/s per direction",
     "network_bytes_per_s": _DGXH + "8x 400 Gb/s ConnectX-7 (NDR) -> 50 GB/s per GPU",
-    "devices_per_host": _DGXH + "8x GPUs"}))
+    "devices_per_host": _DGXH + "8x GPUs"}, float32_flops_per_s=494.5e12))
 _add(_gpu("h200", 989e12, 141 * GB, 4800 * GB, 450 * GB, 50 * GB, {
     "peak_flops_per_s": _H200 + "BF16 Tensor Core 1,979 TFLOPS with sparsity -> 989 dense",
     "hbm_bytes": _H200 + "141 GB HBM3e",
+    "float32_flops_per_s": _H200 + "TF32 Tensor Core 989 TFLOPS with sparsity -> 494.5 dense"
+    + _TF32,
     "hbm_bytes_per_s": _H200 + "4.8 TB/s",
     "intra_host_bytes_per_s": _H200 + "NVLink 900 GB/s (both directions) -> 450 GB/s per direction",
     "network_bytes_per_s": _DGXH + "8x 400 Gb/s ConnectX-7 (NDR) -> 50 GB/s per GPU",
-    "devices_per_host": _DGXH + "8x GPUs"}))
+    "devices_per_host": _DGXH + "8x GPUs"}, float32_flops_per_s=494.5e12))
 # TPU v2 and v3: a device is a TensorCore (2 per chip, each a TensorFlow
 # device, as the Mesh-TensorFlow paper counts "cores"); the chip's HBM, its
 # bandwidth and its 4 ICI links are shared by its 2 cores.
@@ -266,6 +353,7 @@ _add(_tpu("tpu-v5p", 459e12, 95 * GB, 2765 * GB, 4, 3, 100e9, 1, 8960, {
 
 # Aliases: the former round-number "gpu" and "tpu" device parameters.
 ALIASES = {"gpu": "a100-80gb", "tpu": "tpu-v3", "a100": "a100-80gb", "h100": "h100-sxm",
+           "v100": "v100-32gb",
            "v2": "tpu-v2", "v3": "tpu-v3", "v4": "tpu-v4", "v5e": "tpu-v5e", "v5p": "tpu-v5p"}
 
 
@@ -391,7 +479,8 @@ def torus_shape(devices: int, hardware: Hardware) -> Tuple[int, ...]:
 def describe(cluster: Cluster) -> str:
   """One line about the cluster."""
   h = cluster.hardware
-  line = (f"{cluster.count} x {h.name}: {h.peak_flops_per_s / 1e12:.0f} TFLOP/s bf16, "
+  line = (f"{cluster.count} x {h.name}: {h.peak_flops_per_s / 1e12:.0f} TFLOP/s "
+          f"{'bf16' if h.bfloat16 else 'fp16'}, "
           f"{h.hbm_bytes / GIB:.0f} GiB HBM at {h.hbm_bytes_per_s / 1e9:.0f} GB/s per device")
   if h.kind == "gpu":
     line += (f"; {cluster.num_hosts} hosts of {h.devices_per_host} "

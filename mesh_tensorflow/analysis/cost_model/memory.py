@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import collections
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 from mesh_tensorflow.analysis.cost_model.estimator import _Estimator
 from mesh_tensorflow.analysis.cost_model.params import DeviceParams
@@ -98,3 +98,35 @@ def peak_live_bytes(operations, last_use: Dict[int, int], nbytes: Callable,
     peak = max(peak, live)
     live -= dying.pop(i, 0)
   return peak
+
+
+def step_activation_bytes(ops, first_bwd: int, first_opt: int, size: Callable, costs,
+                          is_score: Callable) -> Tuple[float, float, float]:
+  """(kept, peak, kept scores) bytes per processor of a step's activations:
+  the forward pass's tensors that the backward pass reads (alive between the
+  two passes), the peak of live tensors over both passes, and the attention
+  score tensors (`is_score`) among the kept ones; `size` gives a tensor's
+  bytes per processor (0: it takes no memory). A reshape that moves nothing
+  (a renamed dimension, say) or an identity makes no new tensor: its output
+  shares its input's memory. Variables' values and their gradients (alive from the
+  backward pass to the optimizer) are left out: the plan counts them as
+  variables and gradients."""
+  root: Dict[int, int] = {}  # tensor id -> the id of the tensor whose memory it shares
+  for op, cost in zip(ops, costs):
+    kind = type(op).__name__
+    if ((kind == "ReshapeOperation" or getattr(op, "local_kernel", None) == "identity")
+        and len(op.inputs) == 1 and not cost.collectives
+        and size(op.outputs[0]) == size(op.inputs[0])):
+      source = id(op.inputs[0])
+      root[id(op.outputs[0])] = root.get(source, source)
+  last_use = last_uses(ops, root)
+
+  def counted(i, op, t, end) -> bool:  # not a variable, an alias or a gradient
+    return not (getattr(op, "is_variable", False) or id(t) in root
+                or (i >= first_bwd and end >= first_opt))
+  peak = peak_live_bytes(ops[:first_opt], last_use, size, counted)
+  kept_tensors = [t for i, op in enumerate(ops[:first_bwd]) for t in op.outputs
+                  if last_use.get(id(t), -1) >= first_bwd and counted(i, op, t, last_use[id(t)])]
+  kept = sum(size(t) for t in kept_tensors)
+  kept_scores = sum(size(t) for t in kept_tensors if is_score(t))
+  return kept, peak, kept_scores

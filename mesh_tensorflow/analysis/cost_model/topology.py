@@ -50,7 +50,7 @@ class Level:
 
 
 LINK_NAMES = {"nvlink": "NVLink (in host)", "network": "network (across hosts)",
-              "chip": "on chip", "ici": "ICI torus", "dcn": "data-center network"}
+              "chip": "TPU chip", "ici": "ICI torus", "dcn": "data-center network"}
 
 
 def processor_coordinates(mesh_sizes: Sequence[int], pnum: int) -> Tuple[int, ...]:
