@@ -661,7 +661,8 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   from mesh_tensorflow.transformer import sequence_parallel  # pylint: disable=g-import-not-at-top
   notes.extend(sequence_parallel.unsplit_stream_notes(
       _binding("transformer.make_layer_stack.sequence_parallel", False), sub_rules))
-  notes.extend(filter(None, [cluster.hardware.slower_products_note(activation_dtype())]))
+  notes.extend(f"{n}; MFU is against the 16-bit peak" for n in filter(
+      None, [cluster.hardware.slower_products_note(activation_dtype())]))
   if options.attention == "fused":
     notes.append("fused attention is an estimate only (the library's attention keeps its scores "
                  "in memory)")

@@ -275,6 +275,7 @@ def report_for_current_config(mesh_shape: Optional[str] = None, layout: Optional
   # has yet to choose: the search prices the step without it.
   step = build_training_step(mesh_shape, "" if auto and layout is None else layout,
                              zero_stage=0 if auto else None)
+  params, rate_note = _at_activation_dtype_rate(params)
   chosen = step.layout
   explanation = None
   if auto:
@@ -293,7 +294,26 @@ def report_for_current_config(mesh_shape: Optional[str] = None, layout: Optional
   # A layout given here is checked; the config's may serve several models.
   report.notes = [] if layout is None else unused_rule_notes(
       chosen, dimension_names(step.graph.operations))
+  report.notes += [rate_note] if rate_note else []
   return report
+
+
+def _at_activation_dtype_rate(params):
+  """(params, note): device parameters named after a hardware preset ("gpu",
+  "h100-sxm", ...) with its matrix products at the rate of the config's
+  run.activation_dtype, as `python -m mesh_tensorflow.plan` prices them
+  (`Hardware.for_products`), and the line saying so; other parameters, and
+  a preset whose rate is its peak, as they are (note None)."""
+  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.analysis.cost_model import hardware
+  from mesh_tensorflow.analysis.cost_model import params as params_lib
+  name = params.strip().lower() if isinstance(params, str) else ""
+  device = hardware.PRESETS.get(hardware.ALIASES.get(name, name))
+  dtype = str(gin_config.query("run.activation_dtype", "float32") or "float32")
+  note = device.slower_products_note(dtype) if device else None
+  if note is None:
+    return params, None
+  return params_lib.from_hardware(device.for_products(dtype)), note
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

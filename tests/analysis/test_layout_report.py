@@ -136,3 +136,19 @@ def test_report_auto_says_the_configured_zero_stage_is_not_applied(capsys):
   out = capsys.readouterr().out
   assert "run.zero_stage = 2 is not applied here" in out
   assert "zero_all" not in out
+
+
+def test_report_prices_products_at_the_activation_dtypes_rate_as_plan_does():
+  from mesh_tensorflow.transformer import gin_config
+  rates, notes = {}, {}
+  for dtype in ("float32", "bfloat16"):
+    gin_config.parse(["models/tiny_lm.gin"], SMALL + [f"run.activation_dtype = '{dtype}'"])
+    report = report_cli.report_for_current_config(params="gpu")
+    rates[dtype] = report.estimate.params.flops_per_s
+    notes[dtype] = report.notes
+  # float32 on an A100 runs at the TF32 rate, half the bfloat16 peak.
+  assert rates["float32"] == pytest.approx(rates["bfloat16"] / 2)
+  assert any("float32 products priced at 156 TFLOP/s" in n for n in notes["float32"])
+  assert not notes["bfloat16"]
+  gin_config.parse(["models/tiny_lm.gin"], SMALL)
+  assert not report_cli.report_for_current_config(params="cpu").notes

@@ -173,9 +173,8 @@ class Hardware:
     why = ("it has no bfloat16 matrix units" if "bfloat16" in dtype
            else "float32 products run below the 16-bit rate")
     fix = "float16" if not self.bfloat16 else "bfloat16"
-    peak = f"{self.peak_flops_per_s / 1e12:.4g}"
     return (f"{dtype} products priced at {rate / 1e12:.4g} TFLOP/s, not the {self.name}'s "
-            f"{peak} ({why}; MFU is against the {peak}): run.activation_dtype = '{fix}' "
+            f"{self.peak_flops_per_s / 1e12:.4g} ({why}): run.activation_dtype = '{fix}' "
             "runs them at the full rate")
 
   def to_json(self) -> str:
