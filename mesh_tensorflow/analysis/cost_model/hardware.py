@@ -3,8 +3,8 @@
 A `Hardware` is one kind of accelerator and the machine around it: peak dense
 16-bit matrix throughput (and float32's), HBM capacity and bandwidth, how
 many devices share a host and the links inside a host and between hosts,
-and for TPUs the torus of inter-chip links. A `Cluster` is a preset (or a JSON file) and a device
-count:
+and for TPUs the torus of inter-chip links. A `Cluster` is a preset (or a
+JSON file) and a device count:
 
     >>> cluster = parse_cluster("a100-80gb:1024")
     >>> cluster.hardware.devices_per_host, cluster.num_hosts
@@ -275,6 +275,7 @@ for _gb in (16, 32):
                                 "direction (a DGX-1's hybrid cube-mesh)",
       "network_bytes_per_s": _DGX1 + "4x 100 Gb/s EDR InfiniBand for 8 GPUs -> 6.25 GB/s per GPU",
       "devices_per_host": _DGX1 + "8x Tesla V100"}, float32_flops_per_s=15.7e12, bfloat16=False))
+del _gb
 _add(_gpu("a100-40gb", 312e12, 40 * GB, 1555 * GB, 300 * GB, 25 * GB, {
     "peak_flops_per_s": _A100 + "BF16 Tensor Core 312 TFLOPS (dense)",
     "hbm_bytes": _A100 + "40 GB HBM2",
