@@ -449,6 +449,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   if cluster.hardware.kind == "tpu" and options.fusion != "xla":
     raise ValueError(f"fusion = {options.fusion!r} on {cluster}: a TPU runs programs compiled "
                      "by XLA only; plan it with fusion 'xla'.")
+  check_activation_dtype(cluster)
   full_shape, rules = _config_mesh_and_layout(mesh_shape, layout)
   if full_shape.size != cluster.count:
     raise ValueError(f"mesh {full_shape.to_string()} has {full_shape.size} processors but "
@@ -775,6 +776,13 @@ def _stage_send_time(one: _Priced, full_shape, rules, pipe_axis: int,
 def activation_dtype() -> str:
   """The config's run.activation_dtype: "float32" (default), "bfloat16" or "float16"."""
   return str(_binding("run.activation_dtype", "float32") or "float32")
+
+
+def check_activation_dtype(cluster: hardware_lib.Cluster) -> None:
+  """Refuses activations of a dtype the cluster cannot compute in (float16 on a TPU)."""
+  if cluster.hardware.kind == "tpu" and activation_dtype() == "float16":
+    raise ValueError(f"run.activation_dtype = 'float16' on {cluster}: TPUs compute in float32 "
+                     "and bfloat16 only; set run.activation_dtype = 'bfloat16'.")
 
 
 def activation_bytes() -> int:

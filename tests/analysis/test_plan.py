@@ -1060,6 +1060,12 @@ def test_products_are_priced_at_the_activation_dtypes_rate():
   assert not fp16.notes and any("no bfloat16" in n for n in v_bf16.notes)
   assert v_bf16.time_breakdown["compute"] > 2 * fp16.time_breakdown["compute"]
   assert fp16.memory == v_bf16.memory
+  # A TPU has no float16: one line naming the setting to use.
+  with pytest.raises(ValueError, match="TPUs compute in float32 and bfloat16 only"):
+    _plan(["run.activation_dtype = 'float16'"], cluster="tpu-v4:16")
+  from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match="TPUs compute in float32 and bfloat16 only"):
+    plan_search.search(hardware.parse_cluster("tpu-v4:16"))
 
 
 def test_memory_leaves_out_what_xla_fuses_away_and_what_fused_attention_keeps_on_chip():
