@@ -310,6 +310,9 @@ def _at_activation_dtype_rate(params):
   name = params.strip().lower() if isinstance(params, str) else ""
   device = hardware.PRESETS.get(hardware.ALIASES.get(name, name))
   dtype = str(gin_config.query("run.activation_dtype", "float32") or "float32")
+  if device and device.kind == "tpu" and dtype == "float16":
+    raise ValueError(f"run.activation_dtype = 'float16' with --params={params}: TPUs compute in "
+                     "float32 and bfloat16 only; set run.activation_dtype = 'bfloat16'.")
   note = device.slower_products_note(dtype) if device else None
   if note is None:
     return params, None

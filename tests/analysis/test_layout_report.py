@@ -152,3 +152,6 @@ def test_report_prices_products_at_the_activation_dtypes_rate_as_plan_does():
   assert not notes["bfloat16"]
   gin_config.parse(["models/tiny_lm.gin"], SMALL)
   assert not report_cli.report_for_current_config(params="cpu").notes
+  gin_config.parse(["models/tiny_lm.gin"], SMALL + ["run.activation_dtype = 'float16'"])
+  with pytest.raises(ValueError, match="TPUs compute in float32 and bfloat16 only"):
+    report_cli.report_for_current_config(params="tpu-v4")
