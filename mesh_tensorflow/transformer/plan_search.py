@@ -209,7 +209,7 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import layer_stack  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
-  planner.check_activation_dtype(cluster)
+  cluster.hardware.check_dtype(planner.activation_dtype())
   start = time.time()
   num_layers = int(gin_config.query("transformer.make_layer_stack.num_layers", 6))
   heads = int(gin_config.query("SelfAttention.num_heads", 8) or 8)

@@ -169,7 +169,6 @@ class _Priced:
   variants: Dict[Tuple[bool, bool], Dict[str, _Phase]]
   variables: float
   slots: float
-  activations: float  # the peak of live activations over both passes, op by op
   layer_input_bytes: float
   attention_core_bytes: float  # score tensors among the kept activations
   parameters: int
@@ -177,7 +176,8 @@ class _Priced:
   kept_activations: float = 0.0  # forward tensors the backward pass reads
   dimension_names: frozenset = frozenset()  # of every tensor of the step
   pipeline_refusal: Optional[str] = None  # why the layers cannot run pipelined
-  # (xla fusion, fused attention) -> the peak of live activations as that variant runs
+  # (xla fusion, fused attention) -> the peak of live activations over both
+  # passes as that variant runs the step
   peaks: Dict[Tuple[bool, bool], float] = dataclasses.field(default_factory=dict)
 
   def phases(self, options: "PlanOptions") -> Dict[str, _Phase]:
@@ -286,7 +286,7 @@ def _price_step(step: _Step) -> _Priced:
       for xla, attn in variants}
   mem = est.memory
   count = sum(v.outputs[0].shape.size for v in step.graph.trainable_variables)
-  return _Priced(variants, mem.variables, mem.slots, peak, layer_input, kept_scores,
+  return _Priced(variants, mem.variables, mem.slots, layer_input, kept_scores,
                  count, layer_input_dims, kept, report.dimension_names(ops), step.pipeline_refusal,
                  peaks)
 
@@ -449,7 +449,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   if cluster.hardware.kind == "tpu" and options.fusion != "xla":
     raise ValueError(f"fusion = {options.fusion!r} on {cluster}: a TPU runs programs compiled "
                      "by XLA only; plan it with fusion 'xla'.")
-  check_activation_dtype(cluster)
+  cluster.hardware.check_dtype(activation_dtype())
   full_shape, rules = _config_mesh_and_layout(mesh_shape, layout)
   if full_shape.size != cluster.count:
     raise ValueError(f"mesh {full_shape.to_string()} has {full_shape.size} processors but "
@@ -774,15 +774,9 @@ def _stage_send_time(one: _Priced, full_shape, rules, pipe_axis: int,
 
 
 def activation_dtype() -> str:
-  """The config's run.activation_dtype: "float32" (default), "bfloat16" or "float16"."""
-  return str(_binding("run.activation_dtype", "float32") or "float32")
-
-
-def check_activation_dtype(cluster: hardware_lib.Cluster) -> None:
-  """Refuses activations of a dtype the cluster cannot compute in (float16 on a TPU)."""
-  if cluster.hardware.kind == "tpu" and activation_dtype() == "float16":
-    raise ValueError(f"run.activation_dtype = 'float16' on {cluster}: TPUs compute in float32 "
-                     "and bfloat16 only; set run.activation_dtype = 'bfloat16'.")
+  """The config's run.activation_dtype (`report.configured_activation_dtype`)."""
+  from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
+  return report.configured_activation_dtype()
 
 
 def activation_bytes() -> int:

@@ -162,6 +162,12 @@ def configured_zero_stage() -> int:
   return int(gin_config.query("run.zero_stage", 0) or 0)
 
 
+def configured_activation_dtype() -> str:
+  """The parsed gin config's `run.activation_dtype`: "float32" (when unset),
+  "bfloat16" or "float16"."""
+  return str(gin_config.query("run.activation_dtype", "float32") or "float32")
+
+
 def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] = None,
                         batch_size: Optional[int] = None,
                         num_layers: Optional[int] = None,
@@ -309,11 +315,11 @@ def _at_activation_dtype_rate(params):
   from mesh_tensorflow.analysis.cost_model import params as params_lib
   name = params.strip().lower() if isinstance(params, str) else ""
   device = hardware.PRESETS.get(hardware.ALIASES.get(name, name))
-  dtype = str(gin_config.query("run.activation_dtype", "float32") or "float32")
-  if device and device.kind == "tpu" and dtype == "float16":
-    raise ValueError(f"run.activation_dtype = 'float16' with --params={params}: TPUs compute in "
-                     "float32 and bfloat16 only; set run.activation_dtype = 'bfloat16'.")
-  note = device.slower_products_note(dtype) if device else None
+  if device is None:
+    return params, None
+  dtype = configured_activation_dtype()
+  device.check_dtype(dtype)
+  note = device.slower_products_note(dtype)
   if note is None:
     return params, None
   return params_lib.from_hardware(device.for_products(dtype)), note

@@ -302,7 +302,8 @@ def test_pipeline_sends_are_priced_from_the_collectives_the_lowering_runs():
   lowered = sum(estimator.collective_seconds(r.kind, r.bytes_per_processor, sizes, r.mesh_axes,
                                              cluster) for r in records)
   priced, send_time = planner._Priced, planner._stage_send_time  # pylint: disable=protected-access
-  one = priced({}, 0, 0, 0, 1 * 2 * 8 * 16 * 4, 0, 0, tuple(dims))  # a stage's slice: 1x2x8x16
+  one = priced({}, 0, 0, layer_input_bytes=1 * 2 * 8 * 16 * 4,  # a stage's slice: 1x2x8x16
+               attention_core_bytes=0, parameters=0, layer_input_dims=tuple(dims))
   full_shape = mtf.convert_to_shape(mesh_shape)
   rules = mtf.convert_to_layout_rules(layout)
   assert send_time(one, full_shape, rules, 0, cluster) == pytest.approx(lowered)

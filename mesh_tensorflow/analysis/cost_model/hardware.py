@@ -134,6 +134,17 @@ class Hardware:
                        f"{self.bfloat16!r}.")
     return self
 
+  def check_dtype(self, dtype: str) -> None:
+    """Refuses activations of a dtype the device cannot compute in: float16
+    on a TPU.
+
+    Example:
+      >>> preset("tpu-v4").check_dtype("bfloat16")
+    """
+    if self.kind == "tpu" and dtype == "float16":
+      raise ValueError(f"run.activation_dtype = 'float16' on {self.name}: TPUs compute in "
+                       "float32 and bfloat16 only; set run.activation_dtype = 'bfloat16'.")
+
   def matrix_flops_per_s(self, dtype: str) -> float:
     """Peak matrix FLOP/s of one device for products of `dtype` operands
     ("bfloat16", "float16" or "float32").
