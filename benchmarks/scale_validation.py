@@ -158,6 +158,28 @@ Rows:
   the sharded optimizer state, fused attention, the step priced as XLA
   compiles it; ALiBi and the absence of biases left out. Compared: tokens
   per second per GPU.
+* MaxText's TPU runs: the tables of configs/v5e/README.md and
+  configs/v5p/README.md in github.com/AI-Hypercomputer/maxtext, each beside
+  the script that ran it (configs/v5e/16b.sh, ...). MaxText's decoder
+  (base.yml: RMS norms, SwiGLU, 128-wide heads, separate embedding and
+  output weights, vocabulary 32,000, sequence 2,048, AdamW, float32
+  weights and bfloat16 compute, flash attention) at global_parameter_scale
+  16 to 1024 (`maxtext_sizes`); per-chip batch, remat_policy and
+  ici_tensor_parallelism as in each script, FSDP over the other chips.
+  Eleven single-slice runs: 16B, 32B, 64B on 256 v5e chips (full
+  recomputation, no tensor parallelism); 32B to 1024B on 64 to 2,048 v5p
+  chips (v5p-N names N TensorCores, two per chip; remat_policy=minimal,
+  planned as "selective", up to 256B, full above). Planned as ZeRO 3 over
+  `data`, 4- to 16-way tensor parallelism over `model` with the stream
+  between the layers split over d_model (MaxText shards its activations'
+  embedding dimension over the tensor axis), fused attention, and
+  `--overlap=model_parallel` (the scripts set
+  --xla_tpu_overlap_compute_collective_tc). Compared: the tables'
+  TFLOP/s per chip with MaxText's own FLOP count (`maxtext_flops`). Left
+  out: the 128B v5e run (its remat_policy=qkv_proj_offloaded moves the
+  projections to host memory, which the library does not do) and the
+  multi-slice rows (2 to 32 slices over the data-center network, whose
+  bandwidth per host the presets assume).
 
 Dropout, where the runs used it: Megatron-LM's defaults, which none of the
 Megatron-LM rows' scripts or texts change (`--attention-dropout 0.1` on
@@ -184,13 +206,15 @@ unsplit), and the difference of the planned activation memory is one
 layer's. Nothing is fitted: this checks which tensors the library's
 layers keep for the backward pass.
 
-The two fitted constants are the GPUs' `matmul_efficiency` (fraction of
+The fitted constants are the GPUs' `matmul_efficiency` (fraction of
 peak of a large matrix product) and `hbm_efficiency` (fraction of the HBM
-bandwidth that memory-bound kernels reach): fitted together on the rows
-marked "fit" (1.7B, 18.4B and 145.6B of Narayanan et al.), with the
-planner's default pricing (the step as XLA compiles it); the other rows are
-held out. `--fit` refits them and prints the values to put in
-hardware.py; `--quick` runs the two smallest GPU rows.
+bandwidth that memory-bound kernels reach), fitted together on the GPU rows
+marked "fit" (1.7B, 18.4B and 145.6B of Narayanan et al.), and the TPUs'
+`matmul_efficiency`, fitted on the TPU rows marked "fit" (MaxText's 16B on
+v5e and 32B on v5p, its smallest run on each) with the GPUs' HBM
+efficiency; both with the planner's default pricing (the step as XLA
+compiles it). The other rows are held out. `--fit` refits them and prints
+the values to put in hardware.py; `--quick` runs the two smallest GPU rows.
 `--calibrate` plans each source's runs with the efficiency fitted to its
 smallest run, as `plan --measured_step_time` would (a user's own stack).
 
@@ -292,6 +316,27 @@ KORTHIKANTI_TABLE = [
 ]
 
 
+MAXTEXT = "MaxText, TPU v5e and v5p config READMEs"
+# MaxText's base.yml model at global_parameter_scale S: d_model 2048, 16 heads
+# of 128, d_ff 7168 and 16 layers, doubled in turn (heads and d_ff, then
+# d_model, then layers) log2(S) times.
+# (TPU, scale, chips, per-chip batch, recompute, tensor-parallel size,
+#  published TFLOP/s per chip, fit)
+MAXTEXT_TABLE = [
+    ("tpu-v5e", 16, 256, 6, "layer", 1, 120, True),
+    ("tpu-v5e", 32, 256, 4, "layer", 1, 132, False),
+    ("tpu-v5e", 64, 256, 2, "layer", 1, 118, False),
+    ("tpu-v5p", 32, 64, 6, "selective", 4, 328, True),
+    ("tpu-v5p", 64, 64, 3, "selective", 4, 323, False),
+    ("tpu-v5p", 128, 128, 1, "selective", 8, 315, False),
+    ("tpu-v5p", 128, 256, 1, "selective", 8, 316, False),
+    ("tpu-v5p", 256, 512, 1, "selective", 8, 308, False),
+    ("tpu-v5p", 512, 512, 2, "layer", 8, 294, False),
+    ("tpu-v5p", 1024, 1024, 2, "layer", 16, 254, False),
+    ("tpu-v5p", 1024, 2048, 2, "layer", 16, 297, False),
+]
+
+
 # Megatron-LM's default dropout (attention weights and sublayer outputs),
 # which its runs here kept, and OPT's.
 DROPOUT = ["SelfAttention.dropout_rate = 0.1", "transformer.make_layer_stack.dropout_rate = 0.1"]
@@ -373,6 +418,53 @@ def mosaic_rows():
       bindings.append(f"run.grad_accum_steps = {accumulated}")
     rows.append(Row(f"MPT {model}, {gpus} {gpu}", MOSAIC, hw, gpus, f"data:{gpus}", "batch:data",
                     bindings, float(tokens), "tokens/s per GPU", attention="fused"))
+  return rows
+
+
+def maxtext_sizes(scale: int):
+  """(d_model, heads, d_ff, layers) of MaxText's model at global_parameter_scale `scale`."""
+  steps, rem = divmod(int(math.log2(scale)), 3)
+  wide = steps + (rem > 0)  # heads and d_ff
+  return 2048 * 2 ** (steps + (rem > 1)), 16 * 2 ** wide, 7168 * 2 ** wide, 16 * 2 ** steps
+
+
+def maxtext_flops(scale: int, batch: int, seq: int = 2048, vocab: int = 32000) -> float:
+  """MaxText's training FLOPs per step (its calculate_tflops_training_per_device
+  as the tables were measured: three times the forward's products, the
+  attention counted without the causal mask, the output projection of the
+  vocabulary but not the embedding lookup)."""
+  d, heads, ff, layers = maxtext_sizes(scale)
+  tokens, inner = batch * seq, heads * 128
+  per_layer = (2 * tokens * d * ff * 3 + 2 * tokens * d * inner * 4
+               + 4 * batch * seq * seq * inner)
+  return 3 * (layers * per_layer + 2 * tokens * d * vocab)
+
+
+def maxtext_rows():
+  """MaxText's TPU v5e and v5p runs (see the module docstring)."""
+  rows = []
+  for tpu, scale, chips, per_chip, recompute, t, tflops, fit_row in MAXTEXT_TABLE:
+    d, heads, ff, layers = maxtext_sizes(scale)
+    batch = per_chip * chips
+    mesh = f"data:{chips // t}" + (f";model:{t}" if t > 1 else "")
+    layout = "batch:data" + (";heads:model;d_ff:model;vocab:model;residual_d_model:model"
+                             if t > 1 else "")
+    bindings = [
+        f"num_layers = {layers}", f"d_model = {d}", f"d_ff = {ff}", f"num_heads = {heads}",
+        "d_kv = 128", "run.model_type = 'lm'",
+        "run.sequence_length = {'inputs': 2048, 'targets': 2048}",
+        f"run.batch_size = {batch}", "run.activation_dtype = 'bfloat16'",
+        "run.vocabulary = @vocabulary.SizedVocabulary()", "vocabulary.SizedVocabulary.size = 32000",
+        "run.optimizer = @optimize.AdamWeightDecayOptimizer",
+        "Unitransformer.shared_embedding_and_softmax_weights = False",
+        "DenseReluDense.activation = ['swish', 'linear']",
+        f"transformer.make_layer_stack.recompute = '{recompute}'", "run.zero_stage = 3"]
+    if t > 1:  # the stream between the layers split over d_model, as MaxText's
+      bindings.append("transformer.make_layer_stack.sequence_parallel = 'd_model'")
+    cores = chips * (2 if tpu == "tpu-v5p" else 1)  # v5p-N names N TensorCores, 2 per chip
+    rows.append(Row(f"MaxText {scale}B, {tpu[-3:]}-{cores}", MAXTEXT, tpu, chips, mesh, layout,
+                    bindings, float(tflops), "TFLOP/s per chip", maxtext_flops(scale, batch),
+                    fit=fit_row, attention="fused", overlap=("model_parallel",)))
   return rows
 
 
@@ -567,17 +659,17 @@ def predict(row: Row, efficiency=None, hbm_efficiency=None):
   return predict_value(row, plan), plan
 
 
-def fit(rows):
+def fit(rows, hbm_grid=None):
   """(matmul efficiency, HBM efficiency) that minimise the squared log
   ratio on the fit rows: a golden-section search of the first for each of
-  a grid of the second (0.40 to 1.00 by 0.05)."""
+  a grid of the second (0.40 to 1.00 by 0.05, or `hbm_grid`)."""
   fit_rows = [r for r in rows if r.fit]
 
   def loss(efficiency, hbm):
     return sum(math.log(predict(r, efficiency, hbm)[0] / r.published) ** 2 for r in fit_rows)
 
   best = None
-  for hbm in [round(0.40 + 0.05 * i, 2) for i in range(13)]:
+  for hbm in hbm_grid or [round(0.40 + 0.05 * i, 2) for i in range(13)]:
     lo, hi = 0.3, 1.0
     for _ in range(15):  # golden-section search
       a = hi - (hi - lo) / 1.618
@@ -590,6 +682,14 @@ def fit(rows):
     candidate = (loss(efficiency, hbm), efficiency, hbm)
     best = min(best, candidate) if best else candidate
   return best[1], best[2]
+
+
+def fit_tpu(rows):
+  """The TPUs' matmul efficiency fitted on the TPU fit rows, their HBM
+  efficiency kept at the GPUs' (memory-bound kernels are not what differs)."""
+  tpu_rows = [r for r in rows if hardware.parse_cluster(f"{r.hardware}:{r.count}")
+              .hardware.kind == "tpu"]
+  return fit(tpu_rows, hbm_grid=[hardware.preset("a100-80gb").hbm_efficiency])[0]
 
 
 def _describe(plan) -> str:
@@ -625,7 +725,7 @@ def _selected(row: Row, selectors) -> bool:
 def all_rows():
   """Every validation row, in the table's order."""
   return ([shazeer_row()] + megatron_rows() + mt_nlg_rows() + korthikanti_rows() + fsdp_rows()
-          + [bloom_row(), palm_row()] + megatron_h100_rows() + mosaic_rows())
+          + [bloom_row(), palm_row()] + megatron_h100_rows() + mosaic_rows() + maxtext_rows())
 
 
 def compare_auto(selectors=None):
@@ -764,8 +864,11 @@ def main(argv=None):
   else:
     rows = all_rows()
   if args.fit:
-    efficiency, hbm = fit(rows)
+    gpu_rows = [r for r in rows if not r.hardware.startswith("tpu")]
+    efficiency, hbm = fit(gpu_rows)
     print(f"fitted GPU matmul_efficiency {efficiency:.3f}, hbm_efficiency {hbm:.2f}")
+    if not args.quick:
+      print(f"fitted TPU matmul_efficiency {fit_tpu(rows):.3f}")
   print(f"{'run':<22} {'source':<44} {'devices':>8} {'published':>10} {'predicted':>10} "
         f"{'ratio':>6}  {'role':<8} unit")
   worst = {}  # source -> largest |ratio - 1|

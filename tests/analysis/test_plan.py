@@ -341,16 +341,23 @@ def test_scale_validation_quick_rows_within_15_percent():
     assert abs(value / row.published - 1) < 0.15, (row.name, value, row.published)
   # Held-out runs of other stacks and hardware: FSDP (ZeRO 3 over 2,048 GPUs),
   # BLOOM (DeepSpeed's pipeline on a machine described by a JSON file), and
-  # the Mesh-TensorFlow paper's TPU run.
-  held_out = [scale_validation.fsdp_rows()[1], scale_validation.shazeer_row(),
-              scale_validation.bloom_row()]
+  # TPUs: MaxText's 512B run on 512 v5p chips (full recomputation, 8-way
+  # tensor parallelism overlapped) and 64B on 256 v5e chips (FSDP alone).
+  maxtext = {r.name: r for r in scale_validation.maxtext_rows()}
+  held_out = [scale_validation.fsdp_rows()[1], scale_validation.bloom_row(),
+              maxtext["MaxText 512B, v5p-1024"], maxtext["MaxText 64B, v5e-256"]]
   zero_stages = []
   for row in held_out:
     value, plan = scale_validation.predict(row)
     assert abs(value / row.published - 1) < 0.15, (row.name, value, row.published)
     assert plan.fits
     zero_stages.append(plan.options.zero_stage)
-  assert zero_stages == [3, 0, 1]
+  assert zero_stages == [3, 1, 3, 3]
+  # The Mesh-TensorFlow paper's own TPU v2 run (TensorFlow 1 of 2018) is
+  # slower than the TPUs' efficiency fitted on MaxText's runs predicts.
+  row = scale_validation.shazeer_row()
+  value, plan = scale_validation.predict(row)
+  assert 1.15 < value / row.published < 1.35 and plan.fits, value
   # Slower stacks than the fitted one's: MT-NLG's DeepSpeed pipeline and
   # OPT's FSDP are predicted faster than published (an upper bound).
   for row in scale_validation.mt_nlg_rows()[:1] + scale_validation.fsdp_rows()[:1]:
@@ -385,6 +392,23 @@ def test_gpu_presets_efficiencies_are_the_fit_of_the_fit_rows():
   a100 = hardware.preset("a100-80gb")
   assert round(efficiency, 3) == a100.matmul_efficiency
   assert hbm == a100.hbm_efficiency
+
+
+def test_tpu_presets_efficiency_is_the_fit_of_the_maxtext_fit_rows():
+  """The TPU presets' matmul_efficiency is what `scale_validation.py --fit`
+  finds on MaxText's smallest v5e and v5p runs (HBM efficiency the GPUs')."""
+  scale_validation = _scale_validation()
+  rows = scale_validation.maxtext_rows()
+  assert [r.name for r in rows if r.fit] == ["MaxText 16B, v5e-256", "MaxText 32B, v5p-128"]
+  # MaxText's own FLOP count of its 16B model (d_model 4096, 64 heads of 128,
+  # d_ff 28,672, 32 layers) at 6 x 2,048-token sequences per chip on 256 chips.
+  assert scale_validation.maxtext_sizes(16) == (4096, 64, 28672, 32)
+  assert rows[0].paper_flops == pytest.approx(3.166e17, rel=1e-3)
+  v5p = hardware.preset("tpu-v5p")
+  assert round(scale_validation.fit_tpu(rows), 3) == v5p.matmul_efficiency
+  assert v5p.hbm_efficiency == hardware.preset("a100-80gb").hbm_efficiency
+  for name in ("tpu-v2", "tpu-v3", "tpu-v4", "tpu-v5e"):
+    assert hardware.preset(name).matmul_efficiency == v5p.matmul_efficiency
 
 
 def test_model_state_memory_per_parameter_for_each_zero_stage():
