@@ -169,7 +169,8 @@ Rows:
   Eleven single-slice runs: 16B, 32B, 64B on 256 v5e chips (full
   recomputation, no tensor parallelism); 32B to 1024B on 64 to 2,048 v5p
   chips (v5p-N names N TensorCores, two per chip; remat_policy=minimal,
-  planned as "selective", up to 256B, full above). Planned as ZeRO 3 over
+  JAX's dots_with_no_batch_dims_saveable, the library's "projections", up to
+  256B, full above). Planned as ZeRO 3 over
   `data`, 4- to 16-way tensor parallelism over `model` with the stream
   between the layers split over d_model (MaxText shards its activations'
   embedding dimension over the tensor axis), fused attention, and
@@ -326,11 +327,11 @@ MAXTEXT_TABLE = [
     ("tpu-v5e", 16, 256, 6, "layer", 1, 120, True),
     ("tpu-v5e", 32, 256, 4, "layer", 1, 132, False),
     ("tpu-v5e", 64, 256, 2, "layer", 1, 118, False),
-    ("tpu-v5p", 32, 64, 6, "selective", 4, 328, True),
-    ("tpu-v5p", 64, 64, 3, "selective", 4, 323, False),
-    ("tpu-v5p", 128, 128, 1, "selective", 8, 315, False),
-    ("tpu-v5p", 128, 256, 1, "selective", 8, 316, False),
-    ("tpu-v5p", 256, 512, 1, "selective", 8, 308, False),
+    ("tpu-v5p", 32, 64, 6, "projections", 4, 328, True),
+    ("tpu-v5p", 64, 64, 3, "projections", 4, 323, False),
+    ("tpu-v5p", 128, 128, 1, "projections", 8, 315, False),
+    ("tpu-v5p", 128, 256, 1, "projections", 8, 316, False),
+    ("tpu-v5p", 256, 512, 1, "projections", 8, 308, False),
     ("tpu-v5p", 512, 512, 2, "layer", 8, 294, False),
     ("tpu-v5p", 1024, 1024, 2, "layer", 16, 254, False),
     ("tpu-v5p", 1024, 2048, 2, "layer", 16, 297, False),

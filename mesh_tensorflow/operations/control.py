@@ -448,8 +448,96 @@ class _ForwardScope:
       graph._scope_stack, graph._names_in_use, graph.name_to_variable = saved  # pylint: disable=protected-access
 
 
+class SavedOutput(Operation):
+  """The forward pass's output of an operation that a recomputation keeps
+  instead of running it again (`recompute_grad`'s `saveable`).
+
+  Its value is `saved` (inputs[0]); it is differentiated as `template`, the
+  recomputed operation it stands in for, whose inputs follow `saved`: the
+  gradients reach the recomputed inputs, not the forward ones, so those need
+  not stay alive for the backward pass.
+  """
+
+  local_kernel = "saved"  # no kernel: the value of inputs[0] (the cost model's kind)
+
+  def __init__(self, saved: Tensor, template: Operation, name=None):
+    super().__init__([saved] + list(template.inputs), name=name or template.name + "_saved")
+    self._template = template
+    self.has_gradient = True
+    self._outputs = [Tensor(self, saved.shape, saved.dtype)]
+
+  def gradient(self, grad_ys):
+    return [None] + list(self._template.gradient(grad_ys))
+
+  def lower(self, lowering):
+    saved = self.inputs[0]
+    if saved not in lowering.tensors:
+      lowering.laid_out(saved)  # its error names the tensor
+    # The forward value as it is: a pending sum stays pending.
+    lowering.set_tensor_lowering(self.outputs[0], lowering.tensors[saved])
+    if saved in lowering.completed_sums:
+      lowering.completed_sums[self.outputs[0]] = lowering.completed_sums[saved]
+
+
+def product_without_batch_dims(op: Operation) -> bool:
+  """Whether `op` is a matrix product with no dimension that both operands
+  and the output share: a projection by a weight (x . W), not a batched
+  product such as attention's q . k. The operations that
+  `recompute_grad(saveable=...)` keeps under JAX's
+  `dots_with_no_batch_dims_saveable` policy (MaxText's "minimal").
+
+  Example:
+    >>> mtf.recompute_grad(block, [x], saveable=product_without_batch_dims)
+  """
+  if type(op).__name__ != "EinsumOperation" or len(op.inputs) != 2:
+    return False
+  a, b = (set(t.shape.dimension_names) for t in op.inputs)
+  return not (a & b & set(op.outputs[0].shape.dimension_names))
+
+
+def _keep_saved(forward_ops, recomputed_ops, saveable, graph) -> dict:
+  """Replaces each recomputed operation whose forward twin (the forward
+  operation of the same name: the recomputation replays the forward call's
+  names) `saveable` accepts by a SavedOutput of the twin's output, in place
+  in `graph.operations`, its readers rewired; returns {recomputed output:
+  its SavedOutput's}."""
+  readers = {}
+  for f in forward_ops:
+    for t in f.inputs:
+      readers.setdefault(id(t), []).append(f)
+  twins = {}
+  for f in forward_ops:
+    if len(f.outputs) == 1 and saveable(f):
+      # A product whose only reader just lays it out anew (a sum
+      # reduce-scattered over a sequence-parallel stream): keep that
+      # reader's smaller output instead.
+      only = readers.get(id(f.outputs[0]), [])
+      if len(only) == 1 and getattr(only[0], "moves_only", False):
+        f = only[0]
+      twins[f.name] = f
+  position = {id(op): i for i, op in enumerate(graph.operations)}
+  replacements = {}
+  for r in recomputed_ops:
+    if replacements:
+      r.replace_inputs(replacements)
+    f = twins.get(r.name)
+    if f is None:
+      continue
+    if type(f) is not type(r) or f.outputs[0].shape != r.outputs[0].shape:
+      raise ValueError(
+          f"mtf.recompute_grad: the recomputation's {r.name!r} is not the forward call's "
+          "operation of that name; with `saveable`, fn must build the same operations each "
+          "time it is called.")
+    saved = SavedOutput(f.outputs[0], r)
+    graph.operations.pop()  # made last; it takes r's place
+    graph.operations[position[id(r)]] = saved
+    replacements[r.outputs[0]] = saved.outputs[0]
+  return replacements
+
+
 def recompute_grad(fn: Callable, explicit_inputs: Sequence[Tensor],
-                   control_dependencies: bool = True, name=None):
+                   control_dependencies: bool = True, name=None,
+                   saveable: Callable[[Operation], bool] = None):
   """Calls fn(*explicit_inputs) and recomputes it during backprop instead of
   keeping its activations (variables fn uses get their gradients too).
 
@@ -461,20 +549,29 @@ def recompute_grad(fn: Callable, explicit_inputs: Sequence[Tensor],
   output gradients, so its activations are not alive before they are needed;
   without, TensorFlow may schedule it earlier.
 
+  `saveable(op)`, given, names the forward operations whose outputs are kept
+  for the backward pass rather than computed again (e.g.
+  `product_without_batch_dims`: the projections by weights); the
+  recomputation reads their kept outputs and runs only the rest.
+
   Example:
     >>> y = mtf.recompute_grad(lambda x: block(x), [x])
+    >>> y = mtf.recompute_grad(block, [x], saveable=mtf.product_without_batch_dims)
   """
   explicit_inputs = list(explicit_inputs)
   if not explicit_inputs:
     raise ValueError("mtf.recompute_grad needs at least one explicit input tensor.")
   forward = _ForwardScope(explicit_inputs[0].graph)
 
-  def grad_fn(xs, captured, ys, dys):
+  def grad_fn(explicit_inputs, all_inputs, forward_operations, outputs, output_grads):
+    del outputs  # the keyword form's, unused
+    xs, captured, dys = explicit_inputs, all_inputs[len(explicit_inputs):], output_grads
     dys_real = [d for d in dys if d is not None]
     graph = xs[0].graph
     start = len(graph.operations)
     # Recompute only once the output gradients exist (to free the memory).
     xs2 = [depend(x, dys_real) for x in xs] if control_dependencies else list(xs)
+    replay_start = len(graph.operations)
     with forward.replay():
       outs = fn(*xs2)
     # mtf.gradients passes a variable that gathers on read (ZeRO stage 3) as
@@ -485,6 +582,9 @@ def recompute_grad(fn: Callable, explicit_inputs: Sequence[Tensor],
       for op in graph.operations[start:]:
         op.replace_inputs(again)
     outs = [outs] if isinstance(outs, Tensor) else list(outs)
+    if saveable is not None:
+      saved = _keep_saved(forward_operations, graph.operations[replay_start:], saveable, graph)
+      outs = [saved.get(o, o) for o in outs]
     pairs = [(o, d) for o, d in zip(outs, dys) if d is not None]
     # Differentiate the recomputation only: a captured tensor may also be
     # upstream of xs, and that path is the outer gradient pass's business.
@@ -495,6 +595,7 @@ def recompute_grad(fn: Callable, explicit_inputs: Sequence[Tensor],
                       operations=graph.operations[start:])
     return grads
   return custom_gradient(fn, grad_fn, explicit_inputs, name=name or "recompute_grad")
+
 
 from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
 _autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -330,6 +330,7 @@ class ZeroRelayout(Operation):
   """
 
   has_gradient = True
+  moves_only = True  # no arithmetic: what recompute_grad(saveable=...) may keep in a product's place
 
   def __init__(self, x: Tensor, new_shape: Shape, name: Optional[str] = None,
                reduce_scatter: bool = True, regathers_for_backward: bool = False):

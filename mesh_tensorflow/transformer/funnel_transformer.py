@@ -214,7 +214,7 @@ class FunnelTransformerLayerStack(transformer.LayerStack):
     norm_epsilon: LayerStack's.
     norm_type: LayerStack's: "rms" or "layer".
     recompute: LayerStack's activation recomputation in training: "none",
-      "layer" or "selective".
+      "layer", "selective" or "projections".
 
   Example:
     >>> stack = FunnelTransformerLayerStack(

@@ -32,7 +32,7 @@ from mesh_tensorflow.transformer.layer_context import (  # noqa: F401 (re-export
     EOS_ID, Context, ModeKeys, TransformerLayer, gin_configurables, inputs_prefix_mask)
 
 
-RECOMPUTE_POLICIES = ("none", "layer", "selective")
+RECOMPUTE_POLICIES = ("none", "layer", "selective", "projections")
 
 
 def configured_with_custom_sublayers() -> bool:
@@ -79,6 +79,12 @@ class LayerStack(PipelinedStack, TransformerLayer):
     [batch, heads, length, memory_length] tensors, the largest activations
     at long lengths); the outputs of the projections (matmuls with weights)
     are kept.
+  * "projections": each layer is recomputed as with "layer", but the outputs
+    of its projections (matrix products without batch dimensions,
+    `mtf.product_without_batch_dims`) are kept and read again rather than
+    computed again: the backward pass reruns the norms, activations,
+    dropout and the attention's scores, softmax and weighted sum (JAX's
+    `dots_with_no_batch_dims_saveable` policy, MaxText's "minimal").
 
   Sequence parallelism (`sequence_parallel=True`, see sequence_parallel.py):
   between the layers the residual stream's length is named
@@ -122,8 +128,8 @@ class LayerStack(PipelinedStack, TransformerLayer):
   sublayer_residual]; [sublayer_rms_norm, sublayer_dropout]. Then
   `dropout_rate` and `norm_epsilon` serve only `sublayer_legacy_dropout` and
   `sublayer_legacy_*rms_norm` (which rebuild the built-in body's variables),
-  `norm_type` must be "rms", `recompute` "none" or "layer" (each layer's
-  sublayers are recomputed) and `num_stages` 1.
+  `norm_type` must be "rms", `recompute` "none", "layer" or "projections"
+  (each layer's sublayers are recomputed) and `num_stages` 1.
 
   After `call`, `recompute_ops` lists the `recompute_grad` operations the
   stack created, as (policy, op) pairs: what a cost model reads to know
@@ -136,8 +142,8 @@ class LayerStack(PipelinedStack, TransformerLayer):
       output (training only).
     norm_epsilon: added to the mean square before the reciprocal root.
     norm_type: "rms" or "layer".
-    recompute: "none", "layer" or "selective" (see above).
-    recompute_layers: with recompute "layer" or "selective", how many
+    recompute: "none", "layer", "selective" or "projections" (see above).
+    recompute_layers: with recompute other than "none", how many
       blocks (the repeated block of layers: one transformer layer of
       make_layer_stack's num_layers) at the start of each pipeline chunk,
       or of the stack without a pipeline, are recomputed; the others keep
@@ -390,7 +396,7 @@ class LayerStack(PipelinedStack, TransformerLayer):
   def _sublayer(self, context: Context, x: mtf.Tensor, layer, scope: str, policy: str,
                 label: str) -> mtf.Tensor:
     """x + dropout(layer(norm(x))) in the name scope `scope`, under the
-    recompute policy ("none", "layer" or "selective"); `label` names the
+    recompute policy ("none", "layer", "selective" or "projections"); `label` names the
     layer in errors. With sublayer lists: the per-layer sublayers instead."""
     if self._sublayers is not None:
       return self._layer_with_sublayers(context, x, layer, scope, policy, label)
@@ -405,7 +411,8 @@ class LayerStack(PipelinedStack, TransformerLayer):
         norm_x = self._recompute(norm, [x], policy) if policy == "selective" else norm(x)
         # An all-gather, and another in the backward pass unless the whole
         # layer is recomputed anyway.
-        layer_input = self._to_whole(context, norm_x, regather=policy != "layer")
+        layer_input = self._to_whole(context, norm_x,
+                                     regather=policy not in ("layer", "projections"))
         with mtf.name_scope(context.mesh, getattr(layer, "scope_name", type(layer).__name__)):
           y = layer.call(context, layer_input)
         if y.shape != layer_input.shape:
@@ -413,7 +420,7 @@ class LayerStack(PipelinedStack, TransformerLayer):
                            f"shape {y.shape} for an input of shape {layer_input.shape}.")
         return x + self._dropout(context, mtf.zero.relayout(y, x.shape))  # reduce-scatter
     block = self._replayable(context, block)
-    if policy == "layer":
+    if policy in ("layer", "projections"):
       return self._recompute(block, [x], policy)
     saved = context.recompute_attention
     if policy == "selective":
@@ -435,7 +442,7 @@ class LayerStack(PipelinedStack, TransformerLayer):
                          f"shape {x.shape}; each layer's sublayers must keep the shape.")
       return y
     block = self._replayable(context, block)
-    if policy == "layer":
+    if policy in ("layer", "projections"):
       return self._recompute(block, [x], policy)
     return block(x)
 
@@ -470,7 +477,8 @@ class LayerStack(PipelinedStack, TransformerLayer):
     return block
 
   def _recompute(self, fn, inputs, policy):
-    out = mtf.recompute_grad(fn, inputs)
+    saveable = mtf.product_without_batch_dims if policy == "projections" else None
+    out = mtf.recompute_grad(fn, inputs, saveable=saveable)
     self.recompute_ops.append((policy, out.operation))
     return out
 

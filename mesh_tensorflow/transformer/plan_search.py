@@ -8,7 +8,7 @@ which it need not divide), the micro-batch sizes 1, 2 and 4 sequences per
 replica when pipelining, each pipeline on the 1F1B schedule (GPipe takes
 the same time and keeps more micro-batches in memory) and on the
 interleaved one with 2 and 4 layer chunks per stage where every chunk has a
-layer, recomputation ("none", "selective", "layer"; a stack of custom
+layer, recomputation ("none", "selective", "projections", "layer"; a stack of custom
 sublayers, which cannot recompute selectively, without "selective"; where
 recomputing every layer fits and recomputing none does not, also the
 fewest layers of each chunk recomputed that fit: `recompute_layers`) and ZeRO
@@ -60,7 +60,7 @@ EXPERT_RULE = "experts:data"
 # sequence_parallel mode -> the layout rule that splits the stream.
 STREAM_RULES = {"length": SEQUENCE_PARALLEL_RULE, "d_model": "residual_d_model:model"}
 # Recomputation policies tried (LayerStack.recompute).
-RECOMPUTE_POLICIES = ("none", "selective", "layer")
+RECOMPUTE_POLICIES = ("none", "selective", "projections", "layer")
 
 
 @dataclasses.dataclass

@@ -33,7 +33,7 @@ class PlanOptions:
     num_microbatches: micro-batches per step (...num_microbatches).
     schedule: "gpipe", "1f1b" (...pipeline_schedule) or "interleaved".
     virtual_stages: layer chunks per device with the interleaved schedule.
-    recompute: "none", "layer" or "selective" (...recompute).
+    recompute: "none", "layer", "selective" or "projections" (...recompute).
     recompute_layers: with recompute "layer" or "selective", the layers
       recomputed at the start of each pipeline chunk (of the stack without a
       pipeline); the others keep their activations. None: all
@@ -83,7 +83,8 @@ class PlanOptions:
                        "'interleaved'.")
     from mesh_tensorflow.transformer import layer_stack  # pylint: disable=g-import-not-at-top
     if self.recompute not in layer_stack.RECOMPUTE_POLICIES:
-      raise ValueError(f"recompute = {self.recompute!r}: use 'none', 'layer' or 'selective'.")
+      raise ValueError(f"recompute = {self.recompute!r}: use 'none', 'layer', 'selective' or "
+                       "'projections'.")
     if self.recompute == "selective" and layer_stack.configured_with_custom_sublayers():
       raise ValueError("recompute = 'selective': the config's layer stack has its own sublayers "
                        "(LayerStack.sublayers_*), which recompute whole layers or nothing; use "

@@ -25,7 +25,9 @@ adds what the graph of one micro-batch does not show:
 * activation recomputation ("layer": the forward of every layer runs again
   in the backward pass and only each layer's input is kept; "selective":
   the norms and the attention's operations on scores run again, their FLOPs
-  counted as hardware FLOPs, and the scores are not kept);
+  counted as hardware FLOPs, and the scores are not kept; "projections": all
+  but the projections run again, whose outputs are kept with each layer's
+  input);
 * gradient reduction (the collectives the optimizer's inputs complete, once
   per step; merged as XLA merges them, `plan_combine`), overlapped with the
   last micro-batch's backward pass but for its last piece;
@@ -69,6 +71,8 @@ from mesh_tensorflow.transformer.plan_types import (  # noqa: F401 (re-exported)
     GIB, OVERLAP_LABELS, Communication, Plan, PlanOptions)
 
 PHASES = ("forward", "backward", "optimizer")
+# What each recomputation policy but "layer" (the forward phase) runs again.
+RECOMPUTE_PHASES = ("selective", "projections")
 
 
 def _binding(name: str, default=None):
@@ -179,6 +183,7 @@ class _Priced:
   # (xla fusion, fused attention) -> the peak of live activations over both
   # passes as that variant runs the step
   peaks: Dict[Tuple[bool, bool], float] = dataclasses.field(default_factory=dict)
+  projection_bytes: float = 0.0  # the forward pass's projections' outputs
 
   def phases(self, options: "PlanOptions") -> Dict[str, _Phase]:
     return self.variants[(options.fusion == "xla", options.attention == "fused")]
@@ -225,17 +230,18 @@ class _OpCost:
   model_flops: float
   ahead: bool = False     # made again for the backward pass, ahead of its use
   norm: bool = False      # part of a layer's norm
+  saveable: bool = False  # a projection, which recompute = "projections" keeps
 
 
 def _price_step(step: _Step) -> _Priced:
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.analysis import cost_model  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import sequence_parallel  # pylint: disable=g-import-not-at-top
   # Counts only (FLOPs, bytes, kernels, collectives): the plan prices them
   # on the cluster itself, so the estimate's own times are not needed.
   counting = dataclasses.replace(cost_model.DeviceParams.default("gpu"), hardware=None)
-  est = cost_model.estimate(step.graph, step.mesh_shape, step.layout, params=counting,
-                            check=False)
+  est = cost_model.estimate(step.graph, step.mesh_shape, step.layout, params=counting, check=False)
   ops = step.graph.operations
   first_bwd, first_opt = step.boundaries
   sizes: Dict[int, float] = {}
@@ -257,11 +263,11 @@ def _price_step(step: _Step) -> _Priced:
         variable=kind == "Variable",
         scores=sum(size(t) for t in touched if _is_score(t)),
         makes_scores=product and any(_is_score(t) for t in op.outputs),
-        reads=[(id(t), size(t)) for t in op.inputs],
-        writes=[(id(t), size(t)) for t in op.outputs],
+        reads=[(id(t), size(t)) for t in op.inputs], writes=[(id(t), size(t)) for t in op.outputs],
         model_flops=_einsum_model_flops(op) if product else 0.0,
         ahead=getattr(op, "made_again", False),
-        norm="/rms_norm/" in op.name or "/layer_norm/" in op.name))
+        norm="/rms_norm/" in op.name or "/layer_norm/" in op.name,
+        saveable=product and mtf.product_without_batch_dims(op)))
   variants = {(xla, fused): _phases(records, step.mesh_shape.size, xla, fused)
               for xla in (False, True) for fused in (False, True)}
   # The input of a layer: the activation slice of [batch, length, d_model]
@@ -286,9 +292,11 @@ def _price_step(step: _Step) -> _Priced:
       for xla, attn in variants}
   mem = est.memory
   count = sum(v.outputs[0].shape.size for v in step.graph.trainable_variables)
+  projections = memory_lib.kept_projection_bytes(
+      ops[:first_bwd], mtf.product_without_batch_dims, size)
   return _Priced(variants, mem.variables, mem.slots, layer_input, kept_scores,
                  count, layer_input_dims, kept, report.dimension_names(ops), step.pipeline_refusal,
-                 peaks)
+                 peaks, projections)
 
 
 def _phases(records: List[_OpCost], n: int, xla: bool, fused_attention: bool
@@ -307,7 +315,7 @@ def _phases(records: List[_OpCost], n: int, xla: bool, fused_attention: bool
     own and products do not move scores; the backward pass computes the
     scores' product again (FLOPs, not model FLOPs).
   """
-  phases = {p: _Phase() for p in PHASES + ("selective",)}
+  phases = {p: _Phase() for p in PHASES + RECOMPUTE_PHASES}
   made_by_fused_op = {}  # tensor id -> phase of the fusible op that made it
   fused_away = _fused_away(records)
   in_attention = lambda r: fused_attention and r.scores and not r.product  # noqa: E731
@@ -342,6 +350,11 @@ def _phases(records: List[_OpCost], n: int, xla: bool, fused_attention: bool
     # kernel does it anyway, the attention's operations on scores.
     if r.phase == "forward" and (r.norm or (r.scores and not fused_attention)):
       phases["selective"].add(ph)
+    # What recompute = "projections" runs again: all but the projections,
+    # and of the collectives the gathers (a kept projection's sum is whole).
+    if r.phase == "forward" and not r.saveable:
+      phases["projections"].add(dataclasses.replace(
+          ph, comm={k: c for k, c in ph.comm.items() if k[0] == "allgather"}))
     if r.makes_scores and fused_attention and r.phase == "forward":
       phases["backward"].flops += c.work_flops / n
       phases["backward"].extra_flops += r.model_flops
@@ -458,8 +471,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   options.check()
   names = [d.name for d in full_shape.dims]
   sizes = full_shape.to_integer_list()
-  rule_map = dict(rules.rules) if hasattr(rules, "rules") else dict(
-      (r[0], r[1]) for r in rules)
+  rule_map = dict(rules.rules) if hasattr(rules, "rules") else dict((r[0], r[1]) for r in rules)
   pipe_dim = rule_map.get("stages")
   if options.num_stages > 1:
     if pipe_dim is None:
@@ -512,7 +524,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   h = cluster.hardware.for_products(activation_dtype())  # products at the dtype's rate
   pricer = _CommPricer(sizes, axis_map, cluster, names)
   one_phases, two_phases = one.phases(options), two.phases(options)
-  layer = {p: two_phases[p].minus(one_phases[p]) for p in PHASES + ("selective",)}
+  layer = {p: two_phases[p].minus(one_phases[p]) for p in PHASES + RECOMPUTE_PHASES}
   extra = {p: one_phases[p].minus(layer[p]) for p in PHASES}
   # Uneven stages (LayerStack.chunk_block_counts): the busiest stage runs
   # ceil(L / (S V)) layers per chunk; in lockstep every stage takes as long.
@@ -559,6 +571,9 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   elif options.recompute == "selective":
     recompute_l = _compute_time(layer["selective"], h)
     recompute_flops_l = layer["selective"].model_flops
+  elif options.recompute == "projections":
+    recompute_l = _compute_time(layer["projections"], h) + pricer.total(layer["projections"])
+    recompute_flops_l = layer["projections"].model_flops
   dp_axes = tuple(i for i, d in enumerate(sub_dims) if rule_map.get("batch") == d.name)
   if options.zero_stage and not dp_axes:
     raise ValueError(f"run.zero_stage = {options.zero_stage} shards the training state over the "
@@ -612,8 +627,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
                             + (layer["backward"].extra_flops * num_layers
                                + extra["backward"].extra_flops) * m)
   peak = cluster.count * cluster.hardware.peak_flops_per_s
-  memory = _memory_per_device(one, two, options, per_stage, recomputed, dp, m,
-                              read_per_stored)
+  memory = _memory_per_device(one, two, options, per_stage, recomputed, dp, m, read_per_stored)
 
   # Communications, per step.
   comms = []
@@ -650,12 +664,9 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
       "compute": m * (per_stage * (fwd_c + bwd_c) + fwd_xc + bwd_xc),
       "model_parallel_comm": m * (per_stage * (fwd_lm + bwd_lm) + fwd_xm + bwd_xm),
       "recompute": m * recomputed * recompute_l,
-      "zero3_gather": zero3.exposed,
-      "zero_param_gather": param_gather,
-      "pipeline_bubble": bubble,
-      "pipeline_sends": m * p2p,
-      "grad_reduce_exposed": exposed,
-      "optimizer": optimizer_compute}
+      "zero3_gather": zero3.exposed, "zero_param_gather": param_gather,
+      "pipeline_bubble": bubble, "pipeline_sends": m * p2p,
+      "grad_reduce_exposed": exposed, "optimizer": optimizer_compute}
   params = one.parameters + (num_layers - 1) * (two.parameters - one.parameters)
   # A layout given here is checked; the config's may serve several models.
   notes = [] if layout is None else report.unused_rule_notes(sub_rules, one.dimension_names)
@@ -718,6 +729,8 @@ def _memory_per_device(one: _Priced, two: _Priced, options: PlanOptions, per_sta
     kept_layer = one.layer_input_bytes
   elif options.recompute == "selective":
     kept_layer = max(act_layer - one.attention_core_bytes, one.layer_input_bytes)
+  elif options.recompute == "projections":
+    kept_layer = one.layer_input_bytes + max(two.projection_bytes - one.projection_bytes, 0.0)
   else:
     kept_layer = kept_plain
   if s > 1:

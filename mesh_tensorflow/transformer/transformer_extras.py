@@ -100,9 +100,9 @@ class ReversibleLayerStack(LayerStack):
     if self.pipelined:
       raise ValueError("ReversibleLayerStack: num_stages must be 1 (pipelining is not "
                        "supported); use LayerStack to pipeline.")
-    if self.recompute == "selective":
+    if self.recompute in ("selective", "projections"):
       raise ValueError("ReversibleLayerStack: recompute must be 'none' or 'layer' "
-                       "(the reversible recomputation), not 'selective'.")
+                       f"(the reversible recomputation), not {self.recompute!r}.")
 
   def _branch(self, context: Context, layer, scope: str, label: str) -> Callable:
     """f: the residual branch of `layer` (no residual)."""

@@ -54,6 +54,28 @@ def test_plan_counts_layers_flops_memory_and_links():
       sum(v for k, v in plan.memory.items() if k != "total"))
 
 
+def test_projections_recomputation_keeps_each_layers_input_and_projections():
+  """recompute = "projections": a layer keeps its input and its projections'
+  outputs, s b (6h + d_ff) in bfloat16 (q, k, v, the attention's output
+  projection, the feed-forward's in and out projections, and the input:
+  h each but d_ff for the feed-forward's inner one), unsplit; it recomputes
+  more than "selective" (the feed-forward's activation too) and less than
+  "layer" (no projection)."""
+  per_layer, recompute = {}, {}
+  for policy in ("none", "selective", "projections", "layer"):
+    binding = f"transformer.make_layer_stack.recompute = '{policy}'"
+    two, three = (_plan([f"num_layers = {n}", binding], mesh="data:16", layout="batch:data")
+                  for n in (2, 3))
+    per_layer[policy] = three.memory["activations"] - two.memory["activations"]
+    recompute[policy] = three.time_breakdown["recompute"]
+  tokens = 64 // 16 * 256  # per device
+  assert per_layer["projections"] == tokens * (6 * 512 + 2048) * 2
+  assert per_layer["layer"] < per_layer["projections"] < per_layer["selective"] \
+      < per_layer["none"], per_layer
+  assert 0 == recompute["none"] < recompute["selective"] < recompute["projections"] \
+      < recompute["layer"], recompute
+
+
 def test_recompute_pipeline_and_zero_change_the_estimate():
   base = _plan(cluster="a100-80gb:32", mesh="pipe:2;data:2;model:8",
                layout="stages:pipe;batch:data;d_ff:model;heads:model;vocab:model",
@@ -595,7 +617,7 @@ def test_auto_search_returns_fitting_plans_fastest_first():
     assert a.step_time_s <= b.step_time_s * (1 + plan_search.TIE)
   meshes = {p.mesh_shape for p in result.plans}
   assert "data:4" in meshes and any("pipe" in m for m in meshes)
-  assert {p.options.recompute for p in result.plans} == {"none", "selective", "layer"}
+  assert {p.options.recompute for p in result.plans} == {"none", "selective", "projections", "layer"}
   for p in result.plans:
     assert p.fits and p.num_layers == 4
     # Pipelines on 1F1B (GPipe: same time, more memory); ZeRO 3 without one.
@@ -630,7 +652,7 @@ def test_auto_search_returns_fitting_plans_fastest_first():
 def test_auto_search_interleaves_chunks_that_do_not_divide_the_layers():
   from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
   gin_config.parse([], MODEL + ["num_layers = 5", "run.batch_size = 16"])
-  result = plan_search.search(hardware.parse_cluster("h100-sxm:4"), top=50, micro_sizes=(1,))
+  result = plan_search.search(hardware.parse_cluster("h100-sxm:4"), top=80, micro_sizes=(1,))
   # 5 layers on 2 stages x 2 chunks (LayerStack.chunk_block_counts: 2, 1, 1, 1);
   # 4 chunks per stage would leave a chunk without a layer.
   interleaved = [p for p in result.plans if p.options.schedule == "interleaved"]
@@ -742,8 +764,9 @@ def test_auto_search_plans_a_stack_that_cannot_be_sequence_parallel_without_it()
   result = plan_search.search(hardware.parse_cluster("h100-sxm:4"), top=3, micro_sizes=(1,))
   split = [p for p in result.plans if "model:" in p.mesh_shape]
   assert split and not any("residual_length" in p.layout for p in split)
-  # Nor can it recompute selectively: whole layers or nothing.
-  assert {p.options.recompute for p in result.plans} == {"none", "layer"}
+  # Nor can it recompute selectively: whole layers (all of them, or all but
+  # their projections) or nothing.
+  assert {p.options.recompute for p in result.plans} == {"none", "layer", "projections"}
   with pytest.raises(ValueError, match="whole layers or nothing"):
     _plan(["num_layers = 2", "run.batch_size = 8",
            "transformer.LayerStack.sublayers_per_layer = [@transformer.sublayer_rms_norm, "

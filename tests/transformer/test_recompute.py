@@ -1,5 +1,5 @@
 """Activation recomputation on the transformer's layer stack
-(LayerStack(recompute="none"|"layer"|"selective")): the same loss and
+(LayerStack(recompute="none"|"layer"|"selective"|"projections")): the same loss and
 gradients as without recomputation, fewer activation bytes kept between
 the forward and the backward pass, dropout repeated exactly in the
 recomputation, and the recompute operations exposed for a cost model.
@@ -62,7 +62,7 @@ def _run(policy, dropout=0.0, recompute_layers=None):
   return _RUNS[key]
 
 
-@pytest.mark.parametrize("policy", ["layer", "selective"])
+@pytest.mark.parametrize("policy", ["layer", "selective", "projections"])
 def test_recompute_gives_same_loss_and_gradients(policy):
   loss0, grads0, _, ops0 = _run("none")
   loss, grads, _, ops = _run(policy)
@@ -75,11 +75,82 @@ def test_recompute_gives_same_loss_and_gradients(policy):
 
 
 def test_recompute_keeps_fewer_activation_bytes():
-  kept = {policy: _run(policy)[2] for policy in ("none", "selective", "layer")}
+  kept = {policy: _run(policy)[2] for policy in ("none", "selective", "projections", "layer")}
   # Per layer: "layer" keeps only the block input; "selective" drops the
-  # norms' and the attention core's activations but keeps the projections.
-  assert kept["layer"] < kept["selective"] < kept["none"], kept
+  # norms' and the attention core's activations but keeps the projections
+  # and the feed-forward activation; "projections" keeps the block input and
+  # the projections' outputs only.
+  assert kept["layer"] < kept["projections"] < kept["selective"] < kept["none"], kept
   assert kept["layer"] < 0.5 * kept["none"], kept
+
+
+def test_projections_policy_keeps_the_projections_and_recomputes_the_rest():
+  """recompute="projections": each layer's projections (q, k, v, the
+  attention's output, the feed-forward's in and out: 6 per layer, 12 in all)
+  are read back from the forward pass (mtf.SavedOutput), so the backward
+  pass runs 12 fewer matrix products than with recompute="layer", and the
+  same others (the attention's scores and weighted sum made again)."""
+  def counts(policy):  # in the whole step: the forward passes are the same
+    *_, ops = _run(policy)
+    operations = ops[0][1].graph.operations
+    return (sum(isinstance(op, mtf.SavedOutput) for op in operations),
+            sum(type(op).__name__ == "EinsumOperation" for op in operations))
+  saved, einsums = counts("projections")
+  _, einsums_layer = counts("layer")
+  assert saved == 12
+  assert einsums == einsums_layer - 12
+
+
+def test_product_without_batch_dims_tells_projections_from_batched_products():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  heads, d, d_kv = mtf.Dimension("heads", 2), mtf.Dimension("d", 4), mtf.Dimension("d_kv", 3)
+  memory = mtf.Dimension("memory_length", L)
+  x = mtf.zeros(mesh, [batch, length, d])
+  w = mtf.zeros(mesh, [d, heads, d_kv])
+  q = mtf.einsum([x, w], output_shape=[batch, heads, length, d_kv])
+  k = mtf.zeros(mesh, [batch, heads, memory, d_kv])
+  scores = mtf.einsum([q, k], output_shape=[batch, heads, length, memory])
+  assert mtf.product_without_batch_dims(q.operation)
+  assert not mtf.product_without_batch_dims(scores.operation)  # batch and heads shared
+  assert not mtf.product_without_batch_dims(x.operation)
+
+
+def test_recompute_grad_keeps_what_saveable_names_on_a_split_mesh():
+  """mtf.recompute_grad(saveable=...) on a 2 x 4 mesh, the hidden layer
+  split: the same values and gradients as without recomputation; the
+  products are kept, only the ReLU runs again."""
+  hidden = mtf.Dimension("hidden", 8)
+  data = np.random.RandomState(1).randn(B, D).astype(np.float32)
+  w1_init = np.random.RandomState(2).randn(D, 8).astype(np.float32)
+  w2_init = np.random.RandomState(3).randn(8, D).astype(np.float32)
+  d_model = mtf.Dimension("d_model", D)
+  results = []
+  for saveable in (None, mtf.product_without_batch_dims, "plain"):
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    x = mtf.import_tf_tensor(mesh, tf.constant(data), [batch, d_model])
+    w1 = mtf.import_tf_tensor(mesh, tf.constant(w1_init), [d_model, hidden])
+    w2 = mtf.import_tf_tensor(mesh, tf.constant(w2_init), [hidden, d_model])
+
+    def block(v):
+      return mtf.einsum([mtf.relu(mtf.einsum([v, w1], output_shape=[batch, hidden])), w2],
+                        output_shape=[batch, d_model])
+    y = block(x) if saveable == "plain" else mtf.recompute_grad(
+        block, [x], saveable=None if saveable is None else saveable)
+    loss = mtf.reduce_sum(y * y)
+    grads = mtf.gradients([loss], [x, w1, w2])
+    products = sum(type(op).__name__ == "EinsumOperation" for op in graph.operations)
+    lowering = mtf.Lowering(graph, {mesh: make_impl("rows:2;cols:4", "hidden:cols;batch:rows")})
+    results.append(([lowering.export_to_tf_tensor(t).numpy() for t in [loss] + grads],
+                    products))
+  (full, full_products), (kept, kept_products), (plain, plain_products) = results
+  for a, b, c in zip(full, kept, plain):
+    np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(b, c, rtol=1e-5, atol=1e-5)
+  # Recomputing everything runs the two forward products again; keeping
+  # them, none: the products of the plain gradient, as many.
+  assert full_products == plain_products + 2 and kept_products == plain_products
 
 
 def test_recompute_ops_are_exposed():
@@ -107,7 +178,7 @@ def test_bad_recompute_policy_is_an_error():
                                  recompute="everything")
 
 
-@pytest.mark.parametrize("policy", ["layer", "selective"])
+@pytest.mark.parametrize("policy", ["layer", "selective", "projections"])
 def test_recomputing_the_first_layers_only(policy):
   """recompute_layers=1 of 2: the first transformer layer (its attention
   and feed-forward sublayers) is recomputed, the second keeps its

@@ -81,7 +81,7 @@ def _assert_same(got, want):
     np.testing.assert_allclose(g, grads0[name], rtol=1e-4, atol=2e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("recompute", ["none", "layer", "selective"])
+@pytest.mark.parametrize("recompute", ["none", "layer", "selective", "projections"])
 def test_sequence_parallel_gives_the_plain_stacks_loss_and_gradients(plain, recompute):
   _assert_same(_run(True, recompute=recompute), plain)
 
@@ -146,14 +146,16 @@ def test_uneven_stages_keep_the_stream_split():
                _run(False, layout=layout, **kw))
 
 
-def test_pipeline_stages_recomputing_their_first_layer_only():
-  """4 blocks on 2 stages, each stage recomputing its first block and
-  keeping the second's activations (recompute_layers=1), the stream split:
-  the loss and gradients of the same pipeline without recomputation."""
+@pytest.mark.parametrize("recompute", ["layer", "projections"])
+def test_pipeline_stages_recomputing_their_first_layer_only(recompute):
+  """4 blocks on 2 stages, each stage recomputing its first block (all of
+  it, or all but its projections) and keeping the second's activations
+  (recompute_layers=1), the stream split: the loss and gradients of the
+  same pipeline without recomputation."""
   layout = "stages:pp;heads:model;d_ff:model;residual_length:model"
   kw = dict(mesh_shape="pp:2;model:4", layout=layout, stages=2, schedule="1f1b",
             num_layers=4)
-  _assert_same(_run(True, recompute="layer", recompute_layers=1, **kw),
+  _assert_same(_run(True, recompute=recompute, recompute_layers=1, **kw),
                _run(True, recompute="none", **kw))
 
 
@@ -174,7 +176,7 @@ def test_pipelined_stream_stays_split_between_stages(plain, schedule):
   assert permutes[micro // 4] > 0 and permutes[micro] == 0, permutes
 
 
-@pytest.mark.parametrize("recompute", ["none", "layer", "selective"])
+@pytest.mark.parametrize("recompute", ["none", "layer", "selective", "projections"])
 def test_a_d_model_split_stream_gives_the_plain_stacks_loss_and_gradients(plain, recompute):
   _assert_same(_run("d_model", layout=DM_LAYOUT, recompute=recompute), plain)
 

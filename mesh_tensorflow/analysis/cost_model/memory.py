@@ -107,15 +107,17 @@ def step_activation_bytes(ops, first_bwd: int, first_opt: int, size: Callable, c
   two passes), the peak of live tensors over both passes, and the attention
   score tensors (`is_score`) among the kept ones; `size` gives a tensor's
   bytes per processor (0: it takes no memory). A reshape that moves nothing
-  (a renamed dimension, say) or an identity makes no new tensor: its output
-  shares its input's memory. Variables' values and their gradients (alive from the
+  (a renamed dimension, say), an identity or a kept forward output
+  (`mtf.SavedOutput`) makes no new tensor: its output shares its input's
+  memory. Variables' values and their gradients (alive from the
   backward pass to the optimizer) are left out: the plan counts them as
   variables and gradients."""
   root: Dict[int, int] = {}  # tensor id -> the id of the tensor whose memory it shares
   for op, cost in zip(ops, costs):
     kind = type(op).__name__
-    if ((kind == "ReshapeOperation" or getattr(op, "local_kernel", None) == "identity")
-        and len(op.inputs) == 1 and not cost.collectives
+    kernel = getattr(op, "local_kernel", None)
+    if ((kind == "ReshapeOperation" or kernel == "identity" and len(op.inputs) == 1
+         or kernel == "saved") and not cost.collectives
         and size(op.outputs[0]) == size(op.inputs[0])):
       source = id(op.inputs[0])
       root[id(op.outputs[0])] = root.get(source, source)
@@ -130,3 +132,22 @@ def step_activation_bytes(ops, first_bwd: int, first_opt: int, size: Callable, c
   kept = sum(size(t) for t in kept_tensors)
   kept_scores = sum(size(t) for t in kept_tensors if is_score(t))
   return kept, peak, kept_scores
+
+
+def kept_projection_bytes(forward_ops, saveable: Callable, size: Callable) -> float:
+  """Bytes per processor that recompute = "projections" keeps of a forward
+  pass, by `mtf.recompute_grad`'s rule: the output of each operation that
+  `saveable` accepts, or where its only reader lays it out anew (a
+  `moves_only` operation: a sum reduce-scattered over a sequence-parallel
+  stream), that reader's."""
+  readers: Dict[int, list] = {}
+  for op in forward_ops:
+    for t in op.inputs:
+      readers.setdefault(id(t), []).append(op)
+  total = 0.0
+  for op in forward_ops:
+    if len(op.outputs) == 1 and saveable(op):
+      only = readers.get(id(op.outputs[0]), [])
+      kept = only[0] if len(only) == 1 and getattr(only[0], "moves_only", False) else op
+      total += size(kept.outputs[0])
+  return total

@@ -45,6 +45,17 @@ def _passthrough(est: _Estimator, op):
       est.state[t] = ins[i]
 
 
+def _saved(est: _Estimator, op):
+  """mtf.SavedOutput: the kept forward value of its first input, as it is
+  (a pending sum stays pending)."""
+  saved, out = op.inputs[0], op.outputs[0]
+  if est.state.get(saved) is None:
+    est.laid_out(saved)
+  est.state[out] = est.state[saved]
+  if saved in est.completed:
+    est.completed[out] = est.completed[saved]
+
+
 PLAN_PRICING = {
     plans.KernelPlan: lambda est, op, plan: est.kernel_plan(op, plan),
     plans.LocalPlan: lambda est, op, plan: est.local_plan(op, plan),
@@ -55,6 +66,7 @@ PLAN_PRICING = {
 # slices made once per distinct block.
 WITHOUT_KERNEL = {
     "identity": _passthrough,
+    "saved": _saved,
     "import": _source,
     "constant": _source,
 }
