@@ -687,7 +687,7 @@ def test_auto_search_stops_at_its_time_budget():
   command's summary; progress is reported while it runs."""
   from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
   gin_config.parse([], MODEL)
-  cluster = hardware.parse_cluster("a100-80gb:16")
+  cluster = hardware.parse_cluster("a100-80gb:4")
   nothing = plan_search.search(cluster, max_seconds=0.0)
   assert nothing.stopped and nothing.tried == 0 and not nothing.plans
   assert "no plan was priced: raise --max_seconds" in nothing.summary()
