@@ -15,7 +15,8 @@ Every number comes from a public specification named in `sources` beside it
 direction. Three fields are not specifications: `matmul_efficiency` (the
 fraction of peak a large matrix product reaches) and `hbm_efficiency` (the
 fraction of the HBM bandwidth that memory-bound kernels reach) are fitted
-together on published runs (benchmarks/scale_validation.py says which), and
+on published runs (benchmarks/scale_validation.py says which: for GPUs both
+together, for TPUs the products' with the GPUs' HBM efficiency), and
 link latencies are the usual order of magnitude of one ring step (a few
 microseconds), marked "assumed".
 
