@@ -685,11 +685,14 @@ def fit(rows, hbm_grid=None):
   return best[1], best[2]
 
 
+def _on_tpu(row: Row) -> bool:
+  return hardware.parse_cluster(f"{row.hardware}:{row.count}").hardware.kind == "tpu"
+
+
 def fit_tpu(rows):
   """The TPUs' matmul efficiency fitted on the TPU fit rows, their HBM
   efficiency kept at the GPUs' (memory-bound kernels are not what differs)."""
-  tpu_rows = [r for r in rows if hardware.parse_cluster(f"{r.hardware}:{r.count}")
-              .hardware.kind == "tpu"]
+  tpu_rows = [r for r in rows if _on_tpu(r)]
   return fit(tpu_rows, hbm_grid=[hardware.preset("a100-80gb").hbm_efficiency])[0]
 
 
@@ -865,7 +868,7 @@ def main(argv=None):
   else:
     rows = all_rows()
   if args.fit:
-    gpu_rows = [r for r in rows if not r.hardware.startswith("tpu")]
+    gpu_rows = [r for r in rows if not _on_tpu(r)]
     efficiency, hbm = fit(gpu_rows)
     print(f"fitted GPU matmul_efficiency {efficiency:.3f}, hbm_efficiency {hbm:.2f}")
     if not args.quick:
