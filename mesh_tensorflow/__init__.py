@@ -77,9 +77,8 @@ from mesh_tensorflow.operations.variables import (
     read_variable)
 from mesh_tensorflow.operations.conv import (avg_pool2d, avg_pool3d, conv2d, conv2d_backprop_filter, conv2d_backprop_input, conv2d_transpose, conv2d_transpose_backprop_filter, conv2d_transpose_backprop_input, conv2d_with_blocks, conv3d, conv3d_backprop_filter, conv3d_backprop_input, conv3d_transpose, conv3d_transpose_backprop_filter, conv3d_transpose_backprop_input, conv3d_with_blocks, halo_exchange, max_pool2d, max_pool3d)  # pylint: disable=line-too-long
 from mesh_tensorflow.operations.control import (
-    CustomGradientOperation, Print, SavedOutput, custom_gradient, depend, product_without_batch_dims,
-    recompute_grad, stop_gradient,
-    while_loop)
+    CustomGradientOperation, Print, SavedOutput, custom_gradient, depend, kept_by_recompute,
+    product_without_batch_dims, recompute_grad, stop_gradient, while_loop)
 from mesh_tensorflow.operations.slicewise_ops import (
     GenericGradOperation, SlicewiseOperation, cwise, slicewise)
 from mesh_tensorflow.compat.legacy_classes import (  # raise: Estimator is gone

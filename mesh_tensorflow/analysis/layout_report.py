@@ -24,6 +24,15 @@ from mesh_tensorflow.core.shapes import Shape, convert_to_shape
 _fmt_bytes = cost_model.format_bytes
 
 
+def _preset_note(params) -> str:
+  """" (the a100-80gb preset)" where parameters named after a kind ("gpu",
+  "tpu") come from a hardware preset; "" otherwise."""
+  preset = params.hardware
+  if not preset or preset == params.name or preset.lstrip().startswith("{"):
+    return ""
+  return f" (the {preset} preset)"
+
+
 @dataclasses.dataclass
 class TensorSplit:
   """How one tensor is laid out.
@@ -115,7 +124,8 @@ class LayoutReport:
         f"Layout report: mesh '{self.mesh_shape.to_string()}' ({self.mesh_shape.size} "
         f"processors), layout '{self.layout.to_string() or '(replicated)'}'",
         f"estimated step time {est.step_time_s * 1e3:.3f} ms with '{est.params.name}' "
-        f"parameters{' (collectives from a real lowering)' if est.exact else ''}; "
+        f"parameters{_preset_note(est.params)}"
+        f"{' (collectives from a real lowering)' if est.exact else ''}; "
         f"{est.flops:,} FLOPs per processor; "
         f"{_fmt_bytes(est.comm_bytes)} sent per processor in {len(est.collectives)} collectives",
         "",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Callable, List, Sequence
+from typing import Callable, Dict, List, Sequence
 
 import tensorflow as tf
 
@@ -495,26 +495,38 @@ def product_without_batch_dims(op: Operation) -> bool:
   return not (a & b & set(op.outputs[0].shape.dimension_names))
 
 
+def kept_by_recompute(forward_ops: Sequence[Operation],
+                      saveable: Callable[[Operation], bool]) -> List[Operation]:
+  """The forward operations whose outputs `recompute_grad(saveable=...)`
+  keeps for the backward pass: each single-output operation `saveable`
+  accepts, or, where its only reader just lays it out anew (a `moves_only`
+  operation: a sum reduce-scattered over a sequence-parallel stream), that
+  reader, whose output is smaller. The planner prices kept memory by the
+  same rule.
+
+  Example:
+    >>> kept = mtf.kept_by_recompute(ops, mtf.product_without_batch_dims)
+    >>> kept_elements = sum(op.outputs[0].shape.size for op in kept)
+  """
+  readers: Dict[int, List[Operation]] = {}
+  for op in forward_ops:
+    for t in op.inputs:
+      readers.setdefault(id(t), []).append(op)
+  kept = []
+  for op in forward_ops:
+    if len(op.outputs) == 1 and saveable(op):
+      only = readers.get(id(op.outputs[0]), [])
+      kept.append(only[0] if len(only) == 1 and getattr(only[0], "moves_only", False) else op)
+  return kept
+
+
 def _keep_saved(forward_ops, recomputed_ops, saveable, graph) -> dict:
   """Replaces each recomputed operation whose forward twin (the forward
   operation of the same name: the recomputation replays the forward call's
-  names) `saveable` accepts by a SavedOutput of the twin's output, in place
-  in `graph.operations`, its readers rewired; returns {recomputed output:
-  its SavedOutput's}."""
-  readers = {}
-  for f in forward_ops:
-    for t in f.inputs:
-      readers.setdefault(id(t), []).append(f)
-  twins = {}
-  for f in forward_ops:
-    if len(f.outputs) == 1 and saveable(f):
-      # A product whose only reader just lays it out anew (a sum
-      # reduce-scattered over a sequence-parallel stream): keep that
-      # reader's smaller output instead.
-      only = readers.get(id(f.outputs[0]), [])
-      if len(only) == 1 and getattr(only[0], "moves_only", False):
-        f = only[0]
-      twins[f.name] = f
+  names) is kept (`kept_by_recompute`) by a SavedOutput of the twin's
+  output, in place in `graph.operations`, its readers rewired; returns
+  {recomputed output: its SavedOutput's}."""
+  twins = {f.name: f for f in kept_by_recompute(forward_ops, saveable)}
   position = {id(op): i for i, op in enumerate(graph.operations)}
   replacements = {}
   for r in recomputed_ops:

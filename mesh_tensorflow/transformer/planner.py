@@ -292,8 +292,8 @@ def _price_step(step: _Step) -> _Priced:
       for xla, attn in variants}
   mem = est.memory
   count = sum(v.outputs[0].shape.size for v in step.graph.trainable_variables)
-  projections = memory_lib.kept_projection_bytes(
-      ops[:first_bwd], mtf.product_without_batch_dims, size)
+  projections = sum(size(op.outputs[0]) for op in mtf.kept_by_recompute(
+      ops[:first_bwd], mtf.product_without_batch_dims))
   return _Priced(variants, mem.variables, mem.slots, layer_input, kept_scores,
                  count, layer_input_dims, kept, report.dimension_names(ops), step.pipeline_refusal,
                  peaks, projections)

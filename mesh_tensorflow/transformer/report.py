@@ -313,8 +313,7 @@ def _at_activation_dtype_rate(params):
   # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.analysis.cost_model import hardware
   from mesh_tensorflow.analysis.cost_model import params as params_lib
-  name = params.strip().lower() if isinstance(params, str) else ""
-  device = hardware.PRESETS.get(hardware.ALIASES.get(name, name))
+  device = hardware.find_preset(params) if isinstance(params, str) else None
   if device is None:
     return params, None
   dtype = configured_activation_dtype()

@@ -28,6 +28,20 @@ def test_presets_have_sources_and_published_figures():
   assert params.DeviceParams.default("cpu").shares_memory
 
 
+def test_every_preset_name_is_resolved_one_way():
+  """Names, aliases and any case reach the same preset from every entry
+  point: the --hardware flag, DeviceParams (report --params) and the
+  report's product rate."""
+  for spec in ("h100", " H100-SXM ", "h100-sxm"):
+    assert hardware.find_preset(spec) is hardware.PRESETS["h100-sxm"]
+    assert hardware.parse_cluster(f"{spec}:8").hardware is hardware.PRESETS["h100-sxm"]
+    assert params.as_device_params(spec).hardware == "h100-sxm"
+  assert hardware.find_preset("fpga") is None
+  # "gpu" and "tpu" stay the kinds' default parameters (named after the kind).
+  assert params.as_device_params(" GPU ").name == "gpu"
+  assert params.as_device_params("tpu").hardware == "tpu-v3"
+
+
 def test_parse_cluster_presets_json_and_errors(tmp_path):
   c = hardware.parse_cluster("a100-80gb:1024")
   assert (c.count, c.num_hosts) == (1024, 128)

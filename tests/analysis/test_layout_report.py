@@ -47,6 +47,14 @@ def test_report_text_lists_splits_ops_and_memory():
   assert report.tensors[0].full_bytes >= report.tensors[-1].full_bytes
 
 
+def test_report_header_names_the_parameters_and_their_preset():
+  header = {p: str(mtf.layout_report(mlp_graph(), "rows:2;cols:4", "batch:rows", params=p)
+                   ).splitlines()[1] for p in ("gpu", "h100", "cpu")}
+  assert "with 'gpu' parameters (the a100-80gb preset);" in header["gpu"]
+  assert "with 'h100-sxm' parameters;" in header["h100"]
+  assert "with 'cpu' parameters;" in header["cpu"]
+
+
 def test_report_rejects_illegal_layouts_by_name():
   with pytest.raises(ValueError, match="does not divide dimension 'classes'"):
     mtf.layout_report(mlp_graph(), "all:8", "classes:all")

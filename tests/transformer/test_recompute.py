@@ -116,6 +116,26 @@ def test_product_without_batch_dims_tells_projections_from_batched_products():
   assert not mtf.product_without_batch_dims(x.operation)
 
 
+def test_kept_by_recompute_keeps_a_relaid_out_products_smaller_copy():
+  """A product read only by a relayout (the sequence-parallel
+  reduce-scatter) is kept as the relayout's output; a product read by
+  anything else is kept itself; what the rule refuses is not kept."""
+  from mesh_tensorflow.training.zero import ZeroRelayout
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  d, hidden = mtf.Dimension("d", 4), mtf.Dimension("hidden", 8)
+  x = mtf.zeros(mesh, [batch, length, d])
+  w1, w2 = mtf.zeros(mesh, [d, hidden]), mtf.zeros(mesh, [hidden, d])
+  h = mtf.einsum([x, w1], output_shape=[batch, length, hidden])
+  r = mtf.relu(h)
+  y = mtf.einsum([r, w2], output_shape=[batch, length, d])
+  split = mtf.Shape([batch, mtf.Dimension("length_split", L), d])
+  relaid = ZeroRelayout(y, split).outputs[0]
+  kept = mtf.kept_by_recompute(graph.operations, mtf.product_without_batch_dims)
+  assert kept == [h.operation, relaid.operation]
+  assert mtf.kept_by_recompute(graph.operations, lambda op: False) == []
+
+
 def test_recompute_grad_keeps_what_saveable_names_on_a_split_mesh():
   """mtf.recompute_grad(saveable=...) on a 2 x 4 mesh, the hidden layer
   split: the same values and gradients as without recomputation; the

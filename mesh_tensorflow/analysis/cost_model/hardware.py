@@ -372,19 +372,32 @@ ALIASES = {"gpu": "a100-80gb", "tpu": "tpu-v3", "a100": "a100-80gb", "h100": "h1
            "v2": "tpu-v2", "v3": "tpu-v3", "v4": "tpu-v4", "v5e": "tpu-v5e", "v5p": "tpu-v5p"}
 
 
+def find_preset(name: str) -> Optional[Hardware]:
+  """The preset called `name`, an alias ("gpu" is a100-80gb, "tpu" tpu-v3)
+  or any case of either; None when `name` names none. Every command that
+  takes a preset name resolves it here.
+
+  Example:
+    >>> find_preset(" H100 ").name
+    'h100-sxm'
+  """
+  key = name.strip().lower()
+  return PRESETS.get(ALIASES.get(key, key))
+
+
 def preset(name: str) -> Hardware:
-  """The preset called `name` (or an alias: "gpu" is a100-80gb, "tpu" tpu-v3).
+  """The preset called `name` (as `find_preset`); raises ValueError naming
+  the presets when there is none.
 
   Example:
     >>> preset("tpu-v4").torus_dims
     3
   """
-  key = name.strip().lower()
-  key = ALIASES.get(key, key)
-  if key not in PRESETS:
+  found = find_preset(name)
+  if found is None:
     raise ValueError(f"unknown hardware {name!r}: use one of {sorted(PRESETS)} or a JSON "
                      "file (fields in docs/planning.md).")
-  return PRESETS[key]
+  return found
 
 
 def hardware_from_json(text_or_path: str) -> Tuple[Hardware, Optional[int]]:

@@ -132,22 +132,3 @@ def step_activation_bytes(ops, first_bwd: int, first_opt: int, size: Callable, c
   kept = sum(size(t) for t in kept_tensors)
   kept_scores = sum(size(t) for t in kept_tensors if is_score(t))
   return kept, peak, kept_scores
-
-
-def kept_projection_bytes(forward_ops, saveable: Callable, size: Callable) -> float:
-  """Bytes per processor that recompute = "projections" keeps of a forward
-  pass, by `mtf.recompute_grad`'s rule: the output of each operation that
-  `saveable` accepts, or where its only reader lays it out anew (a
-  `moves_only` operation: a sum reduce-scattered over a sequence-parallel
-  stream), that reader's."""
-  readers: Dict[int, list] = {}
-  for op in forward_ops:
-    for t in op.inputs:
-      readers.setdefault(id(t), []).append(op)
-  total = 0.0
-  for op in forward_ops:
-    if len(op.outputs) == 1 and saveable(op):
-      only = readers.get(id(op.outputs[0]), [])
-      kept = only[0] if len(only) == 1 and getattr(only[0], "moves_only", False) else op
-      total += size(kept.outputs[0])
-  return total

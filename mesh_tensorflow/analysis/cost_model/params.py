@@ -166,10 +166,11 @@ def as_device_params(params) -> DeviceParams:
   if isinstance(params, DeviceParams):
     return params
   if isinstance(params, str):
-    if params.lower() in _DEFAULTS:
-      return DeviceParams.default(params)
-    if params.strip().lower() in hardware.PRESETS:
-      return from_hardware(hardware.preset(params))
+    if params.strip().lower() in _DEFAULTS:
+      return DeviceParams.default(params.strip())
+    device = hardware.find_preset(params)
+    if device is not None:
+      return from_hardware(device)
     return DeviceParams.from_json(params)
   if isinstance(params, dict):
     return DeviceParams(**params)
