@@ -54,6 +54,8 @@ CLI_CASES = [
             ("--bogus_flag=1",) + _TINY, ("bogus_flag",)),
     CliCase("transformer-positional-argument", T, "A word without --flag= before it",
             _TINY + ("train",), ("unexpected arguments", "train")),
+    CliCase("transformer-unknown-mode", T, "A --mode the program does not have",
+            _TINY + ("--mode=bogus",), ("--mode", "bogus")),
     CliCase("transformer-gin-typo", T, "A gin binding of a parameter that does not exist",
             _TINY + ("--gin_param=run.trian_steps = 5",), ("trian_steps",)),
     CliCase("transformer-gin-unquoted-string", T,

@@ -271,13 +271,56 @@ def _run_python(code):
   return proc.stdout
 
 
-def test_import_mesh_tensorflow_loads_no_transformer_or_cost_model():
-  out = _run_python(
-      "import sys\n"
-      "import mesh_tensorflow as mtf\n"
-      "print(mtf.__file__)\n"
-      "print(' '.join(sorted(m for m in sys.modules if m.startswith('mesh_tensorflow.'))))\n")
-  path, loaded = out.strip().splitlines()[-2:]
+# What a fresh interpreter sees, checked in one: first the modules that
+# `import mesh_tensorflow` loads (before anything else is imported), then the
+# original's import paths, this library's former paths, and the names that
+# load their module on first use. Each check prints "<name>: ..." lines.
+_FRESH_PROCESS_CHECKS = """
+import importlib, sys, types
+import mesh_tensorflow as mtf
+print('loaded:', mtf.__file__)
+print('loaded:', ' '.join(sorted(m for m in sys.modules if m.startswith('mesh_tensorflow.'))))
+for original, current in ORIGINAL_PATHS.items():
+  a, b = importlib.import_module(original), importlib.import_module(current)
+  assert a is b and a.__name__ == current and a.__spec__.name == current, original
+from mesh_tensorflow import optimize, utils
+assert optimize is mtf.training.optimize and utils is mtf.compat.utils
+assert mtf.training.Trainer is mtf.training.trainer.Trainer
+from mesh_tensorflow.lowering import Lowering
+assert issubclass(mtf.Lowering, Lowering)
+print('original: ok')
+for former in FORMER_PATHS:
+  try:
+    importlib.import_module(former)
+    print('former: imports', former)
+  except ImportError:
+    pass
+print('former: ok')
+import mesh_tensorflow.analysis.layout_report  # the module of the same name
+assert callable(mtf.layout_report) and hasattr(mtf.layout_report, 'LayoutReport')
+assert isinstance(mtf.transformer, types.ModuleType)
+assert mtf.transformer.transformer.Unitransformer
+assert mtf.cost_model.estimate and mtf.auto_mtf.search
+assert mtf.ops_with_redefined_builtins.abs is mtf.ops.mtf_abs
+print('lazy: ok')
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh_process():
+  """{check: its printed lines} of _FRESH_PROCESS_CHECKS in a new interpreter."""
+  code = (f"ORIGINAL_PATHS = {ORIGINAL_PATHS!r}\nFORMER_PATHS = {FORMER_PATHS!r}\n"
+          + _FRESH_PROCESS_CHECKS)
+  lines = {}
+  for line in _run_python(code).splitlines():
+    check, _, text = line.partition(": ")
+    lines.setdefault(check, []).append(text)
+  return lines
+
+
+@pytest.mark.xdist_group("import_structure_fresh_process")  # shares `fresh_process`
+def test_import_mesh_tensorflow_loads_no_transformer_or_cost_model(fresh_process):
+  path, loaded = fresh_process["loaded"]
   assert path.startswith(REPO_ROOT), path
   loaded = set(loaded.split())
   assert "mesh_tensorflow.core.graph" in loaded  # the check sees the package's modules
@@ -286,18 +329,9 @@ def test_import_mesh_tensorflow_loads_no_transformer_or_cost_model():
     assert name not in loaded, f"import mesh_tensorflow loaded {name}"
 
 
-def test_lazy_names_resolve_on_first_use():
-  out = _run_python(
-      "import sys, types\n"
-      "import mesh_tensorflow as mtf\n"
-      "import mesh_tensorflow.analysis.layout_report\n"  # the module of the same name
-      "assert callable(mtf.layout_report) and hasattr(mtf.layout_report, 'LayoutReport')\n"
-      "assert isinstance(mtf.transformer, types.ModuleType)\n"
-      "assert mtf.transformer.transformer.Unitransformer\n"
-      "assert mtf.cost_model.estimate and mtf.auto_mtf.search\n"
-      "assert mtf.ops_with_redefined_builtins.abs is mtf.ops.mtf_abs\n"
-      "print('ok')\n")
-  assert out.strip().endswith("ok")
+@pytest.mark.xdist_group("import_structure_fresh_process")
+def test_lazy_names_resolve_on_first_use(fresh_process):
+  assert fresh_process["lazy"] == ["ok"]
 
 
 def test_every_public_name_still_resolves():
@@ -345,29 +379,16 @@ FORMER_PATHS = ("mesh_tensorflow.graph", "mesh_tensorflow.layers_core", "mesh_te
                 "mesh_tensorflow.ops.einsum_ops")
 
 
-def test_original_paths_give_the_same_module():
+@pytest.mark.xdist_group("import_structure_fresh_process")
+def test_original_paths_give_the_same_module(fresh_process):
   from mesh_tensorflow.compat import original_paths  # pylint: disable=g-import-not-at-top
   assert original_paths.ORIGINAL_PATHS == ORIGINAL_PATHS
-  code = ["import importlib, sys"]
-  for original, current in ORIGINAL_PATHS.items():
-    code.append(f"a = importlib.import_module({original!r}); b = importlib.import_module({current!r})")
-    code.append(f"assert a is b and a.__name__ == {current!r} and a.__spec__.name == {current!r}, {original!r}")
-  code.append("from mesh_tensorflow import optimize, utils\nimport mesh_tensorflow as mtf")
-  code.append("assert optimize is mtf.training.optimize and utils is mtf.compat.utils")
-  code.append("assert mtf.training.Trainer is mtf.training.trainer.Trainer")
-  code.append("from mesh_tensorflow.lowering import Lowering\nassert issubclass(mtf.Lowering, Lowering)")
-  code.append("print('ok')")
-  assert _run_python("\n".join(code)).strip().endswith("ok")
+  assert fresh_process["original"] == ["ok"]
 
 
-def test_this_librarys_former_flat_paths_are_gone():
-  code = ["import importlib"]
-  for former in FORMER_PATHS:
-    code.append(f"try:\n  importlib.import_module({former!r})\n  print('imports', {former!r})\n"
-                "except ImportError:\n  pass")
-  code.append("print('ok')")
-  out = _run_python("\n".join(code))
-  assert out.strip().splitlines()[-1] == "ok", out
+@pytest.mark.xdist_group("import_structure_fresh_process")
+def test_this_librarys_former_flat_paths_are_gone(fresh_process):
+  assert fresh_process["former"] == ["ok"], fresh_process["former"]
 
 
 def test_no_stub_module_swaps_itself_in_sys_modules():

@@ -1,6 +1,6 @@
-"""examples/mnist.py: run as a user would (a subprocess per run, resuming from
-its checkpoints) and in-process, where loss curves of different layouts are
-compared tightly."""
+"""examples/mnist.py: run as a user would (in a subprocess, resuming from its
+checkpoints; a series of runs shares one fresh process, tests/cli_driver.py)
+and in-process, where loss curves of different layouts are compared tightly."""
 
 import os
 import re
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import mtf_test_utils
+from cli_driver import run_commands
 
 # The module's fixtures are computed once: its tests share one test worker.
 pytestmark = pytest.mark.xdist_group("test_mnist_short_cli_runs")
@@ -37,10 +38,22 @@ def _run_script(*args, model_dir, timeout=900):
                         cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                         timeout=timeout, check=False)
   assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
-  lines = proc.stdout.strip().splitlines()
+  return _final_line(proc.stdout), proc.stdout
+
+
+def _final_line(stdout):
+  lines = stdout.strip().splitlines()
   match = _FINAL.match(lines[-1])
   assert match, f"last line is not the final summary: {lines[-1]!r}"
-  return match, proc.stdout
+  return match
+
+
+def _run_scripts(*runs):
+  """Runs the example once per (args, model_dir) of `runs`, one after
+  another in one fresh process (tests/cli_driver.py: the example's main
+  through the same absl wrapper); (final line's match, stdout) of each."""
+  outs = run_commands("mnist", [[*args, f"--model_dir={model_dir}"] for args, model_dir in runs])
+  return [(_final_line(out), out) for out in outs]
 
 
 def _progress_steps(stdout):
@@ -73,8 +86,11 @@ def test_cli_run_twice_resumes(tmp_path, mnist):
   assert int(first["step"]) == 60 and _progress_steps(out1) == [20, 40, 60]
   assert "restored" not in out1
 
-  second, out2 = _run_script("--layout=2x4", "--train_steps=100", "--log_every=20",
-                             model_dir=tmp_path)
+  # The runs after the first: one after another in one fresh process.
+  (second, out2), (third, out3), (fresh, out4) = _run_scripts(
+      (["--layout=2x4", "--train_steps=100", "--log_every=20"], tmp_path),
+      (["--layout=2x4", "--train_steps=100"], tmp_path),
+      (["--train_steps=10", "--fresh", "--log_every=5"], tmp_path))
   assert f"restored checkpoint {tmp_path}{os.sep}ckpt-60 (step 60)" in out2
   assert _progress_steps(out2) == [80, 100]
   assert "trained steps 61..100" in out2
@@ -84,25 +100,20 @@ def test_cli_run_twice_resumes(tmp_path, mnist):
   uninterrupted = mnist.train(layout="2x4", train_steps=100, log=_quiet)
   np.testing.assert_allclose(float(second["loss"]), uninterrupted.losses[-1], rtol=1e-3)
 
-  third, out3 = _run_script("--layout=2x4", "--train_steps=100", model_dir=tmp_path)
   assert "evaluating only" in out3 and _progress_steps(out3) == []
   assert int(third["step"]) == 100 and third["loss"] == "nan"
   assert third["acc"] == second["acc"]
 
-  fresh, out4 = _run_script("--train_steps=10", "--fresh", "--log_every=5",
-                            model_dir=tmp_path)
   assert "restored" not in out4 and _progress_steps(out4) == [5, 10]
   assert int(fresh["step"]) == 10
 
 
 @pytest.fixture(scope="module")
 def short_cli_runs(tmp_path_factory):
-  runs = {}
-  for layout in ["data_parallel", "model_parallel", "2x4"]:
-    runs[layout] = _run_script(f"--layout={layout}", "--train_steps=120", "--log_every=40",
-                               "--eval_every=60",
-                               model_dir=tmp_path_factory.mktemp(layout))
-  return runs
+  layouts = ["data_parallel", "model_parallel", "2x4"]
+  return dict(zip(layouts, _run_scripts(*(
+      ([f"--layout={layout}", "--train_steps=120", "--log_every=40", "--eval_every=60"],
+       tmp_path_factory.mktemp(layout)) for layout in layouts))))
 
 
 @pytest.mark.parametrize("layout,rules,mesh_shape", [

@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from cli_driver import run_commands
+
 sentencepiece = pytest.importorskip(
     "sentencepiece", reason="the `sentencepiece` extra: pip install -e '.[sentencepiece]'")
 
@@ -131,27 +133,29 @@ utils.run.batch_size = 8
   assert "(300 ids, model 384)" in out, out
   scores = [float(s) for s in (tmp_path / "pairs.scores").read_text().split()]
   assert len(scores) == 2 and all(np.isfinite(scores)) and all(s < 0 for s in scores)
-  # 3. Fine-tune into a new model directory.
+  # 3. Fine-tune into a new model directory, 4. held-out loss and
+  # perplexity, 5. decode one input per line, and export: one fresh process
+  # runs the four commands (tests/cli_driver.py).
   tuned = tmp_path / "t5_small_tuned"
-  out = _main([f"--model_dir={tuned}", *base, f"--init_checkpoint={model_dir}",
-               "--init_checkpoint_reset_optimizer", "--mode=train",
-               "--gin_param=utils.run.train_steps = 2"], tmp_path)
-  assert re.search(r"initialized from .*model.ckpt-2 \(step 0", out), out
-  assert "trained steps 1..2" in out, out
-  # 4. Held-out loss and perplexity.
-  out = _main([f"--model_dir={tuned}", *base, "--mode=eval"], tmp_path)
-  assert "final: step=2" in out and "perplexity=" in out, out
-  # 5. Decode one input per line.
-  _main([f"--model_dir={tuned}", *base, "--mode=infer", "--input_file=inputs.txt",
-         "--output_file=outputs.txt"], tmp_path)
+  export_dir = tmp_path / "export"
+  env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+  tuned_out, evaluated, _, _ = run_commands("transformer", [
+      [f"--model_dir={tuned}", *base, f"--init_checkpoint={model_dir}",
+       "--init_checkpoint_reset_optimizer", "--mode=train",
+       "--gin_param=utils.run.train_steps = 2"],
+      [f"--model_dir={tuned}", *base, "--mode=eval"],
+      [f"--model_dir={tuned}", *base, "--mode=infer", "--input_file=inputs.txt",
+       "--output_file=outputs.txt"],
+      [f"--model_dir={tuned}", *base, "--mode=export", f"--export_dir={export_dir}"],
+  ], cwd=str(tmp_path), env=env)
+  assert re.search(r"initialized from .*model.ckpt-2 \(step 0", tuned_out), tuned_out
+  assert "trained steps 1..2" in tuned_out, tuned_out
+  assert "final: step=2" in evaluated and "perplexity=" in evaluated, evaluated
   assert len((tmp_path / "outputs.txt").read_text().splitlines()) == 2
-  # Export. With tensorflow-text installed the SavedModel holds its
+  # With tensorflow-text installed the SavedModel holds its
   # SentencePiece op: strings in, strings out (sentinels included). Without
   # it (core TensorFlow has no SentencePiece op) the SavedModel takes and
   # returns ids, and the vocabulary turns them into text outside it.
-  export_dir = tmp_path / "export"
-  _main([f"--model_dir={tuned}", *base, "--mode=export", f"--export_dir={export_dir}"],
-        tmp_path)
   vocab = vocabulary.SentencePieceVocabulary(str(spm_file), extra_ids=EXTRA_IDS)
   ids = vocab.encode("thank you <extra_id_0> me") + [vocab.eos_id]
   has_tensorflow_text = _has_tensorflow_text()  # imported first: it registers its ops

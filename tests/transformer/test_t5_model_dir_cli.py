@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from cli_driver import run_commands
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OPERATIVE = os.path.join(REPO_ROOT, "tests", "data", "t5_style_operative_config.gin")
 
@@ -33,12 +35,19 @@ SINGLE = "utils.run.mesh_shape = 'model:1,batch:1'"
 _STEP_LOSS = re.compile(r"^step (\d+)/\d+ loss=([0-9.]+)", re.M)
 
 
+def _env():
+  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+              PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
+
+
+def _argv(*args, params=()):
+  return [*args] + [f"--gin_param={p}" for p in COMMON + list(params)]
+
+
 def _main(*args, params=(), timeout=900):
-  command = [sys.executable, "-m", "mesh_tensorflow.transformer.main", *args]
-  command += [f"--gin_param={p}" for p in COMMON + list(params)]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-             PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
-  proc = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+  command = [sys.executable, "-m", "mesh_tensorflow.transformer.main",
+             *_argv(*args, params=params)]
+  proc = subprocess.run(command, cwd=REPO_ROOT, env=_env(), capture_output=True, text=True,
                         timeout=timeout, check=False)
   assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
   return proc.stdout, proc.stderr
@@ -134,30 +143,30 @@ def test_original_model_dir_score_infer_train_eval_then_fine_tune(workdir):
   scores = [float(x) for x in (workdir / "pairs.tsv.scores").read_text().split()]
   assert len(scores) == 2 and all(np.isfinite(scores)) and all(s < 0 for s in scores)
 
+  # Then, one after another in one fresh process (tests/cli_driver.py):
+  # decode; training continues the original's step and writes this
+  # library's checkpoints into the directory, eval reads them; fine-tune: a
+  # fresh model directory starts from the original's checkpoint, with the
+  # optimizer state and the step reset, and learns the TSV task.
   inputs = workdir / "inputs.txt"
   inputs.write_text("red green\nblue cyan\nwhite\n")
-  _main(f"--model_dir={model_dir}", gin_file, "--mode=infer", f"--input_file={inputs}",
-        params=[SINGLE])
-  assert len((workdir / "inputs.txt.outputs").read_text().splitlines()) == 3
-
-  # Training continues the original's step and writes this library's
-  # checkpoints into the directory; eval reads them.
-  out, _ = _main(f"--model_dir={model_dir}", gin_file, "--mode=train",
-                 params=[SINGLE, "run.train_steps = 1002"] + _data(workdir))
-  assert "trained steps 1001..1002" in out and "final: step=1002" in out
-  out, _ = _main(f"--model_dir={model_dir}", gin_file, "--mode=eval",
-                 params=[SINGLE] + _data(workdir))
-  assert "final: step=1002" in out and "perplexity=" in out
-
-  # Fine-tune: a fresh model directory starts from the original's
-  # checkpoint, with the optimizer state and the step reset, and learns the
-  # TSV task.
   tuned = workdir / "tuned"
-  out, _ = _main(f"--model_dir={tuned}", gin_file, "--mode=train",
-                 f"--init_checkpoint={model_dir / 'model.ckpt-1000'}",
-                 "--init_checkpoint_reset_optimizer",
-                 params=[SINGLE, "run.train_steps = 12",
-                         "constant_learning_rate.learning_rate = 0.02"] + _data(workdir))
+  _, trained, evaluated, out = run_commands("transformer", [
+      _argv(f"--model_dir={model_dir}", gin_file, "--mode=infer", f"--input_file={inputs}",
+            params=[SINGLE]),
+      _argv(f"--model_dir={model_dir}", gin_file, "--mode=train",
+            params=[SINGLE, "run.train_steps = 1002"] + _data(workdir)),
+      _argv(f"--model_dir={model_dir}", gin_file, "--mode=eval",
+            params=[SINGLE] + _data(workdir)),
+      _argv(f"--model_dir={tuned}", gin_file, "--mode=train",
+            f"--init_checkpoint={model_dir / 'model.ckpt-1000'}",
+            "--init_checkpoint_reset_optimizer",
+            params=[SINGLE, "run.train_steps = 12",
+                    "constant_learning_rate.learning_rate = 0.02"] + _data(workdir)),
+  ], env=_env())
+  assert len((workdir / "inputs.txt.outputs").read_text().splitlines()) == 3
+  assert "trained steps 1001..1002" in trained and "final: step=1002" in trained
+  assert "final: step=1002" in evaluated and "perplexity=" in evaluated
   assert re.search(r"initialized from .*model.ckpt-1000 \(step 0", out), out
   assert "trained steps 1..12" in out
   losses = [float(loss) for _, loss in _STEP_LOSS.findall(out)]

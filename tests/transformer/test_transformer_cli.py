@@ -1,6 +1,11 @@
 """`python -m mesh_tensorflow.transformer.main` as a user runs it: train a tiny
 model for a few steps in a temporary model_dir, resume, evaluate, decode lines
-of a file and score them, for a language model and an encoder-decoder."""
+of a file and score them, for a language model and an encoder-decoder.
+
+The language model's first training run is the real command in a subprocess;
+each workflow after that runs its commands one after another in one fresh
+process (tests/cli_driver.py: the same absl wrapper as the command, without a
+TensorFlow start-up per command). Its errors are in tests/project/test_cli_errors.py."""
 
 import glob
 import os
@@ -8,7 +13,7 @@ import re
 import subprocess
 import sys
 
-import pytest
+from cli_driver import run_commands
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -22,16 +27,26 @@ TINY = [
 _FINAL = re.compile(r"^final: (.*)$", re.M)
 
 
+def _args(*args, model_dir, params=()):
+  return [f"--model_dir={model_dir}", *args] + [
+      f"--gin_param={p}" for p in list(TINY) + list(params)]
+
+
 def _main(*args, model_dir, params=(), timeout=900):
   """Runs the CLI in a subprocess; returns its stdout (asserting success)."""
   command = [sys.executable, "-m", "mesh_tensorflow.transformer.main",
-             f"--model_dir={model_dir}", *args]
-  command += [f"--gin_param={p}" for p in list(TINY) + list(params)]
+             *_args(*args, model_dir=model_dir, params=params)]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   proc = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                         timeout=timeout, check=False)
   assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
   return proc.stdout
+
+
+def _commands(*argvs):
+  """Runs several command lines of the CLI (each from `_args`) one after
+  another in one fresh process (tests/cli_driver.py); their stdouts."""
+  return run_commands("transformer", argvs)
 
 
 def _final(stdout):
@@ -65,79 +80,67 @@ def test_language_model_train_resume_eval_infer_score(tmp_path):
   assert glob.glob(str(model_dir / "ckpt-4*"))
   assert _scalar_tags(model_dir) >= {"loss", "cross_entropy", "eval/loss", "eval/perplexity"}
 
-  # Run again with more steps on another layout and the SIMD lowering: it
-  # resumes at step 4 and decodes its sample (collectives inside the loop).
-  out = _main("--gin_file=models/tiny_lm.gin", "--gin_file=layouts/data_parallel.gin",
-              model_dir=model_dir, params=lm + ["run.train_steps = 6", "run.num_samples = 1",
-                                                "run.lowering = 'simd'"])
-  assert "(step 4)" in out and "trained steps 5..6" in out
-  assert "--- sample (prompt 'def ')" in out
-  assert _final(out)["step"] == 6
-
-  out = _main("--mode=eval", "--gin_file=models/tiny_lm.gin", model_dir=model_dir,
-              params=lm)
-  final = _final(out)
-  assert final["step"] == 6 and final["perplexity"] > 1.0
-  assert "eval at step 6" in out
-
+  # Then, in one process: run again with more steps on another layout and
+  # the SIMD lowering (it resumes at step 4 and decodes its sample:
+  # collectives inside the loop), evaluate, decode a file on one device and
+  # on eight, score lines, start over with --fresh.
   # Training wrote the config it ran with: decoding needs nothing else. It
   # decodes greedily (the same outputs twice), as the original does.
   operative = model_dir / "operative_config.gin"
-  assert "make_layer_stack.layers = " in operative.read_text()
   prompts = tmp_path / "prompts.txt"
   prompts.write_text("def \nimport os\\nimport \n")
-  decoded = []
-  for layout in ("single", "2x4"):
-    out = _main("--mode=infer", f"--input_file={prompts}", f"--gin_file={operative}",
-                f"--gin_file=layouts/{layout}.gin", model_dir=model_dir, params=lm)
-    decoded.append((tmp_path / "prompts.txt.outputs").read_text().splitlines())
-    assert len(decoded[-1]) == 2 and "decoded 2 inputs" in out
-  assert decoded[0] == decoded[1]
-
   texts = tmp_path / "texts.txt"
   texts.write_text("import os\nx = 1\\nprint(x)\n" + "def f(a, b):\n")
   scores_file = tmp_path / "scores.txt"
-  _main("--mode=score", f"--input_file={texts}", f"--output_file={scores_file}",
-        "--gin_file=models/tiny_lm.gin", model_dir=model_dir, params=lm)
+  resumed, evaluated, *decodes, _, fresh = _commands(
+      _args("--gin_file=models/tiny_lm.gin", "--gin_file=layouts/data_parallel.gin",
+            model_dir=model_dir, params=lm + ["run.train_steps = 6", "run.num_samples = 1",
+                                              "run.lowering = 'simd'"]),
+      _args("--mode=eval", "--gin_file=models/tiny_lm.gin", model_dir=model_dir, params=lm),
+      _args("--mode=infer", f"--input_file={prompts}", f"--gin_file={operative}",
+            "--gin_file=layouts/single.gin", model_dir=model_dir, params=lm),
+      _args("--mode=infer", f"--input_file={prompts}", f"--output_file={prompts}.2x4",
+            f"--gin_file={operative}", "--gin_file=layouts/2x4.gin", model_dir=model_dir,
+            params=lm),
+      _args("--mode=score", f"--input_file={texts}", f"--output_file={scores_file}",
+            "--gin_file=models/tiny_lm.gin", model_dir=model_dir, params=lm),
+      _args("--fresh", "--gin_file=models/tiny_lm.gin", model_dir=model_dir,
+            params=lm + ["run.train_steps = 2", "run.num_samples = 0"]))
+  assert "(step 4)" in resumed and "trained steps 5..6" in resumed
+  assert "--- sample (prompt 'def ')" in resumed
+  assert _final(resumed)["step"] == 6
+
+  final = _final(evaluated)
+  assert final["step"] == 6 and final["perplexity"] > 1.0
+  assert "eval at step 6" in evaluated
+
+  assert "make_layer_stack.layers = " in operative.read_text()
+  decoded = [(tmp_path / name).read_text().splitlines()
+             for name in ("prompts.txt.outputs", "prompts.txt.2x4")]
+  for lines, out in zip(decoded, decodes):
+    assert len(lines) == 2 and "decoded 2 inputs" in out
+  assert decoded[0] == decoded[1]
+
   scores = [float(s) for s in scores_file.read_text().split()]
   assert len(scores) == 3 and all(s < 0 for s in scores)
 
-  # --fresh deletes the checkpoints and starts over.
-  out = _main("--fresh", "--gin_file=models/tiny_lm.gin", model_dir=model_dir,
-              params=lm + ["run.train_steps = 2", "run.num_samples = 0"])
-  assert "trained steps 1..2" in out and not glob.glob(str(model_dir / "ckpt-6*"))
+  # --fresh deleted the checkpoints and started over.
+  assert "trained steps 1..2" in fresh and not glob.glob(str(model_dir / "ckpt-6*"))
 
 
 def test_encoder_decoder_train_and_infer(tmp_path):
   model_dir = tmp_path / "bi"
   bi = ["run.sequence_length = {'inputs': 32, 'targets': 32}",
         "dataset_fn.corpus_bytes = 3000000"]
-  out = _main("--gin_file=models/tiny_bi.gin", "--gin_file=layouts/2x4.gin",
-              model_dir=model_dir, params=bi + ["run.train_steps = 3"])
-  assert _final(out)["step"] == 3 and "reference:" in out
   inputs = tmp_path / "inputs.txt"
   inputs.write_text("def add(a, b):\ndef read_file(path):\ndef main():\n")
-  out = _main("--mode=infer", f"--input_file={inputs}", "--gin_file=models/tiny_bi.gin",
-              model_dir=model_dir, params=bi + ["run.beam_size = 2"])
+  trained, _ = _commands(
+      _args("--gin_file=models/tiny_bi.gin", "--gin_file=layouts/2x4.gin",
+            model_dir=model_dir, params=bi + ["run.train_steps = 3"]),
+      _args("--mode=infer", f"--input_file={inputs}", "--gin_file=models/tiny_bi.gin",
+            model_dir=model_dir, params=bi + ["run.beam_size = 2"]))
+  assert _final(trained)["step"] == 3 and "reference:" in trained
   assert len((tmp_path / "inputs.txt.outputs").read_text().splitlines()) == 3
-
-
-def test_missing_checkpoint_is_a_clear_error(tmp_path):
-  command = [sys.executable, "-m", "mesh_tensorflow.transformer.main",
-             f"--model_dir={tmp_path}", "--mode=score", f"--input_file={tmp_path}/x"]
-  proc = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True,
-                        timeout=600, check=False,
-                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-  assert proc.returncode != 0
-  assert "No checkpoint in" in proc.stderr and "train first" in proc.stderr
-
-
-@pytest.mark.parametrize("flag", ["--mode=bogus"])
-def test_bad_flags_are_rejected(flag, tmp_path):
-  proc = subprocess.run([sys.executable, "-m", "mesh_tensorflow.transformer.main", flag,
-                         f"--model_dir={tmp_path}"], cwd=REPO_ROOT, capture_output=True,
-                        text=True, timeout=600, check=False)
-  assert proc.returncode != 0 and "mode" in proc.stderr
 
 
 # T5's way to decode a file (its infer.gin, in the original's vocabulary):
@@ -158,23 +161,23 @@ def test_t5_style_decoding_of_every_checkpoint_and_evaluation_of_several(tmp_pat
   model_dir = tmp_path / "lm"
   lm = ["run.sequence_length = {'inputs': 32, 'targets': 32}", "run.checkpoint_every = 2",
         "run.num_samples = 0"]
-  _main("--gin_file=models/tiny_lm.gin", model_dir=model_dir,
-        params=lm + ["run.train_steps = 4"])
   (tmp_path / "infer.gin").write_text(T5_STYLE_INFER)
   prompts, outputs = tmp_path / "prompts.txt", tmp_path / "outputs.txt"
   prompts.write_text("def \nimport \n")
-  out = _main(f"--gin_file={model_dir / 'operative_config.gin'}",
-              f"--gin_file={tmp_path / 'infer.gin'}", model_dir=model_dir,
-              params=[f"input_filename = '{prompts}'", f"output_filename = '{outputs}'"])
+  _, out, evaluated = _commands(
+      _args("--gin_file=models/tiny_lm.gin", model_dir=model_dir,
+            params=lm + ["run.train_steps = 4"]),
+      _args(f"--gin_file={model_dir / 'operative_config.gin'}",
+            f"--gin_file={tmp_path / 'infer.gin'}", model_dir=model_dir,
+            params=[f"input_filename = '{prompts}'", f"output_filename = '{outputs}'"]),
+      _args("--mode=eval", f"--gin_file={model_dir / 'operative_config.gin'}",
+            model_dir=model_dir, params=["run.eval_checkpoint_step = [2, 4]"]))
   assert "restored" in out and "ckpt-2" in out and "ckpt-4" in out
   for step in (2, 4):
     assert len((tmp_path / f"outputs.txt-{step}").read_text().splitlines()) == 2
   assert not outputs.exists()
-
-  out = _main("--mode=eval", f"--gin_file={model_dir / 'operative_config.gin'}",
-              model_dir=model_dir, params=["run.eval_checkpoint_step = [2, 4]"])
-  assert "eval at step 2" in out and "eval at step 4" in out
-  assert _final(out)["step"] == 4
+  assert "eval at step 2" in evaluated and "eval at step 4" in evaluated
+  assert _final(evaluated)["step"] == 4
 
 
 # T5's score_from_file.gin, in the original's vocabulary: inputs and targets
@@ -190,9 +193,6 @@ save_scores.scores_filename = %scores_filename
 
 def test_t5_style_scoring_of_inputs_and_targets_files(tmp_path):
   model_dir = tmp_path / "bi"
-  _main("--gin_file=models/tiny_bi.gin", model_dir=model_dir,
-        params=["run.sequence_length = {'inputs': 32, 'targets': 32}", "run.train_steps = 2",
-                "run.num_samples = 0", "dataset_fn.corpus_bytes = 3000000"])
   (tmp_path / "score.gin").write_text(T5_STYLE_SCORE)
   inputs, targets = tmp_path / "inputs.txt", tmp_path / "targets.txt"
   inputs.write_text("def f(x):\nimport os\nclass A:\n")
@@ -201,11 +201,16 @@ def test_t5_style_scoring_of_inputs_and_targets_files(tmp_path):
       f"{i}\t{t}\n" for i, t in zip(inputs.read_text().splitlines(),
                                      targets.read_text().splitlines())))
   operative = f"--gin_file={model_dir / 'operative_config.gin'}"
-  _main(operative, f"--gin_file={tmp_path / 'score.gin'}", model_dir=model_dir,
-        params=[f"inputs_filename = '{inputs}'", f"targets_filename = '{targets}'",
-                f"scores_filename = '{tmp_path / 'scores.txt'}'"])
-  _main(operative, "--mode=score", f"--input_file={tmp_path / 'pairs.tsv'}",
-        f"--output_file={tmp_path / 'pair_scores.txt'}", model_dir=model_dir)
+  _commands(
+      _args("--gin_file=models/tiny_bi.gin", model_dir=model_dir,
+            params=["run.sequence_length = {'inputs': 32, 'targets': 32}",
+                    "run.train_steps = 2", "run.num_samples = 0",
+                    "dataset_fn.corpus_bytes = 3000000"]),
+      _args(operative, f"--gin_file={tmp_path / 'score.gin'}", model_dir=model_dir,
+            params=[f"inputs_filename = '{inputs}'", f"targets_filename = '{targets}'",
+                    f"scores_filename = '{tmp_path / 'scores.txt'}'"]),
+      _args(operative, "--mode=score", f"--input_file={tmp_path / 'pairs.tsv'}",
+            f"--output_file={tmp_path / 'pair_scores.txt'}", model_dir=model_dir))
   scores = (tmp_path / "scores.txt").read_text().split()
   assert len(scores) == 3 and scores == (tmp_path / "pair_scores.txt").read_text().split()
 
@@ -220,10 +225,11 @@ def test_encoder_decoder_decodes_the_validation_examples_without_an_input_file(t
   files = [f"dataset_fn.train_files = ['{tmp_path / 'train.tsv'}']",
            f"dataset_fn.eval_files = ['{tmp_path / 'valid.tsv'}']", "run.eval_steps = 1",
            "run.batch_size = 2"]
-  _main("--gin_file=models/tiny_bi.gin", "--gin_file=layouts/single.gin",
-        model_dir=model_dir, params=bi + files + ["run.train_steps = 2"])
-  out = _main("--mode=infer", f"--output_file={tmp_path / 'valid.outputs'}",
-              f"--gin_file={model_dir / 'operative_config.gin'}", model_dir=model_dir,
-              params=files)
+  _, out = _commands(
+      _args("--gin_file=models/tiny_bi.gin", "--gin_file=layouts/single.gin",
+            model_dir=model_dir, params=bi + files + ["run.train_steps = 2"]),
+      _args("--mode=infer", f"--output_file={tmp_path / 'valid.outputs'}",
+            f"--gin_file={model_dir / 'operative_config.gin'}", model_dir=model_dir,
+            params=files))
   assert f"{valid[0]!r} ->" in out and "decoded 6 inputs" in out
   assert len((tmp_path / "valid.outputs").read_text().split("\n")) == 7
