@@ -19,6 +19,15 @@ if os.environ.get("MTF_TEST_V1_TENSORSHAPE") == "1":
 from mesh_tensorflow import testing  # pylint: disable=g-import-not-at-top
 
 testing.use_logical_cpus(8)
+# Grappler, TensorFlow's graph optimizer, is off in the test processes: it
+# rewrites every function graph before its first run, which makes up about a
+# third of a test that traces a step and runs it a few times, and it
+# preserves values. The commands the tests start in subprocesses (the main
+# job, the command lines, the examples, the multi-host workers) run with
+# TensorFlow's defaults, and tests that take the `grappler_on` fixture run
+# the lowering with it. MTF_TEST_GRAPPLER=1 keeps it on for the whole suite.
+if os.environ.get("MTF_TEST_GRAPPLER") != "1":
+  tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 
 import logging  # pylint: disable=g-import-not-at-top
 import re  # pylint: disable=g-import-not-at-top
@@ -63,6 +72,19 @@ logging.getLogger("tensorflow").addHandler(_TensorFlowDeprecationsAsWarnings())
 def devices():
   """The eight logical CPU devices, in pnum order."""
   return list(mtf_test_utils.DEVICES)
+
+
+@pytest.fixture
+def grappler_on():
+  """TensorFlow's graph optimizer on for the test (it is off in the test
+  processes, see above), as it is in a user's program."""
+  before = tf.config.optimizer.get_experimental_options()
+  tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": False})
+  try:
+    yield
+  finally:
+    tf.config.optimizer.set_experimental_options(
+        {"disable_meta_optimizer": before.get("disable_meta_optimizer", False)})
 
 
 @pytest.fixture

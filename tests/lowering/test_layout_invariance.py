@@ -46,6 +46,19 @@ def test_random_graph_in_tf_function(seed):
   assert not result.problems, case.describe() + "\n" + "\n".join(result.problems)
 
 
+@pytest.mark.parametrize("mesh_shape", ["rows:2;cols:4", "a:2;b:2;c:2"])
+def test_random_graphs_in_tf_function_with_grappler(grappler_on, mesh_shape):
+  """Random programs lowered inside a tf.function with TensorFlow's graph
+  optimizer on, as in a user's program (the test processes turn it off)."""
+  assert not tf.config.optimizer.get_experimental_options()["disable_meta_optimizer"]
+  for seed in range(4):
+    case = gg.generate_case(seed, num_ops=8)
+    result = gg.check_case(case, random.Random(seed), DEVICES, mesh_shapes=[mesh_shape],
+                           mode="function")
+    assert not result.problems, case.describe() + "\n" + "\n".join(result.problems)
+    assert result.lowerings >= 1
+
+
 @settings(max_examples=30, **_SETTINGS)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_longer_random_graphs(seed):

@@ -257,17 +257,22 @@ def test_transformer_decoding_matches_placement(mesh_shape, layout):
 
 # Three-axis meshes under SIMD: test_mlp_training_matches_placement,
 # test_collectives_inside_while_loop and the random graphs.
+# The 2x4 mesh with TensorFlow's graph optimizer on, as in a user's program
+# (the test processes turn it off).
 TRAINER_MESHES = [
-    ("all:8", "batch:all", "batch:all"),
-    ("rows:2;cols:4", "batch:rows;hidden:cols", "batch:rows;heads:cols;d_ff:cols"),
+    ("all:8", "batch:all", "batch:all", False),
+    ("rows:2;cols:4", "batch:rows;hidden:cols", "batch:rows;heads:cols;d_ff:cols", True),
 ]
 
 
-@pytest.mark.parametrize("mesh_shape,mnist_layout,lm_layout", TRAINER_MESHES,
-                         ids=["8", "2x4"])
-def test_models_train_like_placement_with_the_trainer(mesh_shape, mnist_layout, lm_layout):
+@pytest.mark.parametrize("mesh_shape,mnist_layout,lm_layout,grappler", TRAINER_MESHES,
+                         ids=["8", "2x4-grappler"])
+def test_models_train_like_placement_with_the_trainer(mesh_shape, mnist_layout, lm_layout,
+                                                      grappler, request):
   """The MNIST MLP (examples/mnist.py) and a small transformer LM, trained by
   mtf.training.Trainer with each implementation: the same losses."""
+  if grappler:
+    request.getfixturevalue("grappler_on")
   mnist = mtf_test_utils.import_mnist_example()
   lm = _transformer_tests()
   _language_model, B, L, TARGETS = lm._language_model, lm.B, lm.L, lm.TARGETS  # pylint: disable=invalid-name,protected-access
