@@ -62,10 +62,15 @@ def test_a_measured_step_the_plan_cannot_reach_is_refused():
     plan_calibration.calibrate(cluster, 0.0, MESH, LAYOUT)
 
 
+def _flags(*flags):
+  """The plan command's flags for the test's model, mesh and layout."""
+  return [f"--mesh_shape={MESH}", f"--layout={LAYOUT}", *flags] + [
+      f"--gin_param={b}" for b in MODEL]
+
+
 def _command(*flags):
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
-  args = [sys.executable, "-m", "mesh_tensorflow.plan", f"--mesh_shape={MESH}",
-          f"--layout={LAYOUT}", *flags] + [f"--gin_param={b}" for b in MODEL]
+  args = [sys.executable, "-m", "mesh_tensorflow.plan", *_flags(*flags)]
   return subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
 
 
@@ -88,8 +93,7 @@ def test_plan_command_calibrates_saves_and_plans_with_the_saved_hardware(tmp_pat
   for flags in ([f"--hardware={saved}:8"],
                 ["--hardware=a100-80gb:8",
                  f"--matmul_efficiency={calibration['matmul_efficiency']!r}"]):
-    assert plan_command.main([f"--mesh_shape={MESH}", f"--layout={LAYOUT}", *flags, "--json"]
-                             + [f"--gin_param={b}" for b in MODEL]) == 0
+    assert plan_command.main(_flags(*flags, "--json")) == 0
     planned = json.loads(capsys.readouterr().out)
     assert planned["step_time_s"] == pytest.approx(0.05, rel=1e-4)
   # A user's mistake: one line and exit status 2.
