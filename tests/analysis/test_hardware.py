@@ -15,6 +15,12 @@ def test_presets_have_sources_and_published_figures():
   assert a100.hbm_bytes_per_s == 2039e9 and a100.network_bytes_per_s == 25e9
   assert hardware.preset("a100-40gb").hbm_bytes == 40e9
   assert hardware.preset("tpu-v2").peak_flops_per_s * 512 == pytest.approx(11.52e15)
+  # Cloud TPU's tables: v5p 95 GiB and 50 Gb/s of data-center network per
+  # chip; v5e 2 x 100 Gb/s per host of 8 chips; v4's network is assumed.
+  v5p, v5e, v4 = (hardware.preset(n) for n in ("tpu-v5p", "tpu-v5e", "tpu-v4"))
+  assert v5p.hbm_bytes == 95 * 2 ** 30 and v5p.network_bytes_per_s == 50e9 / 8
+  assert v5e.network_bytes_per_s * v5e.devices_per_host == 200e9 / 8
+  assert v4.sources["network_bytes_per_s"].startswith("assumed")
   for name, h in hardware.PRESETS.items():
     for field in ("peak_flops_per_s", "hbm_bytes", "hbm_bytes_per_s", "devices_per_host"):
       assert field in h.sources, (name, field)

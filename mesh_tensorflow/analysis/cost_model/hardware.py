@@ -236,11 +236,9 @@ _TPU_FLOAT32 = ("0: the bf16 rate (XLA's default precision multiplies float32 op
 # Narayanan et al. 2021, Table 1 (planned with the dropout those runs used),
 # with the planner's default pricing (the step as XLA compiles it, unfused
 # attention): benchmarks/scale_validation.py --fit.
-# TPU efficiencies: not fitted (the published TPU runs are held out); the
-# GPU figures are used.
-# GPUs: fitted on Megatron-LM's A100 runs; TPUs: the matrix products'
-# efficiency fitted on MaxText's TPU v5e and v5p runs, HBM as the GPUs'
-# (benchmarks/scale_validation.py names the rows).
+# TPUs: the matrix products' efficiency fitted on MaxText's smallest TPU v5e
+# and v5p runs, HBM as the GPUs' (benchmarks/scale_validation.py names the
+# rows).
 _FITTED_EFFICIENCIES = {"gpu": dict(matmul_efficiency=0.801, hbm_efficiency=0.65),
                         "tpu": dict(matmul_efficiency=1.0, hbm_efficiency=0.65)}
 
@@ -255,16 +253,19 @@ def _gpu(name, flops, hbm, hbm_bw, nvlink, nic, sources, **kw) -> Hardware:
 
 
 def _tpu(name, flops, hbm, hbm_bw, devices_per_host, torus_dims, ici_link, devices_per_chip,
-         max_slice, sources, **kw) -> Hardware:
+         max_slice, sources, network=None, **kw) -> Hardware:
+  # network: the data-center network per device and direction where the
+  # documentation states it; else 100 Gb/s per host, assumed.
   return Hardware(name=name, kind="tpu", peak_flops_per_s=flops, hbm_bytes=hbm,
                   hbm_bytes_per_s=hbm_bw, devices_per_host=devices_per_host,
-                  intra_host_latency_s=1.5e-6, network_bytes_per_s=12.5e9 / devices_per_host,
+                  intra_host_latency_s=1.5e-6,
+                  network_bytes_per_s=network or 12.5e9 / devices_per_host,
                   network_latency_s=10e-6, torus_dims=torus_dims, ici_link_bytes_per_s=ici_link,
                   devices_per_chip=devices_per_chip, max_slice_devices=max_slice,
-                  sources=dict(sources, intra_host_latency_s=_ASSUMED, network_latency_s=_ASSUMED,
-                               float32_flops_per_s=_TPU_FLOAT32,
-                               network_bytes_per_s="assumed: 100 Gb/s data-center network per host",
-                               matmul_efficiency=_FITTED, hbm_efficiency=_FITTED),
+                  sources={"intra_host_latency_s": _ASSUMED, "network_latency_s": _ASSUMED,
+                           "float32_flops_per_s": _TPU_FLOAT32,
+                           "network_bytes_per_s": "assumed: 100 Gb/s data-center network per host",
+                           "matmul_efficiency": _FITTED, "hbm_efficiency": _FITTED, **sources},
                   **_FITTED_EFFICIENCIES["tpu"], **kw)
 
 
@@ -357,14 +358,18 @@ _add(_tpu("tpu-v5e", 197e12, 16 * GIB, 819 * GB, 8, 2, 50e9, 1, 256, {
     "hbm_bytes_per_s": _CLOUD + "TPU v5e: 819 GB/s",
     "ici_link_bytes_per_s": _CLOUD + "TPU v5e: 4 ICI links, 1,600 Gbit/s per chip -> 50 GB/s per link",
     "torus_dims": _CLOUD + "TPU v5e: 2D torus, 256 chips per pod",
-    "devices_per_host": _CLOUD + "TPU v5e: 8 chips per host (v5litepod-8)"}))
-_add(_tpu("tpu-v5p", 459e12, 95 * GB, 2765 * GB, 4, 3, 100e9, 1, 8960, {
+    "devices_per_host": _CLOUD + "TPU v5e: 8 chips per host (v5litepod-8)",
+    "network_bytes_per_s": _CLOUD + "TPU v5e: NIC 2 x 100 Gb/s per host (6.4 Tb/s per 256-chip "
+                           "pod) -> 25 Gb/s, 3.125 GB/s per chip"}, network=3.125e9))
+_add(_tpu("tpu-v5p", 459e12, 95 * GIB, 2765 * GB, 4, 3, 100e9, 1, 8960, {
     "peak_flops_per_s": _CLOUD + "TPU v5p: 459 TFLOPS (bf16) per chip",
-    "hbm_bytes": _CLOUD + "TPU v5p: 95 GB HBM2e per chip",
+    "hbm_bytes": _CLOUD + "TPU v5p: HBM capacity per chip 95 GiB (HBM2e)",
     "hbm_bytes_per_s": _CLOUD + "TPU v5p: 2,765 GB/s",
     "ici_link_bytes_per_s": _CLOUD + "TPU v5p: 6 ICI links, 4,800 Gbit/s per chip -> 100 GB/s per link",
     "torus_dims": _CLOUD + "TPU v5p: 3D torus, 8,960 chips per pod",
-    "devices_per_host": _CLOUD + "TPU v5p: 4 chips per host"}))
+    "devices_per_host": _CLOUD + "TPU v5p: 4 chips per host",
+    "network_bytes_per_s": _CLOUD + "TPU v5p: data center network (DCN) bandwidth per chip "
+                           "50 Gb/s -> 6.25 GB/s"}, network=6.25e9))
 
 # Aliases: the former round-number "gpu" and "tpu" device parameters.
 ALIASES = {"gpu": "a100-80gb", "tpu": "tpu-v3", "a100": "a100-80gb", "h100": "h100-sxm",
