@@ -1,7 +1,7 @@
 """Does auto_mtf pick fast layouts? Measured step times vs the cost model.
 
     python benchmarks/layout_search.py [--models mlp,transformer] [--repeats 5]
-        [--mlp_repeats N] [--steps 5] [--sample 16] [--params cpu|params.json] [--fit]
+        [--mlp_repeats N] [--steps 5] [--sample 16] [--params cpu|params.json|calibrate] [--fit]
         [--clock wall|cpu] [--stat median|min] [--save times.json]
 
 For each model (the MLP and the two-layer transformer of bench_models.py) on
@@ -253,7 +253,10 @@ def main():
                       "transformer's; default --repeats)")
   parser.add_argument("--steps", type=int, default=5)
   parser.add_argument("--sample", type=int, default=16)
-  parser.add_argument("--params", default="cpu")
+  parser.add_argument("--params", default="cpu",
+                      help="cpu (the calibrated defaults), a preset, a JSON file, or "
+                      "'calibrate': measure this machine's parameters first (as `python -m "
+                      "mesh_tensorflow.analysis.cost_model --calibrate` does) and use them")
   parser.add_argument("--fit", action="store_true")
   parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                       help="wall-clock step time (default), or this process's CPU time "
@@ -264,7 +267,14 @@ def main():
   parser.add_argument("--save", default=None,
                       help="write the measured step times (JSON) here")
   args = parser.parse_args()
-  params = cost_model.as_device_params(args.params)
+  if args.params == "calibrate":
+    from mesh_tensorflow.analysis.cost_model import (  # pylint: disable=g-import-not-at-top
+        calibration)
+    params = calibration.calibrate(num_devices=8)
+    import json  # pylint: disable=g-import-not-at-top
+    print(f"calibrated on this machine: {json.dumps(json.loads(params.to_json()))}", flush=True)
+  else:
+    params = cost_model.as_device_params(args.params)
   global STAT, CLOCK
   STAT = args.stat
   CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
