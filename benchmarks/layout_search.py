@@ -40,7 +40,9 @@ mesh_tensorflow/analysis/cost_model came from such a fit.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
+import json
 import os
 import re
 import statistics
@@ -268,11 +270,9 @@ def main():
                       help="write the measured step times (JSON) here")
   args = parser.parse_args()
   if args.params == "calibrate":
-    from mesh_tensorflow.analysis.cost_model import (  # pylint: disable=g-import-not-at-top
-        calibration)
-    params = calibration.calibrate(num_devices=8)
-    import json  # pylint: disable=g-import-not-at-top
-    print(f"calibrated on this machine: {json.dumps(json.loads(params.to_json()))}", flush=True)
+    params = cost_model.calibrate(num_devices=8)
+    print(f"calibrated on this machine: {json.dumps(dataclasses.asdict(params), sort_keys=True)}",
+          flush=True)
   else:
     params = cost_model.as_device_params(args.params)
   global STAT, CLOCK
@@ -287,7 +287,6 @@ def main():
     saved.extend(s)
     summary.append((model, rho, ratio, within, reproducibility))
   if args.save:
-    import json  # pylint: disable=g-import-not-at-top
     with open(args.save, "w") as f:
       json.dump(saved, f, indent=1)
   print("\nmodel        Spearman  within 20%  reproducibility  picked/best-hand-written")
@@ -306,7 +305,6 @@ def main():
         estimated, measured = priced(test, coefficients), [r[1] for r in test]
         print(f"{source:<16} {model:<12} {spearman(estimated, measured):>8.3f} "
               f"{within_fraction(estimated, measured):>10.0%}")
-    import dataclasses  # pylint: disable=g-import-not-at-top
     fitted = dataclasses.replace(params, name="fitted", **fit(rows))
     print("fitted parameters:\n" + fitted.to_json())
 

@@ -22,10 +22,11 @@ testing.use_logical_cpus(8)
 # Grappler, TensorFlow's graph optimizer, is off in the test processes: it
 # rewrites every function graph before its first run, which makes up about a
 # third of a test that traces a step and runs it a few times, and its
-# rewrites change results by float rounding at most. The commands the tests start in subprocesses (the main
-# job, the command lines, the examples, the multi-host workers) run with
-# TensorFlow's defaults, and tests that take the `grappler_on` fixture run
-# the lowering with it. MTF_TEST_GRAPPLER=1 keeps it on for the whole suite.
+# rewrites change results by float rounding at most. The commands the tests
+# start in subprocesses (the main job, the command lines, the examples, the
+# multi-host workers) run with TensorFlow's defaults, and tests that take the
+# `grappler_on` fixture run the lowering with it. MTF_TEST_GRAPPLER=1 keeps it
+# on for the whole suite.
 if os.environ.get("MTF_TEST_GRAPPLER") != "1":
   tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 

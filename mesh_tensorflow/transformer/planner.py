@@ -745,9 +745,9 @@ def _memory_per_device(one: _Priced, two: _Priced, options: PlanOptions, per_sta
                  + act_extra)
   if recomputed:
     # One layer's working set while it is recomputed: what its recomputation
-    # makes again (what it keeps, kept_layer, is counted above already).
-    activations += max((max(act_layer - one.attention_core_bytes, 0.0)
-                        if options.attention == "fused" else act_layer) - kept_layer, 0.0)
+    # makes again, all it would keep without recomputation but what it keeps
+    # (kept_layer, counted above already).
+    activations += max(kept_plain - kept_layer, 0.0)
   buffers = 2 * one.layer_input_bytes * (2 if s > 1 else 0)
   memory = {"variables": variables, "gradients": gradients, "optimizer_slots": slots_bytes,
             "activations": activations, "pipeline_buffers": buffers}
