@@ -65,7 +65,7 @@ from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
 from mesh_tensorflow.analysis.cost_model import memory as memory_lib
 from mesh_tensorflow.analysis.cost_model import topology
 from mesh_tensorflow.lowering import observers
-from mesh_tensorflow.transformer import plan_combine, plan_zero
+from mesh_tensorflow.transformer import plan_combine, plan_notes, plan_zero
 
 from mesh_tensorflow.transformer.plan_types import (  # noqa: F401 (re-exported)
     GIB, OVERLAP_LABELS, Communication, Plan, PlanOptions)
@@ -669,19 +669,15 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
       "grad_reduce_exposed": exposed, "optimizer": optimizer_compute}
   params = one.parameters + (num_layers - 1) * (two.parameters - one.parameters)
   # A layout given here is checked; the config's may serve several models.
-  notes = [] if layout is None else report.unused_rule_notes(sub_rules, one.dimension_names)
   from mesh_tensorflow.transformer import sequence_parallel  # pylint: disable=g-import-not-at-top
-  notes.extend(sequence_parallel.unsplit_stream_notes(
-      _binding("transformer.make_layer_stack.sequence_parallel", False), sub_rules))
-  notes.extend(f"{n}; MFU is against the 16-bit peak" for n in filter(
-      None, [cluster.hardware.slower_products_note(activation_dtype())]))
-  if options.attention == "fused":
-    notes.append("fused attention is an estimate only (the library's attention keeps its scores "
-                 "in memory)")
-  if options.overlap:
-    notes.append(f"overlapping {' and '.join(OVERLAP_LABELS[o] for o in options.overlap)} "
-                 "with compute is an estimate only (the library runs them after the compute they "
-                 "could hide under)")
+  gpipe = plan_notes.gpipe_note(options, memory["total"], _memory_per_device(
+      one, two, dataclasses.replace(options, schedule="1f1b"), per_stage, recomputed, dp, m,
+      read_per_stored)["total"])
+  notes = plan_notes.plan_notes(
+      options, cluster.hardware, activation_dtype(),
+      [] if layout is None else report.unused_rule_notes(sub_rules, one.dimension_names),
+      sequence_parallel.unsplit_stream_notes(
+          _binding("transformer.make_layer_stack.sequence_parallel", False), sub_rules), gpipe)
   return Plan(str(cluster), full_shape.to_string(), rules.to_string(), options, step_time,
               batch * seq_len, model_flops, hw_flops, model_flops / (step_time * peak),
               hw_flops / (step_time * peak), memory, h.hbm_bytes, breakdown, comms, num_layers,

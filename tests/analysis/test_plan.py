@@ -144,6 +144,30 @@ def test_recomputing_the_first_layers_of_each_chunk_is_priced_between_none_and_a
     plan("transformer.make_layer_stack.recompute_layers = 1")
 
 
+def test_a_gpipe_plan_says_what_1f1b_would_hold_for_the_same_step():
+  """GPipe (the library's default schedule) keeps every micro-batch's
+  activations; 1F1B runs the same step with at most as many in flight as
+  there are stages: the plan says so, with 1F1B's memory, which is that plan's own total."""
+  pipe = ["transformer.make_layer_stack.num_stages = 2",
+          "transformer.make_layer_stack.num_microbatches = 8"]
+  kw = dict(cluster="a100-80gb:32", mesh="pipe:2;data:2;model:8",
+            layout="stages:pipe;batch:data;d_ff:model;heads:model;vocab:model")
+  gpipe = _plan(extra=pipe, **kw)
+  one_f_one_b = _plan(extra=pipe + ["transformer.make_layer_stack.pipeline_schedule = '1f1b'"],
+                      **kw)
+  assert gpipe.options.schedule == "gpipe"
+  assert gpipe.step_time_s == pytest.approx(one_f_one_b.step_time_s, rel=1e-9)
+  assert one_f_one_b.memory["total"] < gpipe.memory["total"]
+  note, = [n for n in gpipe.notes if "'gpipe'" in n]
+  assert "all 8 micro-batches" in note and "at most 2 in flight" in note
+  assert f"{one_f_one_b.memory['total'] / 2**30:.2f} GiB per device" in note
+  assert "pipeline_schedule = '1f1b'" in note
+  assert not any("'gpipe'" in n for n in one_f_one_b.notes)
+  # As many micro-batches as stages: both hold the same, no note.
+  same = _plan(extra=pipe[:1] + ["transformer.make_layer_stack.num_microbatches = 2"], **kw)
+  assert not any("'gpipe'" in n for n in same.notes)
+
+
 def test_interleaved_schedule_is_read_from_gin_and_priced_from_its_table():
   """The interleaved schedule as the library runs it: half the bubble with
   2 chunks, the sends of 2 rounds, the chunk passes its table holds."""
