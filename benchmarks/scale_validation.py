@@ -112,7 +112,9 @@ Rows:
   two pods of 12-way model and 256-way data parallelism (Section 4),
   238.3K tokens/s, 46.2% model FLOPs utilization (Section 4). Planned with
   the library's layers (a ParallelLayer of SelfAttention with one memory
-  head and DenseReluDense with ["swish", "linear"]), mesh data:512;model:12,
+  head and DenseReluDense with ["swish", "linear"]), mesh data:512;model:12
+  on two slices of 3,072 chips (`--hardware=tpu-v4:2x3072`: the data
+  dimension's collectives cross the data-center network between the pods),
   ZeRO 3 (the weights are sharded over the data dimension too), the first
   89 of the 118 layers recomputed (`recompute_layers = 89`: PaLM's 57.8%
   hardware FLOPs utilization against its 46.2% model FLOPs utilization
@@ -358,6 +360,14 @@ class Row:
   fit: bool = False
   attention: str = "unfused"  # PlanOptions.attention: "fused" where the run used such a kernel
   overlap: tuple = ()  # PlanOptions.overlap: what the run overlapped beyond this library
+  slices: int = 0  # TPU slices joined by the data-center network (0: one, up to a pod)
+
+  @property
+  def cluster(self) -> str:
+    """The --hardware spec: NAME:COUNT, or NAME:SxN for S slices."""
+    if self.slices:
+      return f"{self.hardware}:{self.slices}x{self.count // self.slices}"
+    return f"{self.hardware}:{self.count}"
 
 
 def _make_sequence_parallel(row: Row) -> None:
@@ -491,7 +501,7 @@ def palm_row():
        # 89 of 118 layers recomputed: PaLM's hardware / model FLOPs, 57.8 / 46.2.
        "transformer.make_layer_stack.recompute = 'layer'",
        "transformer.make_layer_stack.recompute_layers = 89", "run.zero_stage = 3"],
-      238.3, "thousand tokens/s")
+      238.3, "thousand tokens/s", slices=2)  # two TPU v4 pods of 3,072 chips
 
 
 def bloom_row():
@@ -647,11 +657,12 @@ def shazeer_row():
 
 
 def predict(row: Row, efficiency=None, hbm_efficiency=None):
-  cluster = hardware.parse_cluster(f"{row.hardware}:{row.count}")
+  cluster = hardware.parse_cluster(row.cluster)
   changes = {k: v for k, v in (("matmul_efficiency", efficiency),
                                ("hbm_efficiency", hbm_efficiency)) if v is not None}
   if changes:
-    cluster = hardware.Cluster(dataclasses.replace(cluster.hardware, **changes), row.count)
+    cluster = dataclasses.replace(
+        cluster, hardware=dataclasses.replace(cluster.hardware, **changes))
   gin_config.parse([], row.bindings)
   options = planner.options_from_gin()
   options.attention = row.attention
@@ -686,7 +697,7 @@ def fit(rows, hbm_grid=None):
 
 
 def _on_tpu(row: Row) -> bool:
-  return hardware.parse_cluster(f"{row.hardware}:{row.count}").hardware.kind == "tpu"
+  return hardware.parse_cluster(row.cluster).hardware.kind == "tpu"
 
 
 def fit_tpu(rows):
@@ -751,10 +762,10 @@ def compare_auto(selectors=None):
     _, published = predict(row)
     gin_config.parse([], row.bindings)
     start = time.time()
-    key = (row.hardware, row.count, row.attention, row.overlap,
+    key = (row.cluster, row.attention, row.overlap,
            published.options.virtual_stages,
            tuple(b for b in row.bindings if "recompute" not in b and "sequence_parallel" not in b))
-    cluster = hardware.parse_cluster(f"{row.hardware}:{row.count}")
+    cluster = hardware.parse_cluster(row.cluster)
     shared = key in searches
     if not shared:
       searches[key] = plan_search.search(

@@ -46,7 +46,8 @@ def _main(argv: Sequence[str]) -> int:
   parser.add_argument("--layout", default=None, help="override the config's layout rules")
   parser.add_argument("--hardware", default=None,
                       help="NAME:COUNT (v100-16gb, v100-32gb, a100-40gb, a100-80gb, h100-sxm, "
-                      "h200, tpu-v2, tpu-v3, tpu-v4, tpu-v5e, tpu-v5p) or FILE.json[:COUNT]")
+                      "h200, tpu-v2, tpu-v3, tpu-v4, tpu-v5e, tpu-v5p) or FILE.json[:COUNT]; "
+                      "for TPU slices NAME:SxN (S slices of N devices, e.g. tpu-v5p:2x64)")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
   parser.add_argument("--pipeline_schedule", default=None,
                       help="override the schedule: gpipe, 1f1b or interleaved")

@@ -65,7 +65,7 @@ def with_efficiency(cluster: hardware_lib.Cluster, efficiency: float,
     sources["matmul_efficiency"] = source
   fitted = dataclasses.replace(h, matmul_efficiency=efficiency, sources=sources,
                                name=name or h.name).validate()
-  return hardware_lib.Cluster(fitted, cluster.count)
+  return dataclasses.replace(cluster, hardware=fitted)
 
 
 def calibrate(cluster: hardware_lib.Cluster, measured_step_s: float,

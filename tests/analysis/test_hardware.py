@@ -159,6 +159,41 @@ def test_tpu_collectives_ride_the_torus():
   assert links == ["chip", "ici"]
 
 
+def test_tpu_slices_are_written_s_x_n_and_joined_by_the_data_center_network():
+  """tpu-v5p:2x64: two slices of 64 chips (MaxText's "2x v5p-128"). A
+  collective over the first mesh dimension crosses the data-center network
+  once the slices are smaller than a pod; one inside a slice rides only its
+  torus; the spec round-trips through str."""
+  two = hardware.parse_cluster("tpu-v5p:2x64")
+  assert (two.count, two.slices, str(two)) == (128, 2, "tpu-v5p:2x64")
+  assert two.hardware.max_slice_devices == 64
+  assert hardware.torus_shape(two.count, two.hardware) == (4, 4, 4)
+  assert "2 slices over the data-center network" in hardware.describe(two)
+  across = topology.group_levels([128], [0], two)
+  assert [lv.link for lv in across] == ["ici", "ici", "ici", "dcn"]
+  assert across[-1].factor == 2 and across[-1].bytes_per_s == 6.25e9  # 50 Gb/s per chip
+  inside = topology.group_levels([2, 64], [1], two)
+  assert [lv.link for lv in inside] == ["ici", "ici", "ici"]
+  # The same 128 chips as one slice (the pod holds 8,960): no network.
+  one = hardware.parse_cluster("tpu-v5p:128")
+  assert one.slices == 0 and str(one) == "tpu-v5p:128"
+  assert "dcn" not in [lv.link for lv in topology.group_levels([128], [0], one)]
+  # Hierarchical: reduced inside each slice first, so 1/128 of the bytes
+  # cross the network (each way), after the three torus rings.
+  on_torus = topology.collective_time("allreduce", 2**30, across[:3])
+  dcn = across[-1]
+  assert topology.collective_time("allreduce", 2**30, across) == pytest.approx(
+      on_torus + 2 * (2**30 / 128 / dcn.bytes_per_s + dcn.latency_s))
+  assert hardware.parse_cluster(" tpu-v4 : 2 x 3072 ").count == 6144
+  for spec, message in (("a100-80gb:2x8", "a100-80gb is a GPU: write a100-80gb:16"),
+                        ("tpu-v4:2x8192", "larger than tpu-v4's largest \\(4096\\)"),
+                        ("tpu-v3:2x3", "whole chips of 2 devices"),
+                        ("tpu-v5p:0x64", "number of slices must be positive"),
+                        ("tpu-v5p:2y64", "tpu-v5p:2x64")):
+    with pytest.raises(ValueError, match=message):
+      hardware.parse_cluster(spec)
+
+
 def test_product_rates_follow_the_activation_dtype():
   a100, v100, tpu = (hardware.preset(n) for n in ("a100-80gb", "v100-32gb", "tpu-v4"))
   # A100: TF32 tensor cores for float32 (TensorFlow's default), half the 16-bit rate.

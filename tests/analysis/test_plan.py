@@ -1,5 +1,6 @@
 """`python -m mesh_tensorflow.plan` and the planner behind it."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -142,6 +143,32 @@ def test_recomputing_the_first_layers_of_each_chunk_is_priced_between_none_and_a
                                               / half.step_time_s, rel=1e-6)
   with pytest.raises(ValueError, match="recompute_layers = 1 says how many layers"):
     plan("transformer.make_layer_stack.recompute_layers = 1")
+
+
+def test_a_plan_on_tpu_slices_prices_the_data_dimension_on_the_network():
+  """tpu-v5e:2x16, two slices of 16 chips: the data dimension (first, so it
+  spans the slices) reduces its gradients over the torus and then the
+  data-center network, which the step time includes; the model dimension
+  stays inside a slice; one 32-chip slice has no network."""
+  kw = dict(mesh="data:8;model:4", layout="batch:data;d_ff:model;heads:model;vocab:model")
+  two = _plan(cluster="tpu-v5e:2x16", **kw)
+  one = _plan(cluster="tpu-v5e:32", **kw)
+  assert two.cluster == "tpu-v5e:2x16" and one.cluster == "tpu-v5e:32"
+  links = {c.mesh_dims: c.link for c in two.communications}
+  assert "data-center network x2" in links[("data",)]
+  assert "data-center network" not in links[("model",)]
+  assert not any("data-center network" in c.link for c in one.communications)
+  # The same slices with a network as fast as free: only the data
+  # dimension's collectives get cheaper.
+  cluster = hardware.parse_cluster("tpu-v5e:2x16")
+  free = dataclasses.replace(cluster, hardware=dataclasses.replace(
+      cluster.hardware, network_bytes_per_s=1e18, network_latency_s=0.0))
+  fast = planner.plan_current_config(free, kw["mesh"], kw["layout"], planner.options_from_gin())
+  assert fast.step_time_s < two.step_time_s
+  seconds = lambda plan, dims: sum(c.seconds for c in plan.communications if c.mesh_dims == dims)
+  assert seconds(fast, ("data",)) < seconds(two, ("data",))
+  assert seconds(fast, ("model",)) == pytest.approx(seconds(two, ("model",)))
+  assert two.memory == one.memory
 
 
 def test_a_gpipe_plan_says_what_1f1b_would_hold_for_the_same_step():

@@ -37,6 +37,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from typing import Dict, Optional, Tuple
 
 GB = 1e9
@@ -197,18 +198,28 @@ class Hardware:
 class Cluster:
   """A number of identical devices.
 
+  `slices` > 0: the devices form that many TPU slices of `count / slices`
+  devices each (MaxText's "2x v5p-128"), joined by the data-center network;
+  `hardware.max_slice_devices` is then the slice's size. 0: slices as large
+  as `hardware.max_slice_devices` allows (one, up to a pod).
+
   Example:
     >>> Cluster(preset("tpu-v4"), 512).num_hosts
     128
+    >>> str(parse_cluster("tpu-v5p:2x64"))
+    'tpu-v5p:2x64'
   """
   hardware: Hardware
   count: int
+  slices: int = 0
 
   @property
   def num_hosts(self) -> int:
     return -(-self.count // self.hardware.devices_per_host)
 
   def __str__(self):
+    if self.slices:
+      return f"{self.hardware.name}:{self.slices}x{self.count // self.slices}"
     return f"{self.hardware.name}:{self.count}"
 
 
@@ -455,23 +466,30 @@ def hardware_from_spec(spec: str) -> Hardware:
 
 
 def parse_cluster(spec: str) -> Cluster:
-  """"NAME:COUNT" (a preset) or "FILE.json[:COUNT]".
+  """"NAME:COUNT" (a preset) or "FILE.json[:COUNT]"; for TPUs COUNT may be
+  "SxN": S slices of N devices each, joined by the data-center network
+  (`Cluster.slices`).
 
   Example:
     >>> parse_cluster("tpu-v3:512").hardware.name
     'tpu-v3'
+    >>> parse_cluster("tpu-v5p:2x64").count
+    128
   """
   if not spec or not spec.strip():
     raise ValueError("--hardware is empty: write NAME:COUNT, e.g. a100-80gb:1024 or tpu-v4:512.")
   spec = spec.strip()
-  name, count = spec, None
+  name, count, slices = spec, None, None
   if ":" in spec:
     head, tail = spec.rsplit(":", 1)
+    sliced = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", tail)
     if tail.strip().isdigit():
       name, count = head, int(tail)
+    elif sliced:
+      name, slices, count = head, int(sliced.group(1)), int(sliced.group(2))
     elif not os.path.exists(spec):
       raise ValueError(f"--hardware={spec}: the count {tail!r} is not a whole number "
-                       "(write e.g. a100-80gb:1024).")
+                       "(write e.g. a100-80gb:1024, or for TPU slices e.g. tpu-v5p:2x64).")
   if name.endswith(".json") or os.path.exists(name) or name.lstrip().startswith("{"):
     hardware, file_count = hardware_from_json(name)
     count = count if count is not None else file_count
@@ -481,7 +499,29 @@ def parse_cluster(spec: str) -> Cluster:
     raise ValueError(f"--hardware={spec}: say how many devices, e.g. {hardware.name}:1024.")
   if count <= 0:
     raise ValueError(f"--hardware={spec}: the device count must be positive.")
-  return Cluster(hardware, count)
+  if slices is None:
+    return Cluster(hardware, count)
+  return _sliced(spec, hardware, slices, count)
+
+
+def _sliced(spec: str, hardware: Hardware, slices: int, per_slice: int) -> Cluster:
+  """`slices` TPU slices of `per_slice` devices (parse_cluster's "SxN")."""
+  if hardware.kind != "tpu":
+    raise ValueError(f"--hardware={spec}: slices (SxN) are TPU slices joined by the "
+                     f"data-center network; {hardware.name} is a GPU: write "
+                     f"{hardware.name}:{slices * per_slice} (hosts and their network are in "
+                     "the preset).")
+  if slices <= 0:
+    raise ValueError(f"--hardware={spec}: the number of slices must be positive.")
+  largest = hardware.max_slice_devices
+  if largest and per_slice > largest:
+    raise ValueError(f"--hardware={spec}: a slice of {per_slice} devices is larger than "
+                     f"{hardware.name}'s largest ({largest}); use more, smaller slices.")
+  if per_slice % hardware.devices_per_chip:
+    raise ValueError(f"--hardware={spec}: a slice holds whole chips of "
+                     f"{hardware.devices_per_chip} devices; make {per_slice} a multiple of it.")
+  return Cluster(dataclasses.replace(hardware, max_slice_devices=per_slice),
+                 slices * per_slice, slices)
 
 
 def torus_shape(devices: int, hardware: Hardware) -> Tuple[int, ...]:
