@@ -24,7 +24,8 @@ def gpipe_note(options: plan_types.PlanOptions, total_bytes: float,
   runs the same step (the same bubble) holding at most as many micro-batches
   in flight as there are stages, so its memory per device
   (`one_f_one_b_bytes`, against this plan's `total_bytes`) is what a user
-  who left the library's default schedule most likely wants. None where the note does not apply."""
+  who left the library's default schedule most likely wants. None where
+  the note does not apply."""
   s, m = options.num_stages, options.num_microbatches
   if options.schedule != "gpipe" or s < 2 or m <= s or one_f_one_b_bytes >= total_bytes:
     return None

@@ -668,13 +668,14 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
       "pipeline_bubble": bubble, "pipeline_sends": m * p2p,
       "grad_reduce_exposed": exposed, "optimizer": optimizer_compute}
   params = one.parameters + (num_layers - 1) * (two.parameters - one.parameters)
-  # A layout given here is checked; the config's may serve several models.
   from mesh_tensorflow.transformer import sequence_parallel  # pylint: disable=g-import-not-at-top
-  gpipe = plan_notes.gpipe_note(options, memory["total"], _memory_per_device(
-      one, two, dataclasses.replace(options, schedule="1f1b"), per_stage, recomputed, dp, m,
-      read_per_stored)["total"])
+  gpipe = None if options.schedule != "gpipe" or s < 2 else plan_notes.gpipe_note(
+      options, memory["total"], _memory_per_device(
+          one, two, dataclasses.replace(options, schedule="1f1b"), per_stage, recomputed, dp, m,
+          read_per_stored)["total"])
   notes = plan_notes.plan_notes(
       options, cluster.hardware, activation_dtype(),
+      # A layout given here is checked; the config's may serve several models.
       [] if layout is None else report.unused_rule_notes(sub_rules, one.dimension_names),
       sequence_parallel.unsplit_stream_notes(
           _binding("transformer.make_layer_stack.sequence_parallel", False), sub_rules), gpipe)
