@@ -1,7 +1,8 @@
 """The notes a plan carries: what its estimate leaves to assumption, rules
 that split nothing, and a cheaper way to the same step where the config
-missed one. `mesh_tensorflow.transformer.planner` attaches them to each
-`Plan`; `plan` prints them as `note:` lines (and in `--json`'s "notes").
+missed one (a schedule, an order of the mesh's dimensions).
+`mesh_tensorflow.transformer.planner` attaches them to each `Plan`; `plan`
+prints them as `note:` lines (and in `--json`'s "notes").
 
     >>> options = plan_types.PlanOptions(num_stages=4, num_microbatches=16)
     >>> gpipe_note(options, 40 * 2**30, 16 * 2**30)[:38]
@@ -10,7 +11,7 @@ missed one. `mesh_tensorflow.transformer.planner` attaches them to each
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Collection, List, Optional, Sequence
 
 from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
 from mesh_tensorflow.transformer import plan_types
@@ -56,3 +57,44 @@ def plan_notes(options: plan_types.PlanOptions, hardware: hardware_lib.Hardware,
     notes.append(f"overlapping {labels} with compute is an estimate only (the library runs them "
                  "after the compute they could hide under)")
   return notes
+
+
+def placement_notes(communications: Sequence[plan_types.Communication], mesh_shape,
+                    data_dims: Collection[str], cluster: hardware_lib.Cluster) -> List[str]:
+  """A note where the forward and backward passes' collectives over a
+  model-parallel mesh dimension (any but `data_dims`, those splitting the
+  batch) cross hosts on the network, or TPU slices on the data-center
+  network, though those dimensions together would fit in one: processors
+  are numbered row-major (last dimension fastest) and a host or slice holds
+  consecutive ones, so the note gives `mesh_shape` (an mtf.Shape) with them
+  last.
+
+  Example:
+    >>> placement_notes(plan.communications, mtf.convert_to_shape("model:8;data:8"),
+    ...                 {"data"}, hardware_lib.parse_cluster("a100-80gb:64"))[0][:26]
+    "collectives over 'model' i"
+  """
+  h = cluster.hardware
+  crossing = [c for c in communications if c.phase in ("forward", "backward")
+              and set(c.mesh_dims) - set(data_dims)
+              and ("network (across hosts)" in c.link or "data-center network" in c.link)]
+  if not crossing:
+    return []
+  dims = sorted({d for c in crossing for d in c.mesh_dims} - set(data_dims))
+  sizes = {d.name: d.size for d in mesh_shape.dims}
+  group = 1
+  for d in dims:
+    group *= sizes[d]
+  across_slices = h.kind == "tpu"
+  room = (h.max_slice_devices or cluster.count) if across_slices else h.devices_per_host
+  if group > room:
+    return []
+  order = [d for d in mesh_shape.dims if d.name not in dims] + \
+      [d for d in mesh_shape.dims if d.name in dims]
+  reordered = ";".join(f"{d.name}:{d.size}" for d in order)
+  unit, link = ("slice", "data-center network") if across_slices else ("host", "network")
+  names = " and ".join(repr(d) for d in dims)
+  return [f"collectives over {names} in the forward and backward passes cross {unit}s "
+          f"({sum(c.seconds for c in crossing):.2f} s a step on the {link}): processors are "
+          f"numbered row-major and each {unit} holds consecutive numbers, so "
+          f"--mesh_shape='{reordered}' keeps those groups inside a {unit}"]

@@ -679,6 +679,8 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
       [] if layout is None else report.unused_rule_notes(sub_rules, one.dimension_names),
       sequence_parallel.unsplit_stream_notes(
           _binding("transformer.make_layer_stack.sequence_parallel", False), sub_rules), gpipe)
+  notes += plan_notes.placement_notes(comms, full_shape, {sub_dims[a].name for a in dp_axes},
+                                      cluster)
   return Plan(str(cluster), full_shape.to_string(), rules.to_string(), options, step_time,
               batch * seq_len, model_flops, hw_flops, model_flops / (step_time * peak),
               hw_flops / (step_time * peak), memory, h.hbm_bytes, breakdown, comms, num_layers,

@@ -171,6 +171,36 @@ def test_a_plan_on_tpu_slices_prices_the_data_dimension_on_the_network():
   assert two.memory == one.memory
 
 
+def test_a_model_dimension_across_hosts_or_slices_gets_a_note_with_the_mesh_reordered():
+  """Processors are numbered row-major and a host (a TPU slice) holds
+  consecutive ones: `model:8;data:2` on 8-GPU hosts puts each tensor-parallel
+  group across hosts. The plan says so, with the time its collectives
+  spend on the network and the mesh that keeps them in a host, which plans
+  faster and carries no such note; on two TPU slices the same for the data-
+  center network; a model dimension larger than a host gets no note."""
+  layout = "batch:data;d_ff:model;heads:model;vocab:model"
+  across = _plan(mesh="model:8;data:2", layout=layout)
+  note, = [n for n in across.notes if "cross hosts" in n]
+  on_network = sum(c.seconds for c in across.communications
+                   if c.mesh_dims == ("model",) and c.phase in ("forward", "backward"))
+  assert f"({on_network:.2f} s a step on the network)" in note
+  assert "--mesh_shape='data:2;model:8'" in note and "'model'" in note
+  inside = _plan(mesh="data:2;model:8", layout=layout)
+  assert not any("cross" in n for n in inside.notes)
+  assert inside.step_time_s < across.step_time_s
+  sliced = _plan(cluster="tpu-v5e:2x16", mesh="model:2;data:16", layout=layout)
+  note, = [n for n in sliced.notes if "cross slices" in n]
+  assert "data-center network" in note and "--mesh_shape='data:16;model:2'" in note
+  assert not any("cross" in n for n in _plan(cluster="tpu-v5e:2x16", mesh="data:16;model:2",
+                                             layout=layout).notes)
+  # 16-way tensor parallelism spans two 8-GPU hosts however the mesh is ordered.
+  wide = _plan(cluster="a100-80gb:32", mesh="model:16;data:2",
+               layout="batch:data;d_ff:model;vocab:model")
+  assert any("network (across hosts)" in c.link for c in wide.communications
+             if c.mesh_dims == ("model",))
+  assert not any("cross" in n for n in wide.notes)
+
+
 def test_a_gpipe_plan_says_what_1f1b_would_hold_for_the_same_step():
   """GPipe (the library's default schedule) keeps every micro-batch's
   activations; 1F1B runs the same step with at most as many in flight as
