@@ -75,8 +75,10 @@ def placement_notes(communications: Sequence[plan_types.Communication], mesh_sha
     "collectives over 'model' i"
   """
   h = cluster.hardware
+  # Collectives over model-parallel dimensions alone: one that also spans a
+  # data-parallel dimension may cross hosts because of it.
   crossing = [c for c in communications if c.phase in ("forward", "backward")
-              and set(c.mesh_dims) - set(data_dims)
+              and c.mesh_dims and not set(c.mesh_dims) & set(data_dims)
               and ("network (across hosts)" in c.link or "data-center network" in c.link)]
   if not crossing:
     return []
@@ -92,6 +94,8 @@ def placement_notes(communications: Sequence[plan_types.Communication], mesh_sha
   order = [d for d in mesh_shape.dims if d.name not in dims] + \
       [d for d in mesh_shape.dims if d.name in dims]
   reordered = ";".join(f"{d.name}:{d.size}" for d in order)
+  if reordered == mesh_shape.to_string():
+    return []
   unit, link = ("slice", "data-center network") if across_slices else ("host", "network")
   names = " and ".join(repr(d) for d in dims)
   return [f"collectives over {names} in the forward and backward passes cross {unit}s "
