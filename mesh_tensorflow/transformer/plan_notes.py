@@ -5,30 +5,35 @@ missed one (a schedule, an order of the mesh's dimensions).
 prints them as `note:` lines (and in `--json`'s "notes").
 
     >>> options = plan_types.PlanOptions(num_stages=4, num_microbatches=16)
-    >>> gpipe_note(options, 40 * 2**30, 16 * 2**30)[:38]
+    >>> gpipe_note(options, 40 * 2**30, lambda: 16 * 2**30)[:38]
     "pipeline_schedule 'gpipe' keeps all 16"
 """
 
 from __future__ import annotations
 
-from typing import Collection, List, Optional, Sequence
+import math
+from typing import Callable, Collection, List, Optional, Sequence
 
 from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
+from mesh_tensorflow.analysis.cost_model import topology
 from mesh_tensorflow.transformer import plan_types
 
 GIB = plan_types.GIB
 
 
 def gpipe_note(options: plan_types.PlanOptions, total_bytes: float,
-               one_f_one_b_bytes: float) -> Optional[str]:
+               one_f_one_b_bytes: Callable[[], float]) -> Optional[str]:
   """A note for a GPipe pipeline with more micro-batches than stages: 1F1B
   runs the same step (the same bubble) holding at most as many micro-batches
   in flight as there are stages, so its memory per device
-  (`one_f_one_b_bytes`, against this plan's `total_bytes`) is what a user
-  who left the library's default schedule most likely wants. None where
-  the note does not apply."""
+  (`one_f_one_b_bytes()`, priced only for such a pipeline, against this
+  plan's `total_bytes`) is what a user who left the library's default
+  schedule most likely wants. None where the note does not apply."""
   s, m = options.num_stages, options.num_microbatches
-  if options.schedule != "gpipe" or s < 2 or m <= s or one_f_one_b_bytes >= total_bytes:
+  if options.schedule != "gpipe" or s < 2 or m <= s:
+    return None
+  one_f_one_b_bytes = one_f_one_b_bytes()
+  if one_f_one_b_bytes >= total_bytes:
     return None
   return (f"pipeline_schedule 'gpipe' keeps all {m} micro-batches' activations; '1f1b' runs "
           f"the same step with at most {s} in flight: {one_f_one_b_bytes / GIB:.2f} GiB per "
@@ -77,16 +82,15 @@ def placement_notes(communications: Sequence[plan_types.Communication], mesh_sha
   h = cluster.hardware
   # Collectives over model-parallel dimensions alone: one that also spans a
   # data-parallel dimension may cross hosts because of it.
+  between = (topology.LINK_NAMES["network"], topology.LINK_NAMES["dcn"])
   crossing = [c for c in communications if c.phase in ("forward", "backward")
               and c.mesh_dims and not set(c.mesh_dims) & set(data_dims)
-              and ("network (across hosts)" in c.link or "data-center network" in c.link)]
+              and any(name in c.link for name in between)]
   if not crossing:
     return []
-  dims = sorted({d for c in crossing for d in c.mesh_dims} - set(data_dims))
+  dims = sorted({d for c in crossing for d in c.mesh_dims})
   sizes = {d.name: d.size for d in mesh_shape.dims}
-  group = 1
-  for d in dims:
-    group *= sizes[d]
+  group = math.prod(sizes[d] for d in dims)
   across_slices = h.kind == "tpu"
   room = (h.max_slice_devices or cluster.count) if across_slices else h.devices_per_host
   if group > room:

@@ -669,10 +669,9 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
       "grad_reduce_exposed": exposed, "optimizer": optimizer_compute}
   params = one.parameters + (num_layers - 1) * (two.parameters - one.parameters)
   from mesh_tensorflow.transformer import sequence_parallel  # pylint: disable=g-import-not-at-top
-  gpipe = None if options.schedule != "gpipe" or s < 2 else plan_notes.gpipe_note(
-      options, memory["total"], _memory_per_device(
-          one, two, dataclasses.replace(options, schedule="1f1b"), per_stage, recomputed, dp, m,
-          read_per_stored)["total"])
+  gpipe = plan_notes.gpipe_note(options, memory["total"], lambda: _memory_per_device(
+      one, two, dataclasses.replace(options, schedule="1f1b"), per_stage, recomputed, dp, m,
+      read_per_stored)["total"])
   notes = plan_notes.plan_notes(
       options, cluster.hardware, activation_dtype(),
       # A layout given here is checked; the config's may serve several models.
