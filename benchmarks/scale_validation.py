@@ -179,10 +179,14 @@ Rows:
   `--overlap=model_parallel` (the scripts set
   --xla_tpu_overlap_compute_collective_tc). Compared: the tables'
   TFLOP/s per chip with MaxText's own FLOP count (`maxtext_flops`). Left
-  out: the 128B v5e run (its remat_policy=qkv_proj_offloaded moves the
-  projections to host memory, which the library does not do) and the
-  multi-slice rows (2 to 32 slices over the data-center network, whose
-  bandwidth per host the presets assume).
+  out: the 128B v5e runs (their remat_policy=qkv_proj_offloaded moves the
+  projections to host memory, which the library does not do).
+* The same tables' multi-slice rows (`maxtext_multislice_rows`): each
+  run above but 128B on v5e on 2 to 32 slices (v5e) or 2 slices (v5p)
+  joined by the data-center network, as MaxText runs them: data
+  parallelism across the slices and FSDP inside each (hybrid sharding:
+  `slices:S` first in the mesh, `outer_batch:slices`, run.outer_batch_size
+  = S, ZeRO 3 over `data`), the per-chip batch of the single-slice run.
 
 Dropout, where the runs used it: Megatron-LM's defaults, which none of the
 Megatron-LM rows' scripts or texts change (`--attention-dropout 0.1` on
@@ -339,6 +343,21 @@ MAXTEXT_TABLE = [
     ("tpu-v5p", 1024, 2048, 2, "layer", 16, 297, False),
 ]
 
+MAXTEXT_MULTISLICE = "MaxText, multi-slice rows of the same READMEs"
+# (TPU, scale, chips per slice) -> [(slices, published TFLOP/s per chip)]
+MAXTEXT_SLICES = {
+    ("tpu-v5e", 16, 256): [(2, 117), (4, 117), (8, 115), (16, 111), (32, 108)],
+    ("tpu-v5e", 32, 256): [(2, 128), (4, 126), (8, 125), (16, 123), (32, 119)],
+    ("tpu-v5e", 64, 256): [(2, 112), (4, 110), (8, 108), (16, 105), (32, 99)],
+    ("tpu-v5p", 32, 64): [(2, 319)],
+    ("tpu-v5p", 64, 64): [(2, 309)],
+    ("tpu-v5p", 128, 128): [(2, 305)],
+    ("tpu-v5p", 128, 256): [(2, 274)],
+    ("tpu-v5p", 256, 512): [(2, 289)],
+    ("tpu-v5p", 512, 512): [(2, 282)],
+    ("tpu-v5p", 1024, 1024): [(2, 237)],
+    ("tpu-v5p", 1024, 2048): [(2, 279)],
+}
 
 # Megatron-LM's default dropout (attention weights and sublayer outputs),
 # which its runs here kept, and OPT's.
@@ -452,31 +471,49 @@ def maxtext_flops(scale: int, batch: int, seq: int = 2048, vocab: int = 32000) -
 
 
 def maxtext_rows():
-  """MaxText's TPU v5e and v5p runs (see the module docstring)."""
+  """MaxText's TPU v5e and v5p runs on one slice (see the module docstring)."""
+  return [_maxtext_row(*entry) for entry in MAXTEXT_TABLE]
+
+
+def maxtext_multislice_rows():
+  """The same runs on 2 to 32 slices (see the module docstring): hybrid
+  sharding, the batch's outer dimension over the slices."""
   rows = []
-  for tpu, scale, chips, per_chip, recompute, t, tflops, fit_row in MAXTEXT_TABLE:
-    d, heads, ff, layers = maxtext_sizes(scale)
-    batch = per_chip * chips
-    mesh = f"data:{chips // t}" + (f";model:{t}" if t > 1 else "")
-    layout = "batch:data" + (";heads:model;d_ff:model;vocab:model;residual_d_model:model"
-                             if t > 1 else "")
-    bindings = [
-        f"num_layers = {layers}", f"d_model = {d}", f"d_ff = {ff}", f"num_heads = {heads}",
-        "d_kv = 128", "run.model_type = 'lm'",
-        "run.sequence_length = {'inputs': 2048, 'targets': 2048}",
-        f"run.batch_size = {batch}", "run.activation_dtype = 'bfloat16'",
-        "run.vocabulary = @vocabulary.SizedVocabulary()", "vocabulary.SizedVocabulary.size = 32000",
-        "run.optimizer = @optimize.AdamWeightDecayOptimizer",
-        "Unitransformer.shared_embedding_and_softmax_weights = False",
-        "DenseReluDense.activation = ['swish', 'linear']",
-        f"transformer.make_layer_stack.recompute = '{recompute}'", "run.zero_stage = 3"]
-    if t > 1:  # the stream between the layers split over d_model, as MaxText's
-      bindings.append("transformer.make_layer_stack.sequence_parallel = 'd_model'")
-    cores = chips * (2 if tpu == "tpu-v5p" else 1)  # v5p-N names N TensorCores, 2 per chip
-    rows.append(Row(f"MaxText {scale}B, {tpu[-3:]}-{cores}", MAXTEXT, tpu, chips, mesh, layout,
-                    bindings, float(tflops), "TFLOP/s per chip", maxtext_flops(scale, batch),
-                    fit=fit_row, attention="fused", overlap=("model_parallel",)))
+  for tpu, scale, chips, per_chip, recompute, t, _, _ in MAXTEXT_TABLE:
+    for slices, tflops in MAXTEXT_SLICES.get((tpu, scale, chips), []):
+      rows.append(_maxtext_row(tpu, scale, chips, per_chip, recompute, t, tflops, False,
+                               slices))
   return rows
+
+
+def _maxtext_row(tpu, scale, chips, per_chip, recompute, t, tflops, fit_row, slices=1):
+  """One MaxText run: `slices` slices of `chips` chips each."""
+  d, heads, ff, layers = maxtext_sizes(scale)
+  batch = per_chip * chips * slices
+  mesh = f"data:{chips // t}" + (f";model:{t}" if t > 1 else "")
+  layout = "batch:data" + (";heads:model;d_ff:model;vocab:model;residual_d_model:model"
+                           if t > 1 else "")
+  bindings = [
+      f"num_layers = {layers}", f"d_model = {d}", f"d_ff = {ff}", f"num_heads = {heads}",
+      "d_kv = 128", "run.model_type = 'lm'",
+      "run.sequence_length = {'inputs': 2048, 'targets': 2048}",
+      f"run.batch_size = {batch}", "run.activation_dtype = 'bfloat16'",
+      "run.vocabulary = @vocabulary.SizedVocabulary()", "vocabulary.SizedVocabulary.size = 32000",
+      "run.optimizer = @optimize.AdamWeightDecayOptimizer",
+      "Unitransformer.shared_embedding_and_softmax_weights = False",
+      "DenseReluDense.activation = ['swish', 'linear']",
+      f"transformer.make_layer_stack.recompute = '{recompute}'", "run.zero_stage = 3"]
+  if t > 1:  # the stream between the layers split over d_model, as MaxText's
+    bindings.append("transformer.make_layer_stack.sequence_parallel = 'd_model'")
+  cores = chips * (2 if tpu == "tpu-v5p" else 1)  # v5p-N names N TensorCores, 2 per chip
+  name, source = f"MaxText {scale}B, {tpu[-3:]}-{cores}", MAXTEXT
+  if slices > 1:  # hybrid sharding: ZeRO inside each slice, the batch split across them
+    mesh, layout = f"slices:{slices};{mesh}", f"outer_batch:slices;{layout}"
+    bindings.append(f"run.outer_batch_size = {slices}")
+    name, source = f"MaxText {scale}B, {slices}x {tpu[-3:]}-{cores}", MAXTEXT_MULTISLICE
+  return Row(name, source, tpu, chips * slices, mesh, layout, bindings, float(tflops),
+             "TFLOP/s per chip", maxtext_flops(scale, batch), fit=fit_row, attention="fused",
+             overlap=("model_parallel",), slices=slices if slices > 1 else 0)
 
 
 def palm_row():
@@ -740,7 +777,8 @@ def _selected(row: Row, selectors) -> bool:
 def all_rows():
   """Every validation row, in the table's order."""
   return ([shazeer_row()] + megatron_rows() + mt_nlg_rows() + korthikanti_rows() + fsdp_rows()
-          + [bloom_row(), palm_row()] + megatron_h100_rows() + mosaic_rows() + maxtext_rows())
+          + [bloom_row(), palm_row()] + megatron_h100_rows() + mosaic_rows() + maxtext_rows()
+          + maxtext_multislice_rows())
 
 
 def compare_auto(selectors=None):

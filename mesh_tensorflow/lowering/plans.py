@@ -738,18 +738,18 @@ def plan_sum_relayout(x, out, layout_of: Callable, pending_axes: Optional[Sequen
   """The LocalPlan of moving `x` to the layout of `out` (same sizes, other
   dimension names). A pending sum (over `pending_axes`) that the new layout
   splits along one of its mesh axes is reduce-scattered there when
-  `reduce_scatter` (the other axes allreduced first); anything else is
-  completed and redistributed."""
+  `reduce_scatter`, and its block then allreduced over the other axes (a
+  1/n share of the bytes crosses them: across TPU slices or hosts, the
+  slower links); anything else is completed and redistributed."""
   in_layout, out_layout = tuple(layout_of(x.shape)), tuple(layout_of(out.shape))
   if reduce_scatter and pending_axes:
     scatter = [(m, t) for t, m in enumerate(out_layout)
                if m is not None and m in pending_axes and in_layout[t] is None]
     if scatter:
-      move = stay(in_layout)
+      move = stay(in_layout).then(*[ReduceScatter(m, t) for m, t in scatter])
       rest = tuple(a for a in pending_axes if a not in {m for m, _ in scatter})
       if rest:
         move = move.then(AllReduce(rest))
-      move = move.then(*[ReduceScatter(m, t) for m, t in scatter])
       move = move.then(plan_relayout(move.target, out_layout))
       return LocalPlan((Operand(0, move, partial=TAKES_PARTIAL),),
                        (Result(out.shape, out.dtype.size, stay(out_layout)),), kernel=False)

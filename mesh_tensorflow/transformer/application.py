@@ -352,9 +352,13 @@ class _Model:
 
   def data(self, config: RunConfig, split_name: str, repeat: bool,
            data_seed: Optional[int]) -> tf.data.Dataset:
-    return config.dataset_fn(split_name, self.setup.vocabulary, config.sequence_length,
+    """Training or evaluation batches, in `setup.training_feature_shapes`."""
+    data = config.dataset_fn(split_name, self.setup.vocabulary, config.sequence_length,
                              self.setup.batch_size, data_seed, repeat,
                              model_type=config.model_type)
+    if self.setup.outer_batch_size > 1:
+      data = data.map(self.setup.to_training_batch)
+    return data
 
 
 def _build(config: RunConfig) -> _Model:
@@ -371,6 +375,7 @@ def _build(config: RunConfig) -> _Model:
         f"batch_size {batch_size} must be a multiple of the batch split {split} (layout "
         f"{config.layout_rules!r} on mesh {config.mesh_shape!r}) times grad_accum_steps "
         f"{grad_accum_steps}.")
+  _check_outer_batch(config, mesh_impl, batch_size // grad_accum_steps, split)
   model_dir, mode = config.model_dir, config.mode
   variable_dtype = _master_dtype_from_checkpoint(
       run_config.get_variable_dtype(), config.checkpoint_path or
@@ -386,13 +391,23 @@ def _build(config: RunConfig) -> _Model:
       model_type=config.model_type, vocabulary=vocabulary, mesh_impl=mesh_impl,
       sequence_length=config.sequence_length, batch_size=batch_size // grad_accum_steps,
       vocab_size=vocabulary.vocab_size, vocab_divisor=config.vocab_divisor,
-      variable_dtype=variable_dtype)
+      variable_dtype=variable_dtype, outer_batch_size=config.outer_batch_size)
   log(f"mode {mode}, model {config.model_type}, mesh '{config.mesh_shape}', layout "
       f"'{config.layout_rules}', batch {batch_size}, sequence length "
       f"{config.sequence_length}, vocabulary {type(vocabulary).__name__} "
       f"({vocabulary.vocab_size} ids, model {setup.model_vocab_size()}), model_dir "
       f"{model_dir or '(none)'}")
   return _Model(mesh_impl, setup, grad_accum_steps)
+
+
+def _check_outer_batch(config: RunConfig, mesh_impl, batch: int, split: int) -> None:
+  """run.outer_batch_size must cut each (micro-)batch into groups that the
+  layout's splits of "outer_batch" and "batch" divide."""
+  outer_split = modeling.dimension_split(mesh_impl, "outer_batch")
+  if config.outer_batch_size > 1 or outer_split > 1:
+    run_config.check_outer_batch(
+        config.outer_batch_size, batch, outer_split, split,
+        f" (layout {config.layout_rules!r} on mesh {config.mesh_shape!r})")
 
 
 def export(config: RunConfig) -> str:
@@ -542,7 +557,8 @@ def _trainer(config: RunConfig, model: _Model) -> "mtf.training.Trainer":
   if config.model_dir and config.fresh and config.mode == "train":
     _clear_model_dir(config.model_dir)
   trainer = mtf.training.Trainer(
-      modeling.make_model_fn(model.setup), model.setup.feature_shapes(), model.mesh_impl,
+      modeling.make_model_fn(model.setup), model.setup.training_feature_shapes(),
+      model.mesh_impl,
       make_optimizer(config.optimizer, learning_rate_schedules.bind_total_train_steps(
           run_config.as_schedule(config.learning_rate_schedule),
           config.total_run_steps or config.train_steps)),

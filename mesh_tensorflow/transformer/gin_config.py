@@ -233,6 +233,7 @@ _RUN_ALIASES = {
     ("score_from_strings", "inputs"): "input_file",
     ("score_from_strings", "targets"): "targets_file",
     ("save_scores", "scores_filename"): "output_file",
+    ("tpu_estimator_model_fn", "outer_batch_size"): "outer_batch_size",
 }
 # Parameters whose foreign value is kept as a ForeignValue (the callee raises
 # a clear error unless a later binding replaces it), rather than dropped.

@@ -31,7 +31,18 @@ def batch_split(mesh_impl) -> int:
     >>> batch_split(PlacementMeshImpl("rows:2;cols:4", "batch:rows", devices))
     2
   """
-  axis = mesh_impl.tensor_dimension_to_mesh_axis(mtf.Dimension("batch", mesh_impl.size))
+  return dimension_split(mesh_impl, "batch")
+
+
+def dimension_split(mesh_impl, name: str) -> int:
+  """Into how many pieces the layout splits the tensor dimension `name`.
+
+  Example:
+    >>> dimension_split(PlacementMeshImpl("rows:2;cols:4", "outer_batch:rows", devices),
+    ...                 "outer_batch")
+    2
+  """
+  axis = mesh_impl.tensor_dimension_to_mesh_axis(mtf.Dimension(name, mesh_impl.size))
   return 1 if axis is None else mesh_impl.shape.dims[axis].size
 
 
@@ -185,6 +196,9 @@ class Setup:
     vocab_divisor: the model's vocabulary is a multiple of this (None: the
       model's own `Unitransformer.vocab_divisor`).
     variable_dtype: master, slice and activation dtypes.
+    outer_batch_size: training and evaluation batches are [outer_batch,
+      batch, length] with this many outer rows (`run.outer_batch_size`);
+      1: [batch, length].
 
   Example:
     >>> setup = Setup("lm", ByteVocabulary(), impl, {"targets": 128}, 32, 259, 8,
@@ -200,6 +214,7 @@ class Setup:
   vocab_size: int
   vocab_divisor: Optional[int]
   variable_dtype: mtf.VariableDType
+  outer_batch_size: int = 1
 
   def model_vocab_size(self) -> int:
     """The model's (rounded-up) output vocabulary size."""
@@ -232,6 +247,29 @@ class Setup:
       for suffix in ("", "_segmentation", "_position"):
         shapes[key + suffix] = f"batch:{batch_size};length:{self.sequence_length[key]}"
     return shapes
+
+  def training_feature_shapes(self) -> Dict[str, str]:
+    """{feature: mtf shape} of a training or evaluation batch: with
+    `outer_batch_size` > 1, [outer_batch, batch / outer_batch, length].
+
+    Example:
+      >>> dataclasses.replace(setup, outer_batch_size=2).training_feature_shapes()["targets"]
+      'outer_batch:2;batch:16;length:128'
+    """
+    outer = self.outer_batch_size
+    if outer == 1:
+      return self.feature_shapes()
+    return {k: f"outer_batch:{outer};batch:{self.batch_size // outer};" + v.split(";", 1)[1]
+            for k, v in self.feature_shapes().items()}
+
+  def to_training_batch(self, features: Mapping[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+    """A dataset batch ([batch, length] features) in the shapes of
+    `training_feature_shapes` (`dataset.map` it)."""
+    if self.outer_batch_size == 1:
+      return dict(features)
+    shapes = self.training_feature_shapes()
+    return {k: tf.reshape(v, mtf.convert_to_shape(shapes[k]).to_integer_list())
+            if k in shapes else v for k, v in features.items()}
 
 
 def call_model(setup: Setup, model, features: Mapping[str, mtf.Tensor], mode: str,

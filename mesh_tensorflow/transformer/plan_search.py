@@ -24,7 +24,12 @@ divides d_model, the stream's d_model is split instead,
 `residual_d_model:model`) unless the config's stack cannot be. A config
 with mixture-of-experts layers (`MoE1D.num_experts`) is also tried with its
 experts split over the data dimension (`experts:data`, GShard's layout)
-where D divides the number of experts. Each
+where D divides the number of experts. On TPU slices (`--hardware=NAME:SxN`)
+a mesh without a pipeline is also tried as hybrid sharding,
+`slices:S;data:D/S;model:T` with `outer_batch:slices` and
+`run.outer_batch_size = S`, at ZeRO stages 2 and 3: the state is sharded
+inside each slice and only the gradients' blocks cross the data-center
+network. Each
 printed plan says why it is where it is: its largest time components and its
 memory headroom.
 
@@ -59,6 +64,11 @@ SEQUENCE_PARALLEL_RULE = "residual_length:model"
 EXPERT_RULE = "experts:data"
 # sequence_parallel mode -> the layout rule that splits the stream.
 STREAM_RULES = {"length": SEQUENCE_PARALLEL_RULE, "d_model": "residual_d_model:model"}
+# Hybrid sharding on TPU slices: the mesh dimension of the slices, the
+# rule that splits the batch's outer dimension over it, and its size's binding.
+SLICES = "slices"
+HYBRID_RULE = "outer_batch:slices"
+OUTER_BATCH = "run.outer_batch_size"
 # Recomputation policies tried (LayerStack.recompute).
 RECOMPUTE_POLICIES = ("none", "selective", "projections", "layer")
 
@@ -138,6 +148,8 @@ def gin_bindings(plan: planner.Plan) -> List[str]:
            if o.recompute_layers is not None else []),
          f"run.zero_stage = {o.zero_stage}"]
   rules = plan.layout.split(";")
+  if HYBRID_RULE in rules:
+    out.append(f"{OUTER_BATCH} = {plan.mesh_shape.split(';')[0].split(':')[1]}")
   if SEQUENCE_PARALLEL_RULE in rules:
     out.append(f"{SEQUENCE_PARALLEL} = True")
   elif STREAM_RULES["d_model"] in rules:
@@ -158,13 +170,17 @@ def gin_bindings(plan: planner.Plan) -> List[str]:
 def _plan(cluster, mesh: str, layout: str, options, sequence_parallel: Optional[str]):
   """planner.plan_current_config, the stack's stream split as
   `sequence_parallel` says ("length", "d_model"; None: as configured) and
-  the layout given its rule, for the duration."""
-  if not sequence_parallel:
-    return planner.plan_current_config(cluster, mesh, layout, options)
+  the layout given its rule, for the duration; run.outer_batch_size the
+  size of the mesh's `slices` dimension (hybrid sharding), else 1 (the
+  layouts searched split only "batch")."""
   from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
-  with gin_config.overridden({SEQUENCE_PARALLEL: sequence_parallel}, {SEQUENCE_PARALLEL: False}):
-    return planner.plan_current_config(
-        cluster, mesh, layout + ";" + STREAM_RULES[sequence_parallel], options)
+  slices = dict(d.split(":") for d in mesh.split(";")).get(SLICES, 1)
+  bindings, defaults = {OUTER_BATCH: int(slices)}, {OUTER_BATCH: 1}
+  if sequence_parallel:
+    bindings[SEQUENCE_PARALLEL], defaults[SEQUENCE_PARALLEL] = sequence_parallel, False
+    layout += ";" + STREAM_RULES[sequence_parallel]
+  with gin_config.overridden(bindings, defaults):
+    return planner.plan_current_config(cluster, mesh, layout, options)
 
 
 def _stream_mode(t: int, seq_len: int, d_model: int) -> Optional[str]:
@@ -264,8 +280,13 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
       # (stage, reshard_after_forward)
       zero_stages = ((0, True), (2, True)) + (((3, True), (3, False)) if p == 1 else ())
       sequence_parallel = _stream_mode(t, seq_len, d_model) if sequence_parallel_ok else None
-      for layout, m, v, recompute, (zero, reshard) in itertools.product(
-          layouts, micros, chunks, policies, zero_stages):
+      candidates = [(mesh, layout, zero_stages) for layout in layouts]
+      hybrid = _hybrid(cluster, p, d, t, base_layout)
+      if hybrid:  # ZeRO inside each TPU slice, data parallelism across them
+        candidates.append(hybrid + (zero_stages[1:],))
+      combos = ((c, m, v, r, z) for c in candidates
+                for m, v, r in itertools.product(micros, chunks, policies) for z in c[2])
+      for (mesh, layout, _), m, v, recompute, (zero, reshard) in combos:
         if v > 1 and m % p:  # the interleaved schedule runs groups of p micro-batches
           continue
         now = time.time()
@@ -312,6 +333,19 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
                           f"{plan.memory_bytes_per_device / 2**30:.1f} GiB")
   return SearchResult(_ranked(plans), tried, rejected, time.time() - start, top, stopped,
                       memory_budget_bytes)
+
+
+def _hybrid(cluster: hardware_lib.Cluster, p: int, d: int, t: int,
+            layout: str) -> Optional[Tuple[str, str]]:
+  """(mesh, layout) of hybrid sharding for a mesh without a pipeline on a
+  cluster of TPU slices: `slices:S;data:D/S;model:T` with "outer_batch"
+  split over the slices (ZeRO then shards over `data`, inside each slice);
+  None on one slice, with a pipeline, or where S does not divide D."""
+  s = cluster.slices
+  if s <= 1 or p > 1 or d % s or d == s:
+    return None
+  return (f"{SLICES}:{s};data:{d // s}" + (f";model:{t}" if t > 1 else ""),
+          HYBRID_RULE + ";" + layout)
 
 
 def _fewest_recomputed(plan_with: Callable[[int], planner.Plan],

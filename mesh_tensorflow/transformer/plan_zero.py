@@ -8,7 +8,9 @@ data-parallel mesh dimensions (dp processors):
   of the optimizer slots; stages 1 and 2 then all-gather the new values into
   the replicated variables, after the update (nothing hides them);
 * stage >= 2: the gradients' all-reduce over the data-parallel dimensions is
-  a reduce-scatter into the blocks, and the gradients take 1/dp of memory;
+  a reduce-scatter into the blocks, and the gradients take 1/dp of memory
+  (where "outer_batch" is split over other mesh dimensions, the blocks are
+  then all-reduced over those: hybrid sharded data parallelism);
 * stage 3: the variables are stored in blocks; each layer's are gathered
   in the forward pass and (unless `run.zero_reshard_after_forward = False`)
   again in the backward pass, a few variables ahead of their use, so each
@@ -25,20 +27,25 @@ byte stored (1, or activation bytes / 4).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 
 def optimizer_phase(opt, dp_axes: Tuple[int, ...], dp: int, stage: int,
-                    read_per_stored: float = 1.0):
+                    read_per_stored: float = 1.0,
+                    reduce_axes: Optional[Tuple[int, ...]] = None):
   """The optimizer phase as `mtf.zero` runs it at `stage`, and the
   collectives that follow the update.
 
   Args:
     opt: the optimizer phase (a `planner._Phase`) without ZeRO.
-    dp_axes: the data-parallel axes of the sub-mesh.
+    dp_axes: the data-parallel axes of the sub-mesh that ZeRO shards over.
     dp: processors along them.
     stage: run.zero_stage.
     read_per_stored: bytes moved per byte of a stored variable.
+    reduce_axes: the axes the gradients are summed over (default dp_axes):
+      with "outer_batch" split too, from stage 2 a gradient is
+      reduce-scattered over dp_axes and its block allreduced over the others
+      (`plans.plan_sum_relayout`).
 
   Returns:
     (the phase with 1/dp of the update's FLOPs and bytes and its gradient
@@ -50,15 +57,21 @@ def optimizer_phase(opt, dp_axes: Tuple[int, ...], dp: int, stage: int,
     return opt, {}
   comm: Dict[tuple, float] = {}
   after: Dict[tuple, float] = {}
+  reduce_axes = tuple(dp_axes if reduce_axes is None else reduce_axes)
+  rest = tuple(a for a in reduce_axes if a not in dp_axes)
+
+  def add(into: Dict[tuple, float], key: tuple, count: float) -> None:
+    into[key] = into.get(key, 0) + count
   for key, count in opt.comm.items():
     kind, axes, nbytes = key
-    if kind == "allreduce" and tuple(axes) == tuple(dp_axes):
+    if kind == "allreduce" and tuple(axes) == reduce_axes:
       if stage <= 2:
-        gather = ("allgather", axes, int(nbytes / read_per_stored) // dp)
-        after[gather] = after.get(gather, 0) + count
+        add(after, ("allgather", tuple(dp_axes), int(nbytes / read_per_stored) // dp), count)
       if stage >= 2:
-        key = ("reduce_scatter", axes, nbytes)
-    comm[key] = comm.get(key, 0) + count
+        key = ("reduce_scatter", tuple(dp_axes), nbytes)
+        if rest:
+          add(comm, ("allreduce", rest, nbytes // dp), count)
+    add(comm, key, count)
   return dataclasses.replace(opt, flops=opt.flops / dp, bytes=opt.bytes / dp, comm=comm), after
 
 

@@ -65,7 +65,7 @@ from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
 from mesh_tensorflow.analysis.cost_model import memory as memory_lib
 from mesh_tensorflow.analysis.cost_model import topology
 from mesh_tensorflow.lowering import observers
-from mesh_tensorflow.transformer import plan_combine, plan_notes, plan_zero
+from mesh_tensorflow.transformer import plan_batch, plan_combine, plan_notes, plan_zero
 
 from mesh_tensorflow.transformer.plan_types import (  # noqa: F401 (re-exported)
     GIB, OVERLAP_LABELS, Communication, Plan, PlanOptions)
@@ -273,9 +273,10 @@ def _price_step(step: _Step) -> _Priced:
   # The input of a layer: the activation slice of [batch, length, d_model]
   # (with sequence parallelism, the stream's [batch, residual_length,
   # d_model] or [batch, length, residual_d_model], which the layers pass on
-  # and a pipeline sends).
+  # and a pipeline sends), with [outer_batch] in front where the batch has one.
   forward = [t for op in ops[:first_bwd] for t in op.outputs]
-  streams = [t for t in forward if len(t.shape.dims) == 3
+  streams = [t for t in forward
+             if len(t.shape.dims) - ("outer_batch" in t.shape.dimension_names) == 3
              and {"d_model", sequence_parallel.RESIDUAL_D_MODEL} & set(t.shape.dimension_names)]
   streams = [t for t in streams
              if set(sequence_parallel.STREAM_NAMES) & set(t.shape.dimension_names)] or streams
@@ -492,18 +493,8 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   batch = report.configured_batch_size(full_shape.to_string(), rules.to_string())
   grad_accum = int(b.get("grad_accum_steps") or 1)
   m = options.num_microbatches * grad_accum
-  if batch % m:
-    raise ValueError(f"run.batch_size = {batch} is not a multiple of the "
-                     f"{m} micro-batches.")
-  micro = batch // m
-  ways = dict(zip(names, sizes)).get(rule_map.get("batch"), 1)
-  if micro % ways:
-    fix = (f"use a number of micro-batches that divides {batch // ways}" if batch % ways == 0
-           else f"use a batch size that is a multiple of {ways}, or split batch over fewer "
-           "processors")
-    raise ValueError(f"run.batch_size = {batch} in {m} micro-batches (num_microbatches x "
-                     f"grad_accum_steps) gives {micro} sequences each, which the layout's "
-                     f"batch:{rule_map['batch']} ({ways}-way) does not divide; {fix}.")
+  micro = plan_batch.micro_batch(batch, m, int(b.get("outer_batch_size") or 1),
+                                 dict(zip(names, sizes)), rule_map)
   num_layers = int(_binding("transformer.make_layer_stack.num_layers", 6))
   s = options.num_stages
   chunks = s * (options.virtual_stages if s > 1 else 1)
@@ -574,14 +565,12 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   elif options.recompute == "projections":
     recompute_l = _compute_time(layer["projections"], h) + pricer.total(layer["projections"])
     recompute_flops_l = layer["projections"].model_flops
-  dp_axes = tuple(i for i, d in enumerate(sub_dims) if rule_map.get("batch") == d.name)
+  data = plan_batch.data_parallel(sub_dims, rule_map)
+  dp_axes, dp = data.zero_axes, data.zero_size  # ZeRO's
   if options.zero_stage and not dp_axes:
     raise ValueError(f"run.zero_stage = {options.zero_stage} shards the training state over the "
                      f"data-parallel mesh dimension, but layout {rules.to_string()!r} does not "
                      "split 'batch': add a rule such as 'batch:data', or set run.zero_stage = 0.")
-  dp = 1
-  for a in dp_axes:
-    dp *= sub_dims[a].size
   micro_time = per_stage * (fwd_l + bwd_l) + recomputed * recompute_l + fwd_x + bwd_x
   p2p = 0.0
   if s > 1:
@@ -593,7 +582,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   bubble = (slots - m) * (micro_time + p2p)
   # Once per step: the gradient reduction and the optimizer's update.
   opt, after_update = plan_zero.optimizer_phase(stage_phase("optimizer"), dp_axes, dp,
-                                                 options.zero_stage, read_per_stored)
+                                                 options.zero_stage, read_per_stored, data.axes)
   if options.fusion == "xla":  # merged as XLA's combiner passes merge them
     size = lambda axes: observers.group_size(pricer.full_axes(axes), pricer.full_sizes)  # noqa
     opt = dataclasses.replace(opt, comm=plan_combine.combine(opt.comm, size))
@@ -678,7 +667,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
       [] if layout is None else report.unused_rule_notes(sub_rules, one.dimension_names),
       sequence_parallel.unsplit_stream_notes(
           _binding("transformer.make_layer_stack.sequence_parallel", False), sub_rules), gpipe)
-  notes += plan_notes.placement_notes(comms, full_shape, {sub_dims[a].name for a in dp_axes},
+  notes += plan_notes.placement_notes(comms, full_shape, {sub_dims[a].name for a in data.axes},
                                       cluster)
   return Plan(str(cluster), full_shape.to_string(), rules.to_string(), options, step_time,
               batch * seq_len, model_flops, hw_flops, model_flops / (step_time * peak),

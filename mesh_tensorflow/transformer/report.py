@@ -221,11 +221,12 @@ def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] 
         sequence_length=sequence_length, batch_size=batch_size,
         vocab_size=vocabulary.vocab_size, vocab_divisor=b.get("vocab_divisor"),
         variable_dtype=mtf.VariableDType(tf.float32, tf.float32,
-                                         b.get("activation_dtype") or "float32"))
+                                         b.get("activation_dtype") or "float32"),
+        outer_batch_size=int(b.get("outer_batch_size") or 1))
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
     features = {}
-    for name, shape in setup.feature_shapes().items():
+    for name, shape in setup.training_feature_shapes().items():
       shape = mtf.convert_to_shape(shape)
       # A broadcast scalar: no tensor of the feature's size is allocated.
       features[name] = mtf.import_tf_tensor(

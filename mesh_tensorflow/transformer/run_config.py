@@ -144,6 +144,25 @@ def get_variable_dtype(master_dtype="float32", slice_dtype="float32",
                            tf.as_dtype(activation_dtype))
 
 
+def check_outer_batch(outer: int, batch: int, outer_split: int, split: int,
+                      where: str = "") -> None:
+  """Rejects a run.outer_batch_size that does not cut `batch` sequences
+  (a micro-batch's) into outer_batch x batch / outer_batch with each a
+  multiple of its split by the layout (`outer_split`, `split`).
+
+  Example:
+    >>> check_outer_batch(2, 4, 2, 4)
+    Traceback (most recent call last):
+    ValueError: run.outer_batch_size = 2: a batch of 4 sequences is ...
+  """
+  if batch % outer or outer % outer_split or (batch // outer) % split:
+    raise ValueError(
+        f"run.outer_batch_size = {outer}: a batch of {batch} sequences is outer_batch "
+        f"{outer} x batch {batch / outer:g}; outer_batch must divide it and be a multiple of "
+        f"its split ({outer_split}-way), batch a multiple of its split ({split}-way){where}: "
+        "change run.outer_batch_size, run.batch_size or the layout.")
+
+
 def compute_batch_size(sequence_length: Mapping[str, int], mesh_shape, layout_rules,
                        method_and_value) -> int:
   """Sequences per batch from the original's (method, value) form:
@@ -283,7 +302,7 @@ def as_schedule(learning_rate_schedule):
   return learning_rate_schedule
 
 
-_POSITIVE = ("batch_size", "train_steps", "eval_steps", "keep_checkpoints",
+_POSITIVE = ("batch_size", "outer_batch_size", "train_steps", "eval_steps", "keep_checkpoints",
              "grad_accum_steps", "decode_length", "beam_size")
 _NON_NEGATIVE = ("eval_every", "num_samples", "checkpoint_every", "log_every")
 
@@ -367,6 +386,14 @@ class RunConfig:
     sequence_length: {"inputs": n, "targets": m}.
     batch_size: rows per training batch; the mesh dimension splitting
       "batch" must divide it.
+    outer_batch_size: training and evaluation batches of shape [outer_batch,
+      batch, length]: outer_batch_size groups of batch_size /
+      outer_batch_size rows (the original's tpu_estimator_model_fn
+      parameter). A layout may then split the two over different mesh
+      dimensions: "outer_batch:slices;batch:data" with run.zero_stage
+      shards the training state over `data` only and reduces the
+      gradients over `slices` (hybrid sharded data parallelism). Decoding
+      and scoring read one flat batch.
     train_steps: the global step to train to (a resumed run continues to it).
     eval_steps: held-out batches per evaluation.
     eval_every: also evaluate every this many steps (0: at the end only).
@@ -491,6 +518,7 @@ class RunConfig:
   dataset_fn: Callable = dataset_lib.dataset_fn
   sequence_length: Any = None
   batch_size: Any = 32
+  outer_batch_size: int = 1
   train_steps: Any = 1000
   eval_steps: int = 20
   eval_every: int = 0
@@ -639,7 +667,8 @@ class RunConfig:
                                        -1 if mode == "infer" else 40, self.model_type),
         **{name: IGNORED for name in given})
     check_settings(
-        mode, sequence_length=sequence_length, batch_size=batch_size, train_steps=train_steps,
+        mode, sequence_length=sequence_length, batch_size=batch_size,
+        outer_batch_size=config.outer_batch_size, train_steps=train_steps,
         eval_steps=config.eval_steps, eval_every=config.eval_every,
         checkpoint_every=config.checkpoint_every, keep_checkpoints=config.keep_checkpoints,
         log_every=config.log_every,

@@ -350,10 +350,12 @@ def _period(layers) -> int:
 
 
 def _batch_dim(context: Context, x: mtf.Tensor) -> mtf.Dimension:
-  for d in context.batch_dims:
-    if d in x.shape.dims:
-      return d
-  return x.shape.dims[0]
+  """The dimension of x that micro-batches split: "batch" (not an outer
+  batch dimension before it: run.outer_batch_size), else the first batch
+  dimension x has, else its first."""
+  present = [d for d in context.batch_dims if d in x.shape.dims]
+  named = [d for d in present if d.name == "batch"]
+  return (named or present or x.shape.dims[:1])[0]
 
 from mesh_tensorflow.core import autograph_exempt as _autograph_exempt  # noqa: E402  pylint: disable=g-import-not-at-top
 _autograph_exempt.exempt(globals())  # AutoGraph leaves this module's code alone

@@ -171,6 +171,34 @@ def test_a_plan_on_tpu_slices_prices_the_data_dimension_on_the_network():
   assert two.memory == one.memory
 
 
+def test_hybrid_sharding_across_tpu_slices_sends_only_gradient_blocks_over_the_network():
+  """run.outer_batch_size = 2 with "outer_batch:slices;batch:data" on two
+  slices: ZeRO 3 shards over data (inside a slice), so its gathers and
+  reduce-scatters stay on the torus and only the gradients' blocks (1/16 of
+  them) are allreduced over the data-center network; ZeRO 3 over all 32
+  chips instead gathers across it, and keeps half the optimizer state."""
+  hybrid = _plan(["run.zero_stage = 3", "run.outer_batch_size = 2"], cluster="tpu-v5e:2x16",
+                 mesh="slices:2;data:16", layout="outer_batch:slices;batch:data")
+  flat = _plan(["run.zero_stage = 3"], cluster="tpu-v5e:2x16", mesh="data:32",
+               layout="batch:data")
+  network = [c for c in hybrid.communications if "data-center network" in c.link]
+  assert {c.mesh_dims for c in network} <= {("slices",), ("slices", "data")}
+  blocks, = [c for c in network if c.mesh_dims == ("slices",)]
+  scattered = sum(c.bytes_per_processor * c.count for c in hybrid.communications
+                  if c.kind == "reduce_scatter" and c.mesh_dims == ("data",))
+  assert blocks.kind == "allreduce" and blocks.phase == "optimizer"
+  assert blocks.bytes_per_processor * blocks.count == pytest.approx(scattered / 16, rel=1e-6)
+  assert all("data-center network" in c.link for c in flat.communications
+             if c.kind == "allgather")
+  assert hybrid.memory["optimizer_slots"] == pytest.approx(2 * flat.memory["optimizer_slots"])
+  # Two sequences per chip either way: the same activations.
+  assert hybrid.memory["activations"] == pytest.approx(flat.memory["activations"])
+  assert hybrid.step_time_s < flat.step_time_s
+  with pytest.raises(ValueError, match=r"run.outer_batch_size = 3: a batch of 64 sequences"):
+    _plan(["run.outer_batch_size = 3"], cluster="tpu-v5e:2x16", mesh="slices:2;data:16",
+          layout="outer_batch:slices;batch:data")
+
+
 def test_a_model_dimension_across_hosts_or_slices_gets_a_note_with_the_mesh_reordered():
   """Processors are numbered row-major and a host (a TPU slice) holds
   consecutive ones: `model:8;data:2` on 8-GPU hosts puts each tensor-parallel
@@ -501,6 +529,25 @@ def test_scale_validation_quick_rows_within_15_percent():
   assert op_by_op.time_breakdown["grad_reduce_exposed"] > 0.15, op_by_op.time_breakdown
 
 
+def test_scale_validation_multislice_row_plans_hybrid_sharding_as_it_ran():
+  """MaxText's 32B run on 8 slices of 256 TPU v5e chips (held out): within
+  15%, with ZeRO inside each slice (the single-slice run's memory per chip)
+  and the gradients' blocks allreduced over the data-center network."""
+  scale_validation = _scale_validation()
+  rows = {r.name: r for r in scale_validation.maxtext_multislice_rows()}
+  assert len(rows) == 23
+  row = rows["MaxText 32B, 8x v5e-256"]
+  assert row.cluster == "tpu-v5e:8x256" and "run.outer_batch_size = 8" in row.bindings
+  value, plan = scale_validation.predict(row)
+  assert abs(value / row.published - 1) < 0.15, value
+  one = {r.name: r for r in scale_validation.maxtext_rows()}["MaxText 32B, v5e-256"]
+  _, single = scale_validation.predict(one)
+  assert plan.memory_bytes_per_device == pytest.approx(single.memory_bytes_per_device)
+  blocks = [c for c in plan.communications if c.mesh_dims == ("slices",)]
+  assert blocks and all(c.kind == "allreduce" and "data-center network" in c.link
+                        for c in blocks)
+
+
 def test_gpu_presets_efficiencies_are_the_fit_of_the_fit_rows():
   """The presets' matmul_efficiency and hbm_efficiency are what
   `scale_validation.py --fit` finds on its fit rows (rounded as stored)."""
@@ -692,6 +739,31 @@ def test_auto_search_recomputes_only_as_many_layers_as_memory_requires():
   assert f"recompute=layer (first {k} layers)  zero=0" in result.summary() or \
       result.plans.index(partial[0]) >= result.top
   assert dataclasses.replace(partial[0].options, recompute_layers=None) == every.options
+
+
+def test_auto_search_on_tpu_slices_tries_hybrid_sharding_and_says_how_to_run_it():
+  """On two slices the search also prices `slices:2;data:D/2` with the batch's
+  outer dimension over the slices, at ZeRO 2 and 3 only; its plans are the
+  planner's for that mesh, and their gin sets run.outer_batch_size."""
+  from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
+  gin_config.parse([], MODEL + ["num_layers = 4", "run.batch_size = 32"])
+  result = plan_search.search(hardware.parse_cluster("tpu-v5e:2x8"), top=500,
+                              micro_sizes=(1,), virtual_stages=(1,))
+  hybrid = [p for p in result.plans if p.mesh_shape.startswith("slices:2;")]
+  assert hybrid and {p.options.zero_stage for p in hybrid} == {2, 3}
+  assert {p.mesh_shape for p in hybrid} >= {"slices:2;data:8", "slices:2;data:4;model:2"}
+  assert all(p.layout.startswith("outer_batch:slices;batch:data") for p in hybrid)
+  assert not any("slices" in p.mesh_shape for p in result.plans if p.options.num_stages > 1)
+  first = hybrid[0]
+  bindings = plan_search.gin_bindings(first)
+  assert "run.outer_batch_size = 2" in bindings
+  alone = _plan(["num_layers = 4", "run.batch_size = 32", "run.outer_batch_size = 2",
+                 "run.float32_master_in_optimizer = True"], cluster="tpu-v5e:2x8",
+                mesh=first.mesh_shape, layout=first.layout, **{
+                    f: getattr(first.options, f) for f in ("recompute", "zero_stage",
+                                                           "zero_reshard_after_forward")})
+  assert alone.step_time_s == pytest.approx(first.step_time_s)
+  assert alone.memory_bytes_per_device == pytest.approx(first.memory_bytes_per_device)
 
 
 def test_auto_search_returns_fitting_plans_fastest_first():

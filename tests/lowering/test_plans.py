@@ -260,8 +260,8 @@ def test_permute_and_reduce_scatter_steps_run_as_their_collectives():
 def test_local_plans_of_shift_and_sum_relayout():
   """plan_shift exchanges only the boundary (a Permute) when the offset fits
   in a slice and gathers otherwise; plan_sum_relayout reduce-scatters a
-  pending sum into the axis the new layout splits, after allreducing its
-  other axes."""
+  pending sum into the axis the new layout splits, then allreduces the
+  block over its other axes (the smaller tensor on those links)."""
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "m")
   x = mtf.zeros(mesh, "batch:4;length:16")
@@ -281,7 +281,7 @@ def test_local_plans_of_shift_and_sum_relayout():
                                          partial_sum_axes_of=lambda t: (0, 1)))
   (operand,) = plan.operands
   assert operand.partial == plans.TAKES_PARTIAL and not plan.kernel
-  assert operand.move.steps == (plans.AllReduce((1,)), plans.ReduceScatter(0, 1))
+  assert operand.move.steps == (plans.ReduceScatter(0, 1), plans.AllReduce((1,)))
 
 
 def test_replica_splits_cut_the_largest_whole_axis_each_replica_axis_divides():

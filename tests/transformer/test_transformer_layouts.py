@@ -114,3 +114,37 @@ def _moe_rules(layout_file):
   finally:
     gin.clear_config()
   return tuple(sorted((t, m) for t, m in rules.pairs if t in ("experts", "d_ff", "heads")))
+
+
+def test_outer_batch_with_zero_over_batch_only_gives_the_same_losses():
+  """run.outer_batch_size = 2 with "outer_batch:slices;batch:data" and ZeRO
+  3 (hybrid sharded data parallelism, as across TPU slices) trains like one
+  device; the original's tpu_estimator_model_fn.outer_batch_size binds it."""
+  reference = _train("models/tiny_lm.gin", "single.gin", "run.num_samples = 0")
+  hybrid = _train("models/tiny_lm.gin", "single.gin", "run.num_samples = 0",
+                  "tpu_estimator_model_fn.outer_batch_size = 2",
+                  "run.mesh_shape = 'slices:2;data:4'",
+                  "run.layout_rules = 'outer_batch:slices;batch:data'", "run.zero_stage = 3")
+  np.testing.assert_allclose(hybrid["losses"], reference["losses"], rtol=2e-4)
+  assert hybrid["eval_loss"] == pytest.approx(reference["eval_loss"], rel=2e-4)
+  with pytest.raises(ValueError, match=r"run.outer_batch_size = 3: a batch of 8 sequences"):
+    _train("models/tiny_lm.gin", "single.gin", "run.outer_batch_size = 3")
+  with pytest.raises(ValueError, match=r"run.outer_batch_size = 2: .*its split \(4-way\) \(layout"):
+    _train("models/tiny_lm.gin", "single.gin", "run.outer_batch_size = 2",
+           "run.mesh_shape = 'slices:2;data:4'",
+           "run.layout_rules = 'outer_batch:slices;batch:data'", "run.batch_size = 4")
+
+
+def test_outer_batch_in_a_pipeline_micro_batches_the_inner_batch():
+  """A pipeline cuts "batch", not the outer dimension, into micro-batches:
+  2 stages x outer_batch over slices x batch over data trains like one
+  device."""
+  two = ["num_layers = 2", "run.num_samples = 0"]
+  reference = _train("models/tiny_lm.gin", "single.gin", *two)
+  pipelined = _train("models/tiny_lm.gin", "single.gin", *two,
+                     "transformer.make_layer_stack.num_stages = 2",
+                     "transformer.make_layer_stack.num_microbatches = 2",
+                     "run.outer_batch_size = 2", "run.mesh_shape = 'pipe:2;slices:2;data:2'",
+                     "run.layout_rules = 'stages:pipe;outer_batch:slices;batch:data'",
+                     "run.zero_stage = 2")
+  np.testing.assert_allclose(pipelined["losses"], reference["losses"], rtol=2e-4)
