@@ -25,11 +25,12 @@ divides d_model, the stream's d_model is split instead,
 with mixture-of-experts layers (`MoE1D.num_experts`) is also tried with its
 experts split over the data dimension (`experts:data`, GShard's layout)
 where D divides the number of experts. On TPU slices (`--hardware=NAME:SxN`)
-a mesh without a pipeline is also tried as hybrid sharding,
-`slices:S;data:D/S;model:T` with `outer_batch:slices` and
-`run.outer_batch_size = S`, at ZeRO stages 2 and 3: the state is sharded
-inside each slice and only the gradients' blocks cross the data-center
-network. Each
+and on GPU clusters of several hosts a mesh without a pipeline is also
+tried as hybrid sharding, `slices:S;data:D/S;model:T` (`hosts:H;...` on
+GPUs) with `outer_batch` split over the first dimension and
+`run.outer_batch_size` its size, at ZeRO stages 2 and 3: the state is
+sharded inside each slice or host and only the gradients' blocks cross
+the network. Each
 printed plan says why it is where it is: its largest time components and its
 memory headroom.
 
@@ -64,10 +65,11 @@ SEQUENCE_PARALLEL_RULE = "residual_length:model"
 EXPERT_RULE = "experts:data"
 # sequence_parallel mode -> the layout rule that splits the stream.
 STREAM_RULES = {"length": SEQUENCE_PARALLEL_RULE, "d_model": "residual_d_model:model"}
-# Hybrid sharding on TPU slices: the mesh dimension of the slices, the
-# rule that splits the batch's outer dimension over it, and its size's binding.
-SLICES = "slices"
-HYBRID_RULE = "outer_batch:slices"
+# Hybrid sharding: the mesh dimension of the groups that ZeRO shards within
+# (TPU slices; a GPU cluster's hosts), the rule splitting the batch's outer
+# dimension over it, and its size's binding.
+GROUP_DIMS = {"tpu": "slices", "gpu": "hosts"}
+OUTER_RULE = "outer_batch:"
 OUTER_BATCH = "run.outer_batch_size"
 # Recomputation policies tried (LayerStack.recompute).
 RECOMPUTE_POLICIES = ("none", "selective", "projections", "layer")
@@ -148,8 +150,10 @@ def gin_bindings(plan: planner.Plan) -> List[str]:
            if o.recompute_layers is not None else []),
          f"run.zero_stage = {o.zero_stage}"]
   rules = plan.layout.split(";")
-  if HYBRID_RULE in rules:
-    out.append(f"{OUTER_BATCH} = {plan.mesh_shape.split(';')[0].split(':')[1]}")
+  outer = [r.split(":")[1] for r in rules if r.startswith(OUTER_RULE)]
+  if outer:
+    sizes = dict(d.split(":") for d in plan.mesh_shape.split(";"))
+    out.append(f"{OUTER_BATCH} = {sizes[outer[0]]}")
   if SEQUENCE_PARALLEL_RULE in rules:
     out.append(f"{SEQUENCE_PARALLEL} = True")
   elif STREAM_RULES["d_model"] in rules:
@@ -171,11 +175,13 @@ def _plan(cluster, mesh: str, layout: str, options, sequence_parallel: Optional[
   """planner.plan_current_config, the stack's stream split as
   `sequence_parallel` says ("length", "d_model"; None: as configured) and
   the layout given its rule, for the duration; run.outer_batch_size the
-  size of the mesh's `slices` dimension (hybrid sharding), else 1 (the
-  layouts searched split only "batch")."""
+  size of the mesh dimension that splits "outer_batch" (hybrid sharding),
+  else 1 (the other layouts searched split only "batch")."""
   from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
-  slices = dict(d.split(":") for d in mesh.split(";")).get(SLICES, 1)
-  bindings, defaults = {OUTER_BATCH: int(slices)}, {OUTER_BATCH: 1}
+  sizes = dict(d.split(":") for d in mesh.split(";"))
+  rules = dict(r.split(":") for r in layout.split(";"))
+  groups = int(sizes[rules["outer_batch"]]) if "outer_batch" in rules else 1
+  bindings, defaults = {OUTER_BATCH: groups}, {OUTER_BATCH: 1}
   if sequence_parallel:
     bindings[SEQUENCE_PARALLEL], defaults[SEQUENCE_PARALLEL] = sequence_parallel, False
     layout += ";" + STREAM_RULES[sequence_parallel]
@@ -282,7 +288,7 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
       sequence_parallel = _stream_mode(t, seq_len, d_model) if sequence_parallel_ok else None
       candidates = [(mesh, layout, zero_stages) for layout in layouts]
       hybrid = _hybrid(cluster, p, d, t, base_layout)
-      if hybrid:  # ZeRO inside each TPU slice, data parallelism across them
+      if hybrid:  # ZeRO inside each slice or host, data parallelism across them
         candidates.append(hybrid + (zero_stages[1:],))
       combos = ((c, m, v, r, z) for c in candidates
                 for m, v, r in itertools.product(micros, chunks, policies) for z in c[2])
@@ -337,15 +343,21 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
 
 def _hybrid(cluster: hardware_lib.Cluster, p: int, d: int, t: int,
             layout: str) -> Optional[Tuple[str, str]]:
-  """(mesh, layout) of hybrid sharding for a mesh without a pipeline on a
-  cluster of TPU slices: `slices:S;data:D/S;model:T` with "outer_batch"
-  split over the slices (ZeRO then shards over `data`, inside each slice);
-  None on one slice, with a pipeline, or where S does not divide D."""
-  s = cluster.slices
-  if s <= 1 or p > 1 or d % s or d == s:
+  """(mesh, layout) of hybrid sharding for a mesh without a pipeline: on S
+  TPU slices `slices:S;data:D/S;model:T`, on a GPU cluster of H hosts
+  `hosts:H;data:D/H;model:T`, with "outer_batch" split over the first
+  dimension (ZeRO then shards over `data`, inside a slice or host); None
+  on one slice or host, with a pipeline, or where S (H) does not divide D
+  into more than one."""
+  kind, h = cluster.hardware.kind, cluster.hardware
+  whole_hosts = cluster.count % h.devices_per_host == 0
+  groups = (cluster.slices if kind == "tpu" else
+            cluster.num_hosts if kind == "gpu" and whole_hosts else 0)
+  if groups <= 1 or p > 1 or d % groups or d == groups:
     return None
-  return (f"{SLICES}:{s};data:{d // s}" + (f";model:{t}" if t > 1 else ""),
-          HYBRID_RULE + ";" + layout)
+  name = GROUP_DIMS[kind]
+  return (f"{name}:{groups};data:{d // groups}" + (f";model:{t}" if t > 1 else ""),
+          f"{OUTER_RULE}{name};{layout}")
 
 
 def _fewest_recomputed(plan_with: Callable[[int], planner.Plan],

@@ -744,7 +744,8 @@ def test_auto_search_recomputes_only_as_many_layers_as_memory_requires():
 def test_auto_search_on_tpu_slices_tries_hybrid_sharding_and_says_how_to_run_it():
   """On two slices the search also prices `slices:2;data:D/2` with the batch's
   outer dimension over the slices, at ZeRO 2 and 3 only; its plans are the
-  planner's for that mesh, and their gin sets run.outer_batch_size."""
+  planner's for that mesh, and their gin sets run.outer_batch_size. On two
+  GPU hosts the same over `hosts`."""
   from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
   gin_config.parse([], MODEL + ["num_layers = 4", "run.batch_size = 32"])
   result = plan_search.search(hardware.parse_cluster("tpu-v5e:2x8"), top=500,
@@ -764,6 +765,12 @@ def test_auto_search_on_tpu_slices_tries_hybrid_sharding_and_says_how_to_run_it(
                                                            "zero_reshard_after_forward")})
   assert alone.step_time_s == pytest.approx(first.step_time_s)
   assert alone.memory_bytes_per_device == pytest.approx(first.memory_bytes_per_device)
+  # GPUs: ZeRO inside each 8-GPU host, data parallelism across the hosts.
+  gpus = plan_search.search(hardware.parse_cluster("h100-sxm:16"), top=500, micro_sizes=(1,),
+                            virtual_stages=(1,), max_pipeline=1)
+  by_host = {p.mesh_shape for p in gpus.plans if p.layout.startswith("outer_batch:hosts;")}
+  assert by_host >= {"hosts:2;data:8", "hosts:2;data:4;model:2"}, by_host
+  assert not any(p.mesh_shape.startswith("slices") for p in gpus.plans)
 
 
 def test_auto_search_returns_fitting_plans_fastest_first():
