@@ -388,14 +388,22 @@ def describe_devices(devices: Sequence[str]) -> str:
   return f"{len(devices)} devices on {len(tasks)} workers ({per} per worker)"
 
 
-def _lost_task(message: str, config: Optional[ClusterConfig]):
+def _lost_task(message: str, config: Optional[ClusterConfig], settle_s: float = 2.0):
   """(task, address) of the lost worker: the first whose port is closed, else
   the first worker task that TensorFlow's message names (a surviving worker
-  may report the failure of its transfer from the dead one)."""
+  may report the failure of its transfer from the dead one).
+
+  A dying process may drop its connections a moment before its listening
+  port closes, so the ports are checked again for up to `settle_s`."""
   if config is not None:
-    for task, address in enumerate(config.workers):
-      if not port_open(address, timeout_s=0.5):
-        return task, address
+    deadline = time.monotonic() + settle_s
+    while True:
+      for task, address in enumerate(config.workers):
+        if not port_open(address, timeout_s=0.5):
+          return task, address
+      if time.monotonic() >= deadline:
+        break
+      time.sleep(0.1)
   for job, task in _TASK_IN_MESSAGE.findall(message):
     if job == WORKER_JOB:
       task = int(task)

@@ -235,6 +235,29 @@ def test_worker_errors_name_the_lost_task():
   assert info.value.task == 0 and info.value.address is None
 
 
+def test_worker_errors_wait_for_a_dying_workers_port_to_close():
+  """A killed worker's connections may drop a moment before its listening
+  port closes: the error still names it (its port closing 0.3 s later)."""
+  error = tf.errors.UnavailableError(None, None, "Socket closed")
+  alive, dying = socket.socket(), socket.socket()
+  try:
+    for s in (alive, dying):
+      s.bind(("127.0.0.1", 0))
+      s.listen()
+    address = f"127.0.0.1:{dying.getsockname()[1]}"
+    config = cluster.parse_cluster(f"127.0.0.1:{alive.getsockname()[1]},{address}")
+    closer = threading.Timer(0.3, dying.close)
+    closer.start()
+    with pytest.raises(cluster.WorkerLostError,
+                       match=rf"Lost worker task 1 \({address}\): .*Socket closed"):
+      with cluster.worker_errors(config):
+        raise error
+    closer.join()
+  finally:
+    alive.close()
+    dying.close()
+
+
 def test_watchdog_reports_a_closed_port():
   (port,) = launch.free_ports(1)
   failures = []
