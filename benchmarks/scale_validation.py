@@ -181,9 +181,9 @@ Rows:
   TFLOP/s per chip with MaxText's own FLOP count (`maxtext_flops`). Left
   out: the 128B v5e runs (their remat_policy=qkv_proj_offloaded moves the
   projections to host memory, which the library does not do).
-* The same tables' multi-slice rows (`maxtext_multislice_rows`): each
-  run above but 128B on v5e on 2 to 32 slices (v5e) or 2 slices (v5p)
-  joined by the data-center network, as MaxText runs them: data
+* The same tables' multi-slice rows (`maxtext_multislice_rows`): the runs
+  above on 2 to 32 slices (v5e) or 2 slices (v5p) joined by the
+  data-center network, as MaxText runs them: data
   parallelism across the slices and FSDP inside each (hybrid sharding:
   `slices:S` first in the mesh, `outer_batch:slices`, run.outer_batch_size
   = S, ZeRO 3 over `data`), the per-chip batch of the single-slice run.
@@ -225,7 +225,7 @@ the values to put in hardware.py; `--quick` runs the two smallest GPU rows.
 `--calibrate` plans each source's runs with the efficiency fitted to its
 smallest run, as `plan --measured_step_time` would (a user's own stack).
 
-    python benchmarks/scale_validation.py            # all rows, under a minute
+    python benchmarks/scale_validation.py            # all rows, about a minute
     python benchmarks/scale_validation.py --quick
     python benchmarks/scale_validation.py --auto=1.7,18.4   # --auto against the published plan
     python benchmarks/scale_validation.py --auto=H100,22    # names and sizes
