@@ -11,6 +11,7 @@ data-parallel mesh axes, those that split "batch" or "outer_batch"
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Mapping, Sequence, Tuple
 
 from mesh_tensorflow.transformer import run_config
@@ -73,7 +74,4 @@ def data_parallel(dims: Sequence, rule_map: Mapping[str, str]) -> DataParallel:
   split = {rule_map.get("batch"), rule_map.get("outer_batch")} - {None}
   axes = tuple(i for i, d in enumerate(dims) if d.name in split)
   zero_axes = tuple(i for i, d in enumerate(dims) if d.name == rule_map.get("batch"))
-  size = 1
-  for a in zero_axes:
-    size *= dims[a].size
-  return DataParallel(axes, zero_axes, size)
+  return DataParallel(axes, zero_axes, math.prod(dims[a].size for a in zero_axes))

@@ -150,10 +150,9 @@ def gin_bindings(plan: planner.Plan) -> List[str]:
            if o.recompute_layers is not None else []),
          f"run.zero_stage = {o.zero_stage}"]
   rules = plan.layout.split(";")
-  outer = [r.split(":")[1] for r in rules if r.startswith(OUTER_RULE)]
-  if outer:
-    sizes = dict(d.split(":") for d in plan.mesh_shape.split(";"))
-    out.append(f"{OUTER_BATCH} = {sizes[outer[0]]}")
+  outer = _outer_batch_size(plan.mesh_shape, plan.layout)
+  if outer > 1:
+    out.append(f"{OUTER_BATCH} = {outer}")
   if SEQUENCE_PARALLEL_RULE in rules:
     out.append(f"{SEQUENCE_PARALLEL} = True")
   elif STREAM_RULES["d_model"] in rules:
@@ -178,15 +177,20 @@ def _plan(cluster, mesh: str, layout: str, options, sequence_parallel: Optional[
   size of the mesh dimension that splits "outer_batch" (hybrid sharding),
   else 1 (the other layouts searched split only "batch")."""
   from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
-  sizes = dict(d.split(":") for d in mesh.split(";"))
-  rules = dict(r.split(":") for r in layout.split(";"))
-  groups = int(sizes[rules["outer_batch"]]) if "outer_batch" in rules else 1
-  bindings, defaults = {OUTER_BATCH: groups}, {OUTER_BATCH: 1}
+  bindings, defaults = {OUTER_BATCH: _outer_batch_size(mesh, layout)}, {OUTER_BATCH: 1}
   if sequence_parallel:
     bindings[SEQUENCE_PARALLEL], defaults[SEQUENCE_PARALLEL] = sequence_parallel, False
     layout += ";" + STREAM_RULES[sequence_parallel]
   with gin_config.overridden(bindings, defaults):
     return planner.plan_current_config(cluster, mesh, layout, options)
+
+
+def _outer_batch_size(mesh: str, layout: str) -> int:
+  """The size of the mesh dimension that `layout` splits "outer_batch"
+  over (hybrid sharding's run.outer_batch_size), else 1."""
+  import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
+  name = mtf.convert_to_layout_rules(layout).mesh_dimension_name("outer_batch")
+  return 1 if name is None else mtf.convert_to_shape(mesh).get_dim_by_name(name).size
 
 
 def _stream_mode(t: int, seq_len: int, d_model: int) -> Optional[str]:
