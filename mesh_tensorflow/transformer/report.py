@@ -111,6 +111,11 @@ def configured_batch_size(mesh_shape: str, layout: str) -> int:
   mesh and layout: a number, or the original's (method, value) form such as
   ("tokens_per_batch", 65536) (`run_config.compute_batch_size`).
 
+  The counts a step is built from (the batch, `run.sequence_length`,
+  `run.grad_accum_steps`, `run.outer_batch_size`) are checked as training
+  checks them (`run_config.check_settings`): a plan or report of a step
+  that cannot run is a ValueError naming the setting.
+
   Example:
     >>> gin_config.parse([], ["run.batch_size = ('tokens_per_batch', 8192)",
     ...                       "run.sequence_length = {'inputs': 512, 'targets': 512}"])
@@ -118,11 +123,24 @@ def configured_batch_size(mesh_shape: str, layout: str) -> int:
     16
   """
   import gin  # pylint: disable=g-import-not-at-top
-  batch_size = dict(gin.get_bindings("run")).get("batch_size", 32)
-  if isinstance(batch_size, int):
-    return batch_size
-  return run_config.compute_batch_size(_configured_sequence_lengths(), mesh_shape, layout,
-                                       batch_size)
+  b = dict(gin.get_bindings("run"))
+  batch_size = b.get("batch_size", 32)
+  if not (isinstance(batch_size, int) or isinstance(batch_size, (tuple, list))):
+    raise ValueError(f"run.batch_size = {batch_size!r}: must be a positive integer or a "
+                     "(method, value) pair such as ('tokens_per_batch', 65536).")
+  if not isinstance(batch_size, int):
+    batch_size = run_config.compute_batch_size(_configured_sequence_lengths(), mesh_shape,
+                                               layout, batch_size)
+  run_config.check_settings(
+      "train", sequence_length=_configured_sequence_lengths(), batch_size=batch_size,
+      grad_accum_steps=_count_or_one(b.get("grad_accum_steps")),
+      outer_batch_size=_count_or_one(b.get("outer_batch_size")))
+  return batch_size
+
+
+def _count_or_one(value):
+  """A count binding, None (unset) as 1."""
+  return 1 if value is None else value
 
 
 def dimension_names(operations) -> frozenset:

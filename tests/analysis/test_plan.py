@@ -11,6 +11,7 @@ import pytest
 from mesh_tensorflow.analysis.cost_model import hardware
 from mesh_tensorflow.transformer import planner
 from mesh_tensorflow.transformer import gin_config
+from mesh_tensorflow.transformer import report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = ["num_layers = 8", "d_model = 512", "d_ff = 2048", "num_heads = 8", "d_kv = 64",
@@ -471,6 +472,25 @@ def test_plan_rejects_mismatched_mesh_and_pipeline():
   with pytest.raises(ValueError, match=r"\(8-way\) does not divide; use a batch size that is "
                      "a multiple of 8, or split batch over fewer processors"):
     _plan(extra=["run.batch_size = 4"], mesh="pipe:2;data:8", layout="batch:data;d_ff:pipe")
+
+
+@pytest.mark.parametrize("binding, message", [
+    ("run.batch_size = 0", r"run.batch_size = 0: must be a positive integer"),
+    ("run.batch_size = 'big'", r"run.batch_size = 'big': must be a positive integer or a "),
+    ("run.grad_accum_steps = 0", r"run.grad_accum_steps = 0: must be a positive integer"),
+    ("run.grad_accum_steps = 2.5", r"run.grad_accum_steps = 2.5: must be a positive integer"),
+    ("run.outer_batch_size = 0", r"run.outer_batch_size = 0: must be a positive integer"),
+    ("run.sequence_length = {'inputs': 0, 'targets': 0}",
+     r"run.sequence_length\['inputs'\] = 0: must be a positive integer"),
+])
+def test_plan_and_report_refuse_counts_training_refuses(binding, message):
+  """A step training would refuse is not planned (nor reported) with a
+  count silently read as 1 or 0."""
+  with pytest.raises(ValueError, match=message):
+    _plan(extra=[binding])
+  gin_config.parse([], MODEL + [binding])
+  with pytest.raises(ValueError, match=message):
+    report.build_training_step("data:2;model:8", "batch:data;d_ff:model;heads:model")
 
 
 def test_scale_validation_quick_rows_within_15_percent():
