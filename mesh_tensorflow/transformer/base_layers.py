@@ -13,6 +13,7 @@ Every layer works in all modes: training and eval, "first_part" and
 
 from __future__ import annotations
 
+import numbers
 from typing import Optional, Sequence, Union
 
 import tensorflow as tf
@@ -25,6 +26,13 @@ from mesh_tensorflow.transformer.attention_layer_helpers import (
     _EncoderMemory, enc_dec_attention_bias)
 
 _RELATIVE_TYPES = (None, "bias", "bias_shared")
+
+
+def _check_size(owner: str, name: str, value) -> None:
+  """A layer's size (hidden_size, key_value_size) must be a positive integer:
+  a zero-sized dimension builds a layer that computes nothing."""
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+    raise ValueError(f"{owner}: {name} must be a positive integer, got {value!r}.")
 
 
 def _check_heads(owner: str, num_heads: int, num_memory_heads: int) -> None:
@@ -140,6 +148,7 @@ class SelfAttention(transformer.TransformerLayer):
     del attention_kwargs  # accepted for compatibility
     name = type(self).__name__
     _check_heads(name, num_heads, num_memory_heads)
+    _check_size(name, "key_value_size", key_value_size)
     if relative_attention_type not in _RELATIVE_TYPES:
       raise ValueError(f"{name}: relative_attention_type must be one of "
                        f"{_RELATIVE_TYPES}, got {relative_attention_type!r}.")
@@ -410,6 +419,7 @@ class DenseReluDense(transformer.TransformerLayer):
 
   def __init__(self, hidden_size: int = 4096, dropout_rate: float = 0.0,
                activation: Activation = "relu", use_bias: bool = False):
+    _check_size(type(self).__name__, "hidden_size", hidden_size)
     self.hidden_size = hidden_size
     self.dropout_rate = dropout_rate
     self.activation = activation

@@ -544,6 +544,27 @@ def query(name: str, default=None):
   return default
 
 
+def query_count(name: str, default: int) -> int:
+  """`query` of a whole-number binding; unset (or None) is `default`.
+
+  Example:
+    >>> parse([], ["run.zero_stage = 2"])
+    []
+    >>> query_count("run.zero_stage", 0), query_count("run.grad_accum_steps", 1)
+    (2, 1)
+
+  Raises:
+    ValueError: naming the binding, for anything but a whole number.
+  """
+  value = query(name)
+  value = default if value is None else value
+  whole = (isinstance(value, (int, float)) and not isinstance(value, bool)
+           and float(value).is_integer())
+  if not whole:
+    raise ValueError(f"{name} = {value!r}: must be a whole number.")
+  return int(value)
+
+
 def parse(files: Sequence[str] = (), bindings: Sequence[str] = (),
           defaults: bool = True, clear: bool = True) -> List[str]:
   """Parses defaults.gin, then `files`, then `bindings` (later ones win).

@@ -102,8 +102,10 @@ class PlanOptions:
     if not self.zero_reshard_after_forward and self.zero_stage != 3:
       raise ValueError(f"run.zero_reshard_after_forward = False applies to run.zero_stage = 3, "
                        f"not {self.zero_stage}.")
-    if self.num_stages < 1 or self.num_microbatches < 1 or self.virtual_stages < 1:
-      raise ValueError("num_stages, num_microbatches and virtual_stages must be positive.")
+    for name in ("num_stages", "num_microbatches", "virtual_stages"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"transformer.make_layer_stack.{name} = {getattr(self, name)}: must "
+                         "be positive.")
     if self.virtual_stages > 1 and self.schedule != "interleaved":
       raise ValueError(f"virtual_stages = {self.virtual_stages} needs the interleaved schedule.")
     if (self.schedule == "interleaved" and self.num_stages > 1

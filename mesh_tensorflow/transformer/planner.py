@@ -89,16 +89,25 @@ def configured_sequence_length() -> int:
 
 
 def options_from_gin() -> PlanOptions:
-  """The plan options the parsed gin config states."""
+  """The plan options the parsed gin config states.
+
+  Raises:
+    ValueError: naming the binding, for a count that is not a whole number
+      (`PlanOptions.check` refuses the values training refuses).
+  """
+  from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
+  count, stack = gin_config.query_count, "transformer.make_layer_stack."
+  reshard = _binding("run.zero_reshard_after_forward")
   return PlanOptions(
-      num_stages=int(_binding("transformer.make_layer_stack.num_stages", 1) or 1),
-      num_microbatches=int(_binding("transformer.make_layer_stack.num_microbatches", 1) or 1),
-      schedule=str(_binding("transformer.make_layer_stack.pipeline_schedule", "gpipe")),
-      virtual_stages=int(_binding("transformer.make_layer_stack.virtual_stages", 1) or 1),
-      recompute=str(_binding("transformer.make_layer_stack.recompute", "none")),
-      recompute_layers=_binding("transformer.make_layer_stack.recompute_layers", None),
-      zero_stage=int(_binding("run.zero_stage", 0) or 0),
-      zero_reshard_after_forward=_binding("run.zero_reshard_after_forward", True) is not False,
+      num_stages=count(stack + "num_stages", 1),
+      num_microbatches=count(stack + "num_microbatches", 1),
+      schedule=str(_binding(stack + "pipeline_schedule", "gpipe")),
+      virtual_stages=count(stack + "virtual_stages", 1),
+      recompute=str(_binding(stack + "recompute", "none")),
+      recompute_layers=_binding(stack + "recompute_layers", None),
+      zero_stage=count("run.zero_stage", 0),
+      # Flags read as training reads them: by truth value.
+      zero_reshard_after_forward=reshard is None or bool(reshard),
       float32_master_in_optimizer=bool(_binding("run.float32_master_in_optimizer", False)))
 
 

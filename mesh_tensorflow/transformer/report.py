@@ -181,9 +181,14 @@ def configured_zero_stage() -> int:
 
 
 def configured_activation_dtype() -> str:
-  """The parsed gin config's `run.activation_dtype`: "float32" (when unset),
-  "bfloat16" or "float16"."""
-  return str(gin_config.query("run.activation_dtype", "float32") or "float32")
+  """The parsed gin config's activation dtype, as training takes it:
+  `run.activation_dtype`, else the original's
+  `utils.get_variable_dtype.activation_dtype` ("float32" when neither is
+  set): "float32", "bfloat16" or "float16"."""
+  value = gin_config.query("run.activation_dtype")
+  if value is None:
+    return run_config.get_variable_dtype().activation_dtype.name
+  return run_config.activation_dtype_name(value)
 
 
 def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] = None,
@@ -239,7 +244,7 @@ def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] 
         sequence_length=sequence_length, batch_size=batch_size,
         vocab_size=vocabulary.vocab_size, vocab_divisor=b.get("vocab_divisor"),
         variable_dtype=mtf.VariableDType(tf.float32, tf.float32,
-                                         b.get("activation_dtype") or "float32"),
+                                         configured_activation_dtype()),
         outer_batch_size=int(b.get("outer_batch_size") or 1))
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")

@@ -125,6 +125,26 @@ def tpu_mesh_shape(tpu_topology: Optional[str] = None, model_parallelism=1,
   return mtf.Shape(dims)
 
 
+ACTIVATION_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def activation_dtype_name(value, setting: str = "run.activation_dtype") -> str:
+  """The name of an activation dtype the library computes in ("float32",
+  "bfloat16" or "float16"), given as a name or a tf.DType.
+
+  Example:
+    >>> activation_dtype_name(tf.bfloat16)
+    'bfloat16'
+
+  Raises:
+    ValueError: naming `setting`, for any other value.
+  """
+  name = getattr(value, "name", value)
+  if name not in ACTIVATION_DTYPES:
+    raise ValueError(f"{setting} = {value!r}: use one of {', '.join(ACTIVATION_DTYPES)}.")
+  return name
+
+
 @gin.configurable(module=GIN_MODULE)
 def get_variable_dtype(master_dtype="float32", slice_dtype="float32",
                        activation_dtype="float32") -> mtf.VariableDType:
@@ -140,8 +160,11 @@ def get_variable_dtype(master_dtype="float32", slice_dtype="float32",
     >>> get_variable_dtype(activation_dtype="bfloat16").activation_dtype
     tf.bfloat16
   """
-  return mtf.VariableDType(tf.as_dtype(master_dtype), tf.as_dtype(slice_dtype),
-                           tf.as_dtype(activation_dtype))
+  setting = "utils.get_variable_dtype.{}"
+  return mtf.VariableDType(
+      tf.as_dtype(activation_dtype_name(master_dtype, setting.format("master_dtype"))),
+      tf.as_dtype(activation_dtype_name(slice_dtype, setting.format("slice_dtype"))),
+      tf.as_dtype(activation_dtype_name(activation_dtype, setting.format("activation_dtype"))))
 
 
 def check_outer_batch(outer: int, batch: int, outer_split: int, split: int,

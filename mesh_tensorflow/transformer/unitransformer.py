@@ -19,6 +19,7 @@ a "first_part" pass over the prompt fills per-layer caches, then an
 from __future__ import annotations
 
 import inspect
+import numbers
 from typing import Optional, Union
 
 import numpy as np
@@ -235,6 +236,9 @@ class Unitransformer:
       raise ValueError("Unitransformer: an autoregressive model needs output_vocab_size.")
     if input_full_attention and not autoregressive:
       raise ValueError("Unitransformer: input_full_attention needs autoregressive=True.")
+    if isinstance(d_model, bool) or not isinstance(d_model, numbers.Integral) or d_model < 1:
+      raise ValueError(f"Unitransformer: d_model must be a positive integer, got {d_model!r} "
+                       "(gin: d_model = ...).")
     self.layer_stack = layer_stack
     self.model_dim = mtf.Dimension("d_model", d_model)
     self.input_vocab_dim = mtf.Dimension("vocab", _round_up(input_vocab_size, vocab_divisor))

@@ -482,6 +482,7 @@ def test_plan_rejects_mismatched_mesh_and_pipeline():
     ("run.outer_batch_size = 0", r"run.outer_batch_size = 0: must be a positive integer"),
     ("run.sequence_length = {'inputs': 0, 'targets': 0}",
      r"run.sequence_length\['inputs'\] = 0: must be a positive integer"),
+    ("run.activation_dtype = 'float8'", r"run.activation_dtype = 'float8': use one of"),
 ])
 def test_plan_and_report_refuse_counts_training_refuses(binding, message):
   """A step training would refuse is not planned (nor reported) with a
@@ -491,6 +492,33 @@ def test_plan_and_report_refuse_counts_training_refuses(binding, message):
   gin_config.parse([], MODEL + [binding])
   with pytest.raises(ValueError, match=message):
     report.build_training_step("data:2;model:8", "batch:data;d_ff:model;heads:model")
+
+@pytest.mark.parametrize("binding, message", [
+    ("transformer.make_layer_stack.num_microbatches = 0",
+     r"transformer.make_layer_stack.num_microbatches = 0: must be positive"),
+    ("transformer.make_layer_stack.virtual_stages = 0",
+     r"transformer.make_layer_stack.virtual_stages = 0: must be positive"),
+    ("transformer.make_layer_stack.num_stages = 2.5",
+     r"transformer.make_layer_stack.num_stages = 2.5: must be a whole number"),
+    ("run.zero_stage = '2'", r"run.zero_stage = '2': must be a whole number"),
+])
+def test_plan_options_are_read_as_stated_not_defaulted(binding, message):
+  """A count of 0 (or 2.5) is refused as training refuses it, not read as 1."""
+  with pytest.raises(ValueError, match=message):
+    _plan(extra=[binding])
+
+
+def test_plan_takes_the_activation_dtype_from_get_variable_dtype_as_training_does():
+  """The original's `utils.get_variable_dtype.activation_dtype` (T5's gin
+  files) sets the activations when run.activation_dtype is unset."""
+  bf16 = _plan()
+  via_original = _plan(extra=["run.activation_dtype = None",
+                              "utils.get_variable_dtype.activation_dtype = 'bfloat16'"])
+  as_float32 = _plan(extra=["run.activation_dtype = None"])
+  assert via_original.step_time_s == pytest.approx(bf16.step_time_s)
+  assert via_original.memory["activations"] == pytest.approx(bf16.memory["activations"])
+  assert as_float32.memory["activations"] > 1.5 * bf16.memory["activations"]
+
 
 
 def test_scale_validation_quick_rows_within_15_percent():

@@ -3,9 +3,14 @@ they enter (mesh_tensorflow.transformer.inference, utils.check_settings)."""
 
 import os
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from mesh_tensorflow.transformer import inference
+from mesh_tensorflow.transformer import run_config
+from mesh_tensorflow.transformer import transformer
+from mesh_tensorflow.transformer import transformer_layers
 from mesh_tensorflow.transformer import utils
 from mesh_tensorflow.transformer import vocabulary
 
@@ -84,3 +89,36 @@ def test_check_settings_accepts_sane_values():
   utils.check_settings("eval", train_steps=-5)  # not used outside training
   with pytest.raises(ValueError, match="sequence_length"):
     utils.check_settings("eval", sequence_length={"inputs": 0, "targets": 8})
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: transformer_layers.DenseReluDense(hidden_size=0),
+     "DenseReluDense: hidden_size must be a positive integer, got 0"),
+    (lambda: transformer_layers.SelfAttention(key_value_size=0),
+     "SelfAttention: key_value_size must be a positive integer, got 0"),
+    (lambda: transformer_layers.SelfAttention(key_value_size=64.5),
+     "SelfAttention: key_value_size must be a positive integer, got 64.5"),
+    (lambda: transformer.Unitransformer(transformer.LayerStack([]), d_model=0,
+                                        input_vocab_size=8, output_vocab_size=8),
+     "Unitransformer: d_model must be a positive integer, got 0"),
+])
+def test_zero_sized_model_dimensions_are_refused_where_the_layer_is_made(make, message):
+  """A d_model, d_ff or d_kv of 0 builds a model that computes nothing (or
+  divides by zero in its initializer): one error naming the layer."""
+  with pytest.raises(ValueError, match=message):
+    make()
+
+
+def test_sizes_given_as_numpy_integers_are_accepted():
+  assert transformer_layers.DenseReluDense(hidden_size=np.int64(8)).hidden_size == 8
+  assert transformer_layers.SelfAttention(key_value_size=np.int32(4)) is not None
+
+
+@pytest.mark.parametrize("value", ["float8", "int8", 16])
+def test_activation_dtypes_other_than_the_three_are_refused_by_name(value):
+  with pytest.raises(ValueError, match=r"run.activation_dtype = .*: use one of float32, "
+                     "bfloat16, float16"):
+    run_config.activation_dtype_name(value)
+  with pytest.raises(ValueError, match=r"utils.get_variable_dtype.activation_dtype = "):
+    run_config.get_variable_dtype(activation_dtype=value)
+  assert run_config.activation_dtype_name(tf.bfloat16) == "bfloat16"
