@@ -257,7 +257,9 @@ def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] 
           name=name)
     model = setup.new_model()
     loss, _ = modeling.make_model_fn(setup, model)(mesh, features, "train")
-    refusals = [s.pipeline_refusal for s in _layer_stacks(model) if s.pipeline_refusal]
+    # A stack of another kind (UTLayerStack) has no pipelined form to refuse.
+    refusals = [r for r in (getattr(s, "pipeline_refusal", None) for s in _layer_stacks(model))
+                if r]
     stage = configured_zero_stage() if zero_stage is None else zero_stage
     reshard = gin_config.query("run.zero_reshard_after_forward", True) is not False
     if zero_stage is None:  # the config's own stage: its settings must agree

@@ -1374,3 +1374,18 @@ def test_memory_leaves_out_what_xla_fuses_away_and_what_fused_attention_keeps_on
   # Fused away: the step's own temporaries, not what a layer keeps.
   assert (plans["none", "unfused"].memory["activations"]
           - plans["xla", "unfused"].memory["activations"]) > 20 * 2 ** 30
+
+
+def test_plan_prices_a_universal_transformer_stack_with_its_recurrence():
+  """models/tiny_universal_lm.gin (a UTLayerStack, no pipelined form):
+  planned, its recurrence steps in the step's FLOPs."""
+  flops = {}
+  for steps in (4, 8):
+    gin_config.parse(["models/tiny_universal_lm.gin"],
+                     [f"UTLayerStack.num_rec_steps = {steps}", "run.batch_size = 32"])
+    plan = planner.plan_current_config(hardware.parse_cluster("a100-80gb:8"), "data:8",
+                                       "batch:data")
+    flops[steps] = plan.model_flops_per_step
+    assert plan.step_time_s > 0 and plan.fits
+  # The embedding and softmax are shared; the recurrence doubles the rest.
+  assert 1.6 * flops[4] < flops[8] < 2 * flops[4]
