@@ -50,6 +50,26 @@ def configured_with_custom_sublayers() -> bool:
                    r"\s*=", gin.config_str()) is not None
 
 
+def configured_own_stack() -> Optional[str]:
+  """The binding that gives the model a layer stack of its own
+  (`build_model.decoder_layer_stack = @UTLayerStack()`, the encoder's
+  likewise), which `make_layer_stack`'s pipeline and recomputation settings
+  do not reach; None when the stacks are make_layer_stack's.
+
+  Example:
+    >>> gin_config.parse(["models/tiny_universal_lm.gin"])
+    >>> configured_own_stack()
+    'build_model.decoder_layer_stack = @universal_transformer.UTLayerStack()'
+  """
+  import gin  # pylint: disable=g-import-not-at-top
+  for match in re.finditer(r"(?m)^[\w/.]*build_model\.(?:en|de)coder_layer_stack\s*=\s*(.+)$",
+                           gin.config_str()):
+    if match.group(1).strip() not in ("None", "@make_layer_stack()",
+                                      "@transformer.make_layer_stack()"):
+      return match.group(0).strip()
+  return None
+
+
 class LayerStack(PipelinedStack, TransformerLayer):
   """Layers with pre-normalization residual connections and a final norm.
 

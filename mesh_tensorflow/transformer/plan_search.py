@@ -262,9 +262,12 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
 
   stopped = False
   sequence_parallel_ok = gin_config.query(SEQUENCE_PARALLEL, None) is not False
-  # A stack of custom sublayers recomputes whole layers or nothing.
+  # A stack of custom sublayers recomputes whole layers or nothing; a stack of
+  # the model's own (a Universal Transformer's) neither recomputes nor pipelines.
   policies = tuple(x for x in RECOMPUTE_POLICIES if x != "selective"
                    or not layer_stack.configured_with_custom_sublayers())
+  if layer_stack.configured_own_stack():
+    policies, max_pipeline = ("none",), 1
   for t in _divisors(n):
     if t > max_model or heads % t or d_ff % t:
       continue

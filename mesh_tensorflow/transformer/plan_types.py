@@ -89,6 +89,11 @@ class PlanOptions:
       raise ValueError("recompute = 'selective': the config's layer stack has its own sublayers "
                        "(LayerStack.sublayers_*), which recompute whole layers or nothing; use "
                        "'layer' or 'none'.")
+    own_stack = layer_stack.configured_own_stack()
+    if own_stack and (self.num_stages > 1 or self.recompute != "none"):
+      raise ValueError(f"{own_stack}: a layer stack of its own, which "
+                       "transformer.make_layer_stack's num_stages and recompute do not "
+                       "reach; plan it with num_stages = 1 and recompute = 'none'.")
     if self.fusion not in ("none", "xla"):
       raise ValueError(f"fusion = {self.fusion!r}: use 'none' or 'xla' "
                        "(run.jit_compile = True).")

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from mesh_tensorflow.analysis.cost_model import hardware
+from mesh_tensorflow.transformer import plan_search
 from mesh_tensorflow.transformer import planner
 from mesh_tensorflow.transformer import gin_config
 from mesh_tensorflow.transformer import report
@@ -1389,3 +1390,18 @@ def test_plan_prices_a_universal_transformer_stack_with_its_recurrence():
     assert plan.step_time_s > 0 and plan.fits
   # The embedding and softmax are shared; the recurrence doubles the rest.
   assert 1.6 * flops[4] < flops[8] < 2 * flops[4]
+  # make_layer_stack's pipeline and recomputation do not reach the stack:
+  # refused, and --auto does not offer them.
+  with pytest.raises(ValueError, match=r"UTLayerStack\(\): a layer stack of its own.*"
+                     "recompute = 'none'"):
+    _plan_config("models/tiny_universal_lm.gin",
+                 ["transformer.make_layer_stack.recompute = 'layer'"])
+  gin_config.parse(["models/tiny_universal_lm.gin"], ["run.batch_size = 32"])
+  result = plan_search.search(hardware.parse_cluster("a100-80gb:8"), top=100, micro_sizes=(1,))
+  assert result.plans
+  assert {(p.options.num_stages, p.options.recompute) for p in result.plans} == {(1, "none")}
+
+
+def _plan_config(gin_file, bindings, cluster="a100-80gb:8", mesh="data:8", layout="batch:data"):
+  gin_config.parse([gin_file], bindings)
+  return planner.plan_current_config(hardware.parse_cluster(cluster), mesh, layout)
