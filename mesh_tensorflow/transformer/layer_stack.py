@@ -64,8 +64,8 @@ def configured_own_stack() -> Optional[str]:
   import gin  # pylint: disable=g-import-not-at-top
   for match in re.finditer(r"(?m)^[\w/.]*build_model\.(?:en|de)coder_layer_stack\s*=\s*(.+)$",
                            gin.config_str()):
-    if match.group(1).strip() not in ("None", "@make_layer_stack()",
-                                      "@transformer.make_layer_stack()"):
+    value = match.group(1).strip()
+    if value != "None" and "make_layer_stack" not in value:  # scoped ones too
       return match.group(0).strip()
   return None
 
