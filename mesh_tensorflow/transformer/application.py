@@ -385,7 +385,7 @@ def _build(config: RunConfig) -> _Model:
        if config.init_checkpoint and mode == "train" else None))
   if config.activation_dtype is not None:
     variable_dtype = mtf.VariableDType(variable_dtype.master_dtype, variable_dtype.slice_dtype,
-                                       tf.as_dtype(run_config.activation_dtype_name(
+                                       tf.as_dtype(run_config.float_dtype_name(
                                            config.activation_dtype)))
   vocabulary = config.vocabulary
   setup = modeling.Setup(

@@ -125,7 +125,7 @@ def configured_batch_size(mesh_shape: str, layout: str) -> int:
   import gin  # pylint: disable=g-import-not-at-top
   b = dict(gin.get_bindings("run"))
   batch_size = b.get("batch_size", 32)
-  if not (isinstance(batch_size, int) or isinstance(batch_size, (tuple, list))):
+  if not isinstance(batch_size, (int, tuple, list)):
     raise ValueError(f"run.batch_size = {batch_size!r}: must be a positive integer or a "
                      "(method, value) pair such as ('tokens_per_batch', 65536).")
   if not isinstance(batch_size, int):
@@ -188,7 +188,7 @@ def configured_activation_dtype() -> str:
   value = gin_config.query("run.activation_dtype")
   if value is None:
     return run_config.get_variable_dtype().activation_dtype.name
-  return run_config.activation_dtype_name(value)
+  return run_config.float_dtype_name(value)
 
 
 def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] = None,

@@ -128,12 +128,12 @@ def tpu_mesh_shape(tpu_topology: Optional[str] = None, model_parallelism=1,
 ACTIVATION_DTYPES = ("float32", "bfloat16", "float16")
 
 
-def activation_dtype_name(value, setting: str = "run.activation_dtype") -> str:
-  """The name of an activation dtype the library computes in ("float32",
-  "bfloat16" or "float16"), given as a name or a tf.DType.
+def float_dtype_name(value, setting: str = "run.activation_dtype") -> str:
+  """The name of a dtype the library keeps variables and activations in
+  ("float32", "bfloat16" or "float16"), given as a name or a tf.DType.
 
   Example:
-    >>> activation_dtype_name(tf.bfloat16)
+    >>> float_dtype_name(tf.bfloat16)
     'bfloat16'
 
   Raises:
@@ -162,9 +162,9 @@ def get_variable_dtype(master_dtype="float32", slice_dtype="float32",
   """
   setting = "utils.get_variable_dtype.{}"
   return mtf.VariableDType(
-      tf.as_dtype(activation_dtype_name(master_dtype, setting.format("master_dtype"))),
-      tf.as_dtype(activation_dtype_name(slice_dtype, setting.format("slice_dtype"))),
-      tf.as_dtype(activation_dtype_name(activation_dtype, setting.format("activation_dtype"))))
+      tf.as_dtype(float_dtype_name(master_dtype, setting.format("master_dtype"))),
+      tf.as_dtype(float_dtype_name(slice_dtype, setting.format("slice_dtype"))),
+      tf.as_dtype(float_dtype_name(activation_dtype, setting.format("activation_dtype"))))
 
 
 def check_outer_batch(outer: int, batch: int, outer_split: int, split: int,

@@ -118,7 +118,7 @@ def test_sizes_given_as_numpy_integers_are_accepted():
 def test_activation_dtypes_other_than_the_three_are_refused_by_name(value):
   with pytest.raises(ValueError, match=r"run.activation_dtype = .*: use one of float32, "
                      "bfloat16, float16"):
-    run_config.activation_dtype_name(value)
+    run_config.float_dtype_name(value)
   with pytest.raises(ValueError, match=r"utils.get_variable_dtype.activation_dtype = "):
     run_config.get_variable_dtype(activation_dtype=value)
-  assert run_config.activation_dtype_name(tf.bfloat16) == "bfloat16"
+  assert run_config.float_dtype_name(tf.bfloat16) == "bfloat16"
