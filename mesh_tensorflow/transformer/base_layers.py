@@ -28,13 +28,6 @@ from mesh_tensorflow.transformer.attention_layer_helpers import (
 _RELATIVE_TYPES = (None, "bias", "bias_shared")
 
 
-def _check_size(owner: str, name: str, value) -> None:
-  """A layer's size (hidden_size, key_value_size) must be a positive integer:
-  a zero-sized dimension builds a layer that computes nothing."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-    raise ValueError(f"{owner}: {name} must be a positive integer, got {value!r}.")
-
-
 def _check_heads(owner: str, num_heads: int, num_memory_heads: int) -> None:
   if num_heads < 1:
     raise ValueError(f"{owner}: num_heads must be positive, got {num_heads}.")
@@ -148,7 +141,8 @@ class SelfAttention(transformer.TransformerLayer):
     del attention_kwargs  # accepted for compatibility
     name = type(self).__name__
     _check_heads(name, num_heads, num_memory_heads)
-    _check_size(name, "key_value_size", key_value_size)
+    transformer.positive_int(key_value_size, f"{name}: key_value_size",
+                             integer_types=(numbers.Integral,))
     if relative_attention_type not in _RELATIVE_TYPES:
       raise ValueError(f"{name}: relative_attention_type must be one of "
                        f"{_RELATIVE_TYPES}, got {relative_attention_type!r}.")
@@ -419,7 +413,9 @@ class DenseReluDense(transformer.TransformerLayer):
 
   def __init__(self, hidden_size: int = 4096, dropout_rate: float = 0.0,
                activation: Activation = "relu", use_bias: bool = False):
-    _check_size(type(self).__name__, "hidden_size", hidden_size)
+    # A zero-sized d_ff builds a layer that computes nothing.
+    transformer.positive_int(hidden_size, f"{type(self).__name__}: hidden_size",
+                             integer_types=(numbers.Integral,))
     self.hidden_size = hidden_size
     self.dropout_rate = dropout_rate
     self.activation = activation

@@ -89,8 +89,11 @@ class PlanOptions:
       raise ValueError("recompute = 'selective': the config's layer stack has its own sublayers "
                        "(LayerStack.sublayers_*), which recompute whole layers or nothing; use "
                        "'layer' or 'none'.")
-    own_stack = layer_stack.configured_own_stack()
-    if own_stack and (self.num_stages > 1 or self.recompute != "none"):
+    # (The gin config is read only when it matters: check runs for every plan
+    # --auto prices.)
+    own_stack = ((self.num_stages > 1 or self.recompute != "none")
+                 and layer_stack.configured_own_stack())
+    if own_stack:
       raise ValueError(f"{own_stack}: a layer stack of its own, which "
                        "transformer.make_layer_stack's num_stages and recompute do not "
                        "reach; plan it with num_stages = 1 and recompute = 'none'.")

@@ -96,8 +96,8 @@ def options_from_gin() -> PlanOptions:
       (`PlanOptions.check` refuses the values training refuses).
   """
   from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
   count, stack = gin_config.query_count, "transformer.make_layer_stack."
-  reshard = _binding("run.zero_reshard_after_forward")
   return PlanOptions(
       num_stages=count(stack + "num_stages", 1),
       num_microbatches=count(stack + "num_microbatches", 1),
@@ -105,9 +105,8 @@ def options_from_gin() -> PlanOptions:
       virtual_stages=count(stack + "virtual_stages", 1),
       recompute=str(_binding(stack + "recompute", "none")),
       recompute_layers=_binding(stack + "recompute_layers", None),
-      zero_stage=count("run.zero_stage", 0),
-      # Flags read as training reads them: by truth value.
-      zero_reshard_after_forward=reshard is None or bool(reshard),
+      zero_stage=report.configured_zero_stage(),
+      zero_reshard_after_forward=report.configured_zero_reshard(),
       float32_master_in_optimizer=bool(_binding("run.float32_master_in_optimizer", False)))
 
 

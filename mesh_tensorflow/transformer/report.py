@@ -177,7 +177,14 @@ def unused_rule_notes(layout, dimension_names) -> List[str]:
 
 def configured_zero_stage() -> int:
   """The parsed gin config's `run.zero_stage` (0 when unset)."""
-  return int(gin_config.query("run.zero_stage", 0) or 0)
+  return gin_config.query_count("run.zero_stage", 0)
+
+
+def configured_zero_reshard() -> bool:
+  """The parsed gin config's `run.zero_reshard_after_forward`, read as
+  training reads it: by truth value (True when unset)."""
+  value = gin_config.query("run.zero_reshard_after_forward")
+  return value is None or bool(value)
 
 
 def configured_activation_dtype() -> str:
@@ -261,7 +268,7 @@ def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] 
     refusals = [r for r in (getattr(s, "pipeline_refusal", None) for s in _layer_stacks(model))
                 if r]
     stage = configured_zero_stage() if zero_stage is None else zero_stage
-    reshard = gin_config.query("run.zero_reshard_after_forward", True) is not False
+    reshard = configured_zero_reshard()
     if zero_stage is None:  # the config's own stage: its settings must agree
       mtf.zero.check_reshard(stage, reshard)
     if float32_master is None:

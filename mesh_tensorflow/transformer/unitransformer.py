@@ -31,7 +31,7 @@ from mesh_tensorflow.transformer.layer_context import (
     Context, ModeKeys, gin_configurables, inputs_prefix_mask)
 from mesh_tensorflow.transformer.layer_stack import LayerStack
 from mesh_tensorflow.transformer.model_inputs import (
-    _NEG_INF, _one_position, _positional_embedding_kind, _round_up,
+    _NEG_INF, _one_position, _positional_embedding_kind, _round_up, positive_int,
     sinusoid_positional_embedding_weights, sinusoidal_position_embedding)
 
 
@@ -236,9 +236,8 @@ class Unitransformer:
       raise ValueError("Unitransformer: an autoregressive model needs output_vocab_size.")
     if input_full_attention and not autoregressive:
       raise ValueError("Unitransformer: input_full_attention needs autoregressive=True.")
-    if isinstance(d_model, bool) or not isinstance(d_model, numbers.Integral) or d_model < 1:
-      raise ValueError(f"Unitransformer: d_model must be a positive integer, got {d_model!r} "
-                       "(gin: d_model = ...).")
+    positive_int(d_model, "Unitransformer: d_model", " (gin: d_model = ...)",
+                 (numbers.Integral,))
     self.layer_stack = layer_stack
     self.model_dim = mtf.Dimension("d_model", d_model)
     self.input_vocab_dim = mtf.Dimension("vocab", _round_up(input_vocab_size, vocab_divisor))
