@@ -128,11 +128,11 @@ def configured_batch_size(mesh_shape: str, layout: str) -> int:
   if not isinstance(batch_size, (int, tuple, list)):
     raise ValueError(f"run.batch_size = {batch_size!r}: must be a positive integer or a "
                      "(method, value) pair such as ('tokens_per_batch', 65536).")
+  lengths = _configured_sequence_lengths()
   if not isinstance(batch_size, int):
-    batch_size = run_config.compute_batch_size(_configured_sequence_lengths(), mesh_shape,
-                                               layout, batch_size)
+    batch_size = run_config.compute_batch_size(lengths, mesh_shape, layout, batch_size)
   run_config.check_settings(
-      "train", sequence_length=_configured_sequence_lengths(), batch_size=batch_size,
+      "train", sequence_length=lengths, batch_size=batch_size,
       grad_accum_steps=_count_or_one(b.get("grad_accum_steps")),
       outer_batch_size=_count_or_one(b.get("outer_batch_size")))
   return batch_size
