@@ -323,12 +323,21 @@ def plan_reshape(in_shape, out_shape, dtype_size: int, layout_of: Callable,
   reshaped instead and the sum stays pending (a renamed gradient then joins
   the sum it is added to, one allreduce for both)."""
   in_layout, out_layout = tuple(layout_of(in_shape)), tuple(layout_of(out_shape))
-  if not input_pending_axes and in_shape.to_integer_list() == out_shape.to_integer_list():
+  if in_shape.to_integer_list() == out_shape.to_integer_list():
     # Only names change: the slices stay and the split moves as a relayout
     # does (an all-to-all where a split moves to another dimension, as a
     # mixture-of-experts layer's tokens move to their experts).
-    return LocalPlan((Operand(0, stay(in_layout)),),
-                     (Result(out_shape, dtype_size, plan_relayout(in_layout, out_layout)),))
+    move = plan_relayout(in_layout, out_layout)
+    if not input_pending_axes:
+      return LocalPlan((Operand(0, stay(in_layout)),), (Result(out_shape, dtype_size, move),))
+    if all(getattr(step, "mesh_axis", None) not in input_pending_axes
+           and not isinstance(step, AllReduce) for step in move.steps):
+      # The moves run along other mesh axes, among processors holding the
+      # same summand: the sum stays pending (an expert layer's output,
+      # partial over its hidden dimension's split, goes back to its tokens
+      # by all-to-all and is summed once, later).
+      return LocalPlan((Operand(0, stay(in_layout), partial=TAKES_PARTIAL),),
+                       (Result(out_shape, dtype_size, move, tuple(input_pending_axes)),))
   in_strides, out_strides = in_shape.cumprod(), out_shape.cumprod()
   kept_in, kept_out = set(), set()
   for i, a in enumerate(in_layout):

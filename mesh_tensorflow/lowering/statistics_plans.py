@@ -1,8 +1,8 @@
 """The KernelPlans of operations that reduce along one dimension inside
-their kernels: softmax, its gradient and the fused cross-entropy. With that
-dimension whole, each is one fused kernel per slice; with it split, several
-kernels with the MAX and SUM allreduces of per-slice statistics between
-them.
+their kernels: softmax, its gradient, the fused cross-entropy and argmax.
+With that dimension whole, each is one fused kernel per slice; with it
+split, several kernels with the MAX, SUM or MIN allreduces of per-slice
+statistics between them.
 
     >>> plan = plan_softmax(x, vocab, False, layout_of, (2, 4))  # vocab split over mesh axis 1
     >>> [r.move.steps for k in plan.kernels for r in k.results][0]
@@ -11,11 +11,12 @@ them.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Sequence
 
 from mesh_tensorflow.core.shapes import Dimension, Shape
 from mesh_tensorflow.lowering.plans import (AllReduce, Kernel, KernelPlan, Layout, Operand, Result,
-                                            slice_elements, stay)
+                                            plan_relayout, slice_elements, stay)
 
 
 def _statistics_shape(shape, dim_name: str):
@@ -128,3 +129,40 @@ def plan_cross_entropy(logits, ids, vocab_dim, layout_of: Callable, mesh_sizes: 
                                     value(ordered, ordered_layout)), 3 * lg_bytes)  # 9, 10, 11
   back = Kernel((11,), (value(logits.shape, layout),), 2 * lg_bytes)  # 12
   return KernelPlan(operands, (prepare, maxima, partial, finish, back), (9, 10, 12))
+
+
+def plan_argmax(x, dim, out, layout_of: Callable, mesh_sizes: Sequence[int]) -> KernelPlan:
+  """The KernelPlan of the argmax `out` of `x` along `dim` split over a mesh
+  axis, without gathering `x`: per slice its maxima, kept and MAX-allreduced
+  (kernel 1); per slice the first index of its maximum, offset into the
+  whole dimension, where that maximum is the global one, else the
+  dimension's size (kernel 2, which reads the block's offset), and their
+  MIN allreduce: the first index of the maximum over all blocks; 0 where
+  no block matched (kernel 3: a row whose maximum is NaN, as `tf.argmax`
+  gives for a row of NaNs), laid out as `out`'s. Two allreduces of `out`'s
+  size instead of an allgather of `x`.
+
+  Example:
+    >>> plan = plan_argmax(logits, vocab, best, layout_of, (2, 4))  # vocab over axis 1
+    >>> [s.reduction for k in plan.kernels for r in k.results for s in r.move.steps]
+    ['MAX', 'MIN']
+  """
+  layout = tuple(layout_of(x.shape))
+  axis = x.shape.index_of(dim.name)
+  mesh_axis = layout[axis]
+  stats_layout = _unsplit(layout, axis)
+  stats_shape = _statistics_shape(x.shape, dim.name)
+  current = stats_layout[:axis] + stats_layout[axis + 1:]  # out's dimensions, as x splits them
+  x_bytes = slice_elements(x.shape, layout, mesh_sizes) * x.dtype.size
+  stats_bytes = slice_elements(stats_shape, stats_layout, mesh_sizes) * x.dtype.size
+  out_bytes = slice_elements(out.shape, current, mesh_sizes) * out.dtype.size
+  stats = Result(stats_shape, x.dtype.size, stay(stats_layout))
+  maxima = Kernel((0,), (stats, dataclasses.replace(  # 1: the slice's maxima, 2: the global
+      stats, move=stay(stats_layout).then(AllReduce((mesh_axis,), "MAX")))),
+                  x_bytes + 2 * stats_bytes)
+  candidates = Kernel((0, 1, 2), (Result(out.shape, out.dtype.size, stay(current).then(
+      AllReduce((mesh_axis,), "MIN"))),), x_bytes + 2 * stats_bytes + out_bytes,
+                      coordinates=layout)  # 3
+  clamp = Kernel((3,), (Result(out.shape, out.dtype.size, stay(current).then(
+      plan_relayout(current, tuple(layout_of(out.shape))))),), 2 * out_bytes)  # 4
+  return KernelPlan((Operand(0, stay(layout)),), (maxima, candidates, clamp), (4,))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from mesh_tensorflow.lowering import plans
+from mesh_tensorflow.lowering import plans, statistics_plans
 from mesh_tensorflow.core.graph import Operation, Tensor
 from mesh_tensorflow.lowering.mesh_impl import (LaidOutTensor, expand_to_shape,
                                       int_constant, once_per_graph, shared_constant)
@@ -419,13 +419,38 @@ class ArgmaxOperation(Operation):
     self._outputs = [Tensor(self, x.shape - [self._dim], dtype)]
 
   def plan(self, mesh):
-    return plans.plan_unsplit(self, mesh.layout_of, [self._dim.name])
+    x = self.inputs[0]
+    if mesh.layout_of(x.shape)[x.shape.index_of(self._dim.name)] is None:
+      return plans.plan_unsplit(self, mesh.layout_of, [self._dim.name])
+    # Split: per-block maxima and first indices, combined by two small
+    # allreduces (gathering x would move all of it: a vocabulary's logits).
+    return statistics_plans.plan_argmax(x, self._dim, self.outputs[0], mesh.layout_of,
+                                        mesh.sizes)
 
   def lower(self, lowering):
-    axis = self.inputs[0].shape.index_of(self._dim.name)
+    x = self.inputs[0]
+    axis = x.shape.index_of(self._dim.name)
     dtype = self.outputs[0].dtype
-    lowering.lower_with_plan(self, self.plan(lowering.plan_mesh(self)),
-                             lambda t: tf.argmax(t, axis=axis, output_type=dtype))
+    plan = self.plan(lowering.plan_mesh(self))
+    if isinstance(plan, plans.LocalPlan):
+      lowering.lower_with_plan(self, plan, lambda t: tf.argmax(t, axis=axis, output_type=dtype))
+      return
+    size = self._dim.size
+    offsets = slice_offsets(lowering.mesh_impl(self), x.shape, axis)
+
+    def maxima(t):
+      m = tf.reduce_max(t, axis=axis, keepdims=True)
+      return m, m  # this block's, and (after the allreduce) everyone's
+
+    def candidates(t, block_max, global_max, offset):
+      first = tf.argmax(t, axis=axis, output_type=dtype) + tf.cast(offset, dtype)
+      holds_it = tf.squeeze(tf.equal(block_max, global_max), axis=axis)
+      return tf.where(holds_it, first, tf.cast(size, dtype))
+
+    def clamp(c):  # no block holds a NaN maximum: index 0, as tf.argmax gives a NaN row
+      return tf.where(c < size, c, tf.zeros_like(c))
+
+    lowering.lower_kernels(self, plan, [maxima, candidates, clamp], extra={1: (offsets,)})
 
 
 def argmax(x: Tensor, reduced_dim, name=None, dtype=tf.int32) -> Tensor:

@@ -522,6 +522,53 @@ def test_softmax_over_a_split_dimension_costs_one_max_and_one_sum_allreduce(log)
   assert all(r.mesh_axes == (1,) and r.bytes_per_processor == 2 * F32 for r in records)
 
 
+@pytest.mark.parametrize("impl_kwargs", IMPL_VARIANTS)
+def test_argmax_over_a_split_dimension_costs_a_max_and_a_min_allreduce(impl_kwargs):
+  """mtf.argmax over a split dimension does not gather its input (a
+  vocabulary's logits): a MAX allreduce of the blocks' maxima and a MIN
+  allreduce of the blocks' first indices, each of the output's size, and the
+  first index on ties across blocks, as np.argmax gives it."""
+  xv = np.random.default_rng(3).integers(0, 4, size=(4, 16)).astype(np.float32)  # ties
+  xv[1] = 7.0  # a row of one value: index 0, in the first block
+  xv[2, 13] = xv[2, 5] = 9.0  # the maximum in two blocks
+
+  def builder(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "batch:4;vocab:16")
+    return {"i": mtf.argmax(x, "vocab", name="am")}
+  got, lowering = lower_and_run(builder, "rows:2;cols:4", "batch:rows", return_lowering=True,
+                                **impl_kwargs)
+  np.testing.assert_array_equal(got["i"], np.argmax(xv, axis=1))
+  assert lowering.collective_counts("am") == {}
+  got, lowering = lower_and_run(builder, "rows:2;cols:4", "batch:rows;vocab:cols",
+                                return_lowering=True, **impl_kwargs)
+  np.testing.assert_array_equal(got["i"], np.argmax(xv, axis=1))
+  records = [r for r in lowering.collective_records if r.op_name.startswith("am")]
+  assert [(r.kind, r.mesh_axes, r.bytes_per_processor) for r in records] == [
+      ("allreduce", (1,), 2 * F32), ("allreduce", (1,), 2 * 4)], lowering.report()
+  # The cost model prices the plan the lowering ran.
+  graph = mtf.Graph()
+  builder(mtf.Mesh(graph, "mesh"))
+  from mesh_tensorflow.analysis import cost_model  # pylint: disable=g-import-not-at-top
+  est = cost_model.estimate(graph, "rows:2;cols:4", "batch:rows;vocab:cols")
+  (op,) = [op for op in est.ops if op.name == "am"]
+  assert [(c.kind, c.bytes_per_processor) for c in op.collectives] == [
+      ("allreduce", 2 * F32), ("allreduce", 2 * 4)]
+
+
+def test_argmax_over_a_split_dimension_under_simd_matches_numpy():
+  xv = np.random.default_rng(4).integers(0, 3, size=(2, 4, 16)).astype(np.float32)
+  impl = mtf.simd_mesh_impl.SimdMeshImpl("rows:2;cols:4", "vocab:cols;batch:rows",
+                                         mtf_test_utils.DEVICES)
+
+  def step():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "batch:2;length:4;vocab:16")
+    best = mtf.argmax(x, "vocab")
+    return mtf.Lowering(graph, {mesh: impl}).export_to_tf_tensor(best)
+  np.testing.assert_array_equal(impl.run(step).numpy(), np.argmax(xv, axis=-1))
+
+
 def test_softmax_over_a_whole_dimension_is_one_kernel_per_slice():
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
@@ -621,6 +668,36 @@ def _pending_sum_setup(a_np, b_np, **impl_kwargs):
   a = mtf.import_tf_tensor(mesh, a_np, "m:4;k:8")
   b = mtf.import_tf_tensor(mesh, b_np, "k:8;n:2")
   return impl, graph, mesh, a, b
+
+
+@pytest.mark.parametrize("impl_kwargs", IMPL_VARIANTS)
+def test_renaming_reshape_moves_a_pending_sum_by_all_to_all_and_keeps_it_pending(impl_kwargs):
+  """A mixture-of-experts layer's expert output: a product pending over the
+  axis splitting its hidden dimension (rows), renamed so that the split over
+  cols moves from the experts to the groups. The renaming is an all-to-all
+  over cols of the partial sums, and the one allreduce over rows comes after
+  the reduction that follows, on the smaller tensor (not an allreduce and an
+  allgather of the renamed tensor)."""
+  rng = np.random.default_rng(6)
+  hv = rng.normal(size=(4, 4, 8)).astype(np.float32)  # [experts, groups_unsplit, hidden]
+  wv = rng.normal(size=(4, 8, 2)).astype(np.float32)  # [experts, hidden, d]
+
+  def builder(mesh):
+    h = mtf.import_tf_tensor(mesh, tf.constant(hv), "experts:4;groups_unsplit:4;hidden:8")
+    w = mtf.import_tf_tensor(mesh, tf.constant(wv), "experts:4;hidden:8;d:2")
+    out = mtf.einsum([h, w], output_shape="experts:4;groups_unsplit:4;d:2")
+    back = mtf.reshape(out, "experts_unsplit:4;groups:4;d:2", name="rename")
+    return {"y": mtf.reduce_sum(back, reduced_dim=back.shape.dims[0], name="total")}
+  want = np.einsum("egh,ehd->egd", hv, wv).sum(axis=0)
+  got, lowering = lower_and_run(builder, "rows:2;cols:4", "hidden:rows;experts:cols;groups:cols",
+                                return_lowering=True, **impl_kwargs)
+  np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-5)
+  assert [(r.kind, r.mesh_axes) for r in lowering.collective_records
+          if r.op_name == "rename"] == [("alltoall", (1,))], lowering.report()
+  allreduces = [r for r in _records(lowering, "allreduce") if r.mesh_axes == (0,)]
+  # One, of the reduction's output (groups split over cols: 1 x 2 floats per
+  # processor), made when it is read.
+  assert [r.bytes_per_processor for r in allreduces] == [2 * F32], lowering.report()
 
 
 def test_computed_slices_of_a_pending_sum_do_not_complete_it():
