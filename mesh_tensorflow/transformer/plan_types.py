@@ -176,6 +176,9 @@ class Plan:
   num_layers: int
   parameters: int
   notes: List[str] = dataclasses.field(default_factory=list)
+  # The binding of a layer stack of the model's own (a Universal
+  # Transformer's), priced whole: num_layers is then not its depth.
+  own_stack: Optional[str] = None
 
   @property
   def tokens_per_s(self) -> float:
@@ -211,7 +214,8 @@ class Plan:
         "fits": self.fits, "time_breakdown_s": self.time_breakdown,
         "top_communications": [c.as_dict() for c in self.communications[:5]],
         "communications": [c.as_dict() for c in self.communications],
-        "num_layers": self.num_layers, "parameters": self.parameters, "notes": self.notes}
+        "num_layers": self.num_layers, "parameters": self.parameters, "notes": self.notes,
+        "own_layer_stack": self.own_stack}
 
   def to_json(self) -> str:
     return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -219,7 +223,9 @@ class Plan:
   def summary(self) -> str:
     o = self.options
     lines = [f"plan: {self.cluster}, mesh {self.mesh_shape}, layout {self.layout}"]
-    extras = [f"{self.num_layers} layers", f"{self.parameters / 1e9:.2f}B parameters"]
+    depth = (f"{self.num_layers} layers" if self.own_stack is None else
+             f"its own layer stack ({self.own_stack}), priced whole")
+    extras = [depth, f"{self.parameters / 1e9:.2f}B parameters"]
     if o.num_stages > 1:
       extras.append(f"pipeline {o.num_stages} stages x {o.num_microbatches} micro-batches "
                     f"({o.schedule}{', %d virtual' % o.virtual_stages if o.virtual_stages > 1 else ''})")

@@ -192,6 +192,7 @@ class _Priced:
   # passes as that variant runs the step
   peaks: Dict[Tuple[bool, bool], float] = dataclasses.field(default_factory=dict)
   projection_bytes: float = 0.0  # the forward pass's projections' outputs
+  own_stack: Optional[str] = None  # the binding of a layer stack of the model's own
 
   def phases(self, options: "PlanOptions") -> Dict[str, _Phase]:
     return self.variants[(options.fusion == "xla", options.attention == "fused")]
@@ -303,9 +304,10 @@ def _price_step(step: _Step) -> _Priced:
   count = sum(v.outputs[0].shape.size for v in step.graph.trainable_variables)
   projections = sum(size(op.outputs[0]) for op in mtf.kept_by_recompute(
       ops[:first_bwd], mtf.product_without_batch_dims))
+  from mesh_tensorflow.transformer import layer_stack  # pylint: disable=g-import-not-at-top
   return _Priced(variants, mem.variables, mem.slots, layer_input, kept_scores,
                  count, layer_input_dims, kept, report.dimension_names(ops), step.pipeline_refusal,
-                 peaks, projections)
+                 peaks, projections, layer_stack.configured_own_stack())
 
 
 def _phases(records: List[_OpCost], n: int, xla: bool, fused_attention: bool
@@ -680,7 +682,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   return Plan(str(cluster), full_shape.to_string(), rules.to_string(), options, step_time,
               batch * seq_len, model_flops, hw_flops, model_flops / (step_time * peak),
               hw_flops / (step_time * peak), memory, h.hbm_bytes, breakdown, comms, num_layers,
-              params, notes)
+              params, notes, one.own_stack)
 
 
 def _memory_per_device(one: _Priced, two: _Priced, options: PlanOptions, per_stage: int,

@@ -1390,6 +1390,11 @@ def test_plan_prices_a_universal_transformer_stack_with_its_recurrence():
     assert plan.step_time_s > 0 and plan.fits
   # The embedding and softmax are shared; the recurrence doubles the rest.
   assert 1.6 * flops[4] < flops[8] < 2 * flops[4]
+  # The header names the stack, not make_layer_stack's unused depth.
+  assert "its own layer stack (build_model.decoder_layer_stack = " in plan.summary()
+  assert " layers," not in plan.summary().splitlines()[1]
+  assert plan.to_dict()["own_layer_stack"].endswith("UTLayerStack()")
+  assert _plan_config("models/tiny_lm.gin", []).to_dict()["own_layer_stack"] is None
   # make_layer_stack's pipeline and recomputation do not reach the stack:
   # refused, and --auto does not offer them.
   with pytest.raises(ValueError, match=r"UTLayerStack\(\): a layer stack of its own.*"
@@ -1405,3 +1410,19 @@ def test_plan_prices_a_universal_transformer_stack_with_its_recurrence():
 def _plan_config(gin_file, bindings, cluster="a100-80gb:8", mesh="data:8", layout="batch:data"):
   gin_config.parse([gin_file], bindings)
   return planner.plan_current_config(hardware.parse_cluster(cluster), mesh, layout)
+
+
+def test_plan_moves_expert_outputs_by_all_to_all_without_gathering_them():
+  """A mixture-of-experts layer with its experts split like the batch and
+  its hidden dimension over `model`: each expert output (a sum pending over
+  `model`) returns to its tokens by one all-to-all over `data`, with no
+  allgather over `data` (which replicated the whole expert output)."""
+  plan = _plan_config("models/moe_tiny_lm.gin",
+                      ["MoE1D.num_experts = 16", "run.batch_size = 64",
+                       "run.sequence_length = {'inputs': 128, 'targets': 128}"],
+                      cluster="a100-80gb:64", mesh="data:16;model:4",
+                      layout="batch:data;d_ff:model;heads:model;vocab:model;experts:data")
+  over_data = {(c.kind, c.phase) for c in plan.communications if c.mesh_dims == ("data",)}
+  assert ("alltoall", "forward") in over_data and ("alltoall", "backward") in over_data
+  assert not {kind for kind, phase in over_data if phase != "optimizer"} - {"alltoall",
+                                                                          "allreduce"}
