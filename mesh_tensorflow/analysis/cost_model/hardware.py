@@ -250,8 +250,8 @@ _TPU_FLOAT32 = ("0: the bf16 rate (XLA's default precision multiplies float32 op
 # TPUs: the matrix products' efficiency fitted on MaxText's smallest TPU v5e
 # and v5p runs, HBM as the GPUs' (benchmarks/scale_validation.py names the
 # rows).
-_FITTED_EFFICIENCIES = {"gpu": dict(matmul_efficiency=0.801, hbm_efficiency=0.65),
-                        "tpu": dict(matmul_efficiency=1.0, hbm_efficiency=0.65)}
+_FITTED_EFFICIENCIES = {"gpu": dict(matmul_efficiency=0.765, hbm_efficiency=0.70),
+                        "tpu": dict(matmul_efficiency=0.99, hbm_efficiency=0.70)}
 
 
 def _gpu(name, flops, hbm, hbm_bw, nvlink, nic, sources, **kw) -> Hardware:
