@@ -420,7 +420,7 @@ class ArgmaxOperation(Operation):
 
   def plan(self, mesh):
     x = self.inputs[0]
-    if mesh.layout_of(x.shape)[x.shape.index_of(self._dim.name)] is None:
+    if plans.split_axis(x.shape, self._dim, mesh.layout_of) is None:
       return plans.plan_unsplit(self, mesh.layout_of, [self._dim.name])
     # Split: per-block maxima and first indices, combined by two small
     # allreduces (gathering x would move all of it: a vocabulary's logits).

@@ -245,6 +245,7 @@ class _OpCost:
 def _price_step(step: _Step) -> _Priced:
   import mesh_tensorflow as mtf  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.analysis import cost_model  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow.transformer import layer_stack  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import sequence_parallel  # pylint: disable=g-import-not-at-top
   # Counts only (FLOPs, bytes, kernels, collectives): the plan prices them
@@ -304,7 +305,6 @@ def _price_step(step: _Step) -> _Priced:
   count = sum(v.outputs[0].shape.size for v in step.graph.trainable_variables)
   projections = sum(size(op.outputs[0]) for op in mtf.kept_by_recompute(
       ops[:first_bwd], mtf.product_without_batch_dims))
-  from mesh_tensorflow.transformer import layer_stack  # pylint: disable=g-import-not-at-top
   return _Priced(variants, mem.variables, mem.slots, layer_input, kept_scores,
                  count, layer_input_dims, kept, report.dimension_names(ops), step.pipeline_refusal,
                  peaks, projections, layer_stack.configured_own_stack())
