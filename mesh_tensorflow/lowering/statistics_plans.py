@@ -1,5 +1,6 @@
 """The KernelPlans of operations that reduce along one dimension inside
-their kernels: softmax, its gradient, the fused cross-entropy and argmax.
+their kernels: softmax, its gradient, the fused cross-entropy, argmax and
+top-k.
 With that dimension whole, each is one fused kernel per slice; with it
 split, several kernels with the MAX, SUM or MIN allreduces of per-slice
 statistics between them.
@@ -166,3 +167,44 @@ def plan_argmax(x, dim, out, layout_of: Callable, mesh_sizes: Sequence[int]) -> 
   clamp = Kernel((3,), (Result(out.shape, out.dtype.size, stay(current).then(
       plan_relayout(current, tuple(layout_of(out.shape))))),), 2 * out_bytes)  # 4
   return KernelPlan((Operand(0, stay(layout)),), (maxima, candidates, clamp), (4,))
+
+
+def plan_top_k(x, dim, k_dim, values, layout_of: Callable, mesh_sizes: Sequence[int]
+               ) -> KernelPlan:
+  """The KernelPlan of the top `k_dim.size` values of `x` along `dim` split
+  over a mesh axis, and their indices, without gathering `x`: per slice the
+  block's own top min(k, block) values and their indices offset into the
+  whole dimension (kernel 1, which reads the block's offset), both
+  allgathered along the mesh axis as the blocks' candidates in block order;
+  then the top k of the candidates and the indices they came with (kernel
+  2), laid out as the outputs. One allgather of k values and k indices per
+  block instead of one of `x`. Ties keep the lower index first, as
+  `tf.math.top_k` does: the candidates come in index order among equals.
+
+  Example:
+    >>> plan = plan_top_k(logits, vocab, k, values, layout_of, (2, 4))  # vocab over axis 1
+    >>> [type(s).__name__ for r in plan.kernels[0].results for s in r.move.steps]
+    ['AllGather', 'AllGather']
+  """
+  layout = tuple(layout_of(x.shape))
+  axis = x.shape.index_of(dim.name)
+  mesh_axis = layout[axis]
+  blocks = mesh_sizes[mesh_axis]
+  kept = min(k_dim.size, dim.size // blocks)
+  others = x.shape - [dim]
+  current = layout[:axis] + layout[axis + 1:]  # the other dimensions, as x splits them
+  candidates = others + [Dimension(f"{k_dim.name}_candidates", kept * blocks)]
+  gathered = plan_relayout(current + (mesh_axis,), current + (None,))
+  x_bytes = slice_elements(x.shape, layout, mesh_sizes) * x.dtype.size
+  block_elements = slice_elements(candidates, current + (mesh_axis,), mesh_sizes)
+  all_elements = slice_elements(candidates, current + (None,), mesh_sizes)
+  out_elements = slice_elements(values.shape, current + (None,), mesh_sizes)
+  item = x.dtype.size + 4  # a value and its int32 index
+  local = Kernel((0,), (Result(candidates, x.dtype.size, stay(current + (mesh_axis,)).then(
+      gathered)), Result(candidates, 4, stay(current + (mesh_axis,)).then(gathered))),
+                 x_bytes + block_elements * item, coordinates=layout)  # 1, 2
+  out_layout = tuple(layout_of(values.shape))
+  moved = stay(current + (None,)).then(plan_relayout(current + (None,), out_layout))
+  best = Kernel((1, 2), (Result(values.shape, x.dtype.size, moved), Result(values.shape, 4, moved)),
+                (all_elements + out_elements) * item)  # 3, 4
+  return KernelPlan((Operand(0, stay(layout)),), (local, best), (3, 4))

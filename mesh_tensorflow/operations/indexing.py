@@ -370,7 +370,13 @@ class TopKOperation(Operation):
     return [einsum([onehot, g], output_shape=self.inputs[0].shape)]
 
   def plan(self, mesh):
-    return plans.plan_unsplit(self, mesh.layout_of, [self._reduced_dim.name, self._k_dim.name])
+    x = self.inputs[0]
+    if plans.split_axis(x.shape, self._reduced_dim, mesh.layout_of) is None:
+      return plans.plan_unsplit(self, mesh.layout_of, [self._reduced_dim.name, self._k_dim.name])
+    # Split: each block's own top k, allgathered as candidates, then the top k
+    # of those (gathering x would move all of it: a vocabulary's logits).
+    return statistics_plans.plan_top_k(x, self._reduced_dim, self._k_dim, self.outputs[0],
+                                       mesh.layout_of, mesh.sizes)
 
   def lower(self, lowering):
     x = self.inputs[0]
@@ -379,11 +385,24 @@ class TopKOperation(Operation):
     rank = x.shape.ndims
     perm = [i for i in list(builtin_range(rank)) if i != axis] + [axis]
 
-    def fn(t):
-      if axis != rank - 1:
-        t = tf.transpose(t, perm)  # tf.math.top_k works on the last axis
-      return tuple(tf.math.top_k(t, k=k))
-    lowering.lower_with_plan(self, self.plan(lowering.plan_mesh(self)), fn)
+    def last(t):
+      return t if axis == rank - 1 else tf.transpose(t, perm)  # tf.math.top_k: the last axis
+
+    plan = self.plan(lowering.plan_mesh(self))
+    if isinstance(plan, plans.LocalPlan):
+      lowering.lower_with_plan(self, plan, lambda t: tuple(tf.math.top_k(last(t), k=k)))
+      return
+    offsets = slice_offsets(lowering.mesh_impl(self), x.shape, axis)
+
+    def block_top_k(t, offset):
+      t = last(t)
+      values, indices = tf.math.top_k(t, k=min(k, t.shape[-1]))
+      return values, indices + offset
+
+    def candidates_top_k(values, indices):
+      best = tf.math.top_k(values, k=k)
+      return best.values, tf.gather(indices, best.indices, batch_dims=rank - 1)
+    lowering.lower_kernels(self, plan, [block_top_k, candidates_top_k], extra={0: (offsets,)})
 
 
 builtin_range = __builtins__["range"] if isinstance(__builtins__, dict) else __builtins__.range
