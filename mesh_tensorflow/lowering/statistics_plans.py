@@ -1,6 +1,6 @@
 """The KernelPlans of operations that reduce along one dimension inside
-their kernels: softmax, its gradient, the fused cross-entropy, argmax and
-top-k.
+their kernels: softmax, its gradient, the fused cross-entropy, argmax,
+top-k and the cumulative sum.
 With that dimension whole, each is one fused kernel per slice; with it
 split, several kernels with the MAX, SUM or MIN allreduces of per-slice
 statistics between them.
@@ -208,3 +208,32 @@ def plan_top_k(x, dim, k_dim, values, layout_of: Callable, mesh_sizes: Sequence[
   best = Kernel((1, 2), (Result(values.shape, x.dtype.size, moved), Result(values.shape, 4, moved)),
                 (all_elements + out_elements) * item)  # 3, 4
   return KernelPlan((Operand(0, stay(layout)),), (local, best), (3, 4))
+
+
+def plan_cumsum(x, dim, layout_of: Callable, mesh_sizes: Sequence[int]) -> KernelPlan:
+  """The KernelPlan of the cumulative sum of `x` along `dim` split over a
+  mesh axis, without gathering `x`: per slice the block's own cumulative
+  sum and its total, the totals allgathered along the mesh axis (kernel 1);
+  then each block adds the totals of the blocks before it (after it, for a
+  reverse sum; kernel 2, which reads the block's offset). One allgather of
+  one total per block and row instead of one of `x`.
+
+  Example:
+    >>> plan = plan_cumsum(x, length, layout_of, (2, 4))  # length over axis 1
+    >>> [type(s).__name__ for r in plan.kernels[0].results for s in r.move.steps]
+    ['AllGather']
+  """
+  layout = tuple(layout_of(x.shape))
+  axis = x.shape.index_of(dim.name)
+  mesh_axis = layout[axis]
+  blocks = Shape([Dimension(f"{dim.name}_blocks", mesh_sizes[mesh_axis]) if d.name == dim.name
+                  else d for d in x.shape.dims])
+  x_bytes = slice_elements(x.shape, layout, mesh_sizes) * x.dtype.size
+  totals_bytes = slice_elements(blocks, _unsplit(layout, axis), mesh_sizes) * x.dtype.size
+  value = Result(x.shape, x.dtype.size, stay(layout))
+  totals = Result(blocks, x.dtype.size, stay(layout).then(plan_relayout(
+      layout, _unsplit(layout, axis))))
+  local = Kernel((0,), (value, totals), 2 * x_bytes + totals_bytes)  # 1, 2
+  carried = Kernel((1, 2), (value,), 2 * x_bytes + totals_bytes, coordinates=layout)  # 3
+  return KernelPlan((Operand(0, stay(layout)),), (local, carried), (3,),
+                    slice_elements(x.shape, layout, mesh_sizes))

@@ -335,12 +335,37 @@ class CumsumOperation(Operation):
                             not self._reverse).outputs[0]]
 
   def plan(self, mesh):
-    return plans.plan_unsplit(self, mesh.layout_of, [self._dim.name])
+    x = self.inputs[0]
+    if plans.split_axis(x.shape, self._dim, mesh.layout_of) is None:
+      return plans.plan_unsplit(self, mesh.layout_of, [self._dim.name])
+    # Split: each block's own sum, then the totals of the blocks before it.
+    return statistics_plans.plan_cumsum(x, self._dim, mesh.layout_of, mesh.sizes)
 
   def lower(self, lowering):
-    axis = self.inputs[0].shape.index_of(self._dim.name)
-    lowering.lower_with_plan(self, self.plan(lowering.plan_mesh(self)), lambda t: tf.cumsum(
-        t, axis=axis, exclusive=self._exclusive, reverse=self._reverse))
+    x = self.inputs[0]
+    axis = x.shape.index_of(self._dim.name)
+    exclusive, reverse = self._exclusive, self._reverse
+
+    def local(t):
+      return tf.cumsum(t, axis=axis, exclusive=exclusive, reverse=reverse)
+
+    plan = self.plan(lowering.plan_mesh(self))
+    if isinstance(plan, plans.LocalPlan):
+      lowering.lower_with_plan(self, plan, local)
+      return
+    offsets = slice_offsets(lowering.mesh_impl(self), x.shape, axis)
+
+    def block_sums(t):
+      return local(t), tf.reduce_sum(t, axis=axis, keepdims=True)
+
+    def add_carry(partial, totals, offset):
+      block = offset // partial.shape[axis]  # this processor's block along the dimension
+      others = tf.range(totals.shape[axis])
+      before = others > block if reverse else others < block
+      shape = [totals.shape[axis] if i == axis else 1 for i in builtin_range(partial.shape.rank)]
+      mask = tf.reshape(tf.cast(before, totals.dtype), shape)
+      return partial + tf.reduce_sum(totals * mask, axis=axis, keepdims=True)
+    lowering.lower_kernels(self, plan, [block_sums, add_carry], extra={1: (offsets,)})
 
 
 def cumsum(x: Tensor, dim, exclusive: bool = False, name=None) -> Tensor:

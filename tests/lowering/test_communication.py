@@ -632,6 +632,61 @@ def test_top_k_over_a_split_inner_dimension_under_simd_matches_numpy():
   np.testing.assert_array_equal(dx, chosen)
 
 
+@pytest.mark.parametrize("impl_kwargs", IMPL_VARIANTS)
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_cumsum_over_a_split_dimension_allgathers_only_the_blocks_totals(exclusive, impl_kwargs):
+  """mtf.cumsum over a split dimension does not gather its input: each block
+  sums its own part, the blocks' totals (one per row and block) are
+  allgathered, and each block adds those of the blocks before it. Its
+  gradient (a reverse cumulative sum) adds those after it."""
+  xv = np.random.default_rng(6).integers(-3, 4, size=(4, 16)).astype(np.float32)
+
+  def builder(mesh):
+    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "batch:4;vocab:16")
+    w = mtf.import_tf_tensor(mesh, tf.constant(np.arange(64, dtype=np.float32).reshape(4, 16)),
+                             "batch:4;vocab:16")
+    y = mtf.cumsum(x, "vocab", exclusive=exclusive, name="cs")
+    [dx] = mtf.gradients([mtf.reduce_sum(y * w)], [x])
+    return {"y": y, "dx": dx}
+  inclusive = np.cumsum(xv, axis=1)
+  want = inclusive - xv if exclusive else inclusive
+  w = np.arange(64, dtype=np.float32).reshape(4, 16)
+  want_dx = np.cumsum(w[:, ::-1], axis=1)[:, ::-1] - (w if exclusive else 0)
+  got, lowering = lower_and_run(builder, "rows:2;cols:4", "batch:rows", return_lowering=True,
+                                **impl_kwargs)
+  np.testing.assert_array_equal(got["y"], want)
+  assert lowering.collective_counts("cs") == {}
+  got, lowering = lower_and_run(builder, "rows:2;cols:4", "batch:rows;vocab:cols",
+                                return_lowering=True, **impl_kwargs)
+  np.testing.assert_array_equal(got["y"], want)
+  np.testing.assert_array_equal(got["dx"], want_dx)
+  records = [r for r in lowering.collective_records if r.op_name.startswith("cs")]
+  # 2 rows per processor, one total each.
+  assert [(r.kind, r.mesh_axes, r.bytes_per_processor) for r in records] == [
+      ("allgather", (1,), 2 * F32)], lowering.report()
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "mesh")
+  mtf.cumsum(mtf.import_tf_tensor(mesh, tf.constant(xv), "batch:4;vocab:16"), "vocab", name="cs")
+  from mesh_tensorflow.analysis import cost_model  # pylint: disable=g-import-not-at-top
+  est = cost_model.estimate(graph, "rows:2;cols:4", "batch:rows;vocab:cols")
+  (op,) = [op for op in est.ops if op.name == "cs"]
+  assert [(c.kind, c.bytes_per_processor) for c in op.collectives] == [("allgather", 2 * F32)]
+
+
+def test_cumsum_over_a_split_inner_dimension_under_simd_matches_numpy():
+  xv = np.random.default_rng(7).integers(-3, 4, size=(2, 16, 4)).astype(np.int32)
+  impl = mtf.simd_mesh_impl.SimdMeshImpl("rows:2;cols:4", "length:rows;d:cols",
+                                         mtf_test_utils.DEVICES)
+
+  def step():
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "batch:2;length:16;d:4")
+    y = mtf.cumsum(x, "length", exclusive=True)
+    return mtf.Lowering(graph, {mesh: impl}).export_to_tf_tensor(y)
+  np.testing.assert_array_equal(impl.run(step).numpy(), np.cumsum(xv, axis=1) - xv)
+
+
 def test_softmax_over_a_whole_dimension_is_one_kernel_per_slice():
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
