@@ -12,9 +12,13 @@ Rows:
   docstring lists the same 4.90B parameters as the paper's LM table: 6
   decoder layers, d_model 1024, d_ff 8192 x 32 = 262,144, 8 x 32 = 256 heads
   of d_kv 256, separate embedding and softmax weights, batch 256 packed
-  sequences of 256 tokens (`max_length`), Adafactor, bfloat16 activations;
-  mesh `batch:16;model:32`, layout `batch:batch;vocab:model;d_ff:model;
-  heads:model`. Vocabulary: the lm1b 32k subword vocabulary, 32,768 entries
+  sequences of 256 tokens (`max_length`), Adafactor, float32 activations
+  and dropout 0.1 on the attention weights, the feed-forward layer's hidden
+  units and every sublayer's output (`mtf_transformer_base`: its
+  `activation_dtype` was "float32" in every version of the file that
+  carried these results, until a later change, after the paper's runs, made
+  it "bfloat16"); mesh `batch:16;model:32`, layout `batch:batch;vocab:model;
+  d_ff:model;heads:model`. Vocabulary: the lm1b 32k subword vocabulary, 32,768 entries
   here (its exact size is not stated in either source; 128 rows more or less
   change nothing visible). Compared: FLOP/s (model FLOPs / step time).
 * Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
@@ -680,15 +684,18 @@ def _gpt_row(name, source, heads, h, layers, t, p, gpus, batch, tflops, mbs, chu
 
 def shazeer_row():
   # tensor2tensor mtf_transformer_paper_lm(5): n = 2 ** 5, d_ff = 8192 n,
-  # num_heads = 8 n, d_kv = 256, d_model = 1024, batch_size = 256, 6 layers and
-  # max_length 256 from mtf_transformer_base; mesh from mtf_transformer_paper_lm_5.
+  # num_heads = 8 n, d_kv = 256, d_model = 1024, batch_size = 256; 6 layers,
+  # max_length 256, float32 activations and the three dropouts of 0.1 from
+  # mtf_transformer_base; mesh from mtf_transformer_paper_lm_5.
   bindings = [
       "num_layers = 6", "d_model = 1024", "d_ff = 262144", "num_heads = 256", "d_kv = 256",
       "run.model_type = 'lm'", "run.sequence_length = {'inputs': 256, 'targets': 256}",
-      "run.batch_size = 256", "run.activation_dtype = 'bfloat16'",
+      "run.batch_size = 256", "run.activation_dtype = 'float32'",
       "run.optimizer = @optimize.AdafactorOptimizer",
       "run.vocabulary = @vocabulary.SizedVocabulary()", "vocabulary.SizedVocabulary.size = 32768",
-      "Unitransformer.shared_embedding_and_softmax_weights = False"]
+      "Unitransformer.shared_embedding_and_softmax_weights = False",
+      "SelfAttention.dropout_rate = 0.1", "DenseReluDense.dropout_rate = 0.1",
+      "transformer.make_layer_stack.dropout_rate = 0.1"]
   return Row("Transformer LM 4.9B", SHAZEER, "tpu-v2", 512, "batch:16;model:32",
              "batch:batch;vocab:model;d_ff:model;heads:model", bindings, 6.0, "PFLOP/s")
 

@@ -549,11 +549,11 @@ def test_scale_validation_quick_rows_within_15_percent():
   # what it makes again).
   _, plan = scale_validation.predict(maxtext["MaxText 32B, v5p-128"])
   assert plan.fits and plan.memory["total"] > 0.9 * plan.hbm_bytes, plan.memory
-  # The Mesh-TensorFlow paper's own TPU v2 run (TensorFlow 1 of 2018) is
-  # slower than the TPUs' efficiency fitted on MaxText's runs predicts.
+  # The Mesh-TensorFlow paper's own TPU v2 run, with the float32 activations
+  # of its released configuration, within 15%.
   row = scale_validation.shazeer_row()
   value, plan = scale_validation.predict(row)
-  assert 1.15 < value / row.published < 1.35 and plan.fits, value
+  assert abs(value / row.published - 1) < 0.15 and plan.fits, value
   # Slower stacks than the fitted one's: MT-NLG's DeepSpeed pipeline and
   # OPT's FSDP are predicted faster than published (an upper bound).
   for row in scale_validation.mt_nlg_rows()[:1] + scale_validation.fsdp_rows()[:1]:
