@@ -522,6 +522,32 @@ def test_softmax_over_a_split_dimension_costs_one_max_and_one_sum_allreduce(log)
   assert all(r.mesh_axes == (1,) and r.bytes_per_processor == 2 * F32 for r in records)
 
 
+def _vocab_whole_then_split(builder, op_name: str, impl_kwargs):
+  """Runs `builder` on `rows:2;cols:4` with the vocabulary whole (checking
+  that operation `op_name` communicates nothing), then split over `cols`.
+  Returns both runs' outputs and the split run's records of the operation,
+  as (kind, mesh axes, bytes per processor)."""
+  whole, lowering = lower_and_run(builder, "rows:2;cols:4", "batch:rows", return_lowering=True,
+                                  **impl_kwargs)
+  assert lowering.collective_counts(op_name) == {}, lowering.report()
+  split, lowering = lower_and_run(builder, "rows:2;cols:4", "batch:rows;vocab:cols",
+                                  return_lowering=True, **impl_kwargs)
+  records = [(r.kind, r.mesh_axes, r.bytes_per_processor) for r in lowering.collective_records
+             if r.op_name.startswith(op_name)]
+  return whole, split, records
+
+
+def _estimated_collectives(builder, op_name: str):
+  """The cost model's collectives of operation `op_name`, as (kind, bytes
+  per processor), with the vocabulary split over `cols`."""
+  from mesh_tensorflow.analysis import cost_model  # pylint: disable=g-import-not-at-top
+  graph = mtf.Graph()
+  builder(mtf.Mesh(graph, "mesh"))
+  est = cost_model.estimate(graph, "rows:2;cols:4", "batch:rows;vocab:cols")
+  (op,) = [op for op in est.ops if op.name == op_name]
+  return [(c.kind, c.bytes_per_processor) for c in op.collectives]
+
+
 @pytest.mark.parametrize("impl_kwargs", IMPL_VARIANTS)
 def test_argmax_over_a_split_dimension_costs_a_max_and_a_min_allreduce(impl_kwargs):
   """mtf.argmax over a split dimension does not gather its input (a
@@ -535,38 +561,33 @@ def test_argmax_over_a_split_dimension_costs_a_max_and_a_min_allreduce(impl_kwar
   def builder(mesh):
     x = mtf.import_tf_tensor(mesh, tf.constant(xv), "batch:4;vocab:16")
     return {"i": mtf.argmax(x, "vocab", name="am")}
-  got, lowering = lower_and_run(builder, "rows:2;cols:4", "batch:rows", return_lowering=True,
-                                **impl_kwargs)
-  np.testing.assert_array_equal(got["i"], np.argmax(xv, axis=1))
-  assert lowering.collective_counts("am") == {}
-  got, lowering = lower_and_run(builder, "rows:2;cols:4", "batch:rows;vocab:cols",
-                                return_lowering=True, **impl_kwargs)
-  np.testing.assert_array_equal(got["i"], np.argmax(xv, axis=1))
-  records = [r for r in lowering.collective_records if r.op_name.startswith("am")]
-  assert [(r.kind, r.mesh_axes, r.bytes_per_processor) for r in records] == [
-      ("allreduce", (1,), 2 * F32), ("allreduce", (1,), 2 * 4)], lowering.report()
+  whole, split, records = _vocab_whole_then_split(builder, "am", impl_kwargs)
+  np.testing.assert_array_equal(whole["i"], np.argmax(xv, axis=1))
+  np.testing.assert_array_equal(split["i"], np.argmax(xv, axis=1))
+  assert records == [("allreduce", (1,), 2 * F32), ("allreduce", (1,), 2 * 4)]
   # The cost model prices the plan the lowering ran.
-  graph = mtf.Graph()
-  builder(mtf.Mesh(graph, "mesh"))
-  from mesh_tensorflow.analysis import cost_model  # pylint: disable=g-import-not-at-top
-  est = cost_model.estimate(graph, "rows:2;cols:4", "batch:rows;vocab:cols")
-  (op,) = [op for op in est.ops if op.name == "am"]
-  assert [(c.kind, c.bytes_per_processor) for c in op.collectives] == [
-      ("allreduce", 2 * F32), ("allreduce", 2 * 4)]
+  assert _estimated_collectives(builder, "am") == [("allreduce", 2 * F32), ("allreduce", 2 * 4)]
 
 
-def test_argmax_over_a_split_dimension_under_simd_matches_numpy():
-  xv = np.random.default_rng(4).integers(0, 3, size=(2, 4, 16)).astype(np.float32)
-  impl = mtf.simd_mesh_impl.SimdMeshImpl("rows:2;cols:4", "vocab:cols;batch:rows",
-                                         mtf_test_utils.DEVICES)
+def _run_simd(layout: str, xv: np.ndarray, shape: str, build) -> list:
+  """The values of the tensors `build(x)` makes from `xv` (imported with
+  `shape`), lowered by the SIMD lowering on `rows:2;cols:4` with `layout`."""
+  impl = mtf.simd_mesh_impl.SimdMeshImpl("rows:2;cols:4", layout, mtf_test_utils.DEVICES)
 
   def step():
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
-    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "batch:2;length:4;vocab:16")
-    best = mtf.argmax(x, "vocab")
-    return mtf.Lowering(graph, {mesh: impl}).export_to_tf_tensor(best)
-  np.testing.assert_array_equal(impl.run(step).numpy(), np.argmax(xv, axis=-1))
+    outputs = build(mtf.import_tf_tensor(mesh, tf.constant(xv), shape))
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    return tuple(lowering.export_to_tf_tensor(t) for t in outputs)
+  return [t.numpy() for t in impl.run(step)]
+
+
+def test_argmax_over_a_split_dimension_under_simd_matches_numpy():
+  xv = np.random.default_rng(4).integers(0, 3, size=(2, 4, 16)).astype(np.float32)
+  [best] = _run_simd("vocab:cols;batch:rows", xv, "batch:2;length:4;vocab:16",
+                     lambda x: [mtf.argmax(x, "vocab")])
+  np.testing.assert_array_equal(best, np.argmax(xv, axis=-1))
 
 
 @pytest.mark.parametrize("impl_kwargs", IMPL_VARIANTS)
@@ -585,25 +606,14 @@ def test_top_k_over_a_split_dimension_allgathers_only_the_blocks_candidates(k, i
     values, indices = mtf.top_k(x, "vocab", k=k, name="tk")
     return {"v": values, "i": indices}
   want = np.argsort(-xv, axis=1, kind="stable")[:, :k]
-  got, lowering = lower_and_run(builder, "rows:2;cols:4", "batch:rows", return_lowering=True,
-                                **impl_kwargs)
-  np.testing.assert_array_equal(got["i"], want)
-  assert lowering.collective_counts("tk") == {}
-  got, lowering = lower_and_run(builder, "rows:2;cols:4", "batch:rows;vocab:cols",
-                                return_lowering=True, **impl_kwargs)
-  np.testing.assert_array_equal(got["i"], want)
-  np.testing.assert_array_equal(got["v"], np.take_along_axis(xv, want, axis=1))
+  whole, split, records = _vocab_whole_then_split(builder, "tk", impl_kwargs)
+  np.testing.assert_array_equal(whole["i"], want)
+  np.testing.assert_array_equal(split["i"], want)
+  np.testing.assert_array_equal(split["v"], np.take_along_axis(xv, want, axis=1))
   kept = min(k, 4)  # candidates per block and row; 2 rows per processor
-  records = [r for r in lowering.collective_records if r.op_name.startswith("tk")]
-  assert [(r.kind, r.mesh_axes, r.bytes_per_processor) for r in records] == [
-      ("allgather", (1,), 2 * kept * F32), ("allgather", (1,), 2 * kept * 4)], lowering.report()
+  assert records == [("allgather", (1,), 2 * kept * F32), ("allgather", (1,), 2 * kept * 4)]
   # The cost model prices the plan the lowering ran.
-  graph = mtf.Graph()
-  builder(mtf.Mesh(graph, "mesh"))
-  from mesh_tensorflow.analysis import cost_model  # pylint: disable=g-import-not-at-top
-  est = cost_model.estimate(graph, "rows:2;cols:4", "batch:rows;vocab:cols")
-  (op,) = [op for op in est.ops if op.name == "tk"]
-  assert [(c.kind, c.bytes_per_processor) for c in op.collectives] == [
+  assert _estimated_collectives(builder, "tk") == [
       ("allgather", 2 * kept * F32), ("allgather", 2 * kept * 4)]
 
 
@@ -612,18 +622,12 @@ def test_top_k_over_a_split_inner_dimension_under_simd_matches_numpy():
   the mesh's first axis under the SIMD lowering; its gradient, a one-hot of
   the indices, lands on the chosen elements."""
   xv = np.random.default_rng(4).integers(0, 3, size=(2, 16, 4)).astype(np.float32)
-  impl = mtf.simd_mesh_impl.SimdMeshImpl("rows:2;cols:4", "vocab:rows;length:cols",
-                                         mtf_test_utils.DEVICES)
 
-  def step():
-    graph = mtf.Graph()
-    mesh = mtf.Mesh(graph, "mesh")
-    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "batch:2;vocab:16;length:4")
+  def build(x):
     values, indices = mtf.top_k(x, "vocab", k=5)
-    [dx] = mtf.gradients([mtf.reduce_sum(values)], [x])
-    lowering = mtf.Lowering(graph, {mesh: impl})
-    return tuple(lowering.export_to_tf_tensor(t) for t in (values, indices, dx))
-  values, indices, dx = (t.numpy() for t in impl.run(step))
+    return [values, indices] + mtf.gradients([mtf.reduce_sum(values)], [x])
+  values, indices, dx = _run_simd("vocab:rows;length:cols", xv, "batch:2;vocab:16;length:4",
+                                  build)
   want = np.moveaxis(np.argsort(-xv, axis=1, kind="stable")[:, :5], 1, -1)  # [batch, length, k]
   np.testing.assert_array_equal(indices, want)
   np.testing.assert_array_equal(values, np.take_along_axis(np.moveaxis(xv, 1, -1), want, -1))
@@ -652,39 +656,22 @@ def test_cumsum_over_a_split_dimension_allgathers_only_the_blocks_totals(exclusi
   want = inclusive - xv if exclusive else inclusive
   w = np.arange(64, dtype=np.float32).reshape(4, 16)
   want_dx = np.cumsum(w[:, ::-1], axis=1)[:, ::-1] - (w if exclusive else 0)
-  got, lowering = lower_and_run(builder, "rows:2;cols:4", "batch:rows", return_lowering=True,
-                                **impl_kwargs)
-  np.testing.assert_array_equal(got["y"], want)
-  assert lowering.collective_counts("cs") == {}
-  got, lowering = lower_and_run(builder, "rows:2;cols:4", "batch:rows;vocab:cols",
-                                return_lowering=True, **impl_kwargs)
-  np.testing.assert_array_equal(got["y"], want)
-  np.testing.assert_array_equal(got["dx"], want_dx)
-  records = [r for r in lowering.collective_records if r.op_name.startswith("cs")]
+  whole, split, records = _vocab_whole_then_split(builder, "cs", impl_kwargs)
+  np.testing.assert_array_equal(whole["y"], want)
+  np.testing.assert_array_equal(split["y"], want)
+  np.testing.assert_array_equal(split["dx"], want_dx)
   # 2 rows per processor, one total each.
-  assert [(r.kind, r.mesh_axes, r.bytes_per_processor) for r in records] == [
-      ("allgather", (1,), 2 * F32)], lowering.report()
-  graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, "mesh")
-  mtf.cumsum(mtf.import_tf_tensor(mesh, tf.constant(xv), "batch:4;vocab:16"), "vocab", name="cs")
-  from mesh_tensorflow.analysis import cost_model  # pylint: disable=g-import-not-at-top
-  est = cost_model.estimate(graph, "rows:2;cols:4", "batch:rows;vocab:cols")
-  (op,) = [op for op in est.ops if op.name == "cs"]
-  assert [(c.kind, c.bytes_per_processor) for c in op.collectives] == [("allgather", 2 * F32)]
+  assert records == [("allgather", (1,), 2 * F32)]
+  assert _estimated_collectives(
+      lambda mesh: {"y": mtf.cumsum(mtf.import_tf_tensor(mesh, tf.constant(xv), "batch:4;vocab:16"),
+                                    "vocab", name="cs")}, "cs") == [("allgather", 2 * F32)]
 
 
 def test_cumsum_over_a_split_inner_dimension_under_simd_matches_numpy():
   xv = np.random.default_rng(7).integers(-3, 4, size=(2, 16, 4)).astype(np.int32)
-  impl = mtf.simd_mesh_impl.SimdMeshImpl("rows:2;cols:4", "length:rows;d:cols",
-                                         mtf_test_utils.DEVICES)
-
-  def step():
-    graph = mtf.Graph()
-    mesh = mtf.Mesh(graph, "mesh")
-    x = mtf.import_tf_tensor(mesh, tf.constant(xv), "batch:2;length:16;d:4")
-    y = mtf.cumsum(x, "length", exclusive=True)
-    return mtf.Lowering(graph, {mesh: impl}).export_to_tf_tensor(y)
-  np.testing.assert_array_equal(impl.run(step).numpy(), np.cumsum(xv, axis=1) - xv)
+  [y] = _run_simd("length:rows;d:cols", xv, "batch:2;length:16;d:4",
+                  lambda x: [mtf.cumsum(x, "length", exclusive=True)])
+  np.testing.assert_array_equal(y, np.cumsum(xv, axis=1) - xv)
 
 
 def test_softmax_over_a_whole_dimension_is_one_kernel_per_slice():
