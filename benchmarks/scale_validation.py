@@ -289,7 +289,7 @@ MEGATRON_H100 = "Megatron-LM README, H100 model table"
 BIGSCIENCE = "BigScience tr11-176B-ml README (BLOOM)"
 MOSAIC = "MosaicML llm-foundry, benchmarking README (MPT)"
 # MPT sizes: name -> (d_model, heads, layers).
-MPT_SIZES = {"7B": (4096, 32, 32), "13B": (5120, 40, 40), "30B": (7168, 64, 48),
+MPT_SIZES = {"7B": (4096, 32, 32), "13B": (5120, 40, 40), "30B": (7168, 56, 48),
              "70B": (8192, 64, 80)}
 # (model, hardware, GPUs, micro-batch, accumulated micro-batches, recomputed, tokens/s/GPU)
 MOSAIC_TABLE = [
@@ -435,24 +435,32 @@ def fsdp_rows():
 
 def mosaic_rows():
   """MPT models as MosaicML benchmarked them with FSDP (see the module docstring)."""
-  rows = []
-  for model, hw, gpus, mbs, accumulated, recompute, tokens in MOSAIC_TABLE:
-    d, heads, layers = MPT_SIZES[model]
-    gpu = {"a100-80gb": "A100 80GB", "a100-40gb": "A100 40GB", "h100-sxm": "H100"}[hw]
-    bindings = [
-        f"num_layers = {layers}", f"d_model = {d}", f"d_ff = {4 * d}", f"num_heads = {heads}",
-        f"d_kv = {d // heads}", "run.model_type = 'lm'",
-        "run.sequence_length = {'inputs': 2048, 'targets': 2048}",
-        f"run.batch_size = {gpus * mbs * accumulated}", "run.activation_dtype = 'bfloat16'",
-        "run.vocabulary = @vocabulary.SizedVocabulary()", "vocabulary.SizedVocabulary.size = 50368",
-        "run.optimizer = @optimize.AdamWeightDecayOptimizer", "run.zero_stage = 3",
-        "run.float32_master_in_optimizer = True",
-        f"transformer.make_layer_stack.recompute = '{'layer' if recompute else 'none'}'"]
-    if accumulated > 1:
-      bindings.append(f"run.grad_accum_steps = {accumulated}")
-    rows.append(Row(f"MPT {model}, {gpus} {gpu}", MOSAIC, hw, gpus, f"data:{gpus}", "batch:data",
-                    bindings, float(tokens), "tokens/s per GPU", attention="fused"))
-  return rows
+  gpu = {"a100-80gb": "A100 80GB", "a100-40gb": "A100 40GB", "h100-sxm": "H100"}
+  return [mosaic_row(f"MPT {model}, {gpus} {gpu[hw]}", MPT_SIZES[model], hw, gpus, mbs,
+                     accumulated, recompute, tokens)
+          for model, hw, gpus, mbs, accumulated, recompute, tokens in MOSAIC_TABLE]
+
+
+def mosaic_row(name, size, hw, gpus, mbs, accumulated, recompute, tokens, seq=2048,
+               zero_stage=3):
+  """One MosaicML MPT run: `size` (d_model, heads, layers) on `gpus` GPUs of
+  preset `hw`, micro-batches of `mbs` sequences of `seq` tokens accumulated
+  `accumulated` times, FSDP as ZeRO `zero_stage`, every layer recomputed if
+  `recompute`; `tokens`: the published tokens/s per GPU."""
+  d, heads, layers = size
+  bindings = [
+      f"num_layers = {layers}", f"d_model = {d}", f"d_ff = {4 * d}", f"num_heads = {heads}",
+      f"d_kv = {d // heads}", "run.model_type = 'lm'",
+      f"run.sequence_length = {{'inputs': {seq}, 'targets': {seq}}}",
+      f"run.batch_size = {gpus * mbs * accumulated}", "run.activation_dtype = 'bfloat16'",
+      "run.vocabulary = @vocabulary.SizedVocabulary()", "vocabulary.SizedVocabulary.size = 50368",
+      "run.optimizer = @optimize.AdamWeightDecayOptimizer", f"run.zero_stage = {zero_stage}",
+      "run.float32_master_in_optimizer = True",
+      f"transformer.make_layer_stack.recompute = '{'layer' if recompute else 'none'}'"]
+  if accumulated > 1:
+    bindings.append(f"run.grad_accum_steps = {accumulated}")
+  return Row(name, MOSAIC, hw, gpus, f"data:{gpus}", "batch:data", bindings, float(tokens),
+             "tokens/s per GPU", attention="fused")
 
 
 def maxtext_sizes(scale: int):
