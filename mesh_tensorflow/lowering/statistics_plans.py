@@ -164,8 +164,9 @@ def plan_argmax(x, dim, out, layout_of: Callable, mesh_sizes: Sequence[int]) -> 
   candidates = Kernel((0, 1, 2), (Result(out.shape, out.dtype.size, stay(current).then(
       AllReduce((mesh_axis,), "MIN"))),), x_bytes + 2 * stats_bytes + out_bytes,
                       coordinates=layout)  # 3
-  clamp = Kernel((3,), (Result(out.shape, out.dtype.size, stay(current).then(
-      plan_relayout(current, tuple(layout_of(out.shape))))),), 2 * out_bytes)  # 4
+  clamp = Kernel((3,), (Result(out.shape, out.dtype.size,
+                               plan_relayout(current, tuple(layout_of(out.shape)))),),
+                 2 * out_bytes)  # 4
   return KernelPlan((Operand(0, stay(layout)),), (maxima, candidates, clamp), (4,))
 
 
@@ -193,18 +194,18 @@ def plan_top_k(x, dim, k_dim, values, layout_of: Callable, mesh_sizes: Sequence[
   kept = min(k_dim.size, dim.size // blocks)
   others = x.shape - [dim]
   current = layout[:axis] + layout[axis + 1:]  # the other dimensions, as x splits them
+  per_block, whole = current + (mesh_axis,), current + (None,)  # the candidates' layouts
   candidates = others + [Dimension(f"{k_dim.name}_candidates", kept * blocks)]
-  gathered = plan_relayout(current + (mesh_axis,), current + (None,))
+  gathered = plan_relayout(per_block, whole)
   x_bytes = slice_elements(x.shape, layout, mesh_sizes) * x.dtype.size
-  block_elements = slice_elements(candidates, current + (mesh_axis,), mesh_sizes)
-  all_elements = slice_elements(candidates, current + (None,), mesh_sizes)
-  out_elements = slice_elements(values.shape, current + (None,), mesh_sizes)
+  block_elements = slice_elements(candidates, per_block, mesh_sizes)
+  all_elements = slice_elements(candidates, whole, mesh_sizes)
+  out_elements = slice_elements(values.shape, whole, mesh_sizes)
   item = x.dtype.size + 4  # a value and its int32 index
-  local = Kernel((0,), (Result(candidates, x.dtype.size, stay(current + (mesh_axis,)).then(
-      gathered)), Result(candidates, 4, stay(current + (mesh_axis,)).then(gathered))),
+  local = Kernel((0,), (Result(candidates, x.dtype.size, gathered),
+                        Result(candidates, 4, gathered)),
                  x_bytes + block_elements * item, coordinates=layout)  # 1, 2
-  out_layout = tuple(layout_of(values.shape))
-  moved = stay(current + (None,)).then(plan_relayout(current + (None,), out_layout))
+  moved = plan_relayout(whole, tuple(layout_of(values.shape)))
   best = Kernel((1, 2), (Result(values.shape, x.dtype.size, moved), Result(values.shape, 4, moved)),
                 (all_elements + out_elements) * item)  # 3, 4
   return KernelPlan((Operand(0, stay(layout)),), (local, best), (3, 4))
@@ -228,11 +229,11 @@ def plan_cumsum(x, dim, layout_of: Callable, mesh_sizes: Sequence[int]) -> Kerne
   mesh_axis = layout[axis]
   blocks = Shape([Dimension(f"{dim.name}_blocks", mesh_sizes[mesh_axis]) if d.name == dim.name
                   else d for d in x.shape.dims])
+  whole = _unsplit(layout, axis)  # the totals, gathered
   x_bytes = slice_elements(x.shape, layout, mesh_sizes) * x.dtype.size
-  totals_bytes = slice_elements(blocks, _unsplit(layout, axis), mesh_sizes) * x.dtype.size
+  totals_bytes = slice_elements(blocks, whole, mesh_sizes) * x.dtype.size
   value = Result(x.shape, x.dtype.size, stay(layout))
-  totals = Result(blocks, x.dtype.size, stay(layout).then(plan_relayout(
-      layout, _unsplit(layout, axis))))
+  totals = Result(blocks, x.dtype.size, plan_relayout(layout, whole))
   local = Kernel((0,), (value, totals), 2 * x_bytes + totals_bytes)  # 1, 2
   carried = Kernel((1, 2), (value,), 2 * x_bytes + totals_bytes, coordinates=layout)  # 3
   return KernelPlan((Operand(0, stay(layout)),), (local, carried), (3,),
