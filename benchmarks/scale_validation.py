@@ -708,10 +708,11 @@ def shazeer_row():
              "batch:batch;vocab:model;d_ff:model;heads:model", bindings, 6.0, "PFLOP/s")
 
 
-def predict(row: Row, efficiency=None, hbm_efficiency=None):
+def predict(row: Row, efficiency=None, hbm_efficiency=None, attention_efficiency=None):
   cluster = hardware.parse_cluster(row.cluster)
   changes = {k: v for k, v in (("matmul_efficiency", efficiency),
-                               ("hbm_efficiency", hbm_efficiency)) if v is not None}
+                               ("hbm_efficiency", hbm_efficiency),
+                               ("attention_efficiency", attention_efficiency)) if v is not None}
   if changes:
     cluster = dataclasses.replace(
         cluster, hardware=dataclasses.replace(cluster.hardware, **changes))

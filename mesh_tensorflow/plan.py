@@ -58,7 +58,7 @@ def _main(argv: Sequence[str]) -> int:
   parser.add_argument("--attention", default="unfused",
                       help="unfused (the library's attention) or fused (estimate only: price "
                       "the attention as one on-chip kernel per pass, as FlashAttention-style "
-                      "kernels run it)")
+                      "kernels run it, its products at the hardware's attention_efficiency)")
   parser.add_argument("--fusion", default="xla",
                       help="xla (the step compiled by XLA, run.jit_compile = True: elementwise "
                       "chains fused) or none (TensorFlow running it op by op; GPUs only)")

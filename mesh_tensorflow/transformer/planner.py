@@ -50,9 +50,10 @@ adds what the graph of one micro-batch does not show:
   own attention ("unfused") keeps them.
 
 Compute time is FLOPs / (peak x matmul_efficiency) + bytes / (HBM bandwidth
-x hbm_efficiency) + kernels x launch overhead; model FLOPs are every
-einsum's full product (forward and backward) and exclude the recomputed
-forward (MFU); hardware FLOPs include it (HFU).
+x hbm_efficiency) + kernels x launch overhead, a fused attention kernel's
+products at `attention_efficiency` where the hardware has one; model FLOPs
+are every einsum's full product (forward and backward) and exclude the
+recomputed forward (MFU); hardware FLOPs include it (HFU).
 """
 
 from __future__ import annotations
@@ -140,6 +141,7 @@ class _Phase:
   flops: float = 0.0          # per processor, matrix products
   model_flops: float = 0.0    # all processors, full einsum products
   extra_flops: float = 0.0    # all processors, not model FLOPs (fused attention's second q.k)
+  attention_flops: float = 0.0  # per processor, of `flops`: a fused attention kernel's products
   bytes: float = 0.0          # per processor
   kernels: float = 0.0        # per processor
   comm: Dict[tuple, float] = dataclasses.field(default_factory=dict)  # key -> count
@@ -147,7 +149,7 @@ class _Phase:
   # parallel layer's input gathered again), issued ahead of their use.
   ahead: Dict[tuple, float] = dataclasses.field(default_factory=dict)
 
-  _COUNTS = ("flops", "model_flops", "extra_flops", "bytes", "kernels")
+  _COUNTS = ("flops", "model_flops", "extra_flops", "attention_flops", "bytes", "kernels")
 
   def minus(self, other: "_Phase") -> "_Phase":
     return self.plus(other, -1.0)
@@ -335,6 +337,7 @@ def _phases(records: List[_OpCost], n: int, xla: bool, fused_attention: bool
     ph = _Phase()  # this operation's share of its phase
     c = r.cost
     ph.flops += c.work_flops / n
+    ph.attention_flops += c.work_flops / n if fused_attention and r.product and r.scores else 0
     ph.model_flops += r.model_flops
     for col in c.collectives:
       key = (col.kind, tuple(col.mesh_axes), int(col.bytes_per_processor))
@@ -368,6 +371,7 @@ def _phases(records: List[_OpCost], n: int, xla: bool, fused_attention: bool
           ph, comm={k: c for k, c in ph.comm.items() if k[0] == "allgather"}))
     if r.makes_scores and fused_attention and r.phase == "forward":
       phases["backward"].flops += c.work_flops / n
+      phases["backward"].attention_flops += c.work_flops / n
       phases["backward"].extra_flops += r.model_flops
   return phases
 
@@ -407,7 +411,9 @@ def _overlapped(comm_s: float, compute_s: float, ph: _Phase, sub_dims) -> float:
 
 
 def _compute_time(ph: _Phase, h: hardware_lib.Hardware) -> float:
-  return (ph.flops / (h.peak_flops_per_s * h.matmul_efficiency)
+  attention = h.attention_efficiency or h.matmul_efficiency
+  return ((ph.flops - ph.attention_flops) / (h.peak_flops_per_s * h.matmul_efficiency)
+          + ph.attention_flops / (h.peak_flops_per_s * attention)
           + ph.bytes / (h.hbm_bytes_per_s * h.hbm_efficiency)
           + ph.kernels * h.kernel_overhead_s)
 

@@ -32,6 +32,18 @@ def test_presets_have_sources_and_published_figures():
       450e9 * hardware.preset("tpu-v3").hbm_efficiency)
   assert 0 < a100.hbm_efficiency < 1 and "hbm_efficiency" in a100.sources
   assert params.DeviceParams.default("cpu").shares_memory
+  # FlashAttention's share of peak: fitted per GPU generation (the H200 is
+  # the H100's chip), below a large product's; none (0: the products' rate)
+  # where nothing was fitted.
+  h100 = hardware.preset("h100-sxm")
+  for h in (a100, hardware.preset("a100-40gb"), h100, hardware.preset("h200")):
+    assert 0 < h.attention_efficiency < h.matmul_efficiency, h.name
+    assert "mosaic_sweep.py --fit" in h.sources["attention_efficiency"], h.name
+  assert hardware.preset("a100-40gb").attention_efficiency == a100.attention_efficiency
+  assert hardware.preset("h200").attention_efficiency == h100.attention_efficiency
+  assert h100.attention_efficiency < a100.attention_efficiency
+  for name in ("v100-32gb", "tpu-v4", "tpu-v5p"):
+    assert hardware.preset(name).attention_efficiency == 0
 
 
 def test_every_preset_name_is_resolved_one_way():
@@ -74,6 +86,16 @@ def test_parse_cluster_presets_json_and_errors(tmp_path):
   with pytest.raises(ValueError, match="hbm_efficiency must be in"):
     hardware.parse_cluster(str(path))
   del data["hbm_efficiency"]
+  # attention_efficiency left out: 0, the products' rate (nothing fitted for
+  # an unknown machine); given, it must be a share of peak.
+  del data["attention_efficiency"]
+  path.write_text(json.dumps(data))
+  assert hardware.parse_cluster(str(path)).hardware.attention_efficiency == 0
+  data["attention_efficiency"] = -0.2
+  path.write_text(json.dumps(data))
+  with pytest.raises(ValueError, match=r"'mine': attention_efficiency must be in \[0, 1\]"):
+    hardware.parse_cluster(str(path))
+  del data["attention_efficiency"]
   with pytest.raises(ValueError, match="unknown hardware 'fpga'"):
     hardware.parse_cluster("fpga:8")
   with pytest.raises(ValueError, match="say how many devices"):

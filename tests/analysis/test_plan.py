@@ -1,6 +1,7 @@
 """`python -m mesh_tensorflow.plan` and the planner behind it."""
 
 import dataclasses
+import importlib
 import json
 import os
 import subprocess
@@ -32,12 +33,16 @@ def _plan(extra=(), cluster="a100-80gb:16", mesh="data:2;model:8",
 
 def _scale_validation():
   """benchmarks/scale_validation.py as a module."""
+  return _benchmark("scale_validation")
+
+
+def _benchmark(name):
+  """benchmarks/NAME.py as a module."""
   sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
   try:
-    import scale_validation  # pylint: disable=g-import-not-at-top
+    return importlib.import_module(name)
   finally:
     sys.path.pop(0)
-  return scale_validation
 
 
 def test_plan_counts_layers_flops_memory_and_links():
@@ -522,31 +527,47 @@ def test_plan_takes_the_activation_dtype_from_get_variable_dtype_as_training_doe
 
 
 
-def test_mosaic_sweep_a100_rows_within_15_percent_and_h100_rows_faster():
-  """benchmarks/mosaic_sweep.py, MosaicML's 7B to 30B runs of 2,048 tokens
-  on 8 to 512 GPUs: on A100s within 15% of the measured tokens/s (the
+def test_mosaic_sweep_a100_rows_and_h100_long_sequences_within_15_percent():
+  """benchmarks/mosaic_sweep.py (held-out rows only): MosaicML's 7B to 30B
+  runs of 2,048 tokens on A100s within 15% of the measured tokens/s (the
   efficiency fitted on Megatron-LM's A100 runs carries over to this stack);
-  on H100s this stack reaches less of the peak than that efficiency gives
-  (planned 1.1 to 1.5 times as fast as measured; docs/planning.md, section
-  5)."""
-  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-  try:
-    import mosaic_sweep  # pylint: disable=g-import-not-at-top
-  finally:
-    sys.path.pop(0)
-  checked = {"a100-40gb": 0, "a100-80gb": 0, "h100-sxm": 0}
+  on H100s its runs of 16K tokens and more, priced by the fitted
+  FlashAttention efficiency, within 15%, while its 2,048-token runs reach
+  less of the peak than the products' efficiency gives (planned 1.0 to 1.45
+  times as fast as measured; docs/planning.md, section 5)."""
+  mosaic_sweep = _benchmark("mosaic_sweep")
+  checked = {"a100-40gb": 0, "a100-80gb": 0, "h100-sxm": 0, "h100-sxm long": 0}
   for fields, row in mosaic_sweep.sweep_rows():
-    if fields[1] not in ("7b", "13b", "30b") or fields[2] != "2048":
+    if row.name in mosaic_sweep.FIT_NAMES:
+      continue
+    long_h100 = fields[0] == "h100-sxm" and int(fields[2]) >= 16384
+    if not long_h100 and (fields[1] not in ("7b", "13b", "30b") or fields[2] != "2048"):
       continue
     value, plan = mosaic_sweep.scale_validation.predict(row)
     ratio = value / row.published
-    if fields[0] == "h100-sxm":
-      assert 1.1 < ratio < 1.5, (row.name, ratio)
+    if fields[0] == "h100-sxm" and not long_h100:
+      assert 1.0 < ratio < 1.45, (row.name, ratio)
     else:
       assert abs(ratio - 1) < 0.15, (row.name, ratio)
     assert plan.fits, row.name
-    checked[fields[0]] += 1
+    checked[fields[0] + (" long" if long_h100 else "")] += 1
   assert min(checked.values()) >= 2, checked
+
+
+def test_mosaic_sweep_fit_gives_the_presets_attention_efficiency():
+  """`mosaic_sweep.py --fit` on its four named rows gives each GPU
+  generation's preset attention_efficiency, and those rows come within 2%."""
+  mosaic_sweep = _benchmark("mosaic_sweep")
+  rows = [(f, r) for f, r in mosaic_sweep.sweep_rows() if r.name in mosaic_sweep.FIT_NAMES]
+  assert len(rows) == 4
+  fitted = mosaic_sweep.fit_attention(rows)
+  for generation, (_, presets) in mosaic_sweep.FIT_ROWS.items():
+    for name in presets:
+      assert hardware.preset(name).attention_efficiency == pytest.approx(
+          fitted[generation], abs=0.002), (name, fitted)
+  for _, row in rows:
+    value, _ = mosaic_sweep.scale_validation.predict(row)
+    assert abs(value / row.published - 1) < 0.02, (row.name, value)
 
 
 def test_scale_validation_quick_rows_within_15_percent():
@@ -586,16 +607,17 @@ def test_scale_validation_quick_rows_within_15_percent():
   for row in scale_validation.mt_nlg_rows()[:1] + scale_validation.fsdp_rows()[:1]:
     value, _ = scale_validation.predict(row)
     assert 1.0 < value / row.published < 1.25, (row.name, value, row.published)
-  # Megatron-LM's H100 runs over 48 hosts: the 70B run within 15%; the 32B
-  # run (no pipeline) below published but above 0.75 only because its
+  # Megatron-LM's H100 runs: the 1.7B run (data parallel only) within 15%;
+  # the 70B run (8-way tensor, 2-stage pipeline) below published but above
+  # 0.8; the 32B run (no pipeline, 48 hosts) above 0.72 only because its
   # gradient reduce-scatters are merged as XLA merges them (one per
   # variable, each paying 47 ring steps' latency, it falls below 0.7).
   h100 = {r.name: r for r in scale_validation.megatron_h100_rows()}
-  value, _ = scale_validation.predict(h100["H100 GPT 70B"])
-  assert abs(value / h100["H100 GPT 70B"].published - 1) < 0.15, value
+  for name, low, high in (("H100 GPT 1.7B", 0.85, 1.15), ("H100 GPT 70B", 0.8, 1.0),
+                          ("H100 GPT 32B", 0.72, 1.0)):
+    value, plan = scale_validation.predict(h100[name])
+    assert low < value / h100[name].published < high, (name, value)
   row = h100["H100 GPT 32B"]
-  value, plan = scale_validation.predict(row)
-  assert 0.75 < value / row.published < 1.0, value
   assert plan.time_breakdown["grad_reduce_exposed"] < 0.12, plan.time_breakdown
   gin_config.parse([], row.bindings)
   options = planner.options_from_gin()
@@ -1167,6 +1189,33 @@ def test_zero_stages_are_priced_as_mtf_zero_runs_them():
                                        "run.zero_reshard_after_forward = False"])
   with pytest.raises(ValueError, match="reshard_after_forward=False applies to stage 3"):
     report.build_training_step("data:4;model:8", "batch:data;d_ff:model", batch_size=8)
+
+
+def test_fused_attention_products_run_at_the_hardware_attention_efficiency():
+  """Under fused attention the score products (per layer: q.k and a.v, their
+  four backward products, and q.k made again for the backward pass, 7 of 2
+  x batch x heads x length^2 x d_kv FLOPs) run at `attention_efficiency`,
+  every other product at `matmul_efficiency`; 0 is the products' rate, and
+  the library's own attention does not use it."""
+  gin_config.parse([], MODEL)
+  base = hardware.parse_cluster("a100-80gb:1")
+  h = base.hardware
+
+  def step_time(attention, efficiency):
+    cluster = dataclasses.replace(base, hardware=dataclasses.replace(
+        h, attention_efficiency=efficiency))
+    options = planner.options_from_gin()
+    options.attention = attention
+    return planner.plan_current_config(cluster, "data:1", "batch:data", options).step_time_s
+
+  at_products_rate = step_time("fused", 0.0)
+  assert step_time("fused", h.matmul_efficiency) == pytest.approx(at_products_rate, rel=1e-9)
+  attention_flops = 8 * 7 * (2 * 64 * 8 * 256 ** 2 * 64)
+  # Half the products' rate: each of those FLOPs takes twice as long.
+  assert step_time("fused", h.matmul_efficiency / 2) - at_products_rate == pytest.approx(
+      attention_flops / (h.peak_flops_per_s * h.matmul_efficiency), rel=1e-6)
+  assert step_time("fused", h.attention_efficiency) > at_products_rate
+  assert step_time("unfused", 0.1) == step_time("unfused", 0.0)
 
 
 def test_fused_attention_takes_the_scores_out_of_memory_and_traffic():

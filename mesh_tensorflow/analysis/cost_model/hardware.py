@@ -12,13 +12,16 @@ JSON file) and a device count:
 
 Every number comes from a public specification named in `sources` beside it
 (see docs/planning.md for the table). Bandwidths are per device and per
-direction. Three fields are not specifications: `matmul_efficiency` (the
+direction. Four fields are not specifications: `matmul_efficiency` (the
 fraction of peak a large matrix product reaches) and `hbm_efficiency` (the
 fraction of the HBM bandwidth that memory-bound kernels reach) are fitted
 on published runs (benchmarks/scale_validation.py says which: for GPUs both
-together, for TPUs the products' with the GPUs' HBM efficiency), and
-link latencies are the usual order of magnitude of one ring step (a few
-microseconds), marked "assumed".
+together, for TPUs the products' with the GPUs' HBM efficiency),
+`attention_efficiency` (the fraction of peak a fused attention kernel's
+score products reach) is fitted per GPU generation on long-sequence runs
+(benchmarks/mosaic_sweep.py says which; 0 on the presets without one: the
+products' rate), and link latencies are the usual order of magnitude of
+one ring step (a few microseconds), marked "assumed".
 
 A machine that is not a preset is a JSON file with the fields of `Hardware`
 (`name`, `kind`, `peak_flops_per_s`, `hbm_bytes`, `hbm_bytes_per_s`,
@@ -26,7 +29,8 @@ A machine that is not a preset is a JSON file with the fields of `Hardware`
 `network_bytes_per_s`, `network_latency_s`, and for TPUs `torus_dims`,
 `ici_link_bytes_per_s`, `devices_per_chip`, `max_slice_devices`), optionally
 `matmul_efficiency` and `hbm_efficiency` (left out: the presets' fitted
-values), `float32_flops_per_s` (left out: float32 products at the peak)
+values), `attention_efficiency` (left out: 0, the products' rate),
+`float32_flops_per_s` (left out: float32 products at the peak)
 and `bfloat16` (left out: true), plus an optional `count`;
 `--hardware=my_machine.json:256` overrides the count.
 """
@@ -74,6 +78,11 @@ class Hardware:
     hbm_efficiency: fraction of `hbm_bytes_per_s` that memory-bound kernels
       (norms, softmax, elementwise chains, the products' operands) reach
       (fitted with matmul_efficiency).
+    attention_efficiency: fraction of peak at which a fused attention
+      kernel (FlashAttention; `attention = "fused"`) runs the score
+      products, counted in full as model FLOP formulas count them (a causal
+      kernel that skips the masked half shows above its own rate); 0: at
+      matmul_efficiency. Fitted, see the module docstring.
     kernel_overhead_s: fixed cost of launching one kernel.
     float32_flops_per_s: peak dense matrix FLOP/s with float32 operands as
       TensorFlow runs them (A100 and later: TF32 tensor cores, on by
@@ -105,6 +114,7 @@ class Hardware:
   max_slice_devices: int = 0
   matmul_efficiency: float = 0.7
   hbm_efficiency: float = 1.0
+  attention_efficiency: float = 0.0
   kernel_overhead_s: float = 2e-6
   float32_flops_per_s: float = 0.0
   bfloat16: bool = True
@@ -127,6 +137,9 @@ class Hardware:
       raise ValueError(f"hardware {self.name!r}: matmul_efficiency must be in (0, 1].")
     if not 0 < self.hbm_efficiency <= 1:
       raise ValueError(f"hardware {self.name!r}: hbm_efficiency must be in (0, 1].")
+    if not 0 <= self.attention_efficiency <= 1:
+      raise ValueError(f"hardware {self.name!r}: attention_efficiency must be in [0, 1] (0: "
+                       f"matmul_efficiency's), got {self.attention_efficiency!r}.")
     if not 0 <= self.float32_flops_per_s <= self.peak_flops_per_s:
       raise ValueError(f"hardware {self.name!r}: float32_flops_per_s must be between 0 (the same "
                        f"as peak_flops_per_s) and peak_flops_per_s, got "
@@ -250,11 +263,20 @@ _TPU_FLOAT32 = ("0: the bf16 rate (XLA's default precision multiplies float32 op
 # TPUs: the matrix products' efficiency fitted on MaxText's smallest TPU v5e
 # and v5p runs, HBM as the GPUs' (benchmarks/scale_validation.py names the
 # rows).
+# FlashAttention's share of peak (attention_efficiency), by GPU generation:
+# fitted on MosaicML's 7B and 3B runs of 65,536 tokens on 8 A100 80 GB and
+# on 8 H100 (benchmarks/mosaic_sweep.py --fit); the H200 is the H100's chip.
+_ATTENTION = {"a100": 0.672, "h100": 0.366}
+_FITTED_ATTENTION = "fitted on published runs: benchmarks/mosaic_sweep.py --fit"
 _FITTED_EFFICIENCIES = {"gpu": dict(matmul_efficiency=0.765, hbm_efficiency=0.70),
                         "tpu": dict(matmul_efficiency=0.99, hbm_efficiency=0.70)}
 
 
-def _gpu(name, flops, hbm, hbm_bw, nvlink, nic, sources, **kw) -> Hardware:
+def _gpu(name, flops, hbm, hbm_bw, nvlink, nic, sources, attention=None, **kw) -> Hardware:
+  # attention: the generation whose fitted attention_efficiency applies.
+  if attention:
+    kw["attention_efficiency"] = _ATTENTION[attention]
+    sources = dict(sources, attention_efficiency=f"{_FITTED_ATTENTION} ({attention.upper()})")
   return Hardware(name=name, kind="gpu", peak_flops_per_s=flops, hbm_bytes=hbm,
                   hbm_bytes_per_s=hbm_bw, devices_per_host=8, intra_host_bytes_per_s=nvlink,
                   intra_host_latency_s=3e-6, network_bytes_per_s=nic, network_latency_s=8e-6,
@@ -310,7 +332,7 @@ _add(_gpu("a100-40gb", 312e12, 40 * GB, 1555 * GB, 300 * GB, 25 * GB, {
     "hbm_bytes_per_s": _A100 + "1,555 GB/s",
     "intra_host_bytes_per_s": _A100 + "NVLink 600 GB/s (both directions) -> 300 GB/s per direction",
     "network_bytes_per_s": _DGXA + "8x single-port 200 Gb/s HDR InfiniBand -> 25 GB/s per GPU",
-    "devices_per_host": _DGXA + "8x A100 GPUs"}, float32_flops_per_s=156e12))
+    "devices_per_host": _DGXA + "8x A100 GPUs"}, float32_flops_per_s=156e12, attention="a100"))
 _add(_gpu("a100-80gb", 312e12, 80 * GB, 2039 * GB, 300 * GB, 25 * GB, {
     "peak_flops_per_s": _A100 + "BF16 Tensor Core 312 TFLOPS (dense)",
     "hbm_bytes": _A100 + "80 GB HBM2e",
@@ -318,7 +340,7 @@ _add(_gpu("a100-80gb", 312e12, 80 * GB, 2039 * GB, 300 * GB, 25 * GB, {
     "hbm_bytes_per_s": _A100 + "2,039 GB/s (SXM)",
     "intra_host_bytes_per_s": _A100 + "NVLink 600 GB/s (both directions) -> 300 GB/s per direction",
     "network_bytes_per_s": _DGXA + "8x single-port 200 Gb/s HDR InfiniBand -> 25 GB/s per GPU",
-    "devices_per_host": _DGXA + "8x A100 GPUs"}, float32_flops_per_s=156e12))
+    "devices_per_host": _DGXA + "8x A100 GPUs"}, float32_flops_per_s=156e12, attention="a100"))
 _add(_gpu("h100-sxm", 989e12, 80 * GB, 3350 * GB, 450 * GB, 50 * GB, {
     "peak_flops_per_s": _H100 + "BF16 Tensor Core 1,979 TFLOPS with sparsity -> 989 dense",
     "hbm_bytes": _H100 + "80 GB HBM3",
@@ -327,7 +349,7 @@ _add(_gpu("h100-sxm", 989e12, 80 * GB, 3350 * GB, 450 * GB, 50 * GB, {
     "hbm_bytes_per_s": _H100 + "3.35 TB/s",
     "intra_host_bytes_per_s": _H100 + "NVLink 900 GB/s (both directions) -> 450 GB/s per direction",
     "network_bytes_per_s": _DGXH + "8x 400 Gb/s ConnectX-7 (NDR) -> 50 GB/s per GPU",
-    "devices_per_host": _DGXH + "8x GPUs"}, float32_flops_per_s=494.5e12))
+    "devices_per_host": _DGXH + "8x GPUs"}, float32_flops_per_s=494.5e12, attention="h100"))
 _add(_gpu("h200", 989e12, 141 * GB, 4800 * GB, 450 * GB, 50 * GB, {
     "peak_flops_per_s": _H200 + "BF16 Tensor Core 1,979 TFLOPS with sparsity -> 989 dense",
     "hbm_bytes": _H200 + "141 GB HBM3e",
@@ -336,7 +358,7 @@ _add(_gpu("h200", 989e12, 141 * GB, 4800 * GB, 450 * GB, 50 * GB, {
     "hbm_bytes_per_s": _H200 + "4.8 TB/s",
     "intra_host_bytes_per_s": _H200 + "NVLink 900 GB/s (both directions) -> 450 GB/s per direction",
     "network_bytes_per_s": _DGXH + "8x 400 Gb/s ConnectX-7 (NDR) -> 50 GB/s per GPU",
-    "devices_per_host": _DGXH + "8x GPUs"}, float32_flops_per_s=494.5e12))
+    "devices_per_host": _DGXH + "8x GPUs"}, float32_flops_per_s=494.5e12, attention="h100"))
 # TPU v2 and v3: a device is a TensorCore (2 per chip, each a TensorFlow
 # device, as the Mesh-TensorFlow paper counts "cores"); the chip's HBM, its
 # bandwidth and its 4 ICI links are shared by its 2 cores.
