@@ -41,6 +41,34 @@ def gpipe_note(options: plan_types.PlanOptions, total_bytes: float,
           "transformer.make_layer_stack.pipeline_schedule = '1f1b')")
 
 
+# The sizes defaults.gin gives its 128-wide demo model (the main job's), which
+# a large model's config that leaves them out inherits.
+DEMO_SIZES = {"d_kv": 16, "d_ff": 512}
+
+
+def default_size_notes(d_model: int, num_heads: int, d_kv: int, d_ff: int) -> List[str]:
+  """Notes for a model of `d_model` 512 or more whose attention head size
+  (`d_kv`) or feed-forward size (`d_ff`) is still the demo model's: a config
+  that states d_model and num_heads but not d_kv gets 16-wide heads, not
+  d_model / num_heads, and the plan prices a different model.
+
+    >>> default_size_notes(2048, 16, 16, 8192)[0].endswith("d_model / num_heads = 128")
+    True
+  """
+  if d_model < 512:
+    return []
+  notes = []
+  if d_kv == DEMO_SIZES["d_kv"] and num_heads and num_heads * d_kv != d_model:
+    notes.append(f"d_kv = {d_kv} is the demo model's default (defaults.gin): {num_heads} heads "
+                 f"of {d_kv} make the attention {num_heads * d_kv} wide beside d_model "
+                 f"{d_model}; a GPT-style model sets d_kv = d_model / num_heads = "
+                 f"{d_model // num_heads}")
+  if d_ff == DEMO_SIZES["d_ff"]:
+    notes.append(f"d_ff = {d_ff} is the demo model's default (defaults.gin) beside d_model "
+                 f"{d_model}; set d_ff (usually 4 x d_model = {4 * d_model})")
+  return notes
+
+
 def plan_notes(options: plan_types.PlanOptions, hardware: hardware_lib.Hardware,
                activation_dtype: str, rule_notes: List[str], stream_notes: List[str],
                schedule_note: Optional[str]) -> List[str]:

@@ -685,6 +685,9 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
           _binding("transformer.make_layer_stack.sequence_parallel", False), sub_rules), gpipe)
   notes += plan_notes.placement_notes(comms, full_shape, {sub_dims[a].name for a in data.axes},
                                       cluster)
+  notes += plan_notes.default_size_notes(*(int(_binding(name, 0) or 0) for name in (
+      "Unitransformer.d_model", "SelfAttention.num_heads", "SelfAttention.key_value_size",
+      "DenseReluDense.hidden_size")))
   return Plan(str(cluster), full_shape.to_string(), rules.to_string(), options, step_time,
               batch * seq_len, model_flops, hw_flops, model_flops / (step_time * peak),
               hw_flops / (step_time * peak), memory, h.hbm_bytes, breakdown, comms, num_layers,

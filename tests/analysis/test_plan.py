@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from mesh_tensorflow.analysis.cost_model import hardware
+from mesh_tensorflow.transformer import plan_notes
 from mesh_tensorflow.transformer import plan_search
 from mesh_tensorflow.transformer import planner
 from mesh_tensorflow.transformer import gin_config
@@ -287,6 +288,45 @@ def test_interleaved_schedule_is_read_from_gin_and_priced_from_its_table():
                  "transformer.make_layer_stack.num_microbatches = 3",
                  "transformer.make_layer_stack.pipeline_schedule = 'interleaved'",
                  "transformer.make_layer_stack.virtual_stages = 2"], **kw)
+
+
+def test_planning_docs_published_run_example_prints_what_the_page_shows(
+    capsys, tmp_path, monkeypatch):
+  """docs/planning.md, "A published run, from what its report states": its
+  gin file, saved as the page says in the user's directory, and its command
+  print exactly the page's output."""
+  import re  # pylint: disable=g-import-not-at-top
+  import shlex  # pylint: disable=g-import-not-at-top
+  from mesh_tensorflow import plan as plan_command  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(ROOT, "docs", "planning.md")) as f:
+    page = f.read()
+  section = page.split("### A published run, from what its report states")[1].split("\n## ")[0]
+  blocks = dict(re.findall(r"```(gin|bash|console)\n(.*?)```", section, re.S))
+  (tmp_path / "my_run.gin").write_text(blocks["gin"])
+  monkeypatch.chdir(tmp_path)
+  words = shlex.split(blocks["bash"])
+  assert words[:3] == ["python", "-m", "mesh_tensorflow.plan"]
+  assert plan_command.main(words[3:]) == 0
+  assert capsys.readouterr().out == blocks["console"]
+
+
+def test_a_large_model_left_with_the_demo_models_head_size_gets_a_note():
+  """A config that states d_model and num_heads but not d_kv (or not d_ff)
+  inherits defaults.gin's demo sizes; the plan says so, naming the value to
+  set, and says nothing where the sizes are stated."""
+  import re  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(gin_config.GIN_DIR, "defaults.gin")) as f:
+    defaults = f.read()
+  for name, value in plan_notes.DEMO_SIZES.items():
+    assert re.search(rf"^{name} = {value}$", defaults, re.M), name
+  stated = [b for b in MODEL if not b.startswith(("d_kv", "d_ff"))]
+  gin_config.parse([], stated)
+  notes = planner.plan_current_config(hardware.parse_cluster("a100-80gb:16"), "data:2;model:8",
+                                      "batch:data;d_ff:model;heads:model;vocab:model").notes
+  assert any(n.startswith("d_kv = 16 is the demo model's default") and
+             "d_kv = d_model / num_heads = 64" in n for n in notes), notes
+  assert any(n.startswith("d_ff = 512 is the demo model's default") for n in notes), notes
+  assert not [n for n in _plan().notes if "demo model" in n]
 
 
 def test_plan_command_reads_the_interleaved_schedule_from_gin(capsys):
