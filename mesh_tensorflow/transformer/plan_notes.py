@@ -69,6 +69,14 @@ def default_size_notes(d_model: int, num_heads: int, d_kv: int, d_ff: int) -> Li
   return notes
 
 
+def config_size_notes() -> List[str]:
+  """`default_size_notes` of the parsed gin config's sizes."""
+  from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
+  return default_size_notes(*(int(gin_config.query(name, 0) or 0) for name in (
+      "Unitransformer.d_model", "SelfAttention.num_heads", "SelfAttention.key_value_size",
+      "DenseReluDense.hidden_size")))
+
+
 def plan_notes(options: plan_types.PlanOptions, hardware: hardware_lib.Hardware,
                activation_dtype: str, rule_notes: List[str], stream_notes: List[str],
                schedule_note: Optional[str]) -> List[str]:

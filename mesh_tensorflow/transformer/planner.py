@@ -45,20 +45,20 @@ adds what the graph of one micro-batch does not show:
   collectives and the backward pass read goes through memory; "none"
   prices TensorFlow running the step op by op;
 * fused attention (`PlanOptions.attention = "fused"`, estimate only): the
-  score tensors stay on chip, are not kept for the backward pass, and are
-  computed again there, as FlashAttention-style kernels do; the library's
-  own attention ("unfused") keeps them.
+  score tensors stay on chip and are made again in the backward pass, as
+  FlashAttention-style kernels do, whose products run at the hardware's
+  `attention_efficiency`; the library's own attention ("unfused") keeps them.
 
 Compute time is FLOPs / (peak x matmul_efficiency) + bytes / (HBM bandwidth
-x hbm_efficiency) + kernels x launch overhead, a fused attention kernel's
-products at `attention_efficiency` where the hardware has one; model FLOPs
-are every einsum's full product (forward and backward) and exclude the
-recomputed forward (MFU); hardware FLOPs include it (HFU).
+x hbm_efficiency) + kernels x launch overhead; model FLOPs are every
+einsum's full product (forward and backward) without the recomputed forward
+(MFU); hardware FLOPs include it (HFU).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Dict, List, Optional, Tuple
 
 from mesh_tensorflow.analysis.cost_model import estimator
@@ -216,14 +216,8 @@ def _priced(mesh_shape: str, layout: str, batch: int, num_layers: int, master: b
 
 
 def _einsum_model_flops(op) -> float:
-  dims = {}
-  for t in list(op.inputs) + list(op.outputs):
-    for d in t.shape.dims:
-      dims[d.name] = d.size
-  n = 2.0
-  for size in dims.values():
-    n *= size
-  return n
+  dims = {d.name: d.size for t in list(op.inputs) + list(op.outputs) for d in t.shape.dims}
+  return math.prod(dims.values(), start=2.0)
 
 
 @dataclasses.dataclass
@@ -685,9 +679,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
           _binding("transformer.make_layer_stack.sequence_parallel", False), sub_rules), gpipe)
   notes += plan_notes.placement_notes(comms, full_shape, {sub_dims[a].name for a in data.axes},
                                       cluster)
-  notes += plan_notes.default_size_notes(*(int(_binding(name, 0) or 0) for name in (
-      "Unitransformer.d_model", "SelfAttention.num_heads", "SelfAttention.key_value_size",
-      "DenseReluDense.hidden_size")))
+  notes += plan_notes.config_size_notes()
   return Plan(str(cluster), full_shape.to_string(), rules.to_string(), options, step_time,
               batch * seq_len, model_flops, hw_flops, model_flops / (step_time * peak),
               hw_flops / (step_time * peak), memory, h.hbm_bytes, breakdown, comms, num_layers,
