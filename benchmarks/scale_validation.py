@@ -150,8 +150,8 @@ Rows:
   param_gather`, an estimate only: this library overlaps neither): each
   layer's tensor-parallel collectives pipelined with its products, the
   updated parameters gathered under the next step's first forward pass.
-  The schedule is interleaved because of the README's strong-scaling
-  result, two more rows: the 177B model of the table ("the standard GPT-3
+  The README's strong-scaling result is why the schedule is interleaved;
+  it gives two more rows: the 177B model of the table ("the standard GPT-3
   model") at its batch of 1,152 on 96 and on 4,608 H100 GPUs, MFU 47% and
   42% (compared as teraFLOP/s per GPU, 0.47 and 0.42 of the 989 peak),
   planned with the table's 8-way tensor and 6-way pipeline split (2 and
