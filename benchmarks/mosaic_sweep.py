@@ -28,7 +28,6 @@ refits the values and prints them for hardware.py.
 """
 
 import argparse
-import math
 import os
 import statistics
 import sys
@@ -286,16 +285,10 @@ def fit_attention(rows):
   by_name = {row.name: row for _, row in rows}
   fitted = {}
   for generation, (names, _) in FIT_ROWS.items():
-
-    def loss(efficiency, names=names):
-      return sum(math.log(scale_validation.predict(by_name[n], attention_efficiency=efficiency)[0]
-                          / by_name[n].published) ** 2 for n in names)
-
-    lo, hi = 0.2, 1.0
-    for _ in range(14):
-      a, b = hi - (hi - lo) / 1.618, lo + (hi - lo) / 1.618
-      lo, hi = (lo, b) if loss(a) < loss(b) else (a, hi)
-    fitted[generation] = (lo + hi) / 2
+    fit_rows = [by_name[n] for n in names]
+    fitted[generation] = scale_validation.golden_section(
+        lambda e, fit_rows=fit_rows: scale_validation.squared_log_error(
+            fit_rows, attention_efficiency=e), 0.2, 1.0, 14)
   return fitted
 
 

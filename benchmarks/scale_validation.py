@@ -762,27 +762,31 @@ def predict(row: Row, efficiency=None, hbm_efficiency=None, attention_efficiency
   return predict_value(row, plan), plan
 
 
+def squared_log_error(rows, **efficiencies) -> float:
+  """The sum over `rows` of log(predicted / published)^2, each planned with
+  `efficiencies` (`predict`'s keyword arguments)."""
+  return sum(math.log(predict(r, **efficiencies)[0] / r.published) ** 2 for r in rows)
+
+
+def golden_section(loss, lo: float, hi: float, steps: int) -> float:
+  """The middle of [lo, hi] after `steps` golden-section narrowings toward
+  the minimum of `loss` (one argument)."""
+  for _ in range(steps):
+    a, b = hi - (hi - lo) / 1.618, lo + (hi - lo) / 1.618
+    lo, hi = (lo, b) if loss(a) < loss(b) else (a, hi)
+  return (lo + hi) / 2
+
+
 def fit(rows, hbm_grid=None):
   """(matmul efficiency, HBM efficiency) that minimise the squared log
   ratio on the fit rows: a golden-section search of the first for each of
   a grid of the second (0.40 to 1.00 by 0.05, or `hbm_grid`)."""
   fit_rows = [r for r in rows if r.fit]
-
-  def loss(efficiency, hbm):
-    return sum(math.log(predict(r, efficiency, hbm)[0] / r.published) ** 2 for r in fit_rows)
-
   best = None
   for hbm in hbm_grid or [round(0.40 + 0.05 * i, 2) for i in range(13)]:
-    lo, hi = 0.3, 1.0
-    for _ in range(15):  # golden-section search
-      a = hi - (hi - lo) / 1.618
-      b = lo + (hi - lo) / 1.618
-      if loss(a, hbm) < loss(b, hbm):
-        hi = b
-      else:
-        lo = a
-    efficiency = (lo + hi) / 2
-    candidate = (loss(efficiency, hbm), efficiency, hbm)
+    loss = lambda e, hbm=hbm: squared_log_error(fit_rows, efficiency=e, hbm_efficiency=hbm)  # noqa: E731
+    efficiency = golden_section(loss, 0.3, 1.0, 15)
+    candidate = (loss(efficiency), efficiency, hbm)
     best = min(best, candidate) if best else candidate
   return best[1], best[2]
 
