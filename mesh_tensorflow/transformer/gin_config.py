@@ -556,7 +556,15 @@ def query_count(name: str, default: int) -> int:
   Raises:
     ValueError: naming the binding, for anything but a whole number.
   """
-  value = query(name)
+  return whole_number(name, query(name), default)
+
+
+def whole_number(name: str, value, default: int) -> int:
+  """`value`, bound to `name`, as a whole number; None is `default`.
+
+  Raises:
+    ValueError: naming the binding, for anything but a whole number.
+  """
   value = default if value is None else value
   whole = (isinstance(value, (int, float)) and not isinstance(value, bool)
            and float(value).is_integer())

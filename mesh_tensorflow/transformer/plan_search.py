@@ -52,6 +52,7 @@ import time
 from typing import Callable, List, Optional, Tuple
 
 from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
+from mesh_tensorflow.transformer import plan_stacks
 from mesh_tensorflow.transformer import planner
 from mesh_tensorflow.transformer import plan_types
 
@@ -181,7 +182,7 @@ def _plan(cluster, mesh: str, layout: str, options, sequence_parallel: Optional[
   if sequence_parallel:
     bindings[SEQUENCE_PARALLEL], defaults[SEQUENCE_PARALLEL] = sequence_parallel, False
     layout += ";" + STREAM_RULES[sequence_parallel]
-  with gin_config.overridden(bindings, defaults):
+  with gin_config.overridden(plan_stacks.with_scoped(bindings), defaults):
     return planner.plan_current_config(cluster, mesh, layout, options)
 
 
@@ -237,7 +238,7 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
   cluster.hardware.check_dtype(planner.activation_dtype())
   start = time.time()
-  num_layers = int(gin_config.query("transformer.make_layer_stack.num_layers", 6))
+  num_layers = plan_stacks.stack_count("num_layers", 6)
   heads = int(gin_config.query("SelfAttention.num_heads", 8) or 8)
   d_ff = int(gin_config.query("DenseReluDense.hidden_size", 2048) or 2048)
   d_model = int(gin_config.query("Unitransformer.d_model", 512) or 512)
@@ -261,7 +262,7 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
                           or plan.memory_bytes_per_device <= memory_budget_bytes)
 
   stopped = False
-  sequence_parallel_ok = gin_config.query(SEQUENCE_PARALLEL, None) is not False
+  sequence_parallel_ok = plan_stacks.stack_setting("sequence_parallel", None) is not False
   # A stack of custom sublayers recomputes whole layers or nothing; a stack of
   # the model's own (a Universal Transformer's) neither recomputes nor pipelines.
   policies = tuple(x for x in RECOMPUTE_POLICIES if x != "selective"

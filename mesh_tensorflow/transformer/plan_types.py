@@ -179,6 +179,8 @@ class Plan:
   # The binding of a layer stack of the model's own (a Universal
   # Transformer's), priced whole: num_layers is then not its depth.
   own_stack: Optional[str] = None
+  # An encoder-decoder model: num_layers layers in each of its two stacks.
+  encoder_decoder: bool = False
 
   @property
   def tokens_per_s(self) -> float:
@@ -215,7 +217,7 @@ class Plan:
         "top_communications": [c.as_dict() for c in self.communications[:5]],
         "communications": [c.as_dict() for c in self.communications],
         "num_layers": self.num_layers, "parameters": self.parameters, "notes": self.notes,
-        "own_layer_stack": self.own_stack}
+        "own_layer_stack": self.own_stack, "encoder_decoder": self.encoder_decoder}
 
   def to_json(self) -> str:
     return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -223,7 +225,9 @@ class Plan:
   def summary(self) -> str:
     o = self.options
     lines = [f"plan: {self.cluster}, mesh {self.mesh_shape}, layout {self.layout}"]
-    depth = (f"{self.num_layers} layers" if self.own_stack is None else
+    depth = (f"{self.num_layers} layers" + (" in the encoder and in the decoder"
+                                            if self.encoder_decoder else "")
+             if self.own_stack is None else
              f"its own layer stack ({self.own_stack}), priced whole")
     extras = [depth, f"{self.parameters / 1e9:.2f}B parameters"]
     if o.num_stages > 1:

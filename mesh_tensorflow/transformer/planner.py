@@ -66,7 +66,7 @@ from mesh_tensorflow.analysis.cost_model import hardware as hardware_lib
 from mesh_tensorflow.analysis.cost_model import memory as memory_lib
 from mesh_tensorflow.analysis.cost_model import topology
 from mesh_tensorflow.lowering import observers
-from mesh_tensorflow.transformer import plan_batch, plan_combine, plan_notes, plan_zero
+from mesh_tensorflow.transformer import plan_batch, plan_combine, plan_notes, plan_stacks, plan_zero
 
 from mesh_tensorflow.transformer.plan_types import (  # noqa: F401 (re-exported)
     GIB, OVERLAP_LABELS, Communication, Plan, PlanOptions)
@@ -96,16 +96,13 @@ def options_from_gin() -> PlanOptions:
     ValueError: naming the binding, for a count that is not a whole number
       (`PlanOptions.check` refuses the values training refuses).
   """
-  from mesh_tensorflow.transformer import gin_config  # pylint: disable=g-import-not-at-top
   from mesh_tensorflow.transformer import report  # pylint: disable=g-import-not-at-top
-  count, stack = gin_config.query_count, "transformer.make_layer_stack."
+  count, stack = plan_stacks.stack_count, plan_stacks.stack_setting
   return PlanOptions(
-      num_stages=count(stack + "num_stages", 1),
-      num_microbatches=count(stack + "num_microbatches", 1),
-      schedule=str(_binding(stack + "pipeline_schedule", "gpipe")),
-      virtual_stages=count(stack + "virtual_stages", 1),
-      recompute=str(_binding(stack + "recompute", "none")),
-      recompute_layers=_binding(stack + "recompute_layers", None),
+      num_stages=count("num_stages", 1), num_microbatches=count("num_microbatches", 1),
+      schedule=str(stack("pipeline_schedule", "gpipe")),
+      virtual_stages=count("virtual_stages", 1), recompute=str(stack("recompute", "none")),
+      recompute_layers=stack("recompute_layers", None),
       zero_stage=report.configured_zero_stage(),
       zero_reshard_after_forward=report.configured_zero_reshard(),
       float32_master_in_optimizer=bool(_binding("run.float32_master_in_optimizer", False)))
@@ -505,7 +502,7 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
   m = options.num_microbatches * grad_accum
   micro = plan_batch.micro_batch(batch, m, int(b.get("outer_batch_size") or 1),
                                  dict(zip(names, sizes)), rule_map)
-  num_layers = int(_binding("transformer.make_layer_stack.num_layers", 6))
+  num_layers = plan_stacks.stack_count("num_layers", 6)
   s = options.num_stages
   chunks = s * (options.virtual_stages if s > 1 else 1)
   if num_layers < chunks:
@@ -676,14 +673,14 @@ def plan_current_config(cluster: hardware_lib.Cluster, mesh_shape: Optional[str]
       # A layout given here is checked; the config's may serve several models.
       [] if layout is None else report.unused_rule_notes(sub_rules, one.dimension_names),
       sequence_parallel.unsplit_stream_notes(
-          _binding("transformer.make_layer_stack.sequence_parallel", False), sub_rules), gpipe)
+          plan_stacks.stack_setting("sequence_parallel", False), sub_rules), gpipe)
   notes += plan_notes.placement_notes(comms, full_shape, {sub_dims[a].name for a in data.axes},
                                       cluster)
   notes += plan_notes.config_size_notes()
   return Plan(str(cluster), full_shape.to_string(), rules.to_string(), options, step_time,
               batch * seq_len, model_flops, hw_flops, model_flops / (step_time * peak),
               hw_flops / (step_time * peak), memory, h.hbm_bytes, breakdown, comms, num_layers,
-              params, notes, one.own_stack)
+              params, notes, one.own_stack, plan_stacks.encoder_decoder())
 
 
 def _memory_per_device(one: _Priced, two: _Priced, options: PlanOptions, per_stage: int,

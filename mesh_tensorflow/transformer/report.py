@@ -28,6 +28,7 @@ from mesh_tensorflow.analysis.layout_report import layout_report
 from mesh_tensorflow.transformer import gin_config
 from mesh_tensorflow.transformer import learning_rate_schedules
 from mesh_tensorflow.transformer import modeling
+from mesh_tensorflow.transformer import plan_stacks
 from mesh_tensorflow.transformer import application
 from mesh_tensorflow.transformer import run_config
 from mesh_tensorflow.transformer import vocabulary as vocabulary_lib
@@ -231,8 +232,8 @@ def build_training_step(mesh_shape: Optional[str] = None, layout: Optional[str] 
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   mesh_shape, layout = config_mesh_and_layout(mesh_shape, layout)
-  overrides = {} if num_layers is None else dict(
-      _STACK_DEFAULTS, **{"transformer.make_layer_stack.num_layers": num_layers})
+  overrides = {} if num_layers is None else plan_stacks.with_scoped(dict(
+      _STACK_DEFAULTS, **{"transformer.make_layer_stack.num_layers": num_layers}))
   with gin_config.overridden(overrides, _STACK_DEFAULTS):
     b = dict(gin.get_bindings("run"))
     vocabulary = b.get("vocabulary") or vocabulary_lib.ByteVocabulary()
