@@ -177,25 +177,30 @@ Rows:
   per second per GPU.
 * MaxText's TPU runs: the tables of configs/v5e/README.md and
   configs/v5p/README.md in github.com/AI-Hypercomputer/maxtext, each beside
-  the script that ran it (configs/v5e/16b.sh, ...). MaxText's decoder
-  (base.yml: RMS norms, SwiGLU, 128-wide heads, separate embedding and
-  output weights, vocabulary 32,000, sequence 2,048, AdamW, float32
+  the script it was published with (configs/v5e/16b.sh, ...). The tables'
+  figures have stood unchanged since they were published with those
+  scripts and with the base.yml of that version, so the rows plan that
+  model and those scripts (later versions of the scripts lowered the
+  per-chip batches for a different base model, without new figures):
+  MaxText's decoder then (base.yml: d_model 2560, 8 heads of 256, d_ff
+  8192 with ReLU, 16 layers at global_parameter_scale 1; attention and
+  feed-forward side by side on one RMS norm; the output projection the
+  embedding's transpose; vocabulary 32,768; sequence 2,048, AdamW, float32
   weights and bfloat16 compute, flash attention) at global_parameter_scale
   16 to 1024 (`maxtext_sizes`); per-chip batch, remat_policy and
   ici_tensor_parallelism as in each script, FSDP over the other chips.
-  Eleven single-slice runs: 16B, 32B, 64B on 256 v5e chips (full
-  recomputation, no tensor parallelism); 32B to 1024B on 64 to 2,048 v5p
-  chips (v5p-N names N TensorCores, two per chip; remat_policy=minimal,
-  JAX's dots_with_no_batch_dims_saveable, the library's "projections", up to
+  Twelve single-slice runs: 16B, 32B, 64B on 256 v5e chips (full
+  recomputation, no tensor parallelism) and 128B (16-way tensor
+  parallelism); 32B to 1024B on 64 to 2,048 v5p chips (v5p-N names N
+  TensorCores, two per chip; remat_policy=minimal, JAX's
+  checkpoint_dots_with_no_batch_dims, the library's "projections", up to
   256B, full above). Planned as ZeRO 3 over
   `data`, 4- to 16-way tensor parallelism over `model` with the stream
   between the layers split over d_model (MaxText shards its activations'
   embedding dimension over the tensor axis), fused attention, and
   `--overlap=model_parallel` (the scripts set
   --xla_tpu_overlap_compute_collective_tc). Compared: the tables'
-  TFLOP/s per chip with MaxText's own FLOP count (`maxtext_flops`). Left
-  out: the 128B v5e runs (their remat_policy=qkv_proj_offloaded moves the
-  projections to host memory, which the library does not do).
+  TFLOP/s per chip with MaxText's own FLOP count then (`maxtext_flops`).
 * The same tables' multi-slice rows (`maxtext_multislice_rows`): the runs
   above on 2 to 32 slices (v5e) or 2 slices (v5p) joined by the
   data-center network, as MaxText runs them: data
@@ -340,24 +345,29 @@ KORTHIKANTI_TABLE = [
 
 
 MAXTEXT = "MaxText, TPU v5e and v5p config READMEs"
-# MaxText's base.yml model at global_parameter_scale S: d_model 2048, 16 heads
-# of 128, d_ff 7168 and 16 layers, doubled in turn (heads and d_ff, then
-# d_model, then layers) log2(S) times.
+# MaxText's base.yml model at global_parameter_scale S as the READMEs' figures
+# were measured (the configs they were published with): d_model 2560, 8 heads
+# of 256, d_ff 8192 (ReLU) and 16 layers, doubled in turn (heads and d_ff,
+# then d_model, then layers) log2(S) times; attention and feed-forward side
+# by side on one norm; the output projection the embedding's transpose.
 # (TPU, scale, chips, per-chip batch, recompute, tensor-parallel size,
 #  published TFLOP/s per chip, fit)
 MAXTEXT_TABLE = [
     ("tpu-v5e", 16, 256, 6, "layer", 1, 120, True),
     ("tpu-v5e", 32, 256, 4, "layer", 1, 132, False),
     ("tpu-v5e", 64, 256, 2, "layer", 1, 118, False),
-    ("tpu-v5p", 32, 64, 6, "projections", 4, 328, True),
-    ("tpu-v5p", 64, 64, 3, "projections", 4, 323, False),
-    ("tpu-v5p", 128, 128, 1, "projections", 8, 315, False),
-    ("tpu-v5p", 128, 256, 1, "projections", 8, 316, False),
-    ("tpu-v5p", 256, 512, 1, "projections", 8, 308, False),
-    ("tpu-v5p", 512, 512, 2, "layer", 8, 294, False),
+    ("tpu-v5e", 128, 256, 1, "layer", 16, 110, False),
+    ("tpu-v5p", 32, 64, 8, "projections", 4, 328, True),
+    ("tpu-v5p", 64, 64, 4, "projections", 4, 323, False),
+    ("tpu-v5p", 128, 128, 2, "projections", 8, 315, False),
+    ("tpu-v5p", 128, 256, 2, "projections", 8, 316, False),
+    ("tpu-v5p", 256, 512, 2, "projections", 8, 308, False),
+    ("tpu-v5p", 512, 512, 2, "layer", 16, 294, False),
     ("tpu-v5p", 1024, 1024, 2, "layer", 16, 254, False),
     ("tpu-v5p", 1024, 2048, 2, "layer", 16, 297, False),
 ]
+MAXTEXT_VOCAB = 32768
+MAXTEXT_HEAD = 256
 
 MAXTEXT_MULTISLICE = "MaxText, multi-slice rows of the same READMEs"
 # (TPU, scale, chips per slice) -> [(slices, published TFLOP/s per chip)]
@@ -365,6 +375,7 @@ MAXTEXT_SLICES = {
     ("tpu-v5e", 16, 256): [(2, 117), (4, 117), (8, 115), (16, 111), (32, 108)],
     ("tpu-v5e", 32, 256): [(2, 128), (4, 126), (8, 125), (16, 123), (32, 119)],
     ("tpu-v5e", 64, 256): [(2, 112), (4, 110), (8, 108), (16, 105), (32, 99)],
+    ("tpu-v5e", 128, 256): [(2, 110), (4, 108), (8, 104), (16, 100), (32, 91)],
     ("tpu-v5p", 32, 64): [(2, 319)],
     ("tpu-v5p", 64, 64): [(2, 309)],
     ("tpu-v5p", 128, 128): [(2, 305)],
@@ -479,19 +490,25 @@ def maxtext_sizes(scale: int):
   """(d_model, heads, d_ff, layers) of MaxText's model at global_parameter_scale `scale`."""
   steps, rem = divmod(int(math.log2(scale)), 3)
   wide = steps + (rem > 0)  # heads and d_ff
-  return 2048 * 2 ** (steps + (rem > 1)), 16 * 2 ** wide, 7168 * 2 ** wide, 16 * 2 ** steps
+  return 2560 * 2 ** (steps + (rem > 1)), 8 * 2 ** wide, 8192 * 2 ** wide, 16 * 2 ** steps
 
 
-def maxtext_flops(scale: int, batch: int, seq: int = 2048, vocab: int = 32000) -> float:
-  """MaxText's training FLOPs per step (its calculate_tflops_training_per_device
-  as the tables were measured: three times the forward's products, the
-  attention counted without the causal mask, the output projection of the
-  vocabulary but not the embedding lookup)."""
+def maxtext_parameters(scale: int) -> int:
+  """Parameters of MaxText's model at `scale`: per layer the four attention
+  projections, the feed-forward's two and one norm's scale; the embedding
+  (also the output projection) and the final norm's scale."""
   d, heads, ff, layers = maxtext_sizes(scale)
-  tokens, inner = batch * seq, heads * 128
-  per_layer = (2 * tokens * d * ff * 3 + 2 * tokens * d * inner * 4
-               + 4 * batch * seq * seq * inner)
-  return 3 * (layers * per_layer + 2 * tokens * d * vocab)
+  return layers * (4 * d * heads * MAXTEXT_HEAD + 2 * d * ff + d) + MAXTEXT_VOCAB * d + d
+
+
+def maxtext_flops(scale: int, batch: int, seq: int = 2048) -> float:
+  """MaxText's training FLOPs per step as the tables were measured (its
+  train.py calculate_training_tflops then): 6 x parameters x tokens, plus
+  the attention's 12 x heads x layers x head size x sequence^2 per
+  sequence, halved for the causal mask."""
+  _, heads, _, layers = maxtext_sizes(scale)
+  return (6 * maxtext_parameters(scale) * batch * seq
+          + 6 * heads * layers * MAXTEXT_HEAD * seq * seq * batch)
 
 
 def maxtext_rows():
@@ -519,13 +536,15 @@ def _maxtext_row(tpu, scale, chips, per_chip, recompute, t, tflops, fit_row, sli
                            if t > 1 else "")
   bindings = [
       f"num_layers = {layers}", f"d_model = {d}", f"d_ff = {ff}", f"num_heads = {heads}",
-      "d_kv = 128", "run.model_type = 'lm'",
+      f"d_kv = {MAXTEXT_HEAD}", "run.model_type = 'lm'",
       "run.sequence_length = {'inputs': 2048, 'targets': 2048}",
       f"run.batch_size = {batch}", "run.activation_dtype = 'bfloat16'",
-      "run.vocabulary = @vocabulary.SizedVocabulary()", "vocabulary.SizedVocabulary.size = 32000",
+      "run.vocabulary = @vocabulary.SizedVocabulary()",
+      f"vocabulary.SizedVocabulary.size = {MAXTEXT_VOCAB}",
       "run.optimizer = @optimize.AdamWeightDecayOptimizer",
-      "Unitransformer.shared_embedding_and_softmax_weights = False",
-      "DenseReluDense.activation = ['swish', 'linear']",
+      "transformer.make_layer_stack.layers = [@transformer_layers.ParallelLayer]",
+      "transformer_layers.ParallelLayer.layer_classes = "
+      "[@transformer_layers.SelfAttention, @transformer_layers.DenseReluDense]",
       f"transformer.make_layer_stack.recompute = '{recompute}'", "run.zero_stage = 3"]
   if t > 1:  # the stream between the layers split over d_model, as MaxText's
     bindings.append("transformer.make_layer_stack.sequence_parallel = 'd_model'")

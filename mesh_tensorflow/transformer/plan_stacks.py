@@ -19,13 +19,18 @@ Example:
 
 from __future__ import annotations
 
-from typing import Dict
+import re
+from typing import Dict, Optional
 
 from mesh_tensorflow.transformer import gin_config
 
 STACK = "transformer.make_layer_stack."
 SCOPES = ("encoder", "decoder")  # the scopes modeling.build_model gives a bitransformer's stacks
 _UNBOUND = object()
+# A layer's scope in an operation's name ("decoder/block_003/layer_001/wi/einsum"
+# is in "decoder/block_003"; a stack without block scopes names its layers
+# "layer_003"): layer_stack.py's naming.
+_LAYER_SCOPE = re.compile(r"(?:^|/)(?:block|layer)_\d+/")
 
 
 def encoder_decoder() -> bool:
@@ -83,3 +88,10 @@ def with_scoped(bindings: Dict[str, object]) -> Dict[str, object]:
         out[scoped] = value
   return out
 
+
+
+def layer_of(op) -> Optional[str]:
+  """The scope of the stack layer an operation belongs to (its block:
+  "transformer/block_003"), or None for one outside the layers."""
+  match = _LAYER_SCOPE.search(op.name)  # the first: a block's layers are in it
+  return op.name[:match.end() - 1] if match else None

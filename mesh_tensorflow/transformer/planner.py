@@ -26,8 +26,8 @@ adds what the graph of one micro-batch does not show:
   in the backward pass and only each layer's input is kept; "selective":
   the norms and the attention's operations on scores run again, their FLOPs
   counted as hardware FLOPs, and the scores are not kept; "projections": all
-  but the projections run again, whose outputs are kept with each layer's
-  input);
+  but the projections run again, the outputs the backward pass reads kept
+  with each layer's input);
 * gradient reduction (the collectives the optimizer's inputs complete, once
   per step; merged as XLA merges them, `plan_combine`), overlapped with the
   last micro-batch's backward pass but for its last piece;
@@ -296,8 +296,9 @@ def _price_step(step: _Step) -> _Priced:
       for xla, attn in variants}
   mem = est.memory
   count = sum(v.outputs[0].shape.size for v in step.graph.trainable_variables)
-  projections = sum(size(op.outputs[0]) for op in mtf.kept_by_recompute(
-      ops[:first_bwd], mtf.product_without_batch_dims))
+  projections = sum(size(op.outputs[0]) for op in memory_lib.outputs_the_backward_needs(
+      ops, first_bwd, first_opt, mtf.kept_by_recompute(
+          ops[:first_bwd], mtf.product_without_batch_dims), plan_stacks.layer_of))
   return _Priced(variants, mem.variables, mem.slots, layer_input, kept_scores,
                  count, layer_input_dims, kept, report.dimension_names(ops), step.pipeline_refusal,
                  peaks, projections, layer_stack.configured_own_stack())

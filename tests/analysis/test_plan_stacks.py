@@ -94,3 +94,18 @@ def test_the_plan_command_says_which_bindings_differ_and_exits_2(tmp_path):
   errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
   assert len(errors) == 1 and "num_layers = 12 and decoder/" in errors[0]
   assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("name,layer", [
+    ("transformer/block_003/layer_001/wi/einsum", "transformer/block_003"),
+    ("decoder/block_000/layer_002/EncDecAttention/q", "decoder/block_000"),
+    ("transformer/layer_002/SelfAttention/einsum", "transformer/layer_002"),
+    ("block_001/layer_000/add", "block_001"),
+    ("transformer/gather", None),
+])
+def test_layer_of_names_the_stack_layer_an_operation_is_in(name, layer):
+  class Op:  # pylint: disable=too-few-public-methods
+    pass
+  op = Op()
+  op.name = name
+  assert plan_stacks.layer_of(op) == layer

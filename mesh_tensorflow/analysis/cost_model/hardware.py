@@ -269,7 +269,7 @@ _TPU_FLOAT32 = ("0: the bf16 rate (XLA's default precision multiplies float32 op
 _ATTENTION = {"a100": 0.672, "h100": 0.366}
 _FITTED_ATTENTION = "fitted on published runs: benchmarks/mosaic_sweep.py --fit"
 _FITTED_EFFICIENCIES = {"gpu": dict(matmul_efficiency=0.765, hbm_efficiency=0.70),
-                        "tpu": dict(matmul_efficiency=0.99, hbm_efficiency=0.70)}
+                        "tpu": dict(matmul_efficiency=0.95, hbm_efficiency=0.70)}
 
 
 def _gpu(name, flops, hbm, hbm_bw, nvlink, nic, sources, attention=None, **kw) -> Hardware:

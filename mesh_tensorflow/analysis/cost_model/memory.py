@@ -132,3 +132,41 @@ def step_activation_bytes(ops, first_bwd: int, first_opt: int, size: Callable, c
   kept = sum(size(t) for t in kept_tensors)
   kept_scores = sum(size(t) for t in kept_tensors if is_score(t))
   return kept, peak, kept_scores
+
+
+def outputs_the_backward_needs(ops, first_bwd: int, first_opt: int, kept_ops,
+                               layer_of: Callable) -> list:
+  """The operations of `kept_ops` (forward operations whose outputs a
+  recomputed layer keeps, `mtf.kept_by_recompute`) whose outputs the
+  backward pass reads, directly or through the recomputation of the
+  layer's other forward operations. A kept output nothing needs again (a
+  projection whose sum joins the residual stream: the next layer's input
+  is kept anyway) is not held for the backward pass. `layer_of(op)` names
+  an operation's layer (None: outside every layer); the walk back through
+  recomputed operations stays in the layer it starts in, whose input is
+  kept whole.
+
+  Example:
+    >>> needed = outputs_the_backward_needs(ops, first_bwd, first_opt, kept, layer_of)
+  """
+  producer = {id(t): op for op in ops[:first_bwd] for t in op.outputs}
+  kept_by_output = {id(op.outputs[0]): op for op in kept_ops}
+  pending = [(t, producer[id(t)]) for op in ops[first_bwd:first_opt] for t in op.inputs
+             if id(t) in producer]
+  seen, needed = set(), {}
+  while pending:
+    t, made_by = pending.pop()
+    if id(t) in seen:
+      continue
+    seen.add(id(t))
+    if id(t) in kept_by_output:
+      needed[id(t)] = kept_by_output[id(t)]
+      continue
+    layer = layer_of(made_by)
+    if layer is None or getattr(made_by, "is_variable", False):
+      continue
+    for source in made_by.inputs:
+      op = producer.get(id(source))
+      if op is not None and layer_of(op) == layer:
+        pending.append((source, op))
+  return [op for op in kept_ops if id(op.outputs[0]) in needed]
