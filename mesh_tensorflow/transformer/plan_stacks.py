@@ -89,7 +89,6 @@ def with_scoped(bindings: Dict[str, object]) -> Dict[str, object]:
   return out
 
 
-
 def layer_of(op) -> Optional[str]:
   """The scope of the stack layer an operation belongs to (its block:
   "transformer/block_003"), or None for one outside the layers."""

@@ -15,7 +15,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 T5_LIKE = ["run.model_type = 'bitransformer'", "d_model = 512", "d_ff = 2048", "num_heads = 8",
            "d_kv = 64", "run.sequence_length = {'inputs': 256, 'targets': 64}",
            "run.batch_size = 64", "run.activation_dtype = 'bfloat16'",
-           "run.vocabulary = @vocabulary.SizedVocabulary()", "vocabulary.SizedVocabulary.size = 32000"]
+           "run.vocabulary = @vocabulary.SizedVocabulary()",
+           "vocabulary.SizedVocabulary.size = 32000"]
 STACK = "transformer.make_layer_stack."
 
 
