@@ -168,7 +168,7 @@ def gin_bindings(plan: planner.Plan) -> List[str]:
             f"transformer.make_layer_stack.pipeline_schedule = '{o.schedule}'"]
     if o.virtual_stages > 1:
       out.append(f"transformer.make_layer_stack.virtual_stages = {o.virtual_stages}")
-  return out
+  return plan_stacks.with_scoped_lines(out)
 
 
 def _plan(cluster, mesh: str, layout: str, options, sequence_parallel: Optional[str]):

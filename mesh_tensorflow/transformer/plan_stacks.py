@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 import re
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from mesh_tensorflow.transformer import gin_config
 
@@ -74,18 +74,38 @@ def stack_count(parameter: str, default: int) -> int:
   return gin_config.whole_number(STACK + parameter, stack_setting(parameter), default)
 
 
+def _scopes_binding(name: str) -> List[str]:
+  """The scopes in which the parsed config binds `name` itself."""
+  if not name.startswith(STACK):
+    return []
+  return [s for s in SCOPES if gin_config.query(f"{s}/{name}", _UNBOUND) is not _UNBOUND]
+
+
 def with_scoped(bindings: Dict[str, object]) -> Dict[str, object]:
   """`bindings` of `transformer.make_layer_stack` parameters, plus the same
   value for each scope that binds that parameter itself (a scoped binding
   would otherwise win over the unscoped override)."""
   out = dict(bindings)
   for name, value in bindings.items():
-    if not name.startswith(STACK):
-      continue
-    for scope in SCOPES:
-      scoped = f"{scope}/{name}"
-      if gin_config.query(scoped, _UNBOUND) is not _UNBOUND:
-        out[scoped] = value
+    for scope in _scopes_binding(name):
+      out[f"{scope}/{name}"] = value
+  return out
+
+
+def with_scoped_lines(lines: List[str]) -> List[str]:
+  """Gin lines ("name = value"), each `transformer.make_layer_stack` one
+  followed by the same line in each scope the parsed config binds it in, so
+  that the lines set every stack (what `plan --auto` prints to paste).
+
+  Example:
+    >>> with_scoped_lines(["transformer.make_layer_stack.recompute = 'layer'"])
+    ["transformer.make_layer_stack.recompute = 'layer'",
+     "encoder/transformer.make_layer_stack.recompute = 'layer'"]
+  """
+  out = []
+  for line in lines:
+    out.append(line)
+    out += [f"{scope}/{line}" for scope in _scopes_binding(line.split(" = ", 1)[0].strip())]
   return out
 
 

@@ -110,3 +110,18 @@ def test_layer_of_names_the_stack_layer_an_operation_is_in(name, layer):
   op = Op()
   op.name = name
   assert plan_stacks.layer_of(op) == layer
+
+
+def test_auto_prints_the_stack_bindings_for_each_scope_the_config_sets():
+  """A config that recomputes in both scopes: the gin lines `plan --auto`
+  prints for a plan set every stack (an unscoped line alone would lose to
+  the scoped bindings when pasted)."""
+  from mesh_tensorflow.transformer import plan_search  # pylint: disable=g-import-not-at-top
+  plan = _plan(["num_layers = 4", f"encoder/{STACK}recompute = 'layer'",
+                f"decoder/{STACK}recompute = 'layer'"])
+  lines = plan_search.gin_bindings(plan)
+  for prefix in ("", "encoder/", "decoder/"):
+    assert f"{prefix}{STACK}recompute = 'layer'" in lines, lines
+  assert "encoder/run.zero_stage = 0" not in lines
+  unscoped = _plan(["num_layers = 4", f"{STACK}recompute = 'layer'"])
+  assert not [line for line in plan_search.gin_bindings(unscoped) if "/" in line.split(" = ")[0]]
