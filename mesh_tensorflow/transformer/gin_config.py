@@ -499,12 +499,13 @@ def overridden(bindings: Dict[str, object], defaults: Dict[str, object]):
     ...                 {"transformer.make_layer_stack.num_layers": 6}):
     ...   step = build()
   """
+  unbound = object()  # a name bound to None is bound: it gets None back
   saved = {}
   for name in bindings:
     try:
       saved[name] = gin.query_parameter(name)
     except ValueError:
-      saved[name] = None
+      saved[name] = unbound
   with gin.unlock_config():
     for name, value in bindings.items():
       gin.bind_parameter(name, value)
@@ -513,7 +514,7 @@ def overridden(bindings: Dict[str, object], defaults: Dict[str, object]):
   finally:
     with gin.unlock_config():
       for name, value in saved.items():
-        gin.bind_parameter(name, value if value is not None else defaults[name])
+        gin.bind_parameter(name, defaults[name] if value is unbound else value)
 
 
 def query(name: str, default=None):

@@ -125,3 +125,14 @@ def test_auto_prints_the_stack_bindings_for_each_scope_the_config_sets():
   assert "encoder/run.zero_stage = 0" not in lines
   unscoped = _plan(["num_layers = 4", f"{STACK}recompute = 'layer'"])
   assert not [line for line in plan_search.gin_bindings(unscoped) if "/" in line.split(" = ")[0]]
+
+
+def test_a_stack_setting_bound_to_none_in_a_scope_is_restored_after_a_plan():
+  """The one- and two-layer builds override each scope's binding of the
+  stack settings and give it back afterwards: a binding to None (the
+  default of recompute_layers) is a binding, and comes back as None."""
+  scoped = [f"{scope}/{STACK}recompute_layers = None" for scope in plan_stacks.SCOPES]
+  plan = _plan(["num_layers = 3"] + scoped)
+  assert plan.num_layers == 3 and plan.options.recompute_layers is None
+  for scope in plan_stacks.SCOPES:
+    assert gin_config.query(f"{scope}/{STACK}recompute_layers", "unbound") is None
