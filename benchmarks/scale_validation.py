@@ -207,6 +207,28 @@ Rows:
   parallelism across the slices and FSDP inside each (hybrid sharding:
   `slices:S` first in the mesh, `outer_batch:slices`, run.outer_batch_size
   = S, ZeRO 3 over `data`), the per-chip batch of the single-slice run.
+* MaxText's Trillium (TPU v6e) recipes, on one 256-chip slice: the runs
+  behind the "optimized models" table of MaxText's
+  docs/reference/models/tiering.md, each a recipe in
+  github.com/AI-Hypercomputer/tpu-recipes (training/trillium/...) whose
+  log line gives the tokens per second per chip, with the MaxText
+  configuration it ran (benchmarks/maxtext_trillium_model_configs.py).
+  Llama 2 70B (`llama2_70b_4096_sc`:
+  2 sequences of 4,096 per chip, 905 tokens/s per chip: the logged step,
+  9.052 s for 2,097,152 tokens on 256 chips; the configuration the recipe
+  lists has 3), Llama 3.1 8B
+  (`llama3_1_8b_8192`: 4 of 8,192, 7,207) and Llama 3.1 70B
+  (`llama3_1-70b-8192`: 5 of 8,192, about 960); FSDP over the 256 chips
+  (ZeRO 3 over `data:256`), flash attention, grouped-query attention with
+  8 key/value heads, SwiGLU, untied embeddings, AdamW, bfloat16 compute.
+  Their recomputation keeps a few projections' outputs in host memory and
+  recomputes the rest of each layer (Llama 2: q, k and v; Llama 3.1: the
+  layer's input and the attention's projections); planned as
+  `recompute = 'layer'`, which also recomputes the kept projections (for
+  these models 2 to 4% more of a step) and keeps each layer's input
+  in HBM: the Llama 3.1 plans' memory is not the runs' (they do not fit
+  in 32 GiB; the runs held the layer inputs in the host's memory).
+  Compared: tokens per second per chip.
 
 Dropout, where the runs used it: Megatron-LM's defaults, which none of the
 Megatron-LM rows' scripts or texts change (`--attention-dropout 0.1` on
@@ -524,6 +546,37 @@ def maxtext_multislice_rows():
     for slices, tflops in MAXTEXT_SLICES.get((tpu, scale, chips), []):
       rows.append(_maxtext_row(tpu, scale, chips, per_chip, recompute, t, tflops, False,
                                slices))
+  return rows
+
+
+MAXTEXT_TRILLIUM = "MaxText, Trillium (v6e) recipes"
+# (name, per-chip batch, sequence, layers, d_model, heads, d_ff, vocabulary, published
+# tokens/s per chip); 128-wide heads, 8 key/value heads, SwiGLU.
+TRILLIUM_TABLE = [
+    ("Llama 2 70B", 2, 4096, 80, 8192, 64, 28672, 32000, 905.0),
+    ("Llama 3.1 8B", 4, 8192, 32, 4096, 32, 14336, 128256, 7207.0),
+    ("Llama 3.1 70B", 5, 8192, 80, 8192, 64, 28672, 128256, 960.0),
+]
+
+
+def trillium_rows():
+  """MaxText's Llama recipes on one 256-chip TPU v6e slice (see the module
+  docstring)."""
+  rows = []
+  for name, per_chip, seq, layers, d, heads, ff, vocab, tokens in TRILLIUM_TABLE:
+    chips = 256
+    bindings = [
+        f"num_layers = {layers}", f"d_model = {d}", f"d_ff = {ff}", f"num_heads = {heads}",
+        "d_kv = 128", "SelfAttention.num_memory_heads = 8",
+        "DenseReluDense.activation = ['swish', 'linear']",
+        "Unitransformer.shared_embedding_and_softmax_weights = False",
+        "run.model_type = 'lm'", f"run.sequence_length = {{'inputs': {seq}, 'targets': {seq}}}",
+        f"run.batch_size = {per_chip * chips}", "run.activation_dtype = 'bfloat16'",
+        "run.vocabulary = @vocabulary.SizedVocabulary()", f"vocabulary.SizedVocabulary.size = {vocab}",
+        "run.optimizer = @optimize.AdamWeightDecayOptimizer",
+        "transformer.make_layer_stack.recompute = 'layer'", "run.zero_stage = 3"]
+    rows.append(Row(f"{name}, v6e-256", MAXTEXT_TRILLIUM, "tpu-v6e", chips, f"data:{chips}",
+                    "batch:data", bindings, tokens, "tokens/s per chip", attention="fused"))
   return rows
 
 
@@ -856,7 +909,7 @@ def all_rows():
   return ([shazeer_row()] + megatron_rows() + mt_nlg_rows() + korthikanti_rows() + fsdp_rows()
           + [bloom_row(), palm_row()] + megatron_h100_rows() + megatron_h100_strong_rows()
           + mosaic_rows() + maxtext_rows()
-          + maxtext_multislice_rows())
+          + maxtext_multislice_rows() + trillium_rows())
 
 
 def compare_auto(selectors=None):
@@ -928,7 +981,7 @@ def predict_value(row: Row, plan) -> float:
   """`row`'s figure (in its unit) of a plan."""
   if row.unit == "PFLOP/s":
     return plan.model_flops_per_step / plan.step_time_s / 1e15
-  if row.unit == "tokens/s per GPU":
+  if row.unit in ("tokens/s per GPU", "tokens/s per chip"):
     return plan.tokens_per_s / row.count
   if row.unit == "thousand tokens/s":
     return plan.tokens_per_s / 1e3

@@ -14,7 +14,7 @@ The model flags are `report`'s (--gin_file, --gin_param, --mesh_shape,
 --layout). Pipeline stages, micro-batches, recomputation and ZeRO come from
 the gin config (docs/planning.md lists the bindings); --hardware is a preset
 and a count (v100-16gb, v100-32gb, a100-40gb, a100-80gb, h100-sxm, h200,
-tpu-v2, tpu-v3, tpu-v4, tpu-v5e, tpu-v5p) or a JSON file.
+tpu-v2, tpu-v3, tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e) or a JSON file.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _main(argv: Sequence[str]) -> int:
   parser.add_argument("--layout", default=None, help="override the config's layout rules")
   parser.add_argument("--hardware", default=None,
                       help="NAME:COUNT (v100-16gb, v100-32gb, a100-40gb, a100-80gb, h100-sxm, "
-                      "h200, tpu-v2, tpu-v3, tpu-v4, tpu-v5e, tpu-v5p) or FILE.json[:COUNT]; "
+                      "h200, tpu-v2, tpu-v3, tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e) or FILE.json[:COUNT]; "
                       "for TPU slices NAME:SxN (S slices of N devices, e.g. tpu-v5p:2x64)")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
   parser.add_argument("--pipeline_schedule", default=None,

@@ -21,6 +21,12 @@ def test_presets_have_sources_and_published_figures():
   assert v5p.hbm_bytes == 95 * 2 ** 30 and v5p.network_bytes_per_s == 50e9 / 8
   assert v5e.network_bytes_per_s * v5e.devices_per_host == 200e9 / 8
   assert v4.sources["network_bytes_per_s"].startswith("assumed")
+  # Trillium: 918 TFLOP/s, 1,638 GB/s; 800 GB/s of ICI both ways over 4
+  # ports is 100 GB/s per link and direction; 8 chips per host, 256 a pod.
+  v6e = hardware.preset("trillium")
+  assert (v6e.name, v6e.peak_flops_per_s, v6e.hbm_bytes_per_s) == ("tpu-v6e", 918e12, 1638e9)
+  assert (v6e.ici_link_bytes_per_s, v6e.torus_dims, v6e.devices_per_host) == (100e9, 2, 8)
+  assert v6e.max_slice_devices == 256 and v6e.hbm_bytes == 32 * 2 ** 30
   for name, h in hardware.PRESETS.items():
     for field in ("peak_flops_per_s", "hbm_bytes", "hbm_bytes_per_s", "devices_per_host"):
       assert field in h.sources, (name, field)

@@ -404,10 +404,20 @@ _add(_tpu("tpu-v5p", 459e12, 95 * GIB, 2765 * GB, 4, 3, 100e9, 1, 8960, {
     "network_bytes_per_s": _CLOUD + "TPU v5p: data center network (DCN) bandwidth per chip "
                            "50 Gb/s -> 6.25 GB/s"}, network=6.25e9))
 
+_add(_tpu("tpu-v6e", 918e12, 32 * GIB, 1638 * GB, 8, 2, 100e9, 1, 256, {
+    "peak_flops_per_s": _CLOUD + "TPU v6e (Trillium): 918 TFLOPs (bf16) per chip",
+    "hbm_bytes": _CLOUD + "TPU v6e: HBM capacity per chip 32 GB (taken as GiB, as v5e's 16 GB)",
+    "hbm_bytes_per_s": _CLOUD + "TPU v6e: HBM bandwidth per chip 1,638 GBps",
+    "ici_link_bytes_per_s": _CLOUD + "TPU v6e: 4 ICI ports, 800 GBps bidirectional per chip "
+                            "-> 100 GB/s per link and direction",
+    "torus_dims": _CLOUD + "TPU v6e: 2D torus, 256 chips per pod",
+    "devices_per_host": _CLOUD + "TPU v6e: 8 chips per host"}))
+
 # Aliases: the former round-number "gpu" and "tpu" device parameters.
 ALIASES = {"gpu": "a100-80gb", "tpu": "tpu-v3", "a100": "a100-80gb", "h100": "h100-sxm",
            "v100": "v100-32gb",
-           "v2": "tpu-v2", "v3": "tpu-v3", "v4": "tpu-v4", "v5e": "tpu-v5e", "v5p": "tpu-v5p"}
+           "v2": "tpu-v2", "v3": "tpu-v3", "v4": "tpu-v4", "v5e": "tpu-v5e", "v5p": "tpu-v5p",
+           "v6e": "tpu-v6e", "trillium": "tpu-v6e"}
 
 
 def find_preset(name: str) -> Optional[Hardware]:
