@@ -248,8 +248,10 @@ def dense_product(x: Tensor, reduced_dims: DimOrDims, new_dims: DimOrDims,
   """Elementwise product of dense layers, one per activation function.
 
   With activation_functions=["linear", "sigmoid"] this is a gated linear
-  unit; ["gelu", "linear"] gives GEGLU. Variables: "<name>/dense_<i>/kernel"
-  (default name "dense_product").
+  unit; ["gelu", "linear"] gives GEGLU. Variables, as Mesh TensorFlow 0.1.21
+  names them (its checkpoints load): "<name>_<i>/kernel" for factor i, or
+  "<name>/kernel" with one activation (default name "dense_product",
+  "dense_product_1", ... when none is given).
 
   Args:
     x: input tensor.
@@ -265,10 +267,11 @@ def dense_product(x: Tensor, reduced_dims: DimOrDims, new_dims: DimOrDims,
   """
   if not isinstance(activation_functions, (list, tuple)):
     activation_functions = [activation_functions]
-  with layer_scope(x.mesh, name, "dense_product"):
-    factors = [dense(x, new_dims, reduced_dims=reduced_dims, activation=a,
-                     name=f"dense_{i}", **kwargs)
-               for i, a in enumerate(activation_functions)]
+  name = unique_layer_name(x.mesh, name, "dense_product")
+  several = len(activation_functions) > 1
+  factors = [dense(x, new_dims, reduced_dims=reduced_dims, activation=a,
+                   name=f"{name}_{i}" if several else name, **kwargs)
+             for i, a in enumerate(activation_functions)]
   return functools.reduce(ew.multiply, factors)
 
 

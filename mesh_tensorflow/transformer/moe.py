@@ -99,6 +99,9 @@ class MoE1D(transformer.TransformerLayer):
   Each expert is a feed-forward block d_model -> hidden (activation) ->
   d_model with weights "wi/kernel" [experts, d_model, d_ff] and "wo/kernel"
   [experts, d_ff, d_model]; the gate is "gate/kernel" [d_model, experts].
+  With a list of activations the hidden layer is the product of one
+  projection per activation, "wi_0/kernel", "wi_1/kernel", ...
+  (`activation=["swish", "linear"]`: SwiGLU experts, as Mixtral's).
 
   Args:
     num_experts: size of the "experts" dimension.
@@ -116,7 +119,8 @@ class MoE1D(transformer.TransformerLayer):
     second_policy_eval: the same outside training.
     second_threshold_train: the threshold of those policies.
     second_threshold_eval: the same outside training.
-    activation: the experts' activation (an mtf function name or callable).
+    activation: the experts' activation (an mtf function name or callable),
+      or a list of them for gated experts (see above).
     dropout_rate: dropout on the experts' hidden activations (training).
     hidden_dim_name: name of the experts' hidden dimension ("d_ff", so the
       layout rule of the feed-forward layers applies to experts too).
@@ -221,6 +225,20 @@ class MoE1D(transformer.TransformerLayer):
       return 1 if axis is None else mesh_shape.dims[axis].size
     return x.shape.dims[0].size
 
+  def _experts_stay_local(self, context: transformer.Context) -> bool:
+    """Whether the model's layout (when it knows it) leaves "experts" unsplit:
+    then each processor runs every expert on its own groups, with no
+    all-to-all (FSDP or data parallelism over the experts' weights, as
+    MaxText and PyTorch FSDP run Mixtral); otherwise the tokens travel to
+    the processors holding their experts."""
+    model = context.model
+    if model.layout is None or model.mesh_shape is None:
+      return False
+    rules = mtf.convert_to_layout_rules(model.layout)
+    mesh_shape = mtf.convert_to_shape(model.mesh_shape)
+    experts = mtf.Dimension("experts", self.num_experts)
+    return rules.tensor_dimension_to_mesh_axis(experts, mesh_shape) is None
+
   def call(self, context: transformer.Context, x: mtf.Tensor) -> mtf.Tensor:
     d_model = context.model.model_dim
     token_dims = [d for d in x.shape.dims if d != d_model]
@@ -255,19 +273,22 @@ class MoE1D(transformer.TransformerLayer):
           threshold=(self.second_threshold_train if context.train
                      else self.second_threshold_eval),
           nonpadding=nonpadding)
-    y = self._experts(context, xg, dispatch, combine, groups_dim, capacity_dim)
+    y = self._experts(context, xg, dispatch, combine, groups_dim, capacity_dim,
+                      local=self._experts_stay_local(context))
     if context.losses is not None:
       context.losses.append(loss * self.loss_coef)
     if self.use_experts_attention:
       return [mtf.reshape(t, mtf.Shape(token_dims + [t.shape.dims[-1]])) for t in y]
     return mtf.reshape(y, mtf.Shape(token_dims + [y.shape.dims[-1]]))
 
-  def _experts(self, context, xg, dispatch, combine, groups_dim, capacity_dim):
-    """Dispatch -> expert feed-forward -> combine; [groups, group, d_model]."""
+  def _experts(self, context, xg, dispatch, combine, groups_dim, capacity_dim, local=False):
+    """Dispatch -> expert feed-forward -> combine; [groups, group, d_model].
+    `local`: the groups stay split like the batch and "experts" unsplit (no
+    all-to-all; see `_experts_stay_local`)."""
     d_model = context.model.model_dim
     experts_unsplit = dispatch.shape.get_dim_by_name("experts_unsplit")
     experts = mtf.Dimension("experts", self.num_experts)
-    groups_unsplit = mtf.Dimension("batch_unsplit", groups_dim.size)
+    groups_unsplit = groups_dim if local else mtf.Dimension("batch_unsplit", groups_dim.size)
     hidden = mtf.Dimension(self.hidden_dim_name, self.hidden_size)
     dispatch = mtf.cast(dispatch, xg.dtype)
     # [experts_unsplit, groups, capacity, d_model]: split like the batch ...
@@ -275,9 +296,11 @@ class MoE1D(transformer.TransformerLayer):
         [experts_unsplit, groups_dim, capacity_dim, d_model]))
     # ... then moved so that "experts" is split instead (all-to-all).
     expert_in = mtf.reshape(expert_in, mtf.Shape([experts, groups_unsplit, capacity_dim, d_model]))
-    h = mtf.layers.dense(expert_in, hidden, reduced_dims=[d_model], expert_dims=[experts],
-                         activation=self.activation, use_bias=False,
-                         variable_dtype=context.variable_dtype, name="wi")
+    # A list of activations makes gated experts (["swish", "linear"]: SwiGLU,
+    # Mixtral's), with kernels "wi_0", "wi_1", ... as the original names them.
+    h = mtf.layers.dense_product(expert_in, [d_model], hidden, self.activation,
+                                 name="wi", expert_dims=[experts], use_bias=False,
+                                 variable_dtype=context.variable_dtype)
     if context.train and self.dropout_rate > 0.0:
       h = mtf.dropout(h, True, rate=self.dropout_rate)
     out_dim = self.output_dim or d_model

@@ -48,6 +48,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
+import re
 import time
 from typing import Callable, List, Optional, Tuple
 
@@ -92,6 +94,20 @@ class SearchResult:
             "rejected": self.rejected[:20], "seconds": self.seconds, "stopped": self.stopped,
             "memory_budget_bytes": self.memory_budget_bytes}
 
+  def closest_rejections(self, count: int) -> List[str]:
+    """The `count` rejected plans that needed the least memory, then the
+    meshes the config could not take (each rejection's reason).
+
+    Example:
+      >>> SearchResult([], 2, ["data:8 ...: needs 90.0 GiB", "data:8 ...: needs 81.5 GiB"],
+      ...              0.1, 5).closest_rejections(1)
+      ['data:8 ...: needs 81.5 GiB']
+    """
+    def needed(reason: str) -> float:
+      found = re.search(r"needs ([0-9.]+) GiB$", reason)
+      return float(found.group(1)) if found else math.inf
+    return sorted(self.rejected, key=needed)[:count]
+
   def summary(self) -> str:
     budget = ("memory" if self.memory_budget_bytes is None
               else f"the budget of {self.memory_budget_bytes / 2**30:.1f} GiB per device")
@@ -100,8 +116,8 @@ class SearchResult:
              + ("; stopped by the time budget (--max_seconds): the ranking covers the plans "
                 "priced so far" if self.stopped else "")]
     if not self.plans:
-      lines.append("no plan fits: " + "; ".join(self.rejected[:5]) if self.rejected else
-                   "no plan was priced: raise --max_seconds")
+      lines.append("no plan fits; the closest: " + "; ".join(self.closest_rejections(5))
+                   if self.rejected else "no plan was priced: raise --max_seconds")
       return "\n".join(lines)
     best = seconds_per_token(self.plans[0])
     for rank, p in enumerate(self.plans[:self.top], 1):

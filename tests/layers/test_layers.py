@@ -181,10 +181,11 @@ def _reference(values, cot):
         "dense_2/bias"]
     out["dense_expert"] = tf.sigmoid(tf.einsum("bld,ldf->blf", x, var["dense_3/kernel"])
                                      + var["dense_3/bias"])
-    lin = tf.einsum("bld,df->blf", x, var["dense_product/dense_0/kernel"]) + var[
-        "dense_product/dense_0/bias"]
-    gate = tf.einsum("bld,df->blf", x, var["dense_product/dense_1/kernel"]) + var[
-        "dense_product/dense_1/bias"]
+    # The original's names: one variable scope per factor, "<name>_<i>".
+    lin = tf.einsum("bld,df->blf", x, var["dense_product_0/kernel"]) + var[
+        "dense_product_0/bias"]
+    gate = tf.einsum("bld,df->blf", x, var["dense_product_1/kernel"]) + var[
+        "dense_product_1/bias"]
     out["glu"] = lin * tf.sigmoid(gate)
     h = tf.nn.relu(tf.einsum("bld,df->blf", x, var["dense_relu_dense/wi/kernel"]))
     out["drd"] = tf.einsum("blf,fd->bld", h, var["dense_relu_dense/wo/kernel"])

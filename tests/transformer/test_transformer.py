@@ -145,6 +145,68 @@ def test_moe_outputs_equal_with_and_without_splitting_experts():
   assert kinds["alltoall"] == 2 and kinds["allgather"] == 0, kinds
 
 
+def test_gated_moe_experts_match_numpy_under_every_split():
+  """activation=["swish", "linear"]: SwiGLU experts (Mixtral's), kernels
+  "wi_0" and "wi_1" [experts, d_model, d_ff] as the original names them.
+  Two experts, both taken by every token, room for all: y = sum over
+  experts of softmax(x Wg)_e * (swish(x W0_e) * (x W1_e)) Wo_e."""
+  x = _rng.randn(B, L, D).astype(np.float32)
+
+  def build(mesh):
+    model = _language_model(use_moe=True, dropout=0.0)
+    ctx = transformer.Context(model, mesh, [batch], length, mtf.VariableDType(),
+                              mode="eval", losses=[])
+    layer = moe.MoE1D(num_experts=2, hidden_size=16, group_size=L, second_policy_eval="all",
+                      expert_capacity=L, activation=["swish", "linear"])
+    y = layer.call(ctx, mtf.import_tf_tensor(mesh, tf.constant(x), [batch, length, model.model_dim]))
+    return {"y": y}
+  for mesh_shape, layout in [("all:1", ""), ("all:2", "experts:all"),
+                             ("rows:2;cols:4", "batch:cols;experts:rows;d_ff:cols")]:
+    got, w = lower_and_run(build, mesh_shape, layout, return_variables=True)
+    assert sorted(w) == ["gate/kernel", "wi_0/kernel", "wi_1/kernel", "wo/kernel"], sorted(w)
+    logits = x @ w["gate/kernel"]
+    gates = np.exp(logits - logits.max(-1, keepdims=True))
+    gates /= gates.sum(-1, keepdims=True)
+    want = 0.0
+    for e in range(2):
+      a = x @ w["wi_0/kernel"][e]
+      h = a / (1 + np.exp(-a)) * (x @ w["wi_1/kernel"][e])
+      want = want + gates[..., e:e + 1] * (h @ w["wo/kernel"][e])
+    np.testing.assert_allclose(got["y"], want, rtol=2e-4, atol=2e-5, err_msg=mesh_shape)
+
+
+def test_moe_with_unsplit_experts_keeps_each_processors_tokens_local():
+  """A layout that splits the batch but not "experts" (FSDP or data
+  parallelism over the experts, as MaxText runs Mixtral): each processor
+  runs every expert on its own groups, with the outputs of one device and
+  no all-to-all or gather of the experts' inputs."""
+  x = _rng.randn(B, L, D).astype(np.float32)
+
+  def build(layout, mesh_shape, local=True):
+    def builder(mesh):
+      model = _language_model(use_moe=True, dropout=0.0)
+      model.layout, model.mesh_shape = layout, mesh_shape  # the groups follow the layout
+      ctx = transformer.Context(model, mesh, [batch], length, mtf.VariableDType(),
+                                mode="eval", losses=[])
+      layer = moe.MoE1D(num_experts=8, hidden_size=16, group_size=16,
+                        second_policy_eval="all", expert_capacity=2)
+      assert layer._experts_stay_local(ctx)
+      if not local:  # the all-to-all path, on one device: the reference
+        layer._experts_stay_local = lambda context: False
+      y = layer.call(ctx, mtf.import_tf_tensor(mesh, tf.constant(x),
+                                               [batch, length, model.model_dim]))
+      return {"y": y, "loss": ctx.losses[0]}
+    return builder
+  for mesh_shape, layout in [("all:8", "batch:all"), ("rows:2;cols:4", "batch:rows;d_ff:cols")]:
+    single = _run(build(layout, mesh_shape, local=False))
+    split, lowering = lower_and_run(build(layout, mesh_shape), mesh_shape, layout,
+                                    return_lowering=True)
+    np.testing.assert_allclose(split["y"], single["y"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(split["loss"], single["loss"], rtol=1e-6)
+    kinds = collections.Counter(r.kind for r in lowering.collective_records)
+    assert kinds["alltoall"] == 0 and kinds["allgather"] == 0, (layout, kinds)
+
+
 def test_moe_routing_drops_tokens_over_capacity():
   experts, group, capacity = mtf.Dimension("experts", 4), mtf.Dimension("group", 6), 2
   # Every token prefers expert 0, then expert 1 (token 5 prefers 2, then 1).
