@@ -294,7 +294,8 @@ class MoE1D(transformer.TransformerLayer):
     # [experts_unsplit, groups, capacity, d_model]: split like the batch ...
     expert_in = mtf.einsum([xg, dispatch], output_shape=mtf.Shape(
         [experts_unsplit, groups_dim, capacity_dim, d_model]))
-    # ... then moved so that "experts" is split instead (all-to-all).
+    # ... then moved so that "experts" is split instead (all-to-all); a
+    # renaming only where the experts stay local.
     expert_in = mtf.reshape(expert_in, mtf.Shape([experts, groups_unsplit, capacity_dim, d_model]))
     # A list of activations makes gated experts (["swish", "linear"]: SwiGLU,
     # Mixtral's), with kernels "wi_0", "wi_1", ... as the original names them.

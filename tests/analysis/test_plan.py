@@ -792,6 +792,21 @@ def test_trillium_recipes_plan_within_15_percent_with_the_tpus_efficiency():
   assert plan.fits and plan.memory_bytes_per_device < 32 * 2 ** 30
 
 
+@pytest.mark.parametrize("name,cluster,published", [
+    ("gpt3_175b", "a100-80gb:512", 174.6e9),    # Brown et al. 2020
+    ("llama2_70b", "tpu-v6e:256", 68.98e9),     # Touvron et al. 2023
+    ("mixtral_8x7b", "tpu-v5p:128", 46.7e9)])   # Jiang et al. 2024
+def test_shipped_large_model_configs_plan_with_their_published_sizes(name, cluster, published):
+  """models/*.gin of published large models plan on a pod (FSDP over
+  `data`) with their published parameter counts, in under a minute."""
+  gin_config.parse([f"models/{name}.gin"], ["run.zero_stage = 3"])
+  count = hardware.parse_cluster(cluster).count
+  plan = planner.plan_current_config(hardware.parse_cluster(cluster), f"data:{count}",
+                                     "batch:data", planner.options_from_gin())
+  assert plan.parameters == pytest.approx(published, rel=3e-3)
+  assert 0.2 < plan.mfu < 0.9, plan.mfu
+
+
 def test_a_search_where_nothing_fits_lists_the_closest_plans_first():
   """`plan --auto` with no plan in memory names those that came closest
   (it listed the first tried, the ones that recompute nothing), then the
