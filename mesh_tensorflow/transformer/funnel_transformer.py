@@ -332,8 +332,6 @@ class FunnelTransformerLayerStack(transformer.LayerStack):
       context.layer_outputs.append(x)
     schedule = self.schedule()
     policy = self.recompute if context.train else "none"
-    if policy != "none":
-      self._check_recompute(context, self._layers)
     for k, (b, p, r, s, layer) in enumerate(schedule):
       scope = "funnel_block_%03d/param_idx_%03d/submodule_%03d" % (b, p, s)
       x = self._sublayer(context, x, layer, scope, policy, scope)

@@ -106,6 +106,10 @@ class LayerStack(PipelinedStack, TransformerLayer):
     dropout and the attention's scores, softmax and weighted sum (JAX's
     `dots_with_no_batch_dims_saveable` policy, MaxText's "minimal").
 
+  Layers that add auxiliary losses (a mixture of experts' balancing loss) are
+  recomputed like the others: the losses leave the recomputed layer as
+  further outputs, so their gradients reach the layer's weights.
+
   Sequence parallelism (`sequence_parallel=True`, see sequence_parallel.py):
   between the layers the residual stream's length is named
   "residual_length", which a rule such as `residual_length:model` splits;
@@ -378,8 +382,6 @@ class LayerStack(PipelinedStack, TransformerLayer):
     `block_size` layers, None or a bool tensor; where it is false the block
     passes its input on unchanged."""
     policy = self.recompute if context.train else "none"
-    if policy != "none":
-      self._check_recompute(context, layers)
     whole = x.shape
     x = self._to_stream(context, x)
     block = self.block_size if gates else 1
@@ -441,7 +443,7 @@ class LayerStack(PipelinedStack, TransformerLayer):
         return x + self._dropout(context, mtf.zero.relayout(y, x.shape))  # reduce-scatter
     block = self._replayable(context, block)
     if policy in ("layer", "projections"):
-      return self._recompute(block, [x], policy)
+      return self._recompute_layer(context, block, x, policy)
     saved = context.recompute_attention
     if policy == "selective":
       context.recompute_attention = lambda fn, ins: self._recompute(fn, ins, policy)
@@ -463,7 +465,7 @@ class LayerStack(PipelinedStack, TransformerLayer):
       return y
     block = self._replayable(context, block)
     if policy in ("layer", "projections"):
-      return self._recompute(block, [x], policy)
+      return self._recompute_layer(context, block, x, policy)
     return block(x)
 
   def _per_layer_sublayers(self, context: Context, x: mtf.Tensor, layer,
@@ -499,14 +501,39 @@ class LayerStack(PipelinedStack, TransformerLayer):
   def _recompute(self, fn, inputs, policy):
     saveable = mtf.product_without_batch_dims if policy == "projections" else None
     out = mtf.recompute_grad(fn, inputs, saveable=saveable)
-    self.recompute_ops.append((policy, out.operation))
+    first = out if isinstance(out, mtf.Tensor) else out[0]
+    self.recompute_ops.append((policy, first.operation))
     return out
 
   def _check_recompute(self, context: Context, layers) -> None:
+    """Refuses layers that add auxiliary losses where the recomputation
+    cannot carry them out (the reversible stack's)."""
     if context.losses is not None and any(hasattr(layer, "num_experts") for layer in layers):
       raise ValueError(
-          f"LayerStack: recompute={self.recompute!r} does not support layers that add "
-          "auxiliary losses (mixture of experts); use recompute='none' for this stack.")
+          f"{type(self).__name__}: recompute={self.recompute!r} does not support layers that "
+          "add auxiliary losses (mixture of experts); use recompute='none' for this stack.")
+
+  def _recompute_layer(self, context: Context, block, x: mtf.Tensor, policy: str) -> mtf.Tensor:
+    """`block(x)` recomputed in the backward pass. The auxiliary losses its
+    layers add (a mixture of experts' balancing loss) leave the block as
+    further outputs of the recomputation, so that their gradients reach
+    the layers' weights through it; the block's own appends (in the forward
+    call and again in the recomputation) are taken back off the list."""
+    losses = context.losses
+    if losses is None:
+      return self._recompute(block, [x], policy)
+
+    def block_and_losses(x):
+      before = len(losses)
+      y = block(x)
+      added = losses[before:]
+      del losses[before:]
+      return [y] + added if added else y
+    out = self._recompute(block_and_losses, [x], policy)
+    if isinstance(out, mtf.Tensor):
+      return out
+    losses.extend(out[1:])
+    return out[0]
 
   # ---- pieces ----------------------------------------------------------------
   def _dropout(self, context: Context, x: mtf.Tensor) -> mtf.Tensor:

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import mesh_tensorflow as mtf
 from mesh_tensorflow.transformer import layer_stack as layer_stack_lib
+from mesh_tensorflow.transformer import moe as mtf_moe
 from mesh_tensorflow.transformer import transformer
 from mesh_tensorflow.transformer import transformer_layers as tl
 from mtf_test_utils import make_impl
@@ -22,24 +23,26 @@ TARGETS[3, 5:] = 0
 MESH, LAYOUT = "all:1", ""
 
 
-def _model(recompute, dropout=0.0, recompute_layers=None):
+def _model(recompute, dropout=0.0, recompute_layers=None, moe=False):
+  ffn = (mtf_moe.MoE1D(num_experts=4, hidden_size=32, group_size=8, second_policy_train="all",
+                       activation=["swish", "linear"], loss_coef=0.1) if moe
+         else tl.DenseReluDense(hidden_size=32, dropout_rate=dropout))
   stack = transformer.make_layer_stack(
       [tl.SelfAttention(num_heads=4, key_value_size=4, relative_attention_type="bias",
-                        dropout_rate=dropout),
-       tl.DenseReluDense(hidden_size=32, dropout_rate=dropout)],
+                        dropout_rate=dropout), ffn],
       num_layers=2, dropout_rate=dropout, recompute=recompute, recompute_layers=recompute_layers)
   return transformer.Unitransformer(stack, d_model=D, input_vocab_size=V, output_vocab_size=V,
                                     autoregressive=True, max_length=L, vocab_divisor=8)
 
 
-def _loss_and_grads(recompute, dropout=0.0, recompute_layers=None):
+def _loss_and_grads(recompute, dropout=0.0, recompute_layers=None, moe=False):
   """Loss, gradients by variable name, kept activation bytes per processor
   and the stack's recompute_ops, run eagerly on one device."""
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "mesh")
   impl = make_impl(MESH, LAYOUT)
   targets = mtf.import_tf_tensor(mesh, tf.constant(TARGETS), [batch, length])
-  model = _model(recompute, dropout, recompute_layers)
+  model = _model(recompute, dropout, recompute_layers, moe)
   _, loss = model.call_simple(mtf.shift(targets, 1, length, wrap=False), targets, True)
   n_forward = len(graph.operations)
   variables = graph.trainable_variables
@@ -72,6 +75,22 @@ def test_recompute_gives_same_loss_and_gradients(policy):
   assert set(grads) == set(grads0)
   for name, g in grads.items():
     np.testing.assert_allclose(g, grads0[name], rtol=2e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("policy", ["layer", "projections"])
+def test_recomputed_mixture_of_experts_gives_same_loss_and_gradients(policy):
+  """A stack of mixture-of-experts layers (gated experts): their balancing
+  losses leave each recomputed layer as further outputs, so the loss (with
+  them) and every gradient, the gates' included, are those without
+  recomputation."""
+  loss0, grads0, _, _ = _loss_and_grads("none", moe=True)
+  loss, grads, _, ops = _loss_and_grads(policy, moe=True)
+  assert len(ops) == 4  # 2 layers of attention and experts, each recomputed
+  assert loss == pytest.approx(loss0, rel=1e-6)
+  assert any("gate" in name for name in grads) and set(grads) == set(grads0)
+  for name, g in grads.items():
+    np.testing.assert_allclose(g, grads0[name], rtol=2e-5, atol=1e-6, err_msg=name)
+    assert np.abs(g).max() > 0, name
 
 
 def test_recompute_keeps_fewer_activation_bytes():
