@@ -40,7 +40,7 @@ LAYOUT_IDS = ["single", "data_parallel", "model_parallel", "data_model_2x4"]
 MOE_LAYOUTS = [("all:1", ""), ("all:8", "experts:all")]
 
 
-def _language_model(use_moe=False, dropout=0.1):
+def _language_model(use_moe=False, dropout=0.1, layout=None, mesh_shape=None):
   if use_moe:
     ffn = moe.MoE1D(num_experts=8, hidden_size=16, group_size=8, second_policy_train="all",
                     second_policy_eval="all", loss_coef=1e-2)
@@ -50,10 +50,11 @@ def _language_model(use_moe=False, dropout=0.1):
       [tl.SelfAttention(num_heads=8, key_value_size=4, relative_attention_type="bias",
                         dropout_rate=dropout), ffn], num_layers=1, dropout_rate=dropout)
   return transformer.Unitransformer(stack, d_model=D, input_vocab_size=V, output_vocab_size=V,
-                                    autoregressive=True, max_length=L, vocab_divisor=8)
+                                    autoregressive=True, max_length=L, vocab_divisor=8,
+                                    layout=layout, mesh_shape=mesh_shape)
 
 
-def _train_and_decode(mesh_shape, layout, use_moe=False, steps=3):
+def _train_and_decode(mesh_shape, layout, use_moe=False, steps=3, model_knows_layout=False):
   """Trains a few Adam steps with the Trainer, then greedy-decodes PROMPT and
   samples from it (temperature 1, top 4)."""
   impl = make_impl(mesh_shape, layout)
@@ -61,7 +62,12 @@ def _train_and_decode(mesh_shape, layout, use_moe=False, steps=3):
   def model_fn(mesh, features, mode):
     t = features["targets"]
     inputs = mtf.shift(t, 1, length, wrap=False)
-    return _language_model(use_moe).call_simple(inputs, t, True, mode=mode)[1]
+    return _model().call_simple(inputs, t, True, mode=mode)[1]
+
+  def _model():
+    if model_knows_layout:
+      return _language_model(use_moe, layout=layout, mesh_shape=mesh_shape)
+    return _language_model(use_moe)
   trainer = mtf.training.Trainer(
       model_fn, {"targets": f"batch:{B};length:{L}"}, impl,
       mtf.optimize.AdamWeightDecayOptimizer(1e-2), log_every=0, log_fn=lambda line: None)
@@ -73,7 +79,7 @@ def _train_and_decode(mesh_shape, layout, use_moe=False, steps=3):
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "mesh")
     prompt = mtf.import_tf_tensor(mesh, tf.constant(PROMPT), [batch, length])
-    model = _language_model(use_moe)
+    model = _model()
     greedy = model.sample_autoregressive(prompt, temperature=0.0, stop_at_token=None)
     sampled = model.sample_autoregressive(prompt, temperature=1.0, top_k=4, stop_at_token=None)
     lowering = mtf.Lowering(graph, {mesh: impl})
@@ -107,6 +113,17 @@ def test_losses_and_greedy_decode_match_single_device(mesh_shape, layout):
 def test_expert_parallel_matches_single_device():
   ref_losses, ref_ids, _ = _reference(True)
   losses, ids, _ = _train_and_decode(*MOE_LAYOUTS[1], use_moe=True)
+  np.testing.assert_allclose(losses, ref_losses, rtol=2e-5, atol=2e-5)
+  np.testing.assert_array_equal(ids, ref_ids)
+
+
+def test_fsdp_style_experts_train_and_decode_as_one_device():
+  """The model knows its layout, which splits the batch and not "experts":
+  each device runs every expert on its own groups (no all-to-all), and
+  training and decoding give one device's losses and samples."""
+  ref_losses, ref_ids, _ = _reference(True)
+  losses, ids, _ = _train_and_decode("all:8", "batch:all", use_moe=True,
+                                     model_knows_layout=True)
   np.testing.assert_allclose(losses, ref_losses, rtol=2e-5, atol=2e-5)
   np.testing.assert_array_equal(ids, ref_ids)
 
