@@ -226,7 +226,8 @@ class MoE1D(transformer.TransformerLayer):
     return x.shape.dims[0].size
 
   def _experts_stay_local(self, context: transformer.Context) -> bool:
-    """Whether the model's layout (when it knows it) leaves "experts" unsplit:
+    """Whether the model's layout (when it knows it) leaves "experts" unsplit
+    (no rule for it, or one naming a mesh dimension of size 1):
     then each processor runs every expert on its own groups, with no
     all-to-all (FSDP or data parallelism over the experts' weights, as
     MaxText and PyTorch FSDP run Mixtral); otherwise the tokens travel to
@@ -237,7 +238,8 @@ class MoE1D(transformer.TransformerLayer):
     rules = mtf.convert_to_layout_rules(model.layout)
     mesh_shape = mtf.convert_to_shape(model.mesh_shape)
     experts = mtf.Dimension("experts", self.num_experts)
-    return rules.tensor_dimension_to_mesh_axis(experts, mesh_shape) is None
+    axis = rules.tensor_dimension_to_mesh_axis(experts, mesh_shape)
+    return axis is None or mesh_shape.dims[axis].size == 1
 
   def call(self, context: transformer.Context, x: mtf.Tensor) -> mtf.Tensor:
     d_model = context.model.model_dim

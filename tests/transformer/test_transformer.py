@@ -214,7 +214,8 @@ def test_moe_with_unsplit_experts_keeps_each_processors_tokens_local():
                                                [batch, length, model.model_dim]))
       return {"y": y, "loss": ctx.losses[0]}
     return builder
-  for mesh_shape, layout in [("all:8", "batch:all"), ("rows:2;cols:4", "batch:rows;d_ff:cols")]:
+  for mesh_shape, layout in [("all:8", "batch:all"), ("rows:2;cols:4", "batch:rows;d_ff:cols"),
+                             ("rows:8;cols:1", "batch:rows;experts:cols")]:
     single = _run(build(layout, mesh_shape, local=False))
     split, lowering = lower_and_run(build(layout, mesh_shape), mesh_shape, layout,
                                     return_lowering=True)
