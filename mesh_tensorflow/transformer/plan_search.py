@@ -91,7 +91,7 @@ class SearchResult:
 
   def to_dict(self):
     return {"plans": [p.to_dict() for p in self.plans[:self.top]], "tried": self.tried,
-            "rejected": self.rejected[:20], "seconds": self.seconds, "stopped": self.stopped,
+            "rejected": self.closest_rejections(20), "seconds": self.seconds, "stopped": self.stopped,
             "memory_budget_bytes": self.memory_budget_bytes}
 
   def closest_rejections(self, count: int) -> List[str]:

@@ -817,6 +817,7 @@ def test_a_search_where_nothing_fits_lists_the_closest_plans_first():
               "data:4;model:2 m=1 v=1 recompute=layer zero=3: needs 146.5 GiB"]
   result = plan_search.SearchResult([], 4, rejected, 1.0, 5)
   assert result.closest_rejections(3) == [rejected[2], rejected[3], rejected[0]]
+  assert result.to_dict()["rejected"] == [rejected[i] for i in (2, 3, 0, 1)]  # --json
   last = result.summary().splitlines()[-1]
   assert last.startswith("no plan fits; the closest: data:8 m=1 v=1 recompute=layer"), last
   assert last.endswith("cannot pipeline this stack"), last
