@@ -1001,7 +1001,7 @@ def compare_auto(selectors=None):
       print(f"  fits the device:   {_describe(best)} "
             f"({published.step_time_s / best.step_time_s:.2f}x)")
     else:
-      print(f"  fits the device:   none; the closest: {'; '.join(result.closest_rejections(3))}")
+      print(f"  fits the device:   none; the closest: {'; '.join(result.rejected[:3])}")
     sys.stdout.flush()
   return 0
 

@@ -49,7 +49,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import re
 import time
 from typing import Callable, List, Optional, Tuple
 
@@ -83,7 +82,7 @@ class SearchResult:
   """The plans that fit, fastest first, and what was tried."""
   plans: List[planner.Plan]
   tried: int
-  rejected: List[str]
+  rejected: List[str]  # why each plan was left out, the closest to fitting first
   seconds: float
   top: int
   stopped: bool = False  # the time budget ended the search early
@@ -91,22 +90,8 @@ class SearchResult:
 
   def to_dict(self):
     return {"plans": [p.to_dict() for p in self.plans[:self.top]], "tried": self.tried,
-            "rejected": self.closest_rejections(20), "seconds": self.seconds, "stopped": self.stopped,
+            "rejected": self.rejected[:20], "seconds": self.seconds, "stopped": self.stopped,
             "memory_budget_bytes": self.memory_budget_bytes}
-
-  def closest_rejections(self, count: int) -> List[str]:
-    """The `count` rejected plans that needed the least memory, then the
-    meshes the config could not take (each rejection's reason).
-
-    Example:
-      >>> SearchResult([], 2, ["data:8 ...: needs 90.0 GiB", "data:8 ...: needs 81.5 GiB"],
-      ...              0.1, 5).closest_rejections(1)
-      ['data:8 ...: needs 81.5 GiB']
-    """
-    def needed(reason: str) -> float:
-      found = re.search(r"needs ([0-9.]+) GiB$", reason)
-      return float(found.group(1)) if found else math.inf
-    return sorted(self.rejected, key=needed)[:count]
 
   def summary(self) -> str:
     budget = ("memory" if self.memory_budget_bytes is None
@@ -116,7 +101,7 @@ class SearchResult:
              + ("; stopped by the time budget (--max_seconds): the ranking covers the plans "
                 "priced so far" if self.stopped else "")]
     if not self.plans:
-      lines.append("no plan fits; the closest: " + "; ".join(self.closest_rejections(5))
+      lines.append("no plan fits; the closest: " + "; ".join(self.rejected[:5])
                    if self.rejected else "no plan was priced: raise --max_seconds")
       return "\n".join(lines)
     best = seconds_per_token(self.plans[0])
@@ -270,7 +255,8 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
   h = cluster.hardware
   n = cluster.count
   max_model = h.devices_per_host if h.kind == "gpu" else 64
-  plans, rejected, tried = [], [], 0
+  plans, tried = [], 0
+  rejected = []  # (bytes per device, or inf for a mesh the config cannot take; why)
   last_report = start
 
   def fits(plan):
@@ -337,12 +323,12 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
           plan = _plan(cluster, mesh, layout, options, sequence_parallel)
         except ValueError as e:
           if not sequence_parallel:  # the mesh does not suit the config
-            rejected.append(f"{mesh}: {e}")
+            rejected.append((math.inf, f"{mesh}: {e}"))
             break
           try:
             plan = _plan(cluster, mesh, layout, options, None)
           except ValueError as e2:  # nor without: the mesh, not sequence parallelism
-            rejected.append(f"{mesh}: {e2}")
+            rejected.append((math.inf, f"{mesh}: {e2}"))
             break
           # Planned without: the config's stack cannot be sequence parallel.
           sequence_parallel_ok, sequence_parallel = False, None
@@ -358,10 +344,12 @@ def search(cluster: hardware_lib.Cluster, top: int = 5, micro_sizes=(1, 2, 4),
             if partial is not None:
               plans.append(partial)
         else:
-          rejected.append(f"{mesh} m={m} v={v} recompute={recompute} "
-                          f"zero={_zero_label(options)}: needs "
-                          f"{plan.memory_bytes_per_device / 2**30:.1f} GiB")
-  return SearchResult(_ranked(plans), tried, rejected, time.time() - start, top, stopped,
+          rejected.append((plan.memory_bytes_per_device,
+                           f"{mesh} m={m} v={v} recompute={recompute} "
+                           f"zero={_zero_label(options)}: needs "
+                           f"{plan.memory_bytes_per_device / 2**30:.1f} GiB"))
+  closest_first = [why for _, why in sorted(rejected, key=lambda r: r[0])]
+  return SearchResult(_ranked(plans), tried, closest_first, time.time() - start, top, stopped,
                       memory_budget_bytes)
 
 
