@@ -573,45 +573,41 @@ TRILLIUM_TABLE = [
 ]
 
 
+def _recipe_row(name, tpu, chips, per_chip, seq, layers, d, heads, ff, vocab, tokens, ffn):
+  """One of MaxText's recipes (see the module docstring): a Llama-style
+  decoder (128-wide heads sharing 8 key/value heads, untied embeddings,
+  AdamW, bfloat16) with the feed-forward bindings `ffn`, every layer
+  recomputed, FSDP over all `chips`."""
+  bindings = [
+      f"num_layers = {layers}", f"d_model = {d}", f"d_ff = {ff}", f"num_heads = {heads}",
+      "d_kv = 128", "SelfAttention.num_memory_heads = 8", *ffn,
+      "Unitransformer.shared_embedding_and_softmax_weights = False",
+      "run.model_type = 'lm'", f"run.sequence_length = {{'inputs': {seq}, 'targets': {seq}}}",
+      f"run.batch_size = {per_chip * chips}", "run.activation_dtype = 'bfloat16'",
+      "run.vocabulary = @vocabulary.SizedVocabulary()", f"vocabulary.SizedVocabulary.size = {vocab}",
+      "run.optimizer = @optimize.AdamWeightDecayOptimizer",
+      "transformer.make_layer_stack.recompute = 'layer'", "run.zero_stage = 3"]
+  return Row(name, MAXTEXT_RECIPES, tpu, chips, f"data:{chips}", "batch:data", bindings, tokens,
+             "tokens/s per chip", attention="fused")
+
+
 def trillium_rows():
   """MaxText's Llama recipes on one 256-chip TPU v6e slice (see the module
   docstring)."""
-  rows = []
-  for name, per_chip, seq, layers, d, heads, ff, vocab, tokens in TRILLIUM_TABLE:
-    chips = 256
-    bindings = [
-        f"num_layers = {layers}", f"d_model = {d}", f"d_ff = {ff}", f"num_heads = {heads}",
-        "d_kv = 128", "SelfAttention.num_memory_heads = 8",
-        "DenseReluDense.activation = ['swish', 'linear']",
-        "Unitransformer.shared_embedding_and_softmax_weights = False",
-        "run.model_type = 'lm'", f"run.sequence_length = {{'inputs': {seq}, 'targets': {seq}}}",
-        f"run.batch_size = {per_chip * chips}", "run.activation_dtype = 'bfloat16'",
-        "run.vocabulary = @vocabulary.SizedVocabulary()", f"vocabulary.SizedVocabulary.size = {vocab}",
-        "run.optimizer = @optimize.AdamWeightDecayOptimizer",
-        "transformer.make_layer_stack.recompute = 'layer'", "run.zero_stage = 3"]
-    rows.append(Row(f"{name}, v6e-256", MAXTEXT_RECIPES, "tpu-v6e", chips, f"data:{chips}",
-                    "batch:data", bindings, tokens, "tokens/s per chip", attention="fused"))
-  return rows
+  return [_recipe_row(f"{name}, v6e-256", "tpu-v6e", 256, per_chip, seq, layers, d, heads, ff,
+                      vocab, tokens, ["DenseReluDense.activation = ['swish', 'linear']"])
+          for name, per_chip, seq, layers, d, heads, ff, vocab, tokens in TRILLIUM_TABLE]
 
 
 def mixtral_row():
   """MaxText's Mixtral 8x7B recipe on TPU v5p (see the module docstring):
   a mixture of 8 SwiGLU experts, 2 per token, in each of 32 layers."""
-  chips, per_chip, seq = 128, 36, 4096
-  bindings = [
-      "num_layers = 32", "d_model = 4096", "d_ff = 14336", "num_heads = 32", "d_kv = 128",
-      "SelfAttention.num_memory_heads = 8",
+  experts = [
       "transformer.make_layer_stack.layers = [@transformer_layers.SelfAttention, @moe.MoE1D]",
       "MoE1D.num_experts = 8", "MoE1D.hidden_size = 14336",
-      "MoE1D.activation = ['swish', 'linear']", "MoE1D.capacity_factor_train = 2.0",
-      "Unitransformer.shared_embedding_and_softmax_weights = False",
-      "run.model_type = 'lm'", f"run.sequence_length = {{'inputs': {seq}, 'targets': {seq}}}",
-      f"run.batch_size = {per_chip * chips}", "run.activation_dtype = 'bfloat16'",
-      "run.vocabulary = @vocabulary.SizedVocabulary()", "vocabulary.SizedVocabulary.size = 32000",
-      "run.optimizer = @optimize.AdamWeightDecayOptimizer",
-      "transformer.make_layer_stack.recompute = 'layer'", "run.zero_stage = 3"]
-  return Row("Mixtral 8x7B, v5p-256", MAXTEXT_RECIPES, "tpu-v5p", chips, f"data:{chips}",
-             "batch:data", bindings, 2909.0, "tokens/s per chip", attention="fused")
+      "MoE1D.activation = ['swish', 'linear']", "MoE1D.capacity_factor_train = 2.0"]
+  return _recipe_row("Mixtral 8x7B, v5p-256", "tpu-v5p", 128, 36, 4096, 32, 4096, 32, 14336,
+                     32000, 2909.0, experts)
 
 
 def _maxtext_row(tpu, scale, chips, per_chip, recompute, t, tflops, fit_row, slices=1):
