@@ -213,17 +213,24 @@ class MoE1D(transformer.TransformerLayer):
     self.output_dim = output_dim
     self.use_experts_attention = bool(use_experts_attention)
 
+  @staticmethod
+  def _split_ways(context: transformer.Context, name: str) -> Optional[int]:
+    """How many ways the model's layout splits a dimension called `name`
+    (1: unsplit), or None when the model does not know its layout."""
+    model = context.model
+    if model.layout is None or model.mesh_shape is None:
+      return None
+    rules = mtf.convert_to_layout_rules(model.layout)
+    mesh_shape = mtf.convert_to_shape(model.mesh_shape)
+    axis = rules.tensor_dimension_to_mesh_axis(mtf.Dimension(name, 1), mesh_shape)
+    return 1 if axis is None else mesh_shape.dims[axis].size
+
   def _group_multiple(self, context: transformer.Context, x: mtf.Tensor) -> int:
     """Number of groups must be a multiple of this, so the "batch"-named groups
     split like the batch (the mesh dimension's size when the model knows its
     layout, else the batch size)."""
-    model = context.model
-    if model.layout is not None and model.mesh_shape is not None:
-      rules = mtf.convert_to_layout_rules(model.layout)
-      mesh_shape = mtf.convert_to_shape(model.mesh_shape)
-      axis = rules.tensor_dimension_to_mesh_axis(mtf.Dimension("batch", 1), mesh_shape)
-      return 1 if axis is None else mesh_shape.dims[axis].size
-    return x.shape.dims[0].size
+    ways = self._split_ways(context, "batch")
+    return x.shape.dims[0].size if ways is None else ways
 
   def _experts_stay_local(self, context: transformer.Context) -> bool:
     """Whether the model's layout (when it knows it) leaves "experts" unsplit
@@ -232,14 +239,7 @@ class MoE1D(transformer.TransformerLayer):
     all-to-all (FSDP or data parallelism over the experts' weights, as
     MaxText and PyTorch FSDP run Mixtral); otherwise the tokens travel to
     the processors holding their experts."""
-    model = context.model
-    if model.layout is None or model.mesh_shape is None:
-      return False
-    rules = mtf.convert_to_layout_rules(model.layout)
-    mesh_shape = mtf.convert_to_shape(model.mesh_shape)
-    experts = mtf.Dimension("experts", self.num_experts)
-    axis = rules.tensor_dimension_to_mesh_axis(experts, mesh_shape)
-    return axis is None or mesh_shape.dims[axis].size == 1
+    return self._split_ways(context, "experts") == 1
 
   def call(self, context: transformer.Context, x: mtf.Tensor) -> mtf.Tensor:
     d_model = context.model.model_dim
